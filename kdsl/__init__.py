@@ -1,0 +1,58 @@
+"""kdsl: an embedded Python DSL for neural tensor operators.
+
+>>> import kdsl
+>>> from kdsl.lang import *
+>>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); K = coefficient("K")
+>>> conv = (Input(N, Cin, H, W) >> Unfold(H, K, "kh") >> Unfold(W, K, "kw")
+...         >> Share(Weight(Cout, Cin, "kh", "kw", name="w")) >> Reduce(Cin, "kh", "kw")
+...         >> Output(N, Cout, H, W, defaults={"K": 3}))
+>>> kdsl.parse(conv.to_dsl()) == conv
+True
+
+``import kdsl`` loads neither torch nor tvm; the backends load them on first use.
+"""
+
+from kdsl.lang import (
+    Dim,
+    Expand,
+    Input,
+    Merge,
+    Output,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+    coefficient,
+    primary,
+)
+from kdsl.lang.build import Operator, Pipeline
+from kdsl.lang.errors import KdslError
+from kdsl.lang.parser import parse
+from kdsl.lang.serialize import from_json
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dim",
+    "Expand",
+    "Input",
+    "KdslError",
+    "Merge",
+    "Operator",
+    "Output",
+    "Pipeline",
+    "Reduce",
+    "Share",
+    "Shift",
+    "Split",
+    "Stride",
+    "Unfold",
+    "Weight",
+    "coefficient",
+    "from_json",
+    "parse",
+    "primary",
+]

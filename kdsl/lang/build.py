@@ -1,0 +1,278 @@
+"""Building operators with ``>>``: pipelines, partial operators and the finished Operator.
+
+``Split(...) >> Merge(...)`` is a :class:`Pipeline`, a reusable fragment (composition is
+associative). ``Input(...) >> fragment`` checks each primitive as it is applied and gives a
+:class:`Builder` (a partial operator); ``>> Output(...)`` declares the output order and gives an
+:class:`Operator`, an immutable, hashable value.
+
+>>> from kdsl.lang import *
+>>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); K = coefficient("K")
+>>> window = Unfold(H, K, "kh") >> Unfold(W, K, "kw")
+>>> w = Weight(Cout, Cin, "kh", "kw", name="w")
+>>> conv = Input(N, Cin, H, W) >> window >> Share(w) >> Reduce(Cin, "kh", "kw") >> Output(N, Cout, H, W)
+>>> [str(d.size) for d in conv.outputs]
+['N', 'Cout', 'H', 'W']
+>>> [str(s) for s in conv.weights[0].shape]
+['Cout', 'Cin', 'K', 'K']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+from kdsl.lang.errors import KdslError, ShapeError, SizeError
+from kdsl.lang.primitives import BuildContext, Dim, Live, Primitive, Share, Weight, check_name, dim_of
+from kdsl.lang.sizes import Size, Var
+
+
+class Pipeline:
+    """A sequence of primitives, composable with ``>>`` and applicable to an Input."""
+
+    __slots__ = ("primitives", "output")
+
+    def __init__(self, primitives: tuple[Primitive, ...], output: Output | None = None) -> None:
+        self.primitives = primitives
+        self.output = output
+
+    def __rshift__(self, other: object) -> Pipeline:
+        if self.output is not None:
+            raise ShapeError("nothing can follow Output(...) in a pipeline")
+        if isinstance(other, Primitive):
+            return Pipeline(self.primitives + (other,))
+        if isinstance(other, Pipeline):
+            return Pipeline(self.primitives + other.primitives, other.output)
+        if isinstance(other, Output):
+            return Pipeline(self.primitives, other)
+        raise ShapeError(f"cannot compose a pipeline with {other!r}; expected a primitive, pipeline or Output")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pipeline) and (self.primitives, self.output) == (other.primitives, other.output)
+
+    def __hash__(self) -> int:
+        return hash(self.primitives)
+
+    def __repr__(self) -> str:
+        return " >> ".join(repr(p) for p in self.primitives) or "Pipeline()"
+
+
+@dataclass(frozen=True, init=False)
+class Output:
+    """Declares the output dims in order; every live dim must be listed exactly once.
+
+    ``defaults`` gives preferred values of coefficient variables (``{"K": 3}``), used when a layer
+    does not bind them.
+    """
+
+    refs: tuple[object, ...]
+    defaults: tuple[tuple[str, int], ...]
+
+    def __init__(self, *refs: object, defaults: Mapping[str, int] | None = None) -> None:
+        if not refs:
+            raise ShapeError("Output() needs the output dims in order")
+        items: tuple[tuple[str, int], ...] = ()
+        if defaults is not None:
+            if not isinstance(defaults, Mapping):
+                raise ShapeError(f"Output(defaults=...) must be a dict of coefficient values, got {defaults!r}")
+            for key, value in defaults.items():
+                if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise SizeError(f"Output(defaults=...): {key!r}: {value!r} must map a name to a positive int")
+            items = tuple(sorted(defaults.items()))
+        object.__setattr__(self, "refs", tuple(refs))
+        object.__setattr__(self, "defaults", items)
+
+
+@dataclass(frozen=True, init=False)
+class Input:
+    """The data input: its dims in order (variables, or ``Dim(name, size)``)."""
+
+    dims: tuple[Dim, ...]
+
+    def __init__(self, *dims: object) -> None:
+        if not dims:
+            raise ShapeError("Input() needs at least one dim")
+        made = tuple(dim_of(d, "Input") for d in dims)
+        names = [d.name for d in made]
+        for name in names:
+            if names.count(name) > 1:
+                raise ShapeError(f"Input: the dim name {name!r} appears twice; name each dim differently")
+        object.__setattr__(self, "dims", made)
+
+    def __rshift__(self, other: object) -> Builder | Operator:
+        return Builder.start(self.dims) >> other
+
+
+class Builder:
+    """A partial operator: the input, the resolved steps so far and the live dims."""
+
+    __slots__ = ("inputs", "steps", "live", "weights")
+
+    def __init__(self, inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live, weights: list[Weight]):
+        self.inputs = inputs
+        self.steps = steps
+        self.live = live
+        self.weights = weights
+
+    @staticmethod
+    def start(inputs: tuple[Dim, ...]) -> Builder:
+        return Builder(inputs, (), Live({d.name: d.size for d in inputs}, frozenset()), [])
+
+    @property
+    def shape(self) -> dict[str, Size]:
+        """The live dims, name -> size."""
+        return dict(self.live.sizes)
+
+    def _apply(self, primitive: Primitive) -> Builder:
+        live = Live(dict(self.live.sizes), self.live.windowed)
+        context = BuildContext(list(self.weights))
+        steps = list(self.steps)
+        try:
+            for single in primitive.expand():
+                steps.append(single.apply(live, context))
+        except KdslError as error:
+            raise error.with_context(self._text_so_far()) from None
+        return Builder(self.inputs, tuple(steps), live, context.weights)
+
+    def _text_so_far(self) -> str:
+        from kdsl.lang.printer import partial_dsl
+
+        return partial_dsl(self.inputs, self.steps)
+
+    def finish(self, output: Output) -> Operator:
+        try:
+            names = []
+            for ref in output.refs:
+                name = self.live.resolve(ref, "Output")
+                if name in names:
+                    raise ShapeError(f"Output: the dim {name} is listed twice")
+                names.append(name)
+            missing = [n for n in self.live.sizes if n not in names]
+            if missing:
+                raise ShapeError(
+                    f"Output: the dims {', '.join(missing)} are still live but not in the output; "
+                    f"Reduce them or list them (the live dims are {self.live.describe()})"
+                )
+            op = Operator(
+                self.inputs, self.steps, tuple(Dim(n, self.live.sizes[n]) for n in names), output.defaults
+            )
+            coefficients = {v.name for v in op.variables if v.kind == "coefficient"}
+            for key, _ in output.defaults:
+                if key not in coefficients:
+                    raise SizeError(
+                        f"Output(defaults=...): {key} is not a coefficient variable of this operator "
+                        f"(its coefficients are {sorted(coefficients) or 'none'})"
+                    )
+        except KdslError as error:
+            raise error.with_context(self._text_so_far()) from None
+        return op
+
+    def __rshift__(self, other: object) -> Builder | Operator:
+        if isinstance(other, Primitive):
+            return self._apply(other)
+        if isinstance(other, Pipeline):
+            built = self
+            for primitive in other.primitives:
+                built = built._apply(primitive)
+            return built.finish(other.output) if other.output is not None else built
+        if isinstance(other, Output):
+            return self.finish(other)
+        raise ShapeError(f"cannot apply {other!r}; expected a primitive, a pipeline or Output(...)")
+
+    def __repr__(self) -> str:
+        return f"Builder({self.live.describe()})"
+
+
+@dataclass(frozen=True, eq=True)
+class Operator:
+    """A finished operator: input dims, resolved steps (top-down), output dims, coefficient defaults.
+
+    Equal operators have equal fields; :attr:`key` is a content hash that is also the same for
+    operators that differ only in dim names, weight-dim order or the order of independent steps.
+    """
+
+    inputs: tuple[Dim, ...]
+    steps: tuple[Primitive, ...]
+    outputs: tuple[Dim, ...]
+    defaults: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Var] = {}
+        for var in self.variables:
+            seen = by_name.setdefault(var.name, var)
+            if seen.kind != var.kind:
+                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
+        for name, _ in self.defaults:
+            check_name(name, "coefficient")
+
+    @cached_property
+    def weights(self) -> tuple[Weight, ...]:
+        """The weights in the order they are shared (the declaration order)."""
+        return tuple(step.weight for step in self.steps if isinstance(step, Share))  # type: ignore[misc]
+
+    @cached_property
+    def variables(self) -> tuple[Var, ...]:
+        """Every variable the operator's sizes mention, primaries first, then by name."""
+        found: set[Var] = set()
+        for size in self._all_sizes():
+            found.update(size.variables)
+        return tuple(sorted(found, key=Var.sort_key))
+
+    def _all_sizes(self) -> list[Size]:
+        from kdsl.lang.printer import step_sizes
+
+        sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
+        for step in self.steps:
+            sizes.extend(step_sizes(step))
+        return sizes
+
+    @property
+    def primary_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "primary")
+
+    @property
+    def coefficient_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "coefficient")
+
+    @property
+    def default_coefficients(self) -> dict[str, int]:
+        return dict(self.defaults)
+
+    def to_dsl(self, name: str = "op") -> str:
+        """DSL source that :func:`kdsl.parse` reads back to an equal operator."""
+        from kdsl.lang.printer import to_dsl
+
+        return to_dsl(self, name)
+
+    def to_json(self) -> str:
+        """The versioned JSON form; :func:`kdsl.from_json` reads it back."""
+        from kdsl.lang.serialize import to_json
+
+        return to_json(self)
+
+    @cached_property
+    def key(self) -> str:
+        """A stable content hash of the operator's structure (names and step order do not matter)."""
+        from kdsl.lang.canonical import structural_key
+
+        return structural_key(self)
+
+    def with_defaults(self, **values: int) -> Operator:
+        """The same operator with other preferred coefficient values."""
+        merged = dict(self.defaults)
+        merged.update(values)
+        return Builder(self.inputs, self.steps, _live_after(self), list(self.weights)).finish(
+            Output(*(d.name for d in self.outputs), defaults=merged)
+        )
+
+    def __str__(self) -> str:
+        return self.to_dsl()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)
+        outs = ", ".join(f"{d.name}: {d.size}" for d in self.outputs)
+        return f"<Operator [{ins}] -> [{outs}], {len(self.steps)} steps, key {self.key}>"
+
+
+def _live_after(op: Operator) -> Live:
+    return Live({d.name: d.size for d in op.outputs}, frozenset())

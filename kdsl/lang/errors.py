@@ -1,0 +1,67 @@
+"""The one error family of kdsl.
+
+Every problem caused by user input (a malformed program, a size that does not divide, a dim that
+is not there) raises a subclass of :class:`KdslError`. Messages name the dim, size, constraint or
+layer involved and say what to do. Public entry points may attach the operator's DSL text with
+:meth:`KdslError.with_context`.
+"""
+
+from __future__ import annotations
+
+
+class KdslError(Exception):
+    """Base class of every error kdsl raises on bad input."""
+
+    def __init__(self, message: str, *, context: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def with_context(self, context: str) -> KdslError:
+        """Return a copy of this error that also quotes ``context`` (usually the DSL text)."""
+        clone = type(self).__new__(type(self))
+        KdslError.__init__(clone, self.message, context=context)
+        clone.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("message", "context")})
+        return clone
+
+    def __str__(self) -> str:
+        if self.context:
+            indented = "\n".join("    " + line for line in self.context.strip().splitlines())
+            return f"{self.message}\n  in:\n{indented}"
+        return self.message
+
+
+class SizeError(KdslError):
+    """A size expression is malformed (non-positive, a primary variable in a denominator, ...)."""
+
+
+class ShapeError(KdslError):
+    """Dimensions do not fit together: a missing, extra, dangling or mis-sized dim."""
+
+
+class DivisibilityError(KdslError):
+    """A size does not divide, or a created size is not a positive integer, on some layer."""
+
+
+class UnboundDimError(ShapeError):
+    """A primitive refers to a dim that does not exist at that point."""
+
+
+class AmbiguousDimError(ShapeError):
+    """A reference matches several dims; the user must name the one they mean."""
+
+
+class ValidityError(KdslError):
+    """The operator breaks a quality rule (drops input data, Stride without a window, ...)."""
+
+
+class ParseError(KdslError):
+    """DSL text or JSON that kdsl cannot read."""
+
+
+class LoweringError(KdslError):
+    """A backend cannot lower or run an operator (missing dependency, unsupported shape)."""
+
+
+class LayerError(KdslError):
+    """A layer table is malformed or does not bind a variable the operator needs."""

@@ -1,0 +1,272 @@
+"""Reading DSL source safely: an interpreter over a whitelist of Python's AST.
+
+The source is parsed with :func:`ast.parse` and only these forms are evaluated: ``import`` of
+kdsl (ignored), assignments to names, calls of the DSL's own functions, names bound earlier,
+int/str/bool literals, a dict of coefficient defaults, and the operators ``>>``, ``*``, ``/``,
+``**`` and unary ``-``. Nothing is passed to ``eval`` or ``exec``, so a file cannot run code.
+
+>>> op = parse('''
+... N, C, L = primary("N C L"); K = coefficient("K")
+... w = Weight(C, "k", name="w")
+... op = Input(N, C, L) >> Unfold(L, K, "k") >> Share(w) >> Reduce("k") >> Output(N, C, L)
+... ''')
+>>> [d.name for d in op.outputs]
+['N', 'C', 'L']
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from kdsl.lang.build import Input, Operator, Output
+from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.sizes import Size, coefficient, primary
+
+MAX_SOURCE_CHARS = 200_000
+MAX_INT = 10**12
+MAX_EXPONENT = 16
+
+#: the functions a DSL program may call, with the keywords each accepts
+FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
+    "primary": (primary, frozenset()),
+    "coefficient": (coefficient, frozenset()),
+    "Dim": (Dim, frozenset()),
+    "Weight": (Weight, frozenset({"name"})),
+    "Input": (Input, frozenset()),
+    "Output": (Output, frozenset({"defaults"})),
+    "Split": (Split, frozenset({"outer", "inner"})),
+    "Merge": (Merge, frozenset({"name"})),
+    "Shift": (Shift, frozenset({"offset"})),
+    "Expand": (Expand, frozenset()),
+    "Unfold": (Unfold, frozenset({"name"})),
+    "Stride": (Stride, frozenset()),
+    "Reduce": (Reduce, frozenset({"mean"})),
+    "Share": (Share, frozenset()),
+}
+IMPORTABLE = frozenset({"kdsl", "kdsl.lang"})
+
+
+class _Interpreter:
+    def __init__(self, source: str) -> None:
+        self.lines = source.splitlines()
+        self.env: dict[str, Any] = {}
+        self.order: list[str] = []
+
+    def fail(self, node: ast.AST, message: str) -> ParseError:
+        line = getattr(node, "lineno", None)
+        where = f"line {line}: " if line else ""
+        return ParseError(where + message)
+
+    # -- statements ---------------------------------------------------------------------------
+    def run(self, tree: ast.Module) -> None:
+        for index, statement in enumerate(tree.body):
+            if isinstance(statement, ast.ImportFrom) and statement.module in IMPORTABLE and statement.level == 0:
+                continue
+            if isinstance(statement, ast.Import) and all(a.name in IMPORTABLE for a in statement.names):
+                continue
+            if isinstance(statement, ast.Expr) and index == 0 and isinstance(statement.value, ast.Constant):
+                if isinstance(statement.value.value, str):
+                    continue  # a docstring
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                value = self.evaluate(statement.value)
+                self.bind(statement.targets[0], value)
+                continue
+            raise self.fail(
+                statement,
+                f"only assignments like `name = Input(...) >> ...` are allowed, not {type(statement).__name__}",
+            )
+
+    def bind(self, target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            self.check_target(target)
+            self.env[target.id] = value
+            if target.id not in self.order:
+                self.order.append(target.id)
+            return
+        if isinstance(target, ast.Tuple) and all(isinstance(t, ast.Name) for t in target.elts):
+            values = value if isinstance(value, tuple) else (value,)
+            if len(values) != len(target.elts):
+                raise self.fail(target, f"{len(target.elts)} names on the left but {len(values)} values on the right")
+            for element, item in zip(target.elts, values):
+                self.bind(element, item)
+            return
+        raise self.fail(target, "only plain names (or a tuple of names) can be assigned")
+
+    def check_target(self, target: ast.Name) -> None:
+        if target.id in FUNCTIONS:
+            raise self.fail(target, f"{target.id} is a DSL function and cannot be reassigned")
+        if target.id.startswith("_"):
+            raise self.fail(target, f"names starting with _ are not allowed ({target.id})")
+
+    # -- expressions --------------------------------------------------------------------------
+    def evaluate(self, node: ast.expr) -> Any:
+        try:
+            return self._evaluate(node)
+        except KdslError as error:
+            if error.context is None and getattr(node, "lineno", None):
+                line = self.lines[node.lineno - 1].strip() if node.lineno <= len(self.lines) else ""
+                raise error.with_context(f"line {node.lineno}: {line}") from None
+            raise
+
+    def _evaluate(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            value = node.value
+            if isinstance(value, bool) or isinstance(value, str):
+                return value
+            if isinstance(value, int):
+                return self.small_int(node, value)
+            raise self.fail(node, f"the literal {value!r} is not allowed (only ints, strings, True/False)")
+        if isinstance(node, ast.Name):
+            if node.id in self.env:
+                return self.env[node.id]
+            if node.id in FUNCTIONS:
+                raise self.fail(node, f"{node.id} must be called: {node.id}(...)")
+            raise self.fail(node, f"the name {node.id!r} is not defined (define it before use)")
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        if isinstance(node, ast.BinOp):
+            return self.binary(node)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            operand = self._evaluate(node.operand)
+            if isinstance(operand, int) and not isinstance(operand, bool):
+                return -operand
+            raise self.fail(node, "unary minus applies only to integers")
+        if isinstance(node, ast.Dict):
+            result = {}
+            for key, value in zip(node.keys, node.values):
+                if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                    raise self.fail(node, "dict keys must be strings")
+                result[key.value] = self._evaluate(value)
+            return result
+        raise self.fail(node, f"{type(node).__name__} expressions are not part of the DSL")
+
+    def small_int(self, node: ast.AST, value: int) -> int:
+        if abs(value) > MAX_INT:
+            raise self.fail(node, f"the integer {value} is too large (at most {MAX_INT})")
+        return value
+
+    def call(self, node: ast.Call) -> Any:
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            name = node.func.id if isinstance(node.func, ast.Name) else type(node.func).__name__
+            raise self.fail(node, f"{name}(...) is not a DSL function; allowed: {', '.join(sorted(FUNCTIONS))}")
+        function, allowed = FUNCTIONS[node.func.id]
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.fail(node, "*args is not allowed")
+        args = [self._evaluate(a) for a in node.args]
+        kwargs = {}
+        for keyword in node.keywords:
+            if keyword.arg is None or keyword.arg not in allowed:
+                raise self.fail(
+                    node,
+                    f"{node.func.id}() takes no keyword {keyword.arg!r}"
+                    + (f"; it accepts {', '.join(sorted(allowed))}" if allowed else ""),
+                )
+            kwargs[keyword.arg] = self._evaluate(keyword.value)
+        try:
+            return function(*args, **kwargs)
+        except KdslError:
+            raise
+        except TypeError as error:
+            raise self.fail(node, f"{node.func.id}(...): {error}") from None
+
+    def binary(self, node: ast.BinOp) -> Any:
+        left = self._evaluate(node.left)
+        right = self._evaluate(node.right)
+        if isinstance(node.op, ast.RShift):
+            if isinstance(left, (int, str, Size, dict)) or isinstance(right, (int, str, Size, dict)):
+                raise self.fail(node, ">> composes primitives, pipelines, Input and Output, not sizes or names")
+            try:
+                return left >> right
+            except KdslError:
+                raise
+            except TypeError:
+                raise self.fail(node, f"cannot compose {type(left).__name__} >> {type(right).__name__}") from None
+        numbers = (Size, int)
+        if not isinstance(left, numbers) or not isinstance(right, numbers) or isinstance(left, bool):
+            raise self.fail(node, "arithmetic (*, /, **) applies only to sizes and integers")
+        if isinstance(node.op, ast.Mult):
+            return self.normalize(node, Size.of(left) * Size.of(right))
+        if isinstance(node.op, ast.Div):
+            if right == 0:
+                raise self.fail(node, "division by zero in a size")
+            return self.normalize(node, Size.of(left) / Size.of(right))
+        if isinstance(node.op, ast.Pow):
+            if not isinstance(right, int) or isinstance(right, bool) or abs(right) > MAX_EXPONENT:
+                raise self.fail(node, f"exponents must be integers between -{MAX_EXPONENT} and {MAX_EXPONENT}")
+            return self.normalize(node, Size.of(left) ** right)
+        raise self.fail(node, f"the operator {type(node.op).__name__} is not part of the DSL")
+
+    def normalize(self, node: ast.AST, size: Size) -> Size | int:
+        """Keep constant sizes as ints when they are whole (so ``2*3`` stays an int)."""
+        if abs(size.constant.numerator) > MAX_INT or size.constant.denominator > MAX_INT:
+            raise self.fail(node, "a constant in a size is too large")
+        if size.is_constant and size.constant.denominator == 1:
+            return int(size.constant)
+        return size
+
+
+def _syntax_tree(source: object, what: str) -> ast.Module:
+    if not isinstance(source, str):
+        raise ParseError(f"{what} must be a string, got {type(source).__name__}")
+    if len(source) > MAX_SOURCE_CHARS:
+        raise ParseError(f"{what} is too long ({len(source)} characters; at most {MAX_SOURCE_CHARS})")
+    try:
+        return ast.parse(source)
+    except SyntaxError as error:
+        raise ParseError(f"line {error.lineno}: syntax error: {error.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as error:
+        raise ParseError(f"{what} cannot be parsed: {type(error).__name__}") from None
+
+
+def parse(source: str) -> Operator:
+    """Read DSL source and return its operator (the one bound to ``op``, or the only one).
+
+    Raises :class:`~kdsl.lang.errors.ParseError` (or another ``KdslError`` naming the dim or
+    size) for anything that is not a valid kdsl program. Never executes the source.
+    """
+    tree = _syntax_tree(source, "DSL source")
+    interpreter = _Interpreter(source)
+    try:
+        interpreter.run(tree)
+    except RecursionError:
+        raise ParseError("the program is nested too deeply") from None
+    operators = [name for name in interpreter.order if isinstance(interpreter.env[name], Operator)]
+    if "op" in operators:
+        return interpreter.env["op"]
+    if len(operators) == 1:
+        return interpreter.env[operators[0]]
+    if not operators:
+        unfinished = [n for n in interpreter.order if type(interpreter.env[n]).__name__ == "Builder"]
+        hint = f" ({unfinished[0]} is missing its >> Output(...))" if unfinished else ""
+        raise ParseError("the program defines no operator; end it with `op = Input(...) >> ... >> Output(...)`" + hint)
+    raise ParseError(f"the program defines several operators ({', '.join(operators)}); bind the one you mean to `op`")
+
+
+def parse_size(text: str, variables: Mapping[str, str]) -> Size:
+    """Read a size expression such as ``Cout/(G*s)``; ``variables`` maps each name to its kind.
+
+    >>> str(parse_size("Cout/(G*s)", {"Cout": "primary", "G": "coefficient", "s": "coefficient"}))
+    'Cout/(G*s)'
+    """
+    if not isinstance(text, str) or len(text) > 1000:
+        raise ParseError(f"a size must be a short string, got {text!r}")
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ParseError(f"cannot read the size {text!r}") from None
+    interpreter = _Interpreter(text)
+    for name, kind in variables.items():
+        if kind not in ("primary", "coefficient"):
+            raise ParseError(f"variable {name!r} has the unknown kind {kind!r}")
+        interpreter.env[name] = Size.variable(name, kind)
+    try:
+        value = interpreter._evaluate(tree.body)
+    except RecursionError:
+        raise ParseError(f"the size {text!r} is nested too deeply") from None
+    if isinstance(value, bool) or not isinstance(value, (Size, int, Fraction)):
+        raise ParseError(f"{text!r} is not a size")
+    return Size.of(value)
