@@ -153,9 +153,7 @@ class Builder:
                     f"Output: the dims {', '.join(missing)} are still live but not in the output; "
                     f"Reduce them or list them (the live dims are {self.live.describe()})"
                 )
-            op = Operator(
-                self.inputs, self.steps, tuple(Dim(n, self.live.sizes[n]) for n in names), output.defaults
-            )
+            op = Operator(self.inputs, self.steps, tuple(Dim(n, self.live.sizes[n]) for n in names), output.defaults)
             coefficients = {v.name for v in op.variables if v.kind == "coefficient"}
             for key, _ in output.defaults:
                 if key not in coefficients:

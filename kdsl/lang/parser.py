@@ -68,9 +68,9 @@ class _Interpreter:
                 continue
             if isinstance(statement, ast.Import) and all(a.name in IMPORTABLE for a in statement.names):
                 continue
-            if isinstance(statement, ast.Expr) and index == 0 and isinstance(statement.value, ast.Constant):
-                if isinstance(statement.value.value, str):
-                    continue  # a docstring
+            is_docstring = isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+            if is_docstring and index == 0 and isinstance(statement.value.value, str):
+                continue
             if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
                 value = self.evaluate(statement.value)
                 self.bind(statement.targets[0], value)
@@ -115,7 +115,7 @@ class _Interpreter:
     def _evaluate(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant):
             value = node.value
-            if isinstance(value, bool) or isinstance(value, str):
+            if isinstance(value, (bool, str)):
                 return value
             if isinstance(value, int):
                 return self.small_int(node, value)
@@ -237,6 +237,9 @@ def parse(source: str) -> Operator:
     operators = [name for name in interpreter.order if isinstance(interpreter.env[name], Operator)]
     if "op" in operators:
         return interpreter.env["op"]
+    if "op" in interpreter.env:
+        kind = type(interpreter.env["op"]).__name__
+        raise ParseError(f"`op` is bound to a {kind}, not an operator; end it with >> Output(...)")
     if len(operators) == 1:
         return interpreter.env[operators[0]]
     if not operators:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import ClassVar
 
 from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError
 from kdsl.lang.sizes import Size
@@ -33,7 +33,7 @@ from kdsl.lang.sizes import Size
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: A reference to a live dim: its name, or a size that only that dim has.
-DimRef = Union[str, Size]
+DimRef = str | Size
 
 
 def check_name(name: object, what: str) -> str:
@@ -87,9 +87,7 @@ class Live:
             raise ShapeError(f"{role}: {ref!r} is neither a dim name nor a size")
         found = self.find(ref)
         if found is None:
-            raise UnboundDimError(
-                f"{role}: no live dim has size {ref}; the live dims are {self.describe()}"
-            )
+            raise UnboundDimError(f"{role}: no live dim has size {ref}; the live dims are {self.describe()}")
         return found
 
     def find(self, ref: Size) -> str | None:
@@ -351,6 +349,11 @@ class Unfold(Primitive):
         role = _role("Unfold", f"{self.dim}, {self.window}")
         dim = live.resolve(self.dim, role)
         window = check_size(self.window, f"{role}: the window")
+        ratio = window / live.sizes[dim]
+        if ratio.is_constant and ratio.constant >= 1:
+            raise ShapeError(
+                f"{role}: the window {window} is never smaller than the dim {dim} of size {live.sizes[dim]}"
+            )
         default = f"{dim}_{window}" if window.variable_name else f"{dim}_win"
         name = check_name(self.name or default, "Unfold window")
         live.add(name, window, role)

@@ -27,7 +27,9 @@ def to_dict(op: Operator) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     for step in op.steps:
         if isinstance(step, Split):
-            steps.append({"op": "Split", "dim": step.dim, "block": str(step.block), "outer": step.outer, "inner": step.inner})
+            steps.append(
+                {"op": "Split", "dim": step.dim, "block": str(step.block), "outer": step.outer, "inner": step.inner}
+            )
         elif isinstance(step, Merge):
             steps.append({"op": "Merge", "outer": step.outer, "inner": step.inner, "name": step.name})
         elif isinstance(step, Shift):
@@ -77,7 +79,7 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
 def _step(data: Any, variables: dict[str, str], where: str) -> Primitive:
     kind = _field(data, "op", str, where)
 
-    def size(key: str):  # noqa: ANN202 - local helper
+    def size(key: str):
         return parse_size(_field(data, key, str, where), variables)
 
     def name(key: str) -> str:

@@ -1,0 +1,380 @@
+"""The language: sizes, building with >>, validity errors, printing, parsing, JSON and keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kdsl
+from kdsl.lang import (
+    Dim,
+    Expand,
+    Input,
+    Merge,
+    Output,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+    coefficient,
+    primary,
+)
+from kdsl.lang.errors import (
+    AmbiguousDimError,
+    KdslError,
+    ParseError,
+    ShapeError,
+    SizeError,
+    UnboundDimError,
+    ValidityError,
+)
+from kdsl.lang.sizes import Size
+from kdsl.testing import strategies as kst
+
+N, Cin, Cout, H, W = primary("N Cin Cout H W")
+K, s, G = coefficient("K s G")
+
+
+def conv2d(names: tuple[str, str] = ("kh", "kw")) -> kdsl.Operator:
+    kh, kw = names
+    weight = Weight(Cout, Cin, kh, kw, name="w")
+    return (
+        Input(N, Cin, H, W)
+        >> Unfold(H, K, kh)
+        >> Unfold(W, K, kw)
+        >> Share(weight)
+        >> Reduce(Cin, kh, kw)
+        >> Output(N, Cout, H, W, defaults={"K": 3})
+    )
+
+
+# -- sizes ------------------------------------------------------------------------------------
+
+
+def test_sizes_are_interned_monomials():
+    assert (H / s) * s is H
+    assert Cout / (G * s) is Cout * G**-1 * s**-1
+    assert str(Cout / (G * s)) == "Cout/(G*s)"
+    assert str(3 * K / 2) == "3*K/2"
+    assert (Cin / G).evaluate({"Cin": 64, "G": 4}) == Fraction(16)
+    assert Cin.variable_name == "Cin" and (2 * Cin).variable_name is None
+
+
+def test_size_errors():
+    with pytest.raises(SizeError):
+        Size.of(0)
+    with pytest.raises(SizeError):
+        Size.of(-2)
+    with pytest.raises(SizeError):
+        primary("1bad")
+    with pytest.raises(kdsl.lang.errors.LayerError, match="Cin"):
+        (Cin / G).evaluate({"G": 2})
+
+
+def test_to_sympy():
+    import sympy
+
+    expr = (Cout / (G * s)).to_sympy()
+    assert (
+        sympy.simplify(
+            expr
+            - sympy.Symbol("Cout", positive=True, integer=True)
+            / (sympy.Symbol("G", positive=True, integer=True) * sympy.Symbol("s", positive=True, integer=True))
+        )
+        == 0
+    )
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+def test_conv2d_shapes_and_weights():
+    op = conv2d()
+    assert [d.name for d in op.outputs] == ["N", "Cout", "H", "W"]
+    assert [str(x) for x in op.weights[0].shape] == ["Cout", "Cin", "K", "K"]
+    assert op.weights[0].new == (True, False, False, False)
+    assert op.primary_variables == ("Cin", "Cout", "H", "N", "W")
+    assert op.coefficient_variables == ("K",)
+    assert op.default_coefficients == {"K": 3}
+
+
+def test_pipelines_are_reusable_and_associative():
+    window = Unfold(H, K, "kh") >> Unfold(W, K, "kw")
+    contract = Share(Weight(Cout, Cin, "kh", "kw", name="w")) >> Reduce(Cin, "kh", "kw")
+    out = Output(N, Cout, H, W, defaults={"K": 3})
+    left = ((Input(N, Cin, H, W) >> window) >> contract) >> out
+    right = Input(N, Cin, H, W) >> (window >> (contract >> out))
+    assert left == right == conv2d()
+
+
+def test_equal_sized_dims_stay_distinct_and_ambiguity_is_an_error():
+    op = Input(N, H, W) >> Unfold(H, K, "a") >> Unfold(W, K, "b") >> Reduce("a") >> Output(N, H, W, "b")
+    assert [d.name for d in op.outputs] == ["N", "H", "W", "b"]
+    with pytest.raises(AmbiguousDimError, match="a, b"):
+        Input(N, H, W) >> Unfold(H, K, "a") >> Unfold(W, K, "b") >> Reduce(K)
+    with pytest.raises(ShapeError, match="never smaller"):
+        Input(N, H) >> Unfold(H, K, "a") >> Unfold("a", K, "b")
+
+
+def test_unbound_and_duplicate_dims():
+    with pytest.raises(UnboundDimError, match="'kh'"):
+        Input(N, H) >> Reduce("kh")
+    with pytest.raises(UnboundDimError, match="size Cin"):
+        Input(N, H) >> Reduce(Cin)
+    with pytest.raises(ShapeError, match="already exists"):
+        Input(N, H) >> Unfold(H, K, "N")
+    with pytest.raises(ShapeError, match="twice"):
+        Input(N, N)
+
+
+def test_output_must_list_every_live_dim_exactly_once():
+    with pytest.raises(ShapeError, match="still live.*kh"):
+        Input(N, H) >> Unfold(H, K, "kh") >> Output(N, H)
+    with pytest.raises(ShapeError, match="twice"):
+        Input(N, H) >> Output(N, H, H)
+    with pytest.raises(SizeError, match="not a coefficient"):
+        Input(N, H) >> Output(N, H, defaults={"K": 3})
+
+
+def test_primary_variables_never_in_denominators():
+    with pytest.raises(SizeError, match="primary variable Cin in a denominator"):
+        Input(N, H) >> Split(H, Cin, "a", "b")
+    with pytest.raises(SizeError, match="size 1"):
+        Input(N, H) >> Split(H, H, "a", "b")
+
+
+def test_stride_needs_a_window():
+    with pytest.raises(ValidityError, match="drop input elements"):
+        Input(N, H) >> Stride(H, s)
+    op = Input(N, H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k") >> Output(N, H / s)
+    assert str(op.outputs[1].size) == "H/s"
+
+
+def test_weights_share_and_create_dims():
+    w1 = Weight("g", "kw", Dim("c", Cout / (G * s)), name="W2")
+    op = (
+        Input(N, Cin, W)
+        >> Unfold(W, K, "kw")
+        >> Split(Cin, Cin / G, "g", "ci")
+        >> Share(w1)
+        >> Reduce("ci")
+        >> Share(Weight("g", "kw", "c", Cout, name="W1"))
+        >> Reduce("g", "kw", "c")
+        >> Output(N, Cout, W)
+    )
+    assert [w.name for w in op.weights] == ["W2", "W1"]
+    assert op.weights[0].new == (False, False, True)
+    assert op.weights[1].new == (False, False, False, True)
+    with pytest.raises(ShapeError, match="already shared"):
+        Input(N, Cin) >> Share(Weight(Cin, name="w")) >> Share(Weight(Cin, name="w"))
+    with pytest.raises(ShapeError, match="twice"):
+        Input(N, Cin) >> Share(Weight(Cin, "Cin"))
+
+
+def test_errors_quote_the_partial_program():
+    with pytest.raises(KdslError) as info:
+        Input(N, Cin, H) >> Unfold(H, K, "kh") >> Reduce("kw")
+    assert "Unfold(H, K" in str(info.value)
+
+
+def test_every_primitive_has_a_printer_json_form_and_key_rule():
+    from kdsl.lang.primitives import PRIMITIVES
+
+    op = (
+        Input(N, Cin, H)
+        >> Split(Cin, G, "c", "g")
+        >> Merge("c", "g", "cg")
+        >> Shift(H, -1)
+        >> Expand("e", K)
+        >> Unfold(H, K, "kh")
+        >> Stride("kh", s)
+        >> Share(Weight("cg", "kh", Dim("o", Cout), name="w"))
+        >> Reduce("cg", "kh", mean=True)
+        >> Output(N, "o", H, "e")
+    )
+    assert {type(step).__name__ for step in op.steps} == set(PRIMITIVES)
+    assert kdsl.parse(op.to_dsl()) == op
+    assert kdsl.from_json(op.to_json()) == op
+
+
+# -- printing, parsing, JSON, keys ------------------------------------------------------------
+
+
+def test_dsl_round_trip_of_conv2d():
+    op = conv2d()
+    text = op.to_dsl()
+    assert 'Unfold(H, K, "kh")' in text
+    assert kdsl.parse(text) == op
+    assert kdsl.from_json(op.to_json()) == op
+
+
+def test_dsl_text_is_also_python():
+    op = conv2d()
+    namespace: dict[str, object] = {}
+    exec(compile(op.to_dsl(), "<dsl>", "exec"), namespace)  # trusted: text we generated
+    assert namespace["op"] == op
+
+
+@given(kst.operators())
+def test_random_operators_round_trip(op):
+    assert kdsl.parse(op.to_dsl()) == op
+    assert kdsl.from_json(op.to_json()) == op
+    assert kdsl.from_json(op.to_json()).key == op.key
+
+
+def test_key_ignores_names_weight_order_and_independent_step_order():
+    a = conv2d(("kh", "kw"))
+    b = conv2d(("r", "q"))
+    c = (
+        Input(N, Cin, H, W)
+        >> Unfold(W, K, "kw")
+        >> Unfold(H, K, "kh")
+        >> Share(Weight("kw", Cin, Cout, "kh", name="v"))
+        >> Reduce("kw", "kh", Cin)
+        >> Output(N, Cout, H, W)
+    )
+    assert a.key == b.key == c.key
+    assert a != b
+
+
+def test_key_changes_with_semantics():
+    base = Input(N, H) >> Shift(H) >> Output(N, H)
+    assert base.key != (Input(N, H) >> Shift(H, 2) >> Output(N, H)).key
+    assert base.key != (Input(N, H) >> Shift(H) >> Output(H, N)).key
+    mean = Input(N, H) >> Reduce(H, mean=True) >> Output(N)
+    total = Input(N, H) >> Reduce(H) >> Output(N)
+    assert mean.key != total.key
+    split_a = Input(N, H) >> Split(H, K, "a", "b") >> Output(N, "a", "b")
+    split_b = Input(N, H) >> Split(H, H / K, "a", "b") >> Output(N, "a", "b")
+    assert split_a.key != split_b.key
+
+
+def test_operators_are_hashable_values():
+    assert hash(conv2d()) == hash(conv2d())
+    assert len({conv2d(), conv2d(), conv2d(("a", "b"))}) == 2
+
+
+# -- malformed input --------------------------------------------------------------------------
+
+INJECTIONS = [
+    "__import__('os').system('touch /tmp/kdsl_pwned')",
+    "op = __import__('os').system('touch /tmp/kdsl_pwned')",
+    "import os\nop = os.system('touch /tmp/kdsl_pwned')",
+    "op = Input.__class__",
+    "op = (lambda: 1)()",
+    "op = [x for x in ()]",
+    "op = Input(N)[0]",
+    "from os import system",
+    "op = open('/etc/passwd')",
+    "exec('1')",
+    "op = primary('N').__dict__",
+    "def f():\n    pass",
+    "class A:\n    pass",
+    "op = f'{1}'",
+    "op = 10**10**10",
+    "op = 2**100000",
+    "N = primary('N')\nop = N * 1.5",
+    "op = Input(primary('N')) >> print",
+    "primary = 1",
+    "_x = 1",
+    "N = primary('N')\nop = Input(N) >> Output(N, defaults={'N': 2})",
+    "N = primary('N')\nop = Input(N) >> Unfold(N, N, 'k') >> Reduce('k') >> Output(N)",
+    "N = primary('N')\nop = Input(N) >> Split(N, 0, 'a', 'b') >> Output('a', 'b')",
+    "N = primary('N')\nop = Input(N) >> Split(N, -2, 'a', 'b') >> Output('a', 'b')",
+    "N = primary('N')\nop = Input(N) >> Reduce('M') >> Output(N)",
+    "N = primary('N')\nK = coefficient('K')\nop = Input(N) >> Unfold(N, K / N) >> Output(N)",
+    "N = primary('N')\nop = Input(N) >> Output(N)\nop2 = Input(N) >> Output(N)\nop = 3",
+    "N = primary('N')\nop = Input(N)",
+    "N = primary('N')\nop = Input(N) >> Weight(N)",
+    "N = primary('N')\nop = Input(N) >> Split(N, 2, 5, 'b')",
+    "N = primary('N')\nop = Input(N) >> Share('w')",
+    "N = primary('N')\nop = Input(N) >> Shift(N, 'x')",
+    "N, M = primary('N')",
+    "N = primary('N')\nop = Input(N) >> Reduce(N, mean=3) >> Output(N)",
+    "N = primary('N')\nop = Input(N) >> Split(N, 2, 'a', 'b', 'c')",
+    "(",
+    "",
+    "\x00",
+]
+
+
+@pytest.mark.parametrize("source", INJECTIONS)
+def test_malformed_programs_raise_kdsl_errors_and_run_nothing(source):
+    if os.path.exists("/tmp/kdsl_pwned"):
+        os.remove("/tmp/kdsl_pwned")
+    with pytest.raises(KdslError):
+        kdsl.parse(source)
+    assert not os.path.exists("/tmp/kdsl_pwned")
+
+
+_VALID = conv2d().to_dsl()
+
+
+@given(st.data())
+def test_mutated_programs_raise_only_kdsl_errors(data):
+    text = _VALID
+    for _ in range(data.draw(st.integers(1, 4))):
+        position = data.draw(st.integers(0, len(text)))
+        action = data.draw(st.sampled_from(["delete", "insert", "replace", "truncate"]))
+        if action == "truncate":
+            text = text[:position]
+        elif action == "delete":
+            text = text[:position] + text[position + data.draw(st.integers(1, 8)) :]
+        else:
+            snippet = data.draw(
+                st.sampled_from(["K", "Cin", '"kh"', ">>", "(", ")", ",", "*", "/", "2", "-1", "0", "Reduce(", "__"])
+            )
+            end = position + (1 if action == "replace" else 0)
+            text = text[:position] + snippet + text[end:]
+    try:
+        result = kdsl.parse(text)
+    except KdslError:
+        return
+    assert isinstance(result, kdsl.Operator)
+
+
+@given(st.data())
+def test_mutated_json_raises_only_kdsl_errors(data):
+    document = json.loads(conv2d().to_json())
+    path_choice = data.draw(st.sampled_from(["inputs", "steps", "outputs", "variables", "defaults", "version"]))
+    replacement = data.draw(
+        st.one_of(st.none(), st.integers(-3, 3), st.text(max_size=5), st.lists(st.integers(), max_size=2), st.just({}))
+    )
+    if path_choice == "steps" and data.draw(st.booleans()):
+        index = data.draw(st.integers(0, len(document["steps"]) - 1))
+        field = data.draw(st.sampled_from(sorted(document["steps"][index])))
+        document["steps"][index][field] = replacement
+    else:
+        document[path_choice] = replacement
+    text = json.dumps(document)
+    if data.draw(st.booleans()):
+        text = text[: data.draw(st.integers(0, len(text)))]
+    try:
+        result = kdsl.from_json(text)
+    except KdslError:
+        return
+    assert isinstance(result, kdsl.Operator)
+
+
+def test_json_has_a_schema_version():
+    document = json.loads(conv2d().to_json())
+    assert document["format"] == "kdsl-operator" and document["version"] == 1
+    document["version"] = 99
+    with pytest.raises(ParseError, match="version 99"):
+        kdsl.from_json(json.dumps(document))
+
+
+def test_import_kdsl_loads_no_backend():
+    code = "import sys, kdsl, kdsl.lang, kdsl.solve; print('torch' in sys.modules, 'tvm' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
