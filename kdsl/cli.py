@@ -1,0 +1,171 @@
+"""The ``kdsl`` command.
+
+    kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
+    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
+    kdsl gallery list              the gallery's operators
+    kdsl demo                      a tour of the gallery on ResNet-18's layers
+
+An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError, ParseError
+
+
+def load_operator(ref: str) -> Operator:
+    """An operator from a gallery name, a DSL file or a JSON file."""
+    from kdsl import gallery
+    from kdsl.lang.parser import parse
+    from kdsl.lang.serialize import from_json
+
+    path = Path(ref)
+    if path.suffix in (".dsl", ".py", ".json") or path.exists():
+        if not path.is_file():
+            raise ParseError(f"no such file: {ref}")
+        text = path.read_text()
+        return from_json(text) if path.suffix == ".json" else parse(text)
+    return gallery.load(ref)
+
+
+def _parse_assignments(items: Sequence[str] | None) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for item in items or ():
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            if not sep or not value.strip().lstrip("-").isdigit():
+                raise KdslError(f"--set expects NAME=INT (like K=3), got {part!r}")
+            values[name.strip()] = int(value)
+    return values
+
+
+def _formula_lines(op: Operator) -> list[str]:
+    from kdsl import solve
+
+    formulas = solve.cost(op)
+    return [f"  {key:<13}{formulas[key]}" for key in ("flops", "params", "input", "output") if key in formulas]
+
+
+def command_show(args: argparse.Namespace) -> int:
+    from kdsl import solve
+
+    op = load_operator(args.operator)
+    print(op.to_dsl(), end="")
+    print()
+    print("shapes:")
+    print(f"  input        [{', '.join(f'{d.name}: {d.size}' for d in op.inputs)}]")
+    print(f"  output       [{', '.join(f'{d.name}: {d.size}' for d in op.outputs)}]")
+    for weight in op.weights:
+        dims = ", ".join(f"{d.name}: {d.size}" for d in weight.dims)
+        print(f"  weight {weight.name:<6}[{dims}]")
+    constraints = solve.constraints(op)
+    if constraints:
+        print("constraints:")
+        for constraint in constraints:
+            print(f"  {constraint.description}")
+    print("cost (multiply-accumulates, weights' elements):")
+    for line in _formula_lines(op):
+        print(line)
+    print(f"key: {op.key}")
+    return 0
+
+
+def command_check(args: argparse.Namespace) -> int:
+    from kdsl import solve
+
+    op = load_operator(args.operator)
+    layers = solve.load_layers(args.layers)
+    coefficients = {**op.default_coefficients, **_parse_assignments(args.set)}
+    solve.check(op, layers, coefficients=coefficients)
+    print(f"{args.operator}: valid on all {len(layers)} layers of {args.layers}", end="")
+    used = {k: v for k, v in coefficients.items() if k in op.coefficient_variables}
+    print(f" with {', '.join(f'{k}={v}' for k, v in sorted(used.items()))}" if used else "")
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'MFLOPs':>12}{'params':>12}"
+    print(header)
+    for layer in layers:
+        binding = {**dict(layer.values), **coefficients}
+        shapes = solve.shapes(op, binding)
+        costs = solve.cost(op, binding)
+        print(
+            f"  {layer.name:<12}{str(list(shapes['input'])):>22}{str(list(shapes['output'])):>22}"
+            f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}"
+        )
+    return 0
+
+
+def command_gallery(args: argparse.Namespace) -> int:
+    from kdsl import gallery
+
+    for name in gallery.names():
+        summary = gallery.describe(name).strip().splitlines()
+        print(f"{name:<28}{summary[0] if summary else ''}")
+    return 0
+
+
+def command_demo(args: argparse.Namespace) -> int:
+    from kdsl import gallery, solve
+
+    layers = solve.load_layers("resnet18")
+    print("kdsl tour: every gallery operator, checked on ResNet-18's 3x3 layers\n")
+    for name in gallery.names():
+        op = gallery.load(name)
+        print(f"== {name}  (key {op.key})")
+        for line in gallery.describe(name).strip().splitlines()[:1]:
+            print(f"   {line}")
+        try:
+            solve.check(op, layers)
+            verdict = f"valid on {len(layers)} layers"
+            flops = sum(solve.cost(op, layer)["flops"] for layer in layers)
+            verdict += f", {flops / 1e6:.1f} MFLOPs in total"
+        except KdslError as error:
+            verdict = f"not valid: {error.message}"
+        print(f"   {verdict}")
+        for line in _formula_lines(op)[:2]:
+            print(f" {line}")
+        print()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kdsl", description="kdsl: a DSL for neural tensor operators")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
+    show.add_argument("operator", help="gallery name, .dsl file or .json file")
+    show.set_defaults(run=command_show)
+
+    check = commands.add_parser("check", help="check an operator on a table of layers")
+    check.add_argument("operator", help="gallery name, .dsl file or .json file")
+    check.add_argument("--layers", default="resnet18", help="built-in table (resnet18, resnet18_stride2) or JSON file")
+    check.add_argument("--set", action="append", metavar="NAME=INT", help="coefficient values, e.g. --set K=3,G=32")
+    check.set_defaults(run=command_check)
+
+    gallery = commands.add_parser("gallery", help="the gallery of named operators")
+    gallery.add_argument("action", choices=["list"], nargs="?", default="list")
+    gallery.set_defaults(run=command_gallery)
+
+    demo = commands.add_parser("demo", help="a tour of kdsl")
+    demo.set_defaults(run=command_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kdsl`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KdslError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `kdsl show x | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
