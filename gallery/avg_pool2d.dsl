@@ -1,4 +1,4 @@
-"""Average pooling over K x K tiles with stride K: output [N, C, H/K, W/K].
+"""Average pooling over K x K tiles with stride K: output [N, Cin, H/K, W/K].
 
 Reproduces ``torch.nn.functional.avg_pool2d(x, K)`` (K divides H and W).
 
@@ -9,12 +9,12 @@ No weights.
 
 from kdsl.lang import *
 
-N, C, H, W = primary("N C H W")
+N, Cin, H, W = primary("N Cin H W")
 K = coefficient("K")
 avg_pool2d = (
-    Input(N, C, H, W)
+    Input(N, Cin, H, W)
     >> Split(H, K, "Ho", "kh")
     >> Split(W, K, "Wo", "kw")
     >> Reduce("kh", "kw", mean=True)
-    >> Output(N, C, "Ho", "Wo", defaults={"K": 2})
+    >> Output(N, Cin, "Ho", "Wo", defaults={"K": 2})
 )

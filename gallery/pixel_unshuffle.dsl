@@ -1,21 +1,21 @@
-"""Pixel unshuffle, the inverse of pixel shuffle: [N, C, H*r, W*r] -> [N, C*r*r, H, W].
+"""Pixel unshuffle, the inverse of pixel shuffle: [N, Cin, H, W] -> [N, Cin*r*r, H/r, W/r].
 
 Reproduces ``torch.nn.functional.pixel_unshuffle(x, r)``.
 
-out[n, c*r*r + i*r + j, h, w] = x[n, c, h*r + i, w*r + j]
+out[n, c*r*r + i*r + j, h, w] = x[n, c, h*r + i, w*r + j]   (r divides H and W)
 
 No weights.
 """
 
 from kdsl.lang import *
 
-N, C, H, W = primary("N C H W")
+N, Cin, H, W = primary("N Cin H W")
 r = coefficient("r")
 pixel_unshuffle = (
-    Input(N, C, Dim("Hr", H*r), Dim("Wr", W*r))
-    >> Split("Hr", r, "H", "ri")
-    >> Split("Wr", r, "W", "rj")
-    >> Merge(C, "ri", "Cr")
+    Input(N, Cin, H, W)
+    >> Split(H, r, "Ho", "ri")
+    >> Split(W, r, "Wo", "rj")
+    >> Merge(Cin, "ri", "Cr")
     >> Merge("Cr", "rj", "Crr")
-    >> Output(N, "Crr", H, W, defaults={"r": 2})
+    >> Output(N, "Crr", "Ho", "Wo", defaults={"r": 2})
 )

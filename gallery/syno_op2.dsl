@@ -9,23 +9,25 @@ before H is unfolded, so the wrap-around applies to the window's source row and 
 to the unshifted row. W2 contracts ci and the W-window kw, W1 contracts g, the H-window kh and c.
 Defaults are the ResNet-18 setting K=3, G=32, s=2.
 
-No single PyTorch function. Weights: W2[Cin, K, Cout/(G*s)] and W1[G, K, Cout, Cout/(G*s)],
-indexed as in the formula.
+No single PyTorch function. Weights: W2[G, Cin/G, K, Cout/(G*s)] is the formula's
+W2[Cin, K, Cout/(G*s)] reshaped (W2[g, ci, kw, c] = W2_formula[g*Cin/G + ci, kw, c]; shared after
+Cin is split, so the reduction over ci and kw fuses with the product), and W1[G, K, Cout,
+Cout/(G*s)] is indexed as in the formula.
 """
 
 from kdsl.lang import *
 
 N, Cin, H, W, Cout = primary("N Cin H W Cout")
 K, G, s = coefficient("K G s")
-W2 = Weight(Cin, "kw", Dim("c", Cout/(G*s)), name="W2")
+W2 = Weight("g", "ci", "kw", Dim("c", Cout/(G*s)), name="W2")
 W1 = Weight("g", "kh", Cout, "c", name="W1")
 syno_op2 = (
     Input(N, Cin, H, W)
     >> Unfold(W, K, "kw")
     >> Shift(H)
     >> Unfold(H, K, "kh")
-    >> Share(W2)
     >> Split(Cin, Cin/G, "g", "ci")
+    >> Share(W2)
     >> Reduce("ci", "kw")
     >> Share(W1)
     >> Reduce("g", "kh", "c")

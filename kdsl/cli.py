@@ -93,7 +93,7 @@ def command_check(args: argparse.Namespace) -> int:
         shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
         print(
-            f"  {layer.name:<12}{str(list(shapes['input'])):>22}{str(list(shapes['output'])):>22}"
+            f"  {layer.name:<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
             f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}"
         )
     return 0

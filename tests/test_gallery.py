@@ -38,7 +38,7 @@ def torch_pointwise_conv2d(x, ws, v):
 
 
 def torch_depthwise_conv2d(x, ws, v):
-    return F.conv2d(t(x), t(ws[0])[:, None], padding=v["K"] // 2, groups=v["C"])
+    return F.conv2d(t(x), t(ws[0])[:, None], padding=v["K"] // 2, groups=v["Cin"])
 
 
 def torch_grouped_conv2d(x, ws, v):
@@ -155,7 +155,11 @@ CASES = {
     ),
     "depthwise_conv2d": (
         torch_depthwise_conv2d,
-        [{"N": 1, "C": 3, "H": 5, "W": 4}, {"N": 2, "C": 2, "H": 1, "W": 3}, {"N": 1, "C": 1, "H": 3, "W": 6, "K": 5}],
+        [
+            {"N": 1, "Cin": 3, "H": 5, "W": 4},
+            {"N": 2, "Cin": 2, "H": 1, "W": 3},
+            {"N": 1, "Cin": 1, "H": 3, "W": 6, "K": 5},
+        ],
     ),
     "grouped_conv2d": (
         torch_grouped_conv2d,
@@ -191,15 +195,15 @@ CASES = {
     ),
     "avg_pool2d": (
         torch_avg_pool2d,
-        [{"N": 1, "C": 3, "H": 4, "W": 6}, {"N": 2, "C": 2, "H": 9, "W": 3, "K": 3}],
+        [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
     ),
     "pixel_shuffle": (
         torch_pixel_shuffle,
-        [{"N": 1, "C": 3, "H": 2, "W": 3}, {"N": 2, "C": 1, "H": 3, "W": 1, "r": 3}],
+        [{"N": 1, "Cin": 12, "H": 2, "W": 3}, {"N": 2, "Cin": 9, "H": 3, "W": 1, "r": 3}],
     ),
     "pixel_unshuffle": (
         torch_pixel_unshuffle,
-        [{"N": 1, "C": 3, "H": 2, "W": 3}, {"N": 2, "C": 1, "H": 3, "W": 1, "r": 3}],
+        [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 1, "H": 3, "W": 9, "r": 3}],
     ),
     "unfold2d": (
         torch_unfold2d,

@@ -1,0 +1,44 @@
+"""The solver: layer tables, constraints and assignments, stage plans (rfactor), cost formulas.
+
+>>> from kdsl.lang import *
+>>> from kdsl import solve
+>>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); K = coefficient("K")
+>>> conv = (Input(N, Cin, H, W) >> Unfold(H, K, "kh") >> Unfold(W, K, "kw")
+...     >> Share(Weight(Cout, Cin, "kh", "kw", name="w")) >> Reduce(Cin, "kh", "kw")
+...     >> Output(N, Cout, H, W))
+>>> len(solve.check(conv, "resnet18", {"K": 3}))
+4
+>>> solve.assignments(conv, "resnet18", {"K": [3, 5, 7, 9]})
+[{'K': 3}, {'K': 5}]
+>>> solve.cost(conv)["flops"]
+Cin*Cout*H*K**2*N*W
+
+Note: the functions ``constraints``, ``plan`` and ``cost`` shadow the submodules of the same
+name as attributes of this package; import from the submodules with ``from kdsl.solve.plan
+import ...``.
+"""
+
+from kdsl.solve.constraints import CheckReport, Constraint, assignments, bind, check, constraints
+from kdsl.solve.cost import cost, shapes, total_cost, within_budget
+from kdsl.solve.layers import Layer, load_layers
+from kdsl.solve.plan import Plan, Stage, View, plan, reference_binding
+
+__all__ = [
+    "CheckReport",
+    "Constraint",
+    "Layer",
+    "Plan",
+    "Stage",
+    "View",
+    "assignments",
+    "bind",
+    "check",
+    "constraints",
+    "cost",
+    "load_layers",
+    "plan",
+    "reference_binding",
+    "shapes",
+    "total_cost",
+    "within_budget",
+]

@@ -1,0 +1,197 @@
+"""``kdsl bench codegen``: kdsl's generated code against PyTorch's own operators, side by side.
+
+For every gallery operator and every layer of a table it measures, in one run: the forward and
+forward+backward time of the kdsl->PyTorch module, of the native PyTorch function where one
+exists (:mod:`kdsl.codegen.native`), and the forward time of the kdsl->TVM kernel with its default
+schedule. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
+and then slows PyTorch down in the same process (see TVM.md). Times are medians over repeats;
+ratios are kdsl / native (lower is better; 1.0 means as fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from statistics import median
+from typing import Any
+
+from kdsl.lang.errors import KdslError
+
+
+def _time(function: Callable[[], Any], target: float = 0.15, repeats: int = 5) -> float:
+    """Median seconds per call: warm up, pick a call count that takes ~``target`` s, repeat."""
+    function()
+    start = time.perf_counter()
+    function()
+    once = max(time.perf_counter() - start, 1e-7)
+    number = max(1, min(1000, int(target / once)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            function()
+        samples.append((time.perf_counter() - start) / number)
+    return median(samples)
+
+
+def _layers(table: str, batch: int) -> list[tuple[str, dict[str, int]]]:
+    from kdsl import solve
+
+    layers = []
+    for layer in solve.load_layers(table):
+        values = dict(layer.values)
+        values["N"] = batch
+        if "H" in values and "W" in values:
+            values["M"] = batch * values["H"] * values["W"]
+            values["L"] = values["H"] * values["W"]
+        layers.append((layer.name, values))
+    return layers
+
+
+def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[str, str, dict[str, int], int]]:
+    """(operator, layer name, binding, MACs) for every operator valid on the layer."""
+    from kdsl import gallery, solve
+
+    cases = []
+    for name in names or gallery.names():
+        op = gallery.load(name)
+        for layer_name, values in _layers(table, batch):
+            try:
+                binding = solve.bind(op, values)
+                macs = solve.cost(op, binding)["flops"]
+            except KdslError:
+                continue
+            cases.append((name, layer_name, binding, macs))
+    return cases
+
+
+def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
+    import torch
+
+    from kdsl import gallery
+    from kdsl.codegen import torch as kdsl_torch
+    from kdsl.codegen.native import NATIVE
+
+    op = gallery.load(name)
+    module = kdsl_torch.build(op, binding)
+    x = torch.randn(tuple(int(d.size.evaluate(binding)) for d in op.inputs))
+    x_grad = x.clone().requires_grad_(True)
+
+    def train_step(forward: Callable[[Any], Any]) -> None:
+        forward(x_grad).sum().backward()
+
+    row: dict[str, Any] = {"op": name, "layer": layer_name}
+    with torch.no_grad():
+        row["kdsl_fwd"] = _time(lambda: module(x))
+    row["kdsl_fwdbwd"] = _time(lambda: train_step(module))
+    if name in NATIVE:
+        prepare, call = NATIVE[name]
+        weights = [torch.nn.Parameter(w.detach().clone()) for w in prepare(list(module.weights), binding)]
+
+        def native(data: Any) -> Any:
+            return call(data, weights, binding)
+
+        with torch.no_grad():
+            row["native_fwd"] = _time(lambda: native(x))
+        row["native_fwdbwd"] = _time(lambda: train_step(native))
+    return row
+
+
+def _tvm_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
+    import torch
+
+    from kdsl import gallery
+    from kdsl.codegen import tvm as kdsl_tvm
+
+    kernel = kdsl_tvm.build(gallery.load(name), binding)
+    x = torch.randn(kernel.input_shape)
+    weights = [torch.randn(shape) for shape in kernel.weight_shapes]
+    return {"op": name, "layer": layer_name, "tvm_fwd": _time(lambda: kernel(x, *weights))}
+
+
+def _run_worker(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "kdsl.codegen.bench", "--worker", kind, "--layers", args.layers]
+    command += ["--batch", str(args.batch)]
+    if args.ops:
+        command += ["--ops", *args.ops]
+    environment = dict(os.environ)
+    environment.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        raise KdslError(f"the {kind} benchmark worker failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1e3:9.3f}" if value is not None else f"{'-':>9}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:6.2f}" if a is not None and b else f"{'-':>6}"
+
+
+def bench_codegen(args: argparse.Namespace) -> int:
+    """Print the side-by-side table (and return 0)."""
+    cases = _cases(args.ops, args.layers, args.batch)
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for kind in ("torch", "tvm"):
+        for row in _run_worker(kind, args):
+            merged.setdefault((row["op"], row["layer"]), {}).update(row)
+    macs = {(name, layer): m for name, layer, _, m in cases}
+    rows = []
+    for key, row in merged.items():
+        row["macs"] = macs[key]
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
+    print("GFLOP/s count 2 FLOPs per multiply-accumulate. PyTorch and TVM ran in separate processes.\n")
+    header = (
+        f"{'operator':<27}{'layer':<9}{'MMAC':>9} | {'torch fwd':>9}{'native':>9}{'ratio':>6} | "
+        f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GFLOP/s':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        tvm_rate = 2 * row["macs"] / row["tvm_fwd"] / 1e9 if row.get("tvm_fwd") and row["macs"] else None
+        print(
+            f"{row['op']:<27}{row['layer']:<9}{row['macs'] / 1e6:9.1f} | {_ms(row.get('kdsl_fwd'))}"
+            f"{_ms(row.get('native_fwd'))}{_ratio(row.get('kdsl_fwd'), row.get('native_fwd'))} | "
+            f"{_ms(row.get('kdsl_fwdbwd'))}{_ms(row.get('native_fwdbwd'))}"
+            f"{_ratio(row.get('kdsl_fwdbwd'), row.get('native_fwdbwd'))} | {_ms(row.get('tvm_fwd'))}"
+            f"{_ratio(row.get('tvm_fwd'), row.get('native_fwd')):>7}"
+            f"{(f'{tvm_rate:8.1f}' if tvm_rate else f'{chr(45):>8}')}"
+        )
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", default="resnet18", help="layer table (resnet18, resnet18_stride2, or a JSON file)")
+    parser.add_argument("--batch", type=int, default=8, help="batch size N (default 8)")
+    parser.add_argument("--ops", nargs="*", help="gallery operators to measure (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kdsl.codegen.bench")
+    add_arguments(parser)
+    parser.add_argument("--worker", choices=["torch", "tvm"], required=True)
+    args = parser.parse_args(argv)
+    cases = _cases(args.ops, args.layers, args.batch)
+    import torch
+
+    torch.manual_seed(0)
+    measure = _torch_case if args.worker == "torch" else _tvm_case
+    rows = [measure(name, layer_name, binding) for name, layer_name, binding, _ in cases]
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

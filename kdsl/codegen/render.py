@@ -1,0 +1,216 @@
+"""Renderers: a Halide-like loop-nest listing and an SVG picture of an operator's primitive graph.
+
+>>> from kdsl.lang import *
+>>> N, C, L = primary("N C L"); K = coefficient("K")
+>>> op = Input(N, C, L) >> Unfold(L, K, "k") >> Share(Weight(C, "k", name="w")) >> Reduce("k") >> Output(N, C, L)
+>>> print(loop_nest(op))
+for n < N, C < C, L < L:
+  stage0[N, C, L] = 0
+  for k < K:
+    stage0[N, C, L] += x[N, C, L + k - K//2] * w[C, k]    # 0 unless 0 <= L + k - K//2 < L
+out = stage0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from html import escape
+
+from kdsl.lang.build import Operator
+from kdsl.lang.primitives import (
+    BuildContext,
+    Expand,
+    Live,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
+from kdsl.lang.sizes import Size
+
+
+def _wrap(text: str) -> str:
+    return f"({text})" if any(c in text for c in " +-") else text
+
+
+def _half(size: Size) -> str:
+    return f"{size}//2" if not size.is_constant else str(int(size.constant) // 2)
+
+
+def _walk_up(
+    views: list[tuple[Primitive, dict[str, Size]]], coords: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The bottom-up coordinate of every source dim, as text (the same rules as the TVM backend)."""
+    coords = dict(coords)
+    guards: list[str] = []
+    for step, sizes in reversed(views):
+        if isinstance(step, Split):
+            coords[step.dim] = f"{_wrap(coords.pop(step.outer))}*{_wrap(str(step.block))} + {coords.pop(step.inner)}"
+        elif isinstance(step, Merge):
+            merged = _wrap(coords.pop(step.name))
+            block = _wrap(str(sizes[step.inner]))
+            coords[step.outer] = f"{merged} / {block}"
+            coords[step.inner] = f"{merged} % {block}"
+        elif isinstance(step, Shift):
+            coords[step.dim] = f"({coords[step.dim]} + {step.offset}) % {_wrap(str(sizes[step.dim]))}"
+        elif isinstance(step, Expand):
+            coords.pop(step.name)
+        elif isinstance(step, Unfold):
+            source = f"{coords[step.dim]} + {coords.pop(step.name)} - {_half(step.window)}"
+            guards.append(f"0 <= {source} < {sizes[step.dim]}")
+            coords[step.dim] = source
+        elif isinstance(step, Stride):
+            coords[step.dim] = f"{_wrap(str(step.stride))}*{_wrap(coords[step.dim])}"
+    return coords, guards
+
+
+def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
+    """The operator's stage plan as loops over symbolic extents, one loop nest per stage."""
+    from kdsl import solve
+
+    plan = solve.plan(op, binding)
+    live = Live({d.name: d.size for d in op.inputs}, frozenset())
+    context = BuildContext()
+    sizes: list[dict[str, Size]] = []
+    for step in plan.steps:
+        sizes.append(dict(live.sizes))
+        step.apply(live, context)
+    sizes.append(dict(live.sizes))
+    lines: list[str] = []
+    source, source_dims = "x", [d.name for d in op.inputs]
+    pending: list[tuple[Primitive, dict[str, Size]]] = []
+    starts = {stage.start: stage for stage in plan.stages}
+    index = 0
+    while index < len(plan.steps):
+        stage = starts.get(index)
+        if stage is None:
+            pending.append((plan.steps[index], sizes[index]))
+            index += 1
+            continue
+        block = plan.steps[stage.start : stage.stop]
+        result = [name for name, _ in stage.result]
+        reduced = [(s.dim, sizes[i][s.dim]) for i, s in enumerate(block, stage.start) if isinstance(s, Reduce)]
+        shares = [s.weight for s in block if isinstance(s, Share)]
+        new = {d.name for w in shares if isinstance(w, Weight) for d, n in zip(w.dims, w.new) if n}
+        coords = {name: name for name in result} | {name: name for name, _ in reduced}
+        up, guards = _walk_up(pending, {k: v for k, v in coords.items() if k not in new})
+        read = f"{source}[{', '.join(up[d] for d in source_dims)}]"
+        factors = [read] + [
+            f"{w.name}[{', '.join(coords[d.name] for d in w.dims)}]" for w in shares if isinstance(w, Weight)
+        ]
+        name = f"stage{len([s for s in plan.stages if s.start < stage.start])}"
+        target = f"{name}[{', '.join(result)}]"
+        lines.append(
+            "for " + ", ".join(f"{n.lower() if i == 0 else n} < {s}" for i, (n, s) in enumerate(stage.result)) + ":"
+        )
+        body = " * ".join(factors)
+        note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
+        if reduced:
+            lines.append(f"  {target} = 0")
+            lines.append("  for " + ", ".join(f"{n} < {s}" for n, s in reduced) + ":")
+            lines.append(f"    {target} += {body}{note}")
+            means = [str(s) for (n, s), step in zip(reduced, [b for b in block if isinstance(b, Reduce)]) if step.mean]
+            if means:
+                lines.append(f"  {target} /= {' * '.join(_wrap(m) for m in means)}")
+        else:
+            lines.append(f"  {target} = {body}{note}")
+        source, source_dims, pending = name, result, []
+        index = stage.stop
+    outputs = [d.name for d in plan.outputs]
+    if pending or source_dims != outputs or source == "x":
+        up, guards = _walk_up(pending, {name: name for name in outputs})
+        note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
+        lines.append("for " + ", ".join(f"{n} < {sizes[-1][n]}" for n in outputs) + ":")
+        lines.append(f"  out[{', '.join(outputs)}] = {source}[{', '.join(up[d] for d in source_dims)}]{note}")
+    else:
+        lines.append(f"out = {source}")
+    return "\n".join(lines)
+
+
+# -- SVG --------------------------------------------------------------------------------------
+
+_ROW, _COLUMN, _MARGIN = 64, 120, 30
+
+
+def svg(op: Operator) -> str:
+    """An SVG drawing of the primitive graph: each dim is a vertical lane from the primitive that
+    makes it to the one that consumes it; each primitive is a box across its lanes."""
+    live = Live({d.name: d.size for d in op.inputs}, frozenset())
+    context = BuildContext()
+    column: dict[str, int] = {}
+    free: list[int] = []
+    next_column = 0
+    lanes: list[tuple[int, int, int, str]] = []  # (column, top row, bottom row, label)
+    started: dict[str, tuple[int, str]] = {}
+    boxes: list[tuple[int, int, int, str]] = []  # (row, first column, last column, label)
+
+    def open_lane(name: str, row: int, size: Size) -> None:
+        nonlocal next_column
+        if free:
+            col = free.pop(0)
+        else:
+            col, next_column = next_column, next_column + 1
+        column[name] = col
+        started[name] = (row, f"{name}: {size}")
+
+    def close_lane(name: str, row: int) -> None:
+        top, label = started.pop(name)
+        lanes.append((column[name], top, row, label))
+        free.append(column.pop(name))
+        free.sort()
+
+    for d in op.inputs:
+        open_lane(d.name, 0, d.size)
+    boxes.append((0, 0, max(0, len(op.inputs) - 1), "input x"))
+    for row, step in enumerate(op.steps, start=1):
+        consumed = list(step.consumes)
+        cols = [column[n] for n in consumed]
+        for name in consumed:
+            close_lane(name, row)
+        step.apply(live, context)
+        for name in step.produces:
+            open_lane(name, row, live.sizes[name])
+            cols.append(column[name])
+        label = type(step).__name__
+        if isinstance(step, Share) and isinstance(step.weight, Weight):
+            label += f" {step.weight.name}[{', '.join(str(d.size) for d in step.weight.dims)}]"
+        elif isinstance(step, Reduce) and step.mean:
+            label += " (mean)"
+        cols = cols or [0]
+        boxes.append((row, min(cols), max(cols), label))
+    last = len(op.steps) + 1
+    for d in op.outputs:
+        close_lane(d.name, last)
+    boxes.append((last, 0, max(0, next_column - 1), "output [" + ", ".join(d.name for d in op.outputs) + "]"))
+    width = _MARGIN * 2 + max(next_column, 1) * _COLUMN
+    height = _MARGIN * 2 + (last + 1) * _ROW
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="monospace" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+
+    def x_of(col: int) -> int:
+        return _MARGIN + col * _COLUMN + _COLUMN // 2
+
+    def y_of(row: int) -> int:
+        return _MARGIN + row * _ROW + _ROW // 2
+
+    for col, top, bottom, label in lanes:
+        parts.append(f'<line x1="{x_of(col)}" y1="{y_of(top)}" x2="{x_of(col)}" y2="{y_of(bottom)}" stroke="#555"/>')
+        parts.append(f'<text x="{x_of(col) + 4}" y="{y_of(top) + 26}" fill="#225">{escape(label)}</text>')
+    for row, first, last_col, label in boxes:
+        left = x_of(first) - _COLUMN // 2 + 8
+        right = x_of(last_col) + _COLUMN // 2 - 8
+        parts.append(
+            f'<rect x="{left}" y="{y_of(row) - 12}" width="{right - left}" height="24" rx="6" '
+            f'fill="#eef3fb" stroke="#3a5a9a"/>'
+        )
+        parts.append(f'<text x="{(left + right) // 2}" y="{y_of(row) + 4}" text-anchor="middle">{escape(label)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

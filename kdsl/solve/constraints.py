@@ -1,0 +1,501 @@
+"""Constraints on an operator's variables, checked against layer tables.
+
+:func:`constraints` replays an operator's steps and derives, symbolically, what must hold for any
+concrete sizes: every coefficient is at least 1 (kind ``"positive"``); every size a step creates
+is a positive integer (kind ``"integral"``: a Split's block and outer size, a Stride's strided
+size, a window, an Expand, a weight-only dim, an input dim such as ``H/2``); every Unfold window
+is smaller than the dim it slides over (kind ``"window"``). Sizes that are integers for any
+positive integer variables (``Cin``, ``K**2``, ``2*H``) give no constraint.
+
+A *binding* maps every variable of the operator to an int. For a layer it is the layer's values
+for the primary variables; a coefficient takes, in this order, the value in ``coefficients``, the
+layer's value, or the operator's default (``Output(..., defaults={"K": 3})``). Variables the
+operator does not use are ignored.
+
+>>> from kdsl.lang import *
+>>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); G, K = coefficient("G K")
+>>> grouped = (Input(N, Cin, H, W) >> Split(Cin, Cin / G, "g", "ci") >> Unfold(H, K, "kh")
+...     >> Unfold(W, K, "kw") >> Share(Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w"))
+...     >> Reduce("ci", "kh", "kw") >> Merge("g", "co", "Cout") >> Output(N, Cout, H, W, defaults={"K": 3}))
+>>> for c in constraints(grouped):
+...     print(c.kind, "|", c.description)
+positive | the coefficient G must be a positive integer
+positive | the coefficient K must be a positive integer
+integral | Split(Cin, Cin/G): Cin/G must be a positive integer
+window | Unfold(H, K): the window K must be smaller than the dim H (H)
+window | Unfold(W, K): the window K must be smaller than the dim W (W)
+integral | Share(w): the weight dim co: Cout/G must be a positive integer
+>>> assignments(grouped, "resnet18", {"G": range(1, 9)})
+[{'G': 1, 'K': 3}, {'G': 2, 'K': 3}, {'G': 4, 'K': 3}, {'G': 8, 'K': 3}]
+>>> check(grouped, "resnet18", {"G": 3})
+Traceback (most recent call last):
+...
+kdsl.lang.errors.DivisibilityError: layer conv2_x (Cin=64, G=3): Split(Cin, Cin/G): Cin/G = 64/3 is not an integer; ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from kdsl.lang.errors import DivisibilityError, LayerError
+from kdsl.lang.primitives import (
+    BuildContext,
+    Expand,
+    Live,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
+from kdsl.lang.sizes import Size, Var
+from kdsl.solve.layers import Layer, as_layer, as_layers
+
+if TYPE_CHECKING:
+    from kdsl.lang.build import Operator
+
+KINDS = ("positive", "integral", "window")
+
+
+def _ratio(size: Size, binding: Mapping[str, int]) -> tuple[int, int]:
+    """``size`` under ``binding`` as (numerator, denominator) ints, without Fractions."""
+    num, den = size.constant.numerator, size.constant.denominator
+    for var, exp in size.exponents:
+        try:
+            value = binding[var.name]
+        except KeyError:
+            raise LayerError(f"variable {var.name} has no value (needed by the size {size})") from None
+        if exp > 0:
+            num *= value**exp
+        else:
+            den *= value**-exp
+    return num, den
+
+
+def _value_text(size: Size, binding: Mapping[str, int]) -> str:
+    num, den = _ratio(size, binding)
+    return str(Fraction(num, den)) if den else "undefined"
+
+
+def _size_value(size: Size, binding: Mapping[str, int]) -> str:
+    """``K=9`` for a variable, ``H/s = 28`` for an expression, ``3`` for a constant."""
+    value = _value_text(size, binding)
+    if size.is_constant:
+        return value
+    if size.variable_name is not None:
+        return f"{size.variable_name}={value}"
+    return f"{size} = {value}"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One condition on the variables, with the step and dim it comes from.
+
+    ``kind`` is ``"positive"`` (a coefficient is at least 1; ``sizes`` is the variable),
+    ``"integral"`` (``sizes[0]`` is a positive integer) or ``"window"`` (the window ``sizes[0]``
+    is smaller than the dim's size ``sizes[1]``). ``step`` is the step as text
+    (``"Stride(H, s)"``), ``dim`` the dim involved.
+    """
+
+    kind: str
+    sizes: tuple[Size, ...]
+    step: str
+    dim: str | None
+    description: str
+    what: str = ""
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The variables the constraint depends on, primaries first, then by name."""
+        found = {var for size in self.sizes for var in size.variables}
+        return tuple(v.name for v in sorted(found, key=Var.sort_key))
+
+    def holds(self, binding: Mapping[str, int]) -> bool:
+        """Whether the constraint holds under ``binding`` (which binds all its variables)."""
+        if self.kind == "positive":
+            num, den = _ratio(self.sizes[0], binding)
+            return den > 0 and num >= den
+        if self.kind == "integral":
+            num, den = _ratio(self.sizes[0], binding)
+            return den > 0 and num > 0 and num % den == 0
+        window_num, window_den = _ratio(self.sizes[0], binding)
+        dim_num, dim_den = _ratio(self.sizes[1], binding)
+        if window_den <= 0 or dim_den <= 0:
+            return False
+        return window_num * dim_den < dim_num * window_den
+
+    def explain(self, binding: Mapping[str, int]) -> str:
+        """Why the constraint fails under ``binding`` (one clause, no layer name)."""
+        if self.kind == "positive":
+            name = self.sizes[0].variable_name
+            return f"the coefficient {name} = {_value_text(self.sizes[0], binding)} is not a positive integer"
+        if self.kind == "integral":
+            size = self.sizes[0]
+            return f"{self.step}: {self.what}{size} = {_value_text(size, binding)} is not an integer"
+        window, dim_size = self.sizes
+        dim_text = _size_value(dim_size, binding)
+        if dim_size.variable_name != self.dim:
+            dim_text = f"the dim {self.dim} ({dim_text})"
+        return f"{self.step}: the window {_size_value(window, binding)} is not smaller than {dim_text}"
+
+    def failure(self, layer: str, binding: Mapping[str, int]) -> str:
+        """The full message for a violation on ``layer``: names the layer, values and step."""
+        values = ", ".join(f"{name}={binding[name]}" for name in self.variables if name in binding)
+        where = f"layer {layer} ({values})" if values else f"layer {layer}"
+        if self.kind == "window":
+            hint = (
+                "choose a smaller window or layers where the dim is larger; pass allow_large_windows=True "
+                "to accept it (backends that zero-pad, like PyTorch, handle it)"
+            )
+        elif self.kind == "positive":
+            hint = "coefficients must be integers of at least 1"
+        else:
+            hint = "choose coefficients that divide the layer's sizes (kdsl.solve.assignments lists the valid ones)"
+        return f"{where}: {self.explain(binding)}; {hint}"
+
+    def __str__(self) -> str:
+        return self.description
+
+
+def _trivially_integral(size: Size) -> bool:
+    return size.constant.denominator == 1 and all(exp > 0 for _, exp in size.exponents)
+
+
+def _step_text(step: Primitive) -> str:
+    if isinstance(step, Split):
+        return f"Split({step.dim}, {step.block})"
+    if isinstance(step, Merge):
+        return f"Merge({step.outer}, {step.inner})"
+    if isinstance(step, Shift):
+        return f"Shift({step.dim})"
+    if isinstance(step, Expand):
+        return f"Expand({step.name}, {step.size})"
+    if isinstance(step, Unfold):
+        return f"Unfold({step.dim}, {step.window})"
+    if isinstance(step, Stride):
+        return f"Stride({step.dim}, {step.stride})"
+    if isinstance(step, Reduce):
+        return f"Reduce({step.dim})"
+    if isinstance(step, Share):
+        assert isinstance(step.weight, Weight)
+        return f"Share({step.weight.name})"
+    return repr(step)  # pragma: no cover - every primitive is handled above
+
+
+@lru_cache(maxsize=512)
+def constraints(op: Operator) -> tuple[Constraint, ...]:
+    """The constraints of ``op``, in step order (coefficient positivity first), without duplicates.
+
+    >>> from kdsl.lang import *
+    >>> H = primary("H"); s, K = coefficient("s K")
+    >>> op = Input(H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k") >> Output("H")
+    >>> [c.description for c in constraints(op) if c.kind != "positive"]
+    ['Unfold(H, K): the window K must be smaller than the dim H (H)', 'Stride(H, s): H/s must be a positive integer']
+    """
+    found: list[Constraint] = []
+    seen: set[tuple[str, tuple[Size, ...]]] = set()
+
+    def add(kind: str, sizes: tuple[Size, ...], step: str, dim: str | None, description: str, what: str = "") -> None:
+        if (kind, sizes) in seen:
+            return
+        seen.add((kind, sizes))
+        found.append(Constraint(kind, sizes, step, dim, description, what))
+
+    def integral(size: Size, step: str, dim: str | None, what: str = "") -> None:
+        if not _trivially_integral(size):
+            add("integral", (size,), step, dim, f"{step}: {what}{size} must be a positive integer", what)
+
+    for name in op.coefficient_variables:
+        var = Size.variable(name, "coefficient")
+        add("positive", (var,), f"coefficient {name}", None, f"the coefficient {name} must be a positive integer")
+    for dim in op.inputs:
+        integral(dim.size, f"Input({dim.name})", dim.name)
+    live = Live({d.name: d.size for d in op.inputs}, frozenset())
+    context = BuildContext()
+    for step in op.steps:
+        before = Live(dict(live.sizes), live.windowed)
+        step.apply(live, context)
+        text = _step_text(step)
+        if isinstance(step, Split):
+            integral(step.block, text, step.inner)
+            integral(live.sizes[step.outer], text, step.outer, f"the outer dim {step.outer}: ")
+        elif isinstance(step, Stride):
+            integral(live.sizes[step.dim], text, step.dim)
+        elif isinstance(step, Expand):
+            integral(step.size, text, step.name)
+        elif isinstance(step, Unfold):
+            integral(step.window, text, step.name)
+            dim_size = before.sizes[step.dim]
+            window_text = f"{text}: the window {step.window} must be smaller than the dim {step.dim} ({dim_size})"
+            add("window", (step.window, dim_size), text, step.dim, window_text)
+        elif isinstance(step, Share):
+            weight = step.weight
+            assert isinstance(weight, Weight)
+            for dim, new in zip(weight.dims, weight.new):
+                if new:
+                    integral(dim.size, text, dim.name, f"the weight dim {dim.name}: ")
+    for dim in op.outputs:
+        integral(dim.size, f"Output({dim.name})", dim.name)
+    return tuple(found)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bindings
+# ------------------------------------------------------------------------------------------------
+
+
+def _coefficient_values(coefficients: Mapping[str, int] | None) -> dict[str, int]:
+    if coefficients is None:
+        return {}
+    if not isinstance(coefficients, Mapping):
+        raise LayerError(f"coefficients must be a dict like {{'K': 3}}, got {coefficients!r}")
+    values: dict[str, int] = {}
+    for name, value in coefficients.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise LayerError(f"coefficients: {name}={value!r} must be an integer")
+        values[str(name)] = value
+    return values
+
+
+def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Every variable of ``op`` bound for ``layer`` (no constraint is checked).
+
+    Primaries come from the layer; a coefficient from ``coefficients``, else the layer, else
+    ``op``'s defaults. Raises :class:`LayerError` naming the variable and layer when one is unbound.
+    """
+    given = _coefficient_values(coefficients)
+    defaults = dict(op.defaults)
+    binding: dict[str, int] = {}
+    for var in op.variables:
+        name = var.name
+        if var.kind == "primary":
+            value = layer.get(name)
+            if value is None:
+                bound = ", ".join(layer) or "nothing"
+                raise LayerError(
+                    f"layer {layer.name} does not bind the variable {name} that the operator needs "
+                    f"(it binds {bound}); add {name} to the layer table"
+                )
+        elif name in given:
+            value = given[name]
+        elif name in layer:
+            value = layer[name]
+        elif name in defaults:
+            value = defaults[name]
+        else:
+            raise LayerError(
+                f"the coefficient {name} has no value on layer {layer.name}: pass coefficients={{'{name}': 3}} "
+                f"or give the operator defaults (Output(..., defaults={{'{name}': 3}}))"
+            )
+        binding[name] = value
+    return binding
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The result of a successful :func:`check`: the concrete binding of each layer.
+
+    ``large_windows`` lists the window violations accepted under ``allow_large_windows=True``.
+    """
+
+    layers: tuple[Layer, ...]
+    bindings: tuple[tuple[tuple[str, int], ...], ...]
+    large_windows: tuple[str, ...] = ()
+
+    def binding(self, layer: str) -> dict[str, int]:
+        """The binding of the layer named ``layer``."""
+        for item, binding in zip(self.layers, self.bindings):
+            if item.name == layer:
+                return dict(binding)
+        raise LayerError(f"no layer named {layer!r}; the layers are {', '.join(x.name for x in self.layers)}")
+
+    def __iter__(self) -> Iterator[tuple[Layer, dict[str, int]]]:
+        return ((layer, dict(binding)) for layer, binding in zip(self.layers, self.bindings))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @property
+    def ok(self) -> bool:
+        """Always true: a failed check raises instead of returning a report."""
+        return True
+
+
+def _violated(
+    op: Operator, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
+) -> None:
+    for constraint in constraints(op):
+        if constraint.holds(binding):
+            continue
+        message = constraint.failure(layer.name, binding)
+        if constraint.kind == "window" and not windows:
+            if large is not None:
+                large.append(message)
+            continue
+        raise DivisibilityError(message)
+
+
+def check(
+    op: Operator,
+    layers: object,
+    coefficients: Mapping[str, int] | None = None,
+    *,
+    allow_large_windows: bool = False,
+) -> CheckReport:
+    """Check ``op`` on every layer of ``layers`` (anything :func:`load_layers` takes, or one layer).
+
+    Raises :class:`LayerError` for an unbound variable and :class:`DivisibilityError` for the
+    first violated constraint (a size that is not a positive integer, or a window that is not
+    smaller than its dim unless ``allow_large_windows``), naming the layer, values and step.
+
+    >>> from kdsl.lang import *
+    >>> H = primary("H"); s, K = coefficient("s K")
+    >>> op = (Input(H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k")
+    ...       >> Output("H", defaults={"K": 3, "s": 2}))
+    >>> check(op, "resnet18_stride2").binding("conv5_1")
+    {'H': 14, 'K': 3, 's': 2}
+    >>> check(op, "resnet18")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.DivisibilityError: layer conv5_x (H=7, s=2): Stride(H, s): H/s = 7/2 is not an integer; ...
+    """
+    table = as_layers(layers)
+    large: list[str] = []
+    bindings = []
+    for layer in table:
+        binding = resolve_binding(op, layer, coefficients)
+        _violated(op, layer, binding, windows=not allow_large_windows, large=large)
+        bindings.append(tuple(binding.items()))
+    return CheckReport(table, tuple(bindings), tuple(large))
+
+
+def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The concrete binding of every variable of ``op`` on one layer (a Layer or a dict).
+
+    Integrality and positivity are checked (:class:`DivisibilityError`); window sizes are not,
+    since backends that zero-pad accept any window.
+
+    >>> from kdsl.lang import *
+    >>> M, Cin, Cout = primary("M Cin Cout")
+    >>> matmul = Input(M, Cin) >> Share(Weight(Cin, Cout, name="w")) >> Reduce(Cin) >> Output(M, Cout)
+    >>> bind(matmul, {"name": "fc", "M": 3136, "Cin": 64, "Cout": 10, "H": 56})
+    {'Cin': 64, 'Cout': 10, 'M': 3136}
+    """
+    item = as_layer(layer)
+    binding = resolve_binding(op, item, coefficients)
+    _violated(op, item, binding, windows=False)
+    return binding
+
+
+def assignments(
+    op: Operator,
+    layers: object,
+    choices: Mapping[str, Iterable[int]],
+    *,
+    allow_large_windows: bool = False,
+) -> list[dict[str, int]]:
+    """Every assignment of coefficient values under which ``op`` checks on all ``layers``.
+
+    ``choices`` maps a coefficient to its candidate values. A coefficient without choices takes
+    its default (``op.defaults``) and appears in each assignment; one that every layer binds is
+    taken from the layers and does not appear; otherwise :class:`LayerError`. Names in
+    ``choices`` that are not coefficients of ``op`` are ignored, and so are values below 1.
+    Assignments come in product order: coefficients by name, values ascending. Each constraint is
+    checked as soon as its variables are assigned, so invalid prefixes are pruned early.
+
+    >>> from kdsl.lang import *
+    >>> H = primary("H"); s, K = coefficient("s K")
+    >>> op = Input(H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k") >> Output("H")
+    >>> assignments(op, "resnet18", {"K": [3, 7, 9], "s": [1, 2, 7]})
+    [{'K': 3, 's': 1}, {'K': 3, 's': 7}]
+    """
+    if not isinstance(choices, Mapping):
+        raise LayerError(f"choices must be a dict like {{'K': [1, 3, 5]}}, got {choices!r}")
+    table = as_layers(layers)
+    defaults = dict(op.defaults)
+    names: list[str] = []
+    candidates: list[list[int]] = []
+    per_layer: set[str] = set()
+    for name in op.coefficient_variables:
+        if name in choices:
+            values = choices[name]
+            if isinstance(values, (int, str, bytes)) or not isinstance(values, Iterable):
+                raise LayerError(f"choices[{name!r}] must be a list of ints, got {values!r}")
+            found: set[int] = set()
+            for value in values:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise LayerError(f"choices[{name!r}] holds {value!r}, which is not an integer")
+                if value >= 1:
+                    found.add(value)
+            names.append(name)
+            candidates.append(sorted(found))
+        elif name in defaults:
+            names.append(name)
+            candidates.append([defaults[name]])
+        elif all(name in layer for layer in table):
+            per_layer.add(name)
+        else:
+            raise LayerError(
+                f"the coefficient {name} has no choices, no default and is not bound by every layer: "
+                f"pass choices={{'{name}': [1, 2, 3]}} or give the operator defaults"
+            )
+    # per-layer base bindings (primaries and coefficients the layers bind)
+    bases: list[dict[str, int]] = []
+    for layer in table:
+        base: dict[str, int] = {}
+        for var in op.variables:
+            if var.kind == "primary" or var.name in per_layer:
+                value = layer.get(var.name)
+                if value is None:
+                    raise LayerError(
+                        f"layer {layer.name} does not bind the variable {var.name} that the operator needs "
+                        f"(it binds {', '.join(layer) or 'nothing'}); add {var.name} to the layer table"
+                    )
+                base[var.name] = value
+        bases.append(base)
+    # each constraint is checked at the depth where its last enumerated variable is assigned
+    position = {name: i for i, name in enumerate(names)}
+    levels: list[list[Constraint]] = [[] for _ in range(len(names) + 1)]
+    for constraint in constraints(op):
+        if constraint.kind == "window" and allow_large_windows:
+            continue
+        depth = max((position[v] + 1 for v in constraint.variables if v in position), default=0)
+        levels[depth].append(constraint)
+    if not all(c.holds(base) for c in levels[0] for base in bases):
+        return []
+    results: list[dict[str, int]] = []
+
+    def extend(depth: int) -> None:
+        if depth == len(names):
+            first = bases[0] if bases else {}
+            results.append({name: first[name] for name in names})
+            return
+        name = names[depth]
+        for value in candidates[depth]:
+            for base in bases:
+                base[name] = value
+            if all(c.holds(base) for c in levels[depth + 1] for base in bases):
+                extend(depth + 1)
+
+    extend(0)
+    return results
+
+
+__all__ = [
+    "CheckReport",
+    "Constraint",
+    "KINDS",
+    "assignments",
+    "bind",
+    "check",
+    "constraints",
+    "resolve_binding",
+]
