@@ -3,6 +3,7 @@
     kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
     kdsl gallery list              the gallery's operators
+    kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
 An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file.
@@ -72,7 +73,15 @@ def command_show(args: argparse.Namespace) -> int:
     print("cost (multiply-accumulates, weights' elements):")
     for line in _formula_lines(op):
         print(line)
+    print("loop nest (the stage plan at a reference size):")
+    from kdsl.codegen.render import loop_nest, svg
+
+    for line in loop_nest(op).splitlines():
+        print(f"  {line}")
     print(f"key: {op.key}")
+    if args.svg:
+        Path(args.svg).write_text(svg(op))
+        print(f"wrote {args.svg}")
     return 0
 
 
@@ -138,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
     show.add_argument("operator", help="gallery name, .dsl file or .json file")
+    show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
     show.set_defaults(run=command_show)
 
     check = commands.add_parser("check", help="check an operator on a table of layers")
@@ -149,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
     gallery.add_argument("action", choices=["list"], nargs="?", default="list")
     gallery.set_defaults(run=command_gallery)
+
+    bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
+    bench_kinds = bench.add_subparsers(dest="bench", required=True)
+    from kdsl.codegen import bench as codegen_bench
+
+    codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
+    codegen_bench.add_arguments(codegen)
+    codegen.set_defaults(run=codegen_bench.bench_codegen)
 
     demo = commands.add_parser("demo", help="a tour of kdsl")
     demo.set_defaults(run=command_demo)

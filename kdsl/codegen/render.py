@@ -4,10 +4,10 @@
 >>> N, C, L = primary("N C L"); K = coefficient("K")
 >>> op = Input(N, C, L) >> Unfold(L, K, "k") >> Share(Weight(C, "k", name="w")) >> Reduce("k") >> Output(N, C, L)
 >>> print(loop_nest(op))
-for n < N, C < C, L < L:
-  stage0[N, C, L] = 0
+for n < N, c < C, l < L:
+  stage0[n, c, l] = 0
   for k < K:
-    stage0[N, C, L] += x[N, C, L + k - K//2] * w[C, k]    # 0 unless 0 <= L + k - K//2 < L
+    stage0[n, c, l] += x[n, c, l + k - K//2] * w[c, k]    # 0 unless 0 <= l + k - K//2 < L
 out = stage0
 """
 
@@ -69,6 +69,11 @@ def _walk_up(
     return coords, guards
 
 
+def _iterator(name: str, size: Size) -> str:
+    """The loop variable of a dim: lower case when the dim is named after its extent (H -> h)."""
+    return name.lower() if str(size) == name else name
+
+
 def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
     """The operator's stage plan as loops over symbolic extents, one loop nest per stage."""
     from kdsl import solve
@@ -97,22 +102,21 @@ def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
         reduced = [(s.dim, sizes[i][s.dim]) for i, s in enumerate(block, stage.start) if isinstance(s, Reduce)]
         shares = [s.weight for s in block if isinstance(s, Share)]
         new = {d.name for w in shares if isinstance(w, Weight) for d, n in zip(w.dims, w.new) if n}
-        coords = {name: name for name in result} | {name: name for name, _ in reduced}
+        coords = {name: _iterator(name, size) for name, size in stage.result}
+        coords |= {name: _iterator(name, size) for name, size in reduced}
         up, guards = _walk_up(pending, {k: v for k, v in coords.items() if k not in new})
         read = f"{source}[{', '.join(up[d] for d in source_dims)}]"
         factors = [read] + [
             f"{w.name}[{', '.join(coords[d.name] for d in w.dims)}]" for w in shares if isinstance(w, Weight)
         ]
         name = f"stage{len([s for s in plan.stages if s.start < stage.start])}"
-        target = f"{name}[{', '.join(result)}]"
-        lines.append(
-            "for " + ", ".join(f"{n.lower() if i == 0 else n} < {s}" for i, (n, s) in enumerate(stage.result)) + ":"
-        )
+        target = f"{name}[{', '.join(coords[r] for r in result)}]"
+        lines.append("for " + ", ".join(f"{coords[n]} < {s}" for n, s in stage.result) + ":")
         body = " * ".join(factors)
         note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
         if reduced:
             lines.append(f"  {target} = 0")
-            lines.append("  for " + ", ".join(f"{n} < {s}" for n, s in reduced) + ":")
+            lines.append("  for " + ", ".join(f"{coords[n]} < {s}" for n, s in reduced) + ":")
             lines.append(f"    {target} += {body}{note}")
             means = [str(s) for (n, s), step in zip(reduced, [b for b in block if isinstance(b, Reduce)]) if step.mean]
             if means:
@@ -123,10 +127,12 @@ def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
         index = stage.stop
     outputs = [d.name for d in plan.outputs]
     if pending or source_dims != outputs or source == "x":
-        up, guards = _walk_up(pending, {name: name for name in outputs})
+        coords = {name: _iterator(name, sizes[-1][name]) for name in outputs}
+        up, guards = _walk_up(pending, coords)
         note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
-        lines.append("for " + ", ".join(f"{n} < {sizes[-1][n]}" for n in outputs) + ":")
-        lines.append(f"  out[{', '.join(outputs)}] = {source}[{', '.join(up[d] for d in source_dims)}]{note}")
+        lines.append("for " + ", ".join(f"{coords[n]} < {sizes[-1][n]}" for n in outputs) + ":")
+        target = ", ".join(coords[n] for n in outputs)
+        lines.append(f"  out[{target}] = {source}[{', '.join(up[d] for d in source_dims)}]{note}")
     else:
         lines.append(f"out = {source}")
     return "\n".join(lines)

@@ -1,0 +1,354 @@
+"""The TVM backend: bottom-up coordinate expressions lowered to ``te.compute`` stages.
+
+The operator's stage plan (:func:`kdsl.solve.plan`, the same plan the PyTorch backend lowers)
+gives a sequence of views and contraction stages. Each contraction stage becomes one
+``te.compute``: its spatial axes are the stage's result dims, its reduction axes the dims it
+reduces, and its body reads the previous stage's tensor at the coordinate obtained by walking
+the views in between *bottom-up* (Split: ``B*i + j``; Merge: ``i // B, i % B``; Shift:
+``(i + 1) mod N``; Unfold: ``i + j - K//2`` guarded by ``0 <= . < N``, N the dim's size, never
+the window's; Stride: ``S*i``; Expand: not read), times every weight it shares. Views after the
+last stage become a final copy stage.
+
+>>> import numpy as np, torch
+>>> from kdsl.lang import *
+>>> N, C, L = primary("N C L"); K = coefficient("K")
+>>> op = Input(N, C, L) >> Unfold(L, K, "k") >> Share(Weight("k", name="w")) >> Reduce("k") >> Output(N, C, L)
+>>> kernel = build(op, {"N": 1, "C": 1, "L": 4, "K": 3})
+>>> kernel(torch.tensor([[[1.0, 2.0, 3.0, 4.0]]]), torch.tensor([1.0, 0.0, 0.0])).tolist()
+[[[0.0, 1.0, 2.0, 3.0]]]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import LoweringError, ShapeError
+from kdsl.lang.primitives import BuildContext, Expand, Live, Merge, Primitive, Reduce, Share, Shift, Split, Stride
+from kdsl.lang.primitives import Unfold, Weight
+
+
+def load_tvm() -> Any:
+    """Import tvm with this machine's thread settings, or explain how to install it."""
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    try:
+        import tvm
+        import tvm.te  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise LoweringError(
+            f"the TVM backend needs apache-tvm ({error}); install it with: pip install 'kdsl[tvm]' "
+            "(apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1)"
+        ) from None
+    return tvm
+
+
+def default_target() -> Any:
+    """An LLVM target for this CPU (naming ``mcpu``, else LLVM emits SSE2 code) and its cores."""
+    tvm = load_tvm()
+    from tvm.target import codegen
+
+    return tvm.target.Target(
+        {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": int(os.environ["TVM_NUM_THREADS"])}
+    )
+
+
+@dataclass
+class StageInfo:
+    """What the scheduler needs to know about one compute stage."""
+
+    name: str
+    spatial: list[str]  # dim names of the output axes, in order
+    reduced: list[str]  # dim names of the reduction axes, in order
+    weight_only: set[str] = field(default_factory=set)  # spatial dims that only weights index
+    is_copy: bool = False  # a pure view (no contraction)
+
+
+@dataclass
+class Lowered:
+    """An operator lowered to TE for one layer."""
+
+    op: Operator
+    binding: dict[str, int]
+    x: Any
+    weights: list[Any]
+    out: Any
+    stages: list[StageInfo]
+    output_shape: tuple[int, ...]
+
+    def prim_func(self) -> Any:
+        tvm = load_tvm()
+        func = tvm.te.create_prim_func([self.x, *self.weights, self.out])
+        return func.with_attr("global_symbol", "main")
+
+    def module(self) -> Any:
+        tvm = load_tvm()
+        return tvm.IRModule({"main": self.prim_func()})
+
+
+def _sizes_along(plan_steps: Sequence[Primitive], op: Operator, binding: Mapping[str, int]) -> list[dict[str, int]]:
+    """The concrete live sizes before every step, and after the last one."""
+    live = Live({d.name: d.size for d in op.inputs}, frozenset())
+    context = BuildContext()
+    snapshots = []
+    for step in plan_steps:
+        snapshots.append({n: int(s.evaluate(binding)) for n, s in live.sizes.items()})
+        step.apply(live, context)
+    snapshots.append({n: int(s.evaluate(binding)) for n, s in live.sizes.items()})
+    return snapshots
+
+
+def _walk_up(
+    tvm: Any, views: list[tuple[Primitive, dict[str, int]]], coords: dict[str, Any], binding: Mapping[str, int]
+) -> tuple[dict[str, Any], list[Any]]:
+    """Walk ``views`` (each with the live sizes before it) bottom-up from ``coords``: return the
+    coordinates in the tensor before the first view, and the guards that make a read valid."""
+    coords = dict(coords)
+    guards = []
+    shifted: dict[str, tuple[Any, int]] = {}  # dim -> (coordinate before its Shifts, total offset)
+    for step, sizes in reversed(views):
+        for name in step.consumes + step.produces:
+            if not isinstance(step, Shift):
+                shifted.pop(name, None)
+        if isinstance(step, Split):
+            block = int(step.block.evaluate(binding))
+            coords[step.dim] = coords.pop(step.outer) * block + coords.pop(step.inner)
+        elif isinstance(step, Merge):
+            merged = coords.pop(step.name)
+            block = sizes[step.inner]
+            coords[step.outer] = tvm.tirx.floordiv(merged, block)
+            coords[step.inner] = tvm.tirx.floormod(merged, block)
+        elif isinstance(step, Shift):
+            # Consecutive Shifts of one dim fold into one offset, and the wrap-around is a select,
+            # not a floormod: TVM 0.27's simplifier rewrote floormod(floormod(i + 1, 2) + 1, 2)
+            # wrongly (the kernel read x[(i + 1) % 2] instead of x[i]).
+            base, offset = shifted.get(step.dim, (coords[step.dim], 0))
+            offset += step.offset
+            coords[step.dim] = _cyclic(tvm, base, offset, sizes[step.dim])
+            shifted[step.dim] = (base, offset)
+            continue
+        elif isinstance(step, Expand):
+            coords.pop(step.name)
+        elif isinstance(step, Unfold):
+            window = coords.pop(step.name)
+            source = coords[step.dim] + window - int(step.window.evaluate(binding)) // 2
+            # bounded by the size of the dim being unfolded, not by the window
+            guards.append(tvm.tirx.all(source >= 0, source < sizes[step.dim]))
+            coords[step.dim] = source
+        elif isinstance(step, Stride):
+            coords[step.dim] = coords[step.dim] * int(step.stride.evaluate(binding))
+        else:  # pragma: no cover - the plan only puts views between stages
+            raise LoweringError(f"unexpected step between stages: {step!r}")
+    return coords, guards
+
+
+def _cyclic(tvm: Any, coordinate: Any, offset: int, extent: int) -> Any:
+    """``(coordinate + offset) mod extent`` for a coordinate in ``[0, extent)``, without floormod."""
+    offset %= extent
+    if offset == 0:
+        return coordinate
+    moved = coordinate + offset
+    return tvm.tirx.Select(moved >= extent, moved - extent, moved)
+
+
+def _read(tvm: Any, tensor: Any, dims: list[str], coords: dict[str, Any], guards: list[Any], dtype: str) -> Any:
+    value = tensor[tuple(coords[d] for d in dims)]
+    if guards:
+        condition = guards[0] if len(guards) == 1 else tvm.tirx.all(*guards)
+        value = tvm.tirx.if_then_else(condition, value, tvm.tirx.const(0.0, dtype))
+    return value
+
+
+def _stage_body(
+    tvm: Any,
+    dtype: str,
+    binding: Mapping[str, int],
+    weight_tensors: dict[str, Any],
+    result: list[str],
+    axes: dict[str, Any],
+    shares: list[Weight],
+    pending: list[tuple[Primitive, dict[str, int]]],
+    source: Any,
+    source_dims: list[str],
+    mean_sizes: list[int],
+    new_dims: set[str],
+) -> Callable[..., Any]:
+    """The ``fcompute`` of one contraction stage."""
+
+    def compute(*indices: Any) -> Any:
+        coords = dict(zip(result, indices))
+        coords.update(axes)
+        data_coords = {k: v for k, v in coords.items() if k not in new_dims}
+        up, guards = _walk_up(tvm, pending, data_coords, binding)
+        value = _read(tvm, source, source_dims, up, guards, dtype)
+        for weight in shares:
+            value = value * weight_tensors[weight.name][tuple(coords[d.name] for d in weight.dims)]
+        if mean_sizes:
+            value = value * tvm.tirx.const(1.0 / prod(mean_sizes), dtype)
+        if axes:
+            return tvm.te.sum(value, axis=list(axes.values()))
+        return value
+
+    return compute
+
+
+def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+    """Lower ``op`` at the sizes of ``layer`` to TE placeholders and compute stages."""
+    from kdsl import solve
+
+    tvm = load_tvm()
+    te = tvm.te
+    binding = solve.bind(op, layer)
+    plan = solve.plan(op, binding)
+    steps = list(plan.steps)
+    sizes = _sizes_along(steps, op, binding)
+
+    x = te.placeholder(tuple(sizes[0][d.name] for d in op.inputs), dtype, name="x")
+    weight_tensors: dict[str, Any] = {}
+    weights: list[Any] = []
+    for weight in op.weights:
+        shape = tuple(int(d.size.evaluate(binding)) for d in weight.dims)
+        tensor = te.placeholder(shape, dtype, name=weight.name)
+        weight_tensors[weight.name] = tensor
+        weights.append(tensor)
+
+    source, source_dims = x, [d.name for d in op.inputs]
+    pending: list[tuple[Primitive, dict[str, int]]] = []
+    stages: list[StageInfo] = []
+    stage_starts = {stage.start: stage for stage in plan.stages}
+    index = 0
+    while index < len(steps):
+        stage = stage_starts.get(index)
+        if stage is None:
+            pending.append((steps[index], sizes[index]))
+            index += 1
+            continue
+        block = steps[stage.start : stage.stop]
+        after = sizes[stage.stop]
+        result = [name for name, _ in stage.result]
+        reduced = [step.dim for step in block if isinstance(step, Reduce)]
+        reduce_sizes = {
+            step.dim: sizes[i][step.dim] for i, step in enumerate(block, stage.start) if isinstance(step, Reduce)
+        }
+        means = [step.dim for step in block if isinstance(step, Reduce) and step.mean]
+        shares = [step.weight for step in block if isinstance(step, Share)]
+        name = f"stage{len(stages)}"
+        axes = {r: te.reduce_axis((0, reduce_sizes[r]), name=f"r_{r}") for r in reduced}
+        new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
+
+        compute = _stage_body(
+            tvm,
+            dtype,
+            binding,
+            weight_tensors,
+            result,
+            axes,
+            shares,
+            list(pending),
+            source,
+            list(source_dims),
+            [reduce_sizes[m] for m in means],
+            new_dims,
+        )
+        shape = tuple(after[r] for r in result)
+        source = te.compute(shape, compute, name=name)
+        source_dims = result
+        stages.append(StageInfo(name, result, reduced, weight_only=new_dims & set(result)))
+        pending = []
+        index = stage.stop
+
+    output_names = [d.name for d in plan.outputs]
+    output_shape = tuple(sizes[-1][n] for n in output_names)
+    if pending or source is x or source_dims != output_names:
+        pending_views, copied, copied_dims = list(pending), source, list(source_dims)
+
+        def copy(*indices: Any) -> Any:
+            up, guards = _walk_up(tvm, pending_views, dict(zip(output_names, indices)), binding)
+            return _read(tvm, copied, copied_dims, up, guards, dtype)
+
+        source = te.compute(output_shape, copy, name="out")
+        stages.append(StageInfo("out", output_names, [], is_copy=True))
+    return Lowered(op, binding, x, weights, source, stages, output_shape)
+
+
+class Kernel:
+    """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack)."""
+
+    def __init__(self, executable: Any, lowered: Lowered, schedule: Any | None) -> None:
+        self.executable = executable
+        self.lowered = lowered
+        self.schedule = schedule
+        self.input_shape = tuple(int(d) for d in lowered.x.shape)
+        self.weight_shapes = [tuple(int(d) for d in w.shape) for w in lowered.weights]
+        self.output_shape = lowered.output_shape
+
+    def _check(self, x: Any, weights: Sequence[Any]) -> None:
+        if tuple(x.shape) != self.input_shape:
+            raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {self.input_shape}")
+        if len(weights) != len(self.weight_shapes):
+            raise ShapeError(f"expected {len(self.weight_shapes)} weights, got {len(weights)}")
+        for weight, shape, spec in zip(weights, self.weight_shapes, self.lowered.op.weights):
+            if tuple(weight.shape) != shape:
+                raise ShapeError(f"weight {spec.name} has shape {tuple(weight.shape)}, expected {shape}")
+
+    def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
+        import torch
+
+        self._check(x, weights)
+        dtype = x.dtype
+        args = [x.contiguous()] + [w.detach().to(dtype).contiguous() for w in weights]
+        if out is None:
+            out = torch.empty(self.output_shape, dtype=dtype)
+        self.executable(args[0].detach(), *args[1:], out)
+        return out
+
+    def time(self, x: Any, *weights: Any, number: int = 10, repeat: int = 5) -> list[float]:
+        """Seconds per call, ``repeat`` medians of ``number`` calls (TVM's time_evaluator)."""
+        import torch
+
+        tvm = load_tvm()
+        args = [x.contiguous()] + [w.detach().contiguous() for w in weights]
+        out = torch.empty(self.output_shape, dtype=x.dtype)
+        timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
+        return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
+
+
+def build(
+    op: Operator,
+    layer: Mapping[str, int],
+    target: Any | None = None,
+    *,
+    dtype: str = "float32",
+    schedule: str | Callable[[Lowered], Any] | None = "default",
+) -> Kernel:
+    """Compile ``op`` at the sizes of ``layer``; ``schedule`` is ``"default"`` (derived from the
+    operator's structure), ``None`` (unscheduled), or a function ``Lowered -> s_tir.Schedule``."""
+    tvm = load_tvm()
+    lowered = lower(op, layer, dtype)
+    module = lowered.module()
+    sch = None
+    if schedule == "default":
+        from kdsl.codegen.tvm_schedule import default_schedule
+
+        sch = default_schedule(lowered)
+        module = sch.mod
+    elif callable(schedule):
+        sch = schedule(lowered)
+        module = sch.mod
+    elif schedule is not None:
+        raise LoweringError(f"unknown schedule {schedule!r}; use 'default', None or a function")
+    executable = tvm.compile(module, target=target or default_target())
+    return Kernel(executable, lowered, sch)
+
+
+def source(op: Operator, layer: Mapping[str, int], *, scheduled: bool = False) -> str:
+    """TVMScript text of the lowered operator (before scheduling unless ``scheduled``)."""
+    lowered = lower(op, layer)
+    if scheduled:
+        from kdsl.codegen.tvm_schedule import default_schedule
+
+        return default_schedule(lowered).mod.script()
+    return lowered.module().script()
