@@ -95,7 +95,7 @@ def command_check(args: argparse.Namespace) -> int:
     print(f"{args.operator}: valid on all {len(layers)} layers of {args.layers}", end="")
     used = {k: v for k, v in coefficients.items() if k in op.coefficient_variables}
     print(f" with {', '.join(f'{k}={v}' for k, v in sorted(used.items()))}" if used else "")
-    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'MFLOPs':>12}{'params':>12}"
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
     print(header)
     for layer in layers:
         binding = {**dict(layer.values), **coefficients}
@@ -120,21 +120,25 @@ def command_gallery(args: argparse.Namespace) -> int:
 def command_demo(args: argparse.Namespace) -> int:
     from kdsl import gallery, solve
 
-    layers = solve.load_layers("resnet18")
-    print("kdsl tour: every gallery operator, checked on ResNet-18's 3x3 layers\n")
+    print("kdsl tour: every gallery operator, checked on ResNet-18's layers with its default coefficients")
+    print("(stride-1 3x3 layers: table resnet18; operators that halve the image: table resnet18_stride2)\n")
     for name in gallery.names():
         op = gallery.load(name)
         print(f"== {name}  (key {op.key})")
         for line in gallery.describe(name).strip().splitlines()[:1]:
             print(f"   {line}")
-        try:
-            solve.check(op, layers)
-            verdict = f"valid on {len(layers)} layers"
-            flops = sum(solve.cost(op, layer)["flops"] for layer in layers)
-            verdict += f", {flops / 1e6:.1f} MFLOPs in total"
-        except KdslError as error:
-            verdict = f"not valid: {error.message}"
-        print(f"   {verdict}")
+        table = gallery.layer_table(name)
+        if table is None:
+            print("   not valid on the ResNet-18 tables with its defaults")
+        else:
+            layers = solve.load_layers(table)
+            macs = sum(solve.cost(op, layer)["flops"] for layer in layers)
+            params = sum(solve.cost(op, layer)["params"] for layer in layers)
+            defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
+            print(
+                f"   valid on the {len(layers)} layers of {table} ({defaults}): "
+                f"{macs / 1e6:.1f} M MACs, {params} params"
+            )
         for line in _formula_lines(op)[:2]:
             print(f" {line}")
         print()

@@ -339,3 +339,29 @@ def test_a_missing_gallery_folder_says_where_it_looked(tmp_path, monkeypatch):
     monkeypatch.setattr(gallery, "_candidates", lambda: [tmp_path / "absent"])
     with pytest.raises(KdslError, match=r"gallery folder is missing \(looked in .*absent\)"):
         gallery.names()
+
+
+@pytest.mark.parametrize("name", gallery.names())
+def test_gallery_operator_is_valid_on_resnet18_layers(name):
+    from kdsl import solve
+
+    table = gallery.layer_table(name)
+    assert table is not None, f"{name} is valid on no ResNet-18 table with its defaults"
+    expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle"}
+    assert (table == "resnet18_stride2") == (name in expected)
+    report = solve.check(gallery.load(name), table)
+    assert len(report) == len(solve.load_layers(table))
+
+
+def test_syno_operators_cost_what_the_paper_reports():
+    """Syno reports Operator 1 at about half a conv2d's FLOPs (2x speedup) in ResNet-18."""
+    from kdsl import solve
+
+    conv = sum(solve.cost(gallery.load("conv2d"), layer)["flops"] for layer in solve.load_layers("resnet18"))
+    op1 = sum(solve.cost(gallery.load("syno_op1"), layer)["flops"] for layer in solve.load_layers("resnet18"))
+    assert 0.49 < op1 / conv < 0.52
+    import sympy
+
+    N, Cin, Cout, H, W, K, G, s = sympy.symbols("N Cin Cout H W K G s", positive=True, integer=True)
+    formula = solve.cost(gallery.load("syno_op1"))["flops"]
+    assert sympy.simplify(formula - (N * H * W * Cin * Cout * K / (G * s) + N * H * W * Cout**2 * K**2 / s)) == 0

@@ -104,22 +104,28 @@ class Layer:
         return f"Layer({self.name!r}, {self.values!r})"
 
 
+def _views(values: dict[str, int]) -> dict[str, int]:
+    """Add the sizes of two other views of the same activations: ``M = N*H*W`` rows of the
+    pixel-wise matmul, and ``L = H*W`` positions of the image read as a 1-D sequence."""
+    return {**values, "M": values["N"] * values["H"] * values["W"], "L": values["H"] * values["W"]}
+
+
 def _resnet18() -> tuple[Layer, ...]:
     rows = (("conv2_x", 64, 56), ("conv3_x", 128, 28), ("conv4_x", 256, 14), ("conv5_x", 512, 7))
-    return tuple(Layer(name, {"N": 1, "Cin": c, "Cout": c, "H": h, "W": h, "M": h * h}) for name, c, h in rows)
+    return tuple(Layer(name, _views({"N": 1, "Cin": c, "Cout": c, "H": h, "W": h})) for name, c, h in rows)
 
 
 def _resnet18_stride2() -> tuple[Layer, ...]:
     # the first (strided) 3x3 conv of stages 3-5; H and W are the *input* sizes
     rows = (("conv3_1", 64, 128, 56), ("conv4_1", 128, 256, 28), ("conv5_1", 256, 512, 14))
     return tuple(
-        Layer(name, {"N": 1, "Cin": cin, "Cout": cout, "H": h, "W": h, "M": h * h}) for name, cin, cout, h in rows
+        Layer(name, _views({"N": 1, "Cin": cin, "Cout": cout, "H": h, "W": h})) for name, cin, cout, h in rows
     )
 
 
 #: Built-in tables. ``resnet18``: the distinct stride-1 3x3 convs of ResNet-18 on ImageNet (N=1).
 #: ``resnet18_stride2``: the first conv of stages 3-5 (stride 2; H, W are input sizes). Each layer
-#: also binds ``M = N*H*W``, the rows of the pixel-wise matmul view.
+#: also binds ``M = N*H*W`` (the rows of the pixel-wise matmul view) and ``L = H*W`` (a 1-D view).
 BUILTIN_TABLES = {"resnet18": _resnet18, "resnet18_stride2": _resnet18_stride2}
 
 

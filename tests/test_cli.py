@@ -1,0 +1,88 @@
+"""The command line, called in-process, and the README's example."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from kdsl import gallery
+from kdsl.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_show_prints_dsl_shapes_constraints_cost_and_loop_nest(capsys, tmp_path):
+    svg = tmp_path / "op1.svg"
+    code, out, _ = run(capsys, "show", "syno_op1", "--svg", str(svg))
+    assert code == 0
+    for expected in ["Share(W2)", "weight W1", "Split(Cin, Cin/G): Cin/G must be a positive integer", "flops", "for "]:
+        assert expected in out
+    assert svg.read_text().startswith("<svg") and "Share W2" in svg.read_text()
+
+
+def test_show_reads_dsl_and_json_files(capsys, tmp_path):
+    op = gallery.load("conv2d")
+    (tmp_path / "mine.dsl").write_text(op.to_dsl())
+    (tmp_path / "mine.json").write_text(op.to_json())
+    for file in ("mine.dsl", "mine.json"):
+        code, out, _ = run(capsys, "show", str(tmp_path / file))
+        assert code == 0 and f"key: {op.key}" in out
+
+
+def test_check_prints_a_table_per_layer(capsys):
+    code, out, _ = run(capsys, "check", "conv2d", "--layers", "resnet18")
+    assert code == 0
+    assert "valid on all 4 layers of resnet18 with K=3" in out
+    assert re.search(r"conv5_x\s+\[1, 512, 7, 7\]", out)
+
+
+def test_check_failure_names_layer_and_constraint(capsys):
+    code, _, err = run(capsys, "check", "grouped_conv2d", "--set", "G=3")
+    assert code == 2
+    assert "conv2_x" in err and "Cin/G" in err and "64/3" in err
+
+
+def test_check_accepts_a_json_layer_table(capsys, tmp_path):
+    table = tmp_path / "layers.json"
+    table.write_text(json.dumps([{"name": "tiny", "N": 2, "Cin": 8, "Cout": 4, "H": 6, "W": 6}]))
+    code, out, _ = run(capsys, "check", "grouped_conv2d", "--layers", str(table))
+    assert code == 0 and "tiny" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show", "no_such_operator"],
+        ["show", "missing.dsl"],
+        ["check", "conv2d", "--set", "K"],
+        ["check", "conv2d", "--layers", "nope"],
+    ],
+)
+def test_bad_input_exits_2_with_a_message(capsys, argv):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and err.startswith("error:")
+
+
+def test_gallery_list_and_demo(capsys):
+    code, out, _ = run(capsys, "gallery", "list")
+    assert code == 0 and all(name in out for name in gallery.names())
+    code, out, _ = run(capsys, "demo")
+    assert code == 0 and out.count("valid on the") == len(gallery.names())
+
+
+def test_readme_example_runs():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "the README has no python example"
+    namespace: dict[str, object] = {}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)  # our own README
+    assert tuple(namespace["y"].shape) == (8, 64, 56, 56)
