@@ -45,6 +45,15 @@ from kdsl.lang.primitives import (
 from kdsl.lang.sizes import Size
 
 HELPERS = '''
+def _conv(x, w, pads, stride, dilation, groups):
+    """F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right);
+    symmetric padding goes to the convolution itself, which avoids copying a padded input."""
+    conv = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
+    lefts, rights = pads[0::2], pads[1::2]
+    if lefts == rights and min(lefts) >= 0:
+        return conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
+    return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
+
 def _unfold(x, axis, window):
     """out[..., i, ..., j] = x[..., i + j - window // 2, ...], zero outside; the window goes last."""
     x = x.movedim(axis, -1)
@@ -283,11 +292,9 @@ def _emit_conv(
         strides.insert(0, stride)
         dilations.insert(0, dilation)
     group_count = " * ".join(_size_code(sizes[g]) for g in groups) or "1"
-    function = f"F.conv{len(dims)}d"
-    writer.emit(f"x = F.pad(x, ({', '.join(pads)}))")
     writer.emit(
-        f"x = {function}(x, w, stride=({', '.join(strides)},), dilation=({', '.join(dilations)},), "
-        f"groups={group_count})"
+        f"x = _conv(x, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
+        f"dilation=({', '.join(dilations)},), groups={group_count})"
     )
     out_lengths = {}
     for name in batch:
