@@ -124,7 +124,9 @@ def _forward_body(op: Operator, plan: Any, binding: Mapping[str, int] | None) ->
         if stage is not None:
             block = steps[stage.start : stage.stop]
             result = [name for name, _ in stage.result]
-            native = _native_conv(writer, views, block, dict(live.sizes), result, weight_index, dict(plan.binding))
+            native = _native_conv(
+                writer, views, block, dict(live.sizes), result, weight_index, dict(plan.binding)
+            ) or _native_pool(writer, views, block, dict(live.sizes), result)
             if native:
                 for step in views + block:
                     step.apply(live, context)
@@ -232,6 +234,41 @@ def _native_conv(
         known[split.outer] = sizes[split.dim] / split.block
         known[split.inner] = split.block
     return _emit_conv(writer, splits, spatial, batch, groups, channels, outs, weight, known, result, weight_index)
+
+
+def _native_pool(
+    writer: _Writer, views: list[Primitive], block: list[Primitive], sizes: dict[str, Size], result: list[str]
+) -> bool:
+    """Emit ``F.avg_pool{1,2,3}d`` when the views split dims into (outer, tile) and the stage
+    takes the mean over the tiles; return False (emitting nothing) otherwise."""
+    if any(not isinstance(step, Reduce) or not step.mean for step in block):
+        return False
+    splits = [step for step in views if isinstance(step, Split)]
+    if len(splits) != len(views) or not 1 <= len(splits) <= 3:
+        return False
+    tiles = {split.inner: split for split in splits}
+    reduced = {step.dim for step in block}
+    if reduced != set(tiles) or any(split.dim not in writer.axes for split in splits):
+        return False
+    pooled = [axis for axis in writer.axes if axis in {split.dim for split in splits}]
+    by_dim = {split.dim: split for split in splits}
+    others = [axis for axis in writer.axes if axis not in by_dim]
+    left = " ".join(
+        f"({_axis_name(by_dim[a].outer)} {_axis_name(by_dim[a].inner)})" if a in by_dim else _axis_name(a)
+        for a in writer.axes
+    )
+    middle = f"{_group(others)} " + " ".join(
+        f"({_axis_name(by_dim[a].outer)} {_axis_name(by_dim[a].inner)})" for a in pooled
+    )
+    tile_sizes = ", ".join(f"{_axis_name(by_dim[a].inner)}={_size_code(by_dim[a].block)}" for a in pooled)
+    writer.emit(f'x = rearrange(x, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
+    kernel = ", ".join(_size_code(by_dim[a].block) for a in pooled)
+    writer.emit(f"x = F.avg_pool{len(pooled)}d(x, ({kernel},))  # mean over {', '.join(sorted(reduced))}")
+    outs = " ".join(_axis_name(by_dim[a].outer) for a in pooled)
+    lengths = "".join(f", {_axis_name(a)}={_size_code(sizes[a])}" for a in others)
+    writer.emit(f'x = rearrange(x, "{_group(others)} {outs} -> {writer.pattern(result)}"{lengths})')
+    writer.axes = list(result)
+    return True
 
 
 def _group(names: list[str]) -> str:
