@@ -118,9 +118,7 @@ def _resnet18() -> tuple[Layer, ...]:
 def _resnet18_stride2() -> tuple[Layer, ...]:
     # the first (strided) 3x3 conv of stages 3-5; H and W are the *input* sizes
     rows = (("conv3_1", 64, 128, 56), ("conv4_1", 128, 256, 28), ("conv5_1", 256, 512, 14))
-    return tuple(
-        Layer(name, _views({"N": 1, "Cin": cin, "Cout": cout, "H": h, "W": h})) for name, cin, cout, h in rows
-    )
+    return tuple(Layer(name, _views({"N": 1, "Cin": cin, "Cout": cout, "H": h, "W": h})) for name, cin, cout, h in rows)
 
 
 #: Built-in tables. ``resnet18``: the distinct stride-1 3x3 convs of ResNet-18 on ImageNet (N=1).
