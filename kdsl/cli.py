@@ -2,7 +2,7 @@
 
     kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
-    kdsl gallery list              the gallery's operators
+    kdsl gallery list|build        the gallery's operators; build writes its pages
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
@@ -111,6 +111,14 @@ def command_check(args: argparse.Namespace) -> int:
 def command_gallery(args: argparse.Namespace) -> int:
     from kdsl import gallery
 
+    if args.action == "build":
+        from kdsl.pages import build_gallery, load_rediscovery
+
+        out = Path(args.out) if args.out else gallery.directory()
+        records = load_rediscovery(out / "rediscovery.json")
+        written = build_gallery(out, measure=not args.no_measure, batch=args.batch, rediscovery=records)
+        print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
+        return 0
     for name in gallery.names():
         summary = gallery.describe(name).strip().splitlines()
         print(f"{name:<28}{summary[0] if summary else ''}")
@@ -161,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument("action", choices=["list"], nargs="?", default="list")
+    gallery.add_argument("action", choices=["list", "build"], nargs="?", default="list")
+    gallery.add_argument("--out", help="folder for README.md and pages/ (default: the gallery folder)")
+    gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
+    gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")
     gallery.set_defaults(run=command_gallery)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")

@@ -86,3 +86,17 @@ def test_readme_example_runs():
     namespace: dict[str, object] = {}
     exec(compile(blocks[0], "README.md", "exec"), namespace)  # our own README
     assert tuple(namespace["y"].shape) == (8, 64, 56, 56)
+
+
+def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path):
+    (tmp_path / "rediscovery.json").write_text(
+        json.dumps({"conv2d": {"found": True, "strategy": "enumerate", "depth": 5, "seconds": 1.5, "key": "k"}})
+    )
+    code, _, _ = run(capsys, "gallery", "build", "--out", str(tmp_path), "--no-measure")
+    assert code == 0
+    index = (tmp_path / "README.md").read_text()
+    for name in gallery.names():
+        assert f"(pages/{name}.md)" in index
+        page = (tmp_path / "pages" / f"{name}.md").read_text()
+        assert gallery.load(name).key in page and (tmp_path / "pages" / f"{name}.svg").exists()
+    assert "yes: enumerate, depth 5, 1.5 s" in index

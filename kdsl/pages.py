@@ -1,0 +1,208 @@
+"""Markdown pages for operators: the browsable gallery and the pages of search's discoveries.
+
+A page shows an operator's DSL text, a drawing of its primitive graph (SVG, written beside the
+page), its loop nest, its FLOPs and parameter formulas and their values on a layer table, any
+measured metrics, and optionally its PyTorch source.
+
+>>> from kdsl import gallery
+>>> text = operator_page("conv2d", gallery.load("conv2d"), svg_name="conv2d.svg")
+>>> "```python" in text and "Cin*Cout*H*K**2*N*W" in text
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
+
+
+def _cost_rows(op: Operator, table: str | None) -> list[str]:
+    from kdsl import solve
+
+    if table is None:
+        return []
+    rows = ["| layer | input | output | M MACs | params |", "| --- | --- | --- | ---: | ---: |"]
+    for layer in solve.load_layers(table):
+        shapes = solve.shapes(op, layer)
+        costs = solve.cost(op, layer)
+        rows.append(
+            f"| {layer.name} | {list(shapes['input'])} | {list(shapes['output'])} | "
+            f"{costs['flops'] / 1e6:.2f} | {costs['params']} |"
+        )
+    return rows
+
+
+def operator_page(
+    title: str,
+    op: Operator,
+    *,
+    description: str = "",
+    svg_name: str | None = None,
+    table: str | None = "resnet18",
+    metrics: Mapping[str, Any] | None = None,
+    torch_source: bool = False,
+) -> str:
+    """The Markdown page of one operator."""
+    from kdsl import solve
+    from kdsl.codegen.render import loop_nest
+
+    formulas = solve.cost(op)
+    lines = [f"# {title}", ""]
+    if description:
+        lines += [description.strip(), ""]
+    lines += ["```python", op.to_dsl().rstrip(), "```", ""]
+    if svg_name:
+        lines += [f"![the primitive graph of {title}]({svg_name})", ""]
+    lines += [
+        "## Cost",
+        "",
+        f"- multiply-accumulates: `{formulas['flops']}`",
+        f"- parameters: `{formulas['params']}`",
+        f"- canonical key: `{op.key}`",
+        "",
+    ]
+    cost_rows = _cost_rows(op, table)
+    if cost_rows:
+        lines += [f"On the `{table}` layers:", "", *cost_rows, ""]
+    lines += ["## Loop nest", "", "```", loop_nest(op), "```", ""]
+    if metrics:
+        lines += ["## Measured", "", "| metric | value |", "| --- | --- |"]
+        lines += [f"| {key} | {_format(value)} |" for key, value in metrics.items()]
+        lines.append("")
+    if torch_source:
+        from kdsl.codegen.torch import source
+
+        lines += ["## PyTorch source", "", "```python", source(op).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _latencies(names: Sequence[str], batch: int) -> dict[str, dict[str, float]]:
+    """Median forward milliseconds of each gallery operator on its first layer, per backend,
+    measured by the codegen benchmark's workers (each framework in its own process)."""
+    import argparse
+
+    from kdsl import gallery
+    from kdsl.codegen.bench import _run_worker
+
+    measured: dict[str, dict[str, float]] = {}
+    by_table: dict[str, list[str]] = {}
+    for name in names:
+        table = gallery.layer_table(name)
+        if table is not None:
+            by_table.setdefault(table, []).append(name)
+    for table, members in by_table.items():
+        args = argparse.Namespace(layers=table, batch=batch, ops=members, json=True)
+        for kind in ("torch", "tvm"):
+            for row in _run_worker(kind, args):
+                entry = measured.setdefault(row["op"], {})
+                for key in ("kdsl_fwd", "native_fwd", "tvm_fwd"):
+                    if key in row:
+                        entry.setdefault(f"{key}_ms", 0.0)
+                        entry[f"{key}_ms"] += row[key] * 1e3
+    return measured
+
+
+def build_gallery(
+    out: Path | None = None,
+    *,
+    measure: bool = True,
+    batch: int = 1,
+    rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
+    discoveries: Sequence[tuple[str, Operator, Mapping[str, Any]]] = (),
+) -> Path:
+    """Write ``README.md`` (an index with thumbnails) and one page per gallery operator, plus pages
+    for search's discoveries (marked new). Latencies are summed over the operator's layer table."""
+    from kdsl import gallery
+    from kdsl.codegen.render import svg
+
+    out = Path(out) if out is not None else gallery.directory()
+    pages = out / "pages"
+    pages.mkdir(parents=True, exist_ok=True)
+    names = gallery.names()
+    latencies = _latencies(names, batch) if measure else {}
+    rediscovery = rediscovery or {}
+    index = [
+        "# The kdsl gallery",
+        "",
+        "Operators written in the DSL (one `.dsl` file each in this folder) and operators that search found.",
+        f"Latencies: forward, batch {batch}, milliseconds summed over the operator's ResNet-18 layer table,",
+        "kdsl->PyTorch, native PyTorch, kdsl->TVM (default schedule), measured by `kdsl gallery build`.",
+        "",
+        "| operator | graph | layers | M MACs | params | torch ms | native ms | TVM ms | rediscovered by search |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    from kdsl import solve
+
+    for name in names:
+        op = gallery.load(name)
+        table = gallery.layer_table(name)
+        (pages / f"{name}.svg").write_text(svg(op))
+        metrics: dict[str, Any] = dict(latencies.get(name, {}))
+        record = rediscovery.get(name)
+        if record:
+            metrics.update({f"search {k}": v for k, v in record.items()})
+        page = operator_page(
+            name, op, description=gallery.describe(name), svg_name=f"{name}.svg", table=table, metrics=metrics
+        )
+        (pages / f"{name}.md").write_text(page)
+        macs = params = 0
+        if table is not None:
+            for layer in solve.load_layers(table):
+                cost = solve.cost(op, layer)
+                macs += cost["flops"]
+                params += cost["params"]
+        found = _rediscovery_text(record)
+        timing = latencies.get(name, {})
+        index.append(
+            f"| [{name}](pages/{name}.md) | <img src='pages/{name}.svg' width='120'> | {table or '-'} | "
+            f"{macs / 1e6:.1f} | {params} | {_ms(timing.get('kdsl_fwd_ms'))} | {_ms(timing.get('native_fwd_ms'))} | "
+            f"{_ms(timing.get('tvm_fwd_ms'))} | {found} |"
+        )
+    for title, op, metrics in discoveries:
+        (pages / f"{title}.svg").write_text(svg(op))
+        (pages / f"{title}.md").write_text(
+            operator_page(f"{title} (new)", op, svg_name=f"{title}.svg", metrics=metrics, torch_source=True)
+        )
+        index.append(
+            f"| [{title}](pages/{title}.md) **new** | <img src='pages/{title}.svg' width='120'> "
+            "| - | - | - | - | - | - | found by search |"
+        )
+    (out / "README.md").write_text("\n".join(index) + "\n")
+    return out
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def _rediscovery_text(record: Mapping[str, Any] | None) -> str:
+    if not record:
+        return "not searched yet"
+    if not record.get("found"):
+        return f"not found ({record.get('strategy', '?')}, depth <= {record.get('max_depth', '?')})"
+    return f"yes: {record.get('strategy')}, depth {record.get('depth')}, {record.get('seconds', 0):.1f} s"
+
+
+def load_rediscovery(path: Path) -> dict[str, dict[str, Any]]:
+    """Rediscovery records written by search (``{name: {found, strategy, depth, seconds, key}}``)."""
+    import json
+
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as error:
+        raise KdslError(f"cannot read the rediscovery records {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise KdslError(f"{path} must hold an object of records by operator name")
+    return data
