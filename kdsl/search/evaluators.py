@@ -1,0 +1,454 @@
+"""Evaluators: what search measures about a candidate, and the MCTS reward made from it.
+
+An :class:`Evaluator` has a ``name`` and ``evaluate(op, context) -> metrics``, a flat dict of
+JSON values (numbers, strings, booleans, and lists or dicts of them for per-layer or per-epoch
+detail) that the results store keeps as JSON. Metric names are unique across evaluators, so the
+metrics of several evaluators merge into one dict. Three are built in:
+
+- :class:`AnalyticEvaluator` (``"analytic"``): FLOPs (multiply-accumulates) and parameters per
+  layer and in total, and their ratios to the baseline operator (the gallery's ``conv2d``).
+- :class:`LatencyEvaluator` (``"latency"``): median PyTorch (optionally TVM) time per layer and
+  the ratio to the baseline, both measured in the same process, interleaved, holding the
+  machine's latency slot.
+- :class:`AccuracyEvaluator` (``"accuracy"``): the proxy task of :mod:`kdsl.search.proxy` with
+  Canvas's early-stop rule, and the baseline's accuracy from the same code.
+
+Evaluators are made from plain, picklable specs by :func:`make_evaluator` (``{"name":
+"latency", "batch": 1}``, or ``{"class": "package.module:Class", ...}`` for your own), so
+executors can ship them to worker processes.
+
+>>> from kdsl import gallery
+>>> metrics = make_evaluator({"name": "analytic", "layers": "resnet18"}).evaluate(gallery.load("depthwise_conv2d"))
+>>> metrics["params"], metrics["baseline_params"], round(metrics["params_ratio"], 5)
+(8640, 3133440, 0.00276)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, ClassVar
+
+from kdsl.lang.build import Operator
+from kdsl.search.errors import SearchError
+from kdsl.search.latency import latency_slot
+
+__all__ = [
+    "AccuracyEvaluator",
+    "AnalyticEvaluator",
+    "Context",
+    "Evaluator",
+    "LatencyEvaluator",
+    "Metrics",
+    "evaluate_all",
+    "make_evaluator",
+    "register",
+    "reward",
+]
+
+#: A flat dict of JSON values.
+Metrics = dict[str, Any]
+
+#: The operator every ratio compares against.
+BASELINE = "conv2d"
+
+
+@dataclass
+class Context:
+    """What an evaluation may use besides the operator.
+
+    ``best_history``: the accuracy curve of the best run so far (Canvas's early-stop rule);
+    ``latency_slot``: a context-manager factory that holds the machine's one measurement slot
+    (executors pass one that also pauses the task's timeout while waiting); ``extra``: anything
+    else a custom evaluator wants.
+    """
+
+    best_history: Sequence[float] | None = None
+    latency_slot: Callable[[], contextlib.AbstractContextManager[Any]] = latency_slot
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, value: Context | Mapping[str, Any] | None) -> Context:
+        """A Context from a Context, a plain dict (as tasks carry it) or None."""
+        if isinstance(value, Context):
+            return value
+        values = dict(value or {})
+        best = values.pop("best_history", None)
+        return cls(best_history=list(best) if best else None, extra=values)
+
+
+class Evaluator(ABC):
+    """Measures one aspect of a candidate operator. Subclasses set ``name`` and implement
+    :meth:`evaluate`; constructor keyword arguments are the spec's parameters."""
+
+    name: ClassVar[str] = "evaluator"
+
+    @abstractmethod
+    def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
+        """Metrics of ``op``; raise :class:`KdslError` when it cannot be evaluated (e.g. it does
+        not fit a layer), which executors record as status ``error``."""
+
+
+_REGISTRY: dict[str, type[Evaluator]] = {}
+
+
+def register(cls: type[Evaluator]) -> type[Evaluator]:
+    """Class decorator: make ``cls`` available to :func:`make_evaluator` under ``cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _spec_key(spec: Mapping[str, Any]) -> str:
+    return json.dumps(dict(spec), sort_keys=True, default=str)
+
+
+@lru_cache(maxsize=32)
+def _cached_evaluator(key: str) -> Evaluator:
+    spec = json.loads(key)
+    name, path = spec.pop("name", None), spec.pop("class", None)
+    if path is not None:
+        module_name, _, attribute = str(path).partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise SearchError(f"cannot load the evaluator class {path!r}: {error}") from None
+    elif name in _REGISTRY:
+        cls = _REGISTRY[name]
+    else:
+        known = ", ".join(sorted(_REGISTRY))
+        raise SearchError(f"unknown evaluator {name!r}; use one of {known}, or {{'class': 'module:Class'}}")
+    try:
+        return cls(**spec)
+    except TypeError as error:
+        raise SearchError(f"bad parameters for the evaluator {name or path!r}: {error}") from None
+
+
+def make_evaluator(spec: str | Mapping[str, Any] | Evaluator) -> Evaluator:
+    """An evaluator from a spec: a name, ``{"name": ..., **params}``, ``{"class": "mod:Cls",
+    **params}``, or an Evaluator (returned as is). Equal specs give the same (cached) instance
+    in a process, so baseline measurements are made once per worker.
+
+    >>> make_evaluator("analytic") is make_evaluator({"name": "analytic"})
+    True
+    >>> make_evaluator("speed")
+    Traceback (most recent call last):
+    ...
+    kdsl.search.errors.SearchError: unknown evaluator 'speed'; use one of accuracy, analytic, latency, ...
+    """
+    if isinstance(spec, Evaluator):
+        return spec
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    return _cached_evaluator(_spec_key(spec))
+
+
+def evaluate_all(
+    op: Operator, specs: Sequence[str | Mapping[str, Any] | Evaluator], context: Context | Mapping | None = None
+) -> Metrics:
+    """The merged metrics of several evaluators (a metric name given twice is an error).
+
+    >>> from kdsl import gallery
+    >>> sorted(evaluate_all(gallery.load("conv2d"), ["analytic"], {}))[:3]
+    ['baseline_flops', 'baseline_params', 'flops']
+    """
+    merged: Metrics = {}
+    context = Context.of(context)
+    for spec in specs:
+        evaluator = make_evaluator(spec)
+        for key, value in evaluator.evaluate(op, context).items():
+            if key in merged:
+                raise SearchError(f"two evaluators both report the metric {key!r}; give them distinct names")
+            merged[key] = value
+    return merged
+
+
+@lru_cache(maxsize=8)
+def _baseline(name: str) -> Operator:
+    from kdsl import gallery
+
+    return gallery.load(name)
+
+
+def _table(layers: object, batch: int | None = None) -> tuple[Any, ...]:
+    from kdsl.solve.layers import Layer, load_layers
+
+    table = load_layers(layers)
+    if batch is None:
+        return table
+    resized = []
+    for layer in table:
+        values = layer.values
+        values["N"] = batch
+        if "H" in values and "W" in values:
+            values.update(M=batch * values["H"] * values["W"], L=values["H"] * values["W"])
+        resized.append(Layer(layer.name, values))
+    return tuple(resized)
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base else math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# Analytic
+
+
+@register
+class AnalyticEvaluator(Evaluator):
+    """FLOPs (multiply-accumulates) and parameters per layer and summed, against the baseline.
+
+    Metrics: ``flops``, ``params`` (totals over the table), ``flops_by_layer``,
+    ``params_by_layer`` (dicts), ``baseline_flops``, ``baseline_params``, ``flops_ratio``,
+    ``params_ratio`` (candidate / baseline; lower is cheaper).
+
+    >>> from kdsl import gallery
+    >>> AnalyticEvaluator(layers="resnet18").evaluate(gallery.load("conv2d"))["flops_ratio"]
+    1.0
+    """
+
+    name = "analytic"
+
+    def __init__(self, layers: object = "resnet18", baseline: str = BASELINE, batch: int | None = None) -> None:
+        self.layers = _table(layers, batch)
+        self.baseline = baseline
+
+    def _costs(self, op: Operator) -> tuple[dict[str, int], dict[str, int]]:
+        from kdsl.solve.cost import cost
+
+        flops, params = {}, {}
+        for layer in self.layers:
+            each = cost(op, layer)
+            flops[layer.name], params[layer.name] = int(each["flops"]), int(each["params"])
+        return flops, params
+
+    def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
+        flops, params = self._costs(op)
+        base_flops, base_params = _baseline_costs(self.baseline, self.layers)
+        total_flops, total_params = sum(flops.values()), sum(params.values())
+        return {
+            "flops": total_flops,
+            "params": total_params,
+            "flops_by_layer": flops,
+            "params_by_layer": params,
+            "baseline_flops": base_flops,
+            "baseline_params": base_params,
+            "flops_ratio": _ratio(total_flops, base_flops),
+            "params_ratio": _ratio(total_params, base_params),
+        }
+
+
+@lru_cache(maxsize=16)
+def _baseline_costs(baseline: str, layers: tuple[Any, ...]) -> tuple[int, int]:
+    flops, params = AnalyticEvaluator(layers, baseline)._costs(_baseline(baseline))
+    return sum(flops.values()), sum(params.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Latency
+
+
+@register
+class LatencyEvaluator(Evaluator):
+    """Median forward time on every layer of a table, and the ratio to the baseline operator.
+
+    For each layer the candidate and the baseline are built side by side and timed in alternation
+    (:func:`~kdsl.search.latency.interleaved_medians`), in the same process, while holding the
+    machine's latency slot; so noise affects both and only one measurement runs per machine.
+    ``backends`` is ``("torch",)`` or also ``"tvm"`` (default TVM schedule; set
+    ``TVM_BIND_THREADS=0`` in a process that times both, see TVM.md).
+
+    Metrics per backend ``b`` (``latency`` for torch, ``tvm_latency`` for TVM): ``{b}_ms`` (sum
+    over layers), ``{b}_ratio`` (candidate sum / baseline sum; < 1 is faster), ``baseline_{b}_ms``,
+    ``{b}_ms_by_layer``, ``{b}_ratio_by_layer``.
+    """
+
+    name = "latency"
+
+    def __init__(
+        self,
+        layers: object = "resnet18",
+        batch: int = 1,
+        backends: Sequence[str] = ("torch",),
+        repeats: int = 7,
+        target: float = 0.02,
+        baseline: str = BASELINE,
+        threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.layers = _table(layers, batch)
+        unknown = set(backends) - {"torch", "tvm"}
+        if unknown or not backends:
+            raise SearchError(f"latency backends must be 'torch' and/or 'tvm', got {list(backends)!r}")
+        self.backends = tuple(backends)
+        self.repeats, self.target = repeats, target
+        self.baseline, self.threads, self.seed = baseline, threads, seed
+
+    def _callables(self, backend: str, op: Operator, layer: Any) -> Callable[[], Any]:
+        import torch
+
+        from kdsl.solve import bind, shapes
+
+        binding = bind(op, layer)
+        generator = torch.Generator().manual_seed(self.seed)
+        x = torch.randn(shapes(op, binding)["input"], generator=generator)
+        if backend == "torch":
+            from kdsl.codegen.torch import build
+
+            module = build(op, binding).eval()
+
+            def run() -> Any:
+                with torch.no_grad():
+                    return module(x)
+
+            return run
+        from kdsl.codegen.tvm import build as tvm_build
+
+        kernel = tvm_build(op, binding)
+        weights = [torch.randn(shape, generator=generator) for shape in kernel.weight_shapes]
+        out = torch.empty(kernel.output_shape)
+        return lambda: kernel(x, *weights, out=out)
+
+    def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
+        import torch
+
+        context = Context.of(context)
+        base = _baseline(self.baseline)
+        threads = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            # compile everything first (may run in parallel with other workers), then time
+            prepared = {
+                backend: [
+                    (layer.name, self._callables(backend, op, layer), self._callables(backend, base, layer))
+                    for layer in self.layers
+                ]
+                for backend in self.backends
+            }
+            metrics: Metrics = {}
+            with context.latency_slot():
+                for backend, rows in prepared.items():
+                    prefix = "latency" if backend == "torch" else "tvm_latency"
+                    mine, theirs = {}, {}
+                    for layer_name, candidate, baseline in rows:
+                        times = interleaved(candidate, baseline, self.repeats, self.target)
+                        mine[layer_name], theirs[layer_name] = times[0] * 1e3, times[1] * 1e3
+                    metrics[f"{prefix}_ms"] = sum(mine.values())
+                    metrics[f"baseline_{prefix}_ms"] = sum(theirs.values())
+                    metrics[f"{prefix}_ratio"] = _ratio(sum(mine.values()), sum(theirs.values()))
+                    metrics[f"{prefix}_ms_by_layer"] = mine
+                    metrics[f"{prefix}_ratio_by_layer"] = {k: _ratio(mine[k], theirs[k]) for k in mine}
+        finally:
+            torch.set_num_threads(threads)
+        return metrics
+
+
+def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], repeats: int, target: float) -> list[float]:
+    from kdsl.search.latency import interleaved_medians
+
+    return interleaved_medians([candidate, baseline], repeats=repeats, target=target)
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy
+
+
+@lru_cache(maxsize=4)
+def _baseline_training(baseline: str, config: Any) -> dict[str, Any]:
+    from kdsl.search.proxy import train
+
+    return train(_baseline(baseline), config)
+
+
+@register
+class AccuracyEvaluator(Evaluator):
+    """Validation accuracy of the proxy network (:mod:`kdsl.search.proxy`) built from the candidate.
+
+    Keyword arguments are :class:`~kdsl.search.proxy.ProxyConfig` fields (``epochs``,
+    ``widths``, ``seed``, ...). The early-stop rule compares against ``context.best_history``, or,
+    with ``compare_baseline`` and no history given, the baseline's own curve. With
+    ``compare_baseline`` the baseline is trained once per process by the same code and config.
+
+    Metrics: ``accuracy``, ``accuracy_history``, ``early_stopped``, ``epochs_run``,
+    ``train_seconds``, ``candidate_params``, and with the baseline ``baseline_accuracy``,
+    ``baseline_accuracy_history``, ``accuracy_delta`` (candidate - baseline).
+    """
+
+    name = "accuracy"
+
+    def __init__(self, baseline: str = BASELINE, compare_baseline: bool = True, **config: Any) -> None:
+        from kdsl.search.proxy import ProxyConfig
+
+        if "widths" in config:
+            config["widths"] = tuple(config["widths"])
+        try:
+            self.config = ProxyConfig(**config)
+        except TypeError as error:
+            raise SearchError(f"bad proxy-task parameter: {error}") from None
+        self.baseline = baseline
+        self.compare_baseline = compare_baseline
+
+    def baseline_metrics(self) -> dict[str, Any]:
+        """The baseline operator's proxy metrics (trained once per process)."""
+        return _baseline_training(self.baseline, self.config)
+
+    def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
+        from kdsl.search.proxy import train
+
+        context = Context.of(context)
+        base = self.baseline_metrics() if self.compare_baseline else None
+        best = context.best_history or (base["accuracy_history"] if base else None)
+        metrics: Metrics = dict(train(op, self.config, best))
+        if base is not None:
+            metrics["baseline_accuracy"] = base["accuracy"]
+            metrics["baseline_accuracy_history"] = base["accuracy_history"]
+            metrics["accuracy_delta"] = metrics["accuracy"] - base["accuracy"]
+        return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Reward
+
+
+def reward(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, *, margin: float = 0.02) -> float:
+    """The MCTS reward of a candidate in [0, 1] (Syno §7.2: accuracy first, then speed).
+
+    With ``a`` the candidate's accuracy, ``b`` the baseline's (``baseline["accuracy"]``, else
+    ``metrics["baseline_accuracy"]``), ``floor = b - margin`` and ``r`` the speed ratio
+    (``latency_ratio``, else ``flops_ratio``, else 1; lower is faster)::
+
+        reward = 0                                     if a < floor, or the candidate failed
+        reward = (1 + q) / 2 * 1 / (1 + r)             otherwise, q = (a - floor) / (1 - floor) in [0, 1]
+
+    So a candidate that is not accurate enough earns nothing; among accurate ones the reward
+    rises with accuracy and falls with the latency ratio (0.5 * 1/(1+r) at the floor, 1/(1+r) at
+    perfect accuracy; at the baseline's speed ``r = 1`` it is at most 0.5). A candidate without
+    an accuracy is rated by speed alone (``q = 1``, no floor).
+
+    >>> reward({"accuracy": 0.97, "latency_ratio": 1.0}, {"accuracy": 0.97}) < reward(
+    ...     {"accuracy": 0.97, "latency_ratio": 0.5}, {"accuracy": 0.97})
+    True
+    >>> reward({"accuracy": 0.90, "latency_ratio": 0.1}, {"accuracy": 0.97})
+    0.0
+    """
+    if metrics.get("status", "ok") != "ok":
+        return 0.0
+    ratio = metrics.get("latency_ratio", metrics.get("flops_ratio", 1.0))
+    if not isinstance(ratio, (int, float)) or math.isnan(ratio) or ratio < 0:
+        return 0.0
+    speed = 1.0 / (1.0 + ratio)
+    accuracy = metrics.get("accuracy")
+    if accuracy is None:
+        return speed
+    base = (baseline or {}).get("accuracy", metrics.get("baseline_accuracy"))
+    floor = (base - margin) if base is not None else 0.0
+    if accuracy < floor:
+        return 0.0
+    quality = min(1.0, max(0.0, (accuracy - floor) / (1.0 - floor))) if floor < 1 else 1.0
+    return (1.0 + quality) / 2.0 * speed

@@ -1,0 +1,101 @@
+"""Timing helpers for the latency evaluator: one measurement at a time per machine, interleaved runs.
+
+Two measurements that overlap on one machine slow each other down, so every latency measurement
+holds :func:`latency_slot`, an exclusive ``fcntl.flock`` on a lock file shared by every process of
+the machine (local workers, Ray workers, other kdsl runs). The operating system drops the lock when
+its holder dies, so a worker killed for a timeout never leaves the slot taken.
+
+:func:`interleaved_medians` times several functions in alternation (a, b, a, b, ...), so that
+machine noise (frequency changes, a noisy neighbour) hits all of them alike, and returns the median
+seconds per call of each.
+
+>>> with latency_slot():
+...     seconds = interleaved_medians([lambda: sum(range(100)), lambda: sum(range(10))], repeats=3, target=0.001)
+>>> len(seconds), all(s > 0 for s in seconds)
+(2, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+__all__ = ["LOCK_ENV", "interleaved_medians", "latency_lock_path", "latency_slot"]
+
+#: Environment variable naming the lock file (default: ``kdsl-latency.lock`` in the temp folder).
+LOCK_ENV = "KDSL_LATENCY_LOCK"
+
+
+def latency_lock_path() -> Path:
+    """The machine-wide lock file that serializes latency measurements.
+
+    >>> latency_lock_path().name
+    'kdsl-latency.lock'
+    """
+    configured = os.environ.get(LOCK_ENV)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / "kdsl-latency.lock"
+
+
+@contextlib.contextmanager
+def latency_slot(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Hold the machine's latency slot (an exclusive ``flock``) for the duration of the block.
+
+    Blocks while another process of the machine measures. Without ``fcntl`` (Windows) it does not
+    lock: measurements may then overlap.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    lock_path = Path(path) if path is not None else latency_lock_path()
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _calls_for(function: Callable[[], Any], target: float) -> int:
+    """How many calls take about ``target`` seconds (after one warm-up call)."""
+    function()
+    start = time.perf_counter()
+    function()
+    once = max(time.perf_counter() - start, 1e-7)
+    return max(1, min(10_000, int(target / once)))
+
+
+def interleaved_medians(
+    functions: Sequence[Callable[[], Any]], *, repeats: int = 7, target: float = 0.02
+) -> list[float]:
+    """Median seconds per call of each function, timed in alternation.
+
+    Each function is warmed up and given a call count that takes about ``target`` seconds; then
+    ``repeats`` rounds each time every function once (in order), and the median over rounds is
+    returned per function.
+
+    >>> fast, slow = interleaved_medians([lambda: None, lambda: time.sleep(0.002)], repeats=3, target=0.004)
+    >>> fast < slow
+    True
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    counts = [_calls_for(function, target) for function in functions]
+    samples: list[list[float]] = [[] for _ in functions]
+    for _ in range(repeats):
+        for index, (function, count) in enumerate(zip(functions, counts)):
+            start = time.perf_counter()
+            for _ in range(count):
+                function()
+            samples[index].append((time.perf_counter() - start) / count)
+    return [median(each) for each in samples]

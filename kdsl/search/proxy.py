@@ -1,0 +1,389 @@
+"""The proxy task: a small residual CNN on scikit-learn's digits whose convolutions are a candidate.
+
+Search cannot train on ImageNet, so, like Syno and Canvas (which train on CIFAR-100), kdsl trains
+a small network briefly on a small real data set that ships inside a package: scikit-learn's
+``load_digits`` (1,797 grey 8x8 images of the digits 0-9), upsampled to ``image_size`` pixels.
+
+The network (:func:`proxy_net`): a fixed stem (3x3 conv from 1 channel, BN, ReLU), then one stage
+per width in ``widths``, each halving the resolution (from the second on: 2x2 average pooling and
+a fixed 1x1 conv to the new width, like ResNet's projection shortcut), each with ``blocks``
+residual blocks ``relu(x + bn(op(relu(bn(op(x))))))``, then global average pooling and a linear
+classifier. Every ``op`` is the candidate, built with :func:`kdsl.codegen.torch.build` for its
+layer's sizes (its own weights): the candidate must map ``[N, Cin, H, W] -> [N, Cout, H, W]`` with
+``Cin = Cout``. The stem and the 1x1 transitions stay fixed, since a 1-channel input or a 1x1
+projection is no place for a 3x3-like candidate (Syno substitutes the standard convolutions too).
+:func:`proxy_layers` is the resulting layer table, one layer per stage.
+
+Training is reproducible: a fixed stratified train/validation split (``split_seed``), weights
+drawn after ``torch.manual_seed(seed)``, a data order drawn from a seeded generator, a fixed
+number of threads. Canvas's early-stop rule (§7) ends a run whose accuracy at some epoch falls
+below ``λ(epoch) · best(epoch)``, see :func:`should_stop`.
+
+>>> [(layer.name, layer["Cin"], layer["H"]) for layer in proxy_layers()]
+[('stage1', 16, 16), ('stage2', 32, 8)]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
+from kdsl.solve.layers import Layer
+
+__all__ = [
+    "BestCurve",
+    "ProxyConfig",
+    "proxy_net",
+    "early_stop_threshold",
+    "load_data",
+    "proxy_layers",
+    "should_stop",
+    "train",
+]
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything that defines a proxy run; equal configs give bit-identical results on one machine.
+
+    >>> ProxyConfig(epochs=2).epochs, ProxyConfig().widths
+    (2, (16, 32))
+    """
+
+    widths: tuple[int, ...] = (16, 32)
+    blocks: int = 1
+    image_size: int = 16
+    epochs: int = 6
+    batch_size: int = 64
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    seed: int = 0
+    split_seed: int = 0
+    validation_fraction: float = 0.25
+    theta: float = 0.5
+    threads: int = 1
+    warmup: float = 0.0
+    label_smoothing: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        if not self.widths or any(w < 1 for w in self.widths):
+            raise KdslError(f"proxy widths must be positive channel counts, got {self.widths!r}")
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        if self.image_size % (2 ** (len(self.widths) - 1)):
+            raise KdslError(
+                f"image_size={self.image_size} must be divisible by 2**{len(self.widths) - 1} "
+                f"(each of the {len(self.widths)} stages after the first halves the resolution)"
+            )
+        for name in ("blocks", "epochs", "batch_size", "threads"):
+            if getattr(self, name) < 1:
+                raise KdslError(f"proxy {name} must be at least 1, got {getattr(self, name)!r}")
+        if not 0 < self.validation_fraction < 1:
+            raise KdslError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready values (``ProxyConfig(**config.to_dict()) == config``)."""
+        values = asdict(self)
+        values["widths"] = list(self.widths)
+        return values
+
+
+def proxy_layers(config: ProxyConfig | None = None) -> tuple[Layer, ...]:
+    """The proxy network's layer table: one layer per stage, the sizes the candidate must fit.
+
+    Each layer binds ``N`` (the training batch), ``Cin = Cout`` (the stage width), ``H = W`` and,
+    like the built-in tables, ``M = N*H*W`` and ``L = H*W``. Check a candidate with
+    ``kdsl.solve.check(op, proxy_layers())`` before training it.
+
+    >>> proxy_layers(ProxyConfig(widths=(8, 16, 32), image_size=16))[2]
+    Layer('stage3', {'Cin': 32, 'Cout': 32, 'H': 4, 'L': 16, 'M': 1024, 'N': 64, 'W': 4})
+    """
+    config = config or ProxyConfig()
+    layers = []
+    for index, width in enumerate(config.widths):
+        size = config.image_size // 2**index
+        values = {"N": config.batch_size, "Cin": width, "Cout": width, "H": size, "W": size}
+        values.update(M=config.batch_size * size * size, L=size * size)
+        layers.append(Layer(f"stage{index + 1}", values))
+    return tuple(layers)
+
+
+# ---------------------------------------------------------------------------------------------
+# Canvas's early-stop rule
+
+
+def early_stop_threshold(epoch: int, epochs: int, best: float, theta: float = 0.5) -> float:
+    """The least accuracy a run may have after ``epoch`` (1-based) of ``epochs``: ``λ · best``.
+
+    Canvas §7: ``accuracy(epoch) >= λ · accuracy_max(epoch)`` with ``λ = f(epoch / epochs)``,
+    ``f(x) = θ + (1 - θ) x``; ``accuracy_max(epoch)`` is the accuracy at that same epoch of the best
+    run so far (see :class:`BestCurve`). Early epochs may lag behind; the last must match.
+
+    >>> early_stop_threshold(1, 4, 0.8), early_stop_threshold(4, 4, 0.8)
+    (0.5, 0.8)
+    """
+    if not 1 <= epoch <= epochs:
+        raise KdslError(f"epoch must lie in 1..{epochs}, got {epoch}")
+    factor = theta + (1.0 - theta) * epoch / epochs
+    return factor * best
+
+
+def should_stop(
+    history: Sequence[float], best_history: Sequence[float] | None, epochs: int, theta: float = 0.5
+) -> bool:
+    """Whether a run with the per-epoch accuracies ``history`` so far stops now (Canvas §7).
+
+    It stops when its latest accuracy is below :func:`early_stop_threshold` of the best run's
+    accuracy at the same epoch. Without a best curve (or past its end) it never stops.
+
+    >>> best = [0.5, 0.7, 0.8, 0.9]
+    >>> should_stop([0.35], best, 4), should_stop([0.35, 0.4], best, 4), should_stop([0.5, 0.8], best, 4)
+    (False, True, False)
+    """
+    if not history or not best_history or len(history) > len(best_history):
+        return False
+    epoch = len(history)
+    return history[-1] < early_stop_threshold(epoch, epochs, best_history[epoch - 1], theta)
+
+
+class BestCurve:
+    """The accuracy curve of the best completed run so far (Canvas's ``accuracy_max(epoch)``).
+
+    A run replaces the curve when it completed all epochs (was not early-stopped) and its final
+    accuracy beats the current best's final accuracy. Start it with the baseline's curve.
+
+    >>> curve = BestCurve([0.4, 0.6, 0.7])
+    >>> curve.update([0.5, 0.7, 0.75]), curve.update([0.9], early_stopped=True), curve.history
+    (True, False, [0.5, 0.7, 0.75])
+    """
+
+    def __init__(self, history: Sequence[float] | None = None) -> None:
+        self.history: list[float] | None = list(history) if history else None
+
+    def update(self, history: Sequence[float], *, early_stopped: bool = False) -> bool:
+        """Record a finished run; return whether it became the best."""
+        if early_stopped or not history:
+            return False
+        if self.history is None or history[-1] > self.history[-1]:
+            self.history = list(history)
+            return True
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and network
+
+
+@lru_cache(maxsize=4)
+def _digits(image_size: int, split_seed: int, validation_fraction: float) -> tuple[Any, Any, Any, Any]:
+    torch = _torch()
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise KdslError(
+            "the accuracy proxy task needs scikit-learn (for its bundled digits data set); "
+            "install it with: pip install 'kdsl[search]' (or pip install scikit-learn)"
+        ) from None
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if image_size != 8:
+        images = torch.nn.functional.interpolate(images, size=(image_size, image_size), mode="bilinear")
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    indices = list(range(len(labels)))
+    train_idx, val_idx = train_test_split(
+        indices, test_size=validation_fraction, stratify=digits.target, random_state=split_seed
+    )
+    train_idx, val_idx = torch.tensor(sorted(train_idx)), torch.tensor(sorted(val_idx))
+    mean, std = images[train_idx].mean(), images[train_idx].std()
+    images = (images - mean) / std
+    return images[train_idx], labels[train_idx], images[val_idx], labels[val_idx]
+
+
+def load_data(config: ProxyConfig | None = None) -> tuple[Any, Any, Any, Any]:
+    """``(train_x, train_y, val_x, val_y)``: the digits, upsampled, normalized, split (stratified).
+
+    >>> train_x, train_y, val_x, val_y = load_data()
+    >>> tuple(train_x.shape), tuple(val_x.shape), int(val_y.bincount().min())
+    ((1347, 1, 16, 16), (450, 1, 16, 16), 43)
+    """
+    config = config or ProxyConfig()
+    return _digits(config.image_size, config.split_seed, config.validation_fraction)
+
+
+def _torch() -> Any:
+    from kdsl.codegen.torch import load_torch
+
+    return load_torch()
+
+
+def _check_fits(op: Operator, layer: Layer) -> None:
+    """Raise a ShapeError unless ``op`` maps ``[N, Cin, H, W]`` to ``[N, Cout, H, W]`` on ``layer``."""
+    from kdsl.lang.errors import ShapeError
+    from kdsl.solve import shapes
+
+    sizes = shapes(op, layer)
+    wanted_in = tuple(layer[v] for v in ("N", "Cin", "H", "W"))
+    wanted_out = tuple(layer[v] for v in ("N", "Cout", "H", "W"))
+    if tuple(sizes["input"]) != wanted_in or tuple(sizes["output"]) != wanted_out:
+        raise ShapeError(
+            f"layer {layer.name} of the proxy network needs [N, Cin, H, W] = {list(wanted_in)} -> "
+            f"[N, Cout, H, W] = {list(wanted_out)}, but the operator maps {list(sizes['input'])} -> "
+            f"{list(sizes['output'])}; search it with the conv2d spec"
+        )
+
+
+def proxy_net(op: Operator, config: ProxyConfig | None = None) -> Any:
+    """The proxy network (an ``nn.Module``) with every block convolution replaced by ``op``.
+
+    Raises the :class:`KdslError` of :func:`kdsl.codegen.torch.build` when ``op`` does not fit a
+    layer of :func:`proxy_layers`. Weights are drawn from torch's global generator: seed it first.
+    """
+    torch = _torch()
+    nn = torch.nn
+    from kdsl.codegen.torch import build
+
+    config = config or ProxyConfig()
+    layers = proxy_layers(config)
+    for layer in layers:
+        _check_fits(op, layer)
+
+    class Block(nn.Module):
+        def __init__(self, layer: Layer, index: int) -> None:
+            super().__init__()
+            width = layer["Cout"]
+            self.conv1 = build(op, layer.values, name=f"{layer.name}_block{index}_conv1")
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = build(op, layer.values, name=f"{layer.name}_block{index}_conv2")
+            self.bn2 = nn.BatchNorm2d(width)
+
+        def forward(self, x: Any) -> Any:
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(x + self.bn2(self.conv2(y)))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            first = config.widths[0]
+            self.stem = nn.Sequential(nn.Conv2d(1, first, 3, padding=1, bias=False), nn.BatchNorm2d(first), nn.ReLU())
+            stages = []
+            previous = first
+            for index, layer in enumerate(layers):
+                width = layer["Cout"]
+                parts: list[Any] = []
+                if index > 0:
+                    parts += [nn.AvgPool2d(2), nn.Conv2d(previous, width, 1, bias=False), nn.BatchNorm2d(width)]
+                parts += [Block(layer, b) for b in range(config.blocks)]
+                stages.append(nn.Sequential(*parts))
+                previous = width
+            self.stages = nn.Sequential(*stages)
+            self.head = nn.Linear(previous, 10)
+
+        def forward(self, x: Any) -> Any:
+            x = self.stages(self.stem(x))
+            return self.head(x.mean(dim=(2, 3)))
+
+    return Net()
+
+
+def _accuracy(model: Any, x: Any, y: Any, batch: int = 512) -> float:
+    """Validation accuracy with batch-norm statistics of the validation batch itself.
+
+    After a few hundred steps the running averages lag far behind the weights and make early
+    epochs read as chance; the early-stop rule needs early epochs to mean something.
+    """
+    torch = _torch()
+    saved = {name: b.clone() for name, b in model.named_buffers()}
+    correct = 0
+    with torch.no_grad():
+        for start in range(0, len(y), batch):
+            logits = model(x[start : start + batch])
+            correct += int((logits.argmax(dim=1) == y[start : start + batch]).sum())
+        for name, b in model.named_buffers():
+            b.copy_(saved[name])
+    return correct / len(y)
+
+
+def _learning_rate(config: ProxyConfig, step: int, steps_per_epoch: int, total_steps: int) -> float:
+    """Linear warm-up over ``warmup`` epochs (none by default), then cosine decay to 0."""
+    warmup = min(total_steps - 1, round(config.warmup * steps_per_epoch))
+    if step < warmup:
+        return config.lr * (step + 1) / (warmup + 1)
+    return config.lr * 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / (total_steps - warmup)))
+
+
+def train(
+    op: Operator,
+    config: ProxyConfig | None = None,
+    best_history: Sequence[float] | None = None,
+    on_epoch: Callable[[int, float], None] | None = None,
+) -> dict[str, Any]:
+    """Train the proxy network with ``op`` and return its metrics.
+
+    Keys: ``accuracy`` (validation accuracy after the last epoch run), ``accuracy_history`` (one
+    per epoch run), ``early_stopped`` (Canvas's rule against ``best_history``), ``epochs_run``,
+    ``train_seconds``, ``candidate_params`` (the weights of all candidate layers).
+    SGD with Nesterov momentum, cosine learning-rate decay per step, cross-entropy.
+    """
+    torch = _torch()
+    config = config or ProxyConfig()
+    train_x, train_y, val_x, val_y = load_data(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        start = time.perf_counter()
+        torch.manual_seed(config.seed)
+        model = proxy_net(op, config)
+        candidate_params = sum(
+            p.numel() for name, p in model.named_parameters() if ".conv1." in name or ".conv2." in name
+        )
+        optimizer = torch.optim.SGD(
+            model.parameters(),
+            lr=config.lr,
+            momentum=config.momentum,
+            nesterov=True,
+            weight_decay=config.weight_decay,
+        )
+        steps_per_epoch = math.ceil(len(train_y) / config.batch_size)
+        total_steps = steps_per_epoch * config.epochs
+        order = torch.Generator().manual_seed(config.seed)
+        history: list[float] = []
+        early_stopped = False
+        step = 0
+        model.train()
+        for epoch in range(1, config.epochs + 1):
+            permutation = torch.randperm(len(train_y), generator=order)
+            for first in range(0, len(train_y), config.batch_size):
+                batch = permutation[first : first + config.batch_size]
+                for group in optimizer.param_groups:
+                    group["lr"] = _learning_rate(config, step, steps_per_epoch, total_steps)
+                loss = torch.nn.functional.cross_entropy(
+                    model(train_x[batch]), train_y[batch], label_smoothing=config.label_smoothing
+                )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+            history.append(_accuracy(model, val_x, val_y))
+            if on_epoch is not None:
+                on_epoch(epoch, history[-1])
+            if epoch < config.epochs and should_stop(history, best_history, config.epochs, config.theta):
+                early_stopped = True
+                break
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "accuracy": history[-1],
+        "accuracy_history": history,
+        "early_stopped": early_stopped,
+        "epochs_run": len(history),
+        "train_seconds": round(seconds, 3),
+        "candidate_params": int(candidate_params),
+    }
