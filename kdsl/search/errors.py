@@ -1,0 +1,16 @@
+"""Errors raised by search on bad input (unknown spec, bad budget, unusable database)."""
+
+from __future__ import annotations
+
+from kdsl.lang.errors import KdslError
+
+
+class SearchError(KdslError):
+    """A search space, budget, strategy or results database that kdsl cannot use.
+
+    >>> str(SearchError("unknown spec 'conv3d'"))
+    "unknown spec 'conv3d'"
+    """
+
+
+__all__ = ["SearchError"]
