@@ -28,8 +28,20 @@ from typing import Any
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError, ShapeError
-from kdsl.lang.primitives import BuildContext, Expand, Live, Merge, Primitive, Reduce, Share, Shift, Split, Stride
-from kdsl.lang.primitives import Unfold, Weight
+from kdsl.lang.primitives import (
+    BuildContext,
+    Expand,
+    Live,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
 
 
 def load_tvm() -> Any:
@@ -37,7 +49,7 @@ def load_tvm() -> Any:
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     try:
         import tvm
-        import tvm.te  # noqa: F401
+        import tvm.te
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise LoweringError(
             f"the TVM backend needs apache-tvm ({error}); install it with: pip install 'kdsl[tvm]' "
@@ -274,6 +286,16 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
     return Lowered(op, binding, x, weights, source, stages, output_shape)
 
 
+#: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
+#: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
+ALIGNMENT = 64
+
+
+def _aligned(tensor: Any) -> Any:
+    """``tensor``, or an aligned copy when its data does not start on an :data:`ALIGNMENT` boundary."""
+    return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
+
+
 class Kernel:
     """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack)."""
 
@@ -299,18 +321,20 @@ class Kernel:
 
         self._check(x, weights)
         dtype = x.dtype
-        args = [x.contiguous()] + [w.detach().to(dtype).contiguous() for w in weights]
-        if out is None:
-            out = torch.empty(self.output_shape, dtype=dtype)
-        self.executable(args[0].detach(), *args[1:], out)
-        return out
+        args = [_aligned(x.contiguous())] + [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
+        result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)
+        self.executable(args[0].detach(), *args[1:], result)
+        if out is not None and result is not out:
+            out.copy_(result)
+            return out
+        return result
 
     def time(self, x: Any, *weights: Any, number: int = 10, repeat: int = 5) -> list[float]:
         """Seconds per call, ``repeat`` medians of ``number`` calls (TVM's time_evaluator)."""
         import torch
 
         tvm = load_tvm()
-        args = [x.contiguous()] + [w.detach().contiguous() for w in weights]
+        args = [_aligned(x.contiguous())] + [_aligned(w.detach().contiguous()) for w in weights]
         out = torch.empty(self.output_shape, dtype=x.dtype)
         timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
         return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)

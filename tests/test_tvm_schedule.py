@@ -1,0 +1,162 @@
+"""The default TVM schedule computes exactly what the unscheduled lowering computes: every gallery operator
+at sizes that exercise the register tiles (extents divisible by whole vectors) and at odd sizes (7x7,
+H smaller than the window, primes), plus random operators from the public strategies. Kernels run in
+float64 against the NumPy reference interpreter; conv2d and matmul must also get their fast schedule
+(a register tile, no fallback)."""
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+
+from kdsl import gallery  # noqa: E402
+from kdsl.codegen import reference  # noqa: E402
+from kdsl.codegen.tvm import build, lower  # noqa: E402
+from kdsl.codegen.tvm_schedule import default_schedule  # noqa: E402
+from kdsl.testing.strategies import operators_with_layers  # noqa: E402
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+# name -> layers: one with vector-friendly extents (whole AVX-512 vectors, tiles that divide),
+# then odd ones (7x7, primes, H smaller than the window) that force small or no tiles.
+LAYERS = {
+    "avg_pool2d": [{"N": 2, "Cin": 16, "H": 8, "W": 32}, {"N": 1, "Cin": 3, "H": 9, "W": 3, "K": 3}],
+    "conv1d": [{"N": 2, "Cin": 8, "Cout": 32, "L": 24}, {"N": 1, "Cin": 3, "Cout": 5, "L": 2, "K": 5}],
+    "conv2d": [
+        {"N": 2, "Cin": 8, "Cout": 32, "H": 8, "W": 8},
+        {"N": 1, "Cin": 16, "Cout": 16, "H": 7, "W": 7},
+        {"N": 1, "Cin": 3, "Cout": 5, "H": 2, "W": 3, "K": 5},
+    ],
+    "conv2d_kx1_1xk": [{"N": 1, "Cin": 8, "Cout": 16, "H": 6, "W": 8}, {"N": 2, "Cin": 3, "Cout": 2, "H": 2, "W": 7}],
+    "depthwise_conv2d": [{"N": 1, "Cin": 16, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 1, "W": 3, "K": 5}],
+    "depthwise_separable_conv2d": [
+        {"N": 1, "Cin": 16, "Cout": 32, "H": 7, "W": 8},
+        {"N": 1, "Cin": 3, "Cout": 1, "H": 3, "W": 2, "K": 5},
+    ],
+    "dilated_conv2d": [
+        {"N": 1, "Cin": 8, "Cout": 16, "H": 7, "W": 8},
+        {"N": 1, "Cin": 2, "Cout": 3, "H": 3, "W": 5, "d": 3},
+    ],
+    "grouped_conv2d": [
+        {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
+        {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
+    ],
+    "linear": [{"N": 24, "Cin": 40, "Cout": 48}, {"N": 3, "Cin": 5, "Cout": 7}],
+    "matmul": [{"M": 56, "Cin": 24, "Cout": 64}, {"M": 49, "Cin": 13, "Cout": 17}, {"M": 1, "Cin": 3, "Cout": 1}],
+    "pixel_shuffle": [{"N": 1, "Cin": 16, "H": 8, "W": 16}, {"N": 2, "Cin": 27, "H": 3, "W": 5, "r": 3}],
+    "pixel_unshuffle": [{"N": 1, "Cin": 4, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 9, "W": 15, "r": 3}],
+    "pointwise_conv2d": [
+        {"N": 1, "Cin": 16, "Cout": 32, "H": 4, "W": 16},
+        {"N": 2, "Cin": 3, "Cout": 5, "H": 3, "W": 1},
+    ],
+    "shift_conv2d": [{"N": 1, "Cin": 16, "Cout": 32, "H": 4, "W": 16}, {"N": 1, "Cin": 3, "Cout": 2, "H": 1, "W": 5}],
+    "strided_conv2d": [
+        {"N": 1, "Cin": 8, "Cout": 32, "H": 16, "W": 16},
+        {"N": 1, "Cin": 2, "Cout": 2, "H": 9, "W": 3, "s": 3},
+    ],
+    "syno_op1": [
+        {"N": 1, "Cin": 64, "Cout": 64, "H": 8, "W": 8},
+        {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3},
+    ],
+    "syno_op2": [
+        {"N": 1, "Cin": 64, "Cout": 64, "H": 8, "W": 8},
+        {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3},
+    ],
+    "unfold2d": [{"N": 1, "Cin": 4, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+}
+
+
+def input_arrays(op, layer, seed=0):
+    """Input and weights in float64, weights uniform(+-1/sqrt(fan_in)) so outputs stay O(1)."""
+    shapes = reference.shapes(op, layer)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shapes.input)
+    weights = []
+    for shape in shapes.weights:
+        bound = 1 / np.sqrt(max(1, int(np.prod(shape[1:]))))
+        weights.append(rng.uniform(-bound, bound, shape))
+    return x, weights
+
+
+def check_scheduled(op, layer, dtype="float64"):
+    """The default-scheduled kernel agrees with the reference interpreter; returns the schedule report."""
+    x, weights = input_arrays(op, layer)
+    expected = reference.run(op, layer, x, weights)
+    report = []
+    kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: default_schedule(lowered, report))
+    got = kernel(torch.from_numpy(x.astype(dtype)), *(torch.from_numpy(w.astype(dtype)) for w in weights))
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    np.testing.assert_allclose(got.numpy(), expected, rtol=tolerance, atol=tolerance)
+    assert got.shape == expected.shape
+    return report
+
+
+def test_layers_cover_the_gallery():
+    assert set(LAYERS) == set(gallery.names())
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_gallery_operator_scheduled_equals_reference(name):
+    op = gallery.load(name)
+    for layer in LAYERS[name]:
+        report = check_scheduled(op, layer)
+        assert report, f"{name} at {layer}: no stage was reported"
+
+
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("conv2d", {"N": 1, "Cin": 16, "Cout": 64, "H": 7, "W": 7}),
+        ("conv2d", {"N": 2, "Cin": 8, "Cout": 32, "H": 8, "W": 8}),
+        ("matmul", {"M": 56, "Cin": 16, "Cout": 64}),
+    ],
+)
+def test_conv2d_and_matmul_get_the_register_tile_in_float32(name, layer):
+    report = check_scheduled(gallery.load(name), layer, dtype="float32")
+    assert report[0][1].startswith("register tile"), report
+    assert not any("fallback" in what for _, what in report), report
+
+
+def test_conv2d_transpose_copy_is_folded_into_the_write_back():
+    report = default_schedule(lower(gallery.load("conv2d"), {"N": 1, "Cin": 8, "Cout": 32, "H": 8, "W": 8}), [])
+    text = report.mod.script()
+    assert "stage0_local" in text and "sblock_alloc_buffer((1, 8, 8, 32))" not in text
+
+
+def test_weight_is_packed_along_the_vector_axis():
+    sch = default_schedule(lower(gallery.load("conv2d"), {"N": 1, "Cin": 8, "Cout": 32, "H": 8, "W": 8}))
+    assert "w_global = T.sblock_alloc_buffer((1, 8, 3, 3, 32))" in sch.mod.script()
+
+
+def test_a_failing_stage_falls_back_and_stays_correct(monkeypatch):
+    import kdsl.codegen.tvm_schedule as schedule
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated schedule failure")
+
+    monkeypatch.setattr(schedule, "_schedule_reduction", broken)
+    report = check_scheduled(gallery.load("conv2d"), {"N": 1, "Cin": 4, "Cout": 16, "H": 5, "W": 5})
+    assert report[0][1].startswith("fallback (simulated schedule failure)"), report
+
+
+def test_float32_conv2d_resnet_like_odd_spatial_size():
+    layer = {"N": 1, "Cin": 32, "Cout": 32, "H": 7, "W": 7}
+    op = gallery.load("conv2d")
+    x, weights = input_arrays(op, layer, seed=1)
+    expected = reference.run(op, layer, x, weights)
+    kernel = build(op, layer)
+    got = kernel(torch.from_numpy(x.astype("float32")), *(torch.from_numpy(w.astype("float32")) for w in weights))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=12)
+@given(operators_with_layers(max_steps=5))
+def test_random_operators_scheduled_equal_reference(case):
+    op, layer = case
+    report = check_scheduled(op, layer)
+    assert len(report) >= 1
