@@ -4,6 +4,7 @@
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
     kdsl gallery list|build        the gallery's operators; build writes its pages
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
+    kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
 An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file.
@@ -182,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
     codegen.set_defaults(run=codegen_bench.bench_codegen)
+
+    from kdsl.search.discover import add_discover_command
+
+    add_discover_command(commands)
 
     demo = commands.add_parser("demo", help="a tour of kdsl")
     demo.set_defaults(run=command_demo)

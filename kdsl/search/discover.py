@@ -1,0 +1,325 @@
+"""The main job: search, evaluate and rank replacements for a network's convolutions.
+
+``kdsl discover`` alternates two phases until its time is up, on one SQLite database:
+
+1. *search*: MCTS (or another strategy) over the space proposes new canonical operators that are
+   valid on every layer (the proxy network's layers, where accuracy is measured, and the latency
+   table's) and within the FLOPs budget; the search's own store keeps them and its progress;
+2. *evaluate*: the most promising candidates not evaluated yet go to an executor (worker
+   processes with a hard per-candidate timeout, one latency measurement at a time), which trains
+   the proxy network with the candidate in every convolution and times it against the baseline;
+   each result (or failure) is stored in the ``evaluations`` table, and the candidate's reward in
+   the search store becomes the measured one (Syno §7.2: accuracy first, then speed), so the
+   MCTS tree that the next search phase rebuilds follows measured rewards.
+
+Re-running the same command resumes: finished evaluations are neither lost nor repeated. At the
+end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from kdsl.lang.errors import KdslError
+from kdsl.search.errors import SearchError
+
+NETS = ("proxy-resnet",)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS evaluations (
+    key TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    status TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    error TEXT,
+    seconds REAL,
+    created REAL NOT NULL
+);
+"""
+
+
+@dataclass
+class DiscoverConfig:
+    """What one ``kdsl discover`` run does; equal configs resume each other."""
+
+    net: str = "proxy-resnet"
+    spec: str = "conv2d"
+    max_flops: str | None = "0.5x"
+    max_depth: int = 6
+    strategy: str = "mcts"
+    time_limit: float = 300.0
+    db: str = "runs.sqlite"
+    out: str = "out"
+    executor: str = "local"
+    workers: int = 1
+    seed: int = 0
+    batch: int = 4
+    eval_timeout: float = 240.0
+    margin: float = 0.02
+    latency_layers: str = "resnet18"
+    epochs: int = 6
+    top: int = 5
+    coefficients: dict[str, list[int]] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
+
+    def evaluators(self) -> list[Any]:
+        return [
+            {"name": "analytic", "layers": self.latency_layers},
+            {"name": "latency", "layers": self.latency_layers, "batch": 1},
+            {"name": "accuracy", "epochs": self.epochs},
+        ]
+
+
+class Evaluations:
+    """The ``evaluations`` table beside the search store (same SQLite file, WAL mode)."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            self.connection = sqlite3.connect(path, timeout=30)
+            self.connection.execute("PRAGMA journal_mode=WAL")
+            self.connection.executescript(_SCHEMA)
+        except sqlite3.Error as error:
+            raise SearchError(f"cannot use the results database {path!r}: {error}") from None
+
+    def done(self) -> set[str]:
+        return {row[0] for row in self.connection.execute("SELECT key FROM evaluations")}
+
+    def add(self, result: dict[str, Any], role: str = "candidate") -> None:
+        with self.connection:
+            self.connection.execute(
+                "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    result["key"],
+                    role,
+                    result["status"],
+                    json.dumps(result.get("metrics") or {}),
+                    result.get("error"),
+                    result.get("seconds"),
+                    time.time(),
+                ),
+            )
+
+    def rows(self, role: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT key, role, status, metrics, error, seconds FROM evaluations"
+        cursor = self.connection.execute(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
+        return [
+            {"key": k, "role": r, "status": s, "metrics": json.loads(m), "error": e, "seconds": sec}
+            for k, r, s, m, e, sec in cursor
+        ]
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _space(config: DiscoverConfig) -> Any:
+    from kdsl.search.proxy import proxy_layers
+    from kdsl.search.space import Space
+    from kdsl.solve.layers import load_layers
+
+    if config.net not in NETS:
+        raise SearchError(f"unknown network {config.net!r}; kdsl knows {', '.join(NETS)}")
+    layers = list(proxy_layers()) + list(load_layers(config.latency_layers))
+    return Space(
+        config.spec,
+        layers,
+        coefficients=config.coefficients,
+        max_depth=config.max_depth,
+        max_flops=config.max_flops,
+    )
+
+
+def _say(stream: TextIO | None, text: str) -> None:
+    if stream is not None:
+        stream.write(text + "\n")
+        stream.flush()
+
+
+def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
+    """The best valid candidates of the search store that have not been evaluated yet."""
+    from kdsl.search.store import Store
+
+    store = Store(db)
+    try:
+        rows = store.top(k=limit + len(done), status="valid")
+    finally:
+        store.close()
+    return [row for row in rows if row["key"] not in done][:limit]
+
+
+def _set_reward(db: str, key: str, value: float) -> None:
+    connection = sqlite3.connect(db, timeout=30)
+    try:
+        with connection:
+            connection.execute("UPDATE candidates SET reward = ? WHERE key = ?", (value, key))
+    finally:
+        connection.close()
+
+
+def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
+    """Run (or resume) a discovery; return a summary with the paths of what it wrote."""
+    from kdsl import gallery
+    from kdsl.search.evaluators import reward
+    from kdsl.search.executors import Task, make_executor
+    from kdsl.search.report import write_report
+    from kdsl.search.run import search
+
+    start = time.monotonic()
+    space = _space(config)
+    Path(config.db).parent.mkdir(parents=True, exist_ok=True)
+    evaluations = Evaluations(config.db)
+    executor = make_executor(config.executor, workers=config.workers, timeout=config.eval_timeout)
+    evaluators = config.evaluators()
+    baseline_op = gallery.load("conv2d")
+    try:
+        done = evaluations.done()
+        if baseline_op.key not in done:
+            _say(progress, "measuring the baseline (conv2d): proxy accuracy and latency")
+            for _, result in executor.map([Task.of(baseline_op, evaluators)]):
+                if result["status"] != "ok":
+                    raise SearchError(f"the baseline failed to evaluate: {result['error']}")
+                evaluations.add(result, role="baseline")
+        baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
+        finished = False
+        while time.monotonic() - start < config.time_limit:
+            remaining = config.time_limit - (time.monotonic() - start)
+            if not finished:
+                report = search(
+                    space,
+                    config.strategy,
+                    db=config.db,
+                    seed=config.seed,
+                    time_limit=max(1.0, min(30.0, remaining / 4)),
+                    max_results=config.batch * 4,
+                )
+                finished = report.finished
+                _say(progress, f"search: {report.new} new candidates ({report.valid} valid), {report.nodes} nodes")
+            done = evaluations.done()
+            batch = _pending(config.db, done, config.batch)
+            if not batch:
+                if finished:
+                    _say(progress, "the search space is exhausted and every candidate is evaluated")
+                    break
+                continue
+            from kdsl.lang.parser import parse
+
+            tasks = [Task.of(parse(row["dsl"]), evaluators) for row in batch]
+            for task, result in executor.map(tasks):
+                evaluations.add(result)
+                value = reward(
+                    {**result["metrics"], "status": result["status"]}, baseline_metrics, margin=config.margin
+                )
+                _set_reward(config.db, task.key, value)
+                accuracy = result["metrics"].get("accuracy")
+                ratio = result["metrics"].get("latency_ratio")
+                _say(
+                    progress,
+                    f"evaluated {task.key}: {result['status']}"
+                    + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
+                    + (f", latency x{ratio:.2f}" if ratio is not None else "")
+                    + (f" ({result['error'][:120]})" if result.get("error") else ""),
+                )
+                if time.monotonic() - start > config.time_limit:
+                    break
+        return _write(config, evaluations, baseline_metrics, progress, write_report)
+    finally:
+        executor_close = getattr(executor, "close", None)
+        if executor_close is not None:
+            executor_close()
+        evaluations.close()
+
+
+def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
+    from kdsl.search.store import Store
+
+    store = Store(config.db)
+    try:
+        records = []
+        for row in evaluations.rows("candidate"):
+            candidate = store.get(row["key"])
+            if candidate is None:
+                continue
+            metrics = row["metrics"]
+            records.append(
+                {
+                    "key": row["key"],
+                    "dsl": candidate["dsl"],
+                    "status": row["status"] if row["status"] != "ok" else "ok",
+                    "error": row["error"],
+                    "accuracy": metrics.get("accuracy"),
+                    "latency_ratio": metrics.get("latency_ratio"),
+                    "latency_ms": metrics.get("latency_ms"),
+                    "flops_ratio": metrics.get("flops_ratio"),
+                    "params": metrics.get("params"),
+                    "early_stopped": metrics.get("early_stopped"),
+                }
+            )
+    finally:
+        store.close()
+    baseline = {
+        "name": "conv2d",
+        "accuracy": baseline_metrics.get("accuracy"),
+        "params": baseline_metrics.get("params"),
+        "latency_ms": baseline_metrics.get("latency_ms"),
+    }
+    paths = write_report(
+        records,
+        baseline,
+        Path(config.out),
+        baseline_accuracy=baseline["accuracy"] or 0.0,
+        margin=config.margin,
+        top=config.top,
+    )
+    _say(progress, f"wrote {paths['table']}, {paths['json']}, {paths['plot']} and pages in {paths['pages']}")
+    return {"evaluated": len(records), "baseline": baseline, **{k: str(v) for k, v in paths.items()}}
+
+
+def add_discover_command(subparsers: Any) -> None:
+    """Register ``kdsl discover``."""
+    parser = subparsers.add_parser("discover", help="search, evaluate and rank replacements for a network's convs")
+    parser.add_argument("--net", default="proxy-resnet", choices=NETS)
+    parser.add_argument("--spec", default="conv2d")
+    parser.add_argument("--max-flops", default="0.5x", help="FLOPs budget relative to conv2d (e.g. 0.5x), or none")
+    parser.add_argument("--max-depth", type=int, default=6)
+    parser.add_argument("--strategy", default="mcts", choices=["mcts", "random", "enumerate"])
+    parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for the whole run")
+    parser.add_argument("--db", default="runs.sqlite")
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--executor", default="local", help="local, ray or ray:ADDRESS")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-timeout", type=float, default=240.0, help="seconds per candidate before it is killed")
+    parser.add_argument("--epochs", type=int, default=6, help="proxy training epochs")
+    parser.set_defaults(run=_command)
+
+
+def _command(args: Any) -> int:
+    config = DiscoverConfig(
+        net=args.net,
+        spec=args.spec,
+        max_flops=None if str(args.max_flops).lower() == "none" else args.max_flops,
+        max_depth=args.max_depth,
+        strategy=args.strategy,
+        time_limit=args.time_limit,
+        db=args.db,
+        out=args.out,
+        executor=args.executor,
+        workers=args.workers,
+        seed=args.seed,
+        eval_timeout=args.eval_timeout,
+        epochs=args.epochs,
+    )
+    try:
+        summary = discover(config)
+    except KdslError:
+        raise
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+__all__: Sequence[str] = ["DiscoverConfig", "add_discover_command", "discover"]
