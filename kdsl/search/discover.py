@@ -63,17 +63,27 @@ class DiscoverConfig:
     batch: int = 4
     eval_timeout: float = 240.0
     margin: float = 0.02
-    latency_layers: str = "resnet18"
+    latency_layers: Any = "resnet18"
     epochs: int = 6
     top: int = 5
+    #: other ProxyConfig fields (e.g. ``{"widths": [8, 16]}`` for a smaller proxy network)
+    proxy: dict[str, Any] = field(default_factory=dict)
     coefficients: dict[str, list[int]] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
 
     def evaluators(self) -> list[Any]:
         return [
             {"name": "analytic", "layers": self.latency_layers},
             {"name": "latency", "layers": self.latency_layers, "batch": 1},
-            {"name": "accuracy", "epochs": self.epochs},
+            {"name": "accuracy", "epochs": self.epochs, **self.proxy},
         ]
+
+    def proxy_config(self) -> Any:
+        from kdsl.search.proxy import ProxyConfig
+
+        fields = {**self.proxy, "epochs": self.epochs}
+        if "widths" in fields:
+            fields["widths"] = tuple(fields["widths"])
+        return ProxyConfig(**fields)
 
 
 class Evaluations:
@@ -124,7 +134,7 @@ def _space(config: DiscoverConfig) -> Any:
 
     if config.net not in NETS:
         raise SearchError(f"unknown network {config.net!r}; kdsl knows {', '.join(NETS)}")
-    layers = list(proxy_layers()) + list(load_layers(config.latency_layers))
+    layers = list(proxy_layers(config.proxy_config())) + list(load_layers(config.latency_layers))
     return Space(
         config.spec,
         layers,

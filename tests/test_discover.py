@@ -1,0 +1,112 @@
+"""The main job: a small discovery run writes its outputs, and a run killed with SIGKILL resumes
+without losing or repeating any finished evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+TINY = {
+    "time_limit": 40.0,
+    "batch": 2,
+    "workers": 1,
+    "epochs": 1,
+    "max_depth": 4,
+    "eval_timeout": 120.0,
+    "proxy": {"widths": [8], "image_size": 8},
+    "latency_layers": [{"name": "tiny", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}],
+    "coefficients": {"K": [3], "G": [2], "s": [2]},
+}
+
+
+def _script(db: Path, out: Path, **overrides) -> str:
+    config = {**TINY, "db": str(db), "out": str(out), **overrides}
+    return textwrap.dedent(
+        f"""
+        import json, sys
+        from kdsl.search.discover import DiscoverConfig, discover
+        summary = discover(DiscoverConfig(**json.loads({json.dumps(config)!r})), progress=sys.stdout)
+        print("SUMMARY", json.dumps(summary))
+        """
+    )
+
+
+def _evaluations(db: Path) -> dict[str, tuple[str, float]]:
+    connection = sqlite3.connect(db)
+    try:
+        return {
+            key: (status, created)
+            for key, status, created in connection.execute("SELECT key, status, created FROM evaluations")
+        }
+    finally:
+        connection.close()
+
+
+def test_discover_writes_table_plot_and_pages(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _script(tmp_path / "runs.sqlite", tmp_path / "out", time_limit=25.0)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.split("SUMMARY", 1)[1])
+    assert summary["evaluated"] >= 1
+    out = tmp_path / "out"
+    assert (out / "results.md").read_text().startswith("# kdsl discover")
+    ranked = json.loads((out / "results.json").read_text())
+    assert ranked["baseline"]["accuracy"] > 0.2
+    assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "pages").glob("*.md"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uses SIGKILL on a process group")
+def test_killed_run_resumes_without_losing_or_repeating_evaluations(tmp_path):
+    db = tmp_path / "runs.sqlite"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _script(db, tmp_path / "out", time_limit=120.0)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 240
+    before: dict[str, tuple[str, float]] = {}
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if db.exists():
+                try:
+                    before = _evaluations(db)
+                except sqlite3.Error:
+                    continue
+                if sum(1 for k in before if k) >= 3:  # the baseline and two candidates
+                    break
+            assert process.poll() is None, "the run ended before it could be killed"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert len(before) >= 3, "no evaluation finished before the deadline"
+    before = _evaluations(db)  # everything committed before the kill
+    resumed = subprocess.run(
+        [sys.executable, "-c", _script(db, tmp_path / "out", time_limit=20.0)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = _evaluations(db)
+    for key, (status, created) in before.items():
+        assert after[key] == (status, created), f"the evaluation of {key} was lost or repeated"
+    repeated = [line for line in resumed.stdout.splitlines() if any(f"evaluated {k}:" in line for k in before)]
+    assert not repeated, repeated
+    assert "measuring the baseline" not in resumed.stdout
