@@ -4,6 +4,8 @@
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
     kdsl gallery list|build        the gallery's operators; build writes its pages
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
+    kdsl tune OP --layer NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH
+    kdsl bench tune [--trials N] [--quick]
     kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
@@ -183,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
     codegen.set_defaults(run=codegen_bench.bench_codegen)
+
+    from kdsl.search import tune_commands
+
+    tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")
+    tune_commands.add_bench_arguments(tune_bench)
+    tune_bench.set_defaults(run=tune_commands.bench_tune)
+    tune_commands.add_tune_commands(commands)
 
     from kdsl.search.discover import add_discover_command
 

@@ -1,0 +1,240 @@
+"""Command-line handlers: ``kdsl tune`` and ``kdsl bench tune``.
+
+``add_tune_commands(subparsers)`` registers ``tune``; ``add_bench_arguments(parser)`` and
+:func:`bench_tune` implement ``kdsl bench tune``: every tuner on matmul 512x1024x1024 (OpEvo's BERT
+shape), conv2d at ResNet-18's conv3_x (N=1) and the gallery's ``syno_op1`` at the same layer, with equal
+trial budgets. Each tuner's best schedule is re-measured at the end in one fresh process, the tuners in
+alternation (best of ``rounds`` medians), and PyTorch's native op (``torch.matmul``, ``F.conv2d``; for
+``syno_op1`` PyTorch's conv2d at the same layer) in another process, since TVM pins its threads and slows
+PyTorch in its own process (``TVM.md``).
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(); commands = parser.add_subparsers()
+>>> add_tune_commands(commands)
+>>> parser.parse_args(["tune", "conv2d", "--layer", "conv3_x", "--trials", "8"]).trials
+8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kdsl.lang.errors import KdslError
+
+TUNERS = ("opevo", "alt", "gensor", "metaschedule")
+
+
+def parse_layer(text: str) -> dict[str, int]:
+    """A layer from a name of a built-in ResNet-18 table (``conv3_x``) or a JSON object of sizes.
+
+    >>> parse_layer('{"M": 4, "Cin": 8}')
+    {'M': 4, 'Cin': 8}
+    >>> parse_layer("conv3_x")["Cin"]
+    128
+    """
+    from kdsl import solve
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise KdslError(f"--layer: not a JSON object: {error}") from None
+        if not isinstance(values, dict) or not all(isinstance(v, int) for v in values.values()):
+            raise KdslError("--layer: expected a JSON object of integer sizes")
+        return values
+    for table in ("resnet18", "resnet18_stride2"):
+        for layer in solve.load_layers(table):
+            if layer.name == text:
+                return dict(layer.values)
+    raise KdslError(f"--layer: unknown layer {text!r}; name one of ResNet-18's (conv2_x..conv5_x) or give JSON")
+
+
+def add_tune_commands(subparsers: Any) -> None:
+    """Register ``kdsl tune``."""
+    tune = subparsers.add_parser("tune", help="tune the TVM schedule of an operator at one layer")
+    tune.add_argument("operator", help="gallery name, .dsl or .json file")
+    tune.add_argument("--layer", required=True, help="a ResNet-18 layer name (conv3_x) or JSON sizes")
+    tune.add_argument("--tuner", choices=[*TUNERS, "random"], default="opevo")
+    tune.add_argument("--trials", type=int, default=64, help="new measurements in this run")
+    tune.add_argument("--db", default="tune.db", help="SQLite records (resumed if present)")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--batch", type=int, default=8, help="configurations compiled in parallel per round")
+    tune.set_defaults(run=command_tune)
+
+
+def command_tune(args: argparse.Namespace) -> int:
+    from kdsl import solve
+    from kdsl.cli import load_operator
+    from kdsl.search.tune import tune
+
+    op = load_operator(args.operator)
+    layer = parse_layer(args.layer)
+    result = tune(op, layer, args.tuner, args.trials, args.db, batch=args.batch, seed=args.seed, log=print)
+    best = result.best
+    if best is None or best.latency is None:
+        print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")
+        return 1
+    macs = solve.cost(op, solve.bind(op, layer))["flops"]
+    print(f"best {best.latency * 1e3:.3f} ms, {2 * macs / best.latency / 1e9:.1f} GFLOP/s ({args.tuner}, {args.db})")
+    print(json.dumps(best.config, sort_keys=True))
+    return 0
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``kdsl bench tune``."""
+    parser.add_argument("--trials", type=int, default=None, help="trials per tuner (default 48, --quick 12)")
+    parser.add_argument("--quick", action="store_true", help="small budgets (a few minutes)")
+    parser.add_argument("--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS))
+    parser.add_argument("--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], default=None)
+    parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating re-measurement rounds")
+
+
+def bench_cases() -> list[tuple[str, str, dict[str, int]]]:
+    """``(label, gallery operator, layer)`` of ``kdsl bench tune``.
+
+    >>> [label for label, _, _ in bench_cases()]
+    ['matmul 512x1024x1024', 'conv2d conv3_x', 'syno_op1 conv3_x']
+    """
+    conv = {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28}
+    return [
+        ("matmul 512x1024x1024", "matmul", {"M": 512, "Cin": 1024, "Cout": 1024}),
+        ("conv2d conv3_x", "conv2d", conv),
+        ("syno_op1 conv3_x", "syno_op1", conv),
+    ]
+
+
+_TORCH = """
+import json, statistics, sys, time, torch, torch.nn.functional as F
+torch.set_num_threads(int(sys.argv[2]))
+c = json.loads(sys.argv[1]); v = c["layer"]
+if c["op"] == "matmul":
+    a, b = torch.randn(v["M"], v["Cin"]), torch.randn(v["Cin"], v["Cout"]); f = lambda: torch.matmul(a, b)
+else:
+    x, w = torch.randn(v["N"], v["Cin"], v["H"], v["W"]), torch.randn(v["Cout"], v["Cin"], 3, 3)
+    f = lambda: F.conv2d(x, w, padding=1)
+with torch.no_grad():
+    for _ in range(3): f()
+    t = time.perf_counter(); f(); once = time.perf_counter() - t
+    n = max(1, int(0.04 / once)); best = float("inf")
+    for _ in range(c["rounds"]):
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n): f()
+            times.append((time.perf_counter() - t) / n)
+        best = min(best, statistics.median(times))
+print(best)
+"""
+
+
+def torch_seconds(op: str, layer: Mapping[str, int], rounds: int = 3) -> float:
+    """PyTorch's native op (matmul, or conv2d 3x3 for the convolutions) timed in a separate process."""
+    threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
+    payload = json.dumps({"op": "matmul" if op == "matmul" else "conv2d", "layer": dict(layer), "rounds": rounds})
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH, payload, threads], env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise KdslError(f"timing PyTorch failed: {done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _at(curve: list[float], n: int) -> str:
+    if not curve:
+        return "-"
+    value = curve[min(n, len(curve)) - 1]
+    return "-" if value == float("inf") else f"{value * 1e3:.2f}"
+
+
+def bench_tune(args: argparse.Namespace) -> int:
+    """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
+    from kdsl import gallery, solve
+    from kdsl.codegen.tvm_schedule import default_schedule
+    from kdsl.search.tune import Measurer, _lowered, compile_module, tune
+
+    trials = args.trials or (12 if args.quick else 48)
+    rounds = 1 if args.quick else args.rounds
+    folder = tempfile.mkdtemp(prefix="kdsl-bench-tune-")
+    db = args.db or os.path.join(folder, "tune.db")
+    cases = [c for c in bench_cases() if args.cases is None or c[1] in args.cases]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"kdsl bench tune: {trials} trials per tuner, records in {db}; load average {load:.2f} at start")
+    checkpoints = [n for n in (8, 16, 32, 64, 128, 256) if n < trials] + [trials]
+    started = time.time()
+    for label, name, layer in cases:
+        op = gallery.load(name)
+        binding = solve.bind(op, layer)
+        flops = 2 * solve.cost(op, binding)["flops"]
+        results = {}
+        libraries: dict[str, str] = {}
+        with Measurer(op, binding) as measurer:
+            space = None
+            for tuner in args.tuners:
+                result = tune(op, binding, tuner, trials, db, measurer=measurer, log=lambda m: print("  " + m))
+                results[tuner] = result
+                if tuner == "metaschedule":
+                    if result.library:
+                        libraries[tuner] = result.library
+                elif result.best is not None and result.best.latency is not None:
+                    if space is None:
+                        from kdsl.codegen.tvm_space import Space
+
+                        space = Space(_lowered(op, binding))
+                    path = os.path.join(folder, f"{name}-{tuner}.so")
+                    compile_module(space.apply(result.best.config).mod, path)
+                    libraries[tuner] = path
+            path = os.path.join(folder, f"{name}-default.so")
+            compile_module(default_schedule(_lowered(op, binding)).mod, path)
+            libraries["default schedule"] = path
+            final: dict[str, float] = {}
+            for _ in range(rounds):  # alternate, keep each one's best median
+                for tuner, library in libraries.items():
+                    latency, error = measurer.time_library(library, check=True)
+                    if latency is not None:
+                        final[tuner] = min(final.get(tuner, float("inf")), latency)
+                    elif error:
+                        print(f"  {tuner}: re-measurement failed: {error}")
+        torch_s = torch_seconds(name, binding, rounds)
+        print(
+            f"\n### {label} ({flops / 1e9:.2f} GFLOP); "
+            f"PyTorch {torch_s * 1e3:.3f} ms, {flops / torch_s / 1e9:.1f} GFLOP/s"
+        )
+        head = " | ".join(f"best ms @{n}" for n in checkpoints)
+        print(f"| tuner | trials | {head} | final ms | GFLOP/s | vs PyTorch (speed) | tuning s |")
+        print("| --- | ---: | " + " | ".join("---:" for _ in checkpoints) + " | ---: | ---: | ---: | ---: |")
+        for tuner in [*args.tuners, "default schedule"]:
+            result = results.get(tuner)
+            seconds = final.get(tuner)
+            curve = " | ".join(_at(result.curve, n) if result else "-" for n in checkpoints)
+            measured = str(result.measured) if result else "-"
+            spent = f"{result.seconds:.0f}" if result else "-"
+            if seconds is None:
+                print(f"| {tuner} | {measured} | {curve} | - | - | - | {spent} |")
+                continue
+            print(
+                f"| {tuner} | {measured} | {curve} | {seconds * 1e3:.3f} | {flops / seconds / 1e9:.1f} | "
+                f"{torch_s / seconds:.2f}x | {spent} |"
+            )
+        print(flush=True)
+    print(
+        f"(metaschedule's curve is its own reported times; final columns re-measured in one fresh process; "
+        f"{time.time() - started:.0f} s in all)"
+    )
+    return 0
+
+
+if __name__ == "__main__":  # python -m kdsl.search.tune_commands [bench options]
+    parser = argparse.ArgumentParser(prog="kdsl bench tune")
+    add_bench_arguments(parser)
+    sys.exit(bench_tune(parser.parse_args()))

@@ -1,0 +1,175 @@
+"""OpEvo (Gao et al., AAAI 2021): evolutionary schedule search with q-random-walk mutation.
+
+The top ``λ`` configurations found so far are the parents. A child takes each parameter from a parent
+drawn with probability proportional to the parents' fitness (1 / latency; invalid configurations have
+fitness 0, so their choices are not inherited), then every parameter mutates by a q-random walk over
+that parameter's topology (:func:`kdsl.codegen.tvm_space.q_random_walk`: a prime factor moves between
+slots, two loops swap, a discrete value steps to a neighbour, a categorical one jumps to any other).
+No configuration is proposed twice: a child already seen mutates again.
+
+The first population is the space's heuristic configuration plus random ones that the space accepts
+(a cheap check that the schedule applies), so that no trial is spent on a configuration the space
+rejects outright.
+
+>>> import random
+>>> from kdsl.codegen.tvm_space import Factorization
+>>> params = {"t": Factorization("t", 8, 2)}
+>>> child = recombine(params, [({"t": (8, 1)}, 1.0), ({"t": (2, 4)}, 3.0)], random.Random(0))
+>>> child["t"] in [(8, 1), (2, 4)]
+True
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kdsl.codegen.tvm_space import Parameter, Space, config_key, q_random_walk
+from kdsl.lang.errors import LoweringError
+from kdsl.search.tune import Record
+
+
+def recombine(
+    params: Mapping[str, Parameter], parents: Sequence[tuple[Mapping[str, Any], float]], rng: random.Random
+) -> dict[str, Any]:
+    """A child whose every parameter comes from a parent drawn with probability ∝ its fitness."""
+    weights = [max(f, 0.0) for _, f in parents]
+    if sum(weights) <= 0:
+        weights = [1.0] * len(parents)
+    child = {}
+    for name in params:
+        parent = rng.choices(parents, weights=weights)[0][0]
+        child[name] = parent[name]
+    return child
+
+
+def mutate(params: Mapping[str, Parameter], config: Mapping[str, Any], q: float, rng: random.Random) -> dict[str, Any]:
+    """Every parameter moved by an independent q-random walk."""
+    return {name: q_random_walk(param, config[name], q, rng) for name, param in params.items()}
+
+
+def random_valid(space: Space, rng: random.Random, seen: set[str], tries: int = 200) -> dict[str, Any] | None:
+    """A random configuration that the space accepts and that is not in ``seen`` (None after ``tries``)."""
+    for _ in range(tries):
+        config = space.random(rng)
+        key = config_key(config)
+        if key in seen:
+            continue
+        try:
+            space.apply(config)
+        except LoweringError:
+            continue
+        return config
+    return None
+
+
+class OpEvo:
+    """OpEvo over ``space``; ``fixed`` pins some parameters (ALT tunes loops under a fixed layout)."""
+
+    name = "opevo"
+
+    def __init__(
+        self,
+        space: Space,
+        history: Sequence[Record] = (),
+        *,
+        seed: int = 0,
+        parents: int = 8,
+        q: float = 0.5,
+        fixed: Mapping[str, Any] | None = None,
+        start: Mapping[str, Any] | None = None,
+        seen: set[str] | None = None,
+    ) -> None:
+        self.space = space
+        self.rng = random.Random(seed)
+        self.parents = parents
+        self.q = q
+        self.fixed = dict(fixed or {})
+        self.free = {n: p for n, p in space.parameters.items() if n not in self.fixed}
+        self.seen: set[str] = seen if seen is not None else set()
+        self.population: list[tuple[dict[str, Any], float]] = []
+        for record in history:
+            self.seen.add(record.key)
+            if all(record.config.get(n) == _plain(v) for n, v in self.fixed.items()):
+                self.population.append((self._tuple(record.config), record.fitness))
+        self.start = dict(start) if start is not None else space.heuristic()
+        self.start.update(self.fixed)
+
+    def _tuple(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+    def _new(self, config: dict[str, Any], batch: set[str]) -> bool:
+        key = config_key(config)
+        if key in self.seen or key in batch:
+            return False
+        batch.add(key)
+        return True
+
+    def propose(self, n: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        keys: set[str] = set()
+        valid = [(c, f) for c, f in self.population if f > 0]
+        if len(valid) < self.parents:
+            # the first population: the heuristic start, its mutations, and random accepted configurations
+            start = self.start
+            if self._new(dict(start), keys):
+                out.append(dict(start))
+            while len(out) < n:
+                if self.rng.random() < 0.5:
+                    config = {**mutate(self.free, start, self.q, self.rng), **self.fixed}
+                else:
+                    config = random_valid(self.space, self.rng, self.seen | keys) or {}
+                    config = {**config, **self.fixed} if config else {}
+                if config and self._new(config, keys):
+                    out.append(config)
+                elif not config:
+                    break
+            self.seen |= keys
+            return out
+        parents = sorted(valid, key=lambda cf: -cf[1])[: self.parents]
+        attempts = 0
+        while len(out) < n and attempts < 50 * n:
+            child = recombine(self.free, parents, self.rng)
+            for _ in range(20):
+                child = mutate(self.free, child, self.q, self.rng)
+                config = {**child, **self.fixed}
+                attempts += 1
+                if self._new(config, keys):
+                    out.append(config)
+                    break
+        self.seen |= keys
+        return out
+
+    def update(self, records: Sequence[Record]) -> None:
+        for record in records:
+            self.seen.add(record.key)
+            self.population.append((self._tuple(record.config), record.fitness))
+
+
+class RandomTuner:
+    """Random configurations that the space accepts (a baseline)."""
+
+    name = "random"
+
+    def __init__(self, space: Space, history: Sequence[Record] = (), *, seed: int = 0) -> None:
+        self.space = space
+        self.rng = random.Random(seed)
+        self.seen = {r.key for r in history}
+
+    def propose(self, n: int) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(n):
+            config = random_valid(self.space, self.rng, self.seen)
+            if config is None:
+                break
+            self.seen.add(config_key(config))
+            out.append(config)
+        return out
+
+    def update(self, records: Sequence[Record]) -> None:
+        self.seen |= {r.key for r in records}
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

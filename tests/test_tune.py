@@ -1,0 +1,160 @@
+"""Schedule tuning: parameter topologies, the q-random walk, tuners, and resumable records."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from kdsl.codegen.tvm_space import (
+    Categorical,
+    Discrete,
+    Factorization,
+    Permutation,
+    config_key,
+    q_random_walk,
+    q_walk_distribution,
+)
+
+pytest.importorskip("tvm")
+
+SMALL = {"M": 16, "Cin": 32, "Cout": 32}  # a matmul small enough to compile and run in milliseconds
+
+
+def assert_symmetric(param) -> None:
+    for value in param.values():
+        for other in param.neighbours(value):
+            assert value in param.neighbours(other), (param, value, other)
+
+
+def test_neighbour_relations_are_symmetric():
+    for param in (
+        Factorization("f", 12, 3),
+        Factorization("g", 16, 2),
+        Permutation("p", 4),
+        Discrete("d", (1, 4, 16, 64)),
+        Categorical("c", ("a", "b", "c")),
+    ):
+        assert_symmetric(param)
+
+
+def test_space_relations_are_symmetric():
+    space = _space()
+    for param in space.parameters.values():
+        values = param.values() if not isinstance(param, Permutation) or param.n <= 5 else []
+        for value in values[:50]:
+            for other in param.neighbours(value):
+                assert value in param.neighbours(other)
+
+
+def test_q_random_walk_matches_its_definition():
+    param = Factorization("t", 12, 3)
+    start, q, n = (12, 1, 1), 0.6, 40000
+    exact = q_walk_distribution(param, start, q)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    rng = random.Random(1)
+    counts = Counter(q_random_walk(param, start, q, rng) for _ in range(n))
+    for value, p in exact.items():
+        tolerance = 4 * np.sqrt(p * (1 - p) / n) + 1e-3
+        assert abs(counts[value] / n - p) <= tolerance, (value, counts[value] / n, p)
+    # the start keeps the mass of stopping at once, 1 - q, plus returns
+    assert exact[start] >= 1 - q
+
+
+def _space(name="matmul", layer=SMALL):
+    from kdsl import gallery
+    from kdsl.codegen.tvm import lower
+    from kdsl.codegen.tvm_space import Space
+
+    return Space(lower(gallery.load(name), layer))
+
+
+def test_invalid_configurations_are_rejected_with_a_reason():
+    from kdsl.lang.errors import LoweringError
+
+    space = _space()
+    config = space.heuristic()
+    with pytest.raises(LoweringError, match="product"):
+        space.apply({**config, "stage0.tile.M": [3, 1, 1]})
+    with pytest.raises(LoweringError, match="unknown"):
+        space.apply({**config, "bogus": 1})
+    rng = random.Random(0)
+    outcomes = Counter()
+    for _ in range(30):  # random configurations apply or raise LoweringError, nothing else
+        try:
+            space.apply(space.random(rng))
+            outcomes["ok"] += 1
+        except LoweringError:
+            outcomes["rejected"] += 1
+    assert outcomes["ok"] > 0
+
+
+@pytest.mark.parametrize("tuner", ["opevo", "gensor", "alt", "random"])
+def test_tuners_never_propose_duplicates(tuner):
+    from kdsl.search.tune import Record, make_tuner
+
+    space = _space()
+    options = {"steps": 60, "walks": 2} if tuner == "gensor" else {}
+    search = make_tuner(tuner, space, [], seed=3, **options)
+    seen: set[str] = set()
+    rng = random.Random(0)
+    for _ in range(4):
+        batch = search.propose(6)
+        keys = [config_key(c) for c in batch]
+        assert len(set(keys)) == len(keys) and not seen & set(keys)
+        seen |= set(keys)
+        search.update([Record(c, rng.uniform(1e-4, 1e-3), None, tuner) for c in batch])
+    assert seen
+
+
+@pytest.fixture(scope="module")
+def measurer():
+    from kdsl import gallery
+    from kdsl.search.tune import Measurer
+
+    with Measurer(gallery.load("matmul"), SMALL) as m:
+        yield m
+
+
+def test_tuned_configurations_compile_and_match_the_reference(tmp_path, measurer):
+    from kdsl import gallery
+    from kdsl.codegen import reference
+    from kdsl.codegen.tvm import build
+    from kdsl.search.tune import tune
+
+    op = gallery.load("matmul")
+    db = tmp_path / "t.db"
+    if True:
+        for tuner in ("opevo", "gensor", "alt"):
+            options = {"steps": 60, "walks": 2} if tuner == "gensor" else {}
+            result = tune(op, SMALL, tuner, 4, db, batch=4, measurer=measurer, options=options)
+            assert result.best is not None and result.best.latency is not None
+            space = _space()
+            kernel = build(op, SMALL, schedule=lambda lowered, c=result.best.config, s=space: s.apply(c))
+            import torch
+
+            x, weights = reference.random_inputs(op, SMALL, dtype=np.float32)
+            got = kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
+            expected = reference.run(op, SMALL, x.astype(np.float64), [w.astype(np.float64) for w in weights])
+            assert np.allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_records_resume_without_remeasuring(tmp_path, measurer):
+    from kdsl import gallery
+    from kdsl.search.tune import RecordStore, tune
+
+    op = gallery.load("matmul")
+    db = tmp_path / "r.db"
+    if True:
+        first = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer)
+        store = RecordStore(db)
+        before = {r.key for r in store.records(first.task)}
+        compiled = measurer.count
+        second = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer)
+    after = store.records(second.task)
+    new = [r for r in after if r.key not in before]
+    assert len(after) == len({(r.tuner, r.key) for r in after})  # no configuration stored twice
+    assert second.measured == 4 and len([r for r in new if r.latency is not None]) == 4
+    assert measurer.count - compiled == len([r for r in new if r.error is None or "compile" in (r.error or "")])
