@@ -1,6 +1,10 @@
 """The ``kdsl`` command.
 
     kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
+    kdsl show --db PATH HASH       the same for a candidate of a search results database
+    kdsl search SPEC --layers resnet18 --strategy enumerate|random|mcts --max-depth D --db PATH
+    kdsl results --db PATH [--top K] [--json]
+    kdsl bench search
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
     kdsl gallery list|build        the gallery's operators; build writes its pages
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
@@ -23,8 +27,11 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError
 
 
-def load_operator(ref: str) -> Operator:
-    """An operator from a gallery name, a DSL file or a JSON file."""
+def load_operator(ref: str, db: str | None = None) -> Operator:
+    """An operator from a gallery name, a DSL file, a JSON file, or (with ``db``) the canonical
+    hash (or a unique prefix of it) of a candidate in a search results database."""
+    if db is not None:
+        return _from_results(ref, db)
     from kdsl import gallery
     from kdsl.lang.parser import parse
     from kdsl.lang.serialize import from_json
@@ -36,6 +43,26 @@ def load_operator(ref: str) -> Operator:
         text = path.read_text()
         return from_json(text) if path.suffix == ".json" else parse(text)
     return gallery.load(ref)
+
+
+def _from_results(key: str, db: str) -> Operator:
+    import sqlite3
+
+    from kdsl.lang.parser import parse
+
+    if not Path(db).is_file():
+        raise KdslError(f"no results database at {db}")
+    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = connection.execute("SELECT key, dsl FROM candidates WHERE key LIKE ?", (key + "%",)).fetchall()
+    except sqlite3.Error as error:
+        raise KdslError(f"{db} is not a kdsl results database: {error}") from None
+    finally:
+        connection.close()
+    if len(rows) != 1:
+        found = "no candidate" if not rows else f"{len(rows)} candidates"
+        raise KdslError(f"{found} in {db} has a key starting with {key!r}; give more of the hash")
+    return parse(rows[0][1])
 
 
 def _parse_assignments(items: Sequence[str] | None) -> dict[str, int]:
@@ -59,7 +86,7 @@ def _formula_lines(op: Operator) -> list[str]:
 def command_show(args: argparse.Namespace) -> int:
     from kdsl import solve
 
-    op = load_operator(args.operator)
+    op = load_operator(args.operator, args.db)
     print(op.to_dsl(), end="")
     print()
     print("shapes:")
@@ -163,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
     show.add_argument("operator", help="gallery name, .dsl file or .json file")
     show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
+    show.add_argument("--db", help="read the operator from this search results database (give its hash)")
     show.set_defaults(run=command_show)
 
     check = commands.add_parser("check", help="check an operator on a table of layers")
@@ -185,6 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
     codegen.set_defaults(run=codegen_bench.bench_codegen)
+
+    search_bench = bench_kinds.add_parser("search", help="enumeration and sampling rates (conv2d spec)")
+    search_bench.add_argument("--max-depth", type=int, default=6)
+    search_bench.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
+    search_bench.add_argument("--seed", type=int, default=0)
+    search_bench.add_argument("--json", action="store_true")
+    from kdsl.search import commands as search_commands
+
+    search_bench.set_defaults(run=search_commands.bench_search)
+    search_commands.add_search_commands(commands)
 
     from kdsl.search import tune_commands
 

@@ -100,3 +100,27 @@ def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path)
         page = (tmp_path / "pages" / f"{name}.md").read_text()
         assert gallery.load(name).key in page and (tmp_path / "pages" / f"{name}.svg").exists()
     assert "yes: enumerate, depth 5, 1.5 s" in index
+
+
+def test_search_results_and_show_from_the_database(capsys, tmp_path):
+    db = str(tmp_path / "r.db")
+    code, _, _ = run(
+        capsys,
+        "search",
+        "conv2d",
+        "--layers",
+        "resnet18",
+        "--max-depth",
+        "3",
+        "--coefficient",
+        "K=3",
+        "--db",
+        db,
+        "--quiet",
+    )
+    assert code == 0
+    code, out, _ = run(capsys, "results", "--db", db, "--top", "1", "--json")
+    assert code == 0
+    best = json.loads(out)["top"][0]
+    code, out, _ = run(capsys, "show", "--db", db, best["key"][:10])
+    assert code == 0 and f"key: {best['key']}" in out

@@ -1,0 +1,178 @@
+"""Command-line handlers for search: ``kdsl search``, ``kdsl results`` and ``kdsl bench search``.
+
+``kdsl/cli.py`` registers them with :func:`add_search_commands` (and calls :func:`bench_search`
+for ``kdsl bench search``).
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="kdsl")
+>>> add_search_commands(parser.add_subparsers(dest="command"))
+>>> args = parser.parse_args(["search", "conv2d", "--max-depth", "4", "--db", "r.db"])
+>>> args.strategy, args.max_depth, args.layers
+('enumerate', 4, 'resnet18')
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kdsl.search.errors import SearchError
+
+__all__ = ["add_search_commands", "bench_search", "command_results", "command_search", "space_from_args"]
+
+
+def _coefficients(items: list[str] | None) -> dict[str, Any] | None:
+    if not items:
+        return None
+    found: dict[str, Any] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        allowance = None
+        if ":" in values:
+            values, _, text = values.partition(":")
+            if not text.strip().isdigit():
+                raise SearchError(f"--coefficient {item!r}: the allowance after ':' must be an integer")
+            allowance = int(text)
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or not name.strip() or not parts or not all(p.isdigit() for p in parts):
+            raise SearchError(f"--coefficient expects NAME=V1,V2[:ALLOWANCE] (like K=3 or G=2,4:3), got {item!r}")
+        ints = [int(p) for p in parts]
+        found[name.strip()] = (ints, allowance) if allowance is not None else ints
+    return found
+
+
+def _caps(items: list[str] | None) -> dict[str, int] | None:
+    if not items:
+        return None
+    caps: dict[str, int] = {}
+    for item in items:
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            if not sep or not value.strip().isdigit():
+                raise SearchError(f"--cap expects KIND=INT (like Share=2), got {part!r}")
+            caps[name.strip()] = int(value)
+    return caps
+
+
+def space_from_args(args: argparse.Namespace):
+    """The :class:`~kdsl.search.space.Space` the command-line arguments describe."""
+    from kdsl.search.space import Space
+
+    return Space(
+        args.spec,
+        args.layers,
+        coefficients=_coefficients(args.coefficient),
+        max_depth=args.max_depth,
+        caps=_caps(args.cap),
+        max_flops=args.max_flops,
+        max_params=args.max_params,
+        min_params=args.min_params,
+        reductions=args.reduction or None,
+    )
+
+
+def command_search(args: argparse.Namespace) -> int:
+    """``kdsl search SPEC ...``: run (or resume) a search and store its results."""
+    from kdsl.search.run import search
+
+    space = space_from_args(args)
+    report = search(
+        space,
+        args.strategy,
+        db=args.db,
+        seed=args.seed,
+        time_limit=args.time_limit,
+        max_results=args.max_results,
+        progress=None if args.json or args.quiet else sys.stderr,
+    )
+    summary = report.as_dict() | {"space": space.describe(), "db": args.db}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        state = "finished" if report.finished else "stopped (run the same command to resume)"
+        print(f"{space.describe()}")
+        print(
+            f"{args.strategy} {state}: {report.nodes} nodes in {report.seconds:.1f}s, {len(report.found)} distinct "
+            f"operators ({report.new} new, {report.valid} valid) -> {args.db}"
+        )
+    return 0
+
+
+def command_results(args: argparse.Namespace) -> int:
+    """``kdsl results --db PATH``: the best stored candidates."""
+    from pathlib import Path
+
+    from kdsl.search.store import Store
+
+    if not Path(args.db).is_file():
+        raise SearchError(f"no results database at {args.db!r}; run `kdsl search ... --db {args.db}` first")
+    store = Store(args.db)
+    try:
+        rows = store.top(args.top, status=None if args.all else "valid")
+        counts = store.counts()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"counts": counts, "top": rows}, sort_keys=True, default=str))
+        return 0
+    print(f"{sum(counts.values())} candidates: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for rank, row in enumerate(rows, 1):
+        flops = f"{row['flops'] / 1e6:.1f} MFLOPs" if row["flops"] is not None else "-"
+        reward = row["reward"] or 0.0
+        print(
+            f"\n#{rank}  key {row['key']}  depth {row['depth']}  {flops}  params {row['params']}  reward {reward:.3f}"
+        )
+        print(row["dsl"].rstrip())
+    return 0
+
+
+def add_search_commands(subparsers: Any) -> None:
+    """Register ``search`` and ``results`` on an argparse subparsers object."""
+    from kdsl.search.run import STRATEGIES
+
+    search = subparsers.add_parser("search", help="synthesize operators for a spec (resumable)")
+    search.add_argument("spec", help="conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file")
+    search.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
+    search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate")
+    search.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
+    search.add_argument("--max-flops", help="FLOPs budget over all layers: a number (2G) or relative (0.5x)")
+    search.add_argument("--max-params", help="parameter budget (a number or relative, e.g. 0.5x)")
+    search.add_argument("--min-params", help="fewest parameters (a number or relative)")
+    search.add_argument("--coefficient", action="append", metavar="NAME=V1,V2[:ALLOWANCE]", help="e.g. K=3 or G=2,4:3")
+    search.add_argument("--cap", action="append", metavar="KIND=INT", help="per-primitive caps, e.g. Share=2,Expand=0")
+    search.add_argument("--reduction", action="append", metavar="SIZE", help="allowed reduced sizes, e.g. Cin/G")
+    search.add_argument("--time-limit", type=float, help="seconds before stopping (resume later)")
+    search.add_argument("--max-results", type=int, help="stop after this many new operators")
+    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--db", required=True, help="SQLite results database (created if missing)")
+    search.add_argument("--json", action="store_true", help="print a JSON summary")
+    search.add_argument("--quiet", action="store_true", help="no progress line")
+    search.set_defaults(run=command_search)
+
+    results = subparsers.add_parser("results", help="the best operators in a results database")
+    results.add_argument("--db", required=True)
+    results.add_argument("--top", type=int, default=10)
+    results.add_argument("--all", action="store_true", help="include invalid and over-budget candidates")
+    results.add_argument("--json", action="store_true")
+    results.set_defaults(run=command_results)
+
+
+def bench_search(args: argparse.Namespace) -> int:
+    """``kdsl bench search``: enumeration and sampling rates for the conv2d spec (see
+    :mod:`kdsl.search.bench`)."""
+    from kdsl.search.bench import run_bench
+
+    results = run_bench(
+        max_depth=getattr(args, "max_depth", None) or 6,
+        seconds=getattr(args, "seconds", None) or 60.0,
+        seed=getattr(args, "seed", 0) or 0,
+        stream=sys.stderr,
+    )
+    if getattr(args, "json", False):
+        print(json.dumps(results, sort_keys=True))
+    else:
+        for line in results["lines"]:
+            print(line)
+    return 0

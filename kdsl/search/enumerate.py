@@ -1,0 +1,92 @@
+"""Exhaustive enumeration: a depth-first walk of every canonical partial operator up to the
+space's depth, in a fixed order, so that its position (the path of child indices of the last
+node visited) is a resumable cursor.
+
+>>> from kdsl.search.space import Space
+>>> space = Space("matmul", "resnet18", coefficients={"K": [3]}, max_depth=2, caps={"Shift": 0, "Expand": 0})
+>>> walk = Enumeration(space)
+>>> [state.depth for state in walk.states() if state is not None]
+[2]
+>>> walk.finished, walk.nodes
+(True, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from kdsl.search.bottomup import State, children, is_complete, root
+from kdsl.search.space import Space
+
+__all__ = ["Enumeration", "count_by_depth"]
+
+#: yield a heartbeat (None) this often, so that the driver can checkpoint and watch the clock
+HEARTBEAT = 256
+
+
+class Enumeration:
+    """Depth-first enumeration; ``progress`` (a dict) resumes it where a previous run stopped."""
+
+    name = "enumerate"
+
+    def __init__(self, space: Space, seed: int = 0, progress: Mapping[str, Any] | None = None) -> None:
+        progress = dict(progress or {})
+        self.space = space
+        self.after: tuple[int, ...] | None = tuple(progress["after"]) if progress.get("after") is not None else None
+        self.nodes = int(progress.get("nodes", 0))
+        self.finished = bool(progress.get("finished", False))
+        self.path: tuple[int, ...] | None = self.after
+        self.stats: dict[str, int] = {}
+
+    def progress(self) -> dict[str, Any]:
+        """The cursor: every node up to ``after`` (pre-order) has been visited."""
+        return {
+            "after": list(self.path) if self.path is not None else None,
+            "nodes": self.nodes,
+            "finished": self.finished,
+        }
+
+    def states(self) -> Generator[State | None, object, None]:
+        """Complete states (and ``None`` heartbeats), in pre-order, after the cursor."""
+        if self.finished:
+            return
+        yield from self._walk(root(self.space), (), self.after)
+        self.finished = True
+
+    def _walk(self, state: State, path: tuple[int, ...], after: tuple[int, ...] | None) -> Generator:
+        if after is None:
+            self.nodes += 1
+            self.path = path
+            if is_complete(self.space, state):
+                yield state
+            elif self.nodes % HEARTBEAT == 0:
+                yield None
+        for index, (_, child) in enumerate(children(self.space, state, self.stats)):
+            if not after:  # None (visit everything) or () (this node was the last visited)
+                yield from self._walk(child, (*path, index), None)
+            elif index == after[0]:
+                yield from self._walk(child, (*path, index), after[1:] if len(after) > 1 else ())
+            elif index > after[0]:
+                yield from self._walk(child, (*path, index), None)
+
+
+def count_by_depth(space: Space) -> dict[int, int]:
+    """The number of distinct canonical operators (by ``op.key``) at each depth.
+
+    >>> from kdsl.search.space import Space
+    >>> count_by_depth(Space("matmul", "resnet18", coefficients={"K": [3]}, max_depth=4, caps={"Expand": 0}))
+    {2: 1, 4: 10}
+    """
+    from kdsl.search.bottomup import to_operators
+
+    keys: dict[str, int] = {}
+    for state in Enumeration(space).states():
+        if state is None:
+            continue
+        for op in to_operators(space, state):
+            keys.setdefault(op.key, state.depth)
+    counts: dict[int, int] = {}
+    for depth in keys.values():
+        counts[depth] = counts.get(depth, 0) + 1
+    return dict(sorted(counts.items()))

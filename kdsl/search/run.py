@@ -1,0 +1,174 @@
+"""The search driver: runs a strategy over a space, evaluates each new operator once, and stores
+results and progress together so that an interrupted search resumes with the same call.
+
+>>> import tempfile, os
+>>> from kdsl.search.space import Space
+>>> space = Space("matmul", "resnet18", max_depth=2, caps={"Shift": 0, "Expand": 0})
+>>> db = os.path.join(tempfile.mkdtemp(), "r.db")
+>>> report = search(space, "enumerate", db=db)
+>>> report.finished, report.new, report.valid
+(True, 1, 1)
+>>> search(space, "enumerate", db=db).new  # already done: nothing repeated
+0
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from kdsl.search.bottomup import State, to_operators
+from kdsl.search.enumerate import Enumeration
+from kdsl.search.errors import SearchError
+from kdsl.search.evaluate import analytic_reward, evaluate
+from kdsl.search.mcts import MCTS
+from kdsl.search.sample import Sampling
+from kdsl.search.space import Space
+from kdsl.search.store import Store
+
+__all__ = ["STRATEGIES", "Report", "search"]
+
+STRATEGIES: dict[str, Callable[..., Any]] = {"enumerate": Enumeration, "random": Sampling, "mcts": MCTS}
+
+
+@dataclass
+class Report:
+    """What a search call did: counts, time, and the keys it found (new and known)."""
+
+    strategy: str
+    seed: int
+    seconds: float = 0.0
+    nodes: int = 0
+    complete: int = 0
+    new: int = 0
+    valid: int = 0
+    finished: bool = False
+    found: dict[str, float] = field(default_factory=dict)  # key -> seconds into this call when first seen
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "found"} | {"distinct": len(self.found)}
+
+
+def search(
+    space: Space,
+    strategy: str = "enumerate",
+    *,
+    db: str | None = None,
+    seed: int = 0,
+    time_limit: float | None = None,
+    max_results: int | None = None,
+    progress: TextIO | None = None,
+    commit_every: float = 2.0,
+    evaluator: Callable[[Space, dict], float] = analytic_reward,
+) -> Report:
+    """Run ``strategy`` (``enumerate``, ``random`` or ``mcts``) on ``space``; store results in
+    the SQLite database ``db`` (optional), resuming the run with the same space, strategy and seed
+    if the database has one. Stops when the strategy is exhausted, after ``time_limit`` seconds
+    or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates."""
+    if strategy not in STRATEGIES:
+        raise SearchError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    if time_limit is not None and time_limit <= 0:
+        raise SearchError(f"the time limit must be positive, got {time_limit}")
+    store = Store(db) if db is not None else None
+    saved: dict[str, Any] = {}
+    run = 0
+    if store is not None:
+        run, saved = store.open_run(space.fingerprint(), strategy, seed, space.describe())
+    walker = STRATEGIES[strategy](space, seed=seed, progress=saved)
+    report = Report(strategy, seed)
+    rewards: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
+    start = last_commit = last_line = time.monotonic()
+    states = walker.states()
+    reward: float | None = None
+    try:
+        while True:
+            try:
+                state = states.send(reward) if reward is not None else next(states)
+            except StopIteration:
+                report.finished = True
+                break
+            reward = 0.0
+            if state is not None:
+                report.complete += 1
+                reward = _handle(space, state, strategy, seed, store, rewards, rows, report, evaluator, start)
+            now = time.monotonic()
+            if store is not None and now - last_commit > commit_every and not getattr(walker, "replaying", False):
+                store.commit(run, rows, walker.progress())
+                rows.clear()
+                last_commit = now
+            if progress is not None and now - last_line > 0.5:
+                _line(progress, walker, report, now - start)
+                last_line = now
+            if time_limit is not None and now - start > time_limit:
+                break
+            if max_results is not None and report.new >= max_results:
+                break
+    finally:
+        report.seconds = time.monotonic() - start
+        report.nodes = walker.nodes
+        if store is not None:
+            store.commit(run, rows, walker.progress(), finished=report.finished)
+            store.close()
+        if progress is not None:
+            _line(progress, walker, report, report.seconds)
+            progress.write("\n")
+    return report
+
+
+def _handle(space, state: State, strategy, seed, store, rewards, rows, report, evaluator, start) -> float:
+    best = 0.0
+    for op in to_operators(space, state):
+        key = op.key
+        if key not in report.found:
+            report.found[key] = time.monotonic() - start
+        if key in rewards:
+            best = max(best, rewards[key])
+            continue
+        known = store.get(key) if store is not None else None
+        if known is not None:
+            rewards[key] = known["reward"] or 0.0
+            best = max(best, rewards[key])
+            continue
+        result = evaluate(space, op)
+        value = evaluator(space, result)
+        rewards[key] = value
+        report.new += 1
+        if result["status"] == "valid":
+            report.valid += 1
+        rows.append(
+            {
+                "key": key,
+                "dsl": op.to_dsl(),
+                "depth": len(op.steps),
+                "status": result["status"],
+                "error": result["error"],
+                "flops": result.get("flops"),
+                "params": result.get("params"),
+                "flops_per_layer": result.get("flops_per_layer"),
+                "params_per_layer": result.get("params_per_layer"),
+                "reward": value,
+                "strategy": strategy,
+                "seed": seed,
+                "metrics": {"coefficients": result["coefficients"], "layers": [layer.name for layer in space.layers]},
+            }
+        )
+        best = max(best, value)
+    return best
+
+
+def _line(stream: TextIO, walker, report: Report, seconds: float) -> None:
+    rate = walker.nodes / seconds if seconds > 0 else 0.0
+    text = (
+        f"\r{report.strategy}: {seconds:6.1f}s  nodes {walker.nodes} ({rate:.0f}/s)  complete {report.complete}  "
+        f"distinct {len(report.found)}  new {report.new}  valid {report.valid}"
+    )
+    stream.write(text)
+    stream.flush()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(search(Space(), "random", time_limit=5, progress=sys.stderr).as_dict())

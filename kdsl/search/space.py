@@ -1,0 +1,618 @@
+"""Search spaces: what to synthesize (input and output shapes), from what (size vocabulary, caps),
+for which layers, and within which budgets.
+
+A :class:`Space` is immutable in spirit and precomputes what the hot loop needs: the candidate
+sizes of reductions, Merge blocks and Stride factors (monomials over the spec's variables), and a
+*validity mask* for any size: bit ``a`` is set when the size is a positive integer on every layer
+under the ``a``-th assignment of coefficient values (the product of the candidate values). A
+partial operator keeps the AND of the masks of the sizes it created; when it drops to 0 no
+assignment can make the operator valid and the branch is pruned. No SymPy in any of it.
+
+>>> space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 32]}, max_depth=6)
+>>> [str(d.size) for d in space.spec.inputs], [str(d.size) for d in space.spec.outputs]
+(['N', 'Cin', 'H', 'W'], ['N', 'Cout', 'H', 'W'])
+>>> space.assignments
+({'G': 2, 'K': 3}, {'G': 32, 'K': 3})
+>>> from kdsl.lang.sizes import primary, coefficient
+>>> Cin = primary("Cin"); G, K = coefficient("G K")
+>>> bin(space.mask(Cin / G)), bin(space.mask(Cin / K))
+('0b11', '0b0')
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from kdsl.lang.errors import KdslError
+from kdsl.lang.primitives import Dim
+from kdsl.lang.sizes import Size, Var
+from kdsl.search.errors import SearchError
+
+__all__ = ["KINDS", "SPECS", "Coefficient", "Space", "Spec", "div", "load_spec", "mul", "parse_budget"]
+
+#: The primitive kinds, in the order search tries them.
+KINDS = ("Reduce", "Merge", "Split", "Shift", "Share", "Unfold", "Stride", "Expand")
+
+#: Default per-operator caps on primitive counts (None: limited only by the depth).
+DEFAULT_CAPS: dict[str, int | None] = {
+    "Reduce": None,
+    "Merge": 2,
+    "Split": 2,
+    "Shift": 2,
+    "Share": 2,
+    "Unfold": 2,
+    "Stride": 1,
+    "Expand": 1,
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The boundary of a search: named input and output dims, and which layer variable binds each
+    spec variable that a layer table does not bind itself (``aliases``, e.g. ``C`` <- ``Cin``)."""
+
+    name: str
+    inputs: tuple[Dim, ...]
+    outputs: tuple[Dim, ...]
+    aliases: tuple[tuple[str, str], ...] = ()
+    baseline: str | None = None
+    #: dims that pass through unchanged (same name and size in input and output), left out of search
+    batch: tuple[str, ...] = ()
+    #: primary variables that no weight may depend on (a weight's size must not grow with the image)
+    spatial: tuple[str, ...] = ()
+
+    @property
+    def variables(self) -> tuple[Var, ...]:
+        found: set[Var] = set()
+        for dim in self.inputs + self.outputs:
+            found.update(dim.size.variables)
+        return tuple(sorted(found, key=Var.sort_key))
+
+
+def _p(name: str) -> Size:
+    return Size.variable(name, "primary")
+
+
+def _c(name: str) -> Size:
+    return Size.variable(name, "coefficient")
+
+
+def _dims(*items: tuple[str, Size]) -> tuple[Dim, ...]:
+    return tuple(Dim(n, s) for n, s in items)
+
+
+N, Cin, Cout, H, W, M = (_p(n) for n in ("N", "Cin", "Cout", "H", "W", "M"))
+_s = _c("s")
+
+#: Built-in specs. ``conv2d``: [N, Cin, H, W] -> [N, Cout, H, W]. ``conv2d_stride2``: the output
+#: is [N, Cout, H/s, W/s]. ``conv2d_same_channels``: [N, Cin, H, W] -> [N, Cin, H, W], for
+#: depthwise operators and pooling. ``matmul``:
+#: [M, Cin] -> [M, Cout] (the row count ``M`` is what ResNet layer tables call ``M = N*H*W``).
+SPECS: dict[str, Spec] = {
+    "conv2d": Spec(
+        "conv2d",
+        _dims(("N", N), ("Cin", Cin), ("H", H), ("W", W)),
+        _dims(("N", N), ("Cout", Cout), ("H", H), ("W", W)),
+        baseline="conv2d",
+        batch=("N",),
+        spatial=("H", "W"),
+    ),
+    "conv2d_stride2": Spec(
+        "conv2d_stride2",
+        _dims(("N", N), ("Cin", Cin), ("H", H), ("W", W)),
+        _dims(("N", N), ("Cout", Cout), ("H", H / _s), ("W", W / _s)),
+        baseline="strided_conv2d",
+        batch=("N",),
+        spatial=("H", "W"),
+    ),
+    "conv2d_same_channels": Spec(
+        "conv2d_same_channels",
+        _dims(("N", N), ("Cin", Cin), ("H", H), ("W", W)),
+        _dims(("N", N), ("Cin", Cin), ("H", H), ("W", W)),
+        baseline="depthwise_conv2d",
+        batch=("N",),
+        spatial=("H", "W"),
+    ),
+    "matmul": Spec(
+        "matmul", _dims(("M", M), ("Cin", Cin)), _dims(("M", M), ("Cout", Cout)), baseline="matmul", batch=("M",)
+    ),
+}
+
+
+def load_spec(spec: str | Spec | Mapping) -> Spec:
+    """A spec from a built-in name, a JSON file, a mapping, or a Spec.
+
+    The JSON form: ``{"name": "x", "primary": ["N", "C"], "coefficients": ["s"], "input":
+    [["N", "N"], ["C", "C"]], "output": [["N", "N"], ["Cs", "C/s"]], "aliases": {}}`` (each dim
+    is ``[name, size]``; sizes are read by the safe size parser).
+
+    >>> load_spec("matmul").inputs
+    (Dim(name='M', size=Size(M)), Dim(name='Cin', size=Size(Cin)))
+    >>> load_spec("conv3d")
+    Traceback (most recent call last):
+    ...
+    kdsl.search.errors.SearchError: unknown spec 'conv3d': give a built-in spec (conv2d, ...) or a JSON file
+    """
+    if isinstance(spec, Spec):
+        return spec
+    if isinstance(spec, str) and spec in SPECS:
+        return SPECS[spec]
+    if isinstance(spec, str):
+        path = Path(spec)
+        if not path.is_file():
+            names = ", ".join(SPECS)
+            raise SearchError(f"unknown spec {spec!r}: give a built-in spec ({names}) or a JSON file")
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            raise SearchError(f"cannot read the spec file {str(path)!r}: {error}") from None
+    if not isinstance(spec, Mapping):
+        raise SearchError(f"a spec must be a name, a JSON file or a mapping, got {spec!r}")
+    return _spec_from_mapping(spec)
+
+
+def _spec_from_mapping(data: Mapping) -> Spec:
+    from kdsl.lang.parser import parse_size
+
+    kinds: dict[str, str] = {}
+    for key, kind in (("primary", "primary"), ("coefficients", "coefficient")):
+        names = data.get(key, [])
+        if isinstance(names, Mapping):
+            names = list(names)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise SearchError(f"spec: {key!r} must be a list of variable names, got {names!r}")
+        for name in names:
+            kinds[name] = kind
+
+    def dims(key: str) -> tuple[Dim, ...]:
+        items = data.get(key)
+        if not isinstance(items, list) or not items:
+            raise SearchError(f"spec: {key!r} must be a non-empty list of [name, size] pairs")
+        made = []
+        for item in items:
+            if isinstance(item, str):
+                item = [item, item]
+            if not isinstance(item, list) or len(item) != 2 or not all(isinstance(x, str) for x in item):
+                raise SearchError(f"spec: each {key} dim must be [name, size], got {item!r}")
+            try:
+                made.append(Dim(item[0], parse_size(item[1], kinds)))
+            except KdslError as error:
+                raise SearchError(f"spec: the {key} dim {item!r}: {error.message}") from None
+        return tuple(made)
+
+    aliases = data.get("aliases", {})
+    if not isinstance(aliases, Mapping):
+        raise SearchError(f"spec: 'aliases' must map spec variables to layer variables, got {aliases!r}")
+    name = data.get("name", "custom")
+    names = {}
+    for key in ("batch", "spatial"):
+        names[key] = data.get(key, [])
+        if not isinstance(names[key], list) or not all(isinstance(n, str) for n in names[key]):
+            raise SearchError(f"spec: {key!r} must be a list of names, got {names[key]!r}")
+    made = Spec(
+        str(name),
+        dims("input"),
+        dims("output"),
+        tuple(sorted(aliases.items())),
+        data.get("baseline"),
+        tuple(names["batch"]),
+        tuple(names["spatial"]),
+    )
+    _check_batch(made)
+    return made
+
+
+def _check_batch(spec: Spec) -> None:
+    for name in spec.batch:
+        ins = [d for d in spec.inputs if d.name == name]
+        outs = [d for d in spec.outputs if d.name == name]
+        if len(ins) != 1 or len(outs) != 1 or ins[0].size is not outs[0].size:
+            raise SearchError(
+                f"spec {spec.name}: the batch dim {name} must appear once, with one size, in input and output"
+            )
+
+
+@dataclass(frozen=True)
+class Coefficient:
+    """A coefficient variable's candidate values and its allowance: how many times (counting
+    powers) it may appear in the parameters (reduced sizes, Merge blocks, Stride factors) of one
+    operator."""
+
+    name: str
+    values: tuple[int, ...]
+    allowance: int = 2
+
+
+_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)\s*(x?)\s*$")
+
+
+def parse_budget(text: str | int | float | None, baseline: int | None = None) -> int | None:
+    """A budget: an absolute number (``1e9``, ``150M``, ``2G``) or a multiple of ``baseline``
+    (``0.5x``). ``None`` means no limit.
+
+    >>> parse_budget("0.5x", baseline=1000), parse_budget("150M"), parse_budget(None)
+    (500, 150000000, None)
+    >>> parse_budget("half")
+    Traceback (most recent call last):
+    ...
+    kdsl.search.errors.SearchError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
+    """
+    if text is None:
+        return None
+    if isinstance(text, bool):
+        raise SearchError(f"bad budget {text!r}: expected a number or a string like 0.5x")
+    if isinstance(text, (int, float)):
+        if text <= 0 or not math.isfinite(text):
+            raise SearchError(f"bad budget {text!r}: it must be positive")
+        return int(text)
+    match = _BUDGET.match(str(text))
+    if not match:
+        raise SearchError(f"bad budget {text!r}: write a number (1e9, 150M, 2G) or a multiple of the baseline (0.5x)")
+    number = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2).lower()]
+    if match.group(3):
+        if baseline is None:
+            raise SearchError(f"budget {text!r} is relative, but the space has no baseline operator")
+        number *= baseline
+    if number <= 0:
+        raise SearchError(f"bad budget {text!r}: it must be positive")
+    return int(number)
+
+
+def _layers_for(spec: Spec, layers: object) -> tuple:
+    from kdsl.solve.layers import Layer, load_layers
+
+    table = load_layers(layers)
+    if not spec.aliases:
+        return table
+    made = []
+    for layer in table:
+        values = layer.values
+        for name, source in spec.aliases:
+            if name in values:
+                continue
+            if source not in values:
+                raise SearchError(f"spec {spec.name}: layer {layer.name} binds no {source} to give {name}")
+            values[name] = values[source]
+        made.append(Layer(layer.name, values))
+    return tuple(made)
+
+
+class Space:
+    """Everything a search needs to know about what it may build.
+
+    ``spec``: a built-in name (see :data:`SPECS`), a JSON file or a :class:`Spec`. ``layers``: a
+    layer table (``"resnet18"``, a JSON file, ...): every result is valid on all of them.
+    ``coefficients``: name -> candidate values (or ``(values, allowance)``), default
+    ``{"K": [3], "G": [32], "s": [2]}``. ``max_depth``: the most primitives per operator.
+    ``caps``: per-kind caps (see :data:`DEFAULT_CAPS`). ``max_flops``/``max_params``: budgets,
+    absolute or relative to the spec's baseline gallery operator (``"0.5x"``); FLOPs and params
+    are summed over the layers. ``reductions``: the sizes a Reduce may have (default: each
+    coefficient alone, and each non-spatial primary divided by coefficient monomials within
+    their allowances and ``max_coefficient_degree``, e.g. ``K``, ``Cin``, ``Cin/G``, ``Cout/(G*s)``).
+    ``canonicalize``/``use_distance`` switch the canonicalization rules and shape-distance pruning
+    (for benchmarks). ``weight_only_primary``: a weight's own dims
+    (like ``Cout``) must carry a primary variable, i.e. be channels rather than windows.
+    """
+
+    def __init__(
+        self,
+        spec: str | Spec | Mapping = "conv2d",
+        layers: object = "resnet18",
+        *,
+        coefficients: Mapping[str, object] | None = None,
+        max_depth: int = 6,
+        caps: Mapping[str, int | None] | None = None,
+        max_flops: str | int | float | None = None,
+        max_params: str | int | float | None = None,
+        min_params: str | int | float | None = None,
+        reductions: Iterable[Size | str] | None = None,
+        max_coefficient_degree: int = 2,
+        canonicalize: bool = True,
+        use_distance: bool = True,
+        weight_only_primary: bool = True,
+        baseline: str | None = None,
+    ) -> None:
+        self.spec = load_spec(spec)
+        self.layers = _layers_for(self.spec, layers)
+        self.layer_values = tuple(layer.values for layer in self.layers)
+        if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 1 <= max_depth <= 30:
+            raise SearchError(f"max_depth must be an integer from 1 to 30, got {max_depth!r}")
+        self.max_depth = max_depth
+        self.coefficients = self._coefficients(coefficients)
+        self.coefficient_names = tuple(c.name for c in self.coefficients)
+        self._coefficient_index = {name: i for i, name in enumerate(self.coefficient_names)}
+        self.allowances = tuple(c.allowance for c in self.coefficients)
+        self.assignments = tuple(
+            dict(zip(self.coefficient_names, values))
+            for values in itertools.product(*(c.values for c in self.coefficients))
+        )
+        self.full_mask = (1 << len(self.assignments)) - 1
+        self._kinds: dict[str, str] = {v.name: v.kind for v in self.spec.variables}
+        for name in self.coefficient_names:
+            if self._kinds.get(name, "coefficient") != "coefficient":
+                raise SearchError(f"{name} is a primary variable of the spec; it cannot be a coefficient")
+            self._kinds[name] = "coefficient"
+        for var in self.spec.variables:
+            if var.kind == "coefficient" and var.name not in self._kinds:
+                raise SearchError(f"the spec uses the coefficient {var.name}; give it candidate values")
+        unknown_caps = set(caps or {}) - set(KINDS)
+        if unknown_caps:
+            raise SearchError(f"unknown primitive kinds in caps: {sorted(unknown_caps)}; the kinds are {KINDS}")
+        self.caps = {**DEFAULT_CAPS, **(caps or {})}
+        self.cap_tuple = tuple(self.caps[k] if self.caps[k] is not None else max_depth for k in KINDS)
+        self.canonicalize = canonicalize
+        self.use_distance = use_distance
+        self.weight_only_primary = weight_only_primary
+        self.max_coefficient_degree = max_coefficient_degree
+        self._mask_cache: dict[Size, int] = {}
+        self._window_cache: dict[tuple[Size, Size], int] = {}
+        batch_vars = {v.name for d in self.spec.inputs if d.name in self.spec.batch for v in d.size.variables}
+        self.primaries = tuple(v for v in self.spec.variables if v.kind == "primary" and v.name not in batch_vars)
+        batch = set(self.spec.batch)
+        #: the input and output dims that search works on (batch dims pass through untouched)
+        self.inputs = tuple(d for d in self.spec.inputs if d.name not in batch)
+        self.outputs = tuple(d for d in self.spec.outputs if d.name not in batch)
+        self.input_sizes = tuple(d.size for d in self.inputs)
+        self.output_sizes = tuple(d.size for d in self.outputs)
+        self.spatial = frozenset(self.spec.spatial)
+        every = tuple(d.size for d in self.spec.inputs + self.spec.outputs)
+        if self.mask_all(every) == 0:
+            raise SearchError(
+                f"the spec's input/output sizes are not integers on the layers for any coefficient values "
+                f"({', '.join(str(s) for s in every)})"
+            )
+        self.coefficient_monomials = self._monomials()
+        self.reductions = self._reductions(reductions)
+        self.reduction_index = {size: i for i, size in enumerate(self.reductions)}
+        self.positive_monomials = tuple(m for m in self.coefficient_monomials if all(e > 0 for _, e in m.exponents))
+        self.baseline_name = baseline or self.spec.baseline
+        self._baseline_cost: dict[str, int] | None = None
+        self.max_flops = parse_budget(max_flops, self._baseline("flops") if _relative(max_flops) else None)
+        self.max_params = parse_budget(max_params, self._baseline("params") if _relative(max_params) else None)
+        self.min_params = parse_budget(min_params, self._baseline("params") if _relative(min_params) else None)
+
+    # -- construction helpers ------------------------------------------------------------------
+    def _coefficients(self, given: Mapping[str, object] | None) -> tuple[Coefficient, ...]:
+        if given is None:
+            given = {"K": [3], "G": [32], "s": [2]}
+            used = {v.name for v in self.spec.variables if v.kind == "coefficient"}
+            if "s" not in used:
+                given = {"K": [3], "G": [32]}
+        if not isinstance(given, Mapping):
+            raise SearchError(f"coefficients must map names to candidate values, got {given!r}")
+        made = []
+        for name, item in sorted(given.items()):
+            allowance = 2
+            values = item
+            if isinstance(item, Coefficient):
+                made.append(item)
+                continue
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], int):
+                values, allowance = item
+            if isinstance(values, int) and not isinstance(values, bool):
+                values = [values]
+            if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
+                raise SearchError(f"coefficient {name}: candidate values must be a list of ints, got {item!r}")
+            values = tuple(values)
+            if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+                raise SearchError(f"coefficient {name}: candidate values must be positive ints, got {values!r}")
+            if not isinstance(allowance, int) or allowance < 0:
+                raise SearchError(f"coefficient {name}: the allowance must be a non-negative int, got {allowance!r}")
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+                raise SearchError(f"coefficient name {name!r} is not an identifier")
+            made.append(Coefficient(str(name), values, allowance))
+        return tuple(made)
+
+    def _monomials(self) -> tuple[Size, ...]:
+        """Coefficient monomials (constant 1) within each allowance and the total degree."""
+        ranges = [range(-c.allowance, c.allowance + 1) for c in self.coefficients]
+        found = []
+        for exps in itertools.product(*ranges):
+            if sum(abs(e) for e in exps) > self.max_coefficient_degree or not any(exps):
+                continue
+            found.append(Size.make(1, {Var(n, "coefficient"): e for n, e in zip(self.coefficient_names, exps)}))
+        return tuple(sorted(found, key=_order))
+
+    def _reductions(self, given: Iterable[Size | str] | None) -> tuple[Size, ...]:
+        if given is not None:
+            from kdsl.lang.parser import parse_size
+
+            sizes = []
+            for item in given:
+                try:
+                    size = parse_size(item, self._kinds) if isinstance(item, str) else Size.of(item)
+                except KdslError as error:
+                    raise SearchError(f"reductions: {error.message}") from None
+                if self.mask(size) == 0:
+                    raise SearchError(f"reductions: the size {size} is not a positive integer on these layers")
+                sizes.append(size)
+            return tuple(dict.fromkeys(sorted(sizes, key=_order)))
+        # default: a single coefficient (a window K, a group count G), or a non-spatial primary
+        # divided by coefficients (Cin, Cin/G, Cout/(G*s)): the sizes reductions have in practice
+        sizes = []
+        for primary in (None, *self.primaries):
+            if primary is not None and primary.name in self.spatial:
+                continue
+            base = Size.of(1) if primary is None else Size.make(1, {primary: 1})
+            for monomial in (Size.of(1), *self.coefficient_monomials):
+                exponents = [e for _, e in monomial.exponents]
+                if primary is None and (len(exponents) != 1 or exponents[0] != 1):
+                    continue
+                if primary is not None and any(e > 0 for e in exponents):
+                    continue
+                size = base * monomial
+                if size != 1 and self.mask(size):
+                    sizes.append(size)
+        return tuple(dict.fromkeys(sorted(sizes, key=_order)))
+
+    def _baseline(self, metric: str) -> int:
+        if self._baseline_cost is None:
+            if not self.baseline_name:
+                raise SearchError(f"spec {self.spec.name} has no baseline operator for relative budgets")
+            from kdsl import gallery
+            from kdsl.search.evaluate import total_cost
+
+            op = gallery.load(self.baseline_name)
+            self._baseline_cost = total_cost(op, self.layers, op.default_coefficients)
+        return self._baseline_cost[metric]
+
+    # -- size validity -------------------------------------------------------------------------
+    def mask(self, size: Size) -> int:
+        """Bit ``a`` set: ``size`` is a positive integer on every layer under assignment ``a``."""
+        found = self._mask_cache.get(size)
+        if found is not None:
+            return found
+        bits = 0
+        for index, assignment in enumerate(self.assignments):
+            if all(_integral(size, values, assignment) for values in self.layer_values):
+                bits |= 1 << index
+        self._mask_cache[size] = bits
+        return bits
+
+    def mask_all(self, sizes: Iterable[Size]) -> int:
+        bits = self.full_mask
+        for size in sizes:
+            bits &= self.mask(size)
+        return bits
+
+    def window_mask(self, window: Size, main: Size) -> int:
+        """Bit ``a`` set: the window is smaller than the main dim on every layer (and integral)."""
+        key = (window, main)
+        found = self._window_cache.get(key)
+        if found is not None:
+            return found
+        bits = 0
+        for index, assignment in enumerate(self.assignments):
+            ok = True
+            for values in self.layer_values:
+                w = _value(window, values, assignment)
+                m = _value(main, values, assignment)
+                if w is None or m is None or w >= m:
+                    ok = False
+                    break
+            if ok:
+                bits |= 1 << index
+        self._window_cache[key] = bits
+        return bits
+
+    def coefficient_uses(self, size: Size) -> tuple[int, ...]:
+        """How many times (counting powers) each coefficient appears in ``size``."""
+        uses = [0] * len(self.coefficients)
+        for var, e in size.exponents:
+            index = self._coefficient_index.get(var.name)
+            if index is not None:
+                uses[index] += abs(e)
+        return tuple(uses)
+
+    def assignment_for(self, mask: int, used: Iterable[str]) -> dict[str, int]:
+        """The first assignment allowed by ``mask``, restricted to the coefficients ``used``."""
+        names = set(used)
+        for index, assignment in enumerate(self.assignments):
+            if mask >> index & 1:
+                return {k: v for k, v in assignment.items() if k in names}
+        raise SearchError("no coefficient assignment is valid for this operator")
+
+    def describe(self) -> str:
+        """A one-line summary of the space, for logs and the results store.
+
+        >>> Space("matmul", "resnet18", max_depth=3).describe()
+        'matmul [M, Cin] -> [M, Cout] on 4 layers, depth <= 3, G in (32,), K in (3,)'
+        """
+        ins = ", ".join(d.name if str(d.size) == d.name else f"{d.name}: {d.size}" for d in self.spec.inputs)
+        outs = ", ".join(d.name if str(d.size) == d.name else f"{d.name}: {d.size}" for d in self.spec.outputs)
+        coefficients = ", ".join(f"{c.name} in {c.values}" for c in self.coefficients)
+        text = f"{self.spec.name} [{ins}] -> [{outs}] on {len(self.layers)} layers, depth <= {self.max_depth}"
+        if coefficients:
+            text += f", {coefficients}"
+        if self.max_flops is not None:
+            text += f", FLOPs <= {self.max_flops}"
+        if self.max_params is not None:
+            text += f", params <= {self.max_params}"
+        return text
+
+    def fingerprint(self) -> str:
+        """A stable description of everything that decides the enumeration order (for resuming)."""
+        return json.dumps(
+            {
+                "spec": [
+                    self.spec.name,
+                    [str(d.size) for d in self.spec.inputs],
+                    [str(d.size) for d in self.spec.outputs],
+                ],
+                "layers": [list(layer.items) for layer in self.layers],
+                "coefficients": [[c.name, list(c.values), c.allowance] for c in self.coefficients],
+                "depth": self.max_depth,
+                "caps": [self.caps[k] for k in KINDS],
+                "reductions": [str(s) for s in self.reductions],
+                "budgets": [self.max_flops, self.max_params, self.min_params],
+                "switches": [
+                    self.canonicalize,
+                    self.use_distance,
+                    self.max_coefficient_degree,
+                    self.weight_only_primary,
+                ],
+            },
+            sort_keys=True,
+        )
+
+
+_PRODUCTS: dict[tuple[Size, Size], Size] = {}
+
+
+def mul(a: Size, b: Size) -> Size:
+    """``a * b``, memoized (search multiplies the same few sizes over and over)."""
+    key = (a, b)
+    found = _PRODUCTS.get(key)
+    if found is None:
+        found = _PRODUCTS[key] = a * b
+    return found
+
+
+_QUOTIENTS: dict[tuple[Size, Size], Size] = {}
+
+
+def div(a: Size, b: Size) -> Size:
+    """``a / b``, memoized."""
+    key = (a, b)
+    found = _QUOTIENTS.get(key)
+    if found is None:
+        found = _QUOTIENTS[key] = a / b
+    return found
+
+
+def _relative(text: object) -> bool:
+    return isinstance(text, str) and text.strip().endswith("x")
+
+
+def _order(size: Size) -> tuple:
+    """A deterministic order of sizes: primaries first by name, then coefficient powers."""
+    return (
+        tuple((v.sort_key(), e) for v, e in size.exponents if v.kind == "primary"),
+        sum(abs(e) for _, e in size.exponents),
+        tuple((v.sort_key(), -e) for v, e in size.exponents),
+        size.constant,
+    )
+
+
+def _value(size: Size, layer: Mapping[str, int], assignment: Mapping[str, int]) -> Fraction | None:
+    value = size.constant
+    for var, e in size.exponents:
+        x = assignment.get(var.name)
+        if x is None:
+            x = layer.get(var.name)
+        if x is None:
+            return None
+        value *= Fraction(x) ** e
+    return value
+
+
+def _integral(size: Size, layer: Mapping[str, int], assignment: Mapping[str, int]) -> bool:
+    value = _value(size, layer, assignment)
+    return value is not None and value.denominator == 1 and value >= 1

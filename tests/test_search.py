@@ -1,0 +1,346 @@
+"""Search: rediscovery of gallery operators, shape-distance admissibility, validity of results,
+reproducible strategies, resumable runs, and clear errors."""
+
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kdsl import gallery
+from kdsl.codegen import reference
+from kdsl.lang.errors import KdslError
+from kdsl.lang.sizes import coefficient, primary
+from kdsl.search.bottomup import children, is_complete, root, to_operators
+from kdsl.search.canonical import canonical_path
+from kdsl.search.distance import shape_distance, state_distance
+from kdsl.search.enumerate import Enumeration, count_by_depth
+from kdsl.search.mcts import MCTS
+from kdsl.search.run import search
+from kdsl.search.sample import Sampling
+from kdsl.search.space import Space, parse_budget
+from kdsl.search.store import Store
+from kdsl.solve.constraints import check
+
+NO_VIEWS = {"Merge": 0, "Split": 0, "Shift": 0, "Stride": 0, "Expand": 0}
+
+# operator -> (spec, space options, depth): each space restricted as a user would (coefficient
+# choices, the reduced sizes, caps, depth) so that enumeration finds it in seconds
+REDISCOVERY = {
+    "pointwise_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps=NO_VIEWS), 2),
+    "shift_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps={**NO_VIEWS, "Shift": 2}), 4),
+    "depthwise_conv2d": (
+        "conv2d_same_channels",
+        dict(coefficients={"K": [3]}, reductions=["K"], caps={**NO_VIEWS, "Share": 1}),
+        5,
+    ),
+    "conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps={**NO_VIEWS, "Share": 1}), 6),
+    "depthwise_separable_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps=NO_VIEWS), 7),
+    "grouped_conv2d": (
+        "conv2d",
+        dict(
+            coefficients={"K": [3], "G": [4]},
+            reductions=["Cin/G", "K"],
+            caps={**NO_VIEWS, "Merge": 1, "Split": 1, "Share": 1},
+        ),
+        8,
+    ),
+    "conv2d_kx1_1xk": (
+        "conv2d",
+        dict(coefficients={"K": [3]}, reductions=["Cin", "Cout", "K"], caps={**NO_VIEWS, "Reduce": 4}),
+        8,
+    ),
+    "syno_op1": (
+        "conv2d",
+        dict(
+            coefficients={"K": [3], "G": ([32], 3), "s": [2]},
+            reductions=["G", "Cin/G", "K", "Cout/(G*s)"],
+            caps={**NO_VIEWS, "Split": 1, "Reduce": 5},
+        ),
+        10,
+    ),
+}
+SLOW = {"syno_op1"}  # about three minutes: run with KDSL_SLOW_TESTS=1
+
+
+def find(name):
+    spec, options, depth = REDISCOVERY[name]
+    space = Space(spec, "resnet18", max_depth=depth, **options)
+    target = gallery.load(name).key
+    start = time.perf_counter()
+    for state in Enumeration(space).states():
+        if state is None:
+            continue
+        for op in to_operators(space, state):
+            if op.key == target:
+                return op, state.depth, time.perf_counter() - start
+    raise AssertionError(f"enumeration did not find {name}")
+
+
+@pytest.mark.parametrize("name", sorted(REDISCOVERY))
+def test_enumeration_rediscovers_gallery_operator(name):
+    if name in SLOW and not os.environ.get("KDSL_SLOW_TESTS"):
+        pytest.skip("slow rediscovery; set KDSL_SLOW_TESTS=1")
+    op, depth, _ = find(name)
+    assert depth == REDISCOVERY[name][2]
+    assert op.key == gallery.load(name).key
+    check(op, "resnet18")
+
+
+@pytest.mark.parametrize("name", sorted(REDISCOVERY))
+def test_gallery_targets_are_canonical(name):
+    spec, options, depth = REDISCOVERY[name]
+    space = Space(spec, "resnet18", max_depth=depth, **options)
+    op = gallery.load(name)
+    state = canonical_path(space, op)
+    assert state.depth == depth
+    assert [o.key for o in to_operators(space, state)] == [op.key]
+
+
+# -- shape distance --------------------------------------------------------------------------------
+
+Cin, Cout, H, W = primary("Cin Cout H W")
+K, G, s = coefficient("K G s")
+INPUT = [Cin, H, W]
+
+
+@st.composite
+def reverse_paths(draw):
+    """A frontier reached from the input by k random helpful steps applied top-down (so the
+    true distance back is at most k)."""
+    frontier = list(INPUT)
+    steps = draw(st.integers(0, 6))
+    for _ in range(steps):
+        kind = draw(st.sampled_from(["split", "merge", "unfold", "expand", "share", "stride"]))
+        i = draw(st.integers(0, len(frontier) - 1))
+        if kind == "split":  # top-down Split: one dim -> (outer, inner)
+            block = draw(st.sampled_from([K, G, s]))
+            frontier[i : i + 1] = [frontier[i] / block, block]
+        elif kind == "merge" and len(frontier) >= 2:
+            others = [j for j in range(len(frontier)) if j != i]
+            j = draw(st.sampled_from(others))
+            merged = frontier[i] * frontier[j]
+            frontier = [d for n, d in enumerate(frontier) if n not in (i, j)] + [merged]
+        elif kind == "unfold":
+            frontier.append(draw(st.sampled_from([K, s])))
+        elif kind == "expand":
+            frontier.append(draw(st.sampled_from([K, Cout, G])))
+        elif kind == "share":
+            frontier.extend(draw(st.lists(st.sampled_from([Cout, K, Cout / G]), min_size=1, max_size=2)))
+        elif kind == "stride":
+            frontier[i] = frontier[i] / s
+    return frontier, steps
+
+
+@given(reverse_paths(), st.booleans())
+def test_shape_distance_is_admissible_on_random_paths(path, strides):
+    frontier, steps = path
+    distance = shape_distance(frontier, INPUT, strides=True)
+    assert distance <= steps, f"distance {distance} > {steps} for {[str(x) for x in frontier]}"
+    if strides is False:
+        assert shape_distance(frontier, INPUT, strides=False) >= distance
+
+
+@given(st.integers(0, 10**6))
+def test_shape_distance_never_exceeds_remaining_steps_of_search_paths(seed):
+    # random bottom-up paths without distance pruning; on those that reach the input, every
+    # prefix's distance is at most the number of steps that followed it
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [32]}, max_depth=6, use_distance=False)
+    pruned = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [32]}, max_depth=6)
+    rng = random.Random(seed)
+    state, path = root(space), []
+    while True:
+        path.append(state)
+        if is_complete(space, state) and rng.random() < 0.5:
+            break
+        options = [child for _, child in children(space, state)]
+        if not options:
+            break
+        state = rng.choice(options)
+    if not is_complete(space, state):
+        return
+    for depth, prefix in enumerate(path):
+        assert state_distance(pruned, prefix) <= state.depth - depth
+
+
+def test_shape_distance_paper_example():
+    assert shape_distance([Cin, H / s, s * W, K], INPUT) == 3
+    assert shape_distance(INPUT, INPUT) == 0
+    assert shape_distance([Cout, H, W], INPUT) == float("inf")  # Cout never becomes Cin
+    assert shape_distance([Cout, H, W], INPUT, reducing=True) == 2  # Reduce(Cin), drop Cout
+
+
+# -- results are valid -----------------------------------------------------------------------------
+
+TINY = [{"name": "tiny", "N": 2, "Cin": 4, "Cout": 6, "H": 5, "W": 5}]
+
+
+def test_search_results_pass_the_solver_and_run_on_the_reference_backend():
+    space = Space("conv2d", TINY, coefficients={"K": [3], "G": [2]}, max_depth=4)
+    ops = {}
+    for state in Enumeration(space).states():
+        if state is not None:
+            for op in to_operators(space, state):
+                ops.setdefault(op.key, op)
+    assert len(ops) > 20
+    rng = random.Random(0)
+    for op in rng.sample(sorted(ops.values(), key=lambda o: o.key), 30):
+        report = check(op, space.layers, coefficients=op.default_coefficients)
+        binding = report.binding("tiny")
+        x, weights = reference.random_inputs(op, binding, seed=1)
+        out = reference.run(op, binding, x, weights)
+        assert out.shape == (2, 6, 5, 5)
+        assert np.all(np.isfinite(out))
+
+
+def test_counts_by_depth_are_exact_and_reproducible():
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=5, reductions=["Cin", "K"], caps=NO_VIEWS)
+    counts = count_by_depth(space)
+    assert counts == count_by_depth(space)
+    assert counts[2] == 1  # pointwise conv is the only depth-2 operator
+    assert sum(counts.values()) > 10
+
+
+# -- strategies ------------------------------------------------------------------------------------
+
+
+def keys_of(walker, space, n):
+    found = []
+    states = walker.states()
+    state = next(states)
+    while len(found) < n:
+        if state is not None:
+            found.extend(op.key for op in to_operators(space, state))
+        state = states.send(1.0 if state is not None else 0.0)
+    return found[:n]
+
+
+def test_random_sampling_is_seeded():
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [32]}, max_depth=5)
+    assert keys_of(Sampling(space, seed=5), space, 5) == keys_of(Sampling(space, seed=5), space, 5)
+    resumed = Sampling(space, seed=5, progress={"iteration": 3})
+    first = Sampling(space, seed=5)
+    states = first.states()
+    for _ in range(3):
+        next(states)
+    assert [k for k in keys_of(resumed, space, 4)] == [k for k in keys_of(first, space, 4)]
+
+
+def test_mcts_is_seeded_and_finds_operators():
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [32]}, max_depth=6)
+    a = keys_of(MCTS(space, seed=2), space, 10)
+    assert a == keys_of(MCTS(space, seed=2), space, 10)
+    assert len(set(a)) >= 2
+
+
+# -- store and resume ------------------------------------------------------------------------------
+
+
+def test_interrupted_enumeration_resumes_without_losing_or_repeating(tmp_path):
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6, reductions=["Cin", "K"], caps=NO_VIEWS)
+    once = search(space, "enumerate", db=str(tmp_path / "once.db"))
+    assert once.finished
+    db = str(tmp_path / "parts.db")
+    parts = 0
+    while True:
+        report = search(space, "enumerate", db=db, max_results=7, commit_every=0.0)
+        parts += 1
+        if report.finished:
+            break
+    assert parts > 2
+    a, b = Store(str(tmp_path / "once.db")), Store(db)
+
+    def keys(store):
+        return sorted(r["key"] for r in store.top(10**6, status=None))
+
+    assert keys(a) == keys(b)
+    assert len(keys(b)) == len(set(keys(b))) == once.new
+
+
+def test_killed_search_resumes(tmp_path):
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = str(tmp_path / "k.db")
+    options = f"coefficients={{'K': [3]}}, max_depth=6, reductions=['Cin', 'K'], caps={NO_VIEWS!r}"
+    code = (
+        "from kdsl.search.space import Space; from kdsl.search.run import search;"
+        f"space = Space('conv2d', 'resnet18', {options});"
+        f"search(space, 'enumerate', db={db!r}, commit_every=0.0)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code])
+    stored = 0
+    deadline = time.monotonic() + 60
+    while stored < 3 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+        try:
+            with sqlite3.connect(db) as connection:
+                stored = connection.execute("SELECT COUNT(*) FROM candidates").fetchone()[0]
+        except sqlite3.Error:
+            pass
+    process.kill()  # kill -9, mid-run
+    process.wait()
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6, reductions=["Cin", "K"], caps=NO_VIEWS)
+    assert not Store(db).runs()[0]["finished"]
+    search(space, "enumerate", db=db)
+    fresh = search(space, "enumerate", db=str(tmp_path / "fresh.db"))
+    store = Store(db)
+    assert sorted(r["key"] for r in store.top(10**6, status=None)) == sorted(fresh.found)
+    assert store.runs()[0]["finished"] == 1
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+def test_bad_input_raises_kdsl_errors(tmp_path):
+    with pytest.raises(KdslError, match="unknown spec"):
+        Space("conv3d")
+    with pytest.raises(KdslError, match="bad budget"):
+        Space("conv2d", max_flops="lots")
+    with pytest.raises(KdslError, match="does not exist"):
+        Store(str(tmp_path / "missing" / "r.db"))
+    with pytest.raises(KdslError, match="unknown strategy"):
+        search(Space("matmul", max_depth=2), "annealing")
+    (tmp_path / "junk.db").write_text("not a database" * 100)
+    with pytest.raises(KdslError, match="results database"):
+        Store(str(tmp_path / "junk.db"))
+    assert parse_budget("2G") == 2_000_000_000
+
+
+def test_relative_budget_prunes_by_flops(tmp_path):
+    space = Space(
+        "conv2d",
+        "resnet18",
+        coefficients={"K": [3]},
+        max_depth=6,
+        max_flops="0.5x",
+        reductions=["Cin", "K"],
+        caps=NO_VIEWS,
+    )
+    report = search(space, "enumerate", db=str(tmp_path / "b.db"))
+    rows = Store(str(tmp_path / "b.db")).top(10**6, status="valid")
+    assert rows and all(r["flops"] <= space.max_flops for r in rows)
+    assert gallery.load("conv2d").key not in {r["key"] for r in rows}
+    assert report.finished
+
+
+def test_cli_search_and_results(tmp_path, capsys):
+    import argparse
+
+    from kdsl.search.commands import add_search_commands
+
+    parser = argparse.ArgumentParser(prog="kdsl")
+    add_search_commands(parser.add_subparsers(dest="command"))
+    db = str(tmp_path / "c.db")
+    args = parser.parse_args(
+        ["search", "conv2d", "--max-depth", "4", "--coefficient", "K=3", "--cap", "Expand=0", "--db", db, "--json"]
+    )
+    assert args.run(args) == 0
+    args = parser.parse_args(["results", "--db", db, "--top", "3"])
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert "distinct" in out and "#1" in out
