@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_gallery import CASES
 
 from kdsl import gallery, solve
@@ -226,3 +227,32 @@ def test_module_has_weights_in_declaration_order_and_fan_in_init():
 def test_tvm_source_is_tvmscript():
     text = kdsl_tvm.source(gallery.load("conv2d"), {"N": 1, "Cin": 4, "Cout": 4, "H": 5, "W": 5})
     assert "T.prim_func" in text and "T.if_then_else" in text
+
+
+def _search_results():
+    from kdsl.search.bottomup import to_operators
+    from kdsl.search.enumerate import Enumeration
+    from kdsl.search.space import Space
+
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2], "s": [2]}, max_depth=5)
+    found = {}
+    walker = Enumeration(space, seed=0, progress={})
+    for state in walker.states():
+        if state is not None:
+            for op in to_operators(space, state):
+                found.setdefault(op.key, op)
+        if len(found) >= 80:
+            break
+    assert len(found) >= 20
+    return [found[key] for key in sorted(found)]
+
+
+SEARCH_RESULTS = _search_results()
+
+
+@settings(max_examples=20)
+@given(st.data())
+def test_search_results_pass_the_solver_and_agree_on_every_backend(data):
+    op = data.draw(st.sampled_from(SEARCH_RESULTS))
+    solve.check(op, "resnet18")
+    assert_backends_agree(op, data.draw(kst.layers(op)))
