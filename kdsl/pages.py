@@ -20,15 +20,19 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 
 
-def _cost_rows(op: Operator, table: str | None) -> list[str]:
+def _cost_rows(op: Operator, table: object) -> list[str]:
     from kdsl import solve
 
     if table is None:
         return []
     rows = ["| layer | input | output | M MACs | params |", "| --- | --- | --- | ---: | ---: |"]
     for layer in solve.load_layers(table):
-        shapes = solve.shapes(op, layer)
-        costs = solve.cost(op, layer)
+        try:
+            shapes = solve.shapes(op, layer)
+            costs = solve.cost(op, layer)
+        except KdslError as error:
+            rows.append(f"| {layer.name} | not valid: {error.message} | | | |")
+            continue
         rows.append(
             f"| {layer.name} | {list(shapes['input'])} | {list(shapes['output'])} | "
             f"{costs['flops'] / 1e6:.2f} | {costs['params']} |"
@@ -42,7 +46,7 @@ def operator_page(
     *,
     description: str = "",
     svg_name: str | None = None,
-    table: str | None = "resnet18",
+    table: object = "resnet18",
     metrics: Mapping[str, Any] | None = None,
     torch_source: bool = False,
 ) -> str:
@@ -67,7 +71,8 @@ def operator_page(
     ]
     cost_rows = _cost_rows(op, table)
     if cost_rows:
-        lines += [f"On the `{table}` layers:", "", *cost_rows, ""]
+        name = table if isinstance(table, str) else "given"
+        lines += [f"On the `{name}` layers:", "", *cost_rows, ""]
     lines += ["## Loop nest", "", "```", loop_nest(op), "```", ""]
     if metrics:
         lines += ["## Measured", "", "| metric | value |", "| --- | --- |"]

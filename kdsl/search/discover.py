@@ -284,6 +284,7 @@ def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: d
         baseline_accuracy=baseline["accuracy"] or 0.0,
         margin=config.margin,
         top=config.top,
+        layers=config.latency_layers,
     )
     _say(progress, f"wrote {paths['table']}, {paths['json']}, {paths['plot']} and pages in {paths['pages']}")
     return {"evaluated": len(records), "baseline": baseline, **{k: str(v) for k, v in paths.items()}}

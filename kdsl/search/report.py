@@ -130,7 +130,14 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
 
 
 def write_report(
-    records: Sequence[Record], baseline: Record, out: Path, *, baseline_accuracy: float, margin: float, top: int = 5
+    records: Sequence[Record],
+    baseline: Record,
+    out: Path,
+    *,
+    baseline_accuracy: float,
+    margin: float,
+    top: int = 5,
+    layers: object = "resnet18",
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
     candidates into ``out``; return the paths."""
@@ -150,7 +157,12 @@ def write_report(
         metrics["baseline accuracy"] = baseline.get("accuracy")
         (pages / f"{record['key']}.svg").write_text(svg(op))
         page = operator_page(
-            f"candidate {record['key']}", op, svg_name=f"{record['key']}.svg", metrics=metrics, torch_source=True
+            f"candidate {record['key']}",
+            op,
+            svg_name=f"{record['key']}.svg",
+            table=layers,
+            metrics=metrics,
+            torch_source=True,
         )
         (pages / f"{record['key']}.md").write_text(page)
         links[record["key"]] = f"pages/{record['key']}.md"
