@@ -229,11 +229,21 @@ def _native_conv(
             # the last tap d*(taps-1) + offset stays inside the window d*taps iff offset < d
             if entry.offset >= entry.dilation.evaluate(binding):
                 return False
+    # data-only dims after the channels (W in a K x 1 conv of NCHW data) stay in place as spatial
+    # dims with a 1-wide kernel, so the input needs no transposed copy
+    first_channel = min((data.index(d) for d in groups + channels), default=len(data))
+    for name in [d for d in batch if data.index(d) > first_channel]:
+        if len(spatial) < 3:
+            spatial[name] = _Spatial(name, "", Size.of(1))
+            batch.remove(name)
     known = dict(sizes)
     for split in splits.values():
         known[split.outer] = sizes[split.dim] / split.block
         known[split.inner] = split.block
-    return _emit_conv(writer, splits, spatial, batch, groups, channels, outs, weight, known, result, weight_index)
+    order = [d for d in data if d in spatial]
+    return _emit_conv(
+        writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
+    )
 
 
 def _native_pool(
@@ -266,8 +276,9 @@ def _native_pool(
     writer.emit(f"x = F.avg_pool{len(pooled)}d(x, ({kernel},))  # mean over {', '.join(sorted(reduced))}")
     outs = " ".join(_axis_name(by_dim[a].outer) for a in pooled)
     lengths = "".join(f", {_axis_name(a)}={_size_code(sizes[a])}" for a in others)
-    writer.emit(f'x = rearrange(x, "{_group(others)} {outs} -> {writer.pattern(result)}"{lengths})')
-    writer.axes = list(result)
+    unflat = others + [by_dim[a].outer for a in pooled]
+    writer.emit(f'x = rearrange(x, "{_group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})')
+    writer.axes = unflat
     return True
 
 
@@ -279,6 +290,7 @@ def _emit_conv(
     writer: _Writer,
     splits: dict[str, Split],
     spatial: dict[str, _Spatial],
+    dims: list[str],
     batch: list[str],
     groups: list[str],
     channels: list[str],
@@ -297,12 +309,11 @@ def _emit_conv(
             lengths[_axis_name(split.inner)] = _size_code(split.block)
         else:
             left.append(_axis_name(axis))
-    dims = list(spatial)
     conv_in = f"{_group(batch)} {_group(groups + channels)} {' '.join(_axis_name(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in lengths.items())
     writer.emit(f'x = rearrange(x, "{" ".join(left)} -> {conv_in}"{extra})  # as a convolution\'s input')
     weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
-    windows = " ".join(_axis_name(spatial[d].window) for d in dims)
+    windows = " ".join(_axis_name(spatial[d].window) if spatial[d].window else "()" for d in dims)
     writer.emit(
         f'w = rearrange(weights[{weight_index[weight.name]}], "{weight_pattern} -> {_group(groups + outs)} '
         f'{_group(channels)} {windows}")'
@@ -310,6 +321,11 @@ def _emit_conv(
     pads, strides, dilations = [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
+        if not entry.window:  # a 1-wide kernel: no padding
+            pads += ["0", "0"]
+            strides.insert(0, "1")
+            dilations.insert(0, "1")
+            continue
         stride = _size_code(entry.stride) if entry.stride is not None else "1"
         dilation = _size_code(entry.dilation) if entry.dilation is not None else "1"
         taps = _size_code(entry.taps) if entry.taps is not None else _size_code(entry.size)
@@ -340,8 +356,11 @@ def _emit_conv(
         out_lengths[_axis_name(name)] = _size_code(sizes[name])
     conv_out = f"{_group(batch)} {_group(groups + outs)} {' '.join(_axis_name(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in out_lengths.items())
-    writer.emit(f'x = rearrange(x, "{conv_out} -> {writer.pattern(result)}"{extra})')
-    writer.axes = list(result)
+    # keep the convolution's own (contiguous) order; later steps refer to dims by name
+    unflat = batch + groups + outs + dims
+    if len(batch) != 1 or len(groups + outs) != 1:
+        writer.emit(f'x = rearrange(x, "{conv_out} -> {writer.pattern(unflat)}"{extra})')
+    writer.axes = unflat
     return True
 
 
@@ -384,9 +403,57 @@ def _emit_view(writer: _Writer, step: Primitive, live: Live) -> None:
         raise LoweringError(f"no PyTorch view for {step!r}")
 
 
+def _native_matmul(
+    writer: _Writer, block: list[Primitive], before: dict[str, Size], weight_index: dict[str, int]
+) -> bool:
+    """Emit one matrix product (``F.linear``, or ``torch.matmul`` that broadcasts over the leading
+    dims) when the stage contracts a contiguous run of the data's dims against one weight whose
+    other dims are all new; the data then needs no transposed copy. False if not applicable."""
+    shares = [step.weight for step in block if isinstance(step, Share)]
+    reduces = [step for step in block if isinstance(step, Reduce)]
+    if len(shares) != 1 or not reduces or any(r.mean for r in reduces):
+        return False
+    weight = shares[0]
+    assert isinstance(weight, Weight)
+    contracted = [d.name for d, new in zip(weight.dims, weight.new) if not new]
+    outs = [d.name for d, new in zip(weight.dims, weight.new) if new]
+    if not outs or {r.dim for r in reduces} != set(contracted):
+        return False
+    positions = sorted(writer.axes.index(c) for c in contracted)
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        return False
+    pre, run, post = (
+        writer.axes[: positions[0]],
+        writer.axes[positions[0] : positions[-1] + 1],
+        writer.axes[positions[-1] + 1 :],
+    )
+    w = f"weights[{weight_index[weight.name]}]"
+    weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
+    writer.emit(f'w = rearrange({w}, "{weight_pattern} -> {_group(outs)} {_group(run)}")')
+    lengths = "".join(f", {_axis_name(a)}={_size_code(before[a])}" for a in pre + post)
+    out_lengths = "".join(
+        f", {_axis_name(a)}={_size_code(weight_size)}"
+        for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
+    )
+    if not post:
+        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {_group(pre)} {_group(run)}")')
+        writer.emit(f"x = F.linear(x, w)  # Share({weight.name}), Reduce({', '.join(run)})")
+        flat = f"{_group(pre)} {_group(outs)}"
+    else:
+        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {_group(pre)} {_group(run)} {_group(post)}")')
+        writer.emit(f"x = torch.matmul(w, x)  # Share({weight.name}), Reduce({', '.join(run)})")
+        flat = f"{_group(pre)} {_group(outs)} {_group(post)}"
+    unflat = pre + outs + post
+    writer.emit(f'x = rearrange(x, "{flat} -> {writer.pattern(unflat)}"{lengths}{out_lengths})')
+    writer.axes = unflat
+    return True
+
+
 def _emit_stage(
     writer: _Writer, block: list[Primitive], before: dict[str, Size], result: list[str], weight_index: dict[str, int]
 ) -> None:
+    if _native_matmul(writer, block, before, weight_index):
+        return
     shares = [step.weight for step in block if isinstance(step, Share)]
     reduces = [step for step in block if isinstance(step, Reduce)]
     operands = ["x"] + [f"weights[{weight_index[w.name]}]" for w in shares if isinstance(w, Weight)]
