@@ -179,6 +179,7 @@ def _native_conv(
     spatial: dict[str, _Spatial] = {}
     splits: dict[str, Split] = {}
     by_window: dict[str, _Spatial] = {}
+    rolls: list[Shift] = []
     for step in views:
         if isinstance(step, Unfold) and step.dim in sizes and step.dim not in spatial and step.dim not in splits:
             entry = _Spatial(step.dim, step.name, step.window)
@@ -188,6 +189,8 @@ def _native_conv(
             splits[step.dim] = step
         elif isinstance(step, Stride) and step.dim in spatial and spatial[step.dim].stride is None:
             spatial[step.dim].stride = step.stride
+        elif isinstance(step, Shift) and step.dim in sizes and step.dim not in spatial and step.dim not in splits:
+            rolls.append(step)  # a cyclic shift of the input before it is unfolded: a roll
         elif isinstance(step, Shift) and step.dim in by_window and by_window[step.dim].dilation is None:
             if by_window[step.dim].offset or step.offset < 0:
                 return False
@@ -198,7 +201,7 @@ def _native_conv(
             entry.taps = entry.size / step.stride
         else:
             return False
-    if not spatial or len(spatial) > 3:
+    if len(spatial) > 3:
         return False
     weight_dims = [d.name for d in weight.dims]
     new = {d.name for d, is_new in zip(weight.dims, weight.new) if is_new}
@@ -236,11 +239,15 @@ def _native_conv(
         if len(spatial) < 3:
             spatial[name] = _Spatial(name, "", Size.of(1))
             batch.remove(name)
+    if not spatial:
+        return False
     known = dict(sizes)
     for split in splits.values():
         known[split.outer] = sizes[split.dim] / split.block
         known[split.inner] = split.block
     order = [d for d in data if d in spatial]
+    for roll in rolls:
+        _emit_view(writer, roll, None)
     return _emit_conv(
         writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
     )
@@ -282,6 +289,26 @@ def _native_pool(
     return True
 
 
+def _identity(source: str, target: str) -> bool:
+    """Whether an einops pattern pair only wraps single dims in parentheses (a no-op to skip)."""
+
+    def tokens(pattern: str) -> list[str]:
+        return [re.sub(r"^\((\w+)\)$", r"\1", t) for t in re.findall(r"\([^)]*\)|\S+", pattern)]
+
+    return tokens(source) == tokens(target)
+
+
+def _rearrange(writer: _Writer, operand: str, source: str, target: str, extra: str = "", comment: str = "") -> str:
+    """Emit ``rearrange`` unless it is a no-op; return the variable name holding the result."""
+    name = "w" if operand.startswith("weights") else "x"
+    if _identity(source, target):
+        if operand != name:
+            writer.emit(f"{name} = {operand}")
+        return name
+    writer.emit(f'{name} = rearrange({operand}, "{source} -> {target}"{extra}){comment}')
+    return name
+
+
 def _group(names: list[str]) -> str:
     return "(" + " ".join(_axis_name(n) for n in names) + ")"
 
@@ -311,13 +338,11 @@ def _emit_conv(
             left.append(_axis_name(axis))
     conv_in = f"{_group(batch)} {_group(groups + channels)} {' '.join(_axis_name(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in lengths.items())
-    writer.emit(f'x = rearrange(x, "{" ".join(left)} -> {conv_in}"{extra})  # as a convolution\'s input')
+    _rearrange(writer, "x", " ".join(left), conv_in, extra, "  # as a convolution's input")
     weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
     windows = " ".join(_axis_name(spatial[d].window) if spatial[d].window else "()" for d in dims)
-    writer.emit(
-        f'w = rearrange(weights[{weight_index[weight.name]}], "{weight_pattern} -> {_group(groups + outs)} '
-        f'{_group(channels)} {windows}")'
-    )
+    conv_weight = f"{_group(groups + outs)} {_group(channels)} {windows}"
+    _rearrange(writer, f"weights[{weight_index[weight.name]}]", weight_pattern, conv_weight)
     pads, strides, dilations = [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
@@ -359,12 +384,12 @@ def _emit_conv(
     # keep the convolution's own (contiguous) order; later steps refer to dims by name
     unflat = batch + groups + outs + dims
     if len(batch) != 1 or len(groups + outs) != 1:
-        writer.emit(f'x = rearrange(x, "{conv_out} -> {writer.pattern(unflat)}"{extra})')
+        _rearrange(writer, "x", conv_out, writer.pattern(unflat), extra)
     writer.axes = unflat
     return True
 
 
-def _emit_view(writer: _Writer, step: Primitive, live: Live) -> None:
+def _emit_view(writer: _Writer, step: Primitive, live: Live | None) -> None:
     axes = writer.axes
     if isinstance(step, Split):
         position = axes.index(step.dim)
@@ -429,22 +454,22 @@ def _native_matmul(
     )
     w = f"weights[{weight_index[weight.name]}]"
     weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
-    writer.emit(f'w = rearrange({w}, "{weight_pattern} -> {_group(outs)} {_group(run)}")')
+    _rearrange(writer, w, weight_pattern, f"{_group(outs)} {_group(run)}")
     lengths = "".join(f", {_axis_name(a)}={_size_code(before[a])}" for a in pre + post)
     out_lengths = "".join(
         f", {_axis_name(a)}={_size_code(weight_size)}"
         for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
     )
     if not post:
-        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {_group(pre)} {_group(run)}")')
+        _rearrange(writer, "x", writer.pattern(), f"{_group(pre)} {_group(run)}")
         writer.emit(f"x = F.linear(x, w)  # Share({weight.name}), Reduce({', '.join(run)})")
         flat = f"{_group(pre)} {_group(outs)}"
     else:
-        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {_group(pre)} {_group(run)} {_group(post)}")')
+        _rearrange(writer, "x", writer.pattern(), f"{_group(pre)} {_group(run)} {_group(post)}")
         writer.emit(f"x = torch.matmul(w, x)  # Share({weight.name}), Reduce({', '.join(run)})")
         flat = f"{_group(pre)} {_group(outs)} {_group(post)}"
     unflat = pre + outs + post
-    writer.emit(f'x = rearrange(x, "{flat} -> {writer.pattern(unflat)}"{lengths}{out_lengths})')
+    _rearrange(writer, "x", flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
     writer.axes = unflat
     return True
 
