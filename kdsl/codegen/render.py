@@ -79,13 +79,7 @@ def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
     from kdsl import solve
 
     plan = solve.plan(op, binding)
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
-    sizes: list[dict[str, Size]] = []
-    for step in plan.steps:
-        sizes.append(dict(live.sizes))
-        step.apply(live, context)
-    sizes.append(dict(live.sizes))
+    sizes: list[dict[str, Size]] = [dict(live) for live in plan.live]  # before each step, then after
     lines: list[str] = []
     source, source_dims = "x", [d.name for d in op.inputs]
     pending: list[tuple[Primitive, dict[str, Size]]] = []

@@ -29,9 +29,7 @@ from typing import Any
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError, ShapeError
 from kdsl.lang.primitives import (
-    BuildContext,
     Expand,
-    Live,
     Merge,
     Primitive,
     Reduce,
@@ -101,16 +99,9 @@ class Lowered:
         return tvm.IRModule({"main": self.prim_func()})
 
 
-def _sizes_along(plan_steps: Sequence[Primitive], op: Operator, binding: Mapping[str, int]) -> list[dict[str, int]]:
-    """The concrete live sizes before every step, and after the last one."""
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
-    snapshots = []
-    for step in plan_steps:
-        snapshots.append({n: int(s.evaluate(binding)) for n, s in live.sizes.items()})
-        step.apply(live, context)
-    snapshots.append({n: int(s.evaluate(binding)) for n, s in live.sizes.items()})
-    return snapshots
+def _sizes_along(plan: Any, binding: Mapping[str, int]) -> list[dict[str, int]]:
+    """The concrete live sizes before every step of the plan, and after the last one."""
+    return [{name: int(size.evaluate(binding)) for name, size in live} for live in plan.live]
 
 
 def _walk_up(
@@ -216,7 +207,7 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
     binding = solve.bind(op, layer)
     plan = solve.plan(op, binding)
     steps = list(plan.steps)
-    sizes = _sizes_along(steps, op, binding)
+    sizes = _sizes_along(plan, binding)
 
     x = te.placeholder(tuple(sizes[0][d.name] for d in op.inputs), dtype, name="x")
     weight_tensors: dict[str, Any] = {}
