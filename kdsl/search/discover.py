@@ -52,6 +52,8 @@ class DiscoverConfig:
     net: str = "proxy-resnet"
     spec: str = "conv2d"
     max_flops: str | None = "0.5x"
+    #: fewest parameters, relative to conv2d: operators with almost no weights cannot learn
+    min_params: str | None = None
     max_depth: int = 6
     strategy: str = "mcts"
     time_limit: float = 300.0
@@ -141,6 +143,7 @@ def _space(config: DiscoverConfig) -> Any:
         coefficients=config.coefficients,
         max_depth=config.max_depth,
         max_flops=config.max_flops,
+        min_params=config.min_params,
     )
 
 
@@ -296,6 +299,9 @@ def add_discover_command(subparsers: Any) -> None:
     parser.add_argument("--net", default="proxy-resnet", choices=NETS)
     parser.add_argument("--spec", default="conv2d")
     parser.add_argument("--max-flops", default="0.5x", help="FLOPs budget relative to conv2d (e.g. 0.5x), or none")
+    parser.add_argument(
+        "--min-params", default="none", help="fewest parameters relative to conv2d (e.g. 0.2x), or none"
+    )
     parser.add_argument("--max-depth", type=int, default=6)
     parser.add_argument("--strategy", default="mcts", choices=["mcts", "random", "enumerate"])
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for the whole run")
@@ -314,6 +320,7 @@ def _command(args: Any) -> int:
         net=args.net,
         spec=args.spec,
         max_flops=None if str(args.max_flops).lower() == "none" else args.max_flops,
+        min_params=None if str(args.min_params).lower() == "none" else args.min_params,
         max_depth=args.max_depth,
         strategy=args.strategy,
         time_limit=args.time_limit,
