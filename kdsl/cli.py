@@ -6,7 +6,7 @@
     kdsl results --db PATH [--top K] [--json]
     kdsl bench search
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
-    kdsl gallery list|build        the gallery's operators; build writes its pages
+    kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
     kdsl tune OP --layer NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH
     kdsl bench tune [--trials N] [--quick]
@@ -141,6 +141,23 @@ def command_check(args: argparse.Namespace) -> int:
 def command_gallery(args: argparse.Namespace) -> int:
     from kdsl import gallery
 
+    if args.action == "rediscover":
+        import json
+
+        from kdsl.search.rediscover import REDISCOVERY, SLOW, rediscover
+
+        out = Path(args.out) if args.out else gallery.directory()
+        records = {}
+        for name in sorted(REDISCOVERY):
+            if args.skip_slow and name in SLOW:
+                continue
+            records[name] = rediscover(name)
+            found = records[name]
+            text = f"depth {found.get('depth')}, {found['seconds']:.2f} s" if found["found"] else "not found"
+            print(f"{name:<28}{text}")
+        (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {out / 'rediscovery.json'}")
+        return 0
     if args.action == "build":
         from kdsl.pages import build_gallery, load_rediscovery
 
@@ -200,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument("action", choices=["list", "build"], nargs="?", default="list")
+    gallery.add_argument("action", choices=["list", "build", "rediscover"], nargs="?", default="list")
+    gallery.add_argument("--skip-slow", action="store_true", help="rediscover: skip syno_op1 (minutes)")
     gallery.add_argument("--out", help="folder for README.md and pages/ (default: the gallery folder)")
     gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
     gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")

@@ -124,3 +124,12 @@ def test_search_results_and_show_from_the_database(capsys, tmp_path):
     best = json.loads(out)["top"][0]
     code, out, _ = run(capsys, "show", "--db", db, best["key"][:10])
     assert code == 0 and f"key: {best['key']}" in out
+
+
+def test_gallery_rediscover_writes_records_that_build_reads(capsys, tmp_path):
+    code, out, _ = run(capsys, "gallery", "rediscover", "--skip-slow", "--out", str(tmp_path))
+    assert code == 0 and "conv2d" in out
+    records = json.loads((tmp_path / "rediscovery.json").read_text())
+    assert records["conv2d"]["found"] and records["conv2d"]["depth"] == 6
+    assert records["conv2d"]["key"] == gallery.load("conv2d").key
+    assert "syno_op1" not in records

@@ -19,51 +19,12 @@ from kdsl.search.canonical import canonical_path
 from kdsl.search.distance import shape_distance, state_distance
 from kdsl.search.enumerate import Enumeration, count_by_depth
 from kdsl.search.mcts import MCTS
+from kdsl.search.rediscover import NO_VIEWS, REDISCOVERY, SLOW
 from kdsl.search.run import search
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
 from kdsl.solve.constraints import check
-
-NO_VIEWS = {"Merge": 0, "Split": 0, "Shift": 0, "Stride": 0, "Expand": 0}
-
-# operator -> (spec, space options, depth): each space restricted as a user would (coefficient
-# choices, the reduced sizes, caps, depth) so that enumeration finds it in seconds
-REDISCOVERY = {
-    "pointwise_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps=NO_VIEWS), 2),
-    "shift_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps={**NO_VIEWS, "Shift": 2}), 4),
-    "depthwise_conv2d": (
-        "conv2d_same_channels",
-        dict(coefficients={"K": [3]}, reductions=["K"], caps={**NO_VIEWS, "Share": 1}),
-        5,
-    ),
-    "conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps={**NO_VIEWS, "Share": 1}), 6),
-    "depthwise_separable_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps=NO_VIEWS), 7),
-    "grouped_conv2d": (
-        "conv2d",
-        dict(
-            coefficients={"K": [3], "G": [4]},
-            reductions=["Cin/G", "K"],
-            caps={**NO_VIEWS, "Merge": 1, "Split": 1, "Share": 1},
-        ),
-        8,
-    ),
-    "conv2d_kx1_1xk": (
-        "conv2d",
-        dict(coefficients={"K": [3]}, reductions=["Cin", "Cout", "K"], caps={**NO_VIEWS, "Reduce": 4}),
-        8,
-    ),
-    "syno_op1": (
-        "conv2d",
-        dict(
-            coefficients={"K": [3], "G": ([32], 3), "s": [2]},
-            reductions=["G", "Cin/G", "K", "Cout/(G*s)"],
-            caps={**NO_VIEWS, "Split": 1, "Reduce": 5},
-        ),
-        10,
-    ),
-}
-SLOW = {"syno_op1"}  # about three minutes: run with KDSL_SLOW_TESTS=1
 
 
 def find(name):
