@@ -23,7 +23,7 @@ from __future__ import annotations
 import keyword
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.lang.build import Operator
@@ -99,11 +99,39 @@ def _size_code(size: Size) -> str:
 
 @dataclass
 class _Writer:
+    """Lines of the forward and the data's dims (``axes``, in order). Merges are deferred and
+    fused into one ``rearrange`` (``merged``: dim -> the physical dims it flattens), so a chain
+    like Merge(Cin, kh), Merge(., kw) copies an unfolded tensor once, not once per Merge."""
+
     lines: list[str]
     axes: list[str]
+    merged: dict[str, list[str]] = field(default_factory=dict)
+    physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
 
     def emit(self, line: str) -> None:
+        self.flush()
         self.lines.append(line)
+
+    def flush(self) -> None:
+        if not self.merged:
+            return
+        physical = self.physical
+        target = " ".join(
+            "(" + " ".join(_axis_name(d) for d in self.merged[a]) + ")" if a in self.merged else _axis_name(a)
+            for a in self.axes
+        )
+        self.merged = {}
+        self.lines.append(f'x = rearrange(x, "{self.pattern(physical)} -> {target}")')
+
+    def merge(self, outer: str, inner: str, name: str) -> None:
+        if not self.merged:
+            self.physical = list(self.axes)
+        position = self.axes.index(outer)
+        flattened = self.merged.pop(outer, [outer]) + self.merged.pop(inner, [inner])
+        rest = [a for a in self.axes if a not in (outer, inner)]
+        insert_at = sum(1 for a in self.axes[:position] if a != inner)
+        self.axes = rest[:insert_at] + [name] + rest[insert_at:]
+        self.merged[name] = flattened
 
     def pattern(self, axes: list[str] | None = None) -> str:
         return " ".join(_axis_name(a) for a in (self.axes if axes is None else axes))
@@ -132,7 +160,7 @@ def _forward_body(op: Operator, plan: Any, binding: Mapping[str, int] | None) ->
                     step.apply(live, context)
                 position = stage.stop
                 continue
-        for step in views:
+        for step in _reshapes_last(views):
             _emit_view(writer, step, live)
             step.apply(live, context)
         if stage is not None:
@@ -146,6 +174,27 @@ def _forward_body(op: Operator, plan: Any, binding: Mapping[str, int] | None) ->
         writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {writer.pattern(outputs)}")')
     writer.emit("return x")
     return writer.lines, [w.name for w in op.weights]
+
+
+def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
+    """The same views with Split/Merge moved after the views they commute with (ones on other
+    dims), so that deferred Merges fuse into one copy after Unfolds instead of one copy per Unfold."""
+    remaining = list(views)
+    ordered: list[Primitive] = []
+
+    def names(step: Primitive) -> set[str]:
+        return set(step.consumes) | set(step.produces)
+
+    while remaining:
+        choice = 0
+        for index, step in enumerate(remaining):
+            if isinstance(step, (Split, Merge)):
+                continue
+            if all(not names(step) & names(earlier) for earlier in remaining[:index]):
+                choice = index
+                break
+        ordered.append(remaining.pop(choice))
+    return ordered
 
 
 @dataclass
@@ -401,15 +450,7 @@ def _emit_view(writer: _Writer, step: Primitive, live: Live | None) -> None:
         )
         writer.axes = after
     elif isinstance(step, Merge):
-        position = axes.index(step.outer)
-        rest = [a for a in axes if a not in (step.outer, step.inner)]
-        insert_at = sum(1 for a in axes[:position] if a != step.inner)
-        after = rest[:insert_at] + [step.name] + rest[insert_at:]
-        grouped = [_axis_name(a) for a in rest[:insert_at]]
-        grouped.append(f"({_axis_name(step.outer)} {_axis_name(step.inner)})")
-        grouped += [_axis_name(a) for a in rest[insert_at:]]
-        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {" ".join(grouped)}")')
-        writer.axes = after
+        writer.merge(step.outer, step.inner, step.name)
     elif isinstance(step, Shift):
         writer.emit(f"x = torch.roll(x, shifts={-step.offset}, dims={axes.index(step.dim)})  # Shift({step.dim})")
     elif isinstance(step, Expand):
