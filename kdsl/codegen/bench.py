@@ -40,17 +40,9 @@ def _time(function: Callable[[], Any], target: float = 0.15, repeats: int = 5) -
 
 
 def _layers(table: str, batch: int) -> list[tuple[str, dict[str, int]]]:
-    from kdsl import solve
+    from kdsl.solve.layers import load_layers, with_batch
 
-    layers = []
-    for layer in solve.load_layers(table):
-        values = dict(layer.values)
-        values["N"] = batch
-        if "H" in values and "W" in values:
-            values["M"] = batch * values["H"] * values["W"]
-            values["L"] = values["H"] * values["W"]
-        layers.append((layer.name, values))
-    return layers
+    return [(layer.name, with_batch(layer, batch).values) for layer in load_layers(table)]
 
 
 def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[str, str, dict[str, int], int]]:

@@ -137,8 +137,8 @@ class _Writer:
         return " ".join(_axis_name(a) for a in (self.axes if axes is None else axes))
 
 
-def _forward_body(op: Operator, plan: Any, binding: Mapping[str, int] | None) -> tuple[list[str], list[str]]:
-    """The forward's lines (indented by the caller) and the ordered weight names it uses."""
+def _forward_body(op: Operator, plan: Any) -> list[str]:
+    """The forward's lines (indented by the caller)."""
     writer = _Writer([], [d.name for d in op.inputs])
     live = Live({d.name: d.size for d in op.inputs}, frozenset())
     context = BuildContext()
@@ -173,7 +173,7 @@ def _forward_body(op: Operator, plan: Any, binding: Mapping[str, int] | None) ->
     if writer.axes != outputs:
         writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {writer.pattern(outputs)}")')
     writer.emit("return x")
-    return writer.lines, [w.name for w in op.weights]
+    return writer.lines
 
 
 def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
@@ -559,7 +559,7 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
 
     binding = solve.bind(op, layer) if layer is not None else None
     plan = solve.plan(op, binding)
-    body, _ = _forward_body(op, plan, binding)
+    body = _forward_body(op, plan)
     variables = [v.name for v in op.variables]
     for variable in variables:
         if keyword.iskeyword(variable) or variable in ("self", "x", "weights"):

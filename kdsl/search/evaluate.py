@@ -19,28 +19,7 @@ from typing import Any
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 
-__all__ = ["analytic_reward", "evaluate", "total_cost"]
-
-
-def _solver():
-    """The solver's ``check`` and ``cost`` (from the package when it exports them)."""
-    try:
-        from kdsl.solve import check, cost  # type: ignore[attr-defined]
-    except ImportError:
-        from kdsl.solve.constraints import check
-        from kdsl.solve.cost import cost
-    return check, cost
-
-
-def total_cost(op: Operator, layers, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
-    """FLOPs and parameters of ``op`` summed over ``layers``."""
-    _, cost = _solver()
-    totals = {"flops": 0, "params": 0}
-    for layer in layers:
-        each = cost(op, layer, coefficients)
-        totals["flops"] += int(each["flops"])
-        totals["params"] += int(each["params"])
-    return totals
+__all__ = ["analytic_reward", "evaluate"]
 
 
 def evaluate(space, op: Operator) -> dict[str, Any]:
@@ -48,7 +27,8 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
 
     Returns ``status`` (``valid``, ``invalid`` or ``over_budget``), ``error``, per-layer and total
     ``flops`` and ``params``."""
-    check, cost = _solver()
+    from kdsl.solve import check, cost
+
     coefficients = op.default_coefficients
     result: dict[str, Any] = {"status": "valid", "error": None, "coefficients": coefficients}
     try:

@@ -176,19 +176,12 @@ def _baseline(name: str) -> Operator:
 
 
 def _table(layers: object, batch: int | None = None) -> tuple[Any, ...]:
-    from kdsl.solve.layers import Layer, load_layers
+    from kdsl.solve.layers import load_layers, with_batch
 
     table = load_layers(layers)
     if batch is None:
         return table
-    resized = []
-    for layer in table:
-        values = layer.values
-        values["N"] = batch
-        if "H" in values and "W" in values:
-            values.update(M=batch * values["H"] * values["W"], L=values["H"] * values["W"])
-        resized.append(Layer(layer.name, values))
-    return tuple(resized)
+    return tuple(with_batch(layer, batch) for layer in table)
 
 
 def _ratio(value: float, base: float) -> float:

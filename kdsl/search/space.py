@@ -457,7 +457,7 @@ class Space:
             if not self.baseline_name:
                 raise SearchError(f"spec {self.spec.name} has no baseline operator for relative budgets")
             from kdsl import gallery
-            from kdsl.search.evaluate import total_cost
+            from kdsl.solve import total_cost
 
             op = gallery.load(self.baseline_name)
             self._baseline_cost = total_cost(op, self.layers, op.default_coefficients)

@@ -110,6 +110,19 @@ def _views(values: dict[str, int]) -> dict[str, int]:
     return {**values, "M": values["N"] * values["H"] * values["W"], "L": values["H"] * values["W"]}
 
 
+def with_batch(layer: Layer, batch: int) -> Layer:
+    """The same layer with batch size ``batch`` (and ``M``, ``L`` recomputed when it has H and W).
+
+    >>> with_batch(load_layers("resnet18")[0], 8)["M"]
+    25088
+    """
+    values = layer.values
+    values["N"] = batch
+    if "H" in values and "W" in values:
+        values = _views(values)
+    return Layer(layer.name, values)
+
+
 def _resnet18() -> tuple[Layer, ...]:
     rows = (("conv2_x", 64, 56), ("conv3_x", 128, 28), ("conv4_x", 256, 14), ("conv5_x", 512, 7))
     return tuple(Layer(name, _views({"N": 1, "Cin": c, "Cout": c, "H": h, "W": h})) for name, c, h in rows)
