@@ -45,6 +45,10 @@ from kdsl.lang.primitives import (
 def load_tvm() -> Any:
     """Import tvm with this machine's thread settings, or explain how to install it."""
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    # Unpinned threads: with TVM's default pinning, about one process in four ran every kernel ~1.5x
+    # slower for its whole life (syno_op1 at conv3_x: 1.5 ms instead of 1.03 ms in 2 of 9 fresh
+    # processes; 0 of 6 with pinning off), and pinned TVM threads slow PyTorch in the same process.
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     try:
         import tvm
         import tvm.te
@@ -75,6 +79,9 @@ class StageInfo:
     reduced: list[str]  # dim names of the reduction axes, in order
     weight_only: set[str] = field(default_factory=set)  # spatial dims that only weights index
     is_copy: bool = False  # a pure view (no contraction)
+    is_pad: bool = False  # a zero-padded copy of a tensor that a window (Unfold) reads past the edges
+    padded: tuple[int, ...] = ()  # for a pad stage: the positions of the padded dims
+    reads_from: tuple[str, ...] = ()  # the stages (pads included) whose results this stage reads
 
 
 @dataclass
@@ -104,15 +111,31 @@ def _sizes_along(plan: Any, binding: Mapping[str, int]) -> list[dict[str, int]]:
     return [{name: int(size.evaluate(binding)) for name, size in live} for live in plan.live]
 
 
+@dataclass
+class _Guard:
+    """The validity condition of a windowed read: ``0 <= coordinate < size`` of dim ``dim``.
+
+    ``pad`` is the (low, high) zero padding of ``dim`` that makes the condition always true, when the
+    coordinate reaches the source tensor unchanged (no view above the Unfold touches ``dim``)."""
+
+    condition: Any
+    dim: str
+    pad: tuple[int, int] | None
+
+
 def _walk_up(
     tvm: Any, views: list[tuple[Primitive, dict[str, int]]], coords: dict[str, Any], binding: Mapping[str, int]
-) -> tuple[dict[str, Any], list[Any]]:
+) -> tuple[dict[str, Any], list[_Guard]]:
     """Walk ``views`` (each with the live sizes before it) bottom-up from ``coords``: return the
     coordinates in the tensor before the first view, and the guards that make a read valid."""
     coords = dict(coords)
-    guards = []
+    guards: list[_Guard] = []
     shifted: dict[str, tuple[Any, int]] = {}  # dim -> (coordinate before its Shifts, total offset)
     for step, sizes in reversed(views):
+        touched = {*step.consumes, *step.produces, getattr(step, "dim", None)}
+        for guard in guards:
+            if guard.dim in touched:
+                guard.pad = None  # the coordinate is remapped above the window: padding cannot replace the guard
         for name in step.consumes + step.produces:
             if not isinstance(step, Shift):
                 shifted.pop(name, None)
@@ -137,15 +160,51 @@ def _walk_up(
             coords.pop(step.name)
         elif isinstance(step, Unfold):
             window = coords.pop(step.name)
-            source = coords[step.dim] + window - int(step.window.evaluate(binding)) // 2
+            k = int(step.window.evaluate(binding))
+            source = coords[step.dim] + window - k // 2
             # bounded by the size of the dim being unfolded, not by the window
-            guards.append(tvm.tirx.all(source >= 0, source < sizes[step.dim]))
+            condition = tvm.tirx.all(source >= 0, source < sizes[step.dim])
+            guards.append(_Guard(condition, step.dim, (k // 2, k - 1 - k // 2)))
             coords[step.dim] = source
         elif isinstance(step, Stride):
             coords[step.dim] = coords[step.dim] * int(step.stride.evaluate(binding))
         else:  # pragma: no cover - the plan only puts views between stages
             raise LoweringError(f"unexpected step between stages: {step!r}")
     return coords, guards
+
+
+def _paddings(
+    tvm: Any, views: list[tuple[Primitive, dict[str, int]]], names: Sequence[str], binding: Mapping[str, int]
+) -> dict[str, tuple[int, int]]:
+    """The zero padding of the source's dims that removes the guards of reads through ``views``
+    (found by walking symbolic coordinates of the dims ``names``)."""
+    probe = {name: tvm.tirx.Var(f"probe_{name}", "int32") for name in names}
+    _, guards = _walk_up(tvm, views, probe, binding)
+    pads: dict[str, tuple[int, int]] = {}
+    for guard in guards:
+        if guard.pad is not None and guard.pad != (0, 0):
+            low, high = pads.get(guard.dim, (0, 0))
+            pads[guard.dim] = (max(low, guard.pad[0]), max(high, guard.pad[1]))
+    return pads
+
+
+def _pad(tvm: Any, tensor: Any, dims: list[str], pads: Mapping[str, tuple[int, int]], name: str, dtype: str) -> Any:
+    """``tensor`` with zeros around the dims of ``pads``: ``padded[i + low] = tensor[i]``."""
+    shape = [int(n) + sum(pads.get(d, (0, 0))) for n, d in zip(tensor.shape, dims)]
+
+    def compute(*indices: Any) -> Any:
+        inside, source = [], []
+        for index, d, n in zip(indices, dims, tensor.shape):
+            low = pads.get(d, (0, 0))[0]
+            if d in pads:
+                inside.extend([index >= low, index < low + int(n)])
+            source.append(index - low if low else index)
+        value = tensor[tuple(source)]
+        if not inside:
+            return value
+        return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0.0, dtype))
+
+    return tvm.te.compute(tuple(shape), compute, name=name)
 
 
 def _cyclic(tvm: Any, coordinate: Any, offset: int, extent: int) -> Any:
@@ -157,10 +216,25 @@ def _cyclic(tvm: Any, coordinate: Any, offset: int, extent: int) -> Any:
     return tvm.tirx.Select(moved >= extent, moved - extent, moved)
 
 
-def _read(tvm: Any, tensor: Any, dims: list[str], coords: dict[str, Any], guards: list[Any], dtype: str) -> Any:
+def _read(
+    tvm: Any,
+    tensor: Any,
+    dims: list[str],
+    coords: dict[str, Any],
+    guards: list[_Guard],
+    dtype: str,
+    padded: tuple[Any, Mapping[str, tuple[int, int]]] | None = None,
+) -> Any:
+    """``tensor[coords]``, zero where a guard fails; with ``padded = (tensor, pads)`` the padded copy is
+    read instead and the guards it covers are dropped."""
+    if padded is not None:
+        tensor, pads = padded
+        coords = {d: c + pads[d][0] if d in pads else c for d, c in coords.items()}
+        guards = [g for g in guards if g.pad is None or g.dim not in pads]
     value = tensor[tuple(coords[d] for d in dims)]
     if guards:
-        condition = guards[0] if len(guards) == 1 else tvm.tirx.all(*guards)
+        conditions = [g.condition for g in guards]
+        condition = conditions[0] if len(conditions) == 1 else tvm.tirx.all(*conditions)
         value = tvm.tirx.if_then_else(condition, value, tvm.tirx.const(0.0, dtype))
     return value
 
@@ -178,6 +252,7 @@ def _stage_body(
     source_dims: list[str],
     mean_sizes: list[int],
     new_dims: set[str],
+    padded: tuple[Any, Mapping[str, tuple[int, int]]] | None,
 ) -> Callable[..., Any]:
     """The ``fcompute`` of one contraction stage."""
 
@@ -186,7 +261,7 @@ def _stage_body(
         coords.update(axes)
         data_coords = {k: v for k, v in coords.items() if k not in new_dims}
         up, guards = _walk_up(tvm, pending, data_coords, binding)
-        value = _read(tvm, source, source_dims, up, guards, dtype)
+        value = _read(tvm, source, source_dims, up, guards, dtype, padded)
         for weight in shares:
             value = value * weight_tensors[weight.name][tuple(coords[d.name] for d in weight.dims)]
         if mean_sizes:
@@ -221,6 +296,20 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
     source, source_dims = x, [d.name for d in op.inputs]
     pending: list[tuple[Primitive, dict[str, int]]] = []
     stages: list[StageInfo] = []
+
+    def padder(
+        tensor: Any, dims: list[str], views: list[tuple[Primitive, dict[str, int]]], names: Sequence[str]
+    ) -> tuple[Any, dict[str, tuple[int, int]]] | None:
+        """A zero-padded copy of ``tensor`` (a stage of its own) for reads through windows, so that the
+        reading stage has no bounds checks; the scheduler may inline it back."""
+        pads = _paddings(tvm, views, names, binding)
+        if not pads:
+            return None
+        name = f"pad{sum(1 for s in stages if s.is_pad)}"
+        padded_dims = tuple(i for i, d in enumerate(dims) if d in pads)
+        stages.append(StageInfo(name, list(dims), [], is_pad=True, padded=padded_dims, reads_from=(tensor.op.name,)))
+        return _pad(tvm, tensor, dims, pads, name, dtype), pads
+
     stage_starts = {stage.start: stage for stage in plan.stages}
     index = 0
     while index < len(steps):
@@ -238,9 +327,11 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         }
         means = [step.dim for step in block if isinstance(step, Reduce) and step.mean]
         shares = [step.weight for step in block if isinstance(step, Share)]
-        name = f"stage{len(stages)}"
+        name = f"stage{sum(1 for s in stages if not s.is_pad)}"
         axes = {r: te.reduce_axis((0, reduce_sizes[r]), name=f"r_{r}") for r in reduced}
         new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
+        data_names = [d for d in [*result, *axes] if d not in new_dims]
+        padded = padder(source, source_dims, pending, data_names)
 
         compute = _stage_body(
             tvm,
@@ -255,11 +346,13 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
             list(source_dims),
             [reduce_sizes[m] for m in means],
             new_dims,
+            padded,
         )
         shape = tuple(after[r] for r in result)
+        read = (padded[0] if padded else source).op.name
         source = te.compute(shape, compute, name=name)
         source_dims = result
-        stages.append(StageInfo(name, result, reduced, weight_only=new_dims & set(result)))
+        stages.append(StageInfo(name, result, reduced, weight_only=new_dims & set(result), reads_from=(read,)))
         pending = []
         index = stage.stop
 
@@ -267,13 +360,15 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
     output_shape = tuple(sizes[-1][n] for n in output_names)
     if pending or source is x or source_dims != output_names:
         pending_views, copied, copied_dims = list(pending), source, list(source_dims)
+        copy_padded = padder(copied, copied_dims, pending_views, output_names)
 
         def copy(*indices: Any) -> Any:
             up, guards = _walk_up(tvm, pending_views, dict(zip(output_names, indices)), binding)
-            return _read(tvm, copied, copied_dims, up, guards, dtype)
+            return _read(tvm, copied, copied_dims, up, guards, dtype, copy_padded)
 
         source = te.compute(output_shape, copy, name="out")
-        stages.append(StageInfo("out", output_names, [], is_copy=True))
+        read = (copy_padded[0] if copy_padded else copied).op.name
+        stages.append(StageInfo("out", output_names, [], is_copy=True, reads_from=(read,)))
     return Lowered(op, binding, x, weights, source, stages, output_shape)
 
 

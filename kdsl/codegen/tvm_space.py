@@ -52,7 +52,7 @@ from typing import Any
 from kdsl.lang.errors import LoweringError
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-1"
+VERSION = "tvm-space-2"
 #: Vector lanes of fp32 on AVX-512.
 LANES = 16
 #: Most elements in a local accumulator tile (larger tiles are rejected: they live in memory anyway).
@@ -295,12 +295,13 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 @dataclass
 class _Stage:
     name: str
-    kind: str  # "reduce", "spatial" (element-wise) or "copy"
+    kind: str  # "reduce", "spatial" (element-wise), "copy" or "pad" (a zero-padded copy for windows)
     spatial: list[tuple[str, int]]  # (axis label, extent), block iter order
     reduced: list[tuple[str, int]]
     weight_only: set[str]
     reads: list[tuple[str, list[set[int]]]]  # (buffer name, per buffer dim: the block iter indices used)
     consumers: list[str] = field(default_factory=list)
+    padded: tuple[int, ...] = ()  # a pad stage's padded dims
 
 
 @dataclass
@@ -354,9 +355,9 @@ class Space:
                     dims.append({i for i, v in enumerate(ivars) if any(v.same_as(u) for u in used)})
                 reads.append((region.source.name, dims))
                 read_first.setdefault(region.source.name, info.name)
-            kind = "copy" if info.is_copy else ("reduce" if reduce_ix else "spatial")
+            kind = "pad" if info.is_pad else "copy" if info.is_copy else ("reduce" if reduce_ix else "spatial")
             weight_only = {labels[k] for k, d in enumerate(info.spatial) if d in info.weight_only}
-            self.stages.append(_Stage(info.name, kind, spatial, reduced, weight_only, reads))
+            self.stages.append(_Stage(info.name, kind, spatial, reduced, weight_only, reads, padded=info.padded))
         names = {s.name for s in self.stages}
         for stage in self.stages:
             for buffer, _ in stage.reads:
@@ -406,6 +407,9 @@ class Space:
                 producers = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
                 if len(producers) == 1 and self._stage(producers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.inline", (True, False)))
+            elif stage.kind == "pad":
+                # materialized (a parallel, vectorized copy) or inlined (bounds checks in the reader)
+                self._add(Categorical(f"{s}.inline", (False, True)))
         for tensor in self.tensors:
             if not tensor.reader or len(tensor.shape) < 1:
                 continue
@@ -446,31 +450,39 @@ class Space:
     # -- a heuristic starting point ------------------------------------------------------------------
 
     def heuristic(self) -> dict[str, Any]:
-        """A register-tiled configuration in the spirit of the default schedule: the weight-only (or last
-        contiguous) axis vectorized by 16-32 lanes, another axis in registers, reductions outside the tile,
-        local accumulator, weights packed along the vector axis, copies folded into the write-back."""
+        """A register-tiled configuration in the spirit of the default schedule: an axis along which the
+        data reads are contiguous or broadcast vectorized by up to 32 lanes, other axes in registers,
+        reductions outside the tile, local accumulator, weights packed along the vector axis, copies
+        folded into the write-back, and a zero-padded copy materialized only where its bounds checks
+        would fall inside the vector (a check per lane keeps LLVM from vectorizing the read)."""
         config = {name: self._identity(param) for name, param in self.parameters.items()}
+        vectors: dict[str, str] = {}
         for stage in self.stages:
             s = stage.name
+            if stage.kind == "copy" and f"{s}.inline" in config:
+                config[f"{s}.inline"] = True
             if stage.kind != "reduce":
-                if f"{s}.inline" in config:
-                    config[f"{s}.inline"] = True
                 continue
             spatial = [(a, e) for a, e in stage.spatial if e > 1]
             if not spatial:
                 continue
             vector = self._preferred_vector(stage)
+            vectors[s] = vector
             config[f"{s}.vector"] = vector
             extent = dict(spatial)[vector]
-            vf = next((f for f in (2 * LANES, LANES, LANES // 2, 4) if extent % f == 0), 1)
+            vf = next((f for f in (2 * LANES, LANES, LANES // 2) if extent % f == 0), None)
+            if vf is None:  # a short axis: all of it (LLVM splits an odd width into whole vectors)
+                vf = extent if extent <= 2 * LANES and extent % 4 == 0 else 4 if extent % 4 == 0 else 1
             config[f"{s}.tile.{vector}"] = (extent // vf, 1, vf)
-            budget = max(1, 16 // max(1, vf // LANES))
+            budget = max(1, 16 // max(1, -(-vf // LANES)))
             others = [(a, e) for a, e in spatial if a != vector]
-            data = [(a, e) for a, e in others if a not in stage.weight_only] or others
-            if data:
-                axis, e = data[-1]
+            data = [(a, e) for a, e in others if a not in stage.weight_only]
+            weight = [(a, e) for a, e in others if a in stage.weight_only]
+            for axis, e in [*reversed(weight), *reversed(data)]:
                 uf = max(d for d in range(1, min(e, budget) + 1) if e % d == 0)
-                config[f"{s}.tile.{axis}"] = (e // uf, 1, uf)
+                if uf > 1:
+                    config[f"{s}.tile.{axis}"] = (e // uf, 1, uf)
+                    budget //= uf
             for axis, e in stage.reduced:
                 if e > 1:
                     config[f"{s}.tile.{axis}"] = (1, e) if e <= 4 else (e, 1)
@@ -483,7 +495,19 @@ class Space:
                     param = self.parameters.get(f"layout.{tensor.name}.tile")
                     if dim is not None and dim != len(tensor.shape) - 1 and param and choice in param.choices:
                         config[f"layout.{tensor.name}.tile"] = choice
+        for stage in self.stages:
+            if stage.kind == "pad":
+                config[f"{stage.name}.inline"] = not any(
+                    self._pad_in_vector(stage, self._stage(c), vectors.get(c)) for c in stage.consumers
+                )
         return self.validate(config)
+
+    def _pad_in_vector(self, pad: _Stage, reader: _Stage, vector: str | None) -> bool:
+        """Whether ``reader`` indexes a padded dim of ``pad`` with its vector axis."""
+        if vector is None:
+            return False
+        i = [a for a, _ in reader.spatial].index(vector)
+        return any(name == pad.name and any(i in dims[d] for d in pad.padded) for name, dims in reader.reads)
 
     def _identity(self, param: Parameter) -> Any:
         if isinstance(param, Factorization):
@@ -499,11 +523,14 @@ class Space:
         spatial = [(a, e) for a, e in stage.spatial if e > 1]
         labels = [a for a, _ in stage.spatial]
 
-        def score(item: tuple[str, int]) -> tuple[bool, bool, bool, int]:
+        weights = {t.name for t in self.tensors if t.kind == "weight"}
+
+        def score(item: tuple[str, int]) -> tuple[bool, bool, int, bool, int]:
             axis, extent = item
             i = labels.index(axis)
-            contiguous = all(not any(i in d for d in dims[:-1]) for _, dims in stage.reads)
-            return (extent % LANES == 0, axis in stage.weight_only, contiguous, i)
+            # data reads must be contiguous (or broadcast) along it: weights get packed, data does not
+            contiguous = all(not any(i in d for d in dims[:-1]) for name, dims in stage.reads if name not in weights)
+            return (contiguous, extent % LANES == 0, min(extent, LANES), axis in stage.weight_only, i)
 
         return max(spatial, key=score)[0]
 
@@ -562,6 +589,8 @@ class _Applier:
                 self._reduce(stage)
             elif stage.kind == "copy":
                 self._copy(stage)
+            elif stage.kind == "pad" and config[f"{stage.name}.inline"]:
+                sch.compute_inline(sch.get_sblock(stage.name))
             else:
                 self._spatial(sch.get_sblock(stage.name))
         for stage in space.stages:
@@ -588,8 +617,8 @@ class _Applier:
         return self.space.tvm.tirx.IndexMap.from_func(index_map, ndim=ndim, index_dtype="int32")
 
     def _layout(self, tensor: _Tensor) -> None:
-        if not tensor.reader:
-            return
+        if not tensor.reader or self.config.get(f"{tensor.name}.inline") is True:
+            return  # an inlined pad has no buffer of its own
         index_map = self._index_map(tensor)
         if index_map is None:
             return
