@@ -45,9 +45,9 @@ from kdsl.lang.primitives import (
 def load_tvm() -> Any:
     """Import tvm with this machine's thread settings, or explain how to install it."""
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    # Unpinned threads: with TVM's default pinning, about one process in four ran every kernel ~1.5x
-    # slower for its whole life (syno_op1 at conv3_x: 1.5 ms instead of 1.03 ms in 2 of 9 fresh
-    # processes; 0 of 6 with pinning off), and pinned TVM threads slow PyTorch in the same process.
+    # Unpinned threads: pinned TVM workers slow PyTorch in the same process (TVM.md), and pinning bought
+    # nothing here (syno_op1 at conv3_x timed the same either way; on these VMs a kernel's time drifts
+    # by up to 1.5x between processes and minutes whatever the setting: compare alternated runs only).
     os.environ.setdefault("TVM_BIND_THREADS", "0")
     try:
         import tvm
