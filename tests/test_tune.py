@@ -148,13 +148,30 @@ def test_records_resume_without_remeasuring(tmp_path, measurer):
     op = gallery.load("matmul")
     db = tmp_path / "r.db"
     if True:
-        first = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer)
+        first = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer, confirm=0)
         store = RecordStore(db)
         before = {r.key for r in store.records(first.task)}
         compiled = measurer.count
-        second = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer)
+        second = tune(op, SMALL, "opevo", 4, db, batch=4, measurer=measurer, confirm=0)
     after = store.records(second.task)
     new = [r for r in after if r.key not in before]
     assert len(after) == len({(r.tuner, r.key) for r in after})  # no configuration stored twice
     assert second.measured == 4 and len([r for r in new if r.latency is not None]) == 4
     assert measurer.count - compiled == len([r for r in new if r.error is None or "compile" in (r.error or "")])
+
+
+def test_the_fastest_records_are_re_timed_and_keep_a_median(tmp_path, measurer):
+    from kdsl import gallery
+    from kdsl.search.tune import RecordStore, _confirm, tune
+
+    db = tmp_path / "c.db"
+    run = tune(gallery.load("matmul"), SMALL, "opevo", 6, db, batch=6, measurer=measurer, confirm=0)
+    store = RecordStore(db)
+    before = {r.key: r.latency for r in store.records(run.task) if r.latency is not None}
+    compiled = measurer.count
+    _confirm(store, run.task, "opevo", _space(), measurer, 0.0, 3, None)
+    after = {r.key: r.latency for r in store.records(run.task) if r.latency is not None}
+    top = sorted(before, key=before.get)[:3]
+    assert measurer.count - compiled == 3  # the three fastest compiled again
+    assert all(after[k] == before[k] for k in before if k not in top)  # the others untouched
+    assert all(after[k] > 0 for k in top) and any(after[k] != before[k] for k in top)

@@ -7,7 +7,8 @@ of this CPU (:func:`estimate`): the time of a stage is the largest of its comput
 by vector, register-tile and parallel efficiency) and its data traffic at each cache level (footprints of
 the loop nest below each loop against L1/L2 capacity, times the iterations outside), and the walk moves
 to ``s'`` with probability ∝ ``exp(-(log t(s') - log t(s)) / T)``, ``T`` annealed towards 0. Walks start
-from the unscheduled program (everything at root, nothing tiled) and construct a schedule in seconds,
+from the unscheduled program (everything at root, nothing tiled) and from the space's rule-based
+configuration (:meth:`~kdsl.codegen.tvm_space.Space.heuristic`), and construct a schedule in seconds,
 without measuring anything; :class:`Gensor` then proposes the best-estimated distinct schedules, so that
 measuring its top few is optional (``kdsl tune --tuner gensor --trials 1`` measures just its pick).
 
@@ -93,6 +94,15 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Machine)
     vf = v_inner[0][1] if v_inner else 1
     lanes = m.lanes
     vec_eff = (vf / (math.ceil(vf / lanes) * lanes)) if vf >= 4 else 1.0 / lanes
+    guards = 1.0
+    for buffer, dims in stage.reads:  # an inlined zero-padded copy: its bounds checks come along
+        pad = next((p for p in space.stages if p.name == buffer and p.kind == "pad"), None)
+        if pad is None or config.get(f"{buffer}.inline") is not True:
+            continue
+        if vi is not None and vf >= 4 and any(vi in dims[d] for d in pad.padded):
+            vec_eff /= lanes  # a check per lane: the read is not vectorized
+        else:
+            guards *= 1.05  # a check per broadcast scalar
     if vi is not None and vf >= 4:
         for buffer, dims in stage.reads:
             uses = [d for d, used in enumerate(dims) if vi in used]
@@ -115,7 +125,7 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Machine)
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
     peak = m.cores * m.fma_per_cycle * lanes * m.hz
-    compute = macs / (peak * vec_eff * reg_eff * par_eff * min(unroll, 1.0) + 1e-9) / unroll
+    compute = guards * macs / (peak * vec_eff * reg_eff * par_eff * min(unroll, 1.0) + 1e-9) / unroll
     # memory: footprint of the nest below each loop, against each cache level
     buffers = [dims for _, dims in stage.reads] + [[{k} for k in range(nspatial)]]
     extents_below = [1] * len(axes)
@@ -214,13 +224,16 @@ class Gensor:
                 self.best_measured = (record.latency, record.config)
 
     def construct(self) -> None:
-        """Run the walks (from the unscheduled program, and from the best measured schedule if any)."""
-        starts = [identity(self.space)] * self.walks
+        """Run the walks: from the unscheduled program, from the space's rule-based schedule (Gensor
+        builds from rules too; the model decides where to go from there), and from the best measured
+        schedule if any."""
+        starts = [identity(self.space)] * self.walks + [self.space.heuristic()]
         if self.best_measured is not None:
             starts.append({k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()})
-        for start in starts:
-            self.pool.extend(walk(self.space, start, self.rng, steps=self.steps))
-        self.pool.sort(key=lambda cc: cc[0])
+        # the walks' best states in turn (each walk's best first): the global top few are near-copies
+        # of one state, and the model is not exact enough to bet a whole batch on one walk
+        walks = [sorted(walk(self.space, start, self.rng, steps=self.steps), key=lambda cc: cc[0]) for start in starts]
+        self.pool = [walk_[i] for i in range(max(len(w) for w in walks)) for walk_ in walks if i < len(walk_)]
 
     def propose(self, n: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -253,6 +266,8 @@ class Gensor:
 def construct(space: Space, seed: int = 0, walks: int = 3, steps: int = 300) -> dict[str, Any]:
     """Gensor's schedule without any measurement: the best-estimated valid configuration of the walks."""
     tuner = Gensor(space, seed=seed, walks=walks, steps=steps)
+    tuner.construct()
+    tuner.pool.sort(key=lambda cc: cc[0])  # no measurement to come: the best estimate of all walks
     picks = tuner.propose(1)
     if not picks:
         raise LoweringError("the walks found no valid schedule")

@@ -7,9 +7,12 @@ that parameter's topology (:func:`kdsl.codegen.tvm_space.q_random_walk`: a prime
 slots, two loops swap, a discrete value steps to a neighbour, a categorical one jumps to any other).
 No configuration is proposed twice: a child already seen mutates again.
 
-The first population is the space's heuristic configuration plus random ones that the space accepts
-(a cheap check that the schedule applies), so that no trial is spent on a configuration the space
-rejects outright.
+Two departures from the paper, for spaces of 30-50 parameters and budgets of tens of trials: a mutation
+walks each parameter with probability ``walks / #parameters`` (about two per child; the paper walks all
+of them, which here changes ~15 parameters at once: a random restart), and the first population is the
+space's heuristic configuration, its mutations and a share (``explore``) of random configurations that the
+space accepts (a cheap check that the schedule applies), so that no trial is spent on a configuration the
+space rejects outright.
 
 >>> import random
 >>> from kdsl.codegen.tvm_space import Factorization
@@ -44,9 +47,18 @@ def recombine(
     return child
 
 
-def mutate(params: Mapping[str, Parameter], config: Mapping[str, Any], q: float, rng: random.Random) -> dict[str, Any]:
-    """Every parameter moved by an independent q-random walk."""
-    return {name: q_random_walk(param, config[name], q, rng) for name, param in params.items()}
+def mutate(
+    params: Mapping[str, Parameter], config: Mapping[str, Any], q: float, rng: random.Random, rate: float = 1.0
+) -> dict[str, Any]:
+    """Parameters moved by independent q-random walks; each one walks with probability ``rate``.
+
+    ``rate=1`` is OpEvo's mutation (every parameter walks). A schedule space of 30-50 parameters then
+    changes ~15 of them per child with ``q=0.5``, which is a random restart rather than a local step, so
+    :class:`OpEvo` walks about two parameters per child (``rate = 2 / #parameters``)."""
+    return {
+        name: q_random_walk(param, config[name], q, rng) if rate >= 1 or rng.random() < rate else config[name]
+        for name, param in params.items()
+    }
 
 
 def random_valid(space: Space, rng: random.Random, seen: set[str], tries: int = 200) -> dict[str, Any] | None:
@@ -77,6 +89,8 @@ class OpEvo:
         seed: int = 0,
         parents: int = 8,
         q: float = 0.5,
+        walks: float = 2.0,
+        explore: float = 0.25,
         fixed: Mapping[str, Any] | None = None,
         start: Mapping[str, Any] | None = None,
         seen: set[str] | None = None,
@@ -87,6 +101,8 @@ class OpEvo:
         self.q = q
         self.fixed = dict(fixed or {})
         self.free = {n: p for n, p in space.parameters.items() if n not in self.fixed}
+        self.rate = min(1.0, walks / max(1, len(self.free)))  # expected parameters walked per mutation
+        self.explore = explore  # share of random configurations in the first population
         self.seen: set[str] = seen if seen is not None else set()
         self.population: list[tuple[dict[str, Any], float]] = []
         for record in history:
@@ -116,8 +132,8 @@ class OpEvo:
             if self._new(dict(start), keys):
                 out.append(dict(start))
             while len(out) < n:
-                if self.rng.random() < 0.5:
-                    config = {**mutate(self.free, start, self.q, self.rng), **self.fixed}
+                if self.rng.random() >= self.explore:
+                    config = {**mutate(self.free, start, self.q, self.rng, self.rate), **self.fixed}
                 else:
                     config = random_valid(self.space, self.rng, self.seen | keys) or {}
                     config = {**config, **self.fixed} if config else {}
@@ -132,7 +148,7 @@ class OpEvo:
         while len(out) < n and attempts < 50 * n:
             child = recombine(self.free, parents, self.rng)
             for _ in range(20):
-                child = mutate(self.free, child, self.q, self.rng)
+                child = mutate(self.free, child, self.q, self.rng, self.rate)
                 config = {**child, **self.fixed}
                 attempts += 1
                 if self._new(config, keys):
