@@ -116,7 +116,7 @@ class RecordStore:
         self.db.commit()
 
     def confirm(self, task: str, key: str, tuner: str, latency: float) -> None:
-        """Replace a record's latency by a re-measured one (the median of its measurements)."""
+        """Replace a record's latency by a re-measured one (the fastest of its timings)."""
         self.db.execute(
             "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
         )
@@ -450,9 +450,10 @@ def tune(
     Resumable: the records already in ``db`` for this task become the tuner's history and are never
     measured again. Configurations rejected before compiling (an invalid schedule) are recorded too but
     do not count as trials. At the end the ``confirm`` fastest configurations of this run are compiled again
-    and timed twice more, and each keeps the median of its three timings: on these VMs one timing can be
-    10-20% off, and without this the run's "best" was often a lucky draw (re-measured 15% slower than the
-    configuration it beat). ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
+    and timed twice more, a few seconds apart, and each keeps the fastest of its three timings: on these
+    VMs a kernel runs up to 1.8x slower for seconds to minutes at a time (interference only ever slows a
+    kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
+    ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.search.tune_metaschedule.tune_metaschedule`)."""
     from kdsl import solve
     from kdsl.codegen.tvm import default_target
@@ -541,7 +542,7 @@ def _confirm(
     log: Callable[[str], None] | None,
 ) -> None:
     """Re-time the ``count`` fastest records of this run twice (fresh compiles, in alternation) and store
-    the median of each one's three timings."""
+    the fastest of each one's three timings."""
     fresh = [r for r in store.records(task, tuner) if r.latency is not None and r.at >= since]
     top = sorted(fresh, key=lambda r: r.latency or 0.0)[:count]
     if len(top) < 2:
@@ -554,12 +555,11 @@ def _confirm(
                 latency, _ = measurer.time_library(path, check=False)
                 if latency is not None:
                     timings[record.key].append(latency)
-    medians = {}
+    fastest = {}
     for record, (path, _) in zip(top, built):
-        times = sorted(timings[record.key])
-        medians[record.key] = times[len(times) // 2]
-        store.confirm(task, record.key, tuner, medians[record.key])
+        fastest[record.key] = min(timings[record.key])
+        store.confirm(task, record.key, tuner, fastest[record.key])
         if path is not None:
             Path(path).unlink(missing_ok=True)
     if log:
-        log(f"{tuner}: re-timed the {len(top)} fastest; best {min(medians.values()) * 1e3:.3f} ms")
+        log(f"{tuner}: re-timed the {len(top)} fastest; best {min(fastest.values()) * 1e3:.3f} ms")
