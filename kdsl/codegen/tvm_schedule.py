@@ -41,10 +41,13 @@ gets the plain parallel schedule instead, and if even that fails it is left as i
 never changes what a stage computes, so the fallback is only slower. :func:`default_schedule` can
 ``report`` what each stage got.
 
-Zero-padding guards stay in the inner loop as ``if_then_else``: the read of the data is a broadcast
-scalar per ``v/lanes`` FMAs, and with the reduction loops outside the tile the guard's cost is small
-compared with the FMAs (measured: conv2d 3x3 64->64 56x56 runs at ~200 GFLOP/s on an idle 2-core
-AVX-512 machine with the guards in place, about PyTorch's speed in ``TVM.md``).
+**Zero padding.** The lowering reads every window (``Unfold``) through a zero-padded copy of the tensor,
+a stage of its own (:attr:`~kdsl.codegen.tvm.StageInfo.is_pad`). The copy is materialized (a parallel,
+vectorized pass) only when the reader's vector axis runs along a padded dim: bounds checks inside the
+vector would keep LLVM from vectorizing the read (syno_op1's first stage at conv3_x, which vectorizes
+``W``: the whole operator went from 1.5 ms to 0.77 ms). Elsewhere the copy is inlined back and its checks
+cost one compare per broadcast scalar, cheaper than a pass over memory (conv2d 3x3 64->64 56x56, whose
+vector axis is ``Cout``, runs at ~200 GFLOP/s on an idle 2-core AVX-512 machine with them in place).
 
 Not done (yet): cache blocking of long reductions (a 1024-deep matmul streams its data rows once per
 weight slab), rfactor for stages that reduce everything to one value (they stay serial), packing of

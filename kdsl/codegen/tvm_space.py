@@ -23,6 +23,8 @@ The space of one operator (per TE stage ``S``, built from the stage's loops, nev
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.attach`` computes a producer stage at its consumer's parallel loop;
 * copy stages: ``S.inline`` folds the copy into its producer's write-back;
+* zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
+  checks back into the reader, else the copy is a parallel, vectorized pass of its own;
 * layouts (ALT): every input, weight and intermediate tensor ``T`` has ``layout.T.perm`` (an order of
   its dims) and ``layout.T.tile`` (``"d:f"``: dim ``d`` tiled by ``f``, the tile moved last, ALT's
   ``tiled channel last``; only factors that divide are offered); inputs and weights are packed by

@@ -91,7 +91,7 @@ def command_tune(args: argparse.Namespace) -> int:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench tune``."""
-    parser.add_argument("--trials", type=int, default=None, help="trials per tuner (default 48, --quick 12)")
+    parser.add_argument("--trials", type=int, default=None, help="trials per tuner (default 64, --quick 12)")
     parser.add_argument("--quick", action="store_true", help="small budgets (a few minutes)")
     parser.add_argument("--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS))
     parser.add_argument("--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], default=None)
@@ -163,7 +163,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     from kdsl.codegen.tvm_schedule import default_schedule
     from kdsl.search.tune import Measurer, _lowered, compile_module, tune
 
-    trials = args.trials or (12 if args.quick else 48)
+    trials = args.trials or (12 if args.quick else 64)
     rounds = 1 if args.quick else args.rounds
     folder = tempfile.mkdtemp(prefix="kdsl-bench-tune-")
     db = args.db or os.path.join(folder, "tune.db")
