@@ -96,7 +96,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS))
     parser.add_argument("--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], default=None)
     parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating re-measurement rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating re-measurement rounds")
 
 
 def bench_cases() -> list[tuple[str, str, dict[str, int]]]:
