@@ -177,3 +177,23 @@ def test_the_fastest_records_are_re_timed_and_keep_their_fastest_timing(tmp_path
     assert measurer.count - compiled == 3  # the three fastest compiled again
     assert all(after[k] == before[k] for k in before if k not in top)  # the others untouched
     assert [after[k] for k in top] == [before[top[0]], 2e-9, 3e-9]  # each keeps its fastest timing
+
+
+def test_metaschedule_gets_the_program_with_its_pads_inlined():
+    import torch
+
+    from kdsl import gallery
+    from kdsl.codegen import reference
+    from kdsl.codegen.tvm import Kernel, default_target, load_tvm, lower
+    from kdsl.search.tune_metaschedule import without_pads
+
+    op, layer = gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 5, "W": 5}
+    lowered = lower(op, layer)
+    assert any(s.is_pad for s in lowered.stages)
+    module = without_pads(lowered)
+    assert "pad0" not in module.script() and "pad1" not in module.script()
+    kernel = Kernel(load_tvm().compile(module, target=default_target()), lowered, None)
+    x, weights = reference.random_inputs(op, layer, dtype=np.float32)
+    got = kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
+    expected = reference.run(op, layer, x.astype(np.float64), [w.astype(np.float64) for w in weights])
+    assert np.allclose(got, expected, rtol=1e-3, atol=1e-3)
