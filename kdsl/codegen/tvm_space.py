@@ -632,9 +632,14 @@ class _Applier:
         names = [region.source.name for region in sch.get(block).reads]
         pack = sch.cache_read(block, names.index(tensor.name), "global")
         sch.transform_layout(pack, ("write", 0), index_map)
+        # loop over the packed copy in its own order: contiguous vector stores and gathered loads (in the
+        # source's order every store lands on another cache line; conv2d conv3_x: 1.17 -> 1.08 ms)
+        sch.transform_block_layout(pack, index_map)
         loops = sch.get_loops(pack)
         if len(loops) > 1:
             sch.parallel(sch.fuse(*loops[:-1]))
+            if int(sch.get(loops[-1]).extent) % 4 == 0:
+                sch.vectorize(loops[-1])
         elif loops:
             sch.parallel(loops[0])
 
