@@ -215,7 +215,7 @@ def _pack_weight(sch: Any, block: Any, read: _Read, axis: _Axis, factor: int, iv
     loops = sch.get_loops(pack)
     if len(loops) > 1:
         sch.parallel(sch.fuse(*loops[:-1]))
-        sch.vectorize(loops[-1])
+        sch.vectorize(loops[-1])  # the vector tile: at most MAX_VECTORS vectors
     elif loops:
         sch.parallel(loops[0])
 

@@ -561,6 +561,17 @@ class Space:
         return sch
 
 
+def _vectorize_inner(sch: Any, loop: Any) -> None:
+    """Vectorize ``loop`` by at most two vectors (a 1024-lane vector took LLVM minutes to compile)."""
+    extent = int(sch.get(loop).extent)
+    factor = next((f for f in (2 * LANES, LANES, LANES // 2, 4) if extent % f == 0), None)
+    if factor is None:
+        return
+    if factor < extent:
+        loop = sch.split(loop, [None, factor])[1]
+    sch.vectorize(loop)
+
+
 def _reason(error: Exception) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     for line in lines:
@@ -638,8 +649,7 @@ class _Applier:
         loops = sch.get_loops(pack)
         if len(loops) > 1:
             sch.parallel(sch.fuse(*loops[:-1]))
-            if int(sch.get(loops[-1]).extent) % 4 == 0:
-                sch.vectorize(loops[-1])
+            _vectorize_inner(sch, loops[-1])
         elif loops:
             sch.parallel(loops[0])
 
@@ -791,9 +801,9 @@ class _Applier:
         own = sch.get_loops(block)[1:]
         n_spatial = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
         spatial, reduce = own[:n_spatial], own[n_spatial:]
-        if reduce or not spatial or int(sch.get(spatial[-1]).extent) % 4:
+        if reduce or not spatial:
             return
-        sch.vectorize(spatial[-1])
+        _vectorize_inner(sch, spatial[-1])
 
 
 # ------------------------------------------------------------------------------------------------
