@@ -197,3 +197,26 @@ def test_metaschedule_gets_the_program_with_its_pads_inlined():
     got = kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
     expected = reference.run(op, layer, x.astype(np.float64), [w.astype(np.float64) for w in weights])
     assert np.allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_packing_copies_vectorize_at_most_two_vectors():
+    import re
+
+    from kdsl.codegen.tvm_space import LANES
+    from kdsl.lang.errors import LoweringError
+
+    space = _space("matmul", {"M": 64, "Cin": 256, "Cout": 128})
+    config = {**space.heuristic(), "layout.x.perm": (1, 0), "layout.w.perm": (1, 0)}
+    rng = random.Random(1)
+    checked = 0
+    layouts = space.layout_parameters()
+    randomized = [{**config, **{n: space.parameters[n].random(rng) for n in layouts}} for _ in range(20)]
+    for candidate in [config, *randomized]:  # loops as the heuristic's (its vector tile is 32), layouts at random
+        try:
+            script = space.apply(candidate).mod.script()
+        except LoweringError:
+            continue
+        widths = [int(w) for w in re.findall(r"T\.vectorized\((\d+)\)", script)]
+        assert all(w <= 2 * LANES for w in widths), widths  # wider vectors take LLVM minutes
+        checked += 1
+    assert checked > 1
