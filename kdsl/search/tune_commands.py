@@ -3,10 +3,11 @@
 ``add_tune_commands(subparsers)`` registers ``tune``; ``add_bench_arguments(parser)`` and
 :func:`bench_tune` implement ``kdsl bench tune``: every tuner on matmul 512x1024x1024 (OpEvo's BERT
 shape), conv2d at ResNet-18's conv3_x (N=1) and the gallery's ``syno_op1`` at the same layer, with equal
-trial budgets. Each tuner's best schedule is re-measured at the end in one fresh process, the tuners in
-alternation (best of ``rounds`` medians), and PyTorch's native op (``torch.matmul``, ``F.conv2d``; for
-``syno_op1`` PyTorch's conv2d at the same layer) in another process, since TVM pins its threads and slows
-PyTorch in its own process (``TVM.md``).
+trial budgets (64 by default). Each tuner's best schedule (and the default schedule) is recompiled and
+re-measured at the end in one measuring process, in alternation with PyTorch's native op
+(``torch.matmul``, ``F.conv2d``; for ``syno_op1`` PyTorch's conv2d at the same layer) timed in a process
+of its own, for ``rounds`` rounds; each keeps its best median (these VMs slow everything down by up to
+1.8x for seconds to minutes, so a baseline timed once, minutes apart from the kernels, misleads).
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(); commands = parser.add_subparsers()
