@@ -60,6 +60,15 @@ def load_tvm() -> Any:
     return tvm
 
 
+def error_reason(error: Exception) -> str:
+    """The informative line of a (possibly very long) TVM error, at most 300 characters."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Error message:") or ("Error:" in line and "schedule primitive" not in line):
+            return line[:300]
+    return (lines[-1] if lines else type(error).__name__)[:300]
+
+
 def default_target() -> Any:
     """An LLVM target for this CPU (naming ``mcpu``, else LLVM emits SSE2 code) and its cores."""
     tvm = load_tvm()

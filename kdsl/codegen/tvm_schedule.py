@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.codegen.tvm import Lowered, StageInfo, load_tvm
+from kdsl.codegen.tvm import Lowered, StageInfo, error_reason, load_tvm
 
 #: Vector register width in bits (AVX-512). On narrower machines LLVM splits the vectors: still correct.
 VECTOR_BITS = 512
@@ -346,7 +346,7 @@ def default_schedule(lowered: Lowered, report: list[tuple[str, str]] | None = No
         except Exception as error:  # any failing primitive: fall back, never crash
             sch = backup
             backup = sch.copy()
-            reason = _reason(error) if str(error).strip() else type(error).__name__
+            reason = error_reason(error) if str(error).strip() else type(error).__name__
             try:
                 _note(report, stage.name, f"fallback ({reason}): {_simple(sch, stage.name)}")
             except Exception:  # even the plain schedule failed: leave the stage as lowered
@@ -420,15 +420,6 @@ def _inline_copy(sch: Any, block: Any, tiled: set[str]) -> str | None:
     except Exception:  # not a bijective copy of the producer's buffer
         return None
     return f"inlined into {producer.name_hint}"
-
-
-def _reason(error: Exception) -> str:
-    """The informative lines of a (possibly very long) TVM error."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("Error message:") or ("Error:" in line and "schedule primitive" not in line):
-            return line[:300]
-    return (lines[-1] if lines else type(error).__name__)[:300]
 
 
 # --- measurement: the default schedule against PyTorch --------------------------------------------------------

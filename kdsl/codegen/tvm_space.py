@@ -557,7 +557,9 @@ class Space:
         except LoweringError:
             raise
         except Exception as error:  # a schedule primitive refused: the configuration is invalid
-            raise LoweringError(f"invalid schedule: {_reason(error)}") from None
+            from kdsl.codegen.tvm import error_reason
+
+            raise LoweringError(f"invalid schedule: {error_reason(error)}") from None
         return sch
 
 
@@ -570,14 +572,6 @@ def _vectorize_inner(sch: Any, loop: Any) -> None:
     if factor < extent:
         loop = sch.split(loop, [None, factor])[1]
     sch.vectorize(loop)
-
-
-def _reason(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("Error message:") or ("Error:" in line and "schedule primitive" not in line):
-            return line[:300]
-    return (lines[-1] if lines else type(error).__name__)[:300]
 
 
 class _Applier:

@@ -431,6 +431,22 @@ class TuneResult:
     library: str | None = None  # a compiled library of the best schedule, when the tuner kept one
 
 
+def open_task(
+    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str]
+) -> tuple[dict[str, int], str, RecordStore]:
+    """The binding of ``op`` at ``layer``, its task key on this machine, and the records store (the task
+    described in it)."""
+    from kdsl import solve
+    from kdsl.codegen.tvm import default_target
+
+    binding = solve.bind(op, layer)
+    mcpu = str(default_target().attrs.get("mcpu", ""))
+    key = task_key(op, binding, mcpu)
+    store = RecordStore(db)
+    store.describe(key, {"op": op.key, "binding": binding, "target": mcpu})
+    return binding, key, store
+
+
 def tune(
     op: Operator,
     layer: Mapping[str, int],
@@ -455,20 +471,13 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.search.tune_metaschedule.tune_metaschedule`)."""
-    from kdsl import solve
-    from kdsl.codegen.tvm import default_target
-
     if tuner == "metaschedule":
         from kdsl.search.tune_metaschedule import tune_metaschedule
 
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer)
     started = time.time()
     run_started = started
-    binding = solve.bind(op, layer)
-    target = default_target()
-    key = task_key(op, binding, str(target.attrs.get("mcpu", "")))
-    store = RecordStore(db)
-    store.describe(key, {"op": op.key, "binding": binding, "target": str(target.attrs.get("mcpu", ""))})
+    binding, key, store = open_task(op, layer, db)
     space = Space(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.lang.build import Operator
-from kdsl.search.tune import Measurer, Record, RecordStore, TuneResult, _lowered, compile_module, task_key
+from kdsl.search.tune import Measurer, Record, TuneResult, _lowered, compile_module, open_task
 
 
 def cpu_build(mod: Any, target: Any, _params: Any) -> Any:
@@ -65,15 +65,11 @@ def tune_metaschedule(
     """Run MetaSchedule for ``trials`` trials, store its records, and re-measure its best schedule."""
     from tvm.s_tir import meta_schedule as ms
 
-    from kdsl import solve
     from kdsl.codegen.tvm import default_target
 
     started = time.time()
-    binding = solve.bind(op, layer)
+    binding, key, store = open_task(op, layer, db)
     target = default_target()
-    key = task_key(op, binding, str(target.attrs.get("mcpu", "")))
-    store = RecordStore(db)
-    store.describe(key, {"op": op.key, "binding": binding, "target": str(target.attrs.get("mcpu", ""))})
     module = without_pads(_lowered(op, binding))
     work_dir = Path(f"{db}.ms") / key
     work_dir.mkdir(parents=True, exist_ok=True)
