@@ -181,8 +181,8 @@ class Permutation:
 
 
 @dataclass(frozen=True)
-class Discrete:
-    """One of ordered ``choices``; neighbours are the adjacent ones."""
+class _Choice:
+    """One of ``choices`` (the neighbour relation is the subclass's)."""
 
     name: str
     choices: tuple[Any, ...]
@@ -191,10 +191,6 @@ class Discrete:
         if value not in self.choices:
             raise LoweringError(f"{self.name}: {value!r} is not one of {list(self.choices)}")
         return value
-
-    def neighbours(self, value: Any) -> list[Any]:
-        i = self.choices.index(value)
-        return [self.choices[j] for j in (i - 1, i + 1) if 0 <= j < len(self.choices)]
 
     def random(self, rng: random.Random) -> Any:
         return rng.choice(self.choices)
@@ -204,25 +200,20 @@ class Discrete:
 
 
 @dataclass(frozen=True)
-class Categorical:
+class Discrete(_Choice):
+    """One of ordered ``choices``; neighbours are the adjacent ones."""
+
+    def neighbours(self, value: Any) -> list[Any]:
+        i = self.choices.index(value)
+        return [self.choices[j] for j in (i - 1, i + 1) if 0 <= j < len(self.choices)]
+
+
+@dataclass(frozen=True)
+class Categorical(_Choice):
     """One of unordered ``choices``; every other choice is a neighbour."""
-
-    name: str
-    choices: tuple[Any, ...]
-
-    def validate(self, value: Any) -> Any:
-        if value not in self.choices:
-            raise LoweringError(f"{self.name}: {value!r} is not one of {list(self.choices)}")
-        return value
 
     def neighbours(self, value: Any) -> list[Any]:
         return [c for c in self.choices if c != value]
-
-    def random(self, rng: random.Random) -> Any:
-        return rng.choice(self.choices)
-
-    def values(self) -> list[Any]:
-        return list(self.choices)
 
 
 Parameter = Factorization | Permutation | Discrete | Categorical
