@@ -230,9 +230,9 @@ def test_tvm_source_is_tvmscript():
 
 
 def _search_results():
-    from kdsl.search.bottomup import to_operators
     from kdsl.search.enumerate import Enumeration
     from kdsl.search.space import Space
+    from kdsl.search.synthesis import to_operators
 
     space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2], "s": [2]}, max_depth=5)
     found = {}

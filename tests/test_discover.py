@@ -33,7 +33,7 @@ def _script(db: Path, out: Path, **overrides) -> str:
     return textwrap.dedent(
         f"""
         import json, sys
-        from kdsl.search.discover import DiscoverConfig, discover
+        from kdsl.discover.loop import DiscoverConfig, discover
         summary = discover(DiscoverConfig(**json.loads({json.dumps(config)!r})), progress=sys.stdout)
         print("SUMMARY", json.dumps(summary))
         """

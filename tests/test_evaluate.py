@@ -6,8 +6,7 @@ import math
 import pytest
 
 from kdsl import gallery, solve
-from kdsl.search.errors import SearchError
-from kdsl.search.evaluators import (
+from kdsl.discover.evaluators import (
     AccuracyEvaluator,
     AnalyticEvaluator,
     LatencyEvaluator,
@@ -15,7 +14,8 @@ from kdsl.search.evaluators import (
     make_evaluator,
     reward,
 )
-from kdsl.search.proxy import BestCurve, ProxyConfig, early_stop_threshold, proxy_layers, should_stop, train
+from kdsl.discover.proxy import BestCurve, ProxyConfig, early_stop_threshold, proxy_layers, should_stop, train
+from kdsl.search.errors import SearchError
 
 # a proxy configuration small enough to train in about a second
 TINY = {"widths": [8], "image_size": 8, "epochs": 2, "batch_size": 128}

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from kdsl import gallery
+from kdsl.discover.evaluators import Context, Evaluator
+from kdsl.discover.executors import LocalExecutor, Task, make_executor, run_task
 from kdsl.lang.errors import KdslError
-from kdsl.search.evaluators import Context, Evaluator
-from kdsl.search.executors import LocalExecutor, Task, make_executor, run_task
 
 OPS = ["conv2d", "depthwise_conv2d", "grouped_conv2d", "pointwise_conv2d", "dilated_conv2d", "shift_conv2d"]
 TINY_ACCURACY = {"name": "accuracy", "compare_baseline": False, "widths": [8], "image_size": 8, "epochs": 1}

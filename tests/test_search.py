@@ -11,19 +11,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdsl import gallery
+from kdsl.bench.rediscover import NO_VIEWS, REDISCOVERY, SLOW
 from kdsl.codegen import reference
 from kdsl.lang.errors import KdslError
 from kdsl.lang.sizes import coefficient, primary
-from kdsl.search.bottomup import children, is_complete, root, to_operators
-from kdsl.search.canonical import canonical_path
 from kdsl.search.distance import shape_distance, state_distance
 from kdsl.search.enumerate import Enumeration, count_by_depth
 from kdsl.search.mcts import MCTS
-from kdsl.search.rediscover import NO_VIEWS, REDISCOVERY, SLOW
+from kdsl.search.rules import canonical_path
 from kdsl.search.run import search
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
+from kdsl.search.synthesis import children, is_complete, root, to_operators
 from kdsl.solve.constraints import check
 
 
@@ -292,7 +292,7 @@ def test_relative_budget_prunes_by_flops(tmp_path):
 def test_cli_search_and_results(tmp_path, capsys):
     import argparse
 
-    from kdsl.search.commands import add_search_commands
+    from kdsl.cli.search_commands import add_search_commands
 
     parser = argparse.ArgumentParser(prog="kdsl")
     add_search_commands(parser.add_subparsers(dest="command"))

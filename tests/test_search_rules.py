@@ -21,7 +21,7 @@ from kdsl.lang import (
     coefficient,
     primary,
 )
-from kdsl.search.canonical import RULES, _top_down, canonical_path, trace
+from kdsl.search.rules import RULES, _top_down, canonical_path, trace
 from kdsl.search.space import Space
 
 N, C, D, H, A = primary("N C D H A")

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from kdsl.codegen.tvm_space import (
+from kdsl.codegen.tvm.schedule_space import (
     Categorical,
     Discrete,
     Factorization,
@@ -66,7 +66,7 @@ def test_q_random_walk_matches_its_definition():
 def _space(name="matmul", layer=SMALL):
     from kdsl import gallery
     from kdsl.codegen.tvm import lower
-    from kdsl.codegen.tvm_space import Space
+    from kdsl.codegen.tvm.schedule_space import Space
 
     return Space(lower(gallery.load(name), layer))
 
@@ -93,7 +93,7 @@ def test_invalid_configurations_are_rejected_with_a_reason():
 
 @pytest.mark.parametrize("tuner", ["opevo", "gensor", "alt", "random"])
 def test_tuners_never_propose_duplicates(tuner):
-    from kdsl.search.tune import Record, make_tuner
+    from kdsl.tune.driver import Record, make_tuner
 
     space = _space()
     options = {"steps": 60, "walks": 2} if tuner == "gensor" else {}
@@ -112,7 +112,7 @@ def test_tuners_never_propose_duplicates(tuner):
 @pytest.fixture(scope="module")
 def measurer():
     from kdsl import gallery
-    from kdsl.search.tune import Measurer
+    from kdsl.tune.driver import Measurer
 
     with Measurer(gallery.load("matmul"), SMALL) as m:
         yield m
@@ -122,7 +122,7 @@ def test_tuned_configurations_compile_and_match_the_reference(tmp_path, measurer
     from kdsl import gallery
     from kdsl.codegen import reference
     from kdsl.codegen.tvm import build
-    from kdsl.search.tune import tune
+    from kdsl.tune.driver import tune
 
     op = gallery.load("matmul")
     db = tmp_path / "t.db"
@@ -143,7 +143,7 @@ def test_tuned_configurations_compile_and_match_the_reference(tmp_path, measurer
 
 def test_records_resume_without_remeasuring(tmp_path, measurer):
     from kdsl import gallery
-    from kdsl.search.tune import RecordStore, tune
+    from kdsl.tune.driver import RecordStore, tune
 
     op = gallery.load("matmul")
     db = tmp_path / "r.db"
@@ -162,7 +162,7 @@ def test_records_resume_without_remeasuring(tmp_path, measurer):
 
 def test_the_fastest_records_are_re_timed_and_keep_their_fastest_timing(tmp_path, measurer, monkeypatch):
     from kdsl import gallery
-    from kdsl.search.tune import RecordStore, _confirm, tune
+    from kdsl.tune.driver import RecordStore, _confirm, tune
 
     db = tmp_path / "c.db"
     run = tune(gallery.load("matmul"), SMALL, "opevo", 6, db, batch=6, measurer=measurer, confirm=0)
@@ -185,7 +185,7 @@ def test_metaschedule_gets_the_program_with_its_pads_inlined():
     from kdsl import gallery
     from kdsl.codegen import reference
     from kdsl.codegen.tvm import Kernel, default_target, load_tvm, lower
-    from kdsl.search.tune_metaschedule import without_pads
+    from kdsl.tune.metaschedule import without_pads
 
     op, layer = gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 5, "W": 5}
     lowered = lower(op, layer)
@@ -202,7 +202,7 @@ def test_metaschedule_gets_the_program_with_its_pads_inlined():
 def test_packing_copies_vectorize_at_most_two_vectors():
     import re
 
-    from kdsl.codegen.tvm_space import LANES
+    from kdsl.codegen.tvm.schedule_space import LANES
     from kdsl.lang.errors import LoweringError
 
     space = _space("matmul", {"M": 64, "Cin": 256, "Cout": 128})

@@ -17,7 +17,7 @@ from hypothesis import given, settings  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
-from kdsl.codegen.tvm_schedule import default_schedule  # noqa: E402
+from kdsl.codegen.tvm.default_schedule import default_schedule  # noqa: E402
 from kdsl.testing.strategies import operators_with_layers  # noqa: E402
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -136,7 +136,7 @@ def test_weight_is_packed_along_the_vector_axis():
 
 
 def test_a_failing_stage_falls_back_and_stays_correct(monkeypatch):
-    import kdsl.codegen.tvm_schedule as schedule
+    import kdsl.codegen.tvm.default_schedule as schedule
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated schedule failure")
@@ -188,7 +188,7 @@ def test_windows_read_a_zero_padded_copy_unless_a_view_remaps_the_dim():
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_pads_inlined_or_materialized_match_the_reference(inline):
-    from kdsl.codegen.tvm_space import Space
+    from kdsl.codegen.tvm.schedule_space import Space
 
     op, layer = gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 6, "W": 6}
     x, weights = input_arrays(op, layer)
@@ -202,7 +202,7 @@ def test_pads_inlined_or_materialized_match_the_reference(inline):
 
 
 def test_the_heuristic_materializes_a_pad_only_where_the_vector_reads_it():
-    from kdsl.codegen.tvm_space import Space
+    from kdsl.codegen.tvm.schedule_space import Space
 
     config = Space(lower(gallery.load("syno_op1"), {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28})).heuristic()
     # stage0 vectorizes W, which pad0 pads; stage1 vectorizes Cout and pad1 pads H

@@ -26,9 +26,9 @@ import random
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from kdsl.search.bottomup import State, children, is_complete, root
 from kdsl.search.sample import rollout
 from kdsl.search.space import Space
+from kdsl.search.synthesis import State, children, is_complete, root
 
 __all__ = ["MCTS", "Node"]
 

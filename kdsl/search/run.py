@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from kdsl.search.bottomup import State, to_operators
+from kdsl.search.analytic import analytic_reward, evaluate
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.errors import SearchError
-from kdsl.search.evaluate import analytic_reward, evaluate
 from kdsl.search.mcts import MCTS
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space
 from kdsl.search.store import Store
+from kdsl.search.synthesis import State, to_operators
 
 __all__ = ["STRATEGIES", "Report", "search"]
 

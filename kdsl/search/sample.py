@@ -20,8 +20,8 @@ import random
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from kdsl.search.bottomup import State, children, is_complete, root
 from kdsl.search.space import Space
+from kdsl.search.synthesis import State, children, is_complete, root
 
 __all__ = ["Sampling", "rollout"]
 

@@ -1,7 +1,7 @@
 """Schedule tuning: the tuner interface, the tuning-records store, and measurement.
 
 A *task* is one operator at one layer on this machine's target. Tuners search the schedule space of
-:mod:`kdsl.codegen.tvm_space` through one interface (:class:`Tuner`): ``propose(n)`` returns up to ``n``
+:mod:`kdsl.codegen.tvm.schedule_space` through one interface (:class:`Tuner`): ``propose(n)`` returns up to ``n``
 configurations never proposed before, ``update(records)`` feeds back their measured results, and so on.
 :func:`tune` drives a tuner against a :class:`Measurer` and a :class:`RecordStore` (SQLite): re-running
 with the same database continues from the stored records (the tuner sees them as its history) and never
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kdsl.codegen.tvm_space import VERSION, Space, config_key, normalize
+from kdsl.codegen.tvm.schedule_space import VERSION, Space, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, LoweringError
 
@@ -179,22 +179,22 @@ def make_tuner(name: str, space: Space, history: Sequence[Record], seed: int = 0
     >>> make_tuner("nope", None, [])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    kdsl.search.tune.TuneError: unknown tuner 'nope'; choose one of alt, gensor, metaschedule, opevo, random
+    kdsl.tune.driver.TuneError: unknown tuner 'nope'; choose one of alt, gensor, metaschedule, opevo, random
     """
     if name == "opevo":
-        from kdsl.search.tune_opevo import OpEvo
+        from kdsl.tune.opevo import OpEvo
 
         return OpEvo(space, history, seed=seed, **options)
     if name == "gensor":
-        from kdsl.search.tune_gensor import Gensor
+        from kdsl.tune.gensor import Gensor
 
         return Gensor(space, history, seed=seed, **options)
     if name == "alt":
-        from kdsl.search.tune_alt import Alt
+        from kdsl.tune.alt import Alt
 
         return Alt(space, history, seed=seed, **options)
     if name == "random":
-        from kdsl.search.tune_opevo import RandomTuner
+        from kdsl.tune.opevo import RandomTuner
 
         return RandomTuner(space, history, seed=seed)
     raise TuneError(f"unknown tuner {name!r}; choose one of alt, gensor, metaschedule, opevo, random")
@@ -470,9 +470,9 @@ def tune(
     VMs a kernel runs up to 1.8x slower for seconds to minutes at a time (interference only ever slows a
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
-    (:func:`kdsl.search.tune_metaschedule.tune_metaschedule`)."""
+    (:func:`kdsl.tune.metaschedule.tune_metaschedule`)."""
     if tuner == "metaschedule":
-        from kdsl.search.tune_metaschedule import tune_metaschedule
+        from kdsl.tune.metaschedule import tune_metaschedule
 
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer)
     started = time.time()

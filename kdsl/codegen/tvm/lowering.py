@@ -450,7 +450,7 @@ def build(
     module = lowered.module()
     sch = None
     if schedule == "default":
-        from kdsl.codegen.tvm_schedule import default_schedule
+        from kdsl.codegen.tvm.default_schedule import default_schedule
 
         sch = default_schedule(lowered)
         module = sch.mod
@@ -467,7 +467,7 @@ def source(op: Operator, layer: Mapping[str, int], *, scheduled: bool = False) -
     """TVMScript text of the lowered operator (before scheduling unless ``scheduled``)."""
     lowered = lower(op, layer)
     if scheduled:
-        from kdsl.codegen.tvm_schedule import default_schedule
+        from kdsl.codegen.tvm.default_schedule import default_schedule
 
         return default_schedule(lowered).mod.script()
     return lowered.module().script()

@@ -316,7 +316,7 @@ def _label(names: Sequence[str]) -> list[str]:
 
 
 class Space:
-    """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lower`)."""
+    """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
 
     def __init__(self, lowered: Any) -> None:
         from kdsl.codegen.tvm import load_tvm

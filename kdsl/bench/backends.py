@@ -107,7 +107,7 @@ def _tvm_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, 
 
 
 def _run_worker(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    command = [sys.executable, "-m", "kdsl.codegen.bench", "--worker", kind, "--layers", args.layers]
+    command = [sys.executable, "-m", "kdsl.bench.backends", "--worker", kind, "--layers", args.layers]
     command += ["--batch", str(args.batch)]
     if args.ops:
         command += ["--ops", *args.ops]
@@ -171,7 +171,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kdsl.codegen.bench")
+    parser = argparse.ArgumentParser(prog="python -m kdsl.bench.backends")
     add_arguments(parser)
     parser.add_argument("--worker", choices=["torch", "tvm"], required=True)
     args = parser.parse_args(argv)

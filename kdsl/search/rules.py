@@ -29,7 +29,8 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
-from kdsl.search.bottomup import (
+from kdsl.search.space import Space, _order
+from kdsl.search.synthesis import (
     MERGE_INNER,
     MERGE_OUTER,
     RANK,
@@ -45,7 +46,6 @@ from kdsl.search.bottomup import (
     merge_block_ok,
     root,
 )
-from kdsl.search.space import Space, _order
 
 __all__ = ["RULES", "Rule", "canonical_path", "rejects", "share_choices", "trace", "violates_quality"]
 
@@ -406,7 +406,7 @@ def trace(
     space: Space, steps: list[BStep] | tuple[BStep, ...], exactness: tuple[str, ...] | None = None
 ) -> list[tuple[str, str]]:
     """Replay a bottom-up path (steps of a state) and list ``(step, rule)`` for each rejection."""
-    from kdsl.search.bottomup import State as _State
+    from kdsl.search.synthesis import State as _State
 
     found = []
     for i, step in enumerate(steps):

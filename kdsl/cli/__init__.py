@@ -144,7 +144,7 @@ def command_gallery(args: argparse.Namespace) -> int:
     if args.action == "rediscover":
         import json
 
-        from kdsl.search.rediscover import REDISCOVERY, SLOW, rediscover
+        from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
 
         out = Path(args.out) if args.out else gallery.directory()
         records = {}
@@ -159,7 +159,7 @@ def command_gallery(args: argparse.Namespace) -> int:
         print(f"wrote {out / 'rediscovery.json'}")
         return 0
     if args.action == "build":
-        from kdsl.pages import build_gallery, load_rediscovery
+        from kdsl.gallery.pages import build_gallery, load_rediscovery
 
         out = Path(args.out) if args.out else gallery.directory()
         records = load_rediscovery(out / "rediscovery.json")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    from kdsl.codegen import bench as codegen_bench
+    from kdsl.bench import backends as codegen_bench
 
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
@@ -237,19 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     search_bench.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
     search_bench.add_argument("--seed", type=int, default=0)
     search_bench.add_argument("--json", action="store_true")
-    from kdsl.search import commands as search_commands
+    from kdsl.cli import search_commands
 
     search_bench.set_defaults(run=search_commands.bench_search)
     search_commands.add_search_commands(commands)
 
-    from kdsl.search import tune_commands
+    from kdsl.cli import tune_commands
 
     tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")
     tune_commands.add_bench_arguments(tune_bench)
     tune_bench.set_defaults(run=tune_commands.bench_tune)
     tune_commands.add_tune_commands(commands)
 
-    from kdsl.search.discover import add_discover_command
+    from kdsl.discover.loop import add_discover_command
 
     add_discover_command(commands)
 

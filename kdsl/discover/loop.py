@@ -80,7 +80,7 @@ class DiscoverConfig:
         ]
 
     def proxy_config(self) -> Any:
-        from kdsl.search.proxy import ProxyConfig
+        from kdsl.discover.proxy import ProxyConfig
 
         fields = {**self.proxy, "epochs": self.epochs}
         if "widths" in fields:
@@ -130,7 +130,7 @@ class Evaluations:
 
 
 def _space(config: DiscoverConfig) -> Any:
-    from kdsl.search.proxy import proxy_layers
+    from kdsl.discover.proxy import proxy_layers
     from kdsl.search.space import Space
     from kdsl.solve.layers import load_layers
 
@@ -177,9 +177,9 @@ def _set_reward(db: str, key: str, value: float) -> None:
 def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Run (or resume) a discovery; return a summary with the paths of what it wrote."""
     from kdsl import gallery
-    from kdsl.search.evaluators import reward
-    from kdsl.search.executors import Task, make_executor
-    from kdsl.search.report import write_report
+    from kdsl.discover.evaluators import reward
+    from kdsl.discover.executors import Task, make_executor
+    from kdsl.discover.report import write_report
     from kdsl.search.run import search
 
     start = time.monotonic()

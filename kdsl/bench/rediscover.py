@@ -66,8 +66,8 @@ def rediscover(name: str, time_limit: float | None = None) -> dict[str, Any]:
     """Enumerate ``name``'s space until an operator with the gallery operator's key appears;
     return the record (found, strategy, depth, seconds, key, max_depth)."""
     from kdsl import gallery
-    from kdsl.search.bottomup import to_operators
     from kdsl.search.enumerate import Enumeration
+    from kdsl.search.synthesis import to_operators
 
     space = space_for(name)
     target = gallery.load(name).key

@@ -17,9 +17,9 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from kdsl.codegen.tvm_space import Categorical, Space, config_key
-from kdsl.search.tune import Record
-from kdsl.search.tune_opevo import OpEvo
+from kdsl.codegen.tvm.schedule_space import Categorical, Space, config_key
+from kdsl.tune.driver import Record
+from kdsl.tune.opevo import OpEvo
 
 #: Tile factors of ALT's pruned layout template.
 TEMPLATE_FACTORS = (8, 16, 32)

@@ -10,7 +10,7 @@ metrics of several evaluators merge into one dict. Three are built in:
 - :class:`LatencyEvaluator` (``"latency"``): median PyTorch (optionally TVM) time per layer and
   the ratio to the baseline, both measured in the same process, interleaved, holding the
   machine's latency slot.
-- :class:`AccuracyEvaluator` (``"accuracy"``): the proxy task of :mod:`kdsl.search.proxy` with
+- :class:`AccuracyEvaluator` (``"accuracy"``): the proxy task of :mod:`kdsl.discover.proxy` with
   Canvas's early-stop rule, and the baseline's accuracy from the same code.
 
 Evaluators are made from plain, picklable specs by :func:`make_evaluator` (``{"name":
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
 
+from kdsl.codegen.measure import latency_slot
 from kdsl.lang.build import Operator
 from kdsl.search.errors import SearchError
-from kdsl.search.latency import latency_slot
 
 __all__ = [
     "AccuracyEvaluator",
@@ -251,7 +251,7 @@ class LatencyEvaluator(Evaluator):
     """Median forward time on every layer of a table, and the ratio to the baseline operator.
 
     For each layer the candidate and the baseline are built side by side and timed in alternation
-    (:func:`~kdsl.search.latency.interleaved_medians`), in the same process, while holding the
+    (:func:`~kdsl.codegen.measure.interleaved_medians`), in the same process, while holding the
     machine's latency slot; so noise affects both and only one measurement runs per machine.
     ``backends`` is ``("torch",)`` or also ``"tvm"`` (default TVM schedule; set
     ``TVM_BIND_THREADS=0`` in a process that times both, see TVM.md).
@@ -343,7 +343,7 @@ class LatencyEvaluator(Evaluator):
 
 
 def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], repeats: int, target: float) -> list[float]:
-    from kdsl.search.latency import interleaved_medians
+    from kdsl.codegen.measure import interleaved_medians
 
     return interleaved_medians([candidate, baseline], repeats=repeats, target=target)
 
@@ -354,16 +354,16 @@ def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], repea
 
 @lru_cache(maxsize=4)
 def _baseline_training(baseline: str, config: Any) -> dict[str, Any]:
-    from kdsl.search.proxy import train
+    from kdsl.discover.proxy import train
 
     return train(_baseline(baseline), config)
 
 
 @register
 class AccuracyEvaluator(Evaluator):
-    """Validation accuracy of the proxy network (:mod:`kdsl.search.proxy`) built from the candidate.
+    """Validation accuracy of the proxy network (:mod:`kdsl.discover.proxy`) built from the candidate.
 
-    Keyword arguments are :class:`~kdsl.search.proxy.ProxyConfig` fields (``epochs``,
+    Keyword arguments are :class:`~kdsl.discover.proxy.ProxyConfig` fields (``epochs``,
     ``widths``, ``seed``, ...). The early-stop rule compares against ``context.best_history``, or,
     with ``compare_baseline`` and no history given, the baseline's own curve. With
     ``compare_baseline`` the baseline is trained once per process by the same code and config.
@@ -376,7 +376,7 @@ class AccuracyEvaluator(Evaluator):
     name = "accuracy"
 
     def __init__(self, baseline: str = BASELINE, compare_baseline: bool = True, **config: Any) -> None:
-        from kdsl.search.proxy import ProxyConfig
+        from kdsl.discover.proxy import ProxyConfig
 
         if "widths" in config:
             config["widths"] = tuple(config["widths"])
@@ -392,7 +392,7 @@ class AccuracyEvaluator(Evaluator):
         return _baseline_training(self.baseline, self.config)
 
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
-        from kdsl.search.proxy import train
+        from kdsl.discover.proxy import train
 
         context = Context.of(context)
         base = self.baseline_metrics() if self.compare_baseline else None

@@ -75,7 +75,7 @@ def add_tune_commands(subparsers: Any) -> None:
 def command_tune(args: argparse.Namespace) -> int:
     from kdsl import solve
     from kdsl.cli import load_operator
-    from kdsl.search.tune import tune
+    from kdsl.tune.driver import tune
 
     op = load_operator(args.operator)
     layer = parse_layer(args.layer)
@@ -161,8 +161,8 @@ def _at(curve: list[float], n: int) -> str:
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
     from kdsl import gallery, solve
-    from kdsl.codegen.tvm_schedule import default_schedule
-    from kdsl.search.tune import Measurer, _lowered, compile_module, tune
+    from kdsl.codegen.tvm.default_schedule import default_schedule
+    from kdsl.tune.driver import Measurer, _lowered, compile_module, tune
 
     trials = args.trials or (12 if args.quick else 64)
     rounds = 1 if args.quick else args.rounds
@@ -189,7 +189,7 @@ def bench_tune(args: argparse.Namespace) -> int:
                         libraries[tuner] = result.library
                 elif result.best is not None and result.best.latency is not None:
                     if space is None:
-                        from kdsl.codegen.tvm_space import Space
+                        from kdsl.codegen.tvm.schedule_space import Space
 
                         space = Space(_lowered(op, binding))
                     path = os.path.join(folder, f"{name}-{tuner}.so")
@@ -239,7 +239,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m kdsl.search.tune_commands [bench options]
+if __name__ == "__main__":  # python -m kdsl.cli.tune_commands [bench options]
     parser = argparse.ArgumentParser(prog="kdsl bench tune")
     add_bench_arguments(parser)
     sys.exit(bench_tune(parser.parse_args()))

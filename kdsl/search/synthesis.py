@@ -18,7 +18,7 @@ Expand     drops a frontier dim
 
 :func:`children` lists the canonical children of a state (deterministic order), pruned by the
 depth, the per-kind caps, the coefficient allowances, the validity masks, the canonicalization
-rules (:mod:`kdsl.search.canonical`), the shape distance (:mod:`kdsl.search.distance`) and the
+rules (:mod:`kdsl.search.rules`), the shape distance (:mod:`kdsl.search.distance`) and the
 budgets. :func:`to_operators` turns a finished state into kdsl operators.
 
 >>> from kdsl.search.space import Space
@@ -339,7 +339,7 @@ def merge_block_ok(space: Space, size: Size, inner: Size) -> bool:
 
 
 def _shares(space: Space, state: State, free: list[FDim], n: int, nid: int) -> Iterator:
-    from kdsl.search.canonical import share_choices
+    from kdsl.search.rules import share_choices
 
     options = [share_choices(space, d) for d in free]
     for choice in itertools.product(*options):
@@ -355,8 +355,8 @@ def _shares(space: Space, state: State, free: list[FDim], n: int, nid: int) -> I
 def children(space: Space, state: State, stats: dict | None = None) -> Iterator[tuple[BStep, State]]:
     """The canonical children of ``state`` in a fixed order, pruned by depth, caps, allowances,
     validity masks, canonicalization rules, shape distance and budgets."""
-    from kdsl.search.canonical import rejects
     from kdsl.search.distance import state_distance
+    from kdsl.search.rules import rejects
 
     if state.depth >= space.max_depth:
         return
@@ -369,7 +369,7 @@ def children(space: Space, state: State, stats: dict | None = None) -> Iterator[
                     stats[rule] = stats.get(rule, 0) + 1
                 continue
         else:
-            from kdsl.search.canonical import violates_quality
+            from kdsl.search.rules import violates_quality
 
             if violates_quality(space, state, step):
                 continue

@@ -7,7 +7,7 @@ The operator's ``create_prim_func`` module is tuned with MetaSchedule's evolutio
 cost model, with the builder of ``TVM.md`` (the default one imports ``tvm.s_tir.tensor_intrin`` in every
 worker, 35 s, and half its builds time out). MetaSchedule keeps its own JSON database in a folder next to
 the records database (``<db>.ms/<task>``), so a second run continues from it. Its reported run times are
-optimistic: its top schedules are compiled and re-measured by kdsl's :class:`~kdsl.search.tune.Measurer`
+optimistic: its top schedules are compiled and re-measured by kdsl's :class:`~kdsl.tune.driver.Measurer`
 in a fresh process, with the output checked against the reference, and the fastest correct one is the
 result.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.lang.build import Operator
-from kdsl.search.tune import Measurer, Record, TuneResult, _lowered, compile_module, open_task
+from kdsl.tune.driver import Measurer, Record, TuneResult, _lowered, compile_module, open_task
 
 
 def cpu_build(mod: Any, target: Any, _params: Any) -> Any:

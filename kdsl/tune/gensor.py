@@ -8,7 +8,7 @@ by vector, register-tile and parallel efficiency) and its data traffic at each c
 the loop nest below each loop against L1/L2 capacity, times the iterations outside), and the walk moves
 to ``s'`` with probability ∝ ``exp(-(log t(s') - log t(s)) / T)``, ``T`` annealed towards 0. Walks start
 from the unscheduled program (everything at root, nothing tiled) and from the space's rule-based
-configuration (:meth:`~kdsl.codegen.tvm_space.Space.heuristic`), and construct a schedule in seconds,
+configuration (:meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic`), and construct a schedule in seconds,
 without measuring anything; :class:`Gensor` then proposes the rule-based start and the walks'
 best-estimated distinct schedules in turn, so that measuring its top few is optional (``kdsl tune --tuner
 gensor --trials 1`` measures just the first; :func:`construct` returns the best estimate of all).
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm_space import MAX_LOCAL, Space, config_key, neighbours
+from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, Space, config_key, neighbours
 from kdsl.lang.errors import LoweringError
-from kdsl.search.tune import Record
+from kdsl.tune.driver import Record
 
 
 @dataclass(frozen=True)

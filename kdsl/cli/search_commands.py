@@ -161,8 +161,8 @@ def add_search_commands(subparsers: Any) -> None:
 
 def bench_search(args: argparse.Namespace) -> int:
     """``kdsl bench search``: enumeration and sampling rates for the conv2d spec (see
-    :mod:`kdsl.search.bench`)."""
-    from kdsl.search.bench import run_bench
+    :mod:`kdsl.bench.synthesis`)."""
+    from kdsl.bench.synthesis import run_bench
 
     results = run_bench(
         max_depth=getattr(args, "max_depth", None) or 6,

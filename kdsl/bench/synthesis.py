@@ -13,11 +13,11 @@ import random
 import time
 from typing import Any, TextIO
 
-from kdsl.search.bottomup import to_operators
-from kdsl.search.canonical import trace
 from kdsl.search.enumerate import Enumeration
+from kdsl.search.rules import trace
 from kdsl.search.sample import rollout
 from kdsl.search.space import Space
+from kdsl.search.synthesis import to_operators
 
 __all__ = ["enumeration_rates", "rollout_rates", "run_bench"]
 
@@ -27,7 +27,7 @@ BENCH_SPACE: dict[str, Any] = {"coefficients": {"K": [3], "G": [32], "s": [2]}}
 def enumeration_rates(depth: int, seconds: float) -> dict[str, Any]:
     """Enumerate the conv2d space to ``depth`` (stopping after ``seconds``), checking each distinct
     operator with the solver on every layer (the time includes the checks)."""
-    from kdsl.search.evaluate import evaluate
+    from kdsl.search.analytic import evaluate
 
     space = Space("conv2d", "resnet18", max_depth=depth, **BENCH_SPACE)
     walk = Enumeration(space)
@@ -59,7 +59,7 @@ def rollout_rates(
     depth: int, seconds: float, *, canonicalize: bool, use_distance: bool, seed: int = 0
 ) -> dict[str, Any]:
     """Random rollouts in the conv2d space for ``seconds``."""
-    from kdsl.search.evaluate import evaluate
+    from kdsl.search.analytic import evaluate
 
     space = Space(
         "conv2d", "resnet18", max_depth=depth, canonicalize=canonicalize, use_distance=use_distance, **BENCH_SPACE

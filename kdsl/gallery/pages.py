@@ -97,7 +97,7 @@ def _latencies(names: Sequence[str], batch: int) -> dict[str, dict[str, float]]:
     import argparse
 
     from kdsl import gallery
-    from kdsl.codegen.bench import _run_worker
+    from kdsl.bench.backends import _run_worker
 
     measured: dict[str, dict[str, float]] = {}
     by_table: dict[str, list[str]] = {}

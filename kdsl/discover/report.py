@@ -141,8 +141,8 @@ def write_report(
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
     candidates into ``out``; return the paths."""
+    from kdsl.gallery.pages import operator_page
     from kdsl.lang.parser import parse
-    from kdsl.pages import operator_page
 
     out.mkdir(parents=True, exist_ok=True)
     ranked = rank(records, baseline_accuracy=baseline_accuracy, margin=margin)

@@ -11,7 +11,7 @@ itself: a task that runs past ``timeout`` gets its worker killed (SIGKILL) and r
 recorded as ``timeout``; a worker that dies (segfault, ``os._exit``, out of memory) is recorded as
 ``crashed``; an exception in an evaluator is ``error`` with its message; the run goes on.
 Compilation runs in parallel, but latency measurements take the machine's one slot
-(:func:`kdsl.search.latency.latency_slot`, an ``flock`` that the OS releases when a killed worker
+(:func:`kdsl.codegen.measure.latency_slot`, an ``flock`` that the OS releases when a killed worker
 dies); the timeout clock stops while a task waits for the slot.
 
 :class:`RayExecutor` runs the same tasks as Ray tasks on a cluster (``pip install 'kdsl[ray]'``).
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from kdsl.codegen.measure import latency_slot
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.search.errors import SearchError
-from kdsl.search.latency import latency_slot
 
 __all__ = [
     "STATUSES",
@@ -66,7 +66,7 @@ STATUSES = ("ok", "error", "timeout", "crashed")
 @dataclass(frozen=True)
 class Task:
     """One candidate to evaluate: ``source`` is DSL text or the JSON form; ``evaluators`` are
-    specs for :func:`kdsl.search.evaluators.make_evaluator`; ``context`` a JSON-like dict (e.g.
+    specs for :func:`kdsl.discover.evaluators.make_evaluator`; ``context`` a JSON-like dict (e.g.
     ``{"best_history": [...]}``). ``key`` identifies the task in results (the operator's key)."""
 
     key: str
@@ -123,7 +123,7 @@ def run_task(task: Task, slot: Callable[[], contextlib.AbstractContextManager[An
 
     ``slot`` is the latency-slot factory the evaluators use (default: the machine's flock).
     """
-    from kdsl.search.evaluators import Context, evaluate_all
+    from kdsl.discover.evaluators import Context, evaluate_all
 
     start = time.perf_counter()
     try:
@@ -173,7 +173,7 @@ def _worker_main(
     """A worker's loop: receive ``(task_id, task)``, send ``("done", task_id, result)``."""
     os.environ.update(environment)
     # import before saying ready, so that a task's timeout does not pay for the imports
-    for module in ("kdsl.search.evaluators", *preload):
+    for module in ("kdsl.discover.evaluators", *preload):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
 
@@ -437,7 +437,7 @@ class RayExecutor(Executor):
     for the custom resource ``latency_slot`` when the cluster has one (start each node with
     ``ray start --resources='{"latency_slot": 1}'``; a local Ray started here gets it), so one
     measurement runs per node; on every node the flock of
-    :func:`~kdsl.search.latency.latency_slot` enforces the same. At most ``max_in_flight`` tasks
+    :func:`~kdsl.codegen.measure.latency_slot` enforces the same. At most ``max_in_flight`` tasks
     (default: the cluster's CPUs) are submitted at a time, so the timeout clock of a task starts
     about when it starts running.
     """

@@ -28,7 +28,7 @@ SUFFIX = ".dsl"
 
 
 def _candidates() -> list[Path]:
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # kdsl/
     # a source checkout keeps the gallery at the repository root; an installed package may ship a copy
     return [package.parent / "gallery", package / "gallery_data"]
 

@@ -55,7 +55,7 @@ data inputs (a stage whose only contiguous axis is short vectorizes with 8 or 4 
 
 :func:`measure` times the default schedule against PyTorch for conv2d, matmul and a few gallery
 operators, alternating the two in one process with ``TVM_BIND_THREADS=0`` (``TVM.md`` explains why):
-``python -m kdsl.codegen.tvm_schedule [--quick]`` prints a Markdown table.
+``python -m kdsl.codegen.tvm.default_schedule [--quick]`` prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -530,7 +530,7 @@ def measure(
     Returns one row per case: label, tvm_ms, torch_ms, tvm_gflops, torch_gflops, ratio (tvm / torch time)."""
     cases = list(cases if cases is not None else measure_cases())
     code = (
-        "import json, sys\nfrom kdsl.codegen.tvm_schedule import _measure_worker\n"
+        "import json, sys\nfrom kdsl.codegen.tvm.default_schedule import _measure_worker\n"
         "c = json.loads(sys.argv[1])\n_measure_worker(c['cases'], c['number'], c['repeat'], c['rounds'])\n"
     )
     threads = os.environ.get("TVM_NUM_THREADS", "2")
@@ -574,6 +574,6 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m kdsl.codegen.tvm_schedule [--quick]
+if __name__ == "__main__":  # python -m kdsl.codegen.tvm.default_schedule [--quick]
     quick = "--quick" in sys.argv
     print(format_table(measure(measure_cases(extra=not quick), rounds=1 if quick else 3)))

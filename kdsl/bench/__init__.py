@@ -1,0 +1,1 @@
+"""``kdsl bench``: backends against native PyTorch, synthesis throughput, tuners, and rediscovery."""

@@ -1,0 +1,1 @@
+"""Schedule tuning: one driver and records store, OpEvo, Gensor-style construction, ALT and MetaSchedule."""
