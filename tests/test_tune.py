@@ -93,7 +93,8 @@ def test_invalid_configurations_are_rejected_with_a_reason():
 
 @pytest.mark.parametrize("tuner", ["opevo", "gensor", "alt", "random"])
 def test_tuners_never_propose_duplicates(tuner):
-    from kdsl.tune.driver import Record, make_tuner
+    from kdsl.tune.driver import make_tuner
+    from kdsl.tune.records import Record
 
     space = _space()
     options = {"steps": 60, "walks": 2} if tuner == "gensor" else {}
@@ -112,7 +113,7 @@ def test_tuners_never_propose_duplicates(tuner):
 @pytest.fixture(scope="module")
 def measurer():
     from kdsl import gallery
-    from kdsl.tune.driver import Measurer
+    from kdsl.tune.measure import Measurer
 
     with Measurer(gallery.load("matmul"), SMALL) as m:
         yield m
@@ -143,7 +144,8 @@ def test_tuned_configurations_compile_and_match_the_reference(tmp_path, measurer
 
 def test_records_resume_without_remeasuring(tmp_path, measurer):
     from kdsl import gallery
-    from kdsl.tune.driver import RecordStore, tune
+    from kdsl.tune.driver import tune
+    from kdsl.tune.records import RecordStore
 
     op = gallery.load("matmul")
     db = tmp_path / "r.db"
@@ -162,7 +164,8 @@ def test_records_resume_without_remeasuring(tmp_path, measurer):
 
 def test_the_fastest_records_are_re_timed_and_keep_their_fastest_timing(tmp_path, measurer, monkeypatch):
     from kdsl import gallery
-    from kdsl.tune.driver import RecordStore, _confirm, tune
+    from kdsl.tune.driver import _confirm, tune
+    from kdsl.tune.records import RecordStore
 
     db = tmp_path / "c.db"
     run = tune(gallery.load("matmul"), SMALL, "opevo", 6, db, batch=6, measurer=measurer, confirm=0)

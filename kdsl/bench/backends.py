@@ -187,3 +187,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def gallery_latencies(names: Sequence[str], batch: int) -> dict[str, dict[str, float]]:
+    """Median forward milliseconds of each gallery operator on its first layer, per backend,
+    measured by the codegen benchmark's workers (each framework in its own process)."""
+    import argparse
+
+    from kdsl import gallery
+
+    measured: dict[str, dict[str, float]] = {}
+    by_table: dict[str, list[str]] = {}
+    for name in names:
+        table = gallery.layer_table(name)
+        if table is not None:
+            by_table.setdefault(table, []).append(name)
+    for table, members in by_table.items():
+        args = argparse.Namespace(layers=table, batch=batch, ops=members, json=True)
+        for kind in ("torch", "tvm"):
+            for row in _run_worker(kind, args):
+                entry = measured.setdefault(row["op"], {})
+                for key in ("kdsl_fwd", "native_fwd", "tvm_fwd"):
+                    if key in row:
+                        entry.setdefault(f"{key}_ms", 0.0)
+                        entry[f"{key}_ms"] += row[key] * 1e3
+    return measured

@@ -159,11 +159,13 @@ def command_gallery(args: argparse.Namespace) -> int:
         print(f"wrote {out / 'rediscovery.json'}")
         return 0
     if args.action == "build":
+        from kdsl.bench.backends import gallery_latencies
         from kdsl.gallery.pages import build_gallery, load_rediscovery
 
         out = Path(args.out) if args.out else gallery.directory()
         records = load_rediscovery(out / "rediscovery.json")
-        written = build_gallery(out, measure=not args.no_measure, batch=args.batch, rediscovery=records)
+        latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
+        written = build_gallery(out, latencies=latencies, batch=args.batch, rediscovery=records)
         print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
         return 0
     for name in gallery.names():

@@ -91,42 +91,17 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def _latencies(names: Sequence[str], batch: int) -> dict[str, dict[str, float]]:
-    """Median forward milliseconds of each gallery operator on its first layer, per backend,
-    measured by the codegen benchmark's workers (each framework in its own process)."""
-    import argparse
-
-    from kdsl import gallery
-    from kdsl.bench.backends import _run_worker
-
-    measured: dict[str, dict[str, float]] = {}
-    by_table: dict[str, list[str]] = {}
-    for name in names:
-        table = gallery.layer_table(name)
-        if table is not None:
-            by_table.setdefault(table, []).append(name)
-    for table, members in by_table.items():
-        args = argparse.Namespace(layers=table, batch=batch, ops=members, json=True)
-        for kind in ("torch", "tvm"):
-            for row in _run_worker(kind, args):
-                entry = measured.setdefault(row["op"], {})
-                for key in ("kdsl_fwd", "native_fwd", "tvm_fwd"):
-                    if key in row:
-                        entry.setdefault(f"{key}_ms", 0.0)
-                        entry[f"{key}_ms"] += row[key] * 1e3
-    return measured
-
-
 def build_gallery(
     out: Path | None = None,
     *,
-    measure: bool = True,
+    latencies: Mapping[str, Mapping[str, float]] | None = None,
     batch: int = 1,
     rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
     discoveries: Sequence[tuple[str, Operator, Mapping[str, Any]]] = (),
 ) -> Path:
     """Write ``README.md`` (an index with thumbnails) and one page per gallery operator, plus pages
-    for search's discoveries (marked new). Latencies are summed over the operator's layer table."""
+    for search's discoveries (marked new). ``latencies`` (per operator, from
+    :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's layer table."""
     from kdsl import gallery
     from kdsl.codegen.render import svg
 
@@ -134,7 +109,7 @@ def build_gallery(
     pages = out / "pages"
     pages.mkdir(parents=True, exist_ok=True)
     names = gallery.names()
-    latencies = _latencies(names, batch) if measure else {}
+    latencies = latencies or {}
     rediscovery = rediscovery or {}
     index = [
         "# The kdsl gallery",

@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 
 from kdsl.lang.sizes import Size
-from kdsl.search.space import mul
+from kdsl.search.space import KINDS, mul
 
 __all__ = ["shape_distance", "state_distance"]
 
@@ -178,7 +178,6 @@ def _search(info, blocks, pending: int, reducing: bool, strides: bool, shares: b
 
 def state_distance(space, state) -> float:
     """The shape distance of a search state (memoized on the space)."""
-    from kdsl.search.space import KINDS
 
     cache = space.__dict__.setdefault("_distance_cache", {})
     frontier = state.frontier

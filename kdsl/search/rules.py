@@ -30,7 +30,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.search.space import Space, _order
-from kdsl.search.synthesis import (
+from kdsl.search.state import (
     MERGE_INNER,
     MERGE_OUTER,
     RANK,
@@ -406,7 +406,7 @@ def trace(
     space: Space, steps: list[BStep] | tuple[BStep, ...], exactness: tuple[str, ...] | None = None
 ) -> list[tuple[str, str]]:
     """Replay a bottom-up path (steps of a state) and list ``(step, rule)`` for each rejection."""
-    from kdsl.search.synthesis import State as _State
+    _State = State
 
     found = []
     for i, step in enumerate(steps):

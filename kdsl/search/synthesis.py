@@ -36,141 +36,29 @@ from kdsl.lang.build import Input, Operator, Output, Pipeline
 from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
-from kdsl.search.space import KINDS, Space, div, mul
+from kdsl.search.distance import state_distance
+from kdsl.search.rules import rejects, share_choices, violates_quality
+from kdsl.search.space import Space, mul
+from kdsl.search.state import (
+    KIND_INDEX,
+    MERGE_INNER,
+    MERGE_OUTER,
+    OUT,
+    REDUCE,
+    SHARED,
+    SHIFT,
+    SPLIT,
+    STRIDE,
+    UNFOLD,
+    BStep,
+    FDim,
+    State,
+    is_complete,
+    merge_blocks,
+    root,
+)
 
 __all__ = ["BStep", "FDim", "State", "children", "is_complete", "root", "to_operators"]
-
-# How a frontier dim was made, i.e. which top-down step consumes it (its "role").
-OUT, REDUCE, SHARED, MERGE_OUTER, MERGE_INNER, SPLIT, UNFOLD, STRIDE, SHIFT = range(9)
-ROLE_NAMES = ("out", "reduce", "shared", "merge-outer", "merge-inner", "split", "unfold", "stride", "shift")
-
-KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
-#: Rank of each kind in the canonical order of independent adjacent steps (bottom-up): reductions
-#: first, then 1-to-1 views, then contractions, then 1-to-many views and strides.
-RANK = {"Reduce": 0, "Merge": 1, "Split": 1, "Shift": 1, "Share": 2, "Unfold": 3, "Stride": 3, "Expand": 3}
-
-
-class FDim:
-    """A frontier dim: an edge of the partial graph whose top end is still open.
-
-    ``role``/``step``: how and by which bottom-up step it was made (``OUT`` and -1 for output
-    dims). ``root``: the id of the dim before any Share versions (Shares keep the root).
-    ``reduces``: some path below it (top-down) reaches a Reduce. ``pending``: it was strided and
-    must be consumed by an Unfold.
-    """
-
-    __slots__ = ("id", "size", "role", "step", "root", "reduces", "pending", "coef_only")
-
-    def __init__(self, id: int, size: Size, role: int, step: int, root: int, reduces: bool, pending: bool) -> None:
-        self.id = id
-        self.size = size
-        self.role = role
-        self.step = step
-        self.root = root
-        self.reduces = reduces
-        self.pending = pending
-        self.coef_only = all(v.kind == "coefficient" for v, _ in size.exponents)
-
-    def __repr__(self) -> str:
-        flags = "*" if self.pending else ""
-        return f"d{self.id}:{self.size}{flags}"
-
-
-class BStep:
-    """One bottom-up step: its kind, the frontier dims it consumes and produces, a size parameter
-    (Reduce size, Merge block, Stride factor), and for Share which consumed dims are weight-only."""
-
-    __slots__ = ("kind", "consumed", "produced", "param", "weight_only", "index")
-
-    def __init__(
-        self,
-        kind: str,
-        consumed: tuple[FDim, ...],
-        produced: tuple[FDim, ...],
-        param: Size | None = None,
-        weight_only: tuple[FDim, ...] = (),
-        index: int = 0,
-    ) -> None:
-        self.kind = kind
-        self.consumed = consumed
-        self.produced = produced
-        self.param = param
-        self.weight_only = weight_only
-        self.index = index
-
-    @property
-    def shared(self) -> tuple[FDim, ...]:
-        """For a Share: the consumed dims that stay on the frontier (in order of ``produced``)."""
-        return tuple(d for d in self.consumed if d not in self.weight_only)
-
-    def __str__(self) -> str:
-        if self.kind == "Reduce":
-            return f"Reduce({self.param})"
-        if self.kind == "Share":
-            only = ", ".join(str(d.size) for d in self.weight_only)
-            shared = ", ".join(str(d.size) for d in self.shared)
-            return f"Share(weight-only [{only}], shared [{shared}])"
-        args = ", ".join(str(d.size) for d in self.consumed)
-        if self.param is not None:
-            args += f"; {self.param}"
-        return f"{self.kind}({args})"
-
-    __repr__ = __str__
-
-
-class State:
-    """A partial graph: frontier, bottom-up steps, validity mask, primitive counts, coefficient
-    uses, and per-assignment parameter totals (``params``) and FLOPs lower bounds (``flops_lb``)."""
-
-    __slots__ = ("frontier", "steps", "next_id", "mask", "counts", "uses", "params", "flops_lb")
-
-    def __init__(
-        self,
-        frontier: tuple[FDim, ...],
-        steps: tuple[BStep, ...],
-        next_id: int,
-        mask: int,
-        counts: tuple[int, ...],
-        uses: tuple[int, ...],
-        params: tuple[float, ...],
-        flops_lb: tuple[float, ...],
-    ) -> None:
-        self.frontier = frontier
-        self.steps = steps
-        self.next_id = next_id
-        self.mask = mask
-        self.counts = counts
-        self.uses = uses
-        self.params = params
-        self.flops_lb = flops_lb
-
-    @property
-    def depth(self) -> int:
-        return len(self.steps)
-
-    @property
-    def reducing(self) -> bool:
-        """Still in the reduction stage (only Reduces so far)."""
-        return all(step.kind == "Reduce" for step in self.steps)
-
-    def __repr__(self) -> str:
-        return f"State([{', '.join(map(repr, self.frontier))}], {list(self.steps)})"
-
-
-def root(space: Space) -> State:
-    """The empty partial graph: the frontier is the output."""
-    frontier = tuple(FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(space.output_sizes))
-    zeros = tuple(0.0 for _ in space.assignments)
-    mask = space.mask_all(space.output_sizes + space.input_sizes)
-    return State(frontier, (), len(frontier), mask, (0,) * len(KINDS), (0,) * len(space.coefficients), zeros, zeros)
-
-
-def is_complete(space: Space, state: State) -> bool:
-    """Whether the frontier is exactly the input (as a multiset of sizes) with nothing pending."""
-    if len(state.frontier) != len(space.input_sizes) or any(d.pending for d in state.frontier):
-        return False
-    return sorted(id(d.size) for d in state.frontier) == sorted(id(s) for s in space.input_sizes)
-
 
 # ------------------------------------------------------------------------------------------------
 # Applying bottom-up steps
@@ -273,7 +161,7 @@ def _candidates(space: Space, state: State) -> Iterator[tuple[BStep, tuple[Size,
             yield BStep("Reduce", (), (made,), size, index=n), (size,), None
     # Merge: split a frontier dim of size D into (D/B, B)
     for d in free:
-        for outer, inner in _merge_blocks(space, d.size):
+        for outer, inner in merge_blocks(space, d.size):
             o = FDim(nid, outer, MERGE_OUTER, n, nid, d.reduces, False)
             i = FDim(nid + 1, inner, MERGE_INNER, n, nid + 1, d.reduces, False)
             yield BStep("Merge", (d,), (o, i), inner, index=n), (outer, inner), None
@@ -311,35 +199,7 @@ def _candidates(space: Space, state: State) -> Iterator[tuple[BStep, tuple[Size,
         yield BStep("Expand", (d,), (), index=n), (), None
 
 
-def _merge_blocks(space: Space, size: Size) -> tuple[tuple[Size, Size], ...]:
-    """The (outer, inner) pairs a dim of ``size`` may be split into bottom-up: one of the two
-    parts is a coefficient monomial, neither is 1, and both are valid sizes."""
-    cache = space.__dict__.setdefault("_merge_cache", {})
-    found = cache.get(size)
-    if found is not None:
-        return found
-    pairs = []
-    for monomial in space.coefficient_monomials:
-        rest = div(size, monomial)
-        if rest == 1 or monomial == 1 or rest.primaries_in_denominator():
-            continue
-        if not (space.mask(rest) and space.mask(monomial)):
-            continue
-        for pair in ((rest, monomial), (monomial, rest)):
-            if pair not in pairs:
-                pairs.append(pair)
-    found = tuple(pairs)
-    cache[size] = found
-    return found
-
-
-def merge_block_ok(space: Space, size: Size, inner: Size) -> bool:
-    """Whether the bottom-up Merge of a dim of ``size`` into ``(size/inner, inner)`` is generated."""
-    return (div(size, inner), inner) in _merge_blocks(space, size)
-
-
 def _shares(space: Space, state: State, free: list[FDim], n: int, nid: int) -> Iterator:
-    from kdsl.search.rules import share_choices
 
     options = [share_choices(space, d) for d in free]
     for choice in itertools.product(*options):
@@ -355,8 +215,6 @@ def _shares(space: Space, state: State, free: list[FDim], n: int, nid: int) -> I
 def children(space: Space, state: State, stats: dict | None = None) -> Iterator[tuple[BStep, State]]:
     """The canonical children of ``state`` in a fixed order, pruned by depth, caps, allowances,
     validity masks, canonicalization rules, shape distance and budgets."""
-    from kdsl.search.distance import state_distance
-    from kdsl.search.rules import rejects
 
     if state.depth >= space.max_depth:
         return
@@ -369,8 +227,6 @@ def children(space: Space, state: State, stats: dict | None = None) -> Iterator[
                     stats[rule] = stats.get(rule, 0) + 1
                 continue
         else:
-            from kdsl.search.rules import violates_quality
-
             if violates_quality(space, state, step):
                 continue
         child = _apply(space, state, step, created, window)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Categorical, Space, config_key
-from kdsl.tune.driver import Record
 from kdsl.tune.opevo import OpEvo
+from kdsl.tune.records import Record
 
 #: Tile factors of ALT's pruned layout template.
 TEMPLATE_FACTORS = (8, 16, 32)

@@ -28,7 +28,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, Space, config_key, neighbours
 from kdsl.lang.errors import LoweringError
-from kdsl.tune.driver import Record
+from kdsl.tune.records import Record
 
 
 @dataclass(frozen=True)

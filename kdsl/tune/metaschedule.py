@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.lang.build import Operator
-from kdsl.tune.driver import Measurer, Record, TuneResult, _lowered, compile_module, open_task
+from kdsl.tune.measure import Measurer, _lowered, compile_module
+from kdsl.tune.records import Record, TuneResult, open_task
 
 
 def cpu_build(mod: Any, target: Any, _params: Any) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Parameter, Space, config_key, q_random_walk
 from kdsl.lang.errors import LoweringError
-from kdsl.tune.driver import Record
+from kdsl.tune.records import Record
 
 
 def recombine(

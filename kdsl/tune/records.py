@@ -1,0 +1,179 @@
+"""Tuning records: the store every tuner writes to, a task's identity, and the tuner interface.
+
+A *task* is one operator at one layer on this machine's target (:func:`task_key`). Every measured
+configuration becomes a :class:`Record` in one SQLite :class:`RecordStore`; tuners see a task's records as
+their history, so a run resumes where it stopped and never measures a stored configuration again.
+
+>>> store = RecordStore(":memory:")
+>>> store.add("task", Record({"a": 1}, 0.002, None, "opevo"))
+>>> store.add("task", Record({"a": 2}, None, "invalid: no", "opevo"))
+>>> [r.latency for r in store.records("task")], store.best("task").config
+([0.002, None], {'a': 1})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kdsl.codegen.tvm.schedule_space import VERSION, config_key, normalize
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
+
+
+class TuneError(KdslError):
+    """A tuning run that cannot go on (an unknown tuner, a broken records database, ...)."""
+
+
+@dataclass
+class Record:
+    """One tried configuration: its latency in seconds, or the reason it is invalid."""
+
+    config: dict[str, Any]
+    latency: float | None
+    error: str | None
+    tuner: str
+    key: str = ""
+    at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.config = normalize(self.config)
+        if not self.key:
+            self.key = config_key(self.config)
+
+    @property
+    def fitness(self) -> float:
+        """1 / latency, or 0 for an invalid configuration (OpEvo's rule)."""
+        return 0.0 if self.latency is None or self.latency <= 0 else 1.0 / self.latency
+
+
+# ------------------------------------------------------------------------------------------------
+# The records store
+# ------------------------------------------------------------------------------------------------
+
+
+class RecordStore:
+    """Tuning records in SQLite, one row per (task, configuration): adding a known one is a no-op."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        try:
+            self.db = sqlite3.connect(self.path)
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS records (task TEXT NOT NULL, key TEXT NOT NULL, config TEXT NOT NULL, "
+                "latency REAL, error TEXT, tuner TEXT NOT NULL, at REAL NOT NULL, seq INTEGER PRIMARY KEY, "
+                "UNIQUE (task, tuner, key))"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS tasks (task TEXT PRIMARY KEY, description TEXT NOT NULL, at REAL NOT NULL)"
+            )
+            self.db.commit()
+        except sqlite3.DatabaseError as error:
+            raise TuneError(f"cannot open the tuning records {self.path}: {error}") from None
+
+    def describe(self, task: str, description: Mapping[str, Any]) -> None:
+        """Remember what a task key stands for (operator, layer, target)."""
+        self.db.execute(
+            "INSERT OR IGNORE INTO tasks VALUES (?, ?, ?)", (task, json.dumps(description, sort_keys=True), time.time())
+        )
+        self.db.commit()
+
+    def add(self, task: str, record: Record) -> None:
+        self.db.execute(
+            "INSERT OR IGNORE INTO records (task, key, config, latency, error, tuner, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (task, record.key, json.dumps(record.config), record.latency, record.error, record.tuner, record.at),
+        )
+        self.db.commit()
+
+    def confirm(self, task: str, key: str, tuner: str, latency: float) -> None:
+        """Replace a record's latency by a re-measured one (the fastest of its timings)."""
+        self.db.execute(
+            "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
+        )
+        self.db.commit()
+
+    def records(self, task: str, tuner: str | None = None) -> list[Record]:
+        """The task's records in the order they were added (of one tuner, if given)."""
+        query = "SELECT config, latency, error, tuner, key, at FROM records WHERE task = ?"
+        args: tuple[Any, ...] = (task,)
+        if tuner is not None:
+            query += " AND tuner = ?"
+            args += (tuner,)
+        rows = self.db.execute(query + " ORDER BY seq", args).fetchall()
+        return [Record(json.loads(c), lat, err, t, k, at) for c, lat, err, t, k, at in rows]
+
+    def known(self, task: str, key: str, tuner: str | None = None) -> Record | None:
+        """The stored record of configuration ``key`` (by ``tuner``, if given; measured ones first)."""
+        query = "SELECT config, latency, error, tuner, key, at FROM records WHERE task = ? AND key = ?"
+        args: tuple[Any, ...] = (task, key)
+        if tuner is not None:
+            query += " AND tuner = ?"
+            args += (tuner,)
+        row = self.db.execute(query + " ORDER BY latency IS NULL, seq LIMIT 1", args).fetchone()
+        return None if row is None else Record(json.loads(row[0]), row[1], row[2], row[3], row[4], row[5])
+
+    def best(self, task: str, tuner: str | None = None) -> Record | None:
+        """The fastest valid record of the task (of one tuner, if given)."""
+        valid = [r for r in self.records(task, tuner) if r.latency is not None]
+        return min(valid, key=lambda r: r.latency or 0.0) if valid else None
+
+
+def task_key(op: Operator, binding: Mapping[str, int], target: str) -> str:
+    """The key of a tuning task: the operator's structure, its sizes, the target and the space's version."""
+    text = json.dumps([op.key, sorted(binding.items()), target, VERSION])
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+# ------------------------------------------------------------------------------------------------
+# The tuner interface
+# ------------------------------------------------------------------------------------------------
+
+
+class Tuner(Protocol):
+    """A search over one space: propose a batch, receive its records, propose again."""
+
+    name: str
+
+    def propose(self, n: int) -> list[dict[str, Any]]:
+        """Up to ``n`` configurations, none proposed before (nor in the history it was given)."""
+        ...
+
+    def update(self, records: Sequence[Record]) -> None:
+        """The results of proposed configurations (latency ``None``: invalid, fitness 0)."""
+        ...
+
+
+@dataclass
+class TuneResult:
+    """The outcome of one tuning run: the best record and the best latency after each measured trial."""
+
+    task: str
+    tuner: str
+    best: Record | None
+    curve: list[float]  # best seconds so far after each measurement of this run (inf before a valid one)
+    measured: int
+    rejected: int
+    seconds: float
+    library: str | None = None  # a compiled library of the best schedule, when the tuner kept one
+
+
+def open_task(
+    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str]
+) -> tuple[dict[str, int], str, RecordStore]:
+    """The binding of ``op`` at ``layer``, its task key on this machine, and the records store (the task
+    described in it)."""
+    from kdsl import solve
+    from kdsl.codegen.tvm import default_target
+
+    binding = solve.bind(op, layer)
+    mcpu = str(default_target().attrs.get("mcpu", ""))
+    key = task_key(op, binding, mcpu)
+    store = RecordStore(db)
+    store.describe(key, {"op": op.key, "binding": binding, "target": mcpu})
+    return binding, key, store
