@@ -1,122 +1,18 @@
-"""The gallery: named operators stored as DSL source files, one per operator.
-
-Each ``gallery/NAME.dsl`` file starts with a docstring that says which PyTorch function the
-operator reproduces and how its weights map onto that function's weights. Files are read with
-:func:`kdsl.parse`, which never executes them.
+"""The gallery: named operators (:mod:`kdsl.lang.library` reads their files) and their generated pages.
 
 >>> "conv2d" in names()
 True
->>> op = load("conv2d")
->>> [d.name for d in op.outputs]
-['N', 'Cout', 'H', 'W']
->>> describe("conv2d").splitlines()[0]
-'2-D convolution, "same" padding.'
+>>> layer_table("conv2d")
+'resnet18'
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-from kdsl.lang.build import Operator
+from kdsl import solve
 from kdsl.lang.errors import KdslError
-from kdsl.lang.parser import parse
+from kdsl.lang.library import SUFFIX, describe, directory, load, names, path, source
 
-__all__ = ["describe", "directory", "load", "names", "path", "source"]
-
-SUFFIX = ".dsl"
-
-
-def _candidates() -> list[Path]:
-    package = Path(__file__).resolve().parents[1]  # kdsl/
-    # a source checkout keeps the gallery at the repository root; an installed package may ship a copy
-    return [package.parent / "gallery", package / "gallery_data"]
-
-
-def directory() -> Path:
-    """The folder holding the gallery's ``.dsl`` files.
-
-    >>> directory().name
-    'gallery'
-    """
-    for candidate in _candidates():
-        if candidate.is_dir():
-            return candidate
-    looked = ", ".join(str(c) for c in _candidates())
-    raise KdslError(
-        f"the gallery folder is missing (looked in {looked}); run kdsl from a source checkout, or "
-        f"install a kdsl build that ships gallery_data"
-    )
-
-
-def names() -> list[str]:
-    """The gallery's operator names, sorted.
-
-    >>> names()[:3]
-    ['avg_pool2d', 'conv1d', 'conv2d']
-    """
-    return sorted(p.name[: -len(SUFFIX)] for p in directory().glob(f"*{SUFFIX}") if p.is_file())
-
-
-def path(name: str) -> Path:
-    """The file of the operator ``name``; an unknown name raises ``KdslError`` listing the names.
-
-    >>> path("matmul").name
-    'matmul.dsl'
-    >>> path("no_such_op")
-    Traceback (most recent call last):
-    ...
-    kdsl.lang.errors.KdslError: the gallery has no operator 'no_such_op'; available: avg_pool2d, ...
-    """
-    available = names()
-    if name not in available:  # also keeps names like "../x" from reaching the file system
-        raise KdslError(f"the gallery has no operator {name!r}; available: {', '.join(available)}")
-    return directory() / f"{name}{SUFFIX}"
-
-
-def source(name: str) -> str:
-    """The DSL source text of the operator ``name``.
-
-    >>> print(source("linear").split('\"\"\"')[2].strip())
-    from kdsl.lang import *
-    <BLANKLINE>
-    N, Cin, Cout = primary("N Cin Cout")
-    w = Weight(Cout, Cin, name="w")
-    linear = (
-        Input(N, Cin)
-        >> Share(w)
-        >> Reduce(Cin)
-        >> Output(N, Cout)
-    )
-    """
-    return path(name).read_text(encoding="utf-8")
-
-
-def load(name: str) -> Operator:
-    """Parse the gallery file of the operator ``name``.
-
-    >>> load("matmul").weights[0].name
-    'w'
-    """
-    file = path(name)
-    try:
-        return parse(file.read_text(encoding="utf-8"))
-    except KdslError as error:
-        where = f"the gallery file {file}"
-        raise error.with_context(f"{where}\n{error.context}" if error.context else where) from None
-
-
-def describe(name: str) -> str:
-    """The docstring at the top of the operator's file ('' if it has none).
-
-    >>> "F.linear" in describe("linear") or "functional.linear" in describe("linear")
-    True
-    """
-    try:
-        tree = ast.parse(source(name))
-    except SyntaxError:
-        return ""
-    return ast.get_docstring(tree) or ""
+__all__ = ["SUFFIX", "describe", "directory", "layer_table", "load", "names", "path", "source"]
 
 
 def layer_table(name: str) -> str | None:
@@ -128,8 +24,6 @@ def layer_table(name: str) -> str | None:
     >>> layer_table("conv2d"), layer_table("strided_conv2d")
     ('resnet18', 'resnet18_stride2')
     """
-    from kdsl import solve
-
     op = load(name)
     for table in ("resnet18", "resnet18_stride2"):
         try:

@@ -456,10 +456,10 @@ class Space:
         if self._baseline_cost is None:
             if not self.baseline_name:
                 raise SearchError(f"spec {self.spec.name} has no baseline operator for relative budgets")
-            from kdsl import gallery
+            from kdsl.lang import library
             from kdsl.solve import total_cost
 
-            op = gallery.load(self.baseline_name)
+            op = library.load(self.baseline_name)
             self._baseline_cost = total_cost(op, self.layers, op.default_coefficients)
         return self._baseline_cost[metric]
 
