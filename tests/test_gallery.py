@@ -14,6 +14,7 @@ F = torch.nn.functional
 import kdsl  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
+from kdsl.lang import library  # noqa: E402
 from kdsl.lang.errors import KdslError  # noqa: E402
 
 
@@ -327,7 +328,7 @@ def test_unknown_names_raise_and_list_the_gallery(bad):
 
 def test_a_broken_gallery_file_names_itself(tmp_path, monkeypatch):
     (tmp_path / "broken.dsl").write_text('"""A broken operator."""\nop = Input(N) >> Reduce(N)\n')
-    monkeypatch.setattr(gallery, "_candidates", lambda: [tmp_path])
+    monkeypatch.setattr(library, "_candidates", lambda: [tmp_path])
     assert gallery.names() == ["broken"]
     assert gallery.describe("broken") == "A broken operator."
     with pytest.raises(KdslError, match=r"not defined") as raised:
@@ -336,7 +337,7 @@ def test_a_broken_gallery_file_names_itself(tmp_path, monkeypatch):
 
 
 def test_a_missing_gallery_folder_says_where_it_looked(tmp_path, monkeypatch):
-    monkeypatch.setattr(gallery, "_candidates", lambda: [tmp_path / "absent"])
+    monkeypatch.setattr(library, "_candidates", lambda: [tmp_path / "absent"])
     with pytest.raises(KdslError, match=r"gallery folder is missing \(looked in .*absent\)"):
         gallery.names()
 
