@@ -32,7 +32,7 @@ def make_tuner(name: str, space: Space, history: Sequence[Record], seed: int = 0
     >>> make_tuner("nope", None, [])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    kdsl.tune.driver.TuneError: unknown tuner 'nope'; choose one of alt, gensor, metaschedule, opevo, random
+    kdsl.tune.records.TuneError: unknown tuner 'nope'; choose one of alt, gensor, metaschedule, opevo, random
     """
     if name == "opevo":
         return OpEvo(space, history, seed=seed, **options)
