@@ -281,7 +281,12 @@ def parse_size(text: str, variables: Mapping[str, str]) -> Size:
     'Cout/(G*s)'
     """
     if not isinstance(text, str) or len(text) > 1000:
-        raise ParseError(f"a size must be a short string, got {text!r}")
+        raise ParseError(f"a size must be a short string, got {text!r:.80}")
+    # Fast path for the commonest sizes, one variable: from_json reads one size per dim, and
+    # ast.parse costs more than the rest of reading a dim. The result is what the slow path gives.
+    kind = variables.get(text)
+    if kind in ("primary", "coefficient"):
+        return Size.variable(text, kind)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
