@@ -19,12 +19,16 @@ An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.js
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError
+from kdsl.search.errors import printable
 
 
 def load_operator(ref: str, db: str | None = None) -> Operator:
@@ -40,7 +44,10 @@ def load_operator(ref: str, db: str | None = None) -> Operator:
     if path.suffix in (".dsl", ".py", ".json") or path.exists():
         if not path.is_file():
             raise ParseError(f"no such file: {ref}")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ParseError(f"cannot read {ref}: {error}") from None
         return from_json(text) if path.suffix == ".json" else parse(text)
     return gallery.load(ref)
 
@@ -65,15 +72,44 @@ def _from_results(key: str, db: str) -> Operator:
     return parse(rows[0][1])
 
 
-def _parse_assignments(items: Sequence[str] | None) -> dict[str, int]:
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", re.ASCII)
+
+
+def _parse_assignments(items: Sequence[str] | None, op: Operator, name: str) -> dict[str, int]:
+    """``--set NAME=INT[,NAME=INT...]`` as a dict, checked against ``op``'s coefficients so that a
+    typo (``k=5``, ``Q=3``) is an error rather than a value silently ignored. ``re.ASCII`` keeps
+    ``int()`` from seeing digits it does not take (``²``) or signs (``--3``)."""
     values: dict[str, int] = {}
+    coefficients = op.coefficient_variables
     for item in items or ():
         for part in item.split(","):
-            name, sep, value = part.partition("=")
-            if not sep or not value.strip().lstrip("-").isdigit():
-                raise KdslError(f"--set expects NAME=INT (like K=3), got {part!r}")
-            values[name.strip()] = int(value)
+            if not part.strip():
+                continue
+            match = _ASSIGNMENT.fullmatch(part.strip())
+            if match is None:
+                raise KdslError(f"--set expects NAME=INT with a positive integer (like K=3), got {printable(part)!r}")
+            variable, value = match.group(1), int(match.group(2))
+            if variable not in coefficients:
+                raise KdslError(_unknown_variable(variable, op, name))
+            if value < 1:
+                raise KdslError(f"--set {variable}={value}: a coefficient must be a positive integer")
+            if variable in values and values[variable] != value:
+                raise KdslError(f"--set gives {variable} twice ({values[variable]} and {value})")
+            values[variable] = value
     return values
+
+
+def _unknown_variable(variable: str, op: Operator, name: str) -> str:
+    coefficients = op.coefficient_variables
+    if variable in op.primary_variables:
+        return (
+            f"--set {variable}: {variable} is a primary variable of {name}; its sizes come from the layer table "
+            f"(--layers), --set gives coefficients ({', '.join(coefficients) or 'it has none'})"
+        )
+    known = f"its coefficients are {', '.join(coefficients)}" if coefficients else "it has no coefficients"
+    close = [c for c in coefficients if c.lower() == variable.lower()]
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"--set {variable}: {name} has no variable {variable}; {known}{hint}"
 
 
 def _formula_lines(op: Operator) -> list[str]:
@@ -119,20 +155,31 @@ def command_check(args: argparse.Namespace) -> int:
     from kdsl import solve
 
     op = load_operator(args.operator)
+    name = printable(args.operator)
     layers = solve.load_layers(args.layers)
-    coefficients = {**op.default_coefficients, **_parse_assignments(args.set)}
-    solve.check(op, layers, coefficients=coefficients)
-    print(f"{args.operator}: valid on all {len(layers)} layers of {args.layers}", end="")
-    used = {k: v for k, v in coefficients.items() if k in op.coefficient_variables}
-    print(f" with {', '.join(f'{k}={v}' for k, v in sorted(used.items()))}" if used else "")
+    given = _parse_assignments(args.set, op, name)
+    # only --set overrides: a coefficient the layer binds wins over the operator's default, so the
+    # values printed below are the ones the check used (README: --set, else the layer, else default)
+    report = solve.check(op, layers, coefficients=given)
+    bindings = [(layer, binding) for layer, binding in report]
+    used: list[str] = []
+    for variable in op.coefficient_variables:
+        values = {binding[variable] for _, binding in bindings}
+        if len(values) == 1:
+            used.append(f"{variable}={values.pop()}")
+        else:
+            used.append(
+                ", ".join(f"{variable}={binding[variable]} on {printable(layer.name)}" for layer, binding in bindings)
+            )
+    print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
+    print(f" with {', '.join(used)}" if used else "")
     header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
     print(header)
-    for layer in layers:
-        binding = {**dict(layer.values), **coefficients}
+    for layer, binding in bindings:
         shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
         print(
-            f"  {layer.name:<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
+            f"  {printable(layer.name):<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
             f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}"
         )
     return 0
@@ -202,8 +249,16 @@ def command_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit code 2) like every other error;
+    subcommands' parsers are of this class too (argparse gives them the parent's class)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"error: {printable(message)} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kdsl", description="kdsl: a DSL for neural tensor operators")
+    parser = _Parser(prog="kdsl", description="kdsl: a DSL for neural tensor operators")
     commands = parser.add_subparsers(dest="command", required=True)
 
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
@@ -251,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune_bench.set_defaults(run=tune_commands.bench_tune)
     tune_commands.add_tune_commands(commands)
 
-    from kdsl.discover.loop import add_discover_command
+    from kdsl.cli.discover_commands import add_discover_command
 
     add_discover_command(commands)
 
@@ -261,16 +316,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kdsl`` console script."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``kdsl`` console script.
+
+    Every error on bad input (a :class:`KdslError`) is one line on stderr and exit code 2; Ctrl-C is
+    one line and exit code 130. ``KDSL_DEBUG=1`` shows the traceback instead."""
+    debug = os.environ.get("KDSL_DEBUG") == "1"
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except KdslError as error:
-        print(f"error: {error}", file=sys.stderr)
+        if debug:
+            raise
+        # the message only (no quoted context), escaped: it may quote names read from a database
+        print(f"error: {printable(error.message)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        # only the resumable commands have something to keep
+        db = getattr(args, "db", None) if getattr(args, "command", None) in ("search", "discover", "tune") else None
+        kept = f"; what was committed to {printable(db)} is kept and the same command resumes" if db else ""
+        print(f"interrupted{kept}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `kdsl show x | head`
+        # point stdout at /dev/null so that flushing it at exit does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,9 +18,19 @@ import json
 import sys
 from typing import Any
 
-from kdsl.search.errors import SearchError
+from kdsl.search.errors import SearchError, printable
 
-__all__ = ["add_search_commands", "bench_search", "command_results", "command_search", "space_from_args"]
+__all__ = [
+    "add_search_commands",
+    "bench_search",
+    "budget",
+    "command_results",
+    "command_search",
+    "optional_budget",
+    "positive_float",
+    "positive_int",
+    "space_from_args",
+]
 
 
 def _coefficients(items: list[str] | None) -> dict[str, Any] | None:
@@ -92,40 +102,96 @@ def command_search(args: argparse.Namespace) -> int:
         print(json.dumps(summary, sort_keys=True))
     else:
         state = "finished" if report.finished else "stopped (run the same command to resume)"
-        print(f"{space.describe()}")
+        print(printable(space.describe()))  # a spec file's names are untrusted text
         print(
             f"{args.strategy} {state}: {report.nodes} nodes in {report.seconds:.1f}s, {len(report.found)} distinct "
-            f"operators ({report.new} new, {report.valid} valid) -> {args.db}"
+            f"operators ({report.new} new, {report.valid} valid) -> {printable(args.db)}"
         )
     return 0
 
 
 def command_results(args: argparse.Namespace) -> int:
-    """``kdsl results --db PATH``: the best stored candidates."""
-    from pathlib import Path
-
+    """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only)."""
     from kdsl.search.store import Store
 
-    if not Path(args.db).is_file():
-        raise SearchError(f"no results database at {args.db!r}; run `kdsl search ... --db {args.db}` first")
-    store = Store(args.db)
+    store = Store(args.db, readonly=True)
     try:
         rows = store.top(args.top, status=None if args.all else "valid")
         counts = store.counts()
     finally:
         store.close()
     if args.json:
+        # json.dumps writes control characters as \u escapes: the output stays inert
         print(json.dumps({"counts": counts, "top": rows}, sort_keys=True, default=str))
         return 0
-    print(f"{sum(counts.values())} candidates: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    # anything may have written the database: every text from it is escaped before printing
+    summary = ", ".join(f"{n} {printable(s)}" for s, n in sorted(counts.items()))
+    print(f"{sum(counts.values())} candidates: {summary}")
     for rank, row in enumerate(rows, 1):
         flops = f"{row['flops'] / 1e6:.1f} MFLOPs" if row["flops"] is not None else "-"
         reward = row["reward"] or 0.0
         print(
-            f"\n#{rank}  key {row['key']}  depth {row['depth']}  {flops}  params {row['params']}  reward {reward:.3f}"
+            f"\n#{rank}  key {printable(row['key'])}  depth {row['depth']}  {flops}  params {row['params']}  "
+            f"reward {reward:.3f}"
         )
-        print(row["dsl"].rstrip())
+        print(printable(row["dsl"].rstrip(), keep_newlines=True))
     return 0
+
+
+def budget(text: str) -> str:
+    """argparse type of the budget options: the text itself, once :func:`parse_budget` accepts it.
+
+    A plain number is an absolute count, so ``0.5`` (no ``x``) would be a budget of 0 FLOPs that
+    nothing fits; it is refused with a pointer to ``0.5x``.
+
+    >>> budget("0.5x"), budget("150M")
+    ('0.5x', '150M')
+    >>> budget("0.5")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: '0.5' is an absolute count below 1; write 0.5x for a multiple of ...
+    """
+    from kdsl.search.space import parse_budget
+
+    relative = text.strip().lower().endswith("x")
+    try:
+        # any baseline checks a relative budget's syntax; the real one comes from the spec
+        value = parse_budget(text, baseline=1 if relative else None)
+    except SearchError as error:
+        raise argparse.ArgumentTypeError(error.message) from None
+    if not relative and value is not None and value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is an absolute count below 1; write {text.strip()}x for a multiple of the baseline "
+            f"operator's, or a count like 150M or 2G"
+        )
+    return text
+
+
+def optional_budget(text: str) -> str | None:
+    """:func:`budget`, or None for ``none`` (no limit)."""
+    return None if text.strip().lower() == "none" else budget(text)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def add_search_commands(subparsers: Any) -> None:
@@ -136,24 +202,34 @@ def add_search_commands(subparsers: Any) -> None:
     search.add_argument("spec", help="conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file")
     search.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
     search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate")
-    search.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
-    search.add_argument("--max-flops", help="FLOPs budget over all layers: a number (2G) or relative (0.5x)")
-    search.add_argument("--max-params", help="parameter budget (a number or relative, e.g. 0.5x)")
-    search.add_argument("--min-params", help="fewest parameters (a number or relative)")
+    search.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
+    search.add_argument(
+        "--max-flops",
+        type=budget,
+        help="FLOPs budget over all layers: a count (150M, 2G) or a multiple of the spec's baseline operator "
+        "(0.5x); a plain number below 1 is refused (write 0.5x)",
+    )
+    search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
+    search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
     search.add_argument("--coefficient", action="append", metavar="NAME=V1,V2[:ALLOWANCE]", help="e.g. K=3 or G=2,4:3")
     search.add_argument("--cap", action="append", metavar="KIND=INT", help="per-primitive caps, e.g. Share=2,Expand=0")
     search.add_argument("--reduction", action="append", metavar="SIZE", help="allowed reduced sizes, e.g. Cin/G")
-    search.add_argument("--time-limit", type=float, help="seconds before stopping (resume later)")
-    search.add_argument("--max-results", type=int, help="stop after this many new operators")
+    search.add_argument("--time-limit", type=positive_float, help="seconds before stopping (resume later)")
+    search.add_argument("--max-results", type=positive_int, help="stop after this many new operators")
     search.add_argument("--seed", type=int, default=0)
-    search.add_argument("--db", required=True, help="SQLite results database (created if missing)")
+    search.add_argument(
+        "--db",
+        required=True,
+        help="SQLite results database (created if missing); one process at a time runs a given spec, "
+        "strategy and seed on it, a second one is refused",
+    )
     search.add_argument("--json", action="store_true", help="print a JSON summary")
     search.add_argument("--quiet", action="store_true", help="no progress line")
     search.set_defaults(run=command_search)
 
     results = subparsers.add_parser("results", help="the best operators in a results database")
-    results.add_argument("--db", required=True)
-    results.add_argument("--top", type=int, default=10)
+    results.add_argument("--db", required=True, help="results database (only read, never written)")
+    results.add_argument("--top", type=positive_int, default=10)
     results.add_argument("--all", action="store_true", help="include invalid and over-budget candidates")
     results.add_argument("--json", action="store_true")
     results.set_defaults(run=command_results)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from kdsl.cli.search_commands import positive_int
 from kdsl.lang.errors import KdslError
 
 TUNERS = ("opevo", "alt", "gensor", "metaschedule")
@@ -65,10 +66,10 @@ def add_tune_commands(subparsers: Any) -> None:
     tune.add_argument("operator", help="gallery name, .dsl or .json file")
     tune.add_argument("--layer", required=True, help="a ResNet-18 layer name (conv3_x) or JSON sizes")
     tune.add_argument("--tuner", choices=[*TUNERS, "random"], default="opevo")
-    tune.add_argument("--trials", type=int, default=64, help="new measurements in this run")
+    tune.add_argument("--trials", type=positive_int, default=64, help="new measurements in this run")
     tune.add_argument("--db", default="tune.db", help="SQLite records (resumed if present)")
     tune.add_argument("--seed", type=int, default=0)
-    tune.add_argument("--batch", type=int, default=8, help="configurations compiled in parallel per round")
+    tune.add_argument("--batch", type=positive_int, default=8, help="configurations compiled in parallel per round")
     tune.set_defaults(run=command_tune)
 
 
@@ -92,12 +93,12 @@ def command_tune(args: argparse.Namespace) -> int:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench tune``."""
-    parser.add_argument("--trials", type=int, default=None, help="trials per tuner (default 64, --quick 12)")
+    parser.add_argument("--trials", type=positive_int, default=None, help="trials per tuner (default 64, --quick 12)")
     parser.add_argument("--quick", action="store_true", help="small budgets (a few minutes)")
     parser.add_argument("--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS))
     parser.add_argument("--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], default=None)
     parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating re-measurement rounds")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="alternating re-measurement rounds")
 
 
 def bench_cases() -> list[tuple[str, str, dict[str, int]]]:

@@ -171,6 +171,9 @@ def _worker_main(
     conn: Connection, environment: Mapping[str, str], lock_path: str | None, preload: Sequence[str] = ()
 ) -> None:
     """A worker's loop: receive ``(task_id, task)``, send ``("done", task_id, result)``."""
+    # Ctrl-C reaches the whole process group; the parent stops the run and closes its workers,
+    # so a worker must not die on it with a traceback of its own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(environment)
     # import before saying ready, so that a task's timeout does not pay for the imports
     for module in ("kdsl.discover.evaluators", *preload):

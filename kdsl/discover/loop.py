@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kdsl.lang.errors import KdslError
-from kdsl.search.errors import SearchError
+from kdsl.search.errors import SearchError, printable
 
 NETS = ("proxy-resnet",)
 
@@ -92,6 +91,7 @@ class Evaluations:
     """The ``evaluations`` table beside the search store (same SQLite file, WAL mode)."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         try:
             self.connection = sqlite3.connect(path, timeout=30)
             self.connection.execute("PRAGMA journal_mode=WAL")
@@ -121,9 +121,21 @@ class Evaluations:
         query = "SELECT key, role, status, metrics, error, seconds FROM evaluations"
         cursor = self.connection.execute(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
         return [
-            {"key": k, "role": r, "status": s, "metrics": json.loads(m), "error": e, "seconds": sec}
+            {"key": k, "role": r, "status": s, "metrics": self._metrics(k, m), "error": e, "seconds": sec}
             for k, r, s, m, e, sec in cursor
         ]
+
+    def _metrics(self, key: object, text: object) -> dict[str, Any]:
+        try:
+            metrics = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            metrics = None
+        if not isinstance(metrics, dict):
+            raise SearchError(
+                f"{printable(self.path)}: evaluations row {printable(repr(key)[:80])}: the column metrics holds "
+                f"{printable(repr(text)[:60])}, not a JSON object; delete the row to evaluate it again"
+            )
+        return metrics
 
     def close(self) -> None:
         self.connection.close()
@@ -135,7 +147,8 @@ def _space(config: DiscoverConfig) -> Any:
     from kdsl.solve.layers import load_layers
 
     if config.net not in NETS:
-        raise SearchError(f"unknown network {config.net!r}; kdsl knows {', '.join(NETS)}")
+        raise SearchError(f"unknown network {printable(config.net)!r}; kdsl knows {', '.join(NETS)}")
+    _check_spec(config.spec)
     layers = list(proxy_layers(config.proxy_config())) + list(load_layers(config.latency_layers))
     return Space(
         config.spec,
@@ -144,6 +157,34 @@ def _space(config: DiscoverConfig) -> Any:
         max_depth=config.max_depth,
         max_flops=config.max_flops,
         min_params=config.min_params,
+    )
+
+
+#: What the proxy network's convolutions map (its stages keep the width, so Cout may be Cin).
+_PROXY_INPUT = ("N", "Cin", "H", "W")
+_PROXY_OUTPUTS = (("N", "Cout", "H", "W"), ("N", "Cin", "H", "W"))
+
+
+def _check_spec(spec: Any) -> None:
+    """Refuse, before any work, a spec whose operators cannot stand in the proxy network's
+    convolutions: every candidate would fail to build there and the run would find nothing."""
+    from kdsl.search.space import SPECS, load_spec
+
+    loaded = load_spec(spec)
+    inputs = tuple(str(d.size) for d in loaded.inputs)
+    outputs = tuple(str(d.size) for d in loaded.outputs)
+    if inputs == _PROXY_INPUT and outputs in _PROXY_OUTPUTS:
+        return
+    fitting = [
+        name
+        for name, known in SPECS.items()
+        if tuple(str(d.size) for d in known.inputs) == _PROXY_INPUT
+        and tuple(str(d.size) for d in known.outputs) in _PROXY_OUTPUTS
+    ]
+    raise SearchError(
+        f"the spec {printable(loaded.name)!r} maps [{', '.join(inputs)}] -> [{', '.join(outputs)}], but the proxy "
+        f"network's convolutions map [N, Cin, H, W] -> [N, Cout, H, W] (Cin = Cout); use --spec "
+        f"{' or '.join(fitting)}, or a JSON spec of that shape"
     )
 
 
@@ -181,10 +222,19 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
     from kdsl.discover.executors import Task, make_executor
     from kdsl.discover.report import write_report
     from kdsl.search.run import search
+    from kdsl.search.store import Store
 
     start = time.monotonic()
     space = _space(config)
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
+    # one discovery per (space, strategy, seed) at a time: a second one would evaluate the same
+    # candidates again; it is refused with a message naming this process (see kdsl.search.store)
+    guard = Store(config.db)
+    try:
+        lease = guard.claim(space.fingerprint(), f"discover:{config.strategy}", config.seed, space.describe())
+    except BaseException:
+        guard.close()
+        raise
     evaluations = Evaluations(config.db)
     executor = make_executor(config.executor, workers=config.workers, timeout=config.eval_timeout)
     evaluators = config.evaluators()
@@ -245,6 +295,10 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         if executor_close is not None:
             executor_close()
         evaluations.close()
+        try:
+            guard.release(lease)
+        finally:
+            guard.close()
 
 
 def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
@@ -293,51 +347,4 @@ def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: d
     return {"evaluated": len(records), "baseline": baseline, **{k: str(v) for k, v in paths.items()}}
 
 
-def add_discover_command(subparsers: Any) -> None:
-    """Register ``kdsl discover``."""
-    parser = subparsers.add_parser("discover", help="search, evaluate and rank replacements for a network's convs")
-    parser.add_argument("--net", default="proxy-resnet", choices=NETS)
-    parser.add_argument("--spec", default="conv2d")
-    parser.add_argument("--max-flops", default="0.5x", help="FLOPs budget relative to conv2d (e.g. 0.5x), or none")
-    parser.add_argument(
-        "--min-params", default="none", help="fewest parameters relative to conv2d (e.g. 0.2x), or none"
-    )
-    parser.add_argument("--max-depth", type=int, default=6)
-    parser.add_argument("--strategy", default="mcts", choices=["mcts", "random", "enumerate"])
-    parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for the whole run")
-    parser.add_argument("--db", default="runs.sqlite")
-    parser.add_argument("--out", default="out")
-    parser.add_argument("--executor", default="local", help="local, ray or ray:ADDRESS")
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-timeout", type=float, default=240.0, help="seconds per candidate before it is killed")
-    parser.add_argument("--epochs", type=int, default=6, help="proxy training epochs")
-    parser.set_defaults(run=_command)
-
-
-def _command(args: Any) -> int:
-    config = DiscoverConfig(
-        net=args.net,
-        spec=args.spec,
-        max_flops=None if str(args.max_flops).lower() == "none" else args.max_flops,
-        min_params=None if str(args.min_params).lower() == "none" else args.min_params,
-        max_depth=args.max_depth,
-        strategy=args.strategy,
-        time_limit=args.time_limit,
-        db=args.db,
-        out=args.out,
-        executor=args.executor,
-        workers=args.workers,
-        seed=args.seed,
-        eval_timeout=args.eval_timeout,
-        epochs=args.epochs,
-    )
-    try:
-        summary = discover(config)
-    except KdslError:
-        raise
-    print(json.dumps(summary, indent=1))
-    return 0
-
-
-__all__: Sequence[str] = ["DiscoverConfig", "add_discover_command", "discover"]
+__all__: Sequence[str] = ["NETS", "DiscoverConfig", "discover"]

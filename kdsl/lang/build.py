@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
-from kdsl.lang.primitives import BuildContext, Dim, Live, Primitive, Share, Weight, check_name, dim_of
+from kdsl.lang.names import MAX_CONSTANT, check_identifier
+from kdsl.lang.primitives import BuildContext, Dim, Live, Primitive, Share, Weight, dim_of
 from kdsl.lang.sizes import Size, Var
 
 
@@ -76,8 +77,11 @@ class Output:
             if not isinstance(defaults, Mapping):
                 raise ShapeError(f"Output(defaults=...) must be a dict of coefficient values, got {defaults!r}")
             for key, value in defaults.items():
-                if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise SizeError(f"Output(defaults=...): {key!r}: {value!r} must map a name to a positive int")
+                check_identifier(key, "Output(defaults=...): coefficient")
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONSTANT:
+                    raise SizeError(
+                        f"Output(defaults=...): {key}: {value!r:.80} must be a positive int at most {MAX_CONSTANT}"
+                    )
             items = tuple(sorted(defaults.items()))
         object.__setattr__(self, "refs", tuple(refs))
         object.__setattr__(self, "defaults", items)
@@ -93,10 +97,11 @@ class Input:
         if not dims:
             raise ShapeError("Input() needs at least one dim")
         made = tuple(dim_of(d, "Input") for d in dims)
-        names = [d.name for d in made]
-        for name in names:
-            if names.count(name) > 1:
-                raise ShapeError(f"Input: the dim name {name!r} appears twice; name each dim differently")
+        seen: set[str] = set()
+        for dim in made:
+            if dim.name in seen:
+                raise ShapeError(f"Input: the dim name {dim.name!r} appears twice; name each dim differently")
+            seen.add(dim.name)
         object.__setattr__(self, "dims", made)
 
     def __rshift__(self, other: object) -> Builder | Operator:
@@ -104,19 +109,46 @@ class Input:
 
 
 class Builder:
-    """A partial operator: the input, the resolved steps so far and the live dims."""
+    """A partial operator: the input, the resolved steps so far and the live dims.
 
-    __slots__ = ("inputs", "steps", "live", "weights")
+    A Builder is a value: ``b >> x`` and ``b >> y`` both extend the same ``b``. The live dims are
+    handed on to the first extension instead of copied (a chain of n steps over d dims costs
+    O(n + d), not O(n * d)); a builder extended a second time replays its steps to get them back.
+    """
 
-    def __init__(self, inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live, weights: list[Weight]):
+    __slots__ = ("inputs", "steps", "_live", "_context")
+
+    def __init__(
+        self, inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live | None, weights: list[Weight]
+    ) -> None:
         self.inputs = inputs
         self.steps = steps
-        self.live = live
-        self.weights = weights
+        self._live = live
+        self._context: BuildContext | None = BuildContext(list(weights)) if live is not None else None
 
     @staticmethod
     def start(inputs: tuple[Dim, ...]) -> Builder:
-        return Builder(inputs, (), Live({d.name: d.size for d in inputs}, frozenset()), [])
+        return Builder(inputs, (), Live({d.name: d.size for d in inputs}, ()), [])
+
+    def _state(self) -> tuple[Live, BuildContext]:
+        """The live dims and weights after the steps, replayed if they were handed on."""
+        if self._live is None or self._context is None:
+            live = Live({d.name: d.size for d in self.inputs}, ())
+            context = BuildContext()
+            for step in self.steps:
+                step.apply(live, context)
+            self._live, self._context = live, context
+        return self._live, self._context
+
+    @property
+    def live(self) -> Live:
+        """The live dims after the steps (do not change them)."""
+        return self._state()[0]
+
+    @property
+    def weights(self) -> list[Weight]:
+        """The weights shared so far, in order."""
+        return list(self._state()[1].weights)
 
     @property
     def shape(self) -> dict[str, Size]:
@@ -124,36 +156,42 @@ class Builder:
         return dict(self.live.sizes)
 
     def _apply(self, primitive: Primitive) -> Builder:
-        live = Live(dict(self.live.sizes), self.live.windowed)
-        context = BuildContext(list(self.weights))
+        return self._apply_all((primitive,))
+
+    def _apply_all(self, primitives: tuple[Primitive, ...]) -> Builder:
+        live, context = self._state()
+        # hand the state on: this builder replays its steps if it is ever extended again
+        self._live = self._context = None
         steps = list(self.steps)
         try:
-            for single in primitive.expand():
-                steps.append(single.apply(live, context))
+            for primitive in primitives:
+                for single in primitive.expand():
+                    steps.append(single.apply(live, context))
         except KdslError as error:
-            raise error.with_context(self._text_so_far()) from None
-        return Builder(self.inputs, tuple(steps), live, context.weights)
+            raise error.with_context(partial_text(self.inputs, tuple(steps))) from None
+        built = Builder(self.inputs, tuple(steps), None, [])
+        built._live, built._context = live, context
+        return built
 
     def _text_so_far(self) -> str:
-        from kdsl.lang.printer import partial_dsl
-
-        return partial_dsl(self.inputs, self.steps)
+        return partial_text(self.inputs, self.steps)
 
     def finish(self, output: Output) -> Operator:
         try:
-            names = []
+            live = self.live
+            names: dict[str, None] = {}
             for ref in output.refs:
-                name = self.live.resolve(ref, "Output")
+                name = live.resolve(ref, "Output")
                 if name in names:
                     raise ShapeError(f"Output: the dim {name} is listed twice")
-                names.append(name)
-            missing = [n for n in self.live.sizes if n not in names]
-            if missing:
+                names[name] = None
+            if len(names) != len(live):
+                missing = [n for n in live.sizes if n not in names]
                 raise ShapeError(
                     f"Output: the dims {', '.join(missing)} are still live but not in the output; "
-                    f"Reduce them or list them (the live dims are {self.live.describe()})"
+                    f"Reduce them or list them (the live dims are {live.describe()})"
                 )
-            op = Operator(self.inputs, self.steps, tuple(Dim(n, self.live.sizes[n]) for n in names), output.defaults)
+            op = Operator(self.inputs, self.steps, tuple(Dim(n, live.size(n)) for n in names), output.defaults)
             coefficients = {v.name for v in op.variables if v.kind == "coefficient"}
             for key, _ in output.defaults:
                 if key not in coefficients:
@@ -169,9 +207,7 @@ class Builder:
         if isinstance(other, Primitive):
             return self._apply(other)
         if isinstance(other, Pipeline):
-            built = self
-            for primitive in other.primitives:
-                built = built._apply(primitive)
+            built = self._apply_all(other.primitives)
             return built.finish(other.output) if other.output is not None else built
         if isinstance(other, Output):
             return self.finish(other)
@@ -201,7 +237,7 @@ class Operator:
             if seen.kind != var.kind:
                 raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
         for name, _ in self.defaults:
-            check_name(name, "coefficient")
+            check_identifier(name, "coefficient")
 
     @cached_property
     def weights(self) -> tuple[Weight, ...]:
@@ -273,4 +309,11 @@ class Operator:
 
 
 def _live_after(op: Operator) -> Live:
-    return Live({d.name: d.size for d in op.outputs}, frozenset())
+    return Live({d.name: d.size for d in op.outputs}, ())
+
+
+def partial_text(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> str:
+    """The DSL text of a partial build, quoted by error messages."""
+    from kdsl.lang.printer import partial_dsl
+
+    return partial_dsl(inputs, steps)

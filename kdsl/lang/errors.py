@@ -55,6 +55,14 @@ class ValidityError(KdslError):
     """The operator breaks a quality rule (drops input data, Stride without a window, ...)."""
 
 
+class NameRuleError(ShapeError, SizeError):
+    """A name (of a variable, dim or weight) breaks the naming rule of :mod:`kdsl.lang.names`.
+
+    It is both a ShapeError and a SizeError: dim and weight names were checked as shapes, variable
+    names as sizes, and code catching either keeps working.
+    """
+
+
 class ParseError(KdslError):
     """DSL text or JSON that kdsl cannot read."""
 

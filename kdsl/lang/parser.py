@@ -17,18 +17,19 @@ int/str/bool literals, a dict of coefficient defaults, and the operators ``>>``,
 from __future__ import annotations
 
 import ast
+import warnings
 from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
 from kdsl.lang.build import Input, Operator, Output
 from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
 from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size, coefficient, primary
 
 MAX_SOURCE_CHARS = 200_000
-MAX_INT = 10**12
-MAX_EXPONENT = 16
+MAX_QUOTED_CHARS = 300
 
 #: the functions a DSL program may call, with the keywords each accepts
 FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
@@ -54,7 +55,7 @@ class _Interpreter:
     def __init__(self, source: str) -> None:
         self.lines = source.splitlines()
         self.env: dict[str, Any] = {}
-        self.order: list[str] = []
+        self.order: dict[str, None] = {}  # names in first-binding order (a dict: O(1) membership)
 
     def fail(self, node: ast.AST, message: str) -> ParseError:
         line = getattr(node, "lineno", None)
@@ -84,8 +85,7 @@ class _Interpreter:
         if isinstance(target, ast.Name):
             self.check_target(target)
             self.env[target.id] = value
-            if target.id not in self.order:
-                self.order.append(target.id)
+            self.order.setdefault(target.id, None)
             return
         if isinstance(target, ast.Tuple) and all(isinstance(t, ast.Name) for t in target.elts):
             values = value if isinstance(value, tuple) else (value,)
@@ -109,6 +109,8 @@ class _Interpreter:
         except KdslError as error:
             if error.context is None and getattr(node, "lineno", None):
                 line = self.lines[node.lineno - 1].strip() if node.lineno <= len(self.lines) else ""
+                if len(line) > MAX_QUOTED_CHARS:  # a message quotes the line, not a 200 KB one
+                    line = line[:MAX_QUOTED_CHARS] + " ..."
                 raise error.with_context(f"line {node.lineno}: {line}") from None
             raise
 
@@ -145,8 +147,9 @@ class _Interpreter:
         raise self.fail(node, f"{type(node).__name__} expressions are not part of the DSL")
 
     def small_int(self, node: ast.AST, value: int) -> int:
-        if abs(value) > MAX_INT:
-            raise self.fail(node, f"the integer {value} is too large (at most {MAX_INT})")
+        if abs(value) > MAX_CONSTANT:
+            # the digits are not printed: a 200,000-digit literal would make a 200 KB message
+            raise self.fail(node, f"an integer literal is too large (at most {MAX_CONSTANT} in absolute value)")
         return value
 
     def call(self, node: ast.Call) -> Any:
@@ -174,17 +177,10 @@ class _Interpreter:
             raise self.fail(node, f"{node.func.id}(...): {error}") from None
 
     def binary(self, node: ast.BinOp) -> Any:
+        if isinstance(node.op, ast.RShift):
+            return self.pipeline(node)
         left = self._evaluate(node.left)
         right = self._evaluate(node.right)
-        if isinstance(node.op, ast.RShift):
-            if isinstance(left, (int, str, Size, dict)) or isinstance(right, (int, str, Size, dict)):
-                raise self.fail(node, ">> composes primitives, pipelines, Input and Output, not sizes or names")
-            try:
-                return left >> right
-            except KdslError:
-                raise
-            except TypeError:
-                raise self.fail(node, f"cannot compose {type(left).__name__} >> {type(right).__name__}") from None
         numbers = (Size, int)
         if not isinstance(left, numbers) or not isinstance(right, numbers) or isinstance(left, bool):
             raise self.fail(node, "arithmetic (*, /, **) applies only to sizes and integers")
@@ -200,10 +196,31 @@ class _Interpreter:
             return self.normalize(node, Size.of(left) ** right)
         raise self.fail(node, f"the operator {type(node.op).__name__} is not part of the DSL")
 
+    def pipeline(self, node: ast.BinOp) -> Any:
+        """``a >> b >> c`` parses as ``(a >> b) >> c``: walk that left spine in a loop, not by
+        recursion, so a pipeline of thousands of steps needs no deep Python stack."""
+        spine: list[ast.BinOp] = []
+        left_node: ast.expr = node
+        while isinstance(left_node, ast.BinOp) and isinstance(left_node.op, ast.RShift):
+            spine.append(left_node)
+            left_node = left_node.left
+        value = self._evaluate(left_node)
+        for link in reversed(spine):
+            right = self._evaluate(link.right)
+            if isinstance(value, (int, str, Size, dict)) or isinstance(right, (int, str, Size, dict)):
+                raise self.fail(link, ">> composes primitives, pipelines, Input and Output, not sizes or names")
+            try:
+                value = value >> right
+            except KdslError:
+                raise
+            except TypeError:
+                raise self.fail(link, f"cannot compose {type(value).__name__} >> {type(right).__name__}") from None
+        return value
+
     def normalize(self, node: ast.AST, size: Size) -> Size | int:
         """Keep constant sizes as ints when they are whole (so ``2*3`` stays an int)."""
-        if abs(size.constant.numerator) > MAX_INT or size.constant.denominator > MAX_INT:
-            raise self.fail(node, "a constant in a size is too large")
+        if abs(size.constant.numerator) > MAX_CONSTANT or size.constant.denominator > MAX_CONSTANT:
+            raise self.fail(node, f"a constant in a size is too large (at most {MAX_CONSTANT})")
         if size.is_constant and size.constant.denominator == 1:
             return int(size.constant)
         return size
@@ -215,10 +232,18 @@ def _syntax_tree(source: object, what: str) -> ast.Module:
     if len(source) > MAX_SOURCE_CHARS:
         raise ParseError(f"{what} is too long ({len(source)} characters; at most {MAX_SOURCE_CHARS})")
     try:
-        return ast.parse(source)
+        # a malformed literal ("2kh") makes ast.parse warn as well as fail; the ParseError says it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(source)
     except SyntaxError as error:
         raise ParseError(f"line {error.lineno}: syntax error: {error.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as error:
+    except RecursionError:
+        raise ParseError(
+            f"{what} is nested too deeply for Python's parser (a pipeline of thousands of >> in one "
+            f"statement? split it into several statements)"
+        ) from None
+    except (ValueError, MemoryError) as error:
         raise ParseError(f"{what} cannot be parsed: {type(error).__name__}") from None
 
 
@@ -256,16 +281,27 @@ def parse_size(text: str, variables: Mapping[str, str]) -> Size:
     'Cout/(G*s)'
     """
     if not isinstance(text, str) or len(text) > 1000:
-        raise ParseError(f"a size must be a short string, got {text!r}")
+        raise ParseError(f"a size must be a short string, got {text!r:.80}")
+    # Fast path for the commonest sizes, one variable: from_json reads one size per dim, and
+    # ast.parse costs more than the rest of reading a dim. The result is what the slow path gives.
+    kind = variables.get(text)
+    if kind in ("primary", "coefficient"):
+        return Size.variable(text, kind)
     try:
-        tree = ast.parse(text, mode="eval")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise ParseError(f"cannot read the size {text!r}") from None
     interpreter = _Interpreter(text)
-    for name, kind in variables.items():
-        if kind not in ("primary", "coefficient"):
-            raise ParseError(f"variable {name!r} has the unknown kind {kind!r}")
-        interpreter.env[name] = Size.variable(name, kind)
+    # Only the variables the text mentions are made: from_json reads every size of an operator
+    # against all its variables, and making all of them each time was quadratic.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in variables and node.id not in interpreter.env:
+            kind = variables[node.id]
+            if kind not in ("primary", "coefficient"):
+                raise ParseError(f"variable {node.id!r} has the unknown kind {kind!r}")
+            interpreter.env[node.id] = Size.variable(node.id, kind)
     try:
         value = interpreter._evaluate(tree.body)
     except RecursionError:

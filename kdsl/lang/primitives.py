@@ -22,28 +22,31 @@ Share     data ``[N]``, weight    ``out[i] = in[i] * w[i]``; weight-only dims
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError
+from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT, check_identifier, check_offset
 from kdsl.lang.sizes import Size
-
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: A reference to a live dim: its name, or a size that only that dim has.
 DimRef = str | Size
 
 
 def check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not _IDENTIFIER.match(name):
-        raise ShapeError(f"{what} name {name!r} must be an identifier (letters, digits and _)")
-    return name
+    """A dim or weight name, checked by the one naming rule (:func:`kdsl.lang.names.check_identifier`)."""
+    return check_identifier(name, what)
 
 
 def check_size(size: object, what: str) -> Size:
-    """A created size must be a monomial with no primary variable in a denominator, and not 1."""
+    """A created size must be a monomial with no primary variable in a denominator, and not 1.
+
+    Its constant (numerator and denominator) and exponents are bounded as the DSL's literals are,
+    so every size an operator holds prints as text that parses back.
+    """
     try:
         size = Size.of(size)
     except SizeError as error:
@@ -56,18 +59,90 @@ def check_size(size: object, what: str) -> Size:
         )
     if size == 1:
         raise SizeError(f"{what} has size 1; a dim of size 1 is redundant, leave it out")
+    if max(size.constant.numerator, size.constant.denominator) > MAX_CONSTANT:
+        raise SizeError(
+            f"{what} has size {size}, whose constant {size.constant} is too large: numerator and "
+            f"denominator may be at most {MAX_CONSTANT}"
+        )
+    for var, exponent in size.exponents:
+        if abs(exponent) > MAX_EXPONENT:
+            raise SizeError(
+                f"{what} has size {size}, with {var.name} to the power {exponent}; exponents lie "
+                f"between -{MAX_EXPONENT} and {MAX_EXPONENT}"
+            )
     return size
 
 
 class Live:
     """The dims alive at one point of a build, in order: name -> size, plus which ones come from a
-    sliding window (Unfold) or a repetition (Expand), which Stride needs to be valid."""
+    sliding window (Unfold) or a repetition (Expand), which Stride needs to be valid.
 
-    __slots__ = ("sizes", "windowed")
+    Every update is O(1) (Merge: O(distance between the two dims)), so building an operator with
+    thousands of dims stays linear: the order is a linked list, and an index from size to names
+    answers size references. :attr:`sizes` is a read-only ordered view, rebuilt only when read
+    after a change.
 
-    def __init__(self, sizes: dict[str, Size], windowed: frozenset[str]) -> None:
-        self.sizes = sizes
-        self.windowed = windowed
+    >>> from kdsl.lang.sizes import primary
+    >>> N, C = primary("N C")
+    >>> live = Live({"N": N, "C": C}, ())
+    >>> live.replace("N", [("a", N / C), ("b", C)], "Split")
+    >>> list(live.sizes)
+    ['a', 'b', 'C']
+    >>> live.find(C)  # two dims have size C: the one named C is meant
+    'C'
+    """
+
+    __slots__ = ("_sizes", "_next", "_prev", "_first", "_last", "_by_size", "_view", "windowed")
+
+    def __init__(self, sizes: Mapping[str, Size], windowed: Iterable[str]) -> None:
+        self._sizes: dict[str, Size] = {}
+        self._next: dict[str, str | None] = {}
+        self._prev: dict[str, str | None] = {}
+        self._first: str | None = None
+        self._last: str | None = None
+        self._by_size: dict[Size, dict[str, None]] = {}
+        self._view: dict[str, Size] | None = None
+        #: the names of dims that come from a window or an Expand (Stride may act on them)
+        self.windowed: set[str] = set(windowed)
+        for name, size in sizes.items():
+            self._link_after(self._last, name, size)
+
+    def copy(self) -> Live:
+        clone = Live.__new__(Live)
+        clone._sizes = dict(self._sizes)
+        clone._next = dict(self._next)
+        clone._prev = dict(self._prev)
+        clone._first, clone._last = self._first, self._last
+        clone._by_size = {size: dict(names) for size, names in self._by_size.items()}
+        clone._view = self._view
+        clone.windowed = set(self.windowed)
+        return clone
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def sizes(self) -> Mapping[str, Size]:
+        """The live dims in order, name -> size (read-only)."""
+        if self._view is None:
+            view: dict[str, Size] = {}
+            name = self._first
+            while name is not None:
+                view[name] = self._sizes[name]
+                name = self._next[name]
+            self._view = view
+        return MappingProxyType(self._view)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sizes
+
+    def size(self, name: str) -> Size:
+        return self._sizes[name]
+
+    def has_size(self, size: Size) -> bool:
+        """Whether some live dim has exactly this size."""
+        return size in self._by_size
+
+    def __len__(self) -> int:
+        return len(self._sizes)
 
     def describe(self) -> str:
         return "[" + ", ".join(f"{n}: {s}" for n, s in self.sizes.items()) + "]"
@@ -80,11 +155,11 @@ class Live:
         otherwise the reference is ambiguous and the user must name the dim.
         """
         if isinstance(ref, str):
-            if ref in self.sizes:
+            if ref in self._sizes:
                 return ref
-            raise UnboundDimError(f"{role}: there is no dim named {ref!r}; the live dims are {self.describe()}")
+            raise UnboundDimError(f"{role}: there is no dim named {ref!r:.140}; the live dims are {self.describe()}")
         if not isinstance(ref, Size):
-            raise ShapeError(f"{role}: {ref!r} is neither a dim name nor a size")
+            raise ShapeError(f"{role}: {ref!r:.140} is neither a dim name nor a size")
         found = self.find(ref)
         if found is None:
             raise UnboundDimError(f"{role}: no live dim has size {ref}; the live dims are {self.describe()}")
@@ -92,21 +167,126 @@ class Live:
 
     def find(self, ref: Size) -> str | None:
         """Resolve a size reference; ``None`` if no dim has that size (ambiguity raises)."""
-        matches = [n for n, s in self.sizes.items() if s is ref]
-        if len(matches) == 1:
-            return matches[0]
+        matches = self._by_size.get(ref)
         if not matches:
             return None
+        if len(matches) == 1:
+            return next(iter(matches))
         if ref.variable_name in matches:
             return ref.variable_name
+        ordered = [n for n in self.sizes if n in matches]
         raise AmbiguousDimError(
-            f"size {ref} matches the dims {', '.join(matches)}; refer to one of them by name (a string)"
+            f"size {ref} matches the dims {', '.join(ordered)}; refer to one of them by name (a string)"
         )
 
+    # -- updating -----------------------------------------------------------------------------
+    def _link_after(self, before: str | None, name: str, size: Size) -> None:
+        """Insert ``name`` right after ``before`` (at the front when ``before`` is None)."""
+        after = self._first if before is None else self._next[before]
+        self._prev[name] = before
+        self._next[name] = after
+        if before is None:
+            self._first = name
+        else:
+            self._next[before] = name
+        if after is None:
+            self._last = name
+        else:
+            self._prev[after] = name
+        self._sizes[name] = size
+        self._by_size.setdefault(size, {})[name] = None
+        self._view = None
+
+    def remove(self, name: str) -> None:
+        """Drop the live dim ``name`` (it must exist)."""
+        before, after = self._prev.pop(name), self._next.pop(name)
+        if before is None:
+            self._first = after
+        else:
+            self._next[before] = after
+        if after is None:
+            self._last = before
+        else:
+            self._prev[after] = before
+        size = self._sizes.pop(name)
+        same = self._by_size[size]
+        del same[name]
+        if not same:
+            del self._by_size[size]
+        self.windowed.discard(name)
+        self._view = None
+
     def add(self, name: str, size: Size, role: str) -> None:
-        if name in self.sizes:
+        """Append a new dim (its name must be free)."""
+        if name in self._sizes:
             raise ShapeError(f"{role}: a dim named {name!r} already exists; choose another name")
-        self.sizes[name] = size
+        self._link_after(self._last, name, size)
+
+    def resize(self, name: str, size: Size) -> None:
+        """Give the live dim ``name`` a new size, keeping its place."""
+        old = self._sizes[name]
+        same = self._by_size[old]
+        del same[name]
+        if not same:
+            del self._by_size[old]
+        self._sizes[name] = size
+        self._by_size.setdefault(size, {})[name] = None
+        self._view = None
+
+    def replace(self, name: str, produced: Sequence[tuple[str, Size]], role: str, *, windowed: bool = False) -> None:
+        """Replace the dim ``name`` by ``produced`` at the same place; the new dims are windowed
+        when ``windowed`` is true. Checks the new names before changing anything."""
+        self._check_new(produced, role, freed=(name,))
+        before = self._prev[name]
+        self.remove(name)
+        for new_name, size in produced:
+            self._link_after(before, new_name, size)
+            before = new_name
+        if windowed:
+            self.windowed.update(n for n, _ in produced)
+
+    def merge(self, outer: str, inner: str, name: str, size: Size, role: str, *, windowed: bool) -> None:
+        """Replace ``outer`` and ``inner`` by one dim ``name``.
+
+        Where it goes is kept from the first implementation (generated code and pages depend on
+        the order): at the index ``outer`` had, counted in the list without both dims. So it takes
+        ``outer``'s place when ``inner`` comes after it, and one place further on when before.
+        """
+        self._check_new([(name, size)], role, freed=(outer, inner))
+        if self._precedes(inner, outer):
+            anchor = self._next[outer]  # never inner, which comes before
+            self.remove(inner)
+            self.remove(outer)
+            if anchor is None:  # outer was last: the merged dim goes last
+                anchor = self._last
+        else:
+            anchor = self._prev[outer]  # never inner, which comes after
+            self.remove(inner)
+            self.remove(outer)
+        self._link_after(anchor, name, size)
+        if windowed:
+            self.windowed.add(name)
+
+    def _precedes(self, a: str, b: str) -> bool:
+        """Whether dim ``a`` comes before dim ``b``: walk outwards from ``b`` in both directions,
+        so neighbouring dims (the usual case) answer at once."""
+        back, ahead = self._prev[b], self._next[b]
+        while back is not None or ahead is not None:
+            if back == a:
+                return True
+            if ahead == a:
+                return False
+            back = self._prev[back] if back is not None else None
+            ahead = self._next[ahead] if ahead is not None else None
+        return False
+
+    def _check_new(self, produced: Sequence[tuple[str, Size]], role: str, freed: tuple[str, ...]) -> None:
+        names = [n for n, _ in produced]
+        for new_name in names:
+            if new_name in self._sizes and new_name not in freed:
+                raise ShapeError(f"{role}: a dim named {new_name!r} already exists; choose another name")
+        if len(set(names)) != len(names):
+            raise ShapeError(f"{role}: the new dims need distinct names")
 
 
 @dataclass(frozen=True)
@@ -207,9 +387,22 @@ class Primitive:
 
 @dataclass
 class BuildContext:
-    """What a build carries besides live dims: the weights shared so far."""
+    """What a build carries besides live dims: the weights shared so far (and their names, so
+    that a duplicate is found in O(1))."""
 
     weights: list[Weight] = field(default_factory=list)
+    names: set[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.names = {w.name for w in self.weights if w.name is not None}
+
+    def add(self, weight: Weight) -> None:
+        self.weights.append(weight)
+        if weight.name is not None:
+            self.names.add(weight.name)
+
+    def copy(self) -> BuildContext:
+        return BuildContext(list(self.weights))
 
 
 def _role(step: str, detail: str) -> str:
@@ -235,12 +428,12 @@ class Split(Primitive):
     def apply(self, live: Live, context: BuildContext) -> Split:
         role = _role("Split", f"{self.dim}, {self.block}")
         name = live.resolve(self.dim, role)
-        size = live.sizes[name]
+        size = live.size(name)
         block = check_size(self.block, f"{role}: the block")
         outer = check_name(self.outer or f"{name}_o", "Split outer")
         inner = check_name(self.inner or f"{name}_i", "Split inner")
         outer_size = check_size(size / block, f"{role}: the outer dim {outer} ({size}/{block})")
-        _replace(live, name, [(outer, outer_size), (inner, block)], role, windowed=name in live.windowed)
+        live.replace(name, [(outer, outer_size), (inner, block)], role, windowed=name in live.windowed)
         return Split(name, block, outer, inner)
 
     @property
@@ -268,12 +461,9 @@ class Merge(Primitive):
         if outer == inner:
             raise ShapeError(f"{role}: cannot merge the dim {outer} with itself")
         name = check_name(self.name or f"{outer}_{inner}", "Merge")
-        size = live.sizes[outer] * live.sizes[inner]
+        size = live.size(outer) * live.size(inner)
         windowed = outer in live.windowed or inner in live.windowed
-        position = list(live.sizes).index(outer)
-        del live.sizes[inner]
-        _replace(live, outer, [(name, size)], role, windowed=windowed, position=position)
-        live.windowed = live.windowed - {inner}
+        live.merge(outer, inner, name, size, role, windowed=windowed)
         return Merge(outer, inner, name)
 
     @property
@@ -295,8 +485,7 @@ class Shift(Primitive):
 
     def apply(self, live: Live, context: BuildContext) -> Shift:
         role = _role("Shift", f"{self.dim}")
-        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset == 0:
-            raise ShapeError(f"{role}: the offset must be a nonzero integer, got {self.offset!r}")
+        check_offset(self.offset, role)
         name = live.resolve(self.dim, role)
         return Shift(name, self.offset)
 
@@ -321,7 +510,7 @@ class Expand(Primitive):
         name = check_name(self.name, "Expand")
         size = check_size(self.size, f"Expand({name})")
         live.add(name, size, f"Expand({name})")
-        live.windowed = live.windowed | {name}
+        live.windowed.add(name)
         return Expand(name, size)
 
     @property
@@ -349,15 +538,15 @@ class Unfold(Primitive):
         role = _role("Unfold", f"{self.dim}, {self.window}")
         dim = live.resolve(self.dim, role)
         window = check_size(self.window, f"{role}: the window")
-        ratio = window / live.sizes[dim]
+        ratio = window / live.size(dim)
         if ratio.is_constant and ratio.constant >= 1:
             raise ShapeError(
-                f"{role}: the window {window} is never smaller than the dim {dim} of size {live.sizes[dim]}"
+                f"{role}: the window {window} is never smaller than the dim {dim} of size {live.size(dim)}"
             )
         default = f"{dim}_{window}" if window.variable_name else f"{dim}_win"
         name = check_name(self.name or default, "Unfold window")
         live.add(name, window, role)
-        live.windowed = live.windowed | {dim, name}
+        live.windowed.update((dim, name))
         return Unfold(dim, window, name)
 
     @property
@@ -389,8 +578,8 @@ class Stride(Primitive):
                 f"{role}: striding the dim {name} would drop input elements; Stride must act on a dim "
                 f"that comes from an Unfold (window or sliding dim) or an Expand"
             )
-        new_size = check_size(live.sizes[name] / stride, f"{role}: the strided dim {name}")
-        live.sizes[name] = new_size
+        new_size = check_size(live.size(name) / stride, f"{role}: the strided dim {name}")
+        live.resize(name, new_size)
         return Stride(name, stride)
 
     @property
@@ -431,8 +620,7 @@ class Reduce(Primitive):
         if not isinstance(self.mean, bool):
             raise ShapeError(f"{role}: mean must be True or False, got {self.mean!r}")
         name = live.resolve(self.dim, role)
-        del live.sizes[name]
-        live.windowed = live.windowed - {name}
+        live.remove(name)
         return Reduce(name, mean=self.mean)
 
     @property
@@ -460,17 +648,17 @@ class Share(Primitive):
             raise ShapeError(f"Share: expected a Weight(...), got {weight!r}")
         name = weight.name or f"w{len(context.weights) + 1}"
         role = f"Share({name})"
-        if any(w.name == name for w in context.weights):
+        if name in context.names:
             raise ShapeError(f"{role}: a weight named {name!r} is already shared; give each weight its own name")
         dims: list[Dim] = []
         new: list[bool] = []
         for entry in weight.entries:
             if isinstance(entry, Dim):
-                if entry.name in live.sizes:
-                    if live.sizes[entry.name] is not entry.size:
+                if entry.name in live:
+                    if live.size(entry.name) is not entry.size:
                         raise ShapeError(
                             f"{role}: Dim({entry.name!r}, {entry.size}) names the live dim {entry.name} "
-                            f"of size {live.sizes[entry.name]}; use another name for a weight-only dim"
+                            f"of size {live.size(entry.name)}; use another name for a weight-only dim"
                         )
                     dims.append(entry)
                     new.append(False)
@@ -479,7 +667,7 @@ class Share(Primitive):
                     new.append(True)
             elif isinstance(entry, str):
                 shared = live.resolve(entry, role)
-                dims.append(Dim(shared, live.sizes[shared]))
+                dims.append(Dim(shared, live.size(shared)))
                 new.append(False)
             elif isinstance(entry, Size):
                 shared = live.find(entry)
@@ -491,15 +679,14 @@ class Share(Primitive):
                     new.append(False)
             else:
                 raise ShapeError(f"{role}: a weight dim must be a name, a size or Dim(name, size), got {entry!r}")
-        names = [d.name for d in dims]
-        duplicated = sorted({n for n in names if names.count(n) > 1})
+        duplicated = sorted(n for n, count in Counter(d.name for d in dims).items() if count > 1)
         if duplicated:
             raise ShapeError(f"{role}: the weight lists the dim {duplicated[0]} twice")
         for dim, is_new in zip(dims, new):
             if is_new:
                 live.add(dim.name, check_size(dim.size, f"{role}: weight dim {dim.name}"), role)
         resolved = weight._resolved(name, tuple(dims), tuple(new))
-        context.weights.append(resolved)
+        context.add(resolved)
         return Share(resolved)
 
     @property
@@ -513,33 +700,6 @@ class Share(Primitive):
         weight = self.weight
         assert isinstance(weight, Weight)
         return tuple(d.name for d in weight.dims)
-
-
-def _replace(
-    live: Live,
-    name: str,
-    produced: Sequence[tuple[str, Size]],
-    role: str,
-    *,
-    windowed: bool,
-    position: int | None = None,
-) -> None:
-    """Replace the dim ``name`` by ``produced`` at the same position (order is only cosmetic)."""
-    items = list(live.sizes.items())
-    index = position if position is not None else [n for n, _ in items].index(name)
-    items = [(n, s) for n, s in items if n != name]
-    remaining = {n for n, _ in items}
-    for new_name, _ in produced:
-        if new_name in remaining:
-            raise ShapeError(f"{role}: a dim named {new_name!r} already exists; choose another name")
-    if len({n for n, _ in produced}) != len(produced):
-        raise ShapeError(f"{role}: the new dims need distinct names")
-    items[index:index] = list(produced)
-    live.sizes = dict(items)
-    marks = live.windowed - {name}
-    if windowed:
-        marks = marks | {n for n, _ in produced}
-    live.windowed = marks
 
 
 PRIMITIVES: dict[str, type[Primitive]] = {

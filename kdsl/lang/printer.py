@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from kdsl.lang.errors import KdslError
+from kdsl.lang.names import DSL_NAMES, check_identifier
 from kdsl.lang.primitives import (
     BuildContext,
     Dim,
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from kdsl.lang.build import Operator
 
 HEADER = "from kdsl.lang import *"
-DSL_NAMES = frozenset(
-    "primary coefficient Weight Dim Input Output Split Merge Shift Expand Unfold Stride Reduce Share".split()
-)
 
 
 def step_sizes(step: Primitive) -> list[Size]:
@@ -59,13 +56,10 @@ def _q(name: str) -> str:
 
 def _ref(name: str, live: Live) -> str:
     """The shortest reference that resolves to the live dim ``name``."""
-    size = live.sizes[name]
+    size = live.size(name)
+    # a dim named like its size's variable is what that variable refers to (Live.find's rule)
     if size.variable_name == name:
-        try:
-            if live.find(size) == name:
-                return name
-        except KdslError:
-            pass
+        return name
     return _q(name)
 
 
@@ -81,11 +75,8 @@ def _weight_entries(weight: Weight, live: Live) -> list[str]:
         if not is_new:
             entries.append(_ref(dim.name, live))
             continue
-        try:
-            taken = live.find(dim.size)
-        except KdslError:
-            taken = "ambiguous"
-        if dim.size.variable_name == dim.name and taken is None:
+        # a bare variable makes a new weight dim only when no live dim has its size
+        if dim.size.variable_name == dim.name and not live.has_size(dim.size):
             entries.append(dim.name)
         else:
             entries.append(f"Dim({_q(dim.name)}, {dim.size})")
@@ -112,16 +103,6 @@ def _step_text(step: Primitive, live: Live, weight_vars: dict[str, str]) -> str:
     raise TypeError(f"no printer for {step!r}")  # unreachable: every primitive is handled above
 
 
-def _replay(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> Iterable[tuple[Primitive, Live]]:
-    """Yield each step with the live dims just before it."""
-    live = Live({d.name: d.size for d in inputs}, frozenset())
-    context = BuildContext()
-    for step in steps:
-        before = Live(dict(live.sizes), live.windowed)
-        step.apply(live, context)
-        yield step, before
-
-
 def _variables(sizes: Iterable[Size]) -> list[Var]:
     seen: dict[str, Var] = {}
     for size in sizes:
@@ -133,7 +114,11 @@ def _variables(sizes: Iterable[Size]) -> list[Var]:
 def _pipeline_lines(
     inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], weight_vars: dict[str, str]
 ) -> tuple[list[str], list[str], Live]:
-    """(weight declarations, pipeline lines, live dims at the end)."""
+    """(weight declarations, pipeline lines, live dims at the end).
+
+    Each step is printed against the live dims just before it and then applied to them, in one
+    pass with no copies (so printing is linear in the number of steps and dims).
+    """
     declarations: list[str] = []
     lines = [f"Input({', '.join(_dim_text(d) for d in inputs)})"]
     pending_reduce: list[str] = []
@@ -146,27 +131,25 @@ def _pipeline_lines(
             lines.append(f"Reduce({', '.join(pending_reduce)}{mean})")
             pending_reduce = []
 
-    for step, before in _replay(inputs, steps):
+    live = Live({d.name: d.size for d in inputs}, ())
+    context = BuildContext()
+    for step in steps:
         if isinstance(step, Reduce):
             if pending_reduce and pending_mean != step.mean:
                 flush()
             pending_mean = step.mean
-            pending_reduce.append(_ref(step.dim, before))
+            pending_reduce.append(_ref(step.dim, live))
         else:
             flush()
             if isinstance(step, Share):
                 assert isinstance(step.weight, Weight) and step.weight.name is not None
-                entries = ", ".join(_weight_entries(step.weight, before))
+                entries = ", ".join(_weight_entries(step.weight, live))
                 variable = weight_vars[step.weight.name]
                 declarations.append(f"{variable} = Weight({entries}, name={_q(step.weight.name)})")
-            lines.append(_step_text(step, before, weight_vars))
+            lines.append(_step_text(step, live, weight_vars))
+        step.apply(live, context)
     flush()
-    # the live dims after the last step
-    end = Live({d.name: d.size for d in inputs}, frozenset())
-    context = BuildContext()
-    for step in steps:
-        step.apply(end, context)
-    return declarations, lines, end
+    return declarations, lines, live
 
 
 def _weight_variables(steps: tuple[Primitive, ...], taken: set[str]) -> dict[str, str]:
@@ -182,7 +165,12 @@ def _weight_variables(steps: tuple[Primitive, ...], taken: set[str]) -> dict[str
     return names
 
 
-def _render(op_name: str, declarations: list[str], variables: list[Var], lines: list[str]) -> str:
+#: pipeline lines per statement: Python's parser nests ``a >> b >> ...`` one level per ``>>`` and
+#: gives up near 3,000 levels, so longer pipelines are printed as several statements
+CHUNK = 100
+
+
+def _render(op_name: str, declarations: list[str], variables: list[Var], lines: list[str], taken: set[str]) -> str:
     out = [HEADER, ""]
     for kind in ("primary", "coefficient"):
         names = [v.name for v in variables if v.kind == kind]
@@ -190,19 +178,30 @@ def _render(op_name: str, declarations: list[str], variables: list[Var], lines: 
             targets = ", ".join(names)
             out.append(f'{targets} = {kind}("{" ".join(names)}")')
     out.extend(declarations)
-    out.append(f"{op_name} = (")
-    out.append(f"    {lines[0]}")
-    out.extend(f"    >> {line}" for line in lines[1:])
-    out.append(")")
+    # the partial pipeline gets a name of its own: op_name may also be a variable still needed
+    partial = op_name + "_part"
+    while partial in taken or partial in DSL_NAMES:
+        partial += "_"
+    chunks = [lines[start : start + CHUNK] for start in range(0, len(lines), CHUNK)]
+    for index, chunk in enumerate(chunks):
+        target = op_name if index == len(chunks) - 1 else partial
+        first = chunk[0] if index == 0 else f"{partial}\n    >> {chunk[0]}"
+        out.append(f"{target} = (")
+        out.append(f"    {first}")
+        out.extend(f"    >> {line}" for line in chunk[1:])
+        out.append(")")
     return "\n".join(out) + "\n"
 
 
 def to_dsl(op: Operator, op_name: str = "op") -> str:
-    """The DSL source of ``op``, binding it to ``op_name``."""
+    """The DSL source of ``op``, binding it to ``op_name`` (a name by :mod:`kdsl.lang.names`' rule)."""
+    check_identifier(op_name, "operator")
     variables = _variables(
         [d.size for d in op.inputs] + [s for step in op.steps for s in step_sizes(step)] + [d.size for d in op.outputs]
     )
-    taken = {v.name for v in variables} | {op_name}
+    # "op" is always taken: parse() reads the operator bound to `op` and refuses an `op` that is
+    # something else (a weight named "op" printed under another operator name)
+    taken = {v.name for v in variables} | {op_name, "op"}
     weight_vars = _weight_variables(op.steps, taken)
     declarations, lines, end = _pipeline_lines(op.inputs, op.steps, weight_vars)
     refs = ", ".join(_ref(d.name, end) for d in op.outputs)
@@ -210,7 +209,7 @@ def to_dsl(op: Operator, op_name: str = "op") -> str:
     if op.defaults:
         defaults = ", defaults={" + ", ".join(f"{_q(k)}: {v}" for k, v in op.defaults) + "}"
     lines.append(f"Output({refs}{defaults})")
-    return _render(op_name, declarations, variables, lines)
+    return _render(op_name, declarations, variables, lines, taken)
 
 
 def partial_dsl(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kdsl.lang.build import Builder, Input, Operator, Output
+from kdsl.lang.build import Input, Operator, Output, Pipeline
 from kdsl.lang.errors import KdslError, ParseError
 from kdsl.lang.parser import parse_size
 from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
@@ -129,16 +129,15 @@ def from_dict(data: Any) -> Operator:
         Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))
         for d in _field(data, "inputs", list, "operator")
     ]
-    built: Builder | Operator = Builder.start(Input(*inputs).dims)
-    for index, step in enumerate(_field(data, "steps", list, "operator")):
-        assert isinstance(built, Builder)
-        built = built >> _step(step, variables, f"steps[{index}]")
+    steps = tuple(
+        _step(step, variables, f"steps[{index}]") for index, step in enumerate(_field(data, "steps", list, "operator"))
+    )
     outputs = _field(data, "outputs", list, "operator")
     if not all(isinstance(o, str) for o in outputs):
         raise ParseError("outputs must be a list of dim names")
     defaults = _field(data, "defaults", dict, "operator")
-    assert isinstance(built, Builder)
-    return built >> Output(*outputs, defaults=defaults)  # type: ignore[return-value]
+    # one pipeline applied once: the build hands its live dims from step to step without copies
+    return Input(*inputs) >> Pipeline(steps, Output(*outputs, defaults=defaults))  # type: ignore[return-value]
 
 
 def from_json(text: str) -> Operator:

@@ -19,16 +19,15 @@ Fraction(28, 1)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Literal, Union
 
 from kdsl.lang.errors import LayerError, SizeError
+from kdsl.lang.names import check_identifier
 
 VariableKind = Literal["primary", "coefficient"]
 _KIND_ORDER = {"primary": 0, "coefficient": 1}
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Var:
@@ -37,8 +36,7 @@ class Var:
     __slots__ = ("name", "kind", "_hash")
 
     def __init__(self, name: str, kind: VariableKind) -> None:
-        if not isinstance(name, str) or not _IDENTIFIER.match(name):
-            raise SizeError(f"variable name {name!r} is not an identifier (letters, digits, _)")
+        check_identifier(name, "variable")
         if kind not in _KIND_ORDER:
             raise SizeError(f"variable kind must be 'primary' or 'coefficient', not {kind!r}")
         self.name = name
@@ -213,6 +211,8 @@ class Size:
 def _variables(names: str | tuple[str, ...] | list[str], kind: VariableKind) -> tuple[Size, ...] | Size:
     if isinstance(names, str):
         names = names.replace(",", " ").split()
+    elif not isinstance(names, (tuple, list)):
+        raise SizeError(f'{kind}() takes the variable names as a string like "N H", got {names!r:.80}')
     if not names:
         raise SizeError(f"{kind}() needs at least one variable name")
     made = tuple(Size.variable(n, kind) for n in names)

@@ -14,9 +14,12 @@ results and progress together so that an interrupted search resumes with the sam
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -26,7 +29,7 @@ from kdsl.search.errors import SearchError
 from kdsl.search.mcts import MCTS
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space
-from kdsl.search.store import Store
+from kdsl.search.store import Lease, Store
 from kdsl.search.synthesis import State, to_operators
 
 __all__ = ["STRATEGIES", "Report", "search"]
@@ -67,56 +70,94 @@ def search(
     """Run ``strategy`` (``enumerate``, ``random`` or ``mcts``) on ``space``; store results in
     the SQLite database ``db`` (optional), resuming the run with the same space, strategy and seed
     if the database has one. Stops when the strategy is exhausted, after ``time_limit`` seconds
-    or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates."""
+    or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates.
+
+    Only one process at a time runs a given (space, strategy, seed) on one database: a second
+    one is refused with a :class:`SearchError` naming the first (see :mod:`kdsl.search.store`).
+    Ctrl-C stops after the current step, commits, and raises KeyboardInterrupt."""
     if strategy not in STRATEGIES:
         raise SearchError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if time_limit is not None and time_limit <= 0:
         raise SearchError(f"the time limit must be positive, got {time_limit}")
     store = Store(db) if db is not None else None
-    saved: dict[str, Any] = {}
-    run = 0
+    lease: Lease | None = None
     if store is not None:
-        run, saved = store.open_run(space.fingerprint(), strategy, seed, space.describe())
-    walker = STRATEGIES[strategy](space, seed=seed, progress=saved)
+        try:
+            # refuses while another live process runs the same (space, strategy, seed)
+            lease = store.claim(space.fingerprint(), strategy, seed, space.describe())
+        except BaseException:
+            store.close()
+            raise
+    walker = STRATEGIES[strategy](space, seed=seed, progress=lease.progress if lease else {})
     report = Report(strategy, seed)
     rewards: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     start = last_commit = last_line = time.monotonic()
     states = walker.states()
     reward: float | None = None
-    try:
-        while True:
-            try:
-                state = states.send(reward) if reward is not None else next(states)
-            except StopIteration:
-                report.finished = True
-                break
-            reward = 0.0
-            if state is not None:
-                report.complete += 1
-                reward = _handle(space, state, strategy, seed, store, rewards, rows, report, evaluator, start)
-            now = time.monotonic()
-            if store is not None and now - last_commit > commit_every and not getattr(walker, "replaying", False):
-                store.commit(run, rows, walker.progress())
-                rows.clear()
-                last_commit = now
-            if progress is not None and now - last_line > 0.5:
-                _line(progress, walker, report, now - start)
-                last_line = now
-            if time_limit is not None and now - start > time_limit:
-                break
-            if max_results is not None and report.new >= max_results:
-                break
-    finally:
-        report.seconds = time.monotonic() - start
-        report.nodes = walker.nodes
-        if store is not None:
-            store.commit(run, rows, walker.progress(), finished=report.finished)
-            store.close()
-        if progress is not None:
-            _line(progress, walker, report, report.seconds)
-            progress.write("\n")
+    with _ctrl_c_stops() as interrupted:
+        try:
+            while not interrupted():
+                try:
+                    state = states.send(reward) if reward is not None else next(states)
+                except StopIteration:
+                    report.finished = True
+                    break
+                reward = 0.0
+                if state is not None:
+                    report.complete += 1
+                    reward = _handle(space, state, strategy, seed, store, rewards, rows, report, evaluator, start)
+                now = time.monotonic()
+                if lease is not None and now - last_commit > commit_every and not getattr(walker, "replaying", False):
+                    store.commit(lease, rows, walker.progress())
+                    rows.clear()
+                    last_commit = now
+                if progress is not None and now - last_line > 0.5:
+                    _line(progress, walker, report, now - start)
+                    last_line = now
+                if time_limit is not None and now - start > time_limit:
+                    break
+                if max_results is not None and report.new >= max_results:
+                    break
+        finally:
+            report.seconds = time.monotonic() - start
+            report.nodes = walker.nodes
+            if store is not None:
+                try:
+                    store.commit(lease, rows, walker.progress(), finished=report.finished, release=True)
+                finally:
+                    store.close()
+            if progress is not None:
+                _line(progress, walker, report, report.seconds)
+                progress.write("\n")
+    if interrupted():
+        # everything up to the last finished step is committed; the caller (kdsl's main) says so
+        raise KeyboardInterrupt
     return report
+
+
+@contextmanager
+def _ctrl_c_stops() -> Iterator[Callable[[], bool]]:
+    """While the search runs, Ctrl-C (SIGINT) only sets a flag that the loop checks between
+    steps, so the interrupted search commits a consistent state (results and the walker's
+    progress of the same step) and then raises KeyboardInterrupt. A second Ctrl-C interrupts at
+    once. Only in the main thread with Python's default handler: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield lambda: False
+        return
+    hits: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        hits.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(hits)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _handle(space, state: State, strategy, seed, store, rewards, rows, report, evaluator, start) -> float:

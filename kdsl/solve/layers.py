@@ -51,6 +51,10 @@ class Layer:
     def __init__(self, name: str, values: Mapping[str, int] | Iterable[tuple[str, int]]) -> None:
         if not isinstance(name, str) or not name.strip():
             raise LayerError(f"a layer name must be a non-empty string, got {name!r}")
+        if not name.isprintable():
+            # a name is printed in tables and error messages: escape sequences in it (ANSI colours,
+            # OSC titles, bidi overrides) would act on the user's terminal. repr() shows them inert.
+            raise LayerError(f"the layer name {name!r} has control characters; give a plain name")
         if isinstance(values, Mapping):
             pairs = list(values.items())
         else:
