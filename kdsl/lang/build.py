@@ -18,73 +18,15 @@ associative). ``Input(...) >> fragment`` checks each primitive as it is applied 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from kdsl.lang.canonical import structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
-from kdsl.lang.names import MAX_CONSTANT, check_identifier
-from kdsl.lang.primitives import BuildContext, Dim, Live, Primitive, Share, Weight, dim_of
+from kdsl.lang.names import check_identifier
+from kdsl.lang.primitives import BuildContext, Dim, Live, Output, Pipeline, Primitive, Share, Weight, dim_of
+from kdsl.lang.printer import partial_dsl, to_dsl, to_json
 from kdsl.lang.sizes import Size, Var
-
-
-class Pipeline:
-    """A sequence of primitives, composable with ``>>`` and applicable to an Input."""
-
-    __slots__ = ("primitives", "output")
-
-    def __init__(self, primitives: tuple[Primitive, ...], output: Output | None = None) -> None:
-        self.primitives = primitives
-        self.output = output
-
-    def __rshift__(self, other: object) -> Pipeline:
-        if self.output is not None:
-            raise ShapeError("nothing can follow Output(...) in a pipeline")
-        if isinstance(other, Primitive):
-            return Pipeline(self.primitives + (other,))
-        if isinstance(other, Pipeline):
-            return Pipeline(self.primitives + other.primitives, other.output)
-        if isinstance(other, Output):
-            return Pipeline(self.primitives, other)
-        raise ShapeError(f"cannot compose a pipeline with {other!r}; expected a primitive, pipeline or Output")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Pipeline) and (self.primitives, self.output) == (other.primitives, other.output)
-
-    def __hash__(self) -> int:
-        return hash(self.primitives)
-
-    def __repr__(self) -> str:
-        return " >> ".join(repr(p) for p in self.primitives) or "Pipeline()"
-
-
-@dataclass(frozen=True, init=False)
-class Output:
-    """Declares the output dims in order; every live dim must be listed exactly once.
-
-    ``defaults`` gives preferred values of coefficient variables (``{"K": 3}``), used when a layer
-    does not bind them.
-    """
-
-    refs: tuple[object, ...]
-    defaults: tuple[tuple[str, int], ...]
-
-    def __init__(self, *refs: object, defaults: Mapping[str, int] | None = None) -> None:
-        if not refs:
-            raise ShapeError("Output() needs the output dims in order")
-        items: tuple[tuple[str, int], ...] = ()
-        if defaults is not None:
-            if not isinstance(defaults, Mapping):
-                raise ShapeError(f"Output(defaults=...) must be a dict of coefficient values, got {defaults!r}")
-            for key, value in defaults.items():
-                check_identifier(key, "Output(defaults=...): coefficient")
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONSTANT:
-                    raise SizeError(
-                        f"Output(defaults=...): {key}: {value!r:.80} must be a positive int at most {MAX_CONSTANT}"
-                    )
-            items = tuple(sorted(defaults.items()))
-        object.__setattr__(self, "refs", tuple(refs))
-        object.__setattr__(self, "defaults", items)
 
 
 @dataclass(frozen=True, init=False)
@@ -253,11 +195,9 @@ class Operator:
         return tuple(sorted(found, key=Var.sort_key))
 
     def _all_sizes(self) -> list[Size]:
-        from kdsl.lang.printer import step_sizes
-
         sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
         for step in self.steps:
-            sizes.extend(step_sizes(step))
+            sizes.extend(step.sizes())
         return sizes
 
     @property
@@ -274,21 +214,15 @@ class Operator:
 
     def to_dsl(self, name: str = "op") -> str:
         """DSL source that :func:`kdsl.parse` reads back to an equal operator."""
-        from kdsl.lang.printer import to_dsl
-
         return to_dsl(self, name)
 
     def to_json(self) -> str:
         """The versioned JSON form; :func:`kdsl.from_json` reads it back."""
-        from kdsl.lang.serialize import to_json
-
         return to_json(self)
 
     @cached_property
     def key(self) -> str:
         """A stable content hash of the operator's structure (names and step order do not matter)."""
-        from kdsl.lang.canonical import structural_key
-
         return structural_key(self)
 
     def with_defaults(self, **values: int) -> Operator:
@@ -314,6 +248,4 @@ def _live_after(op: Operator) -> Live:
 
 def partial_text(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> str:
     """The DSL text of a partial build, quoted by error messages."""
-    from kdsl.lang.printer import partial_dsl
-
     return partial_dsl(inputs, steps)

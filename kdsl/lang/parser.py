@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from kdsl.lang.build import Input, Operator, Output
+from kdsl.lang.build import Input, Operator
 from kdsl.lang.errors import KdslError, ParseError
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
-from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Weight
 from kdsl.lang.sizes import Size, coefficient, primary
 
 MAX_SOURCE_CHARS = 200_000
@@ -39,14 +39,8 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
     "Weight": (Weight, frozenset({"name"})),
     "Input": (Input, frozenset()),
     "Output": (Output, frozenset({"defaults"})),
-    "Split": (Split, frozenset({"outer", "inner"})),
-    "Merge": (Merge, frozenset({"name"})),
-    "Shift": (Shift, frozenset({"offset"})),
-    "Expand": (Expand, frozenset()),
-    "Unfold": (Unfold, frozenset({"name"})),
-    "Stride": (Stride, frozenset()),
-    "Reduce": (Reduce, frozenset({"mean"})),
-    "Share": (Share, frozenset()),
+    # each primitive accepts its optional fields as keywords (declared once, in kdsl.lang.primitives)
+    **{kind: (cls, frozenset(f.name for f in cls.fields if f.optional)) for kind, cls in PRIMITIVES.items()},
 }
 IMPORTABLE = frozenset({"kdsl", "kdsl.lang"})
 

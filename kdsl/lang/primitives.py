@@ -26,9 +26,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
-from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError
+from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError, ValidityError
+from kdsl.lang.index import Cyclic, Guard, Half, Index
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT, check_identifier, check_offset
 from kdsl.lang.sizes import Size
 
@@ -307,6 +308,15 @@ class Dim:
         object.__setattr__(self, "size", check_size(self.size, f"dim {self.name}"))
 
 
+class OperatorParts(Protocol):
+    """What printing needs of an operator (:class:`kdsl.lang.build.Operator` has it)."""
+
+    inputs: tuple[Dim, ...]
+    steps: tuple[Primitive, ...]
+    outputs: tuple[Dim, ...]
+    defaults: tuple[tuple[str, int], ...]
+
+
 def dim_of(item: object, what: str) -> Dim:
     """A Dim from a Dim or a plain variable (whose name names the dim)."""
     if isinstance(item, Dim):
@@ -363,10 +373,51 @@ class Weight:
 # ------------------------------------------------------------------------------------------------
 
 
+#: Algebraic facts, read by every pass instead of asking for a class (tinygrad's sets of ops).
+VIEW = "view"  # rearranges, replicates or drops data; costs no arithmetic
+HEAVY = "heavy"  # can make the data larger (the planner orders these to minimize FLOPs)
+ONE_TO_MANY = "one-to-many"  # an input element reaches several output elements
+WINDOWING = "windowing"  # reads outside the input are zero (a sliding window)
+DROPS = "drops"  # skips input elements (valid only on windowed or repeated dims)
+REDUCTION = "reduction"  # sums a dim away
+CONTRACTION = "contraction"  # multiplies by a weight
+LINEAR = "linear"  # linear in the data input (all eight primitives are)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One parameter of a primitive, as the DSL text, the JSON form and the content key see it.
+
+    ``kind`` is ``"ref"`` (a live dim: a name, or a size that identifies it), ``"name"`` (a new dim's
+    name), ``"size"``, ``"int"``, ``"bool"`` or ``"weight"``. An ``optional`` field may be left out
+    when written by hand (and given as a keyword); the printer leaves a field out when it equals
+    ``default``.
+    """
+
+    name: str
+    kind: str
+    optional: bool = False
+    default: object = None
+
+
 class Primitive:
-    """Base class: a primitive is a frozen dataclass with :meth:`apply` (its shape rule)."""
+    """Base class: a primitive is a frozen dataclass declaring, once, everything passes need.
+
+    * :meth:`apply`, its shape rule (resolve references, update the live dims);
+    * ``fields`` (text, JSON, content key), ``ports`` (names of its produced dims in the key);
+    * ``facts`` (:data:`VIEW`, :data:`HEAVY`, ...) and ``rank`` (canonical order of independent
+      adjacent steps: reductions, then 1-to-1 views, then contractions, then 1-to-many views);
+    * :meth:`coordinate`, its bottom-up coordinate rule over :mod:`kdsl.lang.index` (views only).
+
+    Backends and search keep one table each, with one entry per primitive kind
+    (:data:`PRIMITIVES`); a test checks that no table has a gap.
+    """
 
     kind: ClassVar[str]
+    fields: ClassVar[tuple[Field, ...]]
+    ports: ClassVar[tuple[str, ...]] = ()
+    facts: ClassVar[frozenset[str]]
+    rank: ClassVar[int]
     #: the resolved dims this step consumes and produces, used by every pass
     consumes: tuple[str, ...]
     produces: tuple[str, ...]
@@ -379,9 +430,29 @@ class Primitive:
         """The single-dim steps this primitive stands for (only Reduce has several)."""
         return (self,)
 
-    def __rshift__(self, other: object) -> object:
-        from kdsl.lang.build import Pipeline
+    def values(self) -> dict[str, object]:
+        """The resolved step's field values, by field name."""
+        return {f.name: getattr(self, f.name) for f in self.fields}
 
+    @classmethod
+    def from_values(cls, values: dict[str, object]) -> Primitive:
+        """The primitive with these field values (the inverse of :meth:`values`)."""
+        return cls(**values)
+
+    def sizes(self) -> tuple[Size, ...]:
+        """The sizes a resolved step mentions (its variables are the operator's)."""
+        found = [getattr(self, f.name) for f in self.fields if f.kind == "size"]
+        for f in self.fields:
+            if f.kind == "weight":
+                found.extend(d.size for d in getattr(self, f.name).dims)
+        return tuple(found)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        """Bottom-up: replace the coordinates of the dims this view produces by those of the dims it
+        consumes (``sizes``: the live sizes before the step). Returns the guard of a windowed read."""
+        raise TypeError(f"{self.kind} is not a view; it has no coordinate rule")
+
+    def __rshift__(self, other: object) -> object:
         return Pipeline((self,)) >> other
 
 
@@ -424,6 +495,15 @@ class Split(Primitive):
     outer: str | None = None
     inner: str | None = None
     kind: ClassVar[str] = "Split"
+    fields: ClassVar[tuple[Field, ...]] = (
+        Field("dim", "ref"),
+        Field("block", "size"),
+        Field("outer", "name", optional=True),
+        Field("inner", "name", optional=True),
+    )
+    ports: ClassVar[tuple[str, ...]] = ("outer", "inner")
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, LINEAR})
+    rank: ClassVar[int] = 1
 
     def apply(self, live: Live, context: BuildContext) -> Split:
         role = _role("Split", f"{self.dim}, {self.block}")
@@ -435,6 +515,10 @@ class Split(Primitive):
         outer_size = check_size(size / block, f"{role}: the outer dim {outer} ({size}/{block})")
         live.replace(name, [(outer, outer_size), (inner, block)], role, windowed=name in live.windowed)
         return Split(name, block, outer, inner)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        coords[self.dim] = coords.pop(self.outer) * self.block + coords.pop(self.inner)
+        return None
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -453,6 +537,13 @@ class Merge(Primitive):
     inner: DimRef
     name: str | None = None
     kind: ClassVar[str] = "Merge"
+    fields: ClassVar[tuple[Field, ...]] = (
+        Field("outer", "ref"),
+        Field("inner", "ref"),
+        Field("name", "name", optional=True),
+    )
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, LINEAR})
+    rank: ClassVar[int] = 1
 
     def apply(self, live: Live, context: BuildContext) -> Merge:
         role = _role("Merge", f"{self.outer}, {self.inner}")
@@ -465,6 +556,12 @@ class Merge(Primitive):
         windowed = outer in live.windowed or inner in live.windowed
         live.merge(outer, inner, name, size, role, windowed=windowed)
         return Merge(outer, inner, name)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        merged, block = coords.pop(self.name), sizes[self.inner]
+        coords[self.outer] = merged // block
+        coords[self.inner] = merged % block
+        return None
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -482,12 +579,19 @@ class Shift(Primitive):
     dim: DimRef
     offset: int = 1
     kind: ClassVar[str] = "Shift"
+    fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("offset", "int", optional=True, default=1))
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, LINEAR})
+    rank: ClassVar[int] = 1
 
     def apply(self, live: Live, context: BuildContext) -> Shift:
         role = _role("Shift", f"{self.dim}")
         check_offset(self.offset, role)
         name = live.resolve(self.dim, role)
         return Shift(name, self.offset)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        coords[self.dim] = Cyclic(coords[self.dim], self.offset, sizes[self.dim])
+        return None
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -505,6 +609,9 @@ class Expand(Primitive):
     name: str
     size: Size
     kind: ClassVar[str] = "Expand"
+    fields: ClassVar[tuple[Field, ...]] = (Field("name", "name"), Field("size", "size"))
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, HEAVY, ONE_TO_MANY, LINEAR})
+    rank: ClassVar[int] = 3
 
     def apply(self, live: Live, context: BuildContext) -> Expand:
         name = check_name(self.name, "Expand")
@@ -512,6 +619,10 @@ class Expand(Primitive):
         live.add(name, size, f"Expand({name})")
         live.windowed.add(name)
         return Expand(name, size)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        coords.pop(self.name)  # the data does not vary along a repeated dim
+        return None
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -533,6 +644,14 @@ class Unfold(Primitive):
     window: Size
     name: str | None = None
     kind: ClassVar[str] = "Unfold"
+    fields: ClassVar[tuple[Field, ...]] = (
+        Field("dim", "ref"),
+        Field("window", "size"),
+        Field("name", "name", optional=True),
+    )
+    ports: ClassVar[tuple[str, ...]] = ("main", "window")
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, HEAVY, ONE_TO_MANY, WINDOWING, LINEAR})
+    rank: ClassVar[int] = 3
 
     def apply(self, live: Live, context: BuildContext) -> Unfold:
         role = _role("Unfold", f"{self.dim}, {self.window}")
@@ -548,6 +667,12 @@ class Unfold(Primitive):
         live.add(name, window, role)
         live.windowed.update((dim, name))
         return Unfold(dim, window, name)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        source = coords[self.dim] + coords.pop(self.name) - Half(self.window)
+        coords[self.dim] = source
+        # bounded by the size of the dim being unfolded, never by the window's
+        return Guard(source, sizes[self.dim], self.dim, self.window)
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -566,10 +691,11 @@ class Stride(Primitive):
     dim: DimRef
     stride: Size
     kind: ClassVar[str] = "Stride"
+    fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("stride", "size"))
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, DROPS, LINEAR})
+    rank: ClassVar[int] = 3
 
     def apply(self, live: Live, context: BuildContext) -> Stride:
-        from kdsl.lang.errors import ValidityError
-
         role = _role("Stride", f"{self.dim}, {self.stride}")
         name = live.resolve(self.dim, role)
         stride = check_size(self.stride, f"{role}: the stride")
@@ -581,6 +707,10 @@ class Stride(Primitive):
         new_size = check_size(live.size(name) / stride, f"{role}: the strided dim {name}")
         live.resize(name, new_size)
         return Stride(name, stride)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        coords[self.dim] = coords[self.dim] * self.stride
+        return None
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -601,12 +731,19 @@ class Reduce(Primitive):
     dims: tuple[DimRef, ...]
     mean: bool
     kind: ClassVar[str] = "Reduce"
+    fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("mean", "bool", optional=True, default=False))
+    facts: ClassVar[frozenset[str]] = frozenset({REDUCTION, LINEAR})
+    rank: ClassVar[int] = 0
 
     def __init__(self, *dims: DimRef, mean: bool = False) -> None:
         if not dims:
             raise ShapeError("Reduce() needs at least one dim")
         object.__setattr__(self, "dims", tuple(dims))
         object.__setattr__(self, "mean", mean)
+
+    @classmethod
+    def from_values(cls, values: dict[str, object]) -> Primitive:
+        return cls(values["dim"], mean=values.get("mean", False))  # type: ignore[arg-type]
 
     def expand(self) -> tuple[Primitive, ...]:
         return tuple(Reduce(d, mean=self.mean) for d in self.dims)
@@ -639,6 +776,9 @@ class Share(Primitive):
 
     weight: Weight | str
     kind: ClassVar[str] = "Share"
+    fields: ClassVar[tuple[Field, ...]] = (Field("weight", "weight"),)
+    facts: ClassVar[frozenset[str]] = frozenset({CONTRACTION, HEAVY, LINEAR})
+    rank: ClassVar[int] = 2
 
     def apply(self, live: Live, context: BuildContext) -> Share:
         weight = self.weight
@@ -702,16 +842,92 @@ class Share(Primitive):
         return tuple(d.name for d in weight.dims)
 
 
+# ------------------------------------------------------------------------------------------------
+# Pipelines
+# ------------------------------------------------------------------------------------------------
+
+
+class Pipeline:
+    """A sequence of primitives, composable with ``>>`` and applicable to an Input."""
+
+    __slots__ = ("primitives", "output")
+
+    def __init__(self, primitives: tuple[Primitive, ...], output: Output | None = None) -> None:
+        self.primitives = primitives
+        self.output = output
+
+    def __rshift__(self, other: object) -> Pipeline:
+        if self.output is not None:
+            raise ShapeError("nothing can follow Output(...) in a pipeline")
+        if isinstance(other, Primitive):
+            return Pipeline(self.primitives + (other,))
+        if isinstance(other, Pipeline):
+            return Pipeline(self.primitives + other.primitives, other.output)
+        if isinstance(other, Output):
+            return Pipeline(self.primitives, other)
+        raise ShapeError(f"cannot compose a pipeline with {other!r}; expected a primitive, pipeline or Output")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Pipeline) and (self.primitives, self.output) == (other.primitives, other.output)
+
+    def __hash__(self) -> int:
+        return hash(self.primitives)
+
+    def __repr__(self) -> str:
+        return " >> ".join(repr(p) for p in self.primitives) or "Pipeline()"
+
+
+@dataclass(frozen=True, init=False)
+class Output:
+    """Declares the output dims in order; every live dim must be listed exactly once.
+
+    ``defaults`` gives preferred values of coefficient variables (``{"K": 3}``), used when a layer
+    does not bind them.
+    """
+
+    refs: tuple[object, ...]
+    defaults: tuple[tuple[str, int], ...]
+
+    def __init__(self, *refs: object, defaults: Mapping[str, int] | None = None) -> None:
+        if not refs:
+            raise ShapeError("Output() needs the output dims in order")
+        items: tuple[tuple[str, int], ...] = ()
+        if defaults is not None:
+            if not isinstance(defaults, Mapping):
+                raise ShapeError(f"Output(defaults=...) must be a dict of coefficient values, got {defaults!r}")
+            for key, value in defaults.items():
+                check_identifier(key, "Output(defaults=...): coefficient")
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONSTANT:
+                    raise SizeError(
+                        f"Output(defaults=...): {key}: {value!r:.80} must be a positive int at most {MAX_CONSTANT}"
+                    )
+            items = tuple(sorted(defaults.items()))
+        object.__setattr__(self, "refs", tuple(refs))
+        object.__setattr__(self, "defaults", items)
+
+
 PRIMITIVES: dict[str, type[Primitive]] = {
     cls.kind: cls for cls in (Split, Merge, Shift, Expand, Unfold, Stride, Reduce, Share)
 }
 
 __all__ = [
+    "CONTRACTION",
+    "DROPS",
+    "HEAVY",
+    "LINEAR",
+    "ONE_TO_MANY",
     "PRIMITIVES",
+    "REDUCTION",
+    "VIEW",
+    "WINDOWING",
+    "Field",
+    "Output",
+    "Pipeline",
     "Dim",
     "DimRef",
     "Expand",
     "Live",
+    "OperatorParts",
     "Merge",
     "Primitive",
     "Reduce",

@@ -6,47 +6,24 @@ a script. Dims are referred to by their variable when that is unambiguous (``Cin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kdsl.lang.names import DSL_NAMES, check_identifier
-from kdsl.lang.primitives import (
-    BuildContext,
-    Dim,
-    Expand,
-    Live,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitives import REDUCTION, BuildContext, Dim, Live, OperatorParts, Primitive, Reduce, Weight
 from kdsl.lang.sizes import Size, Var
 
-if TYPE_CHECKING:
-    from kdsl.lang.build import Operator
-
 HEADER = "from kdsl.lang import *"
+
+#: The JSON form: its format tag and version (``kdsl.lang.serialize`` reads it back).
+FORMAT = "kdsl-operator"
+VERSION = 1
 
 
 def step_sizes(step: Primitive) -> list[Size]:
     """The sizes a resolved step mentions (for collecting variables)."""
-    if isinstance(step, Split):
-        return [step.block]
-    if isinstance(step, Unfold):
-        return [step.window]
-    if isinstance(step, Stride):
-        return [step.stride]
-    if isinstance(step, Expand):
-        return [step.size]
-    if isinstance(step, Share):
-        assert isinstance(step.weight, Weight)
-        return [d.size for d in step.weight.dims]
-    return []
+    return list(step.sizes())
 
 
 def _q(name: str) -> str:
@@ -83,24 +60,30 @@ def _weight_entries(weight: Weight, live: Live) -> list[str]:
     return entries
 
 
+def _weights_of(step: Primitive) -> list[Weight]:
+    return [getattr(step, f.name) for f in step.fields if f.kind == "weight"]
+
+
 def _step_text(step: Primitive, live: Live, weight_vars: dict[str, str]) -> str:
-    if isinstance(step, Split):
-        return f"Split({_ref(step.dim, live)}, {step.block}, {_q(step.outer)}, {_q(step.inner)})"
-    if isinstance(step, Merge):
-        return f"Merge({_ref(step.outer, live)}, {_ref(step.inner, live)}, {_q(step.name)})"
-    if isinstance(step, Shift):
-        offset = "" if step.offset == 1 else f", {step.offset}"
-        return f"Shift({_ref(step.dim, live)}{offset})"
-    if isinstance(step, Expand):
-        return f"Expand({_q(step.name)}, {step.size})"
-    if isinstance(step, Unfold):
-        return f"Unfold({_ref(step.dim, live)}, {step.window}, {_q(step.name)})"
-    if isinstance(step, Stride):
-        return f"Stride({_ref(step.dim, live)}, {step.stride})"
-    if isinstance(step, Share):
-        assert isinstance(step.weight, Weight) and step.weight.name is not None
-        return f"Share({weight_vars[step.weight.name]})"
-    raise TypeError(f"no printer for {step!r}")  # unreachable: every primitive is handled above
+    """``Kind(arg, ...)`` from the step's declared fields: positional in order, an optional field
+    left out while it has its default (the later ones then by keyword), booleans by keyword."""
+    args: list[str] = []
+    by_keyword = False
+    for f in step.fields:
+        value = getattr(step, f.name)
+        if f.optional and value == f.default:
+            by_keyword = True
+            continue
+        if f.kind == "ref":
+            text = _ref(value, live)
+        elif f.kind == "name":
+            text = _q(value)
+        elif f.kind == "weight":
+            text = weight_vars[value.name]
+        else:  # size, int, bool
+            text = str(value)
+        args.append(f"{f.name}={text}" if by_keyword or f.kind == "bool" else text)
+    return f"{step.kind}({', '.join(args)})"
 
 
 def _variables(sizes: Iterable[Size]) -> list[Var]:
@@ -134,18 +117,18 @@ def _pipeline_lines(
     live = Live({d.name: d.size for d in inputs}, ())
     context = BuildContext()
     for step in steps:
-        if isinstance(step, Reduce):
+        if REDUCTION in step.facts:  # consecutive reductions print as one Reduce(a, b, ...)
+            assert isinstance(step, Reduce)
             if pending_reduce and pending_mean != step.mean:
                 flush()
             pending_mean = step.mean
             pending_reduce.append(_ref(step.dim, live))
         else:
             flush()
-            if isinstance(step, Share):
-                assert isinstance(step.weight, Weight) and step.weight.name is not None
-                entries = ", ".join(_weight_entries(step.weight, live))
-                variable = weight_vars[step.weight.name]
-                declarations.append(f"{variable} = Weight({entries}, name={_q(step.weight.name)})")
+            for weight in _weights_of(step):
+                assert weight.name is not None
+                entries = ", ".join(_weight_entries(weight, live))
+                declarations.append(f"{weight_vars[weight.name]} = Weight({entries}, name={_q(weight.name)})")
             lines.append(_step_text(step, live, weight_vars))
         step.apply(live, context)
     flush()
@@ -155,13 +138,13 @@ def _pipeline_lines(
 def _weight_variables(steps: tuple[Primitive, ...], taken: set[str]) -> dict[str, str]:
     names: dict[str, str] = {}
     for step in steps:
-        if isinstance(step, Share):
-            assert isinstance(step.weight, Weight) and step.weight.name is not None
-            variable = step.weight.name
+        for weight in _weights_of(step):
+            assert weight.name is not None
+            variable = weight.name
             while variable in taken or variable in DSL_NAMES:
                 variable += "_w"
             taken.add(variable)
-            names[step.weight.name] = variable
+            names[weight.name] = variable
     return names
 
 
@@ -193,7 +176,7 @@ def _render(op_name: str, declarations: list[str], variables: list[Var], lines: 
     return "\n".join(out) + "\n"
 
 
-def to_dsl(op: Operator, op_name: str = "op") -> str:
+def to_dsl(op: OperatorParts, op_name: str = "op") -> str:
     """The DSL source of ``op``, binding it to ``op_name`` (a name by :mod:`kdsl.lang.names`' rule)."""
     check_identifier(op_name, "operator")
     variables = _variables(
@@ -221,3 +204,43 @@ def partial_dsl(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> str:
         return "\n".join(declarations + [" >> ".join(lines)])
     except Exception:  # a message helper must not hide the original error
         return " >> ".join(repr(s) for s in steps)
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def _step_dict(step: Primitive) -> dict[str, Any]:
+    """A step as JSON, from its declared fields (sizes as strings, dims by name)."""
+    data: dict[str, Any] = {"op": step.kind}
+    for f in step.fields:
+        value = getattr(step, f.name)
+        if f.kind == "size":
+            data[f.name] = str(value)
+        elif f.kind == "weight":
+            data["weight"] = value.name
+            data["dims"] = [{"name": d.name, "size": str(d.size), "new": n} for d, n in zip(value.dims, value.new)]
+        else:  # ref, name, int, bool
+            data[f.name] = value
+    return data
+
+
+def to_dict(op: OperatorParts) -> dict[str, Any]:
+    """The JSON-ready dict of ``op`` (sizes as strings, every dim by name)."""
+    variables: dict[str, Var] = {}
+    for size in [d.size for d in op.inputs] + [s for step in op.steps for s in step.sizes()]:
+        for var in size.variables:
+            variables.setdefault(var.name, var)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "variables": {v.name: v.kind for v in sorted(variables.values(), key=Var.sort_key)},
+        "inputs": [{"name": d.name, "size": str(d.size)} for d in op.inputs],
+        "steps": [_step_dict(step) for step in op.steps],
+        "outputs": [d.name for d in op.outputs],
+        "defaults": dict(op.defaults),
+    }
+
+
+def to_json(op: OperatorParts) -> str:
+    """``op`` as a JSON string (sorted keys, so equal operators give equal text)."""
+    return json.dumps(to_dict(op), sort_keys=True)

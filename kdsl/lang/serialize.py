@@ -1,4 +1,4 @@
-"""The versioned JSON form of operators.
+"""Reading the versioned JSON form of operators (:mod:`kdsl.lang.printer` writes it).
 
 >>> from kdsl.lang import *
 >>> N, C = primary("N C")
@@ -12,57 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kdsl.lang.build import Input, Operator, Output, Pipeline
+from kdsl.lang.build import Input, Operator
 from kdsl.lang.errors import KdslError, ParseError
 from kdsl.lang.parser import parse_size
-from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Pipeline, Primitive, Weight
+from kdsl.lang.printer import FORMAT, VERSION, to_dict, to_json
 
-FORMAT = "kdsl-operator"
-VERSION = 1
+__all__ = ["FORMAT", "MAX_JSON_CHARS", "VERSION", "from_dict", "from_json", "to_dict", "to_json"]
 MAX_JSON_CHARS = 1_000_000
-
-
-def to_dict(op: Operator) -> dict[str, Any]:
-    """The JSON-ready dict of ``op`` (sizes as strings, every dim by name)."""
-    steps: list[dict[str, Any]] = []
-    for step in op.steps:
-        if isinstance(step, Split):
-            steps.append(
-                {"op": "Split", "dim": step.dim, "block": str(step.block), "outer": step.outer, "inner": step.inner}
-            )
-        elif isinstance(step, Merge):
-            steps.append({"op": "Merge", "outer": step.outer, "inner": step.inner, "name": step.name})
-        elif isinstance(step, Shift):
-            steps.append({"op": "Shift", "dim": step.dim, "offset": step.offset})
-        elif isinstance(step, Expand):
-            steps.append({"op": "Expand", "name": step.name, "size": str(step.size)})
-        elif isinstance(step, Unfold):
-            steps.append({"op": "Unfold", "dim": step.dim, "window": str(step.window), "name": step.name})
-        elif isinstance(step, Stride):
-            steps.append({"op": "Stride", "dim": step.dim, "stride": str(step.stride)})
-        elif isinstance(step, Reduce):
-            steps.append({"op": "Reduce", "dim": step.dim, "mean": step.mean})
-        elif isinstance(step, Share):
-            weight = step.weight
-            assert isinstance(weight, Weight)
-            dims = [{"name": d.name, "size": str(d.size), "new": n} for d, n in zip(weight.dims, weight.new)]
-            steps.append({"op": "Share", "weight": weight.name, "dims": dims})
-        else:  # pragma: no cover - every primitive is handled above
-            raise TypeError(f"no JSON form for {step!r}")
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "variables": {v.name: v.kind for v in op.variables},
-        "inputs": [{"name": d.name, "size": str(d.size)} for d in op.inputs],
-        "steps": steps,
-        "outputs": [d.name for d in op.outputs],
-        "defaults": dict(op.defaults),
-    }
-
-
-def to_json(op: Operator) -> str:
-    """``op`` as a JSON string (sorted keys, so equal operators give equal text)."""
-    return json.dumps(to_dict(op), sort_keys=True)
 
 
 def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -78,38 +35,30 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
 
 def _step(data: Any, variables: dict[str, str], where: str) -> Primitive:
     kind = _field(data, "op", str, where)
-
-    def size(key: str):
-        return parse_size(_field(data, key, str, where), variables)
-
-    def name(key: str) -> str:
-        return _field(data, key, str, where)
-
-    if kind == "Split":
-        return Split(name("dim"), size("block"), name("outer"), name("inner"))
-    if kind == "Merge":
-        return Merge(name("outer"), name("inner"), name("name"))
-    if kind == "Shift":
-        return Shift(name("dim"), _field(data, "offset", int, where))
-    if kind == "Expand":
-        return Expand(name("name"), size("size"))
-    if kind == "Unfold":
-        return Unfold(name("dim"), size("window"), name("name"))
-    if kind == "Stride":
-        return Stride(name("dim"), size("stride"))
-    if kind == "Reduce":
-        return Reduce(name("dim"), mean=_field(data, "mean", bool, where))
-    if kind == "Share":
-        entries: list[object] = []
-        for index, dim in enumerate(_field(data, "dims", list, where)):
-            at = f"{where}.dims[{index}]"
-            dim_name = _field(dim, "name", str, at)
-            if _field(dim, "new", bool, at):
-                entries.append(Dim(dim_name, parse_size(_field(dim, "size", str, at), variables)))
-            else:
-                entries.append(dim_name)
-        return Share(Weight(*entries, name=name("weight")))
-    raise ParseError(f"{where}: unknown primitive {kind!r}")
+    cls = PRIMITIVES.get(kind)
+    if cls is None:
+        raise ParseError(f"{where}: unknown primitive {kind!r}")
+    values: dict[str, object] = {}
+    for f in cls.fields:
+        if f.kind == "size":
+            values[f.name] = parse_size(_field(data, f.name, str, where), variables)
+        elif f.kind in ("ref", "name"):
+            values[f.name] = _field(data, f.name, str, where)
+        elif f.kind == "int":
+            values[f.name] = _field(data, f.name, int, where)
+        elif f.kind == "bool":
+            values[f.name] = _field(data, f.name, bool, where)
+        else:  # a weight: its name and dims
+            entries: list[object] = []
+            for index, dim in enumerate(_field(data, "dims", list, where)):
+                at = f"{where}.dims[{index}]"
+                dim_name = _field(dim, "name", str, at)
+                if _field(dim, "new", bool, at):
+                    entries.append(Dim(dim_name, parse_size(_field(dim, "size", str, at), variables)))
+                else:
+                    entries.append(dim_name)
+            values[f.name] = Weight(*entries, name=_field(data, "weight", str, where))
+    return cls.from_values(values)
 
 
 def from_dict(data: Any) -> Operator:
