@@ -16,18 +16,34 @@ array([[[3., 6., 9., 7.]]])
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from numbers import Integral
+from typing import Any
 
 import numpy as np
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, ShapeError
-from kdsl.lang.primitives import Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import (
+    CONTRACTION,
+    REDUCTION,
+    BuildContext,
+    Expand,
+    Live,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
 from kdsl.lang.sizes import Size
 
-__all__ = ["Shapes", "binding", "random_inputs", "run", "shapes"]
+__all__ = ["RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -83,24 +99,19 @@ def _concrete(size: Size, values: Mapping[str, int], what: str) -> int:
 
 
 def _describe(step: Primitive) -> str:
-    """A short form of a resolved step for messages, e.g. ``Split(Cin, Cin/G)``."""
-    if isinstance(step, Split):
-        return f"Split({step.dim}, {step.block})"
-    if isinstance(step, Merge):
-        return f"Merge({step.outer}, {step.inner})"
-    if isinstance(step, Shift):
-        return f"Shift({step.dim}, {step.offset})"
-    if isinstance(step, Expand):
-        return f"Expand({step.name}, {step.size})"
-    if isinstance(step, Unfold):
-        return f"Unfold({step.dim}, {step.window})"
-    if isinstance(step, Stride):
-        return f"Stride({step.dim}, {step.stride})"
-    if isinstance(step, Reduce):
-        return f"Reduce({step.dim})"
-    if isinstance(step, Share):
-        return f"Share({_weight(step).name})"
-    return repr(step)
+    """A short form of a resolved step for messages, e.g. ``Split(Cin, Cin/G)``: its dims and sizes."""
+    parts = []
+    for f in step.fields:
+        value = getattr(step, f.name)
+        if f.kind in ("ref", "size", "int"):
+            parts.append(str(value))
+        elif f.kind == "weight":
+            parts.append(str(value.name))
+    return f"{step.kind}({', '.join(parts)})"
+
+
+def _weights_of(step: Primitive) -> list[Weight]:
+    return [getattr(step, f.name) for f in step.fields if f.kind == "weight"]
 
 
 def _weight(step: Share) -> Weight:
@@ -133,49 +144,28 @@ def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
     >>> shapes(op, {"N": 2, "C": 3, "H": 7, "s": 2})
     Traceback (most recent call last):
     ...
-    kdsl.lang.errors.DivisibilityError: Stride(H, s): the size H/s is 7/2 at this layer (H=7, s=2); ...
+    kdsl.lang.errors.DivisibilityError: Stride(H, s): the dim H: the size H/s is 7/2 at this layer (H=7, s=2); ...
     """
     values = binding(op, layer)
-    live: dict[str, Size] = {}
     for dim in op.inputs:
         _concrete(dim.size, values, f"the input dim {dim.name}")
-        live[dim.name] = dim.size
+    # every size a step mentions or creates must be a positive integer at this layer
+    live = Live({d.name: d.size for d in op.inputs}, ())
+    context = BuildContext()
     weight_shapes = []
     for step in op.steps:
         what = _describe(step)
-        if isinstance(step, Split):
-            _concrete(step.block, values, f"{what}: the inner dim {step.inner}")
-            _concrete(live[step.dim] / step.block, values, f"{what}: the outer dim {step.outer}")
-            size = live.pop(step.dim)
-            live[step.outer] = size / step.block
-            live[step.inner] = step.block
-        elif isinstance(step, Merge):
-            live[step.name] = live.pop(step.outer) * live.pop(step.inner)
-        elif isinstance(step, Expand):
-            live[step.name] = step.size
-            _concrete(step.size, values, what)
-        elif isinstance(step, Unfold):
-            live[step.name] = step.window
-            _concrete(step.window, values, f"{what}: the window {step.name}")
-        elif isinstance(step, Stride):
-            _concrete(step.stride, values, f"{what}: the stride")
-            live[step.dim] = live[step.dim] / step.stride
-            _concrete(live[step.dim], values, what)
-        elif isinstance(step, Reduce):
-            del live[step.dim]
-        elif isinstance(step, Share):
-            weight = _weight(step)
-            for dim, is_new in zip(weight.dims, weight.new):
-                if is_new:
-                    live[dim.name] = dim.size
-                    _concrete(dim.size, values, f"{what}: the weight dim {dim.name}")
+        for size in step.sizes():
+            _concrete(size, values, what)
+        step.apply(live, context)
+        for name in step.produces:
+            _concrete(live.size(name), values, f"{what}: the dim {name}")
+        for weight in _weights_of(step):
             weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
-        elif not isinstance(step, Shift):
-            raise LoweringError(f"the reference interpreter has no rule for {step!r}")
     return Shapes(
         input=tuple(_concrete(d.size, values, d.name) for d in op.inputs),
         weights=tuple(weight_shapes),
-        output=tuple(_concrete(live[d.name], values, d.name) for d in op.outputs),
+        output=tuple(_concrete(live.size(d.name), values, d.name) for d in op.outputs),
     )
 
 
@@ -198,16 +188,26 @@ class _Named:
         return self.data.shape[self.axis(name)]
 
 
-def _split(t: _Named, step: Split, values: Mapping[str, int]) -> _Named:
+@dataclass
+class _Env:
+    """What a rule may need besides the data: the layer's values, the weight arrays not used yet,
+    and (for a contraction) the reductions right after it, which it sums inside its einsum."""
+
+    values: Mapping[str, int]
+    arrays: Iterator[np.ndarray]
+    following: list[Primitive] = field(default_factory=list)
+
+
+def _split(t: _Named, step: Split, env: _Env) -> _Named:
     # out[i, j] = in[B*i + j] is exactly a row-major reshape of the axis into (G, B).
     axis = t.axis(step.dim)
-    block = _concrete(step.block, values, _describe(step))
+    block = _concrete(step.block, env.values, _describe(step))
     shape = t.data.shape
     data = t.data.reshape((*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
     return _Named(data, [*t.axes[:axis], step.outer, step.inner, *t.axes[axis + 1 :]])
 
 
-def _merge(t: _Named, step: Merge, values: Mapping[str, int]) -> _Named:
+def _merge(t: _Named, step: Merge, env: _Env) -> _Named:
     # out[i] = in[i // B, i % B]: put the inner axis right after the outer one, then reshape.
     axes = [a for a in t.axes if a != step.inner]
     position = axes.index(step.outer)
@@ -218,7 +218,7 @@ def _merge(t: _Named, step: Merge, values: Mapping[str, int]) -> _Named:
     return _Named(data, [*axes[:position], step.name, *axes[position + 2 :]])
 
 
-def _shift(t: _Named, step: Shift, values: Mapping[str, int]) -> _Named:
+def _shift(t: _Named, step: Shift, env: _Env) -> _Named:
     # out[i] = in[(i + offset) mod N]
     axis = t.axis(step.dim)
     n = t.data.shape[axis]
@@ -226,19 +226,19 @@ def _shift(t: _Named, step: Shift, values: Mapping[str, int]) -> _Named:
     return _Named(np.take(t.data, source, axis=axis), list(t.axes))
 
 
-def _expand(t: _Named, step: Expand, values: Mapping[str, int]) -> _Named:
+def _expand(t: _Named, step: Expand, env: _Env) -> _Named:
     # out[..., c] = in[...]: a new last axis along which the data repeats.
-    size = _concrete(step.size, values, _describe(step))
+    size = _concrete(step.size, env.values, _describe(step))
     data = np.broadcast_to(t.data[..., np.newaxis], (*t.data.shape, size)).copy()
     return _Named(data, [*t.axes, step.name])
 
 
-def _unfold(t: _Named, step: Unfold, values: Mapping[str, int]) -> _Named:
+def _unfold(t: _Named, step: Unfold, env: _Env) -> _Named:
     # out[i, j] = in[i + j - K//2], and 0 where that index falls outside [0, N). The bound is the
     # dim's size N, not the window K (the window may be larger than the dim).
     axis = t.axis(step.dim)
     n = t.data.shape[axis]
-    window = _concrete(step.window, values, _describe(step))
+    window = _concrete(step.window, env.values, _describe(step))
     source = np.arange(n)[:, np.newaxis] + np.arange(window)[np.newaxis, :] - window // 2
     inside = (source >= 0) & (source < n)
     gathered = np.take(t.data, np.clip(source, 0, n - 1), axis=axis)  # axes (.., N, K, ..)
@@ -247,28 +247,29 @@ def _unfold(t: _Named, step: Unfold, values: Mapping[str, int]) -> _Named:
     return _Named(data, [*t.axes[: axis + 1], step.name, *t.axes[axis + 1 :]])
 
 
-def _stride(t: _Named, step: Stride, values: Mapping[str, int]) -> _Named:
+def _stride(t: _Named, step: Stride, env: _Env) -> _Named:
     # out[i] = in[S*i], for i < N/S
     axis = t.axis(step.dim)
-    stride = _concrete(step.stride, values, _describe(step))
+    stride = _concrete(step.stride, env.values, _describe(step))
     kept = np.arange(t.data.shape[axis] // stride) * stride
     return _Named(np.take(t.data, kept, axis=axis), list(t.axes))
 
 
-def _reduce(t: _Named, step: Reduce, values: Mapping[str, int]) -> _Named:
+def _reduce(t: _Named, step: Reduce, env: _Env) -> _Named:
     # out = sum_i in[i] (or the mean)
     axis = t.axis(step.dim)
     data = t.data.mean(axis=axis) if step.mean else t.data.sum(axis=axis)
     return _Named(data, [a for a in t.axes if a != step.dim])
 
 
-def _share(t: _Named, weight: Weight, array: np.ndarray, reductions: Sequence[Reduce]) -> _Named:
+def _share(t: _Named, step: Share, env: _Env) -> _Named:
     """out = data * weight, matching the shared axes by name; the weight-only dims become new axes.
 
     ``reductions`` are the Reduce steps that directly follow; they are summed inside the same
     einsum so that the (often large) product is never materialized. That is the same function as
     multiplying first and reducing afterwards.
     """
+    weight, array, reductions = _weight(step), next(env.arrays), env.following
     weight_axes = [d.name for d in weight.dims]
     all_axes = list(t.axes) + [d.name for d, is_new in zip(weight.dims, weight.new) if is_new]
     if len(all_axes) > len(string.ascii_letters):
@@ -291,15 +292,16 @@ def _share(t: _Named, weight: Weight, array: np.ndarray, reductions: Sequence[Re
     return _Named(np.asarray(data, dtype=t.data.dtype), kept)
 
 
-#: One rule per view primitive (Share, which also takes a weight array, is handled in ``run``).
-_RULES: dict[type[Primitive], Callable[[_Named, object, Mapping[str, int]], _Named]] = {
-    Split: _split,  # type: ignore[dict-item]
-    Merge: _merge,  # type: ignore[dict-item]
-    Shift: _shift,  # type: ignore[dict-item]
-    Expand: _expand,  # type: ignore[dict-item]
-    Unfold: _unfold,  # type: ignore[dict-item]
-    Stride: _stride,  # type: ignore[dict-item]
-    Reduce: _reduce,  # type: ignore[dict-item]
+#: The interpreter's table: one rule per primitive kind (a test checks that none is missing).
+RULES: dict[str, Callable[[_Named, Any, _Env], _Named]] = {
+    "Split": _split,
+    "Merge": _merge,
+    "Shift": _shift,
+    "Expand": _expand,
+    "Unfold": _unfold,
+    "Stride": _stride,
+    "Reduce": _reduce,
+    "Share": _share,
 }
 
 
@@ -353,23 +355,20 @@ def run(op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence
     ]
 
     tensor = _Named(x, [d.name for d in op.inputs])
-    weight_index = 0
+    remaining = iter(arrays)
     index = 0
     while index < len(op.steps):
         step = op.steps[index]
         index += 1
-        if isinstance(step, Share):
-            reductions = []
-            while index < len(op.steps) and isinstance(op.steps[index], Reduce):
-                reductions.append(op.steps[index])
+        following: list[Primitive] = []
+        if CONTRACTION in step.facts:
+            while index < len(op.steps) and REDUCTION in op.steps[index].facts:
+                following.append(op.steps[index])
                 index += 1
-            tensor = _share(tensor, _weight(step), arrays[weight_index], reductions)
-            weight_index += 1
-            continue
-        rule = _RULES.get(type(step))
+        rule = RULES.get(step.kind)
         if rule is None:
             raise LoweringError(f"the reference interpreter has no rule for {step!r}")
-        tensor = rule(tensor, step, values)
+        tensor = rule(tensor, step, _Env(values, remaining, following))
     order = [tensor.axis(d.name) for d in op.outputs]
     return np.ascontiguousarray(np.transpose(tensor.data, order))
 

@@ -18,8 +18,10 @@ associative). ``Input(...) >> fragment`` checks each primitive as it is applied 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
 
 from kdsl.lang.canonical import structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
@@ -185,6 +187,33 @@ class Operator:
     def weights(self) -> tuple[Weight, ...]:
         """The weights in the order they are shared (the declaration order)."""
         return tuple(step.weight for step in self.steps if isinstance(step, Share))  # type: ignore[misc]
+
+    @cached_property
+    def live(self) -> tuple[Mapping[str, Size], ...]:
+        """The live dims (name -> size, in order) before each step, then after the last one.
+
+        Computed once per operator and shared by every pass that needs the dims at a step (printing
+        messages, constraints, plans, lowering, rendering) instead of each replaying the build.
+
+        >>> from kdsl.lang import *
+        >>> N, C = primary("N C")
+        >>> op = Input(N, C) >> Reduce(C) >> Output(N)
+        >>> [list(sizes) for sizes in op.live]
+        [['N', 'C'], ['N']]
+        """
+        live = Live({d.name: d.size for d in self.inputs}, ())
+        context = BuildContext()
+        found: list[Mapping[str, Size]] = [MappingProxyType(dict(live.sizes))]
+        for step in self.steps:
+            step.apply(live, context)
+            found.append(MappingProxyType(dict(live.sizes)))
+        return tuple(found)
+
+    def views(self, start: int = 0, stop: int | None = None) -> list[tuple[Primitive, Mapping[str, Size]]]:
+        """The steps ``start:stop`` paired with the live dims before each (what a bottom-up walk
+        with :func:`kdsl.lang.index.walk_up` takes)."""
+        stop = len(self.steps) if stop is None else stop
+        return [(self.steps[i], self.live[i]) for i in range(start, stop)]
 
     @cached_property
     def variables(self) -> tuple[Var, ...]:
