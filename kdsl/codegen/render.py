@@ -17,18 +17,13 @@ from collections.abc import Mapping
 from html import escape
 
 from kdsl.lang.build import Operator
+from kdsl.lang.index import Var, walk_up
 from kdsl.lang.primitives import (
     BuildContext,
-    Expand,
     Live,
-    Merge,
     Primitive,
     Reduce,
     Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
     Weight,
 )
 from kdsl.lang.sizes import Size
@@ -38,35 +33,13 @@ def _wrap(text: str) -> str:
     return f"({text})" if any(c in text for c in " +-") else text
 
 
-def _half(size: Size) -> str:
-    return f"{size}//2" if not size.is_constant else str(int(size.constant) // 2)
-
-
 def _walk_up(
-    views: list[tuple[Primitive, dict[str, Size]]], coords: dict[str, str]
+    views: list[tuple[Primitive, Mapping[str, Size]]], coords: dict[str, str]
 ) -> tuple[dict[str, str], list[str]]:
-    """The bottom-up coordinate of every source dim, as text (the same rules as the TVM backend)."""
-    coords = dict(coords)
-    guards: list[str] = []
-    for step, sizes in reversed(views):
-        if isinstance(step, Split):
-            coords[step.dim] = f"{_wrap(coords.pop(step.outer))}*{_wrap(str(step.block))} + {coords.pop(step.inner)}"
-        elif isinstance(step, Merge):
-            merged = _wrap(coords.pop(step.name))
-            block = _wrap(str(sizes[step.inner]))
-            coords[step.outer] = f"{merged} / {block}"
-            coords[step.inner] = f"{merged} % {block}"
-        elif isinstance(step, Shift):
-            coords[step.dim] = f"({coords[step.dim]} + {step.offset}) % {_wrap(str(sizes[step.dim]))}"
-        elif isinstance(step, Expand):
-            coords.pop(step.name)
-        elif isinstance(step, Unfold):
-            source = f"{coords[step.dim]} + {coords.pop(step.name)} - {_half(step.window)}"
-            guards.append(f"0 <= {source} < {sizes[step.dim]}")
-            coords[step.dim] = source
-        elif isinstance(step, Stride):
-            coords[step.dim] = f"{_wrap(str(step.stride))}*{_wrap(coords[step.dim])}"
-    return coords, guards
+    """The bottom-up coordinate of every source dim, as text: the primitives' own coordinate rules
+    (:mod:`kdsl.lang.index`), the same ones the TVM backend lowers."""
+    up, guards = walk_up(views, {name: Var(text) for name, text in coords.items()})
+    return {name: str(expr) for name, expr in up.items()}, [str(g) for g in guards]
 
 
 def _iterator(name: str, size: Size) -> str:
