@@ -98,18 +98,6 @@ def _concrete(size: Size, values: Mapping[str, int], what: str) -> int:
     return int(value)
 
 
-def _describe(step: Primitive) -> str:
-    """A short form of a resolved step for messages, e.g. ``Split(Cin, Cin/G)``: its dims and sizes."""
-    parts = []
-    for f in step.fields:
-        value = getattr(step, f.name)
-        if f.kind in ("ref", "size", "int"):
-            parts.append(str(value))
-        elif f.kind == "weight":
-            parts.append(str(value.name))
-    return f"{step.kind}({', '.join(parts)})"
-
-
 def _weights_of(step: Primitive) -> list[Weight]:
     return [getattr(step, f.name) for f in step.fields if f.kind == "weight"]
 
@@ -154,7 +142,7 @@ def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
     context = BuildContext()
     weight_shapes = []
     for step in op.steps:
-        what = _describe(step)
+        what = step.describe()
         for size in step.sizes():
             _concrete(size, values, what)
         step.apply(live, context)
@@ -201,7 +189,7 @@ class _Env:
 def _split(t: _Named, step: Split, env: _Env) -> _Named:
     # out[i, j] = in[B*i + j] is exactly a row-major reshape of the axis into (G, B).
     axis = t.axis(step.dim)
-    block = _concrete(step.block, env.values, _describe(step))
+    block = _concrete(step.block, env.values, step.describe())
     shape = t.data.shape
     data = t.data.reshape((*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
     return _Named(data, [*t.axes[:axis], step.outer, step.inner, *t.axes[axis + 1 :]])
@@ -228,7 +216,7 @@ def _shift(t: _Named, step: Shift, env: _Env) -> _Named:
 
 def _expand(t: _Named, step: Expand, env: _Env) -> _Named:
     # out[..., c] = in[...]: a new last axis along which the data repeats.
-    size = _concrete(step.size, env.values, _describe(step))
+    size = _concrete(step.size, env.values, step.describe())
     data = np.broadcast_to(t.data[..., np.newaxis], (*t.data.shape, size)).copy()
     return _Named(data, [*t.axes, step.name])
 
@@ -238,7 +226,7 @@ def _unfold(t: _Named, step: Unfold, env: _Env) -> _Named:
     # dim's size N, not the window K (the window may be larger than the dim).
     axis = t.axis(step.dim)
     n = t.data.shape[axis]
-    window = _concrete(step.window, env.values, _describe(step))
+    window = _concrete(step.window, env.values, step.describe())
     source = np.arange(n)[:, np.newaxis] + np.arange(window)[np.newaxis, :] - window // 2
     inside = (source >= 0) & (source < n)
     gathered = np.take(t.data, np.clip(source, 0, n - 1), axis=axis)  # axes (.., N, K, ..)
@@ -250,7 +238,7 @@ def _unfold(t: _Named, step: Unfold, env: _Env) -> _Named:
 def _stride(t: _Named, step: Stride, env: _Env) -> _Named:
     # out[i] = in[S*i], for i < N/S
     axis = t.axis(step.dim)
-    stride = _concrete(step.stride, env.values, _describe(step))
+    stride = _concrete(step.stride, env.values, step.describe())
     kept = np.arange(t.data.shape[axis] // stride) * stride
     return _Named(np.take(t.data, kept, axis=axis), list(t.axes))
 

@@ -400,6 +400,18 @@ class Field:
     default: object = None
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """One condition a step puts on sizes: ``"integral"`` (``sizes[0]`` is a positive integer) or
+    ``"window"`` (a window ``sizes[0]`` smaller than the dim ``sizes[1]`` it slides over). ``dim``
+    names the dim concerned; ``what`` prefixes the size in messages (``"the outer dim g: "``)."""
+
+    kind: str
+    sizes: tuple[Size, ...]
+    dim: str | None
+    what: str = ""
+
+
 class Primitive:
     """Base class: a primitive is a frozen dataclass declaring, once, everything passes need.
 
@@ -430,6 +442,18 @@ class Primitive:
         """The single-dim steps this primitive stands for (only Reduce has several)."""
         return (self,)
 
+    def describe(self) -> str:
+        """A short form of a resolved step for messages: its dims, sizes and numbers, and a
+        weight's name, e.g. ``Split(Cin, Cin/G)`` or ``Share(w)``."""
+        parts = []
+        for f in self.fields:
+            value = getattr(self, f.name)
+            if f.kind in ("ref", "size", "int"):
+                parts.append(str(value))
+            elif f.kind == "weight":
+                parts.append(str(value.name))
+        return f"{self.kind}({', '.join(parts)})"
+
     def values(self) -> dict[str, object]:
         """The resolved step's field values, by field name."""
         return {f.name: getattr(self, f.name) for f in self.fields}
@@ -446,6 +470,11 @@ class Primitive:
             if f.kind == "weight":
                 found.extend(d.size for d in getattr(self, f.name).dims)
         return tuple(found)
+
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        """What the sizes must satisfy at every layer for this step to be valid (the solver's
+        constraints): ``before``/``after`` are the live sizes around the step."""
+        return []
 
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
         """Bottom-up: replace the coordinates of the dims this view produces by those of the dims it
@@ -519,6 +548,12 @@ class Split(Primitive):
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
         coords[self.dim] = coords.pop(self.outer) * self.block + coords.pop(self.inner)
         return None
+
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        return [
+            Requirement("integral", (self.block,), self.inner),
+            Requirement("integral", (after[self.outer],), self.outer, f"the outer dim {self.outer}: "),
+        ]
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -624,6 +659,9 @@ class Expand(Primitive):
         coords.pop(self.name)  # the data does not vary along a repeated dim
         return None
 
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        return [Requirement("integral", (self.size,), self.name)]
+
     @property
     def consumes(self) -> tuple[str, ...]:
         return ()
@@ -674,6 +712,12 @@ class Unfold(Primitive):
         # bounded by the size of the dim being unfolded, never by the window's
         return Guard(source, sizes[self.dim], self.dim, self.window)
 
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        return [
+            Requirement("integral", (self.window,), self.name),
+            Requirement("window", (self.window, before[self.dim]), self.dim),
+        ]
+
     @property
     def consumes(self) -> tuple[str, ...]:
         return (self.dim,)
@@ -711,6 +755,9 @@ class Stride(Primitive):
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
         coords[self.dim] = coords[self.dim] * self.stride
         return None
+
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        return [Requirement("integral", (after[self.dim],), self.dim)]
 
     @property
     def consumes(self) -> tuple[str, ...]:
@@ -829,6 +876,15 @@ class Share(Primitive):
         context.add(resolved)
         return Share(resolved)
 
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        weight = self.weight
+        assert isinstance(weight, Weight)
+        return [
+            Requirement("integral", (d.size,), d.name, f"the weight dim {d.name}: ")
+            for d, new in zip(weight.dims, weight.new)
+            if new
+        ]
+
     @property
     def consumes(self) -> tuple[str, ...]:
         weight = self.weight
@@ -930,6 +986,7 @@ __all__ = [
     "OperatorParts",
     "Merge",
     "Primitive",
+    "Requirement",
     "Reduce",
     "Share",
     "Shift",

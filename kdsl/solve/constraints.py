@@ -42,20 +42,6 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from kdsl.lang.errors import DivisibilityError, LayerError
-from kdsl.lang.primitives import (
-    BuildContext,
-    Expand,
-    Live,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
 from kdsl.lang.sizes import Size, Var
 from kdsl.solve.layers import Layer, as_layer, as_layers
 
@@ -169,27 +155,6 @@ def _trivially_integral(size: Size) -> bool:
     return size.constant.denominator == 1 and all(exp > 0 for _, exp in size.exponents)
 
 
-def _step_text(step: Primitive) -> str:
-    if isinstance(step, Split):
-        return f"Split({step.dim}, {step.block})"
-    if isinstance(step, Merge):
-        return f"Merge({step.outer}, {step.inner})"
-    if isinstance(step, Shift):
-        return f"Shift({step.dim})"
-    if isinstance(step, Expand):
-        return f"Expand({step.name}, {step.size})"
-    if isinstance(step, Unfold):
-        return f"Unfold({step.dim}, {step.window})"
-    if isinstance(step, Stride):
-        return f"Stride({step.dim}, {step.stride})"
-    if isinstance(step, Reduce):
-        return f"Reduce({step.dim})"
-    if isinstance(step, Share):
-        assert isinstance(step.weight, Weight)
-        return f"Share({step.weight.name})"
-    return repr(step)  # pragma: no cover - every primitive is handled above
-
-
 @lru_cache(maxsize=512)
 def constraints(op: Operator) -> tuple[Constraint, ...]:
     """The constraints of ``op``, in step order (coefficient positivity first), without duplicates.
@@ -218,30 +183,20 @@ def constraints(op: Operator) -> tuple[Constraint, ...]:
         add("positive", (var,), f"coefficient {name}", None, f"the coefficient {name} must be a positive integer")
     for dim in op.inputs:
         integral(dim.size, f"Input({dim.name})", dim.name)
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
-    for step in op.steps:
-        before = Live(dict(live.sizes), live.windowed)
-        step.apply(live, context)
-        text = _step_text(step)
-        if isinstance(step, Split):
-            integral(step.block, text, step.inner)
-            integral(live.sizes[step.outer], text, step.outer, f"the outer dim {step.outer}: ")
-        elif isinstance(step, Stride):
-            integral(live.sizes[step.dim], text, step.dim)
-        elif isinstance(step, Expand):
-            integral(step.size, text, step.name)
-        elif isinstance(step, Unfold):
-            integral(step.window, text, step.name)
-            dim_size = before.sizes[step.dim]
-            window_text = f"{text}: the window {step.window} must be smaller than the dim {step.dim} ({dim_size})"
-            add("window", (step.window, dim_size), text, step.dim, window_text)
-        elif isinstance(step, Share):
-            weight = step.weight
-            assert isinstance(weight, Weight)
-            for dim, new in zip(weight.dims, weight.new):
-                if new:
-                    integral(dim.size, text, dim.name, f"the weight dim {dim.name}: ")
+    for index, step in enumerate(op.steps):
+        text = step.describe()
+        for need in step.requirements(op.live[index], op.live[index + 1]):
+            if need.kind == "integral":
+                integral(need.sizes[0], text, need.dim, need.what)
+            else:  # a window must be smaller than the dim it slides over
+                window, dim_size = need.sizes
+                add(
+                    "window",
+                    need.sizes,
+                    text,
+                    need.dim,
+                    f"{text}: the window {window} must be smaller than the dim {need.dim} ({dim_size})",
+                )
     for dim in op.outputs:
         integral(dim.size, f"Output({dim.name})", dim.name)
     return tuple(found)
