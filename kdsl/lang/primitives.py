@@ -454,6 +454,22 @@ class Primitive:
                 parts.append(str(value.name))
         return f"{self.kind}({', '.join(parts)})"
 
+    def renamed(self, consumed: Mapping[str, str], produced: Mapping[str, str]) -> Primitive:
+        """The same resolved step with its consumed dims and its produced dims renamed (a dim it
+        both consumes and produces, like a Shift's, is looked up in ``consumed``)."""
+        values = self.values()
+        for f in self.fields:
+            value = values[f.name]
+            if f.kind == "ref":
+                values[f.name] = consumed[value]  # type: ignore[index]
+            elif f.kind == "name":
+                values[f.name] = produced[value]  # type: ignore[index]
+            elif f.kind == "weight":
+                assert isinstance(value, Weight) and value.name is not None
+                dims = tuple(Dim(produced[d.name], d.size) for d in value.dims)
+                values[f.name] = value._resolved(value.name, dims, value.new)
+        return type(self).from_values(values)
+
     def values(self) -> dict[str, object]:
         """The resolved step's field values, by field name."""
         return {f.name: getattr(self, f.name) for f in self.fields}

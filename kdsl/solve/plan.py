@@ -6,16 +6,17 @@ steps is one of many valid orders, and the order decides the cost: reducing a ch
 the first weight *before* unfolding for the second weight sums ``K`` times fewer products.
 
 **Dependencies.** Each step consumes dim *versions* and produces new ones; a step depends on the
-steps that produced the versions it consumes. Unfold, Shift, Stride and Share keep a dim's name
-but make a new version of it (so two Shares of one dim stay in their written order), and a name
-may be reused once its dim is consumed (``Reduce("kh")`` then a new ``"kh"`` window).
+steps that produced the versions it consumes. A step that keeps a dim's name (a window's sliding
+dim, a cyclic shift, a stride, a shared dim) still makes a new version of it (so two Shares of
+one dim stay in their written order), and a name may be reused once its dim is consumed
+(``Reduce("kh")`` then a new ``"kh"`` window).
 
 **Plan.** A :class:`Plan` is a dependency-respecting order of the operator's steps
 (:attr:`Plan.steps`, resolved, with dim names unique among the live dims at every point: if a
 reorder would make two live dims share a name, the later one is renamed ``kh`` -> ``kh_2``).
 The steps fall into two groups:
 
-* *views* (Split, Merge, Shift, Expand, Unfold, Stride) rearrange or replicate the data and cost
+* *views* (the primitives with the ``VIEW`` fact) rearrange or replicate the data and cost
   no FLOPs;
 * *contraction stages* (:class:`Stage`): a run of consecutive steps of the form ``Share* Reduce*``
   (one or more Shares then zero or more Reduces, or only Reduces). A Share after a Reduce starts a
@@ -29,9 +30,9 @@ The steps fall into two groups:
 
 FLOPs of a plan = the sum of its stage costs (:meth:`Plan.flops_formula`, :meth:`Plan.flops`).
 
-**Planner.** Split, Merge, Shift, Stride and Reduce never grow the data, so they are scheduled as
+**Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as
 soon as they are ready (in written order among themselves); Reduces thus run as early as
-possible. The order of the *heavy* steps (Share, Unfold, Expand) is chosen to minimize FLOPs at a
+possible. The order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
 binding: every dependency-respecting order is tried (branch and bound) when there are at most
 :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks, at each point, the ready heavy step
 after which (with the light steps it enables) the data is smallest. Ties go to the order closest
@@ -69,18 +70,13 @@ from typing import TYPE_CHECKING
 
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.primitives import (
+    CONTRACTION,
+    HEAVY,
+    REDUCTION,
     BuildContext,
     Dim,
-    Expand,
     Live,
-    Merge,
     Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
     Weight,
 )
 from kdsl.lang.sizes import Size
@@ -103,15 +99,15 @@ Dims = tuple[tuple[str, Size], ...]
 
 
 def _kind(step: Primitive) -> int:
-    if isinstance(step, Share):
+    if CONTRACTION in step.facts:
         return _SHARE
-    if isinstance(step, Reduce):
+    if REDUCTION in step.facts:
         return _REDUCE
     return _VIEW
 
 
 def _heavy(step: Primitive) -> bool:
-    return isinstance(step, (Share, Unfold, Expand))
+    return HEAVY in step.facts
 
 
 def reference_binding(op: Operator) -> dict[str, int]:
@@ -164,17 +160,14 @@ def _graph(op: Operator) -> _Graph:
     for dim in op.inputs:
         current[dim.name] = new(dim.name, dim.size, -1)
     inputs = tuple(current.values())
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
     consumed: list[tuple[int, ...]] = []
     produced: list[tuple[int, ...]] = []
     inherit: list[tuple[int, ...]] = []
     successors: list[set[int]] = [set() for _ in op.steps]
     predecessors: list[int] = []
     for index, step in enumerate(op.steps):
-        step.apply(live, context)
         taken = tuple(current.pop(name) for name in step.consumes)
-        made = tuple(new(name, live.sizes[name], index) for name in step.produces)
+        made = tuple(new(name, op.live[index + 1][name], index) for name in step.produces)
         current.update(zip(step.produces, made))
         sources = dict(zip(step.consumes, taken))
         inherit.append(tuple(sources.get(name, -1) for name in step.produces))
@@ -476,29 +469,6 @@ def _fresh(name: str, taken: set[str]) -> str:
     return f"{name}_{number}"
 
 
-def _renamed(step: Primitive, consumed: dict[str, str], produced: dict[str, str]) -> Primitive:
-    if isinstance(step, Split):
-        return Split(consumed[step.dim], step.block, produced[step.outer], produced[step.inner])  # type: ignore[index]
-    if isinstance(step, Merge):
-        return Merge(consumed[step.outer], consumed[step.inner], produced[step.name])  # type: ignore[index]
-    if isinstance(step, Shift):
-        return Shift(consumed[step.dim], step.offset)  # type: ignore[index]
-    if isinstance(step, Expand):
-        return Expand(produced[step.name], step.size)
-    if isinstance(step, Unfold):
-        return Unfold(consumed[step.dim], step.window, produced[step.name])  # type: ignore[index]
-    if isinstance(step, Stride):
-        return Stride(consumed[step.dim], step.stride)  # type: ignore[index]
-    if isinstance(step, Reduce):
-        return Reduce(consumed[step.dim], mean=step.mean)  # type: ignore[index]
-    if isinstance(step, Share):
-        weight = step.weight
-        assert isinstance(weight, Weight) and weight.name is not None
-        dims = tuple(Dim(produced[d.name], d.size) for d in weight.dims)
-        return Share(weight._resolved(weight.name, dims, weight.new))
-    raise TypeError(f"no planner rule for {step!r}")  # pragma: no cover - every primitive is handled
-
-
 def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage, ...]:
     stages: list[Stage] = []
     start = -1
@@ -507,7 +477,7 @@ def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage
     def close(stop: int) -> None:
         iteration = live[first_reduce] if first_reduce >= 0 else live[stop]
         part = steps[start:stop]
-        reduces = [s for s in part if isinstance(s, Reduce)]
+        reduces = [s for s in part if REDUCTION in s.facts]
         cost = Size.of(1)
         for _, size in iteration:
             cost = cost * size
@@ -517,7 +487,7 @@ def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage
                 stop=stop,
                 steps=part,
                 operand=live[start],
-                weights=tuple(s.weight for s in part if isinstance(s, Share)),  # type: ignore[misc]
+                weights=tuple(s.weight for s in part if CONTRACTION in s.facts),  # type: ignore[attr-defined]
                 reduced=tuple(s.dim for s in reduces),  # type: ignore[misc]
                 mean=tuple(s.mean for s in reduces),
                 iteration=iteration,
@@ -566,7 +536,7 @@ def _build(op: Operator, graph: _Graph, order: list[int], binding: tuple[tuple[s
                 taken.add(names[version])
         consumed = {name: names[v] for name, v in zip(step.consumes, graph.consumed[index])}
         produced = {name: names[v] for name, v in zip(step.produces, made)}
-        renamed.append(_renamed(step, consumed, produced))
+        renamed.append(step.renamed(consumed, produced))
     # replay: validates the order and records the live dims before each step
     live = Live({d.name: d.size for d in op.inputs}, frozenset())
     context = BuildContext()
