@@ -53,22 +53,17 @@ def load_operator(ref: str, db: str | None = None) -> Operator:
 
 
 def _from_results(key: str, db: str) -> Operator:
-    import sqlite3
-
     from kdsl.lang.parser import parse
+    from kdsl.search.store import Store
 
-    if not Path(db).is_file():
-        raise KdslError(f"no results database at {db}")
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    store = Store(db, readonly=True)
     try:
-        rows = connection.execute("SELECT key, dsl FROM candidates WHERE key LIKE ?", (key + "%",)).fetchall()
-    except sqlite3.Error as error:
-        raise KdslError(f"{db} is not a kdsl results database: {error}") from None
+        rows = store.find(key)
     finally:
-        connection.close()
+        store.close()
     if len(rows) != 1:
         found = "no candidate" if not rows else f"{len(rows)} candidates"
-        raise KdslError(f"{found} in {db} has a key starting with {key!r}; give more of the hash")
+        raise KdslError(f"{found} in {printable(db)} has a key starting with {printable(key)!r}; give more of the hash")
     return parse(rows[0][1])
 
 

@@ -19,7 +19,6 @@ end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kdsl.search.errors import SearchError, printable
+from kdsl.storage import Database, json_object
 
 NETS = ("proxy-resnet",)
 
@@ -92,19 +92,14 @@ class Evaluations:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        try:
-            self.connection = sqlite3.connect(path, timeout=30)
-            self.connection.execute("PRAGMA journal_mode=WAL")
-            self.connection.executescript(_SCHEMA)
-        except sqlite3.Error as error:
-            raise SearchError(f"cannot use the results database {path!r}: {error}") from None
+        self.database = Database(path, schema=_SCHEMA, what="results database", error=SearchError)
 
     def done(self) -> set[str]:
-        return {row[0] for row in self.connection.execute("SELECT key FROM evaluations")}
+        return {row[0] for row in self.database.rows("SELECT key FROM evaluations")}
 
     def add(self, result: dict[str, Any], role: str = "candidate") -> None:
-        with self.connection:
-            self.connection.execute(
+        with self.database.write() as connection:
+            connection.execute(
                 "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     result["key"],
@@ -119,26 +114,18 @@ class Evaluations:
 
     def rows(self, role: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT key, role, status, metrics, error, seconds FROM evaluations"
-        cursor = self.connection.execute(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
+        cursor = self.database.rows(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
         return [
             {"key": k, "role": r, "status": s, "metrics": self._metrics(k, m), "error": e, "seconds": sec}
             for k, r, s, m, e, sec in cursor
         ]
 
     def _metrics(self, key: object, text: object) -> dict[str, Any]:
-        try:
-            metrics = json.loads(text) if isinstance(text, str) else None
-        except ValueError:
-            metrics = None
-        if not isinstance(metrics, dict):
-            raise SearchError(
-                f"{printable(self.path)}: evaluations row {printable(repr(key)[:80])}: the column metrics holds "
-                f"{printable(repr(text)[:60])}, not a JSON object; delete the row to evaluate it again"
-            )
-        return metrics
+        where = f"{printable(self.path)}: evaluations row {printable(repr(key)[:80])}: the column metrics"
+        return json_object(text, where, SearchError)
 
     def close(self) -> None:
-        self.connection.close()
+        self.database.close()
 
 
 def _space(config: DiscoverConfig) -> Any:
@@ -207,12 +194,13 @@ def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
 
 
 def _set_reward(db: str, key: str, value: float) -> None:
-    connection = sqlite3.connect(db, timeout=30)
+    from kdsl.search.store import Store
+
+    store = Store(db)
     try:
-        with connection:
-            connection.execute("UPDATE candidates SET reward = ? WHERE key = ?", (value, key))
+        store.set_reward(key, value)
     finally:
-        connection.close()
+        store.close()
 
 
 def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> dict[str, Any]:

@@ -41,14 +41,14 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from kdsl.search.errors import SearchError, printable
+from kdsl.storage import Database
 
 __all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "Lease", "Store"]
 
@@ -236,38 +236,25 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._leases: list[Lease] = []
-        if path.is_dir():
-            raise SearchError(f"the results database {str(path)!r} is a folder; give a file path like results.db")
-        if readonly and not path.is_file():
+        if readonly and not path.exists():
             raise SearchError(f"no results database at {str(path)!r}; run `kdsl search ... --db {path}` first")
-        if not path.parent.is_dir():
-            raise SearchError(
-                f"cannot create the results database {str(path)!r}: the folder {str(path.parent)!r} does not exist"
-            )
+        # one SQLite layer for every store: WAL, busy timeout, explicit BEGIN IMMEDIATE transactions
+        self.database = Database(
+            path, schema=None if readonly else _SCHEMA, readonly=readonly, what="results database", error=SearchError
+        )
+        self.connection = self.database.connection
         try:
-            if readonly:
-                # mode=ro: SQLite itself refuses every write, so reading cannot change the file
-                uri = "file:" + quote(str(path.resolve())) + "?mode=ro"
-                self.connection = sqlite3.connect(uri, uri=True, timeout=30)
-            else:
-                # autocommit mode: transactions are explicit (BEGIN IMMEDIATE), see _write
-                self.connection = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-                self.connection.execute("PRAGMA journal_mode=WAL")
-                self.connection.execute("PRAGMA synchronous=NORMAL")
-                self.connection.executescript(_SCHEMA)
+            if not readonly:
                 self._add_lease_columns()
             self._check_schema()
-        except sqlite3.DatabaseError as error:
+        except (SearchError, sqlite3.DatabaseError) as error:
             self._close_quietly()
+            if isinstance(error, SearchError):
+                raise
             raise SearchError(f"cannot use {str(path)!r} as a results database: {error}") from None
-        except SearchError:
-            self._close_quietly()
-            raise
 
     def _close_quietly(self) -> None:
-        connection = getattr(self, "connection", None)
-        if connection is not None:
-            connection.close()
+        self.database.close()
 
     def _columns(self, table: str) -> set[str]:
         return {row[1] for row in self.connection.execute(f"PRAGMA table_info({table})")}
@@ -293,21 +280,27 @@ class Store:
         # a lease not given back stops beating, so another process can take it once this one exits
         for lease in self._leases:
             lease._end()
-        self.connection.close()
+        self.database.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction, taken with BEGIN IMMEDIATE so that reading the lease and
         writing under it are atomic against every other writer."""
-        if self.readonly:
-            raise SearchError(f"the results database {str(self.path)!r} was opened read-only")
-        self.connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.connection
-        except BaseException:
-            self.connection.execute("ROLLBACK")
-            raise
-        self.connection.execute("COMMIT")
+        return self.database.write()
+
+    def set_reward(self, key: str, value: float) -> None:
+        """Replace a candidate's reward by a measured one (the main job feeds MCTS this way)."""
+        with self._write() as connection:
+            connection.execute("UPDATE candidates SET reward = ? WHERE key = ?", (value, key))
+
+    def find(self, prefix: str) -> list[tuple[str, str]]:
+        """``(key, dsl)`` of the candidates whose key starts with ``prefix``."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return [
+            (str(k), str(d))
+            for k, d in self.database.rows(
+                "SELECT key, dsl FROM candidates WHERE key LIKE ? ESCAPE '\\'", (escaped + "%",)
+            )
+        ]
 
     def claim(self, fingerprint: str, strategy: str, seed: int, description: str) -> Lease:
         """Create the run for (space, strategy, seed) if new and take its lease; return the lease

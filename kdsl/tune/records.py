@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 from kdsl.codegen.tvm.schedule_space import VERSION, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.storage import Database
 
 
 class TuneError(KdslError):
@@ -58,45 +58,38 @@ class Record:
 # ------------------------------------------------------------------------------------------------
 
 
+_RECORDS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (task TEXT NOT NULL, key TEXT NOT NULL, config TEXT NOT NULL, latency REAL,
+    error TEXT, tuner TEXT NOT NULL, at REAL NOT NULL, seq INTEGER PRIMARY KEY, UNIQUE (task, tuner, key));
+CREATE TABLE IF NOT EXISTS tasks (task TEXT PRIMARY KEY, description TEXT NOT NULL, at REAL NOT NULL);
+"""
+
+
 class RecordStore:
     """Tuning records in SQLite, one row per (task, configuration): adding a known one is a no-op."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = str(path)
-        try:
-            self.db = sqlite3.connect(self.path)
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS records (task TEXT NOT NULL, key TEXT NOT NULL, config TEXT NOT NULL, "
-                "latency REAL, error TEXT, tuner TEXT NOT NULL, at REAL NOT NULL, seq INTEGER PRIMARY KEY, "
-                "UNIQUE (task, tuner, key))"
-            )
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS tasks (task TEXT PRIMARY KEY, description TEXT NOT NULL, at REAL NOT NULL)"
-            )
-            self.db.commit()
-        except sqlite3.DatabaseError as error:
-            raise TuneError(f"cannot open the tuning records {self.path}: {error}") from None
+        self.database = Database(self.path, schema=_RECORDS_SCHEMA, what="tuning records", error=TuneError)
+        self.db = self.database.connection
 
     def describe(self, task: str, description: Mapping[str, Any]) -> None:
         """Remember what a task key stands for (operator, layer, target)."""
         self.db.execute(
             "INSERT OR IGNORE INTO tasks VALUES (?, ?, ?)", (task, json.dumps(description, sort_keys=True), time.time())
         )
-        self.db.commit()
 
     def add(self, task: str, record: Record) -> None:
         self.db.execute(
             "INSERT OR IGNORE INTO records (task, key, config, latency, error, tuner, at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (task, record.key, json.dumps(record.config), record.latency, record.error, record.tuner, record.at),
         )
-        self.db.commit()
 
     def confirm(self, task: str, key: str, tuner: str, latency: float) -> None:
         """Replace a record's latency by a re-measured one (the fastest of its timings)."""
         self.db.execute(
             "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
         )
-        self.db.commit()
 
     def records(self, task: str, tuner: str | None = None) -> list[Record]:
         """The task's records in the order they were added (of one tuner, if given)."""
