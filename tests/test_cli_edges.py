@@ -119,6 +119,14 @@ def test_discover_refuses_a_spec_the_proxy_network_cannot_use(tmp_path):
     assert not db.parent.exists()  # refused before any work
 
 
+def test_kdsl_debug_shows_the_traceback():
+    env = {**os.environ, "KDSL_DEBUG": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "kdsl.cli", "check", "conv2d", "--set", "Q=3"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode != 0 and "Traceback" in result.stderr and "KdslError" in result.stderr
+
+
 def test_usage_errors_are_one_line():
     assert_one_line_error(kdsl("search", "conv2d"), "--db")
     assert_one_line_error(kdsl("results", "--db", "r.db", "--top", "-1"), "--top")

@@ -44,10 +44,10 @@ from kdsl.lang.primitives import (
 )
 from kdsl.lang.sizes import Size
 
-HELPERS = '''
+HELPERS = """
 def _conv(x, w, pads, stride, dilation, groups):
-    """F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right);
-    symmetric padding goes to the convolution itself, which avoids copying a padded input."""
+    \"\"\"F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right);
+    symmetric padding goes to the convolution itself, which avoids copying a padded input.\"\"\"
     conv = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
     lefts, rights = pads[0::2], pads[1::2]
     if lefts == rights and min(lefts) >= 0:
@@ -55,12 +55,64 @@ def _conv(x, w, pads, stride, dilation, groups):
     return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
 
 def _unfold(x, axis, window):
-    """out[..., i, ..., j] = x[..., i + j - window // 2, ...], zero outside; the window goes last."""
+    \"\"\"out[..., i, ..., j] = x[..., i + j - window // 2, ...], zero outside; the window goes last.\"\"\"
     x = x.movedim(axis, -1)
     x = F.pad(x, (window // 2, window - 1 - window // 2))
     x = x.unfold(-1, window, 1)
     return x.movedim(-2, axis)
-'''
+
+def _check_input(x, dims, sizes):
+    \"\"\"Raise ShapeError unless x has one axis per dim, of the dim's size (None: any size).\"\"\"
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != len(dims) or any(size is not None and size != got for size, got in zip(sizes, shape)):
+        expected = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in zip(dims, sizes))
+        raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
+"""
+
+#: kdsl's ShapeError where kdsl is installed (callers catch KdslError), else a ValueError of that name.
+ERROR_IMPORT = """
+try:
+    from kdsl.lang.errors import ShapeError
+except ImportError:  # running without kdsl
+
+    class ShapeError(ValueError):
+        \"\"\"The input's shape does not fit the operator.\"\"\"
+"""
+
+#: Every name the generated ``__init__`` and ``forward`` use for themselves. Size variables are
+#: locals of those methods, so a variable with one of these names (or a keyword, or one Python
+#: would mangle) gets another identifier there (see :func:`_identifiers`); a test checks that
+#: the generated methods use no other name.
+OWN_NAMES = frozenset(
+    {
+        "self",
+        "super",
+        "__class__",  # zero-argument super() reads it
+        "list",
+        "nn",
+        "torch",
+        "F",
+        "math",
+        "einsum",
+        "rearrange",
+        "reduce",
+        "ShapeError",
+        "_conv",
+        "_unfold",
+        "_check_input",
+        "shapes",
+        "shape",
+        "fan_ins",
+        "weights",
+        "x",
+        "w",
+    }
+)
+#: Module-level names of the generated source (a class name must not hide one of them).
+MODULE_NAMES = OWN_NAMES | {"math", "HELPERS"}
+
+#: Axis names einops rejects or that clash with the keyword arguments of rearrange/reduce.
+_EINOPS_TAKEN = frozenset({"axis", "tensor", "pattern", "reduction"})
 
 
 def load_torch() -> Any:
@@ -73,28 +125,86 @@ def load_torch() -> Any:
     return torch
 
 
-def _axis_name(name: str) -> str:
-    """An einops-safe axis name (einops rejects names that start or end with an underscore)."""
-    safe = name
-    if safe.startswith("_"):
-        safe = "d" + safe
-    if safe.endswith("_"):
-        safe = safe + "x"
-    return safe
+def _einops_ok(name: str) -> bool:
+    """Whether einops takes ``name`` as an axis and it can be passed as a keyword argument."""
+    return (
+        name.isidentifier()
+        and not name.startswith("_")
+        and not name.endswith("_")
+        and not keyword.iskeyword(name)
+        and name not in _EINOPS_TAKEN
+    )
 
 
-def _size_code(size: Size) -> str:
+def _python_ok(name: str) -> bool:
+    """Whether ``name`` can be a size variable's own identifier in the generated methods."""
+    mangled = name.startswith("__") and not name.endswith("__")  # Python renames it inside a class
+    return not (name in OWN_NAMES or keyword.iskeyword(name) or name == "__debug__" or mangled)
+
+
+def _identifiers(variables: list[str]) -> dict[str, str]:
+    """Size variable -> its Python identifier in the generated code: its own name where that is
+    safe, else a new one that no other variable and no name of the module has (``F`` -> ``F_``)."""
+    taken = set(variables) | OWN_NAMES
+    table = {}
+    for name in variables:
+        identifier = name
+        if not _python_ok(name):
+            identifier = f"v{name}" if name.startswith("__") else f"{name}_"
+            while identifier in taken or not _python_ok(identifier):
+                identifier += "_"
+            taken.add(identifier)
+        table[name] = identifier
+    return table
+
+
+@dataclass
+class _Axes:
+    """DSL dim name -> einops axis name, one-to-one by construction: a dim keeps its own name
+    where einops takes it, else gets a new one that no dim and no earlier axis has."""
+
+    taken: set[str]
+    names: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, name: str) -> str:
+        if name not in self.names:
+            base = name if _einops_ok(name) and name not in self.names.values() else name.strip("_") or "dim"
+            axis, number = base, 2
+            while not _einops_ok(axis) or axis in self.names.values() or (axis != name and axis in self.taken):
+                axis, number = f"{base}{number}", number + 1
+            self.names[name] = axis
+        return self.names[name]
+
+    def renamed(self) -> dict[str, str]:
+        return {name: axis for name, axis in self.names.items() if name != axis}
+
+
+def _dim_names(op: Operator) -> list[str]:
+    """Every dim name of ``op``, in order of appearance."""
+    names = [d.name for d in op.inputs]
+    for step in op.steps:
+        names += list(step.consumes) + list(step.produces)
+    names += [d.name for d in op.outputs]
+    return list(dict.fromkeys(names))
+
+
+def _size_code(size: Size, identifiers: Mapping[str, str]) -> str:
     """Integer Python code for a size, in terms of the module's size variables."""
     numerator = [str(size.constant.numerator)] if size.constant.numerator != 1 else []
     denominator = [str(size.constant.denominator)] if size.constant.denominator != 1 else []
     for var, exponent in size.exponents:
         target = numerator if exponent > 0 else denominator
-        target.extend([var.name] * abs(exponent))
+        target.extend([identifiers[var.name]] * abs(exponent))
     text = " * ".join(numerator) or "1"
     if denominator:
         below = " * ".join(denominator)
         text = f"({text}) // ({below})" if len(denominator) > 1 or len(numerator) > 1 else f"{text} // {below}"
     return text
+
+
+def _atom(code: str) -> str:
+    """``code`` in parentheses unless it is one name or number (so it can follow ``//`` or ``-``)."""
+    return code if re.fullmatch(r"\w+", code) else f"({code})"
 
 
 @dataclass
@@ -105,8 +215,16 @@ class _Writer:
 
     lines: list[str]
     axes: list[str]
+    axis: _Axes  # DSL dim name -> einops axis name
+    identifiers: dict[str, str]  # size variable -> Python identifier
     merged: dict[str, list[str]] = field(default_factory=dict)
     physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
+
+    def size(self, size: Size) -> str:
+        return _size_code(size, self.identifiers)
+
+    def group(self, names: list[str]) -> str:
+        return "(" + " ".join(self.axis(n) for n in names) + ")"
 
     def emit(self, line: str) -> None:
         self.flush()
@@ -117,7 +235,7 @@ class _Writer:
             return
         physical = self.physical
         target = " ".join(
-            "(" + " ".join(_axis_name(d) for d in self.merged[a]) + ")" if a in self.merged else _axis_name(a)
+            "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
             for a in self.axes
         )
         self.merged = {}
@@ -134,12 +252,12 @@ class _Writer:
         self.merged[name] = flattened
 
     def pattern(self, axes: list[str] | None = None) -> str:
-        return " ".join(_axis_name(a) for a in (self.axes if axes is None else axes))
+        return " ".join(self.axis(a) for a in (self.axes if axes is None else axes))
 
 
-def _forward_body(op: Operator, plan: Any) -> list[str]:
+def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str]) -> list[str]:
     """The forward's lines (indented by the caller)."""
-    writer = _Writer([], [d.name for d in op.inputs])
+    writer = _Writer([], [d.name for d in op.inputs], axis, identifiers)
     live = Live({d.name: d.size for d in op.inputs}, frozenset())
     context = BuildContext()
     weight_index = {w.name: i for i, w in enumerate(op.weights)}
@@ -320,20 +438,20 @@ def _native_pool(
     by_dim = {split.dim: split for split in splits}
     others = [axis for axis in writer.axes if axis not in by_dim]
     left = " ".join(
-        f"({_axis_name(by_dim[a].outer)} {_axis_name(by_dim[a].inner)})" if a in by_dim else _axis_name(a)
+        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" if a in by_dim else writer.axis(a)
         for a in writer.axes
     )
-    middle = f"{_group(others)} " + " ".join(
-        f"({_axis_name(by_dim[a].outer)} {_axis_name(by_dim[a].inner)})" for a in pooled
+    middle = f"{writer.group(others)} " + " ".join(
+        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" for a in pooled
     )
-    tile_sizes = ", ".join(f"{_axis_name(by_dim[a].inner)}={_size_code(by_dim[a].block)}" for a in pooled)
+    tile_sizes = ", ".join(f"{writer.axis(by_dim[a].inner)}={writer.size(by_dim[a].block)}" for a in pooled)
     writer.emit(f'x = rearrange(x, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
-    kernel = ", ".join(_size_code(by_dim[a].block) for a in pooled)
+    kernel = ", ".join(writer.size(by_dim[a].block) for a in pooled)
     writer.emit(f"x = F.avg_pool{len(pooled)}d(x, ({kernel},))  # mean over {', '.join(sorted(reduced))}")
-    outs = " ".join(_axis_name(by_dim[a].outer) for a in pooled)
-    lengths = "".join(f", {_axis_name(a)}={_size_code(sizes[a])}" for a in others)
+    outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
+    lengths = "".join(f", {writer.axis(a)}={writer.size(sizes[a])}" for a in others)
     unflat = others + [by_dim[a].outer for a in pooled]
-    writer.emit(f'x = rearrange(x, "{_group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})')
+    writer.emit(f'x = rearrange(x, "{writer.group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})')
     writer.axes = unflat
     return True
 
@@ -358,10 +476,6 @@ def _rearrange(writer: _Writer, operand: str, source: str, target: str, extra: s
     return name
 
 
-def _group(names: list[str]) -> str:
-    return "(" + " ".join(_axis_name(n) for n in names) + ")"
-
-
 def _emit_conv(
     writer: _Writer,
     splits: dict[str, Split],
@@ -381,16 +495,16 @@ def _emit_conv(
     for axis in writer.axes:
         if axis in splits:
             split = splits[axis]
-            left.append(_group([split.outer, split.inner]))
-            lengths[_axis_name(split.inner)] = _size_code(split.block)
+            left.append(writer.group([split.outer, split.inner]))
+            lengths[writer.axis(split.inner)] = writer.size(split.block)
         else:
-            left.append(_axis_name(axis))
-    conv_in = f"{_group(batch)} {_group(groups + channels)} {' '.join(_axis_name(d) for d in dims)}"
+            left.append(writer.axis(axis))
+    conv_in = f"{writer.group(batch)} {writer.group(groups + channels)} {' '.join(writer.axis(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in lengths.items())
     _rearrange(writer, "x", " ".join(left), conv_in, extra, "  # as a convolution's input")
-    weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
-    windows = " ".join(_axis_name(spatial[d].window) if spatial[d].window else "()" for d in dims)
-    conv_weight = f"{_group(groups + outs)} {_group(channels)} {windows}"
+    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
+    windows = " ".join(writer.axis(spatial[d].window) if spatial[d].window else "()" for d in dims)
+    conv_weight = f"{writer.group(groups + outs)} {writer.group(channels)} {windows}"
     _rearrange(writer, f"weights[{weight_index[weight.name]}]", weight_pattern, conv_weight)
     pads, strides, dilations = [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
@@ -400,35 +514,38 @@ def _emit_conv(
             strides.insert(0, "1")
             dilations.insert(0, "1")
             continue
-        stride = _size_code(entry.stride) if entry.stride is not None else "1"
-        dilation = _size_code(entry.dilation) if entry.dilation is not None else "1"
-        taps = _size_code(entry.taps) if entry.taps is not None else _size_code(entry.size)
+        stride = _atom(writer.size(entry.stride)) if entry.stride is not None else "1"
+        dilation = _atom(writer.size(entry.dilation)) if entry.dilation is not None else "1"
+        taps = writer.size(entry.taps) if entry.taps is not None else writer.size(entry.size)
         left_pad = (
-            f"{_size_code(entry.size)} // 2 - {entry.offset}" if entry.offset else f"{_size_code(entry.size)} // 2"
+            f"{writer.size(entry.size)} // 2 - {entry.offset}" if entry.offset else f"{writer.size(entry.size)} // 2"
         )
-        out_size = f"{_size_code(sizes[d])} // {stride}" if entry.stride is not None else _size_code(sizes[d])
+        out_size = f"{writer.size(sizes[d])} // {stride}" if entry.stride is not None else writer.size(sizes[d])
         # right padding so that exactly out_size positions fit (negative pads crop)
         if entry.stride is None:  # out_size == size: the right pad is the span of the taps minus the left pad
             span = f"{dilation} * ({taps} - 1)" if entry.dilation is not None else f"{taps} - 1"
             right_pad = f"{span} - ({left_pad})"
         else:
             right_pad = (
-                f"({out_size} - 1) * {stride} + {dilation} * ({taps} - 1) + 1 - {_size_code(sizes[d])} - ({left_pad})"
+                f"({out_size} - 1) * {stride} + {dilation} * ({taps} - 1) + 1 - {writer.size(sizes[d])} - ({left_pad})"
             )
         pads += [f"{left_pad}", right_pad]
         strides.insert(0, stride)
         dilations.insert(0, dilation)
-    group_count = " * ".join(_size_code(sizes[g]) for g in groups) or "1"
+    group_count = " * ".join(writer.size(sizes[g]) for g in groups) or "1"
     writer.emit(
         f"x = _conv(x, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
         f"dilation=({', '.join(dilations)},), groups={group_count})"
     )
     out_lengths = {}
     for name in batch:
-        out_lengths[_axis_name(name)] = _size_code(sizes[name])
+        out_lengths[writer.axis(name)] = writer.size(sizes[name])
     for name in groups:
-        out_lengths[_axis_name(name)] = _size_code(sizes[name])
-    conv_out = f"{_group(batch)} {_group(groups + outs)} {' '.join(_axis_name(d) for d in dims)}"
+        out_lengths[writer.axis(name)] = writer.size(sizes[name])
+    new_sizes = {d.name: d.size for d in weight.dims}
+    for name in outs[1:]:  # with the groups, all but one out dim gives einops the rest
+        out_lengths[writer.axis(name)] = writer.size(new_sizes[name])
+    conv_out = f"{writer.group(batch)} {writer.group(groups + outs)} {' '.join(writer.axis(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in out_lengths.items())
     # keep the convolution's own (contiguous) order; later steps refer to dims by name
     unflat = batch + groups + outs + dims
@@ -443,27 +560,26 @@ def _emit_view(writer: _Writer, step: Primitive, live: Live | None) -> None:
     if isinstance(step, Split):
         position = axes.index(step.dim)
         after = axes[:position] + [step.outer, step.inner] + axes[position + 1 :]
-        grouped = axes[:position] + [f"({_axis_name(step.outer)} {_axis_name(step.inner)})"] + axes[position + 1 :]
-        left = " ".join(a if a.startswith("(") else _axis_name(a) for a in grouped)
-        writer.emit(
-            f'x = rearrange(x, "{left} -> {writer.pattern(after)}", {_axis_name(step.inner)}={_size_code(step.block)})'
-        )
+        grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
+        left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
+        length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
+        writer.emit(f'x = rearrange(x, "{left} -> {writer.pattern(after)}", {length})')
         writer.axes = after
     elif isinstance(step, Merge):
         writer.merge(step.outer, step.inner, step.name)
     elif isinstance(step, Shift):
         writer.emit(f"x = torch.roll(x, shifts={-step.offset}, dims={axes.index(step.dim)})  # Shift({step.dim})")
     elif isinstance(step, Expand):
-        writer.emit(f"x = x.unsqueeze(-1).expand(*x.shape, {_size_code(step.size)})  # Expand({step.name})")
+        writer.emit(f"x = x.unsqueeze(-1).expand(*x.shape, {writer.size(step.size)})  # Expand({step.name})")
         writer.axes = axes + [step.name]
     elif isinstance(step, Unfold):
         writer.emit(
-            f"x = _unfold(x, {axes.index(step.dim)}, {_size_code(step.window)})  # Unfold({step.dim}) -> {step.name}"
+            f"x = _unfold(x, {axes.index(step.dim)}, {writer.size(step.window)})  # Unfold({step.dim}) -> {step.name}"
         )
         writer.axes = axes + [step.name]
     elif isinstance(step, Stride):
         position = axes.index(step.dim)
-        index = ", ".join([":"] * position + [f"::{_size_code(step.stride)}"])
+        index = ", ".join([":"] * position + [f"::{writer.size(step.stride)}"])
         writer.emit(f"x = x[{index}]  # Stride({step.dim})")
     else:  # pragma: no cover - contractions are handled by stages
         raise LoweringError(f"no PyTorch view for {step!r}")
@@ -494,21 +610,21 @@ def _native_matmul(
         writer.axes[positions[-1] + 1 :],
     )
     w = f"weights[{weight_index[weight.name]}]"
-    weight_pattern = " ".join(_axis_name(d.name) for d in weight.dims)
-    _rearrange(writer, w, weight_pattern, f"{_group(outs)} {_group(run)}")
-    lengths = "".join(f", {_axis_name(a)}={_size_code(before[a])}" for a in pre + post)
+    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
+    _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}")
+    lengths = "".join(f", {writer.axis(a)}={writer.size(before[a])}" for a in pre + post)
     out_lengths = "".join(
-        f", {_axis_name(a)}={_size_code(weight_size)}"
+        f", {writer.axis(a)}={writer.size(weight_size)}"
         for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
     )
     if not post:
-        _rearrange(writer, "x", writer.pattern(), f"{_group(pre)} {_group(run)}")
+        _rearrange(writer, "x", writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
         writer.emit(f"x = F.linear(x, w)  # Share({weight.name}), Reduce({', '.join(run)})")
-        flat = f"{_group(pre)} {_group(outs)}"
+        flat = f"{writer.group(pre)} {writer.group(outs)}"
     else:
-        _rearrange(writer, "x", writer.pattern(), f"{_group(pre)} {_group(run)} {_group(post)}")
+        _rearrange(writer, "x", writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}")
         writer.emit(f"x = torch.matmul(w, x)  # Share({weight.name}), Reduce({', '.join(run)})")
-        flat = f"{_group(pre)} {_group(outs)} {_group(post)}"
+        flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
     unflat = pre + outs + post
     _rearrange(writer, "x", flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
     writer.axes = unflat
@@ -539,48 +655,82 @@ def _emit_stage(
             sizes.update({d.name: d.size for d in share.dims})
     means = [r.dim for r in reduces if r.mean]
     if means:
-        writer.emit(f"x = x / ({' * '.join(_size_code(sizes[m]) for m in means)})  # mean")
+        writer.emit(f"x = x / ({' * '.join(writer.size(sizes[m]) for m in means)})  # mean")
     writer.axes = result
 
 
 def _class_name(name: str) -> str:
     parts = re.split(r"[^A-Za-z0-9]+", name)
     text = "".join(p[:1].upper() + p[1:] for p in parts if p) or "Operator"
-    return text if text[0].isalpha() else "Op" + text
+    text = text if text[0].isalpha() else "Op" + text
+    return text + "Operator" if text in MODULE_NAMES or keyword.iskeyword(text) else text
+
+
+def _free_inputs(op: Operator) -> set[int]:
+    """Positions of the input dims whose size the forward reads from its input (the batch): the
+    dim's size is one primary variable that no other size mentions, and no step touches the dim,
+    so any value gives the same operator on more (or fewer) rows."""
+    from kdsl.lang.printer import step_sizes
+
+    touched = {name for step in op.steps for name in step.consumes}
+    mentioned: list[str] = [v.name for step in op.steps for s in step_sizes(step) for v in s.variables]
+    for dim in op.inputs:
+        mentioned += [v.name for v in dim.size.variables]
+    free = set()
+    for position, dim in enumerate(op.inputs):
+        var = dim.size.variable_name
+        if var is not None and dim.name not in touched and mentioned.count(var) == 1 and var in op.primary_variables:
+            free.add(position)
+    return free
 
 
 def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator") -> str:
     """Python source of an ``nn.Module`` computing ``op`` that runs without kdsl installed.
 
-    The module's constructor takes every size variable; the plan (the order of contraction
-    stages) is the one that is cheapest at ``layer`` (at a reference size if not given).
+    The module's constructor takes every size variable (as a keyword argument of the variable's
+    name, unless the module uses that name itself: then the source says which name it takes
+    instead); the plan (the order of contraction stages) is the one that is cheapest at ``layer``
+    (at a reference size if not given). The forward checks its input's shape (``ShapeError``).
     """
     from kdsl import solve
 
     binding = solve.bind(op, layer) if layer is not None else None
     plan = solve.plan(op, binding)
-    body = _forward_body(op, plan)
     variables = [v.name for v in op.variables]
-    for variable in variables:
-        if keyword.iskeyword(variable) or variable in ("self", "x", "weights"):
-            raise LoweringError(f"the variable name {variable!r} cannot be a Python argument name")
+    ids = _identifiers(variables)
+    dims = _dim_names(op)
+    axis = _Axes(set(dims))
+    for dim in sorted(dims, key=lambda d: not _einops_ok(d)):  # names einops takes keep themselves
+        axis(dim)
+    body = _forward_body(op, plan, axis, ids)
     defaults = op.default_coefficients
     required = [v for v in variables if v not in defaults]
     optional = [v for v in variables if v in defaults]
-    signature = ", ".join([f"{v}: int" for v in required] + [f"{v}: int = {defaults[v]}" for v in optional])
+    signature = ", ".join([f"{ids[v]}: int" for v in required] + [f"{ids[v]}: int = {defaults[v]}" for v in optional])
     weight_lines = []
     for weight in op.weights:
-        shape = ", ".join(_size_code(d.size) for d in weight.dims)
-        fan_in = " * ".join(_size_code(d.size) for d, new in zip(weight.dims, weight.new) if not new) or "1"
+        shape = ", ".join(_size_code(d.size, ids) for d in weight.dims)
+        fan_in = " * ".join(_size_code(d.size, ids) for d, new in zip(weight.dims, weight.new) if not new) or "1"
         weight_lines.append(f"        # {weight.name}[{', '.join(d.name for d in weight.dims)}], fan-in {fan_in}")
         weight_lines.append(f"        shapes.append(({shape},))")
         weight_lines.append(f"        fan_ins.append({fan_in})")
-    unpack = ", ".join(variables)
+    free = _free_inputs(op)
+    expected = ["None" if i in free else _size_code(d.size, ids) for i, d in enumerate(op.inputs)]
+    notes = []
+    renamed_axes = axis.renamed()
+    if renamed_axes:
+        pairs = ", ".join(f"{dim} -> {new}" for dim, new in renamed_axes.items())
+        notes.append(f"# einops axes of the dims whose names einops does not take: {pairs}")
+    renamed_ids = {v: i for v, i in ids.items() if v != i}
+    if renamed_ids:
+        pairs = ", ".join(f"{v} -> {i}" for v, i in renamed_ids.items())
+        notes.append(f"# constructor arguments of the size variables whose names this module uses itself: {pairs}")
+    dsl = op.to_dsl().rstrip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
     class_name = _class_name(name)
     text = [
         '"""Generated by kdsl from this operator:',
         "",
-        *("    " + line if line else "" for line in op.to_dsl().rstrip().splitlines()),
+        *("    " + line if line else "" for line in dsl.splitlines()),
         '"""',
         "",
         "import math",
@@ -589,12 +739,14 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
         "import torch.nn.functional as F",
         "from einops import einsum, rearrange, reduce",
         "from torch import nn",
+        ERROR_IMPORT,
         HELPERS,
         "",
+        *notes,
         f"class {class_name}(nn.Module):",
         f"    def __init__(self, {signature}):",
         "        super().__init__()",
-        f"        self.sizes = dict({', '.join(f'{v}={v}' for v in variables)})",
+        "        self.sizes = {" + ", ".join(f'"{v}": {ids[v]}' for v in variables) + "}",
         "        shapes, fan_ins = [], []",
         *weight_lines,
         "        self.weights = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)",
@@ -608,13 +760,14 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
         "            nn.init.uniform_(weight, -bound, bound)",
         "",
         "    def forward(self, x):",
-        f"        {unpack}{',' if len(variables) == 1 else ''} = self.sizes.values()" if variables else "",
+        f"        {', '.join(ids[v] for v in variables)}{',' if len(variables) == 1 else ''} = self.sizes.values()"
+        if variables
+        else "",
+        "        _check_input(x, [" + ", ".join(f'"{d.name}"' for d in op.inputs) + f"], [{', '.join(expected)}])",
         *(
-            f"        {d.name} = x.shape[{i}]  # may differ from construction (e.g. the batch)"
+            f"        {ids[d.size.variable_name]} = x.shape[{i}]  # any size (like a batch)"
             for i, d in enumerate(op.inputs)
-            if d.size.variable_name == d.name
-            and all(d.name not in (e.name for e in w.dims) for w in op.weights)
-            and not any(v.name == d.name for w in op.weights for e in w.dims for v in e.size.variables)
+            if i in free and d.size.variable_name is not None
         ),
         "        weights = list(self.weights)",
         *("        " + line for line in body),
@@ -633,6 +786,7 @@ def build(op: Operator, layer: Mapping[str, int], *, name: str = "KdslOperator")
     # The code is generated by kdsl from a validated operator (names are identifiers, sizes are
     # integers), never user text, so compiling it is safe.
     exec(compile(code, f"<kdsl {op.key}>", "exec"), namespace)
-    module = namespace[_class_name(name)](**{v.name: binding[v.name] for v in op.variables})
+    ids = _identifiers([v.name for v in op.variables])
+    module = namespace[_class_name(name)](**{ids[v.name]: binding[v.name] for v in op.variables})
     module.kdsl_source = code
     return module

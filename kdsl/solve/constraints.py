@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.sizes import Size, Var
-from kdsl.solve.layers import Layer, as_layer, as_layers
+from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
 
 if TYPE_CHECKING:
     from kdsl.lang.build import Operator
@@ -135,7 +135,7 @@ class Constraint:
     def failure(self, layer: str, binding: Mapping[str, int]) -> str:
         """The full message for a violation on ``layer``: names the layer, values and step."""
         values = ", ".join(f"{name}={binding[name]}" for name in self.variables if name in binding)
-        where = f"layer {layer} ({values})" if values else f"layer {layer}"
+        where = f"{layer_label(layer)} ({values})" if values else layer_label(layer)
         if self.kind == "window":
             hint = (
                 "choose a smaller window or layers where the dim is larger; pass allow_large_windows=True "
@@ -236,7 +236,7 @@ def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] 
             if value is None:
                 bound = ", ".join(layer) or "nothing"
                 raise LayerError(
-                    f"layer {layer.name} does not bind the variable {name} that the operator needs "
+                    f"{layer_label(layer.name)} does not bind the variable {name} that the operator needs "
                     f"(it binds {bound}); add {name} to the layer table"
                 )
         elif name in given:
@@ -247,7 +247,7 @@ def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] 
             value = defaults[name]
         else:
             raise LayerError(
-                f"the coefficient {name} has no value on layer {layer.name}: pass coefficients={{'{name}': 3}} "
+                f"the coefficient {name} has no value on {layer_label(layer.name)}: pass coefficients={{'{name}': 3}} "
                 f"or give the operator defaults (Output(..., defaults={{'{name}': 3}}))"
             )
         binding[name] = value
@@ -411,7 +411,7 @@ def assignments(
                 value = layer.get(var.name)
                 if value is None:
                     raise LayerError(
-                        f"layer {layer.name} does not bind the variable {var.name} that the operator needs "
+                        f"{layer_label(layer.name)} does not bind the variable {var.name} that the operator needs "
                         f"(it binds {', '.join(layer) or 'nothing'}); add {var.name} to the layer table"
                     )
                 base[var.name] = value

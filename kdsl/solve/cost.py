@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import bind
-from kdsl.solve.layers import Layer, as_layer, as_layers
+from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
 from kdsl.solve.plan import Plan, plan
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def cost(
     binding = bind(op, item, coefficients)
     p = plan(op, binding)
     formulas = _formulas(op, p)
-    where = f"layer {item.name}"
+    where = layer_label(item.name)
     params = formulas["params"]
     assert isinstance(params, list)
     result = {"flops": p.flops(binding)}

@@ -34,6 +34,16 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def layer_label(name: str) -> str:
+    """How messages name a layer: ``layer conv2_x``, or ``the layer`` for the one layer given as a
+    plain mapping (its default name is "layer", and "layer layer" reads like a typo).
+
+    >>> layer_label("conv2_x"), layer_label("layer")
+    ('layer conv2_x', 'the layer')
+    """
+    return "the layer" if name == "layer" else f"layer {name}"
+
+
 @dataclass(frozen=True, init=False)
 class Layer:
     """A named binding of variables to positive integers (hashable; variables kept sorted).
@@ -224,4 +234,4 @@ def as_layer(spec: object) -> Layer:
     raise LayerError(f"expected a Layer or a mapping of variable -> int, got {spec!r}")
 
 
-__all__ = ["BUILTIN_TABLES", "Layer", "as_layer", "as_layers", "load_layers"]
+__all__ = ["BUILTIN_TABLES", "Layer", "as_layer", "as_layers", "layer_label", "load_layers"]

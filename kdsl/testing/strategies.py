@@ -11,9 +11,12 @@ Use them to property-test your own backend against kdsl's reference interpreter:
 >>> test_my_backend()
 
 Operators are built step by step from random primitives over a small vocabulary of variables
-(primary ``N C H W E``, coefficients ``K s G``); a step that the language rejects is skipped, so
-every drawn operator is valid. :func:`layers` binds every variable so that every size in the
-operator is a positive integer and no intermediate tensor gets large.
+(primary ``N C H W``, weight-only primary ``E V``, coefficients ``K s G``); a step that the
+language rejects is skipped, so every drawn operator is valid. A ``Share``'s weight may bring up to
+three new dims of its own (as search's weights do: ``Weight(Dim("a", C), "d", C)``), of any size
+in the vocabulary. No variable is named like something a backend's generated code uses (``F``).
+:func:`layers` binds every variable so that every size in the operator is a positive integer and
+no intermediate tensor gets large.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split
 from kdsl.lang.sizes import Size, coefficient, primary
 
 PRIMARY = ("N", "C", "H", "W")
-WEIGHT_ONLY = ("E", "F")
+WEIGHT_ONLY = ("E", "V")
 COEFFICIENTS = ("K", "s", "G")
 KINDS = ("Split", "Merge", "Shift", "Expand", "Unfold", "Stride", "Reduce", "Share")
 
@@ -67,9 +70,11 @@ def _step(draw: Any, builder: Builder, index: int) -> Any:
     if kind == "Share":
         shared = draw(st.lists(pick, min_size=1, max_size=min(2, len(live)), unique=True))
         entries: list[object] = list(shared)
-        if draw(st.booleans()):
-            size = _var(draw(st.sampled_from(WEIGHT_ONLY + COEFFICIENTS)))
-            entries.insert(draw(st.integers(0, len(entries))), Dim(f"n{index}", size))
+        # new (weight-only) dims: none, one, or several, sized like anything in the vocabulary
+        # (a new dim the size of a live one is still new: Dim gives it its own name)
+        for new in range(draw(st.integers(0, 3))):
+            size = _var(draw(st.sampled_from(WEIGHT_ONLY + COEFFICIENTS + PRIMARY)))
+            entries.insert(draw(st.integers(0, len(entries))), Dim(f"n{index}_{new}", size))
         return Share(Weight(*entries, name=f"w{index}"))
     return None
 

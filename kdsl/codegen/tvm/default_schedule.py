@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.codegen.tvm import Lowered, StageInfo, error_reason, load_tvm
+from kdsl.codegen.tvm import Lowered, StageInfo, error_reason, invertible_copy, load_tvm
 
 #: Vector register width in bits (AVX-512). On narrower machines LLVM splits the vectors: still correct.
 VECTOR_BITS = 512
@@ -414,6 +414,8 @@ def _inline_copy(sch: Any, block: Any, tiled: set[str]) -> str | None:
     producer = sch.get(producers[0])
     if not producer.name_hint.endswith("_local") and producer.name_hint not in tiled:
         return None
+    if not invertible_copy(sch.get(block)):
+        return None  # TVM might accept it and invert the read wrongly (see invertible_copy)
     try:
         # a ScheduleError is raised before anything changes: on failure the copy is scheduled alone
         sch.reverse_compute_inline(block)

@@ -69,6 +69,48 @@ def error_reason(error: Exception) -> str:
     return (lines[-1] if lines else type(error).__name__)[:300]
 
 
+def invertible_copy(block: Any) -> bool:
+    """Whether ``reverse_compute_inline`` may fold the copy ``block`` (a TIR ``SBlock``) into its producer.
+
+    The copy must read one buffer, as many elements as it writes, at indices built only from sums of
+    its iter vars times constants, ``// c`` and ``% c`` (the fused splits that Split and Merge produce),
+    with every iter var of extent > 1 used (a broadcast is not a bijection). A constant term is refused:
+    TVM 0.27 accepted the read ``stage0[(v + 1) // 2]`` (``v`` in [0, 2), a bijection) as affine and
+    inverted it to ``out[2*v - 1]`` under ``T.where(v == 1)``, so ``out[0]`` was never written. Anything
+    else stays a separate pass, which is only slower."""
+    tvm = load_tvm()
+    tirx = tvm.tirx
+    if len(block.reads) != 1 or len(block.writes) != 1:
+        return False
+    used: list[Any] = []
+
+    def plain(expr: Any) -> bool:
+        if isinstance(expr, tirx.Var):
+            used.append(expr)
+            return True
+        if isinstance(expr, tirx.Add):
+            return plain(expr.a) and plain(expr.b)
+        if isinstance(expr, tirx.Mul):
+            if isinstance(expr.b, tirx.IntImm):
+                return int(expr.b.value) > 0 and plain(expr.a)
+            if isinstance(expr.a, tirx.IntImm):
+                return int(expr.a.value) > 0 and plain(expr.b)
+            return False
+        if isinstance(expr, (tirx.FloorDiv, tirx.FloorMod)):
+            return isinstance(expr.b, tirx.IntImm) and int(expr.b.value) > 0 and plain(expr.a)
+        return False
+
+    for rng in block.reads[0].region:
+        if isinstance(rng.min, tirx.IntImm) and int(rng.min.value) == 0:
+            continue  # a size-1 dim of the producer
+        if not plain(rng.min):
+            return False
+    every_var = all(any(iv.var.same_as(u) for u in used) for iv in block.iter_vars if int(iv.dom.extent) > 1)
+    # as many elements read as written: a strided read (out[i] = y[2*i]) covers only part of its producer
+    same_count = prod(int(iv.dom.extent) for iv in block.iter_vars) == prod(int(n) for n in block.reads[0].source.shape)
+    return every_var and same_count
+
+
 def default_target() -> Any:
     """An LLVM target for this CPU (naming ``mcpu``, else LLVM emits SSE2 code) and its cores."""
     tvm = load_tvm()
@@ -148,14 +190,29 @@ def _walk_up(
         for name in step.consumes + step.produces:
             if not isinstance(step, Shift):
                 shifted.pop(name, None)
+        # A dim of size 1 has the coordinate 0 whatever the index expression says: Split and Merge
+        # with a size-1 side are written without it. Left in, `o*1 + i` and `m // 2, m % 2` over a
+        # size-1 dim simplify to index forms such as `(m + 1) // 2` whose inverse TVM 0.27 gets
+        # wrong (reverse_compute_inline wrote out[2*v - 1] and left out[0] unwritten).
         if isinstance(step, Split):
             block = int(step.block.evaluate(binding))
-            coords[step.dim] = coords.pop(step.outer) * block + coords.pop(step.inner)
+            outer, inner = coords.pop(step.outer), coords.pop(step.inner)
+            if block == 1:
+                coords[step.dim] = outer
+            elif sizes[step.dim] == block:
+                coords[step.dim] = inner
+            else:
+                coords[step.dim] = outer * block + inner
         elif isinstance(step, Merge):
             merged = coords.pop(step.name)
             block = sizes[step.inner]
-            coords[step.outer] = tvm.tirx.floordiv(merged, block)
-            coords[step.inner] = tvm.tirx.floormod(merged, block)
+            if block == 1:
+                coords[step.outer], coords[step.inner] = merged, _zero(tvm)
+            elif sizes[step.outer] == 1:
+                coords[step.outer], coords[step.inner] = _zero(tvm), merged
+            else:
+                coords[step.outer] = tvm.tirx.floordiv(merged, block)
+                coords[step.inner] = tvm.tirx.floormod(merged, block)
         elif isinstance(step, Shift):
             # Consecutive Shifts of one dim fold into one offset, and the wrap-around is a select,
             # not a floormod: TVM 0.27's simplifier rewrote floormod(floormod(i + 1, 2) + 1, 2)
@@ -170,6 +227,8 @@ def _walk_up(
         elif isinstance(step, Unfold):
             window = coords.pop(step.name)
             k = int(step.window.evaluate(binding))
+            if k == 1:
+                continue  # a window of one reads in place: the coordinate is in range, nothing to guard
             source = coords[step.dim] + window - k // 2
             # bounded by the size of the dim being unfolded, not by the window
             condition = tvm.tirx.all(source >= 0, source < sizes[step.dim])
@@ -214,6 +273,11 @@ def _pad(tvm: Any, tensor: Any, dims: list[str], pads: Mapping[str, tuple[int, i
         return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0.0, dtype))
 
     return tvm.te.compute(tuple(shape), compute, name=name)
+
+
+def _zero(tvm: Any) -> Any:
+    """The coordinate of a size-1 dim (int32, the dtype of TE's axes)."""
+    return tvm.tirx.const(0, "int32")
 
 
 def _cyclic(tvm: Any, coordinate: Any, offset: int, extent: int) -> Any:
@@ -402,19 +466,55 @@ class Kernel:
         self.weight_shapes = [tuple(int(d) for d in w.shape) for w in lowered.weights]
         self.output_shape = lowered.output_shape
 
-    def _check(self, x: Any, weights: Sequence[Any]) -> None:
+    @property
+    def dtype(self) -> str:
+        """The element type the kernel was compiled for (its inputs must have it)."""
+        return str(self.lowered.x.dtype)
+
+    def _tensors(self, x: Any, weights: Sequence[Any]) -> tuple[Any, list[Any]]:
+        """``x`` and ``weights`` as torch tensors, checked the way the reference interpreter checks its
+        arrays (the same :class:`KdslError` subclasses), so that no bad input reaches TVM's own checks."""
+        import numpy as np
+        import torch
+
+        def tensor(value: Any, what: str) -> Any:
+            if isinstance(value, np.ndarray):
+                return torch.from_numpy(value)
+            if not isinstance(value, torch.Tensor):
+                raise ShapeError(f"{what} must be a torch tensor or a NumPy array, got {type(value).__name__}")
+            return value
+
+        x = tensor(x, "the input x")
         if tuple(x.shape) != self.input_shape:
             raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {self.input_shape}")
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            raise LoweringError(
+                f"the input x has dtype {x.dtype}; pass a floating tensor, e.g. x.to(torch.{self.dtype})"
+            )
+        if str(x.dtype).removeprefix("torch.") != self.dtype:
+            # TVM would refuse it with a TypeError; a silent cast would change the precision
+            raise LoweringError(
+                f"the input x has dtype {x.dtype} but this kernel was compiled for {self.dtype}: "
+                f"pass x.to(torch.{self.dtype}) or build with dtype={str(x.dtype).removeprefix('torch.')!r}"
+            )
         if len(weights) != len(self.weight_shapes):
             raise ShapeError(f"expected {len(self.weight_shapes)} weights, got {len(weights)}")
+        checked = []
         for weight, shape, spec in zip(weights, self.weight_shapes, self.lowered.op.weights):
+            weight = tensor(weight, f"the weight {spec.name}")
             if tuple(weight.shape) != shape:
                 raise ShapeError(f"weight {spec.name} has shape {tuple(weight.shape)}, expected {shape}")
+            checked.append(weight)
+        return x, checked
 
     def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
         import torch
 
-        self._check(x, weights)
+        x, weights = self._tensors(x, weights)
+        if out is not None and (
+            not isinstance(out, torch.Tensor) or tuple(out.shape) != self.output_shape or out.dtype != x.dtype
+        ):
+            raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
         dtype = x.dtype
         args = [_aligned(x.contiguous())] + [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
         result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)

@@ -54,7 +54,7 @@ from typing import Any
 from kdsl.lang.errors import LoweringError
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-2"
+VERSION = "tvm-space-3"  # 3: copies folded only where the inverse is trusted, size-1 fixes
 #: Vector lanes of fp32 on AVX-512.
 LANES = 16
 #: Most elements in a local accumulator tile (larger tiles are rejected: they live in memory anyway).
@@ -295,6 +295,7 @@ class _Stage:
     reads: list[tuple[str, list[set[int]]]]  # (buffer name, per buffer dim: the block iter indices used)
     consumers: list[str] = field(default_factory=list)
     padded: tuple[int, ...] = ()  # a pad stage's padded dims
+    invertible: bool = False  # a copy that reverse_compute_inline folds correctly (tvm.invertible_copy)
 
 
 @dataclass
@@ -319,7 +320,7 @@ class Space:
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
 
     def __init__(self, lowered: Any) -> None:
-        from kdsl.codegen.tvm import load_tvm
+        from kdsl.codegen.tvm import invertible_copy, load_tvm
 
         tvm = load_tvm()
         self.lowered = lowered
@@ -350,7 +351,10 @@ class Space:
                 read_first.setdefault(region.source.name, info.name)
             kind = "pad" if info.is_pad else "copy" if info.is_copy else ("reduce" if reduce_ix else "spatial")
             weight_only = {labels[k] for k, d in enumerate(info.spatial) if d in info.weight_only}
-            self.stages.append(_Stage(info.name, kind, spatial, reduced, weight_only, reads, padded=info.padded))
+            invertible = kind == "copy" and invertible_copy(node)
+            self.stages.append(
+                _Stage(info.name, kind, spatial, reduced, weight_only, reads, padded=info.padded, invertible=invertible)
+            )
         names = {s.name for s in self.stages}
         for stage in self.stages:
             for buffer, _ in stage.reads:
@@ -398,7 +402,8 @@ class Space:
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
             elif stage.kind == "copy":
                 producers = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
-                if len(producers) == 1 and self._stage(producers[0]).kind == "reduce":
+                # only where the inverse of its read is trusted: else TVM may write the wrong elements
+                if stage.invertible and len(producers) == 1 and self._stage(producers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.inline", (True, False)))
             elif stage.kind == "pad":
                 # materialized (a parallel, vectorized copy) or inlined (bounds checks in the reader)
@@ -674,13 +679,14 @@ class _Applier:
         ]
         outer = weight_first + [lp for lp in outer if lp not in weight_first]
         inner = s_inner + ([vector_inner] if vector_inner is not None else [])
-        if not outer:
-            raise LoweringError(f"{s}: no spatial loop to parallelize (enable rfactor)")
-        sch.reorder(*outer, *middle, *[lp for lp, _ in r_inner], *inner)
+        ordered = [*outer, *middle, *[lp for lp, _ in r_inner], *inner]
+        if len(ordered) > 1:
+            sch.reorder(*ordered)
         # the accumulator's place: below the last middle spatial loop before the first reduction loop
+        # (none when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
         first_reduce = next((i for i, k in enumerate(order) if k >= sum(1 for _, e in stage.spatial if e > 1)), None)
         spatial_before = middle[:first_reduce] if first_reduce is not None else middle
-        at = spatial_before[-1] if spatial_before else outer[-1]
+        at = spatial_before[-1] if spatial_before else outer[-1] if outer else None
         if config[f"{s}.cache"] == "local":
             below = middle[len(spatial_before) :]
             spatial_labels = {a for a, _ in stage.spatial}
@@ -690,8 +696,10 @@ class _Applier:
                     tile *= int(sch.get(lp).extent)
             if tile > MAX_LOCAL:
                 raise LoweringError(f"{s}: a local accumulator of {tile} elements (more than {MAX_LOCAL})")
+            self._check_layout_tile(stage, [middle_labels[i] for i in order[len(spatial_before) :]])
             writeback = sch.cache_write(block, 0, "local")
-            sch.reverse_compute_at(writeback, at)
+            if at is not None:
+                sch.reverse_compute_at(writeback, at)
             if vector is not None:
                 self._vector_last(block, [a for a, _ in stage.spatial].index(vector))
             self.local[s] = True
@@ -713,9 +721,10 @@ class _Applier:
                 budget //= extent
             elif extent > 1:
                 break
-        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        sch.parallel(fused)
-        self.outer[s] = fused
+        if outer:  # else a serial reduction to one value, as in the default schedule (rfactor parallelizes it)
+            fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            sch.parallel(fused)
+            self.outer[s] = fused
         reduce_loops = [middle_loops[a] for a, e in stage.reduced if e > 1]
         if reduce_loops:
             first = next(lp for lp in [*middle, *[p for p, _ in r_inner]] if any(lp.same_as(r) for r in reduce_loops))
@@ -723,6 +732,30 @@ class _Applier:
             init_loops = sch.get_loops(init)
             if vector_inner is not None and init_loops and int(sch.get(init_loops[-1]).extent) > 1:
                 sch.vectorize(init_loops[-1])
+
+    def _check_layout_tile(self, stage: _Stage, below: Sequence[str]) -> None:
+        """Refuse a local accumulator whose tile is not a box of the stage's tiled layout.
+
+        The write-back is ``reverse_compute_at`` the tile; TVM relaxes the tile's region in the layout
+        ``[.., v // f, .., v % f]`` to a covering box. A tile of ``t`` elements along ``v`` is exactly a
+        box when ``f`` divides ``t`` or ``t`` divides ``f``; otherwise the box also holds elements this tile
+        has not computed, and the write-back copies them from the uninitialised accumulator, racing with
+        the tile that does compute them (``stage0.tile.H = (2, 1, 6)`` with ``layout.stage0.tile = "0:4"``
+        gave wrong outputs). ``below`` names the middle loops under the accumulator's place."""
+        tile = self.config.get(f"layout.{stage.name}.tile", "none")
+        if tile == "none":
+            return
+        dim, factor = (int(part) for part in tile.split(":"))
+        axis, extent = stage.spatial[dim]
+        if extent == 1:
+            return
+        _, middle_factor, inner_factor = self.config[f"{stage.name}.tile.{axis}"]
+        t = inner_factor * (middle_factor if axis in below else 1)
+        if t % factor and factor % t:
+            raise LoweringError(
+                f"{stage.name}: its local accumulator holds {t} elements of {axis}, which do not align with the "
+                f"layout tile {factor} of {stage.name} (the write-back would copy elements not yet computed)"
+            )
 
     def _vector_last(self, block: Any, index: int) -> None:
         """Lay the local accumulator out with the buffer dims that block iter ``index`` (the vector axis)
