@@ -1,36 +1,37 @@
-"""The states of bottom-up synthesis: frontier dims, bottom-up steps and partial graphs.
+"""The values of bottom-up synthesis: frontier dims, bottom-up steps, partial graphs, and the
+memoized size arithmetic the hot loop uses.
 
 A :class:`State` is a partial graph: the *frontier* (the dims at its top, which must finally be the
 input's dims) and the bottom-up steps (:class:`BStep`) applied so far; each frontier dim
-(:class:`FDim`) records its *role*, i.e. which top-down step will consume it. The synthesis
-(:mod:`kdsl.search.synthesis`) and the canonicalization rules (:mod:`kdsl.search.rules`) both read
-these values; neither is imported here.
+(:class:`FDim`) records its *role*, i.e. which top-down step will consume it. The per-kind table
+(:mod:`kdsl.search.kinds`), the synthesis (:mod:`kdsl.search.synthesis`) and the canonicalization
+rules (:mod:`kdsl.search.rules`) all read these values; none of them is imported here.
 """
 
 from __future__ import annotations
 
+from kdsl.lang.primitives import CONTRACTION, PRIMITIVES, REDUCTION
 from kdsl.lang.sizes import Size
-from kdsl.search.space import KINDS, Space, div
 
-__all__ = ["BStep", "FDim", "State", "is_complete", "merge_block_ok", "root"]
+__all__ = ["BStep", "FDim", "State", "div", "mul", "size_order"]
 
 # How a frontier dim was made, i.e. which top-down step consumes it (its "role").
 OUT, REDUCE, SHARED, MERGE_OUTER, MERGE_INNER, SPLIT, UNFOLD, STRIDE, SHIFT = range(9)
 ROLE_NAMES = ("out", "reduce", "shared", "merge-outer", "merge-inner", "split", "unfold", "stride", "shift")
 
-KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
-#: Rank of each kind in the canonical order of independent adjacent steps (bottom-up): reductions
-#: first, then 1-to-1 views, then contractions, then 1-to-many views and strides.
-RANK = {"Reduce": 0, "Merge": 1, "Split": 1, "Shift": 1, "Share": 2, "Unfold": 3, "Stride": 3, "Expand": 3}
+#: the kinds that sum a dim away (read from the declarations; the hot loop tests membership)
+REDUCTIONS = frozenset(kind for kind, cls in PRIMITIVES.items() if REDUCTION in cls.facts)
+#: the kinds that multiply by a weight
+CONTRACTIONS = frozenset(kind for kind, cls in PRIMITIVES.items() if CONTRACTION in cls.facts)
 
 
 class FDim:
     """A frontier dim: an edge of the partial graph whose top end is still open.
 
     ``role``/``step``: how and by which bottom-up step it was made (``OUT`` and -1 for output
-    dims). ``root``: the id of the dim before any Share versions (Shares keep the root).
-    ``reduces``: some path below it (top-down) reaches a Reduce. ``pending``: it was strided and
-    must be consumed by an Unfold.
+    dims). ``root``: the id of the dim before any weight versions (a contraction keeps the root).
+    ``reduces``: some path below it (top-down) reaches a reduction. ``pending``: it was strided
+    and must be consumed by a window.
     """
 
     __slots__ = ("id", "size", "role", "step", "root", "reduces", "pending", "coef_only")
@@ -52,7 +53,8 @@ class FDim:
 
 class BStep:
     """One bottom-up step: its kind, the frontier dims it consumes and produces, a size parameter
-    (Reduce size, Merge block, Stride factor), and for Share which consumed dims are weight-only."""
+    (a reduced size, a block, a stride factor), and for a contraction which consumed dims are the
+    weight's own (weight-only)."""
 
     __slots__ = ("kind", "consumed", "produced", "param", "weight_only", "index")
 
@@ -74,16 +76,16 @@ class BStep:
 
     @property
     def shared(self) -> tuple[FDim, ...]:
-        """For a Share: the consumed dims that stay on the frontier (in order of ``produced``)."""
+        """For a contraction: the consumed dims that stay on the frontier (in order of ``produced``)."""
         return tuple(d for d in self.consumed if d not in self.weight_only)
 
     def __str__(self) -> str:
-        if self.kind == "Reduce":
-            return f"Reduce({self.param})"
-        if self.kind == "Share":
+        if self.kind in REDUCTIONS:
+            return f"{self.kind}({self.param})"
+        if self.kind in CONTRACTIONS:
             only = ", ".join(str(d.size) for d in self.weight_only)
             shared = ", ".join(str(d.size) for d in self.shared)
-            return f"Share(weight-only [{only}], shared [{shared}])"
+            return f"{self.kind}(weight-only [{only}], shared [{shared}])"
         args = ", ".join(str(d.size) for d in self.consumed)
         if self.param is not None:
             args += f"; {self.param}"
@@ -93,8 +95,9 @@ class BStep:
 
 
 class State:
-    """A partial graph: frontier, bottom-up steps, validity mask, primitive counts, coefficient
-    uses, and per-assignment parameter totals (``params``) and FLOPs lower bounds (``flops_lb``)."""
+    """A partial graph: frontier, bottom-up steps, validity mask, per-kind step counts (in the
+    order of :data:`kdsl.search.kinds.KINDS`), coefficient uses, and per-assignment parameter
+    totals (``params``) and FLOPs lower bounds (``flops_lb``)."""
 
     __slots__ = ("frontier", "steps", "next_id", "mask", "counts", "uses", "params", "flops_lb")
 
@@ -124,50 +127,42 @@ class State:
 
     @property
     def reducing(self) -> bool:
-        """Still in the reduction stage (only Reduces so far)."""
-        return all(step.kind == "Reduce" for step in self.steps)
+        """Still in the reduction stage (only reductions so far)."""
+        return all(step.kind in REDUCTIONS for step in self.steps)
 
     def __repr__(self) -> str:
         return f"State([{', '.join(map(repr, self.frontier))}], {list(self.steps)})"
 
 
-def root(space: Space) -> State:
-    """The empty partial graph: the frontier is the output."""
-    frontier = tuple(FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(space.output_sizes))
-    zeros = tuple(0.0 for _ in space.assignments)
-    mask = space.mask_all(space.output_sizes + space.input_sizes)
-    return State(frontier, (), len(frontier), mask, (0,) * len(KINDS), (0,) * len(space.coefficients), zeros, zeros)
+_PRODUCTS: dict[tuple[Size, Size], Size] = {}
 
 
-def is_complete(space: Space, state: State) -> bool:
-    """Whether the frontier is exactly the input (as a multiset of sizes) with nothing pending."""
-    if len(state.frontier) != len(space.input_sizes) or any(d.pending for d in state.frontier):
-        return False
-    return sorted(id(d.size) for d in state.frontier) == sorted(id(s) for s in space.input_sizes)
-
-
-def merge_blocks(space: Space, size: Size) -> tuple[tuple[Size, Size], ...]:
-    """The (outer, inner) pairs a dim of ``size`` may be split into bottom-up: one of the two
-    parts is a coefficient monomial, neither is 1, and both are valid sizes."""
-    cache = space.__dict__.setdefault("_merge_cache", {})
-    found = cache.get(size)
-    if found is not None:
-        return found
-    pairs = []
-    for monomial in space.coefficient_monomials:
-        rest = div(size, monomial)
-        if rest == 1 or monomial == 1 or rest.primaries_in_denominator():
-            continue
-        if not (space.mask(rest) and space.mask(monomial)):
-            continue
-        for pair in ((rest, monomial), (monomial, rest)):
-            if pair not in pairs:
-                pairs.append(pair)
-    found = tuple(pairs)
-    cache[size] = found
+def mul(a: Size, b: Size) -> Size:
+    """``a * b``, memoized (search multiplies the same few sizes over and over)."""
+    key = (a, b)
+    found = _PRODUCTS.get(key)
+    if found is None:
+        found = _PRODUCTS[key] = a * b
     return found
 
 
-def merge_block_ok(space: Space, size: Size, inner: Size) -> bool:
-    """Whether the bottom-up Merge of a dim of ``size`` into ``(size/inner, inner)`` is generated."""
-    return (div(size, inner), inner) in merge_blocks(space, size)
+_QUOTIENTS: dict[tuple[Size, Size], Size] = {}
+
+
+def div(a: Size, b: Size) -> Size:
+    """``a / b``, memoized."""
+    key = (a, b)
+    found = _QUOTIENTS.get(key)
+    if found is None:
+        found = _QUOTIENTS[key] = a / b
+    return found
+
+
+def size_order(size: Size) -> tuple:
+    """A deterministic order of sizes: primaries first by name, then coefficient powers."""
+    return (
+        tuple((v.sort_key(), e) for v, e in size.exponents if v.kind == "primary"),
+        sum(abs(e) for _, e in size.exponents),
+        tuple((v.sort_key(), -e) for v, e in size.exponents),
+        size.constant,
+    )

@@ -2,19 +2,29 @@
 
 ``lowering`` turns an operator bound to a layer into TE stages; ``schedule_space`` is the typed
 space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
-configuration. ``build`` compiles a kernel callable on torch tensors.
+configuration; ``kernel`` compiles a kernel callable on torch tensors (``build``).
 """
 
+from kdsl.codegen.tvm.kernel import Kernel, build, source
 from kdsl.codegen.tvm.lowering import (
-    Kernel,
     Lowered,
     StageInfo,
-    build,
     default_target,
     error_reason,
+    invertible_copy,
     load_tvm,
     lower,
-    source,
 )
 
-__all__ = ["Kernel", "Lowered", "StageInfo", "build", "default_target", "error_reason", "load_tvm", "lower", "source"]
+__all__ = [
+    "Kernel",
+    "Lowered",
+    "StageInfo",
+    "build",
+    "default_target",
+    "error_reason",
+    "invertible_copy",
+    "load_tvm",
+    "lower",
+    "source",
+]

@@ -53,22 +53,16 @@ Not done (yet): cache blocking of long reductions (a 1024-deep matmul streams it
 weight slab), rfactor for stages that reduce everything to one value (they stay serial), packing of
 data inputs (a stage whose only contiguous axis is short vectorizes with 8 or 4 lanes or not at all).
 
-:func:`measure` times the default schedule against PyTorch for conv2d, matmul and a few gallery
-operators, alternating the two in one process with ``TVM_BIND_THREADS=0`` (``TVM.md`` explains why):
-``python -m kdsl.codegen.tvm.default_schedule [--quick]`` prints a Markdown table.
+:mod:`kdsl.bench.schedule` times the default schedule against PyTorch (``python -m kdsl.bench.schedule``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.codegen.tvm import Lowered, StageInfo, error_reason, invertible_copy, load_tvm
+from kdsl.codegen.tvm.lowering import Lowered, StageInfo, error_reason, invertible_copy, load_tvm
 
 #: Vector register width in bits (AVX-512). On narrower machines LLVM splits the vectors: still correct.
 VECTOR_BITS = 512
@@ -422,160 +416,3 @@ def _inline_copy(sch: Any, block: Any, tiled: set[str]) -> str | None:
     except Exception:  # not a bijective copy of the producer's buffer
         return None
     return f"inlined into {producer.name_hint}"
-
-
-# --- measurement: the default schedule against PyTorch --------------------------------------------------------
-
-#: Native PyTorch forward for gallery operators: ``f(F, torch, x, weights, sizes)`` with the weights as kdsl
-#: lays them out (the mappings of the gallery files' docstrings).
-_NATIVE: dict[str, Any] = {
-    "conv2d": lambda F, torch, x, ws, v: F.conv2d(x, ws[0], padding=v["K"] // 2),
-    "matmul": lambda F, torch, x, ws, v: torch.matmul(x, ws[0]),
-    "depthwise_conv2d": lambda F, torch, x, ws, v: F.conv2d(x, ws[0][:, None], padding=v["K"] // 2, groups=x.shape[1]),
-    "grouped_conv2d": lambda F, torch, x, ws, v: F.conv2d(
-        x, ws[0].reshape(v["Cout"], v["Cin"] // v["G"], v["K"], v["K"]), padding=v["K"] // 2, groups=v["G"]
-    ),
-    "avg_pool2d": lambda F, torch, x, ws, v: F.avg_pool2d(x, v["K"]),
-}
-
-
-def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[tuple[str, str, dict[str, int]]]:
-    """``(label, gallery operator, layer)`` for conv2d at ResNet-18's conv2_x..conv5_x, matmul, and others."""
-    from kdsl import solve
-
-    cases: list[tuple[str, str, dict[str, int]]] = []
-    layers = solve.load_layers("resnet18")
-    for n in batches:
-        for layer in layers:
-            v = dict(layer.values)
-            cases.append(
-                (f"conv2d {layer.name} N={n}", "conv2d", {k: v[k] for k in ("Cin", "Cout", "H", "W")} | {"N": n})
-            )
-    for layer in layers[:2]:
-        v = dict(layer.values)
-        cases.append(
-            (f"matmul {v['M']}x{v['Cin']}x{v['Cout']}", "matmul", {"M": v["M"], "Cin": v["Cin"], "Cout": v["Cout"]})
-        )
-    for m in (512, 1024):
-        cases.append((f"matmul {m}^3", "matmul", {"M": m, "Cin": m, "Cout": m}))
-    if extra:
-        v = dict(layers[0].values)
-        hw = {"N": 1, "H": v["H"], "W": v["W"]}
-        cases.append(("depthwise_conv2d conv2_x", "depthwise_conv2d", hw | {"Cin": v["Cin"]}))
-        cases.append(("grouped_conv2d conv2_x", "grouped_conv2d", hw | {"Cin": v["Cin"], "Cout": v["Cout"]}))
-        cases.append(("avg_pool2d conv2_x", "avg_pool2d", hw | {"Cin": v["Cin"]}))
-        cases.append(("syno_op1 conv2_x", "syno_op1", hw | {"Cin": v["Cin"], "Cout": v["Cout"]}))
-    return cases
-
-
-def _median_seconds(call: Any, args: Sequence[Any], number: int, repeat: int) -> float:
-    import statistics
-    import time
-
-    for _ in range(2):
-        call(*args)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            call(*args)
-        times.append((time.perf_counter() - start) / number)
-    return statistics.median(times)
-
-
-def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, repeat: int, rounds: int) -> None:
-    """Print one JSON line per case: the best of ``rounds`` medians of TVM and of PyTorch, timed in
-    alternation in this process (started with ``TVM_BIND_THREADS=0`` so TVM's threads leave PyTorch's
-    alone), so that both see the same background load."""
-    import torch
-    import torch.nn.functional as F
-
-    from kdsl import gallery, solve
-    from kdsl.codegen.torch import build as torch_build
-    from kdsl.codegen.tvm import build
-
-    torch.manual_seed(0)
-    for label, name, layer in cases:
-        op = gallery.load(name)
-        binding = solve.bind(op, layer)
-        flops = 2 * solve.plan(op, binding).flops(binding)
-        kernel = build(op, layer)
-        x = torch.randn(kernel.input_shape)
-        ws = [torch.randn(shape) for shape in kernel.weight_shapes]
-        out = torch.empty(kernel.output_shape)
-        native = _NATIVE.get(name)
-        if native is not None:
-            torch_call, torch_args = native, (F, torch, x, ws, dict(binding))
-        else:
-            module = torch_build(op, layer)
-            torch_call, torch_args = module, (x,)
-        best = {"tvm": float("inf"), "torch": float("inf")}
-        with torch.no_grad():
-            for _ in range(rounds):
-                best["torch"] = min(best["torch"], _median_seconds(torch_call, torch_args, number, repeat))
-                best["tvm"] = min(best["tvm"], _median_seconds(kernel.executable, (x, *ws, out), number, repeat))
-        print(json.dumps({"label": label, "flops": flops, **best}), flush=True)
-
-
-def measure(
-    cases: Sequence[tuple[str, str, dict[str, int]]] | None = None,
-    *,
-    number: int = 10,
-    repeat: int = 5,
-    rounds: int = 3,
-) -> list[dict[str, Any]]:
-    """Median forward time of the default TVM schedule and of native PyTorch (or kdsl's PyTorch backend
-    where PyTorch has no such function), 2 threads each. Both run in one fresh process with
-    ``TVM_BIND_THREADS=0`` (else TVM pins its threads and slows PyTorch, ``TVM.md``), timed in
-    alternation ``rounds`` times per case, keeping each one's best median: on a shared machine the
-    background load comes and goes, and alternating exposes both frameworks to it alike.
-    Returns one row per case: label, tvm_ms, torch_ms, tvm_gflops, torch_gflops, ratio (tvm / torch time)."""
-    cases = list(cases if cases is not None else measure_cases())
-    code = (
-        "import json, sys\nfrom kdsl.codegen.tvm.default_schedule import _measure_worker\n"
-        "c = json.loads(sys.argv[1])\n_measure_worker(c['cases'], c['number'], c['repeat'], c['rounds'])\n"
-    )
-    threads = os.environ.get("TVM_NUM_THREADS", "2")
-    env = dict(os.environ, TVM_NUM_THREADS=threads, TVM_BIND_THREADS="0", OMP_NUM_THREADS=threads)
-    payload = json.dumps({"cases": cases, "number": number, "repeat": repeat, "rounds": rounds})
-    done = subprocess.run([sys.executable, "-c", code, payload], env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the measuring process failed:\n{done.stderr[-3000:]}")
-    results = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            results[row["label"]] = row
-    rows = []
-    for label, _, _ in cases:
-        r = results[label]
-        rows.append(
-            {
-                "label": label,
-                "tvm_ms": r["tvm"] * 1e3,
-                "torch_ms": r["torch"] * 1e3,
-                "tvm_gflops": r["flops"] / r["tvm"] / 1e9,
-                "torch_gflops": r["flops"] / r["torch"] / 1e9,
-                "ratio": r["tvm"] / r["torch"],
-            }
-        )
-    return rows
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of :func:`measure`'s rows."""
-    lines = [
-        "| case | TVM default ms | PyTorch ms | TVM GFLOP/s | PyTorch GFLOP/s | TVM / PyTorch time |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['label']} | {r['tvm_ms']:.3f} | {r['torch_ms']:.3f} | {r['tvm_gflops']:.1f} | "
-            f"{r['torch_gflops']:.1f} | {r['ratio']:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # python -m kdsl.codegen.tvm.default_schedule [--quick]
-    quick = "--quick" in sys.argv
-    print(format_table(measure(measure_cases(extra=not quick), rounds=1 if quick else 3)))

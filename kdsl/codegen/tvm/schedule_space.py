@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
+from kdsl.codegen.tvm.lowering import error_reason, invertible_copy, load_tvm
 from kdsl.lang.errors import LoweringError
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
@@ -320,8 +321,6 @@ class Space:
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
 
     def __init__(self, lowered: Any) -> None:
-        from kdsl.codegen.tvm import invertible_copy, load_tvm
-
         tvm = load_tvm()
         self.lowered = lowered
         self.tvm = tvm
@@ -553,8 +552,6 @@ class Space:
         except LoweringError:
             raise
         except Exception as error:  # a schedule primitive refused: the configuration is invalid
-            from kdsl.codegen.tvm import error_reason
-
             raise LoweringError(f"invalid schedule: {error_reason(error)}") from None
         return sch
 

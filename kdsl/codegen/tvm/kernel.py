@@ -1,0 +1,144 @@
+"""Compiled TVM kernels: an operator lowered (:mod:`.lowering`), scheduled (:mod:`.default_schedule`
+or a function of the caller's), compiled, and called on torch tensors through DLPack.
+
+>>> import numpy as np, torch
+>>> from kdsl.lang import *
+>>> N, C, L = primary("N C L"); K = coefficient("K")
+>>> op = Input(N, C, L) >> Unfold(L, K, "k") >> Share(Weight("k", name="w")) >> Reduce("k") >> Output(N, C, L)
+>>> kernel = build(op, {"N": 1, "C": 1, "L": 4, "K": 3})
+>>> kernel(torch.tensor([[[1.0, 2.0, 3.0, 4.0]]]), torch.tensor([1.0, 0.0, 0.0])).tolist()
+[[[0.0, 1.0, 2.0, 3.0]]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kdsl.codegen.tvm.default_schedule import default_schedule
+from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm, lower
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import LoweringError, ShapeError
+
+#: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
+#: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
+ALIGNMENT = 64
+
+
+def _aligned(tensor: Any) -> Any:
+    """``tensor``, or an aligned copy when its data does not start on an :data:`ALIGNMENT` boundary."""
+    return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
+
+
+class Kernel:
+    """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack)."""
+
+    def __init__(self, executable: Any, lowered: Lowered, schedule: Any | None) -> None:
+        self.executable = executable
+        self.lowered = lowered
+        self.schedule = schedule
+        self.input_shape = tuple(int(d) for d in lowered.x.shape)
+        self.weight_shapes = [tuple(int(d) for d in w.shape) for w in lowered.weights]
+        self.output_shape = lowered.output_shape
+
+    @property
+    def dtype(self) -> str:
+        """The element type the kernel was compiled for (its inputs must have it)."""
+        return str(self.lowered.x.dtype)
+
+    def _tensors(self, x: Any, weights: Sequence[Any]) -> tuple[Any, list[Any]]:
+        """``x`` and ``weights`` as torch tensors, checked the way the reference interpreter checks its
+        arrays (the same :class:`KdslError` subclasses), so that no bad input reaches TVM's own checks."""
+        import numpy as np
+        import torch
+
+        def tensor(value: Any, what: str) -> Any:
+            if isinstance(value, np.ndarray):
+                return torch.from_numpy(value)
+            if not isinstance(value, torch.Tensor):
+                raise ShapeError(f"{what} must be a torch tensor or a NumPy array, got {type(value).__name__}")
+            return value
+
+        x = tensor(x, "the input x")
+        if tuple(x.shape) != self.input_shape:
+            raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {self.input_shape}")
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            raise LoweringError(
+                f"the input x has dtype {x.dtype}; pass a floating tensor, e.g. x.to(torch.{self.dtype})"
+            )
+        if str(x.dtype).removeprefix("torch.") != self.dtype:
+            # TVM would refuse it with a TypeError; a silent cast would change the precision
+            raise LoweringError(
+                f"the input x has dtype {x.dtype} but this kernel was compiled for {self.dtype}: "
+                f"pass x.to(torch.{self.dtype}) or build with dtype={str(x.dtype).removeprefix('torch.')!r}"
+            )
+        if len(weights) != len(self.weight_shapes):
+            raise ShapeError(f"expected {len(self.weight_shapes)} weights, got {len(weights)}")
+        checked = []
+        for weight, shape, spec in zip(weights, self.weight_shapes, self.lowered.op.weights):
+            weight = tensor(weight, f"the weight {spec.name}")
+            if tuple(weight.shape) != shape:
+                raise ShapeError(f"weight {spec.name} has shape {tuple(weight.shape)}, expected {shape}")
+            checked.append(weight)
+        return x, checked
+
+    def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
+        import torch
+
+        x, weights = self._tensors(x, weights)
+        if out is not None and (
+            not isinstance(out, torch.Tensor) or tuple(out.shape) != self.output_shape or out.dtype != x.dtype
+        ):
+            raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
+        dtype = x.dtype
+        args = [_aligned(x.contiguous())] + [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
+        result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)
+        self.executable(args[0].detach(), *args[1:], result)
+        if out is not None and result is not out:
+            out.copy_(result)
+            return out
+        return result
+
+    def time(self, x: Any, *weights: Any, number: int = 10, repeat: int = 5) -> list[float]:
+        """Seconds per call, ``repeat`` medians of ``number`` calls (TVM's time_evaluator)."""
+        import torch
+
+        tvm = load_tvm()
+        args = [_aligned(x.contiguous())] + [_aligned(w.detach().contiguous()) for w in weights]
+        out = torch.empty(self.output_shape, dtype=x.dtype)
+        timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
+        return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
+
+
+def build(
+    op: Operator,
+    layer: Mapping[str, int],
+    target: Any | None = None,
+    *,
+    dtype: str = "float32",
+    schedule: str | Callable[[Lowered], Any] | None = "default",
+) -> Kernel:
+    """Compile ``op`` at the sizes of ``layer``; ``schedule`` is ``"default"`` (derived from the
+    operator's structure), ``None`` (unscheduled), or a function ``Lowered -> s_tir.Schedule``."""
+    tvm = load_tvm()
+    lowered = lower(op, layer, dtype)
+    module = lowered.module()
+    sch = None
+    if schedule == "default":
+        sch = default_schedule(lowered)
+        module = sch.mod
+    elif callable(schedule):
+        sch = schedule(lowered)
+        module = sch.mod
+    elif schedule is not None:
+        raise LoweringError(f"unknown schedule {schedule!r}; use 'default', None or a function")
+    executable = tvm.compile(module, target=target or default_target())
+    return Kernel(executable, lowered, sch)
+
+
+def source(op: Operator, layer: Mapping[str, int], *, scheduled: bool = False) -> str:
+    """TVMScript text of the lowered operator (before scheduling unless ``scheduled``)."""
+    lowered = lower(op, layer)
+    if scheduled:
+        return default_schedule(lowered).mod.script()
+    return lowered.module().script()
