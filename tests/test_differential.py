@@ -2,7 +2,7 @@
 operators with several weight-only dims, agree on the reference interpreter, PyTorch and TVM.
 
 Search-drawn operators come from random rollouts of the search engine (``children`` /
-``is_complete`` / ``to_operators`` of :mod:`kdsl.search.bottomup`) in the conv2d, stride-2 and
+``is_complete`` / ``to_operators`` of :mod:`kdsl.search.synthesis`) in the conv2d, stride-2 and
 matmul spaces, and run at small layers where some coefficients are 1. The CI-sized run checks at
 least 300 of them on all three backends; ``KDSL_SLOW_TESTS=1`` checks at least 3,000. Every
 operator is compared in float64; where one backend raises, all must raise the same KdslError.
@@ -37,8 +37,8 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size
-from kdsl.search.bottomup import State, children, is_complete, root, to_operators
 from kdsl.search.space import Space
+from kdsl.search.synthesis import State, children, is_complete, root, to_operators
 from kdsl.testing import strategies as kst
 
 SLOW = bool(os.environ.get("KDSL_SLOW_TESTS"))

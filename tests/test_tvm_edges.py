@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen.tvm import build, invertible_copy, load_tvm, lower, source  # noqa: E402
-from kdsl.codegen.tvm_space import Space as ScheduleSpace  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import Space as ScheduleSpace  # noqa: E402
 from kdsl.lang import Expand, Input, Merge, Output, Reduce, Share, Split, Weight, coefficient, primary  # noqa: E402
 from kdsl.lang.errors import KdslError, LoweringError  # noqa: E402
-from kdsl.search.bottomup import to_operators  # noqa: E402
 from kdsl.search.sample import Sampling  # noqa: E402
 from kdsl.search.space import Space as SearchSpace  # noqa: E402
+from kdsl.search.synthesis import to_operators  # noqa: E402
 from kdsl.testing import strategies as kst  # noqa: E402
 
 SLOW = os.environ.get("KDSL_SLOW_TESTS") == "1"

@@ -14,6 +14,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kdsl import gallery
+from kdsl.search.enumerate import Enumeration
+from kdsl.search.space import Space
+from kdsl.search.synthesis import to_operators
+
 NO_VIEWS = {"Merge": 0, "Split": 0, "Shift": 0, "Stride": 0, "Expand": 0}
 
 #: operator -> (spec, space options, depth at which enumeration finds it)
@@ -56,8 +61,6 @@ SLOW = frozenset({"syno_op1"})
 
 def space_for(name: str) -> Any:
     """The restricted search space in which ``name`` is rediscovered."""
-    from kdsl.search.space import Space
-
     spec, options, depth = REDISCOVERY[name]
     return Space(spec, "resnet18", max_depth=depth, **options)
 
@@ -65,10 +68,6 @@ def space_for(name: str) -> Any:
 def rediscover(name: str, time_limit: float | None = None) -> dict[str, Any]:
     """Enumerate ``name``'s space until an operator with the gallery operator's key appears;
     return the record (found, strategy, depth, seconds, key, max_depth)."""
-    from kdsl import gallery
-    from kdsl.search.enumerate import Enumeration
-    from kdsl.search.synthesis import to_operators
-
     space = space_for(name)
     target = gallery.load(name).key
     start = time.perf_counter()

@@ -13,6 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kdsl import gallery, solve
+from kdsl.codegen.torch import build as torch_build
+from kdsl.codegen.tvm import build
+
 #: Native PyTorch forward for gallery operators: ``f(F, torch, x, weights, sizes)`` with the weights as kdsl
 #: lays them out (the mappings of the gallery files' docstrings).
 _NATIVE: dict[str, Any] = {
@@ -28,8 +32,6 @@ _NATIVE: dict[str, Any] = {
 
 def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[tuple[str, str, dict[str, int]]]:
     """``(label, gallery operator, layer)`` for conv2d at ResNet-18's conv2_x..conv5_x, matmul, and others."""
-    from kdsl import solve
-
     cases: list[tuple[str, str, dict[str, int]]] = []
     layers = solve.load_layers("resnet18")
     for n in batches:
@@ -76,10 +78,6 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
     alone), so that both see the same background load."""
     import torch
     import torch.nn.functional as F
-
-    from kdsl import gallery, solve
-    from kdsl.codegen.torch import build as torch_build
-    from kdsl.codegen.tvm import build
 
     torch.manual_seed(0)
     for label, name, layer in cases:

@@ -13,6 +13,7 @@ import random
 import time
 from typing import Any, TextIO
 
+from kdsl.search.analytic import evaluate
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.rules import trace
 from kdsl.search.sample import rollout
@@ -27,8 +28,6 @@ BENCH_SPACE: dict[str, Any] = {"coefficients": {"K": [3], "G": [32], "s": [2]}}
 def enumeration_rates(depth: int, seconds: float) -> dict[str, Any]:
     """Enumerate the conv2d space to ``depth`` (stopping after ``seconds``), checking each distinct
     operator with the solver on every layer (the time includes the checks)."""
-    from kdsl.search.analytic import evaluate
-
     space = Space("conv2d", "resnet18", max_depth=depth, **BENCH_SPACE)
     walk = Enumeration(space)
     keys: set[str] = set()
@@ -59,8 +58,6 @@ def rollout_rates(
     depth: int, seconds: float, *, canonicalize: bool, use_distance: bool, seed: int = 0
 ) -> dict[str, Any]:
     """Random rollouts in the conv2d space for ``seconds``."""
-    from kdsl.search.analytic import evaluate
-
     space = Space(
         "conv2d", "resnet18", max_depth=depth, canonicalize=canonicalize, use_distance=use_distance, **BENCH_SPACE
     )

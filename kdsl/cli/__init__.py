@@ -26,9 +26,20 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
+from kdsl import gallery, solve
+from kdsl.bench import backends as codegen_bench
+from kdsl.bench.backends import gallery_latencies
+from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
+from kdsl.cli import search_commands, tune_commands
+from kdsl.cli.discover_commands import add_discover_command
+from kdsl.codegen.render import loop_nest, svg
+from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.parser import parse
+from kdsl.lang.serialize import from_json
 from kdsl.search.errors import printable
+from kdsl.search.store import Store
 
 
 def load_operator(ref: str, db: str | None = None) -> Operator:
@@ -36,10 +47,6 @@ def load_operator(ref: str, db: str | None = None) -> Operator:
     hash (or a unique prefix of it) of a candidate in a search results database."""
     if db is not None:
         return _from_results(ref, db)
-    from kdsl import gallery
-    from kdsl.lang.parser import parse
-    from kdsl.lang.serialize import from_json
-
     path = Path(ref)
     if path.suffix in (".dsl", ".py", ".json") or path.exists():
         if not path.is_file():
@@ -53,9 +60,6 @@ def load_operator(ref: str, db: str | None = None) -> Operator:
 
 
 def _from_results(key: str, db: str) -> Operator:
-    from kdsl.lang.parser import parse
-    from kdsl.search.store import Store
-
     store = Store(db, readonly=True)
     try:
         rows = store.find(key)
@@ -108,15 +112,11 @@ def _unknown_variable(variable: str, op: Operator, name: str) -> str:
 
 
 def _formula_lines(op: Operator) -> list[str]:
-    from kdsl import solve
-
     formulas = solve.cost(op)
     return [f"  {key:<13}{formulas[key]}" for key in ("flops", "params", "input", "output") if key in formulas]
 
 
 def command_show(args: argparse.Namespace) -> int:
-    from kdsl import solve
-
     op = load_operator(args.operator, args.db)
     print(op.to_dsl(), end="")
     print()
@@ -135,7 +135,6 @@ def command_show(args: argparse.Namespace) -> int:
     for line in _formula_lines(op):
         print(line)
     print("loop nest (the stage plan at a reference size):")
-    from kdsl.codegen.render import loop_nest, svg
 
     for line in loop_nest(op).splitlines():
         print(f"  {line}")
@@ -147,8 +146,6 @@ def command_show(args: argparse.Namespace) -> int:
 
 
 def command_check(args: argparse.Namespace) -> int:
-    from kdsl import solve
-
     op = load_operator(args.operator)
     name = printable(args.operator)
     layers = solve.load_layers(args.layers)
@@ -181,12 +178,8 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 def command_gallery(args: argparse.Namespace) -> int:
-    from kdsl import gallery
-
     if args.action == "rediscover":
         import json
-
-        from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
 
         out = Path(args.out) if args.out else gallery.directory()
         records = {}
@@ -201,9 +194,6 @@ def command_gallery(args: argparse.Namespace) -> int:
         print(f"wrote {out / 'rediscovery.json'}")
         return 0
     if args.action == "build":
-        from kdsl.bench.backends import gallery_latencies
-        from kdsl.gallery.pages import build_gallery, load_rediscovery
-
         out = Path(args.out) if args.out else gallery.directory()
         records = load_rediscovery(out / "rediscovery.json")
         latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
@@ -217,8 +207,6 @@ def command_gallery(args: argparse.Namespace) -> int:
 
 
 def command_demo(args: argparse.Namespace) -> int:
-    from kdsl import gallery, solve
-
     print("kdsl tour: every gallery operator, checked on ResNet-18's layers with its default coefficients")
     print("(stride-1 3x3 layers: table resnet18; operators that halve the image: table resnet18_stride2)\n")
     for name in gallery.names():
@@ -278,7 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
-    from kdsl.bench import backends as codegen_bench
 
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
@@ -289,19 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     search_bench.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
     search_bench.add_argument("--seed", type=int, default=0)
     search_bench.add_argument("--json", action="store_true")
-    from kdsl.cli import search_commands
 
     search_bench.set_defaults(run=search_commands.bench_search)
     search_commands.add_search_commands(commands)
-
-    from kdsl.cli import tune_commands
 
     tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")
     tune_commands.add_bench_arguments(tune_bench)
     tune_bench.set_defaults(run=tune_commands.bench_tune)
     tune_commands.add_tune_commands(commands)
-
-    from kdsl.cli.discover_commands import add_discover_command
 
     add_discover_command(commands)
 

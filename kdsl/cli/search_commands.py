@@ -18,7 +18,11 @@ import json
 import sys
 from typing import Any
 
+from kdsl.bench.synthesis import run_bench
 from kdsl.search.errors import SearchError, printable
+from kdsl.search.run import STRATEGIES, search
+from kdsl.search.space import Space, parse_budget
+from kdsl.search.store import Store
 
 __all__ = [
     "add_search_commands",
@@ -68,8 +72,6 @@ def _caps(items: list[str] | None) -> dict[str, int] | None:
 
 def space_from_args(args: argparse.Namespace):
     """The :class:`~kdsl.search.space.Space` the command-line arguments describe."""
-    from kdsl.search.space import Space
-
     return Space(
         args.spec,
         args.layers,
@@ -85,8 +87,6 @@ def space_from_args(args: argparse.Namespace):
 
 def command_search(args: argparse.Namespace) -> int:
     """``kdsl search SPEC ...``: run (or resume) a search and store its results."""
-    from kdsl.search.run import search
-
     space = space_from_args(args)
     report = search(
         space,
@@ -112,8 +112,6 @@ def command_search(args: argparse.Namespace) -> int:
 
 def command_results(args: argparse.Namespace) -> int:
     """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only)."""
-    from kdsl.search.store import Store
-
     store = Store(args.db, readonly=True)
     try:
         rows = store.top(args.top, status=None if args.all else "valid")
@@ -151,8 +149,6 @@ def budget(text: str) -> str:
     ...
     argparse.ArgumentTypeError: '0.5' is an absolute count below 1; write 0.5x for a multiple of ...
     """
-    from kdsl.search.space import parse_budget
-
     relative = text.strip().lower().endswith("x")
     try:
         # any baseline checks a relative budget's syntax; the real one comes from the spec
@@ -196,8 +192,6 @@ def positive_float(text: str) -> float:
 
 def add_search_commands(subparsers: Any) -> None:
     """Register ``search`` and ``results`` on an argparse subparsers object."""
-    from kdsl.search.run import STRATEGIES
-
     search = subparsers.add_parser("search", help="synthesize operators for a spec (resumable)")
     search.add_argument("spec", help="conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file")
     search.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
@@ -238,8 +232,6 @@ def add_search_commands(subparsers: Any) -> None:
 def bench_search(args: argparse.Namespace) -> int:
     """``kdsl bench search``: enumeration and sampling rates for the conv2d spec (see
     :mod:`kdsl.bench.synthesis`)."""
-    from kdsl.bench.synthesis import run_bench
-
     results = run_bench(
         max_depth=getattr(args, "max_depth", None) or 6,
         seconds=getattr(args, "seconds", None) or 60.0,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape
 
+from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.index import Var, walk_up
 from kdsl.lang.primitives import (
@@ -49,8 +50,6 @@ def _iterator(name: str, size: Size) -> str:
 
 def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
     """The operator's stage plan as loops over symbolic extents, one loop nest per stage."""
-    from kdsl import solve
-
     plan = solve.plan(op, binding)
     sizes: list[dict[str, Size]] = [dict(live) for live in plan.live]  # before each step, then after
     lines: list[str] = []

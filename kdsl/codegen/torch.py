@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.primitives import (
@@ -42,6 +43,7 @@ from kdsl.lang.primitives import (
     Unfold,
     Weight,
 )
+from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size
 
 HELPERS = """
@@ -670,8 +672,6 @@ def _free_inputs(op: Operator) -> set[int]:
     """Positions of the input dims whose size the forward reads from its input (the batch): the
     dim's size is one primary variable that no other size mentions, and no step touches the dim,
     so any value gives the same operator on more (or fewer) rows."""
-    from kdsl.lang.printer import step_sizes
-
     touched = {name for step in op.steps for name in step.consumes}
     mentioned: list[str] = [v.name for step in op.steps for s in step_sizes(step) for v in s.variables]
     for dim in op.inputs:
@@ -692,8 +692,6 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
     instead); the plan (the order of contraction stages) is the one that is cheapest at ``layer``
     (at a reference size if not given). The forward checks its input's shape (``ShapeError``).
     """
-    from kdsl import solve
-
     binding = solve.bind(op, layer) if layer is not None else None
     plan = solve.plan(op, binding)
     variables = [v.name for v in op.variables]
@@ -778,7 +776,6 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
 def build(op: Operator, layer: Mapping[str, int], *, name: str = "KdslOperator") -> Any:
     """A ``torch.nn.Module`` computing ``op`` at the sizes of ``layer`` (weights in ``.weights``)."""
     load_torch()
-    from kdsl import solve
 
     binding = solve.bind(op, layer)
     code = source(op, binding, name=name)

@@ -26,7 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from kdsl import gallery
+from kdsl.discover.evaluators import reward
+from kdsl.discover.executors import Task, make_executor
+from kdsl.discover.proxy import ProxyConfig, proxy_layers
+from kdsl.discover.report import write_report
+from kdsl.lang.parser import parse
 from kdsl.search.errors import SearchError, printable
+from kdsl.search.run import search
+from kdsl.search.space import SPECS, Space, load_spec
+from kdsl.search.store import Store
+from kdsl.solve.layers import load_layers
 from kdsl.storage import Database, json_object
 
 NETS = ("proxy-resnet",)
@@ -79,8 +89,6 @@ class DiscoverConfig:
         ]
 
     def proxy_config(self) -> Any:
-        from kdsl.discover.proxy import ProxyConfig
-
         fields = {**self.proxy, "epochs": self.epochs}
         if "widths" in fields:
             fields["widths"] = tuple(fields["widths"])
@@ -129,10 +137,6 @@ class Evaluations:
 
 
 def _space(config: DiscoverConfig) -> Any:
-    from kdsl.discover.proxy import proxy_layers
-    from kdsl.search.space import Space
-    from kdsl.solve.layers import load_layers
-
     if config.net not in NETS:
         raise SearchError(f"unknown network {printable(config.net)!r}; kdsl knows {', '.join(NETS)}")
     _check_spec(config.spec)
@@ -155,8 +159,6 @@ _PROXY_OUTPUTS = (("N", "Cout", "H", "W"), ("N", "Cin", "H", "W"))
 def _check_spec(spec: Any) -> None:
     """Refuse, before any work, a spec whose operators cannot stand in the proxy network's
     convolutions: every candidate would fail to build there and the run would find nothing."""
-    from kdsl.search.space import SPECS, load_spec
-
     loaded = load_spec(spec)
     inputs = tuple(str(d.size) for d in loaded.inputs)
     outputs = tuple(str(d.size) for d in loaded.outputs)
@@ -183,8 +185,6 @@ def _say(stream: TextIO | None, text: str) -> None:
 
 def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
     """The best valid candidates of the search store that have not been evaluated yet."""
-    from kdsl.search.store import Store
-
     store = Store(db)
     try:
         rows = store.top(k=limit + len(done), status="valid")
@@ -194,8 +194,6 @@ def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
 
 
 def _set_reward(db: str, key: str, value: float) -> None:
-    from kdsl.search.store import Store
-
     store = Store(db)
     try:
         store.set_reward(key, value)
@@ -205,13 +203,6 @@ def _set_reward(db: str, key: str, value: float) -> None:
 
 def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Run (or resume) a discovery; return a summary with the paths of what it wrote."""
-    from kdsl import gallery
-    from kdsl.discover.evaluators import reward
-    from kdsl.discover.executors import Task, make_executor
-    from kdsl.discover.report import write_report
-    from kdsl.search.run import search
-    from kdsl.search.store import Store
-
     start = time.monotonic()
     space = _space(config)
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +248,6 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     _say(progress, "the search space is exhausted and every candidate is evaluated")
                     break
                 continue
-            from kdsl.lang.parser import parse
 
             tasks = [Task.of(parse(row["dsl"]), evaluators) for row in batch]
             for task, result in executor.map(tasks):
@@ -290,8 +280,6 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
 
 
 def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
-    from kdsl.search.store import Store
-
     store = Store(config.db)
     try:
         records = []

@@ -32,8 +32,10 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from kdsl.codegen.torch import build, load_torch
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError
+from kdsl.lang.errors import KdslError, ShapeError
+from kdsl.solve import shapes
 from kdsl.solve.layers import Layer
 
 __all__ = [
@@ -218,16 +220,11 @@ def load_data(config: ProxyConfig | None = None) -> tuple[Any, Any, Any, Any]:
 
 
 def _torch() -> Any:
-    from kdsl.codegen.torch import load_torch
-
     return load_torch()
 
 
 def _check_fits(op: Operator, layer: Layer) -> None:
     """Raise a ShapeError unless ``op`` maps ``[N, Cin, H, W]`` to ``[N, Cout, H, W]`` on ``layer``."""
-    from kdsl.lang.errors import ShapeError
-    from kdsl.solve import shapes
-
     sizes = shapes(op, layer)
     wanted_in = tuple(layer[v] for v in ("N", "Cin", "H", "W"))
     wanted_out = tuple(layer[v] for v in ("N", "Cout", "H", "W"))
@@ -247,7 +244,6 @@ def proxy_net(op: Operator, config: ProxyConfig | None = None) -> Any:
     """
     torch = _torch()
     nn = torch.nn
-    from kdsl.codegen.torch import build
 
     config = config or ProxyConfig()
     layers = proxy_layers(config)

@@ -20,6 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kdsl.codegen.render import svg
+from kdsl.gallery.pages import operator_page
+from kdsl.lang.parser import parse
+
 Record = Mapping[str, Any]
 
 
@@ -141,15 +145,11 @@ def write_report(
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
     candidates into ``out``; return the paths."""
-    from kdsl.gallery.pages import operator_page
-    from kdsl.lang.parser import parse
-
     out.mkdir(parents=True, exist_ok=True)
     ranked = rank(records, baseline_accuracy=baseline_accuracy, margin=margin)
     links: dict[str, str] = {}
     pages = out / "pages"
     pages.mkdir(exist_ok=True)
-    from kdsl.codegen.render import svg
 
     for record in [r for r in ranked if r.get("accuracy") is not None][:top]:
         op = parse(record["dsl"])

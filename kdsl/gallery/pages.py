@@ -16,13 +16,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kdsl import gallery, solve
+from kdsl.codegen.render import loop_nest, svg
+from kdsl.codegen.torch import source
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 
 
 def _cost_rows(op: Operator, table: object) -> list[str]:
-    from kdsl import solve
-
     if table is None:
         return []
     rows = ["| layer | input | output | M MACs | params |", "| --- | --- | --- | ---: | ---: |"]
@@ -51,9 +52,6 @@ def operator_page(
     torch_source: bool = False,
 ) -> str:
     """The Markdown page of one operator."""
-    from kdsl import solve
-    from kdsl.codegen.render import loop_nest
-
     formulas = solve.cost(op)
     lines = [f"# {title}", ""]
     if description:
@@ -79,8 +77,6 @@ def operator_page(
         lines += [f"| {key} | {_format(value)} |" for key, value in metrics.items()]
         lines.append("")
     if torch_source:
-        from kdsl.codegen.torch import source
-
         lines += ["## PyTorch source", "", "```python", source(op).rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -102,9 +98,6 @@ def build_gallery(
     """Write ``README.md`` (an index with thumbnails) and one page per gallery operator, plus pages
     for search's discoveries (marked new). ``latencies`` (per operator, from
     :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's layer table."""
-    from kdsl import gallery
-    from kdsl.codegen.render import svg
-
     out = Path(out) if out is not None else gallery.directory()
     pages = out / "pages"
     pages.mkdir(parents=True, exist_ok=True)
@@ -121,7 +114,6 @@ def build_gallery(
         "| operator | graph | layers | M MACs | params | torch ms | native ms | TVM ms | rediscovered by search |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    from kdsl import solve
 
     for name in names:
         op = gallery.load(name)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.solve import check, cost
 
 __all__ = ["analytic_reward", "evaluate"]
 
@@ -27,8 +28,6 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
 
     Returns ``status`` (``valid``, ``invalid`` or ``over_budget``), ``error``, per-layer and total
     ``flops`` and ``params``."""
-    from kdsl.solve import check, cost
-
     coefficients = op.default_coefficients
     result: dict[str, Any] = {"status": "valid", "error": None, "coefficients": coefficients}
     try:

@@ -80,6 +80,7 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.sizes import Size
+from kdsl.solve.layers import Layer
 
 if TYPE_CHECKING:
     import sympy
@@ -451,8 +452,6 @@ class Plan:
 
 
 def _as_mapping(binding: object) -> Mapping[str, int]:
-    from kdsl.solve.layers import Layer
-
     if isinstance(binding, Layer):
         return binding.values
     if not isinstance(binding, Mapping):

@@ -30,7 +30,21 @@ from hypothesis import strategies as st
 
 from kdsl.lang.build import Builder, Input, Operator, Output
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import (
+    BuildContext,
+    Dim,
+    Expand,
+    Live,
+    Merge,
+    Reduce,
+    Share,
+    Shift,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
+from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size, coefficient, primary
 
 PRIMARY = ("N", "C", "H", "W")
@@ -107,8 +121,6 @@ def operators(draw: Any, max_steps: int = 6, min_steps: int = 1) -> Operator:
 
 
 def _sizes(op: Operator) -> list[Size]:
-    from kdsl.lang.printer import step_sizes
-
     sizes = [d.size for d in op.inputs] + [d.size for d in op.outputs]
     for step in op.steps:
         sizes.extend(step_sizes(step))
@@ -117,8 +129,6 @@ def _sizes(op: Operator) -> list[Size]:
 
 def _live_sizes(op: Operator) -> list[list[Size]]:
     """The sizes of the live dims after every step (to bound intermediate tensors)."""
-    from kdsl.lang.primitives import BuildContext, Live
-
     live = Live({d.name: d.size for d in op.inputs}, frozenset())
     context = BuildContext()
     snapshots = [list(live.sizes.values())]

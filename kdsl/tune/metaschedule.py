@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kdsl.codegen.tvm import default_target
 from kdsl.lang.build import Operator
 from kdsl.tune.measure import Measurer, _lowered, compile_module
 from kdsl.tune.records import Record, TuneResult, open_task
@@ -65,8 +66,6 @@ def tune_metaschedule(
 ) -> TuneResult:
     """Run MetaSchedule for ``trials`` trials, store its records, and re-measure its best schedule."""
     from tvm.s_tir import meta_schedule as ms
-
-    from kdsl.codegen.tvm import default_target
 
     started = time.time()
     binding, key, store = open_task(op, layer, db)

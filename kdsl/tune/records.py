@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kdsl import solve
+from kdsl.codegen.tvm import default_target
 from kdsl.codegen.tvm.schedule_space import VERSION, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
@@ -161,9 +163,6 @@ def open_task(
 ) -> tuple[dict[str, int], str, RecordStore]:
     """The binding of ``op`` at ``layer``, its task key on this machine, and the records store (the task
     described in it)."""
-    from kdsl import solve
-    from kdsl.codegen.tvm import default_target
-
     binding = solve.bind(op, layer)
     mcpu = str(default_target().attrs.get("mcpu", ""))
     key = task_key(op, binding, mcpu)

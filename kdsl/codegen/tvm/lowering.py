@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
+from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.primitives import (
@@ -342,8 +343,6 @@ def _stage_body(
 
 def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
     """Lower ``op`` at the sizes of ``layer`` to TE placeholders and compute stages."""
-    from kdsl import solve
-
     tvm = load_tvm()
     te = tvm.te
     binding = solve.bind(op, layer)
