@@ -7,12 +7,13 @@ import pytest
 from kdsl.codegen import reference
 from kdsl.lang import index
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive
-from kdsl.lang.sizes import coefficient, primary
+from kdsl.lang.sizes import Size, coefficient, primary
+from kdsl.search import kinds
 
 
 def _tables() -> dict[str, dict]:
     """Each backend's (or pass's) per-primitive table, by a readable name."""
-    return {"reference.RULES": reference.RULES}
+    return {"reference.RULES": reference.RULES, "search.kinds.SEARCH_RULES": kinds.SEARCH_RULES}
 
 
 @pytest.mark.parametrize("kind", sorted(PRIMITIVES))
@@ -58,14 +59,23 @@ def _one_step_operator(kind: str):
     raise AssertionError(f"no example for {kind}")
 
 
+@pytest.mark.parametrize("bound", [False, True], ids=["symbolic", "at-binding"])
+@pytest.mark.parametrize("sizes", [{}, {"K": 1, "B": 1}, {"N": 1, "L": 2, "B": 2}], ids=["plain", "K=B=1", "N=1"])
 @pytest.mark.parametrize("kind", sorted(k for k, c in PRIMITIVES.items() if VIEW in c.facts))
-def test_coordinate_rules_read_what_the_reference_computes(kind):
+def test_coordinate_rules_read_what_the_reference_computes(kind, sizes, bound):
     """Walking a view bottom-up with its declared rule reads, for every output element, the input
-    element (or the zero of a failed guard) that the reference interpreter puts there."""
+    element (or the zero of a failed guard) that the reference interpreter puts there: over symbolic
+    sizes (the loop-nest listing) and over the sizes at the binding (TVM), size-1 dims included."""
     op, layer = _one_step_operator(kind)
-    x = np.arange(1.0, 1.0 + np.prod(reference.shapes(op, layer).input)).reshape(reference.shapes(op, layer).input)
+    layer = layer | sizes
+    shape = reference.shapes(op, layer).input
+    x = np.arange(1.0, 1.0 + np.prod(shape)).reshape(shape)
     expected = reference.run(op, layer, x, [])
     views = op.views()
+    if bound:
+        views = [
+            (step.at(layer), {n: Size.of(int(s.evaluate(layer))) for n, s in live.items()}) for step, live in views
+        ]
     names = [d.name for d in op.outputs]
     checked = 0
     for position in np.ndindex(*expected.shape):
@@ -76,3 +86,47 @@ def test_coordinate_rules_read_what_the_reference_computes(kind):
         assert expected[position] == (x[source] if inside else 0.0)
         checked += 1
     assert checked == expected.size > 0
+
+
+def _every_index_node() -> list[index.Index]:
+    """One instance of every kind of index expression, over constant sizes (as backends lower them)."""
+    from kdsl.lang.sizes import Size
+
+    four, i = Size.of(4), index.Var("i")
+    nodes = [
+        i,
+        index.Const(2),
+        index.SizeOf(four),
+        index.Half(four),
+        index.Add(i, index.Const(1), -1),
+        index.Scale(i, four),
+        index.FloorDiv(i, four),
+        index.Mod(i, four),
+        index.Cyclic(i, 1, four),
+    ]
+    kinds = {type(n) for n in nodes}
+    assert kinds == {c for c in vars(index).values() if isinstance(c, type) and issubclass(c, index.Index)} - {
+        index.Index
+    }
+    return nodes
+
+
+def test_every_index_expression_has_a_tvm_form_and_a_value():
+    """The TVM backend lowers every node of the coordinate algebra, to the value evaluate() gives."""
+    from kdsl.codegen.tvm import load_tvm
+    from kdsl.codegen.tvm.lowering import _tir
+
+    tvm = load_tvm()
+
+    def value(expr):  # constant TIR (TVM folds arithmetic on constants, not a Select)
+        if isinstance(expr, tvm.tirx.Select):
+            return value(expr.true_value) if value(expr.condition) else value(expr.false_value)
+        return int(expr)
+
+    checked = 0
+    for node in _every_index_node():
+        for at in range(4):
+            lowered = _tir(tvm, node, {"i": tvm.tirx.const(at, "int32")})
+            assert value(lowered) == index.evaluate(node, {"i": at}, {})
+            checked += 1
+    assert checked == 4 * len(_every_index_node())

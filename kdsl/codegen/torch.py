@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import keyword
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +30,7 @@ from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.primitives import (
-    BuildContext,
     Expand,
-    Live,
     Merge,
     Primitive,
     Reduce,
@@ -260,34 +258,26 @@ class _Writer:
 def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str]) -> list[str]:
     """The forward's lines (indented by the caller)."""
     writer = _Writer([], [d.name for d in op.inputs], axis, identifiers)
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
     weight_index = {w.name: i for i, w in enumerate(op.weights)}
     steps = list(plan.steps)
-    stages = list(plan.stages)
     position = 0
-    for stage in stages + [None]:
+    for stage in [*plan.stages, None]:
         stop = stage.start if stage is not None else len(steps)
         views = steps[position:stop]
         if stage is not None:
             block = steps[stage.start : stage.stop]
             result = [name for name, _ in stage.result]
+            sizes = dict(plan.live[position])  # the live dims before these views
             native = _native_conv(
-                writer, views, block, dict(live.sizes), result, weight_index, dict(plan.binding)
-            ) or _native_pool(writer, views, block, dict(live.sizes), result)
+                writer, views, block, sizes, result, weight_index, dict(plan.binding)
+            ) or _native_pool(writer, views, block, sizes, result)
             if native:
-                for step in views + block:
-                    step.apply(live, context)
                 position = stage.stop
                 continue
         for step in _reshapes_last(views):
-            _emit_view(writer, step, live)
-            step.apply(live, context)
+            _emit_view(writer, step)
         if stage is not None:
-            before = dict(live.sizes)
-            for step in block:
-                step.apply(live, context)
-            _emit_stage(writer, block, before, result, weight_index)
+            _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index)
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
     if writer.axes != outputs:
@@ -416,7 +406,7 @@ def _native_conv(
         known[split.inner] = split.block
     order = [d for d in data if d in spatial]
     for roll in rolls:
-        _emit_view(writer, roll, None)
+        _emit_view(writer, roll)
     return _emit_conv(
         writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
     )
@@ -557,34 +547,63 @@ def _emit_conv(
     return True
 
 
-def _emit_view(writer: _Writer, step: Primitive, live: Live | None) -> None:
+def _split(writer: _Writer, step: Split) -> None:
     axes = writer.axes
-    if isinstance(step, Split):
-        position = axes.index(step.dim)
-        after = axes[:position] + [step.outer, step.inner] + axes[position + 1 :]
-        grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
-        left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
-        length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
-        writer.emit(f'x = rearrange(x, "{left} -> {writer.pattern(after)}", {length})')
-        writer.axes = after
-    elif isinstance(step, Merge):
-        writer.merge(step.outer, step.inner, step.name)
-    elif isinstance(step, Shift):
-        writer.emit(f"x = torch.roll(x, shifts={-step.offset}, dims={axes.index(step.dim)})  # Shift({step.dim})")
-    elif isinstance(step, Expand):
-        writer.emit(f"x = x.unsqueeze(-1).expand(*x.shape, {writer.size(step.size)})  # Expand({step.name})")
-        writer.axes = axes + [step.name]
-    elif isinstance(step, Unfold):
-        writer.emit(
-            f"x = _unfold(x, {axes.index(step.dim)}, {writer.size(step.window)})  # Unfold({step.dim}) -> {step.name}"
-        )
-        writer.axes = axes + [step.name]
-    elif isinstance(step, Stride):
-        position = axes.index(step.dim)
-        index = ", ".join([":"] * position + [f"::{writer.size(step.stride)}"])
-        writer.emit(f"x = x[{index}]  # Stride({step.dim})")
-    else:  # pragma: no cover - contractions are handled by stages
-        raise LoweringError(f"no PyTorch view for {step!r}")
+    position = axes.index(step.dim)
+    after = axes[:position] + [step.outer, step.inner] + axes[position + 1 :]
+    grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
+    left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
+    length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
+    writer.emit(f'x = rearrange(x, "{left} -> {writer.pattern(after)}", {length})')
+    writer.axes = after
+
+
+def _merge(writer: _Writer, step: Merge) -> None:
+    writer.merge(step.outer, step.inner, step.name)  # deferred: consecutive merges fuse into one copy
+
+
+def _shift(writer: _Writer, step: Shift) -> None:
+    writer.emit(f"x = torch.roll(x, shifts={-step.offset}, dims={writer.axes.index(step.dim)})  # Shift({step.dim})")
+
+
+def _expand(writer: _Writer, step: Expand) -> None:
+    writer.emit(f"x = x.unsqueeze(-1).expand(*x.shape, {writer.size(step.size)})  # Expand({step.name})")
+    writer.axes = writer.axes + [step.name]
+
+
+def _unfold(writer: _Writer, step: Unfold) -> None:
+    axis = writer.axes.index(step.dim)
+    writer.emit(f"x = _unfold(x, {axis}, {writer.size(step.window)})  # Unfold({step.dim}) -> {step.name}")
+    writer.axes = writer.axes + [step.name]
+
+
+def _stride(writer: _Writer, step: Stride) -> None:
+    position = writer.axes.index(step.dim)
+    index = ", ".join([":"] * position + [f"::{writer.size(step.stride)}"])
+    writer.emit(f"x = x[{index}]  # Stride({step.dim})")
+
+
+def _contracted(writer: _Writer, step: Primitive) -> None:
+    raise LoweringError(f"{step.describe()} is lowered as part of a contraction stage (one einsum), not alone")
+
+
+#: The PyTorch backend's table: one rule per primitive kind. A view emits its own line; Share and
+#: Reduce are the members of a contraction stage, which :func:`_emit_stage` lowers as one einsum (or a
+#: native convolution, matrix product or pooling) and never one at a time.
+RULES: dict[str, Callable[[_Writer, Any], None]] = {
+    "Split": _split,
+    "Merge": _merge,
+    "Shift": _shift,
+    "Expand": _expand,
+    "Unfold": _unfold,
+    "Stride": _stride,
+    "Share": _contracted,
+    "Reduce": _contracted,
+}
+
+
+def _emit_view(writer: _Writer, step: Primitive) -> None:
+    RULES[step.kind](writer, step)
 
 
 def _native_matmul(

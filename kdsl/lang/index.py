@@ -169,15 +169,15 @@ class Mod(Index):
 class Cyclic(Index):
     """``(expr + offset) mod extent`` for an ``expr`` already in ``[0, extent)``: a cyclic shift.
 
-    Shifts of a shift fold into one offset (backends can then lower the wrap-around as one select
-    instead of nested modulos)."""
+    Shifts of a shift fold into one offset, ``((x + a) mod E + b) mod E = (x + a + b) mod E``
+    (backends can then lower the wrap-around as one select instead of nested modulos)."""
 
     expr: Index
     offset: int
     extent: Size
 
     def __init__(self, expr: Index, offset: int, extent: Size) -> None:
-        if isinstance(expr, Cyclic) and expr.extent is extent:
+        if isinstance(expr, Cyclic) and expr.extent == extent:
             expr, offset = expr.expr, expr.offset + offset
         object.__setattr__(self, "expr", expr)
         object.__setattr__(self, "offset", offset)

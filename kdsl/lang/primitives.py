@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import ClassVar, Protocol
 
 from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError, ValidityError
-from kdsl.lang.index import Cyclic, Guard, Half, Index
+from kdsl.lang.index import Const, Cyclic, Guard, Half, Index
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT, check_identifier, check_offset
 from kdsl.lang.sizes import Size
 
@@ -470,6 +470,15 @@ class Primitive:
                 values[f.name] = value._resolved(value.name, dims, value.new)
         return type(self).from_values(values)
 
+    def at(self, binding: Mapping[str, int]) -> Primitive:
+        """The same step with its sizes evaluated at ``binding`` (constant sizes): backends that lower
+        at one layer walk coordinates over these, so identities of size-1 dims apply."""
+        values = self.values()
+        for f in self.fields:
+            if f.kind == "size":
+                values[f.name] = Size.of(int(values[f.name].evaluate(binding)))  # type: ignore[union-attr]
+        return type(self).from_values(values)
+
     def values(self) -> dict[str, object]:
         """The resolved step's field values, by field name."""
         return {f.name: getattr(self, f.name) for f in self.fields}
@@ -562,7 +571,15 @@ class Split(Primitive):
         return Split(name, block, outer, inner)
 
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
-        coords[self.dim] = coords.pop(self.outer) * self.block + coords.pop(self.inner)
+        outer, inner = coords.pop(self.outer), coords.pop(self.inner)
+        # a side of size 1 has the coordinate 0 (exact; at a binding, backends then emit no dead index
+        # arithmetic: TVM 0.27 inverted `o*1 + i` forms wrongly when inlining copies)
+        if self.block == 1:
+            coords[self.dim] = outer
+        elif sizes[self.dim] == self.block:
+            coords[self.dim] = inner
+        else:
+            coords[self.dim] = outer * self.block + inner
         return None
 
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
@@ -610,8 +627,13 @@ class Merge(Primitive):
 
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
         merged, block = coords.pop(self.name), sizes[self.inner]
-        coords[self.outer] = merged // block
-        coords[self.inner] = merged % block
+        if block == 1:  # the inner dim has one element: the merged coordinate is the outer one
+            coords[self.outer], coords[self.inner] = merged, Const(0)
+        elif sizes[self.outer] == 1:
+            coords[self.outer], coords[self.inner] = Const(0), merged
+        else:
+            coords[self.outer] = merged // block
+            coords[self.inner] = merged % block
         return None
 
     @property
@@ -723,7 +745,10 @@ class Unfold(Primitive):
         return Unfold(dim, window, name)
 
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
-        source = coords[self.dim] + coords.pop(self.name) - Half(self.window)
+        offset = coords.pop(self.name)
+        if self.window == 1:  # a window of one reads in place: always in range, nothing to guard
+            return None
+        source = coords[self.dim] + offset - Half(self.window)
         coords[self.dim] = source
         # bounded by the size of the dim being unfolded, never by the window's
         return Guard(source, sizes[self.dim], self.dim, self.window)

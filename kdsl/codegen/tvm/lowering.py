@@ -23,18 +23,14 @@ from typing import Any
 from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.index import Add, Const, Cyclic, FloorDiv, Half, Index, Mod, Scale, SizeOf, Var, walk_up
 from kdsl.lang.primitives import (
-    Expand,
-    Merge,
     Primitive,
     Reduce,
     Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
     Weight,
 )
+from kdsl.lang.sizes import Size
 
 
 def load_tvm() -> Any:
@@ -169,71 +165,52 @@ class _Guard:
     pad: tuple[int, int] | None
 
 
+def _tir(tvm: Any, expr: Index, leaves: Mapping[str, Any]) -> Any:
+    """An index expression over constant sizes as a TIR expression (``leaves``: the loop variables)."""
+    if isinstance(expr, Var):
+        return leaves[expr.name]
+    if isinstance(expr, Const):
+        return tvm.tirx.const(expr.value, "int32")  # the dtype of TE's axes
+    if isinstance(expr, SizeOf):
+        return _int(expr.size)
+    if isinstance(expr, Half):
+        return _int(expr.size) // 2
+    if isinstance(expr, Add):
+        left, right = _tir(tvm, expr.left, leaves), _tir(tvm, expr.right, leaves)
+        return left + right if expr.sign > 0 else left - right
+    if isinstance(expr, Scale):
+        return _tir(tvm, expr.expr, leaves) * _int(expr.factor)
+    if isinstance(expr, FloorDiv):
+        return tvm.tirx.floordiv(_tir(tvm, expr.expr, leaves), _int(expr.divisor))
+    if isinstance(expr, Mod):
+        return tvm.tirx.floormod(_tir(tvm, expr.expr, leaves), _int(expr.divisor))
+    if isinstance(expr, Cyclic):
+        return _cyclic(tvm, _tir(tvm, expr.expr, leaves), expr.offset, _int(expr.extent))
+    raise LoweringError(f"no TIR form for the index expression {expr!r}")
+
+
+def _int(size: Size) -> int:
+    return int(size.constant)
+
+
 def _walk_up(
     tvm: Any, views: list[tuple[Primitive, dict[str, int]]], coords: dict[str, Any], binding: Mapping[str, int]
 ) -> tuple[dict[str, Any], list[_Guard]]:
     """Walk ``views`` (each with the live sizes before it) bottom-up from ``coords``: return the
-    coordinates in the tensor before the first view, and the guards that make a read valid."""
-    coords = dict(coords)
-    guards: list[_Guard] = []
-    shifted: dict[str, tuple[Any, int]] = {}  # dim -> (coordinate before its Shifts, total offset)
-    for step, sizes in reversed(views):
-        touched = {*step.consumes, *step.produces, getattr(step, "dim", None)}
-        for guard in guards:
-            if guard.dim in touched:
-                guard.pad = None  # the coordinate is remapped above the window: padding cannot replace the guard
-        for name in step.consumes + step.produces:
-            if not isinstance(step, Shift):
-                shifted.pop(name, None)
-        # A dim of size 1 has the coordinate 0 whatever the index expression says: Split and Merge
-        # with a size-1 side are written without it. Left in, `o*1 + i` and `m // 2, m % 2` over a
-        # size-1 dim simplify to index forms such as `(m + 1) // 2` whose inverse TVM 0.27 gets
-        # wrong (reverse_compute_inline wrote out[2*v - 1] and left out[0] unwritten).
-        if isinstance(step, Split):
-            block = int(step.block.evaluate(binding))
-            outer, inner = coords.pop(step.outer), coords.pop(step.inner)
-            if block == 1:
-                coords[step.dim] = outer
-            elif sizes[step.dim] == block:
-                coords[step.dim] = inner
-            else:
-                coords[step.dim] = outer * block + inner
-        elif isinstance(step, Merge):
-            merged = coords.pop(step.name)
-            block = sizes[step.inner]
-            if block == 1:
-                coords[step.outer], coords[step.inner] = merged, _zero(tvm)
-            elif sizes[step.outer] == 1:
-                coords[step.outer], coords[step.inner] = _zero(tvm), merged
-            else:
-                coords[step.outer] = tvm.tirx.floordiv(merged, block)
-                coords[step.inner] = tvm.tirx.floormod(merged, block)
-        elif isinstance(step, Shift):
-            # Consecutive Shifts of one dim fold into one offset, and the wrap-around is a select,
-            # not a floormod: TVM 0.27's simplifier rewrote floormod(floormod(i + 1, 2) + 1, 2)
-            # wrongly (the kernel read x[(i + 1) % 2] instead of x[i]).
-            base, offset = shifted.get(step.dim, (coords[step.dim], 0))
-            offset += step.offset
-            coords[step.dim] = _cyclic(tvm, base, offset, sizes[step.dim])
-            shifted[step.dim] = (base, offset)
-            continue
-        elif isinstance(step, Expand):
-            coords.pop(step.name)
-        elif isinstance(step, Unfold):
-            window = coords.pop(step.name)
-            k = int(step.window.evaluate(binding))
-            if k == 1:
-                continue  # a window of one reads in place: the coordinate is in range, nothing to guard
-            source = coords[step.dim] + window - k // 2
-            # bounded by the size of the dim being unfolded, not by the window
-            condition = tvm.tirx.all(source >= 0, source < sizes[step.dim])
-            guards.append(_Guard(condition, step.dim, (k // 2, k - 1 - k // 2)))
-            coords[step.dim] = source
-        elif isinstance(step, Stride):
-            coords[step.dim] = coords[step.dim] * int(step.stride.evaluate(binding))
-        else:  # pragma: no cover - the plan only puts views between stages
-            raise LoweringError(f"unexpected step between stages: {step!r}")
-    return coords, guards
+    coordinates in the tensor before the first view, and the guards that make a read valid.
+
+    The walk is the primitives' own coordinate rules (:func:`kdsl.lang.index.walk_up`) over the steps
+    evaluated at the binding, so the identities of size-1 dims apply; the result becomes TIR."""
+    bound = [(step.at(binding), {name: Size.of(n) for name, n in sizes.items()}) for step, sizes in views]
+    up, guards = walk_up(bound, {name: Var(name) for name in coords})
+    result = {name: _tir(tvm, expr, coords) for name, expr in up.items()}
+    checks = []
+    for guard in guards:
+        source, window = _tir(tvm, guard.expr, coords), _int(guard.window)
+        # bounded by the size of the dim being unfolded, not by the window
+        condition = tvm.tirx.all(source >= 0, source < _int(guard.extent))
+        checks.append(_Guard(condition, guard.dim, (window // 2, window - 1 - window // 2) if guard.paddable else None))
+    return result, checks
 
 
 def _paddings(
@@ -268,11 +245,6 @@ def _pad(tvm: Any, tensor: Any, dims: list[str], pads: Mapping[str, tuple[int, i
         return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0.0, dtype))
 
     return tvm.te.compute(tuple(shape), compute, name=name)
-
-
-def _zero(tvm: Any) -> Any:
-    """The coordinate of a size-1 dim (int32, the dtype of TE's axes)."""
-    return tvm.tirx.const(0, "int32")
 
 
 def _cyclic(tvm: Any, coordinate: Any, offset: int, extent: int) -> Any:
