@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import ClassVar
 
 from kdsl.lang.sizes import Size
 
@@ -137,32 +138,33 @@ class Add(Index):
 
 
 @dataclass(frozen=True, eq=True)
-class Scale(Index):
-    """``expr * factor``."""
+class _BySize(Index):
+    """``expr <op> size`` for an operation by a size (``symbol`` prints it)."""
 
     expr: Index
-    factor: Size
+    size: Size
+    symbol: ClassVar[str]
 
     def __str__(self) -> str:
-        return f"{_wrap(self.expr)}*{_wrap_size(self.factor)}"
+        return f"{_wrap(self.expr)}{self.symbol}{_wrap_size(self.size)}"
 
 
-@dataclass(frozen=True, eq=True)
-class FloorDiv(Index):
-    expr: Index
-    divisor: Size
+class Scale(_BySize):
+    """``expr * size``."""
 
-    def __str__(self) -> str:
-        return f"{_wrap(self.expr)} // {_wrap_size(self.divisor)}"
+    symbol = "*"
 
 
-@dataclass(frozen=True, eq=True)
-class Mod(Index):
-    expr: Index
-    divisor: Size
+class FloorDiv(_BySize):
+    """``expr // size`` (floor division)."""
 
-    def __str__(self) -> str:
-        return f"{_wrap(self.expr)} % {_wrap_size(self.divisor)}"
+    symbol = " // "
+
+
+class Mod(_BySize):
+    """``expr % size`` (the non-negative remainder)."""
+
+    symbol = " % "
 
 
 @dataclass(frozen=True, eq=True, init=False)
@@ -238,11 +240,11 @@ def evaluate(expr: Index, indices: Mapping[str, int], binding: Mapping[str, int]
     if isinstance(expr, Add):
         return evaluate(expr.left, indices, binding) + expr.sign * evaluate(expr.right, indices, binding)
     if isinstance(expr, Scale):
-        return evaluate(expr.expr, indices, binding) * int(_size_value(expr.factor, binding))
+        return evaluate(expr.expr, indices, binding) * int(_size_value(expr.size, binding))
     if isinstance(expr, FloorDiv):
-        return evaluate(expr.expr, indices, binding) // int(_size_value(expr.divisor, binding))
+        return evaluate(expr.expr, indices, binding) // int(_size_value(expr.size, binding))
     if isinstance(expr, Mod):
-        return evaluate(expr.expr, indices, binding) % int(_size_value(expr.divisor, binding))
+        return evaluate(expr.expr, indices, binding) % int(_size_value(expr.size, binding))
     if isinstance(expr, Cyclic):
         return (evaluate(expr.expr, indices, binding) + expr.offset) % int(_size_value(expr.extent, binding))
     raise TypeError(f"not an index expression: {expr!r}")

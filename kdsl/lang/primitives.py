@@ -430,9 +430,19 @@ class Primitive:
     ports: ClassVar[tuple[str, ...]] = ()
     facts: ClassVar[frozenset[str]]
     rank: ClassVar[int]
-    #: the resolved dims this step consumes and produces, used by every pass
-    consumes: tuple[str, ...]
-    produces: tuple[str, ...]
+    #: whether the dims it refers to live on as new versions (a shifted, strided or unfolded dim)
+    keeps: ClassVar[bool] = False
+
+    @property
+    def consumes(self) -> tuple[str, ...]:
+        """The resolved dims this step consumes: its ``ref`` fields."""
+        return tuple(getattr(self, f.name) for f in self.fields if f.kind == "ref")
+
+    @property
+    def produces(self) -> tuple[str, ...]:
+        """The dims it produces: the ones it keeps (as new versions), then its ``name`` fields."""
+        kept = self.consumes if self.keeps else ()
+        return kept + tuple(getattr(self, f.name) for f in self.fields if f.kind == "name")
 
     def apply(self, live: Live, context: BuildContext) -> Primitive:
         """Resolve references against ``live``, update it in place, return the resolved step."""
@@ -588,13 +598,6 @@ class Split(Primitive):
             Requirement("integral", (after[self.outer],), self.outer, f"the outer dim {self.outer}: "),
         ]
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.dim,)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.outer, self.inner)
 
 
 @dataclass(frozen=True)
@@ -636,13 +639,6 @@ class Merge(Primitive):
             coords[self.inner] = merged % block
         return None
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.outer, self.inner)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.name,)
 
 
 @dataclass(frozen=True)
@@ -652,6 +648,7 @@ class Shift(Primitive):
     dim: DimRef
     offset: int = 1
     kind: ClassVar[str] = "Shift"
+    keeps: ClassVar[bool] = True
     fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("offset", "int", optional=True, default=1))
     facts: ClassVar[frozenset[str]] = frozenset({VIEW, LINEAR})
     rank: ClassVar[int] = 1
@@ -666,13 +663,6 @@ class Shift(Primitive):
         coords[self.dim] = Cyclic(coords[self.dim], self.offset, sizes[self.dim])
         return None
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.dim,)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.dim,)
 
 
 @dataclass(frozen=True)
@@ -700,13 +690,6 @@ class Expand(Primitive):
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
         return [Requirement("integral", (self.size,), self.name)]
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.name,)
 
 
 @dataclass(frozen=True)
@@ -720,6 +703,7 @@ class Unfold(Primitive):
     window: Size
     name: str | None = None
     kind: ClassVar[str] = "Unfold"
+    keeps: ClassVar[bool] = True
     fields: ClassVar[tuple[Field, ...]] = (
         Field("dim", "ref"),
         Field("window", "size"),
@@ -759,13 +743,6 @@ class Unfold(Primitive):
             Requirement("window", (self.window, before[self.dim]), self.dim),
         ]
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.dim,)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.dim, self.name)
 
 
 @dataclass(frozen=True)
@@ -776,6 +753,7 @@ class Stride(Primitive):
     dim: DimRef
     stride: Size
     kind: ClassVar[str] = "Stride"
+    keeps: ClassVar[bool] = True
     fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("stride", "size"))
     facts: ClassVar[frozenset[str]] = frozenset({VIEW, DROPS, LINEAR})
     rank: ClassVar[int] = 3
@@ -800,13 +778,6 @@ class Stride(Primitive):
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
         return [Requirement("integral", (after[self.dim],), self.dim)]
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.dim,)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return (self.dim,)
 
 
 @dataclass(frozen=True, init=False)
@@ -848,13 +819,6 @@ class Reduce(Primitive):
         live.remove(name)
         return Reduce(name, mean=self.mean)
 
-    @property
-    def consumes(self) -> tuple[str, ...]:
-        return (self.dim,)
-
-    @property
-    def produces(self) -> tuple[str, ...]:
-        return ()
 
 
 @dataclass(frozen=True)

@@ -179,11 +179,11 @@ def _tir(tvm: Any, expr: Index, leaves: Mapping[str, Any]) -> Any:
         left, right = _tir(tvm, expr.left, leaves), _tir(tvm, expr.right, leaves)
         return left + right if expr.sign > 0 else left - right
     if isinstance(expr, Scale):
-        return _tir(tvm, expr.expr, leaves) * _int(expr.factor)
+        return _tir(tvm, expr.expr, leaves) * _int(expr.size)
     if isinstance(expr, FloorDiv):
-        return tvm.tirx.floordiv(_tir(tvm, expr.expr, leaves), _int(expr.divisor))
+        return tvm.tirx.floordiv(_tir(tvm, expr.expr, leaves), _int(expr.size))
     if isinstance(expr, Mod):
-        return tvm.tirx.floormod(_tir(tvm, expr.expr, leaves), _int(expr.divisor))
+        return tvm.tirx.floormod(_tir(tvm, expr.expr, leaves), _int(expr.size))
     if isinstance(expr, Cyclic):
         return _cyclic(tvm, _tir(tvm, expr.expr, leaves), expr.offset, _int(expr.extent))
     raise LoweringError(f"no TIR form for the index expression {expr!r}")
