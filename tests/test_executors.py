@@ -1,9 +1,11 @@
-"""Executors: isolation (timeouts, crashes, errors), the latency slot, and Ray against local.
+"""Executors: isolation (timeouts, crashes, errors), the latency slot, and Ray against local; and the
+worker pool underneath (:mod:`kdsl.codegen.workers`, which schedule tuning shares).
 
 The spawned workers import this module by name (``tests/`` is on ``sys.path`` under pytest and
 spawn passes ``sys.path`` on), so :class:`Misbehave` below is a test-only evaluator they can load.
 """
 
+import functools
 import itertools
 import os
 import signal
@@ -13,6 +15,7 @@ import time
 import pytest
 
 from kdsl import gallery
+from kdsl.codegen.workers import WorkerError, WorkerPool
 from kdsl.discover.evaluators import Context, Evaluator
 from kdsl.discover.executors import LocalExecutor, Task, make_executor, run_task
 from kdsl.lang.errors import KdslError
@@ -177,3 +180,35 @@ def test_ray_isolates_hangs_and_crashes(ray_session):
         results,
         {ops["conv2d"].key: "ok", ops["depthwise_conv2d"].key: "timeout", ops["grouped_conv2d"].key: "crashed"},
     )
+
+
+def pool_job(state, job, slot):
+    """A worker-pool handler that misbehaves on request, else echoes its setup's state and the job."""
+    if job == "hang":
+        time.sleep(3600)
+    if job == "exit":
+        os._exit(3)
+    if job == "fail":
+        raise ValueError("deliberate failure")
+    if job == "unpicklable":
+        return lambda: None
+    return state, job
+
+
+def failing_setup():
+    raise RuntimeError("no such library")
+
+
+def test_worker_pool_isolates_jobs_and_reports_each_outcome():
+    with WorkerPool(pool_job, size=2, setup=functools.partial(str, "set up"), timeout=3) as pool:
+        outcomes = pool.run(["a", "hang", "exit", "fail", "unpicklable", "b"])
+        again = pool.call("c")  # replaced workers take new jobs
+    assert [o.status for o in outcomes] == ["ok", "timeout", "crashed", "error", "error", "ok"]
+    assert outcomes[0].value == ("set up", "a") and again.value == ("set up", "c")
+    assert "exited with code 3" in outcomes[2].error
+    assert "deliberate failure" in outcomes[3].error and "cannot send the result" in outcomes[4].error
+
+
+def test_worker_pool_setup_failure_is_a_clear_error():
+    with WorkerPool(pool_job, setup=failing_setup) as pool, pytest.raises(WorkerError, match="no such library"):
+        pool.call("a")

@@ -182,6 +182,38 @@ def test_the_fastest_records_are_re_timed_and_keep_their_fastest_timing(tmp_path
     assert [after[k] for k in top] == [before[top[0]], 2e-9, 3e-9]  # each keeps its fastest timing
 
 
+def test_tuning_measurements_wait_for_the_latency_slot(tmp_path):
+    """While another process times (the test holds the slot), the measuring worker runs no kernel;
+    it times once the slot is free, and the wait does not count against its timeout."""
+    import threading
+    import time
+
+    from kdsl import gallery
+    from kdsl.codegen.measure import latency_slot
+    from kdsl.tune.measure import Measurer, compile_module
+
+    lock = str(tmp_path / "latency.lock")
+    space = _space()
+    path = str(tmp_path / "k.so")
+    compile_module(space.apply(space.heuristic()).mod, path)
+    results: list = []
+    with Measurer(gallery.load("matmul"), SMALL, lock_path=lock) as measurer:
+        with latency_slot(lock):
+            thread = threading.Thread(target=lambda: results.append(measurer.time_library(path, check=True)))
+            thread.start()
+            deadline = time.monotonic() + 300  # the worker starts and imports TVM first
+            while not measurer.waiting_for_slot and thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert measurer.waiting_for_slot, results  # it asked for the slot ...
+            thread.join(1.0)
+            assert thread.is_alive() and not results  # ... and has not timed while the slot is held
+            assert measurer.waiting_for_slot
+        thread.join(300)
+    assert not thread.is_alive()
+    [(latency, error)] = results
+    assert error is None and latency > 0
+
+
 def test_metaschedule_gets_the_program_with_its_pads_inlined():
     import torch
 

@@ -4,8 +4,10 @@ For every gallery operator and every layer of a table it measures, in one run: t
 forward+backward time of the kdsl->PyTorch module, of the native PyTorch function where one
 exists (:mod:`kdsl.codegen.native`), and the forward time of the kdsl->TVM kernel with its default
 schedule. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
-and then slows PyTorch down in the same process (see TVM.md). Times are medians over repeats;
-ratios are kdsl / native (lower is better; 1.0 means as fast).
+and then slows PyTorch down in the same process (see TVM.md); the timings of each case hold the
+machine's latency slot (:func:`kdsl.codegen.measure.latency_slot`). Times are medians over repeats
+(:func:`kdsl.codegen.measure.median_seconds`); ratios are kdsl / native (lower is better; 1.0 means
+as fast).
 """
 
 from __future__ import annotations
@@ -15,28 +17,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
-from statistics import median
 from typing import Any
 
+from kdsl.codegen.measure import latency_slot, median_seconds
 from kdsl.lang.errors import KdslError
 
 
-def _time(function: Callable[[], Any], target: float = 0.15, repeats: int = 5) -> float:
-    """Median seconds per call: warm up, pick a call count that takes ~``target`` s, repeat."""
-    function()
-    start = time.perf_counter()
-    function()
-    once = max(time.perf_counter() - start, 1e-7)
-    number = max(1, min(1000, int(target / once)))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            function()
-        samples.append((time.perf_counter() - start) / number)
-    return median(samples)
+def _time(function: Callable[[], Any]) -> float:
+    """Median seconds per call (kdsl's one timing helper), ~0.15 s per repeat, 5 repeats."""
+    return median_seconds(function, repeats=5, target=0.15)
 
 
 def _layers(table: str, batch: int) -> list[tuple[str, dict[str, int]]]:
@@ -78,19 +68,25 @@ def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str
         forward(x_grad).sum().backward()
 
     row: dict[str, Any] = {"op": name, "layer": layer_name}
-    with torch.no_grad():
-        row["kdsl_fwd"] = _time(lambda: module(x))
-    row["kdsl_fwdbwd"] = _time(lambda: train_step(module))
+    native: Callable[[Any], Any] | None = None
     if name in NATIVE:
         prepare, call = NATIVE[name]
         weights = [torch.nn.Parameter(w.detach().clone()) for w in prepare(list(module.weights), binding)]
 
-        def native(data: Any) -> Any:
+        def native_call(data: Any) -> Any:
             return call(data, weights, binding)
 
+        native = native_call
+
+    # one timing at a time on the machine (discover, tuning, other benches); building stays outside
+    with latency_slot():
         with torch.no_grad():
-            row["native_fwd"] = _time(lambda: native(x))
-        row["native_fwdbwd"] = _time(lambda: train_step(native))
+            row["kdsl_fwd"] = _time(lambda: module(x))
+        row["kdsl_fwdbwd"] = _time(lambda: train_step(module))
+        if native is not None:
+            with torch.no_grad():
+                row["native_fwd"] = _time(lambda: native(x))
+            row["native_fwdbwd"] = _time(lambda: train_step(native))
     return row
 
 
@@ -103,7 +99,8 @@ def _tvm_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, 
     kernel = kdsl_tvm.build(gallery.load(name), binding)
     x = torch.randn(kernel.input_shape)
     weights = [torch.randn(shape) for shape in kernel.weight_shapes]
-    return {"op": name, "layer": layer_name, "tvm_fwd": _time(lambda: kernel(x, *weights))}
+    with latency_slot():
+        return {"op": name, "layer": layer_name, "tvm_fwd": _time(lambda: kernel(x, *weights))}
 
 
 def _run_worker(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:

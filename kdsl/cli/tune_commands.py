@@ -5,9 +5,10 @@
 shape), conv2d at ResNet-18's conv3_x (N=1) and the gallery's ``syno_op1`` at the same layer, with equal
 trial budgets (64 by default). Each tuner's best schedule (and the default schedule) is recompiled and
 re-measured at the end in one measuring process, in alternation with PyTorch's native op
-(``torch.matmul``, ``F.conv2d``; for ``syno_op1`` PyTorch's conv2d at the same layer) timed in a process
-of its own, for ``rounds`` rounds; each keeps its best median (these VMs slow everything down by up to
-1.8x for seconds to minutes, so a baseline timed once, minutes apart from the kernels, misleads).
+(:data:`kdsl.codegen.native.NATIVE`'s ``matmul`` and ``conv2d``; for ``syno_op1`` PyTorch's conv2d at
+the same layer) timed in a worker process of its own, both in the machine's latency slot, for ``rounds``
+rounds; each keeps its best median (these VMs slow everything down by up to 1.8x for seconds to
+minutes, so a baseline timed once, minutes apart from the kernels, misleads).
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(); commands = parser.add_subparsers()
@@ -19,16 +20,20 @@ of its own, for ``rounds`` rounds; each keeps its best median (these VMs slow ev
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from kdsl import gallery, solve
 from kdsl.cli.search_commands import positive_int
+from kdsl.codegen.measure import median_seconds
+from kdsl.codegen.native import native_function
+from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError
 
 TUNERS = ("opevo", "alt", "gensor", "metaschedule")
@@ -42,7 +47,6 @@ def parse_layer(text: str) -> dict[str, int]:
     >>> parse_layer("conv3_x")["Cin"]
     128
     """
-    from kdsl import solve
 
     text = text.strip()
     if text.startswith("{"):
@@ -74,7 +78,6 @@ def add_tune_commands(subparsers: Any) -> None:
 
 
 def command_tune(args: argparse.Namespace) -> int:
-    from kdsl import solve
     from kdsl.cli import load_operator
     from kdsl.tune.driver import tune
 
@@ -115,41 +118,57 @@ def bench_cases() -> list[tuple[str, str, dict[str, int]]]:
     ]
 
 
-_TORCH = """
-import json, statistics, sys, time, torch, torch.nn.functional as F
-torch.set_num_threads(int(sys.argv[2]))
-c = json.loads(sys.argv[1]); v = c["layer"]
-if c["op"] == "matmul":
-    a, b = torch.randn(v["M"], v["Cin"]), torch.randn(v["Cin"], v["Cout"]); f = lambda: torch.matmul(a, b)
-else:
-    x, w = torch.randn(v["N"], v["Cin"], v["H"], v["W"]), torch.randn(v["Cout"], v["Cin"], 3, 3)
-    f = lambda: F.conv2d(x, w, padding=1)
-with torch.no_grad():
-    for _ in range(3): f()
-    t = time.perf_counter(); f(); once = time.perf_counter() - t
-    n = max(1, int(0.04 / once)); best = float("inf")
-    for _ in range(c["rounds"]):
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(n): f()
-            times.append((time.perf_counter() - t) / n)
-        best = min(best, statistics.median(times))
-print(best)
-"""
+def _torch_setup(threads: int) -> None:
+    """The PyTorch baseline worker's setup: import torch once, with the kernels' thread count."""
+    import torch
+
+    torch.set_num_threads(threads)
 
 
-def torch_seconds(op: str, layer: Mapping[str, int], rounds: int = 3) -> float:
-    """PyTorch's native op (matmul, or conv2d 3x3 for the convolutions) timed in a separate process."""
+def _torch_job(state: None, job: tuple[str, dict[str, Any], dict[str, int], int], slot: Slot) -> float:
+    """Best of ``rounds`` medians of PyTorch's native op (:data:`kdsl.codegen.native.NATIVE`), timed
+    in the machine's latency slot."""
+    import torch
+
+    name, shapes, sizes, rounds = job
+    x = torch.randn(shapes["input"])
+    weights = [torch.randn(shape) for shape in shapes["weights"].values()]
+    function = native_function(name, x, weights, sizes)
+    best = float("inf")
+    with torch.no_grad(), slot():
+        for _ in range(rounds):
+            best = min(best, median_seconds(function, repeats=5, target=0.04, warmup=3))
+    return best
+
+
+def torch_pool() -> WorkerPool:
+    """A worker process for :func:`torch_seconds`: PyTorch timed apart from TVM, whose pinned threads
+    would slow it down in the same process (TVM.md), with as many threads as the TVM kernels."""
     threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    env = dict(os.environ, OMP_NUM_THREADS=threads)
-    payload = json.dumps({"op": "matmul" if op == "matmul" else "conv2d", "layer": dict(layer), "rounds": rounds})
-    done = subprocess.run(
-        [sys.executable, "-c", _TORCH, payload, threads], env=env, capture_output=True, text=True, check=False
+    return WorkerPool(
+        _torch_job,
+        setup=functools.partial(_torch_setup, int(threads)),
+        environment={"OMP_NUM_THREADS": threads},
+        name="kdsl-torch-baseline",
     )
-    if done.returncode != 0:
-        raise KdslError(f"timing PyTorch failed: {done.stderr[-2000:]}")
-    return float(done.stdout.strip().splitlines()[-1])
+
+
+def torch_seconds(op: str, layer: Mapping[str, int], rounds: int = 3, pool: WorkerPool | None = None) -> float:
+    """PyTorch's native op (matmul, or conv2d for the convolutions) at ``layer``, timed in a worker
+    process (``pool``, else a fresh one)."""
+    native = "matmul" if op == "matmul" else "conv2d"
+    baseline = gallery.load(native)
+    sizes = {**dict(layer), **dict(solve.bind(baseline, layer))}
+    shapes = solve.shapes(baseline, sizes)
+    job = (native, {"input": shapes["input"], "weights": shapes["weights"]}, sizes, rounds)
+    if pool is None:
+        with torch_pool() as own:
+            outcome = own.call(job)
+    else:
+        outcome = pool.call(job)
+    if not outcome.ok:
+        raise KdslError(f"timing PyTorch failed: {outcome.error}")
+    return outcome.value
 
 
 def _at(curve: list[float], n: int) -> str:
@@ -161,7 +180,6 @@ def _at(curve: list[float], n: int) -> str:
 
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
-    from kdsl import gallery, solve
     from kdsl.codegen.tvm.default_schedule import default_schedule
     from kdsl.tune.driver import tune
     from kdsl.tune.measure import Measurer, _lowered, compile_module
@@ -181,7 +199,7 @@ def bench_tune(args: argparse.Namespace) -> int:
         flops = 2 * solve.cost(op, binding)["flops"]
         results = {}
         libraries: dict[str, str] = {}
-        with Measurer(op, binding) as measurer:
+        with Measurer(op, binding) as measurer, torch_pool() as torch_worker:
             space = None
             for tuner in args.tuners:
                 result = tune(op, binding, tuner, trials, db, measurer=measurer, log=lambda m: print("  " + m))
@@ -211,7 +229,7 @@ def bench_tune(args: argparse.Namespace) -> int:
                         final[tuner] = min(final.get(tuner, float("inf")), latency)
                     elif error:
                         print(f"  {tuner}: re-measurement failed: {error}")
-                torch_s = min(torch_s, torch_seconds(name, binding, 1))
+                torch_s = min(torch_s, torch_seconds(name, binding, 1, torch_worker))
         print(
             f"\n### {label} ({flops / 1e9:.2f} GFLOP); "
             f"PyTorch {torch_s * 1e3:.3f} ms, {flops / torch_s / 1e9:.1f} GFLOP/s"

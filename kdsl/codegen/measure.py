@@ -1,4 +1,4 @@
-"""Timing helpers for the latency evaluator: one measurement at a time per machine, interleaved runs.
+"""The one timing helper of kdsl and the machine's latency slot: one measurement at a time per machine.
 
 Two measurements that overlap on one machine slow each other down, so every latency measurement
 holds :func:`latency_slot`, an exclusive ``fcntl.flock`` on a lock file shared by every process of
@@ -7,7 +7,10 @@ its holder dies, so a worker killed for a timeout never leaves the slot taken.
 
 :func:`interleaved_medians` times several functions in alternation (a, b, a, b, ...), so that
 machine noise (frequency changes, a noisy neighbour) hits all of them alike, and returns the median
-seconds per call of each.
+seconds per call of each; :func:`median_seconds` is the same for one function. Everything in kdsl
+that times a Python callable uses them (the latency evaluator, ``kdsl bench``); compiled TVM kernels
+in the tuner's measuring worker are timed by TVM's own ``time_evaluator``, inside the slot too.
+Isolated worker processes with hard timeouts are in :mod:`kdsl.codegen.workers`.
 
 >>> with latency_slot():
 ...     seconds = interleaved_medians([lambda: sum(range(100)), lambda: sum(range(10))], repeats=3, target=0.001)
@@ -26,7 +29,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-__all__ = ["LOCK_ENV", "interleaved_medians", "latency_lock_path", "latency_slot"]
+__all__ = ["LOCK_ENV", "interleaved_medians", "latency_lock_path", "latency_slot", "median_seconds"]
 
 #: Environment variable naming the lock file (default: ``kdsl-latency.lock`` in the temp folder).
 LOCK_ENV = "KDSL_LATENCY_LOCK"
@@ -66,9 +69,10 @@ def latency_slot(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _calls_for(function: Callable[[], Any], target: float) -> int:
-    """How many calls take about ``target`` seconds (after one warm-up call)."""
-    function()
+def _calls_for(function: Callable[[], Any], target: float, warmup: int) -> int:
+    """How many calls take about ``target`` seconds (after ``warmup`` untimed calls)."""
+    for _ in range(warmup):
+        function()
     start = time.perf_counter()
     function()
     once = max(time.perf_counter() - start, 1e-7)
@@ -76,13 +80,19 @@ def _calls_for(function: Callable[[], Any], target: float) -> int:
 
 
 def interleaved_medians(
-    functions: Sequence[Callable[[], Any]], *, repeats: int = 7, target: float = 0.02
+    functions: Sequence[Callable[[], Any]],
+    *,
+    repeats: int = 7,
+    target: float = 0.02,
+    number: int | None = None,
+    warmup: int = 1,
 ) -> list[float]:
     """Median seconds per call of each function, timed in alternation.
 
-    Each function is warmed up and given a call count that takes about ``target`` seconds; then
-    ``repeats`` rounds each time every function once (in order), and the median over rounds is
-    returned per function.
+    Each function is called ``warmup`` times untimed and given a call count that takes about
+    ``target`` seconds (or exactly ``number`` calls); then ``repeats`` rounds each time every
+    function once (in order), and the median over rounds is returned per function. It does not take
+    the latency slot: the caller holds it around everything it measures together.
 
     >>> fast, slow = interleaved_medians([lambda: None, lambda: time.sleep(0.002)], repeats=3, target=0.004)
     >>> fast < slow
@@ -90,7 +100,15 @@ def interleaved_medians(
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    counts = [_calls_for(function, target) for function in functions]
+    if number is not None and number < 1:
+        raise ValueError(f"number must be at least 1, got {number}")
+    if number is None:
+        counts = [_calls_for(function, target, warmup) for function in functions]
+    else:
+        for function in functions:
+            for _ in range(warmup):
+                function()
+        counts = [number] * len(functions)
     samples: list[list[float]] = [[] for _ in functions]
     for _ in range(repeats):
         for index, (function, count) in enumerate(zip(functions, counts)):
@@ -99,3 +117,14 @@ def interleaved_medians(
                 function()
             samples[index].append((time.perf_counter() - start) / count)
     return [median(each) for each in samples]
+
+
+def median_seconds(
+    function: Callable[[], Any], *, repeats: int = 5, target: float = 0.04, number: int | None = None, warmup: int = 1
+) -> float:
+    """Median seconds per call of one function (:func:`interleaved_medians` of one).
+
+    >>> 0 < median_seconds(lambda: sum(range(100)), repeats=3, target=0.001) < 0.1
+    True
+    """
+    return interleaved_medians([function], repeats=repeats, target=target, number=number, warmup=warmup)[0]

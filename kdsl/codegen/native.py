@@ -1,19 +1,27 @@
 """PyTorch's own implementation of each classic gallery operator, for tests and benchmarks.
 
-Each entry maps a gallery name to ``(prepare, call)``: ``prepare(weights, sizes)`` turns the
-operator's weights (in its declared layouts) into the layout the PyTorch function takes (done
-once, outside any timing), and ``call(x, prepared, sizes)`` runs that function.
+This is kdsl's one table of native PyTorch baselines: tests compare against it, ``kdsl bench codegen``
+and ``kdsl bench tune`` time against it. Each entry maps a gallery name to ``(prepare, call)``:
+``prepare(weights, sizes)`` turns the operator's weights (in its declared layouts) into the layout the
+PyTorch function takes (done once, outside any timing), and ``call(x, prepared, sizes)`` runs that
+function. :func:`native_function` gives a ready-to-time call.
 
 >>> import torch
 >>> prepare, call = NATIVE["linear"]
 >>> call(torch.ones(2, 3), prepare([torch.ones(4, 3)], {}), {}).shape
 torch.Size([2, 4])
+>>> native_function("matmul", torch.ones(2, 3), [torch.ones(3, 5)], {})().shape
+torch.Size([2, 5])
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from kdsl.lang.errors import KdslError
+
+__all__ = ["NATIVE", "native_function"]
 
 Sizes = Mapping[str, int]
 
@@ -78,3 +86,20 @@ NATIVE: dict[str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable[[A
         lambda x, w, v: _f().conv2d(x.roll(shifts=(-1, -1), dims=(2, 3)), w[0]),
     ),
 }
+
+
+def native_function(name: str, x: Any, weights: Sequence[Any], sizes: Sizes) -> Callable[[], Any]:
+    """PyTorch's own ``name`` on ``x`` as a call without arguments (for timing): ``weights`` are in the
+    gallery operator's layouts and are prepared once, here.
+
+    >>> native_function("syno_op1", None, [], {})
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.KdslError: PyTorch has no native function for 'syno_op1'; ...
+    """
+    if name not in NATIVE:
+        known = ", ".join(sorted(NATIVE))
+        raise KdslError(f"PyTorch has no native function for {name!r}; the table knows {known}")
+    prepare, call = NATIVE[name]
+    prepared = prepare(weights, sizes)
+    return lambda: call(x, prepared, sizes)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from kdsl.codegen.measure import latency_slot
+from kdsl.codegen.measure import interleaved_medians, latency_slot
 from kdsl.lang.build import Operator
 from kdsl.search.errors import SearchError
 
@@ -330,7 +330,7 @@ class LatencyEvaluator(Evaluator):
                     prefix = "latency" if backend == "torch" else "tvm_latency"
                     mine, theirs = {}, {}
                     for layer_name, candidate, baseline in rows:
-                        times = interleaved(candidate, baseline, self.repeats, self.target)
+                        times = interleaved_medians([candidate, baseline], repeats=self.repeats, target=self.target)
                         mine[layer_name], theirs[layer_name] = times[0] * 1e3, times[1] * 1e3
                     metrics[f"{prefix}_ms"] = sum(mine.values())
                     metrics[f"baseline_{prefix}_ms"] = sum(theirs.values())
@@ -340,12 +340,6 @@ class LatencyEvaluator(Evaluator):
         finally:
             torch.set_num_threads(threads)
         return metrics
-
-
-def interleaved(candidate: Callable[[], Any], baseline: Callable[[], Any], repeats: int, target: float) -> list[float]:
-    from kdsl.codegen.measure import interleaved_medians
-
-    return interleaved_medians([candidate, baseline], repeats=repeats, target=target)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,10 +6,11 @@ context dict); a result is a plain dict::
     {"key": ..., "status": "ok" | "error" | "timeout" | "crashed", "metrics": {...},
      "error": None | "message", "seconds": wall seconds}
 
-:class:`LocalExecutor` (the default) runs tasks on ``workers`` spawned processes that it manages
-itself: a task that runs past ``timeout`` gets its worker killed (SIGKILL) and replaced and is
-recorded as ``timeout``; a worker that dies (segfault, ``os._exit``, out of memory) is recorded as
-``crashed``; an exception in an evaluator is ``error`` with its message; the run goes on.
+:class:`LocalExecutor` (the default) runs tasks on ``workers`` spawned processes of a
+:class:`~kdsl.codegen.workers.WorkerPool`: a task that runs past ``timeout`` gets its worker killed
+(SIGKILL) and replaced and is recorded as ``timeout``; a worker that dies (segfault, ``os._exit``,
+out of memory) is recorded as ``crashed``; an exception in an evaluator is ``error`` with its
+message; the run goes on.
 Compilation runs in parallel, but latency measurements take the machine's one slot
 (:func:`kdsl.codegen.measure.latency_slot`, an ``flock`` that the OS releases when a killed worker
 dies); the timeout clock stops while a task waits for the slot.
@@ -26,21 +27,19 @@ dies); the timeout clock stops while a task waits for the slot.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
-import multiprocessing
 import os
-import signal
 import sys
 import time
-import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from kdsl.codegen.measure import latency_slot
+from kdsl.codegen.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.search.errors import SearchError
@@ -118,7 +117,7 @@ def _plain(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(dict(metrics), default=convert))
 
 
-def run_task(task: Task, slot: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, Any]:
+def run_task(task: Task, slot: Slot | None = None) -> dict[str, Any]:
     """Evaluate ``task`` in this process; every exception becomes an ``error`` result.
 
     ``slot`` is the latency-slot factory the evaluators use (default: the machine's flock).
@@ -134,9 +133,7 @@ def run_task(task: Task, slot: Callable[[], contextlib.AbstractContextManager[An
     except KdslError as error:
         return _result(task, "error", None, f"{type(error).__name__}: {error}", time.perf_counter() - start)
     except Exception as error:  # a candidate or evaluator bug must not end the run
-        lines = traceback.format_exception(type(error), error, error.__traceback__)
-        message = f"{type(error).__name__}: {error}\n{''.join(lines[-6:])}"
-        return _result(task, "error", None, message, time.perf_counter() - start)
+        return _result(task, "error", None, describe_exception(error), time.perf_counter() - start)
     return _result(task, "ok", metrics, None, time.perf_counter() - start)
 
 
@@ -167,105 +164,27 @@ class Executor(ABC):
 # Local worker processes
 
 
-def _worker_main(
-    conn: Connection, environment: Mapping[str, str], lock_path: str | None, preload: Sequence[str] = ()
-) -> None:
-    """A worker's loop: receive ``(task_id, task)``, send ``("done", task_id, result)``."""
-    # Ctrl-C reaches the whole process group; the parent stops the run and closes its workers,
-    # so a worker must not die on it with a traceback of its own
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ.update(environment)
-    # import before saying ready, so that a task's timeout does not pay for the imports
-    for module in ("kdsl.discover.evaluators", *preload):
+def _preload(modules: Sequence[str]) -> None:
+    """A worker's setup: import before saying ready, so that a task's timeout does not pay for it."""
+    for module in ("kdsl.discover.evaluators", *modules):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
 
-    @contextlib.contextmanager
-    def slot() -> Iterator[None]:
-        # the parent stops the task's clock while it waits for another process's measurement
-        conn.send(("pause", task_id))
-        with latency_slot(lock_path):
-            conn.send(("resume", task_id))
-            yield
 
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return
-        if message is None:
-            return
-        task_id, task = message
-        result = run_task(task, slot)
-        try:
-            conn.send(("done", task_id, result))
-        except Exception as error:  # e.g. an unpicklable value slipped into the metrics
-            conn.send(("done", task_id, _result(task, "error", None, f"cannot send the result: {error}", 0.0)))
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "the worker stopped responding"
-    if code < 0:
-        try:
-            return f"the worker was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"the worker was killed by signal {-code}"
-    return f"the worker exited with code {code}"
-
-
-class _Worker:
-    """One spawned worker process and the task it is running."""
-
-    def __init__(
-        self, context: Any, environment: Mapping[str, str], lock_path: str | None, preload: Sequence[str]
-    ) -> None:
-        self.conn, child = context.Pipe(duplex=True)
-        arguments = (child, dict(environment), lock_path, tuple(preload))
-        self.process = context.Process(target=_worker_main, args=arguments, daemon=True, name="kdsl-worker")
-        self.process.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.task: Task | None = None
-        self.task_id = -1
-        self.deadline = float("inf")
-        self.remaining: float | None = None  # set while the clock is paused
-        self.task_started = 0.0
-
-    def assign(self, task_id: int, task: Task, timeout: float) -> None:
-        self.task, self.task_id = task, task_id
-        self.task_started = time.monotonic()
-        self.deadline = self.task_started + timeout
-        self.remaining = None
-        self.conn.send((task_id, task))
-
-    def clear(self) -> None:
-        self.task, self.task_id, self.deadline, self.remaining = None, -1, float("inf"), None
-
-    def kill(self) -> int | None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(5)
-        with contextlib.suppress(OSError):
-            self.conn.close()
-        return self.process.exitcode
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError, BrokenPipeError):
-            self.conn.send(None)
-        self.process.join(2)
-        self.kill()
+def _serve_task(state: None, task: Task, slot: Slot) -> dict[str, Any]:
+    """A worker's handler: evaluate ``task`` with the slot that stops its clock while it waits."""
+    return run_task(task, slot)
 
 
 class LocalExecutor(Executor):
     """Evaluate tasks on ``workers`` spawned processes with a hard per-task ``timeout`` (seconds).
 
-    ``threads`` (default: cores / workers) sets ``OMP_NUM_THREADS`` in the workers;
-    ``lock_path`` overrides the machine's latency lock file; ``startup_timeout`` bounds how long a
-    new worker may take to start before the executor gives up (an environment problem); a worker
-    imports the modules in ``preload`` before it takes tasks (missing ones are skipped).
+    The processes are a :class:`~kdsl.codegen.workers.WorkerPool` (the one isolated worker pool of
+    kdsl, which schedule tuning uses too). ``threads`` (default: cores / workers) sets
+    ``OMP_NUM_THREADS`` in the workers; ``lock_path`` overrides the machine's latency lock file;
+    ``startup_timeout`` bounds how long a new worker may take to start before the executor gives up
+    (an environment problem); a worker imports the modules in ``preload`` before it takes tasks
+    (missing ones are skipped).
     """
 
     def __init__(
@@ -290,119 +209,32 @@ class LocalExecutor(Executor):
             "TVM_NUM_THREADS": str(threads),
             "TVM_BIND_THREADS": "0",  # TVM's pinned threads would slow PyTorch in the same worker
         }
-        self._context = multiprocessing.get_context("spawn")
-        self._pool: list[_Worker] = []
-        self._next_id = 0
-
-    def _spawn(self) -> _Worker:
-        return _Worker(self._context, self.environment, self.lock_path, self.preload)
-
-    def _replace(self, worker: _Worker) -> _Worker:
-        worker.kill()
-        fresh = self._spawn()
-        self._pool[self._pool.index(worker)] = fresh
-        return fresh
+        self._pool: WorkerPool[Task] = WorkerPool(
+            _serve_task,
+            size=workers,
+            setup=functools.partial(_preload, self.preload),
+            timeout=self.timeout,
+            environment=self.environment,
+            lock_path=lock_path,
+            startup_timeout=startup_timeout,
+        )
 
     def map(self, tasks: Iterable[Task]) -> Iterator[tuple[Task, dict[str, Any]]]:
-        source = iter(tasks)
-        exhausted = False
-        while len(self._pool) < self.workers:
-            self._pool.append(self._spawn())
         try:
-            while True:
-                for worker in self._pool:
-                    if worker.ready and worker.task is None and not exhausted:
-                        task = next(source, None)
-                        if task is None:
-                            exhausted = True
-                        else:
-                            self._next_id += 1
-                            try:
-                                worker.assign(self._next_id, task, self.timeout)
-                            except (OSError, BrokenPipeError):  # died while idle: retry the task on a fresh one
-                                self._replace(worker)
-                                source = _prepend(task, source)
-                busy = [w for w in self._pool if w.task is not None]
-                if exhausted and not busy:
-                    return
-                yield from self._step()
-        finally:
-            # the consumer stopped early (or an error): abandon running tasks
-            for index, worker in enumerate(self._pool):
-                if worker.task is not None:
-                    worker.kill()
-                    self._pool[index] = self._spawn()
-
-    def _step(self) -> Iterator[tuple[Task, dict[str, Any]]]:
-        """Wait for one event (a message, a death, a deadline) and yield the finished tasks."""
-        now = time.monotonic()
-        deadlines = [w.deadline for w in self._pool if w.task is not None and w.remaining is None]
-        deadlines += [w.started + self.startup_timeout for w in self._pool if not w.ready]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        handles: list[Any] = [w.conn for w in self._pool] + [w.process.sentinel for w in self._pool]
-        ready = set(wait(handles, timeout))
-        finished: list[tuple[Task, dict[str, Any]]] = []
-        for worker in list(self._pool):
-            dead = False
-            if worker.conn in ready:
-                try:
-                    while worker.conn.poll():
-                        finished.extend(self._message(worker, worker.conn.recv()))
-                except (EOFError, OSError):
-                    dead = True
-            if dead or (worker.process.sentinel in ready and not worker.process.is_alive()):
-                finished.extend(self._died(worker))
-        now = time.monotonic()
-        for worker in list(self._pool):
-            if worker.task is not None and worker.remaining is None and now >= worker.deadline:
-                task, seconds = worker.task, now - worker.task_started
-                self._replace(worker)
-                message = f"no result after {self.timeout:g} s; the worker was killed and replaced"
-                finished.append((task, _result(task, "timeout", None, message, seconds)))
-            elif not worker.ready and now >= worker.started + self.startup_timeout:
-                worker.kill()
-                raise SearchError(f"a worker process did not start within {self.startup_timeout:g} s")
-        yield from finished
-
-    def _message(self, worker: _Worker, message: tuple) -> list[tuple[Task, dict[str, Any]]]:
-        kind = message[0]
-        if kind == "ready":
-            worker.ready = True
-        elif kind == "pause" and message[1] == worker.task_id:
-            worker.remaining = max(0.0, worker.deadline - time.monotonic())
-        elif kind == "resume" and message[1] == worker.task_id and worker.remaining is not None:
-            worker.deadline = time.monotonic() + worker.remaining
-            worker.remaining = None
-        elif kind == "done" and message[1] == worker.task_id and worker.task is not None:
-            task, result = worker.task, message[2]
-            worker.clear()
-            return [(task, result)]
-        return []
-
-    def _died(self, worker: _Worker) -> list[tuple[Task, dict[str, Any]]]:
-        task, seconds = worker.task, time.monotonic() - worker.task_started
-        was_ready = worker.ready
-        code = worker.kill()
-        if not was_ready and task is None:
-            raise SearchError(f"a worker process failed to start ({_exit_text(code)}); see its output above")
-        self._replace(worker)
-        if task is None:
-            return []
-        return [(task, _result(task, "crashed", None, _exit_text(code), seconds))]
+            for task, outcome in self._pool.map(tasks):
+                yield task, _task_result(task, outcome)
+        except WorkerError as error:
+            raise SearchError(str(error)) from None
 
     def close(self) -> None:
-        for worker in self._pool:
-            worker.stop()
-        self._pool = []
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+        self._pool.close()
 
 
-def _prepend(item: Task, rest: Iterator[Task]) -> Iterator[Task]:
-    yield item
-    yield from rest
+def _task_result(task: Task, outcome: Outcome) -> dict[str, Any]:
+    """A task's result dict from its outcome in the pool (``run_task``'s own result when it ran)."""
+    if outcome.ok:
+        return outcome.value
+    return _result(task, outcome.status, None, outcome.error, outcome.seconds)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,31 +1,34 @@
-"""Measuring schedules: compile configurations in a small process pool, time them in one measuring process.
+"""Measuring schedules: compile configurations in worker processes, time them in one measuring worker.
 
-Configurations of a batch are applied and compiled in parallel (each worker exports a shared library),
-then timed one at a time in a separate measuring process (median of repeated runs with TVM's
-``time_evaluator``), whose first run of each configuration *family* (the configuration without its tile
-factors) is checked against the NumPy reference backend. A crash or a hang of either process costs that
-configuration only: it is recorded as invalid and the process restarts.
+Both are :class:`~kdsl.codegen.workers.WorkerPool` processes (the pool the discover executor uses):
+configurations of a batch are applied and compiled in parallel (each worker exports a shared library),
+then timed one at a time in a measuring worker (median of repeated runs with TVM's ``time_evaluator``)
+that holds the machine's latency slot (:func:`~kdsl.codegen.measure.latency_slot`) while it runs a
+kernel, so tuning never times while a discover run (or another tuning run) does; waiting for the slot
+does not count against :data:`MEASURE_TIMEOUT`. Every output is checked against the NumPy reference
+backend before it is timed. A crash or a hang of a worker costs that configuration only: it is recorded
+as invalid and the worker is replaced.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import functools
 import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.workers import Outcome, Slot, WorkerPool
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 
 #: Seconds one compile may take before its configuration is declared invalid.
 COMPILE_TIMEOUT = 120.0
-#: Seconds one measurement may take before the measuring process is restarted.
+#: Seconds one measurement may take (not counting the wait for the latency slot) before the
+#: measuring worker is killed and replaced.
 MEASURE_TIMEOUT = 60.0
 #: Target seconds of one timed repeat (``number`` calls); ``REPEATS`` repeats give the median.
 REPEAT_SECONDS = 0.04
@@ -35,10 +38,7 @@ RTOL = 2e-3
 
 
 # ------------------------------------------------------------------------------------------------
-# Measurement
-# ------------------------------------------------------------------------------------------------
-
-_WORKER: dict[str, Any] = {}
+# In the worker processes
 
 
 def _lowered(op: Operator, layer: Mapping[str, int]) -> Any:
@@ -47,18 +47,19 @@ def _lowered(op: Operator, layer: Mapping[str, int]) -> Any:
     return lower(op, layer)
 
 
-def _compile_init(op: Operator, layer: dict[str, int]) -> None:
-    os.environ.setdefault("TVM_NUM_THREADS", "2")
-    _WORKER["space"] = Space(_lowered(op, layer))
+def _compile_setup(op: Operator, layer: dict[str, int]) -> Space:
+    """A compile worker's state: the schedule space of the lowered operator."""
+    return Space(_lowered(op, layer))
 
 
-def _compile_one(config: dict[str, Any], path: str) -> str | None:
-    """Apply and compile ``config`` into a shared library at ``path``; the reason on failure."""
+def _compile_job(space: Space, job: tuple[dict[str, Any], str], slot: Slot) -> str | None:
+    """Apply and compile a configuration into a shared library at a path; the reason on failure."""
     from kdsl.codegen.tvm import default_target, load_tvm
 
+    config, path = job
     tvm = load_tvm()
     try:
-        sch = _WORKER["space"].apply(config)
+        sch = space.apply(config)
         executable = tvm.compile(sch.mod, target=default_target())
         executable.export_library(path)
     except LoweringError as error:
@@ -75,9 +76,8 @@ def compile_module(module: Any, path: str) -> None:
     load_tvm().compile(module, target=default_target()).export_library(path)
 
 
-def _measure_loop(conn: Any, op: Operator, layer: dict[str, int]) -> None:
-    """The measuring process: reply to ``(path, check)`` with ``(seconds or None, error or None)``."""
-    os.environ.setdefault("TVM_NUM_THREADS", "2")
+def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
+    """The measuring worker's state: TVM, random inputs on its device, an output buffer."""
     import numpy as np
 
     from kdsl.codegen import reference
@@ -85,125 +85,136 @@ def _measure_loop(conn: Any, op: Operator, layer: dict[str, int]) -> None:
 
     tvm = load_tvm()
     x, weights = reference.random_inputs(op, layer, dtype=np.float32)
-    expected = None
     dev = tvm.cpu(0)
     output_shape = tuple(int(d) for d in _lowered(op, layer).output_shape)
-    args = [tvm.runtime.tensor(a, dev) for a in (x, *weights)]
-    out = tvm.runtime.empty(output_shape, "float32", dev)
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        if request is None:
-            return
-        path, check = request
-        try:
-            module = tvm.runtime.load_module(path)
+    return {
+        "tvm": tvm,
+        "op": op,
+        "layer": layer,
+        "x": x,
+        "weights": weights,
+        "dev": dev,
+        "args": [tvm.runtime.tensor(a, dev) for a in (x, *weights)],
+        "out": tvm.runtime.empty(output_shape, "float32", dev),
+        "expected": None,
+    }
+
+
+def _expected(state: dict[str, Any]) -> Any:
+    """The reference output (float64), computed once per worker."""
+    import numpy as np
+
+    from kdsl.codegen import reference
+
+    if state["expected"] is None:
+        x, weights = state["x"], state["weights"]
+        as64 = [w.astype(np.float64) for w in weights]
+        state["expected"] = reference.run(state["op"], state["layer"], x.astype(np.float64), as64)
+    return state["expected"]
+
+
+def _measure_job(state: dict[str, Any], job: tuple[str, bool], slot: Slot) -> tuple[float | None, str | None]:
+    """Time the library at a path (checked against the reference if asked): ``(seconds, None)`` or
+    ``(None, reason)``. Everything that runs the kernel runs inside the latency slot."""
+    import numpy as np
+
+    path, check = job
+    tvm, dev, args, out = state["tvm"], state["dev"], state["args"], state["out"]
+    try:
+        module = tvm.runtime.load_module(path)
+        expected = _expected(state) if check else None  # before the slot: nothing to time here
+        with slot():
             start = time.perf_counter()
             module["main"](*args, out)
             first = time.perf_counter() - start
-            if check:
-                if expected is None:
-                    expected = reference.run(op, layer, x.astype(np.float64), [w.astype(np.float64) for w in weights])
+            if expected is not None:
                 got = out.numpy()
                 scale = float(np.abs(expected).max()) or 1.0
                 error = float(np.abs(got - expected).max()) / scale
                 if not error <= RTOL:
-                    conn.send((None, f"wrong result: max error {error:.2e} of the output's scale"))
-                    continue
+                    return None, f"wrong result: max error {error:.2e} of the output's scale"
             if first > 1.0:
-                conn.send((first, None))
-                continue
+                return first, None
             start = time.perf_counter()
             module["main"](*args, out)
             once = max(time.perf_counter() - start, 1e-6)
             number = max(1, int(REPEAT_SECONDS / once))
             timer = module.time_evaluator("main", dev, number=number, repeat=REPEATS)
             results = sorted(timer(*args, out).results)
-            conn.send((results[len(results) // 2], None))
-        except Exception as error:
-            conn.send((None, f"run failed: {str(error).strip()[-300:]}"))
+        return results[len(results) // 2], None
+    except Exception as error:
+        return None, f"run failed: {str(error).strip()[-300:]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# In the tuning process
 
 
 class Measurer:
-    """Compiles configurations in a process pool and times them one at a time in a measuring process."""
+    """Compiles configurations on ``workers`` compile workers and times them one at a time in a
+    measuring worker that takes the machine's latency slot (``lock_path`` overrides its lock file)."""
 
-    def __init__(self, op: Operator, layer: Mapping[str, int], workers: int = 2) -> None:
+    def __init__(
+        self, op: Operator, layer: Mapping[str, int], workers: int = 2, *, lock_path: str | None = None
+    ) -> None:
         self.op = op
         self.layer = dict(layer)
         self.workers = workers
-        self.context = multiprocessing.get_context("spawn")
+        self.lock_path = lock_path
         self.tmp = tempfile.TemporaryDirectory(prefix="kdsl-tune-")
-        self.pool: ProcessPoolExecutor | None = None
-        self.process: Any = None
-        self.conn: Any = None
+        # compile and measure with 2 TVM threads unless told otherwise (TVM's default here is 1)
+        environment = {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "2")}
+        # the processes start on first use, so a measurer that only compiles never starts a measuring one
+        self.compilers: WorkerPool[tuple[dict[str, Any], str]] = WorkerPool(
+            _compile_job,
+            size=workers,
+            setup=functools.partial(_compile_setup, op, self.layer),
+            timeout=COMPILE_TIMEOUT,
+            environment=environment,
+            lock_path=lock_path,
+            name="kdsl-compile",
+        )
+        self.timer: WorkerPool[tuple[str, bool]] = WorkerPool(
+            _measure_job,
+            size=1,
+            setup=functools.partial(_measure_setup, op, self.layer),
+            timeout=MEASURE_TIMEOUT,
+            environment=environment,
+            lock_path=lock_path,
+            name="kdsl-measure",
+        )
         self.checked: set[str] = set()
         self.count = 0
         self.compile_seconds = 0.0
         self.measure_seconds = 0.0
-
-    def _pool(self) -> ProcessPoolExecutor:
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(
-                self.workers, mp_context=self.context, initializer=_compile_init, initargs=(self.op, self.layer)
-            )
-        return self.pool
-
-    def _measurer(self) -> Any:
-        if self.process is None or not self.process.is_alive():
-            parent, child = self.context.Pipe()
-            self.process = self.context.Process(target=_measure_loop, args=(child, self.op, self.layer), daemon=True)
-            self.process.start()
-            self.conn = parent
-        return self.conn
-
-    def _restart_measurer(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.join()
-        self.process = None
 
     def compile(self, configs: Sequence[dict[str, Any]]) -> list[tuple[str | None, str | None]]:
         """``(library path, None)`` or ``(None, reason)`` for every configuration, compiled in parallel."""
         jobs = []
         for config in configs:
             self.count += 1
-            path = os.path.join(self.tmp.name, f"k{self.count}.so")
-            jobs.append((path, self._pool().submit(_compile_one, dict(config), path)))
+            jobs.append((dict(config), os.path.join(self.tmp.name, f"k{self.count}.so")))
         results: list[tuple[str | None, str | None]] = []
-        for path, job in jobs:
-            try:
-                error = job.result(timeout=COMPILE_TIMEOUT)
-            except FutureTimeout:
-                error = f"compile took more than {COMPILE_TIMEOUT:.0f} s"
-                self._reset_pool(kill=True)
-            except Exception as failure:  # a crashed worker: the pool is broken, start another
-                error = f"compile worker crashed: {failure!r}"[:300]
-                self._reset_pool()
+        for (_, path), outcome in zip(jobs, self.compilers.run(jobs)):
+            error = _compile_error(outcome)
             results.append((None, error) if error else (path, None))
         return results
 
-    def _reset_pool(self, kill: bool = False) -> None:
-        if self.pool is not None:
-            if kill:  # a worker stuck in a compile: end it, or shutdown waits for it
-                for process in list(getattr(self.pool, "_processes", {}).values()):
-                    process.kill()
-            self.pool.shutdown(wait=False, cancel_futures=True)
-        self.pool = None
+    @property
+    def waiting_for_slot(self) -> bool:
+        """Whether the measuring worker is waiting for the latency slot (another process is timing)."""
+        return self.timer.waiting_for_slot > 0
 
     def time_library(self, path: str, check: bool) -> tuple[float | None, str | None]:
         """Seconds per call of a compiled library (median of repeats), checked against the reference if asked."""
-        conn = self._measurer()
-        conn.send((path, check))
-        if not conn.poll(MEASURE_TIMEOUT):
-            self._restart_measurer()
+        outcome = self.timer.call((path, check))
+        if outcome.status == "ok":
+            return outcome.value
+        if outcome.status == "timeout":
             return None, f"measurement took more than {MEASURE_TIMEOUT:.0f} s"
-        try:
-            return conn.recv()
-        except EOFError:
-            self._restart_measurer()
+        if outcome.status == "crashed":
             return None, "the kernel crashed the measuring process"
+        return None, f"run failed: {outcome.error}"[:300]
 
     def measure(self, space: Space, configs: Sequence[dict[str, Any]]) -> list[tuple[float | None, str | None]]:
         """Compile ``configs`` in parallel, then time each. Every output is checked against the reference
@@ -227,16 +238,8 @@ class Measurer:
         return results
 
     def close(self) -> None:
-        self._reset_pool()
-        if self.conn is not None and self.process is not None and self.process.is_alive():
-            try:
-                self.conn.send(None)
-                self.process.join(5)
-            except (OSError, BrokenPipeError):
-                pass
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
-        self.process = None
+        self.compilers.close()
+        self.timer.close()
         self.tmp.cleanup()
 
     def __enter__(self) -> Measurer:
@@ -244,3 +247,14 @@ class Measurer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _compile_error(outcome: Outcome) -> str | None:
+    """The reason a compile job failed, or None when it gave a library."""
+    if outcome.status == "ok":
+        return outcome.value
+    if outcome.status == "timeout":
+        return f"compile took more than {COMPILE_TIMEOUT:.0f} s"
+    if outcome.status == "crashed":
+        return f"compile worker crashed: {outcome.error}"[:300]
+    return f"compile failed: {outcome.error}"[:300]
