@@ -14,20 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from kdsl import gallery, solve
+from kdsl.codegen.measure import median_seconds
+from kdsl.codegen.native import NATIVE, native_function
 from kdsl.codegen.torch import build as torch_build
 from kdsl.codegen.tvm import build
-
-#: Native PyTorch forward for gallery operators: ``f(F, torch, x, weights, sizes)`` with the weights as kdsl
-#: lays them out (the mappings of the gallery files' docstrings).
-_NATIVE: dict[str, Any] = {
-    "conv2d": lambda F, torch, x, ws, v: F.conv2d(x, ws[0], padding=v["K"] // 2),
-    "matmul": lambda F, torch, x, ws, v: torch.matmul(x, ws[0]),
-    "depthwise_conv2d": lambda F, torch, x, ws, v: F.conv2d(x, ws[0][:, None], padding=v["K"] // 2, groups=x.shape[1]),
-    "grouped_conv2d": lambda F, torch, x, ws, v: F.conv2d(
-        x, ws[0].reshape(v["Cout"], v["Cin"] // v["G"], v["K"], v["K"]), padding=v["K"] // 2, groups=v["G"]
-    ),
-    "avg_pool2d": lambda F, torch, x, ws, v: F.avg_pool2d(x, v["K"]),
-}
 
 
 def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[tuple[str, str, dict[str, int]]]:
@@ -57,27 +47,11 @@ def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[t
     return cases
 
 
-def _median_seconds(call: Any, args: Sequence[Any], number: int, repeat: int) -> float:
-    import statistics
-    import time
-
-    for _ in range(2):
-        call(*args)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            call(*args)
-        times.append((time.perf_counter() - start) / number)
-    return statistics.median(times)
-
-
 def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, repeat: int, rounds: int) -> None:
     """Print one JSON line per case: the best of ``rounds`` medians of TVM and of PyTorch, timed in
     alternation in this process (started with ``TVM_BIND_THREADS=0`` so TVM's threads leave PyTorch's
     alone), so that both see the same background load."""
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     for label, name, layer in cases:
@@ -88,17 +62,18 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
         x = torch.randn(kernel.input_shape)
         ws = [torch.randn(shape) for shape in kernel.weight_shapes]
         out = torch.empty(kernel.output_shape)
-        native = _NATIVE.get(name)
-        if native is not None:
-            torch_call, torch_args = native, (F, torch, x, ws, dict(binding))
-        else:
+        if name in NATIVE:
+            torch_call = native_function(name, x, ws, dict(binding))
+        else:  # no PyTorch function of its own: kdsl's PyTorch backend stands in
             module = torch_build(op, layer)
-            torch_call, torch_args = module, (x,)
+            torch_call = lambda module=module, x=x: module(x)
         best = {"tvm": float("inf"), "torch": float("inf")}
         with torch.no_grad():
             for _ in range(rounds):
-                best["torch"] = min(best["torch"], _median_seconds(torch_call, torch_args, number, repeat))
-                best["tvm"] = min(best["tvm"], _median_seconds(kernel.executable, (x, *ws, out), number, repeat))
+                timing = dict(number=number, repeats=repeat, warmup=2)
+                best["torch"] = min(best["torch"], median_seconds(torch_call, **timing))
+                tvm_call = lambda kernel=kernel, args=(x, *ws, out): kernel.executable(*args)
+                best["tvm"] = min(best["tvm"], median_seconds(tvm_call, **timing))
         print(json.dumps({"label": label, "flops": flops, **best}), flush=True)
 
 
