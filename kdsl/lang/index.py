@@ -2,9 +2,9 @@
 
 Walking an operator *bottom-up* answers "which input element does this output element read?". Each
 view primitive maps the coordinates of the dims it produces to coordinates of the dims it consumes
-(:meth:`kdsl.lang.primitives.Primitive.coordinate`): Split ``(i, j) -> B*i + j``, Merge
-``i -> (i // B, i % B)``, Shift ``i -> (i + o) mod N``, Unfold ``(i, j) -> i + j - K//2`` (a read
-that is zero outside ``[0, N)``: a :class:`Guard`), Stride ``i -> S*i``, Expand: not read.
+(:meth:`kdsl.lang.primitives.Primitive.coordinate`, declared with the primitive: e.g. a split
+``(i, j) -> B*i + j``, a window ``(i, j) -> i + j - K//2``, a read that is zero outside ``[0, N)``:
+a :class:`Guard`).
 
 The expressions are immutable values over named loop variables whose constants are symbolic sizes
 (:class:`~kdsl.lang.sizes.Size`), so one walk serves every backend: the TVM backend turns them into

@@ -44,10 +44,14 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # arrived in 3.12), and a name must be valid or not whatever Python reads the text.
 PYTHON_KEYWORDS = frozenset(keyword.kwlist) | frozenset({"_", "case", "match", "type"})
 
-#: names the DSL binds itself; a variable, dim or weight with one of them would shadow it in text
-DSL_NAMES = frozenset(
-    "primary coefficient Weight Dim Input Output Split Merge Shift Expand Unfold Stride Reduce Share".split()
-)
+#: names the DSL binds itself; a variable, dim or weight with one of them would shadow it in text.
+#: The primitives add their own names when they are declared (:func:`reserve`).
+DSL_NAMES: set[str] = {"primary", "coefficient", "Weight", "Dim", "Input", "Output"}
+
+
+def reserve(*names: str) -> None:
+    """Make ``names`` (a primitive's, as it is declared) unavailable to variables, dims and weights."""
+    DSL_NAMES.update(names)
 
 
 def check_identifier(name: object, what: str) -> str:

@@ -30,7 +30,7 @@ from typing import ClassVar, Protocol
 
 from kdsl.lang.errors import AmbiguousDimError, ShapeError, SizeError, UnboundDimError, ValidityError
 from kdsl.lang.index import Const, Cyclic, Guard, Half, Index
-from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT, check_identifier, check_offset
+from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT, check_identifier, check_offset, reserve
 from kdsl.lang.sizes import Size
 
 #: A reference to a live dim: its name, or a size that only that dim has.
@@ -970,6 +970,7 @@ class Output:
 PRIMITIVES: dict[str, type[Primitive]] = {
     cls.kind: cls for cls in (Split, Merge, Shift, Expand, Unfold, Stride, Reduce, Share)
 }
+reserve(*PRIMITIVES)  # a name the DSL binds cannot also name a dim, weight or variable
 
 __all__ = [
     "CONTRACTION",

@@ -1,22 +1,19 @@
 """Constraints on an operator's variables, checked against layer tables.
 
-:func:`constraints` replays an operator's steps and derives, symbolically, what must hold for any
-concrete sizes: every coefficient is at least 1 (kind ``"positive"``); every size a step creates
-is a positive integer (kind ``"integral"``: a Split's block and outer size, a Stride's strided
-size, a window, an Expand, a weight-only dim, an input dim such as ``H/2``); every Unfold window
-is smaller than the dim it slides over (kind ``"window"``). Sizes that are integers for any
-positive integer variables (``Cin``, ``K**2``, ``2*H``) give no constraint.
+:func:`constraints` collects, symbolically, what must hold for any concrete sizes: every
+coefficient is at least 1 (kind ``"positive"``); every size a step creates is a positive integer
+(kind ``"integral"``) and every window is smaller than the dim it slides over (kind ``"window"``),
+as each primitive declares in :meth:`~kdsl.lang.primitives.Primitive.requirements`; every input
+and output size is a positive integer. Sizes that are integers for any positive integer variables
+(``Cin``, ``K**2``, ``2*H``) give no constraint.
 
 A *binding* maps every variable of the operator to an int. For a layer it is the layer's values
 for the primary variables; a coefficient takes, in this order, the value in ``coefficients``, the
 layer's value, or the operator's default (``Output(..., defaults={"K": 3})``). Variables the
 operator does not use are ignored.
 
->>> from kdsl.lang import *
->>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); G, K = coefficient("G K")
->>> grouped = (Input(N, Cin, H, W) >> Split(Cin, Cin / G, "g", "ci") >> Unfold(H, K, "kh")
-...     >> Unfold(W, K, "kw") >> Share(Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w"))
-...     >> Reduce("ci", "kh", "kw") >> Merge("g", "co", "Cout") >> Output(N, Cout, H, W, defaults={"K": 3}))
+>>> from kdsl.lang import library
+>>> grouped = library.load("grouped_conv2d")
 >>> for c in constraints(grouped):
 ...     print(c.kind, "|", c.description)
 positive | the coefficient G must be a positive integer

@@ -4,10 +4,9 @@ The operator's stage plan (:func:`kdsl.solve.plan`, the same plan the PyTorch ba
 gives a sequence of views and contraction stages. Each contraction stage becomes one
 ``te.compute``: its spatial axes are the stage's result dims, its reduction axes the dims it
 reduces, and its body reads the previous stage's tensor at the coordinate obtained by walking
-the views in between *bottom-up* (Split: ``B*i + j``; Merge: ``i // B, i % B``; Shift:
-``(i + 1) mod N``; Unfold: ``i + j - K//2`` guarded by ``0 <= . < N``, N the dim's size, never
-the window's; Stride: ``S*i``; Expand: not read), times every weight it shares. Views after the
-last stage become a final copy stage.
+the views in between *bottom-up* with the primitives' own coordinate rules (:mod:`kdsl.lang.index`,
+turned into TIR here; a window's read is guarded by ``0 <= . < N``, N the dim's size, never the
+window's), times every weight it shares. Views after the last stage become a final copy stage.
 
 The kernel built from these stages is :mod:`kdsl.codegen.tvm.kernel`'s.
 """
@@ -24,12 +23,7 @@ from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.index import Add, Const, Cyclic, FloorDiv, Half, Index, Mod, Scale, SizeOf, Var, walk_up
-from kdsl.lang.primitives import (
-    Primitive,
-    Reduce,
-    Share,
-    Weight,
-)
+from kdsl.lang.primitives import CONTRACTION, REDUCTION, Primitive, Weight
 from kdsl.lang.sizes import Size
 
 
@@ -359,12 +353,12 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         block = steps[stage.start : stage.stop]
         after = sizes[stage.stop]
         result = [name for name, _ in stage.result]
-        reduced = [step.dim for step in block if isinstance(step, Reduce)]
+        reduced = [step.dim for step in block if REDUCTION in step.facts]
         reduce_sizes = {
-            step.dim: sizes[i][step.dim] for i, step in enumerate(block, stage.start) if isinstance(step, Reduce)
+            step.dim: sizes[i][step.dim] for i, step in enumerate(block, stage.start) if REDUCTION in step.facts
         }
-        means = [step.dim for step in block if isinstance(step, Reduce) and step.mean]
-        shares = [step.weight for step in block if isinstance(step, Share)]
+        means = [step.dim for step in block if REDUCTION in step.facts and step.mean]
+        shares = [step.weight for step in block if CONTRACTION in step.facts]
         name = f"stage{sum(1 for s in stages if not s.is_pad)}"
         axes = {r: te.reduce_axis((0, reduce_sizes[r]), name=f"r_{r}") for r in reduced}
         new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
