@@ -198,7 +198,7 @@ def _size_code(size: Size, identifiers: Mapping[str, str]) -> str:
     text = " * ".join(numerator) or "1"
     if denominator:
         below = " * ".join(denominator)
-        text = f"({text}) // ({below})" if len(denominator) > 1 or len(numerator) > 1 else f"{text} // {below}"
+        text = f"{_atom(text)} // {_atom(below)}"
     return text
 
 
@@ -524,7 +524,7 @@ def _emit_conv(
         pads += [f"{left_pad}", right_pad]
         strides.insert(0, stride)
         dilations.insert(0, dilation)
-    group_count = " * ".join(writer.size(sizes[g]) for g in groups) or "1"
+    group_count = " * ".join(_atom(writer.size(sizes[g])) for g in groups) or "1"
     writer.emit(
         f"x = _conv(x, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
         f"dilation=({', '.join(dilations)},), groups={group_count})"
@@ -676,7 +676,7 @@ def _emit_stage(
             sizes.update({d.name: d.size for d in share.dims})
     means = [r.dim for r in reduces if r.mean]
     if means:
-        writer.emit(f"x = x / ({' * '.join(writer.size(sizes[m]) for m in means)})  # mean")
+        writer.emit(f"x = x / ({' * '.join(_atom(writer.size(sizes[m])) for m in means)})  # mean")
     writer.axes = result
 
 
@@ -727,7 +727,7 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
     weight_lines = []
     for weight in op.weights:
         shape = ", ".join(_size_code(d.size, ids) for d in weight.dims)
-        fan_in = " * ".join(_size_code(d.size, ids) for d, new in zip(weight.dims, weight.new) if not new) or "1"
+        fan_in = " * ".join(_atom(_size_code(d.size, ids)) for d, new in zip(weight.dims, weight.new) if not new) or "1"
         weight_lines.append(f"        # {weight.name}[{', '.join(d.name for d in weight.dims)}], fan-in {fan_in}")
         weight_lines.append(f"        shapes.append(({shape},))")
         weight_lines.append(f"        fan_ins.append({fan_in})")
