@@ -18,12 +18,11 @@ from kdsl.lang.sizes import coefficient, primary
 from kdsl.search.distance import shape_distance, state_distance
 from kdsl.search.enumerate import Enumeration, count_by_depth
 from kdsl.search.mcts import MCTS
-from kdsl.search.rules import canonical_path
 from kdsl.search.run import search
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
-from kdsl.search.synthesis import children, is_complete, root, to_operators
+from kdsl.search.synthesis import canonical_path, children, is_complete, root, to_operators
 from kdsl.solve.constraints import check
 
 

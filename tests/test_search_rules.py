@@ -21,8 +21,9 @@ from kdsl.lang import (
     coefficient,
     primary,
 )
-from kdsl.search.rules import RULES, _top_down, canonical_path, trace
+from kdsl.search.rules import RULES, trace
 from kdsl.search.space import Space
+from kdsl.search.synthesis import canonical_path
 
 N, C, D, H, A = primary("N C D H A")
 B, K = coefficient("B K")
@@ -184,8 +185,7 @@ def _space_for(op, twin):
     coefficients = {k: [v] for k, v in VALUES.items() if kinds.get(k) == "coefficient"} or {"K": [3]}
     reductions = set()
     for each in (op, twin):
-        sizes = _top_down(each)[0]
-        reductions.update(sizes[(i, step.dim)] for i, step in enumerate(each.steps) if isinstance(step, Reduce))
+        reductions.update(each.live[i][step.dim] for i, step in enumerate(each.steps) if isinstance(step, Reduce))
     return Space(data, [layer], coefficients=coefficients, max_depth=8, reductions=sorted(reductions, key=str) or None)
 
 

@@ -1,27 +1,31 @@
 """Shape distance (Syno §7.1 and Appendix A): a lower bound on the number of primitives a partial
 operator still needs before its frontier is exactly the input.
 
-Only *helpful* steps can bring the frontier closer: reshapes (Split joins two dims, Merge splits
-one) and eliminations (Unfold drops its window, Expand drops a dim, a Share drops its weight-only
-dims, several at once). Group the frontier dims ``O`` and input dims ``I`` into *reshape groups*
-(the connected components of the future reshapes). In a group, joining ``|O|`` pieces into one
-takes at least ``|O| - 1`` Splits and, seen from the top, at least ``|I| + |E| - 1`` Merges, where
-``E`` are the dims eliminated inside the group; so a group costs at least ``|O| + |I| - 2``, one
-more when its sizes differ (``prod O != prod I``: something must be eliminated or strided), and
-eliminations cost at least one more step overall (one Share can drop many dims; without Shares
-left, one step per dropped dim). Frontier dims dropped on their own cost nothing but that step.
+Only *helpful* steps can bring the frontier closer: reshapes (bottom-up, joining two dims or
+splitting one) and eliminations (a window joins its main dim, a repeated dim is dropped, a
+contraction drops its weight-only dims, several at once). Group the frontier dims ``O`` and input
+dims ``I`` into *reshape groups* (the connected components of the future reshapes). In a group,
+joining ``|O|`` pieces into one takes at least ``|O| - 1`` joins and, seen from the top, at least
+``|I| + |E| - 1`` splits, where ``E`` are the dims eliminated inside the group; so a group costs at
+least ``|O| + |I| - 2``, one more when its sizes differ (``prod O != prod I``: something must be
+eliminated or strided), and eliminations cost at least one more step overall (one contraction can
+drop many dims; without contractions left, one step per dropped dim). Frontier dims dropped on
+their own cost nothing but that step.
 The distance is the minimum over the ways to group, found by branch and bound:
 
 * a dim with a primary variable only joins a group whose input shares one of its primaries (or
   is dropped): anything else is dominated by dropping it;
 * a coefficient-only dim only joins a group whose size ratio lacks one of its variables;
 * while reductions may still be added (the reduction stage), a group that is short of elements
-  (or empty) can take a new reduced dim, at the cost of that Reduce and one more dim;
-* with Strides left, a group short of coefficient factors can be fixed by a Stride (one step).
+  (or empty) can take a new reduced dim, at the cost of that reduction and one more dim;
+* with strides left, a group short of coefficient factors can be fixed by a stride (one step).
+
+Which kinds keep which of these allowances open (``reducing``, ``strides``, ``shares``) while
+under their caps is read from the search table (``KindRule.distance``).
 
 >>> from kdsl.lang.sizes import primary, coefficient
 >>> Cin, H, W, N = primary("Cin H W N"); s, k = coefficient("s k")
->>> shape_distance([Cin, H / s, s * W, k, N], [N, Cin, H, W])  # Merge, Split, Unfold (paper's example)
+>>> shape_distance([Cin, H / s, s * W, k, N], [N, Cin, H, W])  # a split, a join, a window (paper's example)
 3
 >>> shape_distance([N, Cin, H, W], [N, Cin, H, W])
 0
@@ -33,7 +37,8 @@ import math
 from collections.abc import Sequence
 
 from kdsl.lang.sizes import Size
-from kdsl.search.space import KINDS, mul
+from kdsl.search.kinds import SEARCH_RULES
+from kdsl.search.state import mul
 
 __all__ = ["shape_distance", "state_distance"]
 
@@ -105,7 +110,7 @@ def shape_distance(
 ) -> float:
     """A lower bound on the steps from a frontier of ``sizes`` to the ``inputs`` (``inf`` when
     unreachable). ``pending``: strided dims that each still need an Unfold. ``reducing``: more
-    Reduces may come. ``strides``/``shares``: whether Strides/Shares are still available."""
+    reductions may come. ``strides``/``shares``: whether strides/contractions are still available."""
     inputs = tuple(inputs)
     if not pending and sorted(map(id, sizes)) == sorted(map(id, inputs)):
         return 0
@@ -176,6 +181,10 @@ def _search(info, blocks, pending: int, reducing: bool, strides: bool, shares: b
     return best
 
 
+#: (allowance, position in ``State.counts``) for each kind that keeps an allowance open
+_ALLOWANCES = tuple((rule.distance, i) for i, rule in enumerate(SEARCH_RULES.values()) if rule.distance is not None)
+
+
 def state_distance(space, state) -> float:
     """The shape distance of a search state (memoized on the space)."""
 
@@ -184,9 +193,10 @@ def state_distance(space, state) -> float:
     pending = sum(1 for d in frontier if d.pending)
     counts = state.counts
     caps = space.cap_tuple
-    reducing = state.reducing and counts[0] < caps[0]
-    strides = counts[KINDS.index("Stride")] < caps[KINDS.index("Stride")]
-    shares = counts[KINDS.index("Share")] < caps[KINDS.index("Share")]
+    open_ = {allowance: counts[i] < caps[i] for allowance, i in _ALLOWANCES}
+    reducing = state.reducing and open_["reducing"]
+    strides = open_["strides"]
+    shares = open_["shares"]
     key = (tuple(sorted(id(d.size) for d in frontier)), pending, reducing, strides, shares)
     found = cache.get(key)
     if found is None:

@@ -1,4 +1,4 @@
-"""Canonicalization rules: a table of small named rules applied by one driver (:func:`rejects`).
+"""Canonicalization rules: a registry of small named rules applied by one driver (:func:`fired`).
 
 Search builds operators bottom-up, one step at a time; before a step is added, every rule that
 watches its kind may reject it. A rule looks at the new step and at the frontier dims it consumes
@@ -9,10 +9,16 @@ a constant factor; ``approximate`` rules (Syno §6, Fig. 3c) a function that dif
 boundaries; ``order`` rules pick one of the orders of independent steps (the operator is the
 same); ``quality`` rules keep the space to useful operators and are never switched off.
 
-Each rule has a one-line identity and, for the exact and scale ones, an example pair (built by
-:func:`example`) that the tests run through the reference interpreter. :func:`trace` replays a
-bottom-up path and says which rule rejects which step; :func:`canonical_path` turns a finished
-operator into its canonical bottom-up path (or says which rule it breaks).
+*Weight rules* judge only which dims a contraction shares and which it makes the weight's own:
+:func:`weight_rule` over the whole choice, :func:`weight_dim_rule` over one dim alone. The driver
+applies them to a step like any rule, and :func:`weight_choices` asks them while synthesis
+generates contractions (per dim first), so that the choices they forbid are never built.
+
+Each rule has a one-line identity and, for the exact and scale ones, an example pair that the tests
+run through the reference interpreter. The one driver, :func:`fired`, lists the rules that reject
+a step; :func:`rejects` (synthesis, the quality check with canonicalization off, and
+:func:`kdsl.search.synthesis.canonical_path`) takes the first, :func:`trace` replays a whole
+bottom-up path with it.
 
 >>> sorted(RULES)[:4]
 ['expand_not_shared', 'independent_order', 'merge_above_split', 'merge_after_share']
@@ -22,62 +28,125 @@ operator into its canonical bottom-up path (or says which rule it breaks).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import itertools
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import PRIMITIVES
 from kdsl.lang.sizes import Size
-from kdsl.search.space import Space, _order
+from kdsl.search.kinds import LEAVE, OWN, SHARE, merge_block_ok
+from kdsl.search.space import Space
 from kdsl.search.state import (
-    MERGE_INNER,
+    CONTRACTIONS,
     MERGE_OUTER,
-    RANK,
     REDUCE,
+    REDUCTIONS,
     SHARED,
     SHIFT,
     SPLIT,
-    STRIDE,
     UNFOLD,
     BStep,
     FDim,
     State,
-    merge_block_ok,
-    root,
+    size_order,
 )
 
-__all__ = ["RULES", "Rule", "canonical_path", "rejects", "share_choices", "trace", "violates_quality"]
+__all__ = [
+    "EXACTNESS",
+    "RULES",
+    "Rule",
+    "fired",
+    "order_key",
+    "rejects",
+    "rule",
+    "trace",
+    "weight_choices",
+    "weight_dim_rule",
+    "weight_rule",
+]
 
 Check = Callable[[Space, State, BStep], bool]
+#: ``weight_check(space, shared, own)``: True when a weight may not share ``shared`` and own ``own``.
+WeightCheck = Callable[[Space, tuple[FDim, ...], tuple[FDim, ...]], bool]
+#: ``dim_check(space, d, use)``: True when ``d`` may not be used so (SHARE or OWN) by a weight.
+DimCheck = Callable[[Space, FDim, int], bool]
+
+#: The classes of rules, from semantics-preserving to policy; ``quality`` rules are always on.
+EXACTNESS = ("exact", "scale", "approximate", "order", "quality")
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A named rule: ``check(space, state, step)`` is True when adding ``step`` is uncanonical."""
+    """A named rule: ``check(space, state, step)`` is True when adding ``step`` is uncanonical.
+    A weight rule has ``weight_check`` (and a weight-dim rule ``dim_check``), from which ``check``
+    is derived."""
 
     name: str
     kinds: tuple[str, ...]
-    exactness: str  # exact | scale | approximate | order | quality
+    exactness: str  # one of EXACTNESS
     identity: str
     check: Check
+    weight_check: WeightCheck | None = None
+    dim_check: DimCheck | None = None
 
 
 RULES: dict[str, Rule] = {}
 _BY_KIND: dict[str, list[Rule]] = {}
+_WEIGHT_RULES: list[Rule] = []
+
+
+def _register(made: Rule) -> None:
+    assert made.exactness in EXACTNESS and made.name not in RULES, made
+    RULES[made.name] = made
+    for kind in made.kinds:
+        _BY_KIND.setdefault(kind, []).append(made)
+    if made.weight_check is not None:
+        _WEIGHT_RULES.append(made)
 
 
 def rule(name: str, kinds: str, exactness: str, identity: str) -> Callable[[Check], Check]:
-    """Register a rule (decorator)."""
+    """Register a rule over the steps of ``kinds`` (space-separated) (decorator)."""
 
     def register(check: Check) -> Check:
-        made = Rule(name, tuple(kinds.split()), exactness, identity, check)
-        RULES[name] = made
-        for kind in made.kinds:
-            _BY_KIND.setdefault(kind, []).append(made)
+        _register(Rule(name, tuple(kinds.split()), exactness, identity, check))
         return check
 
     return register
+
+
+def weight_rule(name: str, exactness: str, identity: str) -> Callable[[WeightCheck], WeightCheck]:
+    """Register a weight rule (decorator): it judges a contraction by the dims it shares and the
+    dims it makes the weight's own, nothing else."""
+
+    def register(weight_check: WeightCheck) -> WeightCheck:
+        _register(_weight_rule(name, exactness, identity, weight_check, None))
+        return weight_check
+
+    return register
+
+
+def weight_dim_rule(name: str, exactness: str, identity: str) -> Callable[[DimCheck], DimCheck]:
+    """Register a weight-dim rule (decorator): it rejects a contraction that uses one of its dims
+    in a way the rule forbids (shares it, or makes it the weight's own)."""
+
+    def register(dim_check: DimCheck) -> DimCheck:
+        def weight_check(space: Space, shared: tuple[FDim, ...], own: tuple[FDim, ...]) -> bool:
+            return any(dim_check(space, d, SHARE) for d in shared) or any(dim_check(space, d, OWN) for d in own)
+
+        _register(_weight_rule(name, exactness, identity, weight_check, dim_check))
+        return dim_check
+
+    return register
+
+
+def _weight_rule(
+    name: str, exactness: str, identity: str, weight_check: WeightCheck, dim_check: DimCheck | None
+) -> Rule:
+    def check(space: Space, state: State, step: BStep) -> bool:
+        return weight_check(space, step.shared, step.weight_only)
+
+    return Rule(name, tuple(sorted(CONTRACTIONS)), exactness, identity, check, weight_check, dim_check)
 
 
 def _whole(size: Size) -> bool:
@@ -101,7 +170,7 @@ def _producer(state: State, d: FDim) -> BStep | None:
 def _reductions_first(space: Space, state: State, step: BStep) -> bool:
     if not state.reducing:
         return True
-    if state.steps and state.steps[-1].kind == "Reduce":
+    if state.steps and state.steps[-1].kind in REDUCTIONS:
         return space.reduction_index.get(step.param, 0) < space.reduction_index.get(state.steps[-1].param, 0)
     return False
 
@@ -109,14 +178,14 @@ def _reductions_first(space: Space, state: State, step: BStep) -> bool:
 def order_key(step: BStep) -> tuple:
     """The canonical order of independent adjacent steps: kind rank, then the roots of the dims
     they consume (roots do not depend on the order in which independent steps were applied)."""
-    if step.kind == "Reduce":
+    if step.kind in REDUCTIONS:
         return (0, (), step.index)
-    return (RANK[step.kind], tuple(sorted(d.root for d in step.consumed)), str(step.param))
+    return (PRIMITIVES[step.kind].rank, tuple(sorted(d.root for d in step.consumed)), str(step.param))
 
 
 def _commuting_shares(previous: BStep, step: BStep) -> bool:
     """Two Shares whose only link is that ``step`` shares dims ``previous`` shared: x*w1*w2 = x*w2*w1."""
-    if previous.kind != "Share" or step.kind != "Share":
+    if previous.kind not in CONTRACTIONS or step.kind not in CONTRACTIONS:
         return False
     mine = {id(d) for d in previous.produced}
     return not any(id(d) in mine for d in step.weight_only)
@@ -132,7 +201,7 @@ def _independent_order(space: Space, state: State, step: BStep) -> bool:
     if not state.steps:
         return False
     previous = state.steps[-1]
-    if previous.kind == "Reduce":
+    if previous.kind in REDUCTIONS:
         return False
     last = len(state.steps) - 1
     if any(d.step == last for d in step.consumed):
@@ -153,9 +222,9 @@ def _weight_order(space: Space, state: State, step: BStep) -> bool:
 # -- views against contractions (Fig. 3b) ----------------------------------------------------------
 
 
-@rule("split_before_share", "Share", "exact", "Share(w[C]) >> Split(C -> a, b) == Split(C -> a, b) >> Share(w[a, b])")
-def _split_before_share(space: Space, state: State, step: BStep) -> bool:
-    return any(d.role == SPLIT for d in step.shared)
+@weight_dim_rule("split_before_share", "exact", "Share(w[C]) >> Split(C -> a, b) == Split(C -> a, b) >> Share(w[a, b])")
+def _split_before_share(space: Space, d: FDim, use: int) -> bool:
+    return use == SHARE and d.role == SPLIT
 
 
 @rule("merge_after_share", "Merge", "exact", "Merge(a, b -> m) >> Share(w[m]) == Share(w[a, b]) >> Merge(a, b -> m)")
@@ -282,7 +351,7 @@ def _unfold_chain_order(space: Space, state: State, step: BStep) -> bool:
     below = _producer(state, main)
     assert below is not None
     other = below.consumed[1]
-    return (_order(window.size), window.root) > (_order(other.size), other.root)
+    return (size_order(window.size), window.root) > (size_order(other.size), other.root)
 
 
 @rule(
@@ -298,16 +367,16 @@ def _merge_unfold_approximate(space: Space, state: State, step: BStep) -> bool:
 # -- weights ---------------------------------------------------------------------------------------
 
 
-@rule(
-    "weight_dims_direct", "Share", "exact", "Share(w[.., d]) >> Split(d -> a, b) == Share(w'[.., a, b]); likewise Shift"
+@weight_dim_rule(
+    "weight_dims_direct", "exact", "Share(w[.., d]) >> Split(d -> a, b) == Share(w'[.., a, b]); likewise Shift"
 )
-def _weight_dims_direct(space: Space, state: State, step: BStep) -> bool:
-    return any(d.role in (SPLIT, SHIFT) for d in step.weight_only)
+def _weight_dims_direct(space: Space, d: FDim, use: int) -> bool:
+    return use == OWN and d.role in (SPLIT, SHIFT)
 
 
-@rule("weight_dim_not_summed", "Share", "exact", "Share(w[.., c]) >> Reduce(c) == Share(sum_c w[.., c])")
-def _weight_dim_not_summed(space: Space, state: State, step: BStep) -> bool:
-    return any(d.role == REDUCE for d in step.weight_only)
+@weight_dim_rule("weight_dim_not_summed", "exact", "Share(w[.., c]) >> Reduce(c) == Share(sum_c w[.., c])")
+def _weight_dim_not_summed(space: Space, d: FDim, use: int) -> bool:
+    return use == OWN and d.role == REDUCE
 
 
 @rule(
@@ -317,7 +386,7 @@ def _weights_not_redundant(space: Space, state: State, step: BStep) -> bool:
     below = {d.step for d in step.consumed}
     if len(below) == 1:
         index = next(iter(below))
-        if index >= 0 and state.steps[index].kind == "Share" and all(d.role == SHARED for d in step.consumed):
+        if index >= 0 and state.steps[index].kind in CONTRACTIONS and all(d.role == SHARED for d in step.consumed):
             return True  # every dim of this weight is a dim the weight below shares
     for d in step.shared:
         if d.role == SHARED:
@@ -330,29 +399,27 @@ def _weights_not_redundant(space: Space, state: State, step: BStep) -> bool:
 # -- quality (always on) ---------------------------------------------------------------------------
 
 
-@rule("share_contracts", "Share", "quality", "a Share shares at least one dim that is reduced below it (a contraction)")
-def _share_contracts(space: Space, state: State, step: BStep) -> bool:
-    return not any(d.reduces for d in step.shared)
+@weight_rule("share_contracts", "quality", "a Share shares at least one dim that is reduced below it (a contraction)")
+def _share_contracts(space: Space, shared: tuple[FDim, ...], own: tuple[FDim, ...]) -> bool:
+    return not any(d.reduces for d in shared)
 
 
-@rule(
+@weight_dim_rule(
     "weights_not_spatial",
-    "Share",
     "quality",
     "no weight depends on a spatial size (H, W): weights are shared across positions",
 )
-def _weights_not_spatial(space: Space, state: State, step: BStep) -> bool:
-    return bool(space.spatial) and any(v.name in space.spatial for d in step.consumed for v in d.size.variables)
+def _weights_not_spatial(space: Space, d: FDim, use: int) -> bool:
+    return bool(space.spatial) and any(v.name in space.spatial for v in d.size.variables)
 
 
-@rule(
+@weight_dim_rule(
     "weight_only_channels",
-    "Share",
     "quality",
     "a weight's own dims are channels: they carry a primary variable (unless the space allows otherwise)",
 )
-def _weight_only_channels(space: Space, state: State, step: BStep) -> bool:
-    return space.weight_only_primary and any(d.coef_only for d in step.weight_only)
+def _weight_only_channels(space: Space, d: FDim, use: int) -> bool:
+    return use == OWN and space.weight_only_primary and d.coef_only
 
 
 @rule(
@@ -366,209 +433,91 @@ def _stride_feeds_unfold(space: Space, state: State, step: BStep) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# Driver
+# The driver
 # ------------------------------------------------------------------------------------------------
 
 
-def rejects(space: Space, state: State, step: BStep, *, exactness: tuple[str, ...] | None = None) -> str | None:
-    """The name of the first rule that rejects adding ``step`` to ``state``, or None.
-
-    With ``space.canonicalize`` off only quality rules apply; ``exactness`` restricts the rules
-    to those kinds."""
-    for item in _BY_KIND.get(step.kind, ()):
-        if not space.canonicalize and item.exactness != "quality":
-            continue
-        if exactness is not None and item.exactness not in exactness:
-            continue
-        if item.check(space, state, step):
-            return item.name
-    return None
-
-
-def violates_quality(space: Space, state: State, step: BStep) -> bool:
-    return any(item.exactness == "quality" and item.check(space, state, step) for item in _BY_KIND.get(step.kind, ()))
-
-
-def share_choices(space: Space, d: FDim) -> tuple[int, ...]:
-    """What a Share may do with the frontier dim ``d``: 0 leave it, 1 share it, 2 make it
-    weight-only (the per-dim part of the Share rules, applied while generating Shares)."""
-    if space.spatial and any(v.name in space.spatial for v in d.size.variables):
-        return (0,)  # weights_not_spatial
-    new_dim = not (space.weight_only_primary and d.coef_only)  # weight_only_channels
-    if not space.canonicalize:
-        return (0, 1, 2) if new_dim else (0, 1)
-    share = d.role != SPLIT  # split_before_share
-    only = new_dim and d.role not in (REDUCE, SPLIT, SHIFT)  # weight_dim_not_summed, weight_dims_direct
-    return (0,) + ((1,) if share else ()) + ((2,) if only else ())
-
-
-def trace(
-    space: Space, steps: list[BStep] | tuple[BStep, ...], exactness: tuple[str, ...] | None = None
-) -> list[tuple[str, str]]:
-    """Replay a bottom-up path (steps of a state) and list ``(step, rule)`` for each rejection."""
-    _State = State
-
-    found = []
-    for i, step in enumerate(steps):
-        prefix = _State((), tuple(steps[:i]), 0, 0, (), (), (), ())
-        for item in _BY_KIND.get(step.kind, ()):
-            if exactness is not None and item.exactness not in exactness:
-                continue
-            if item.check(space, prefix, step):
-                found.append((str(step), item.name))
-    return found
-
-
-# ------------------------------------------------------------------------------------------------
-# From a finished operator to its canonical bottom-up path
-# ------------------------------------------------------------------------------------------------
-
-
-def canonical_path(space: Space, op: Operator, *, check: bool = True) -> State:
-    """The bottom-up path search would take to build ``op`` (its steps linearized in the canonical
-    order). With ``check``, raises :class:`KdslError` naming the first rule the path breaks.
-
-    >>> from kdsl import gallery
-    >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
-    >>> state = canonical_path(space, gallery.load("conv2d"))
-    >>> [step.kind for step in state.steps]
-    ['Reduce', 'Reduce', 'Reduce', 'Share', 'Unfold', 'Unfold']
-    """
-    sizes, nodes, consumers = _top_down(op)
-    state = root(space)
-    batch = set(space.spec.batch)
-    outputs = [d for d in op.outputs if d.name not in batch]
-    if [d.size for d in state.frontier] != [d.size for d in outputs] or len(outputs) + len(batch) != len(op.outputs):
-        raise KdslError("the operator's output does not match the space's spec")
-    by_name = {d.name: f for d, f in zip(outputs, state.frontier)}
-    done: set[int] = set()
-    remaining = list(range(len(op.steps)))
-    while remaining:
-        options = []
-        for i in remaining:
-            if consumers[i] <= done:
-                bstep, names = _bottom_up(state, op.steps[i], i, sizes, by_name)
-                options.append((order_key_with_reduce(space, bstep), i, bstep, names))
-        options.sort(key=lambda item: item[:2])
-        _, i, bstep, names = options[0]
-        if check:
-            broken = rejects(space, state, bstep)
-            if broken is not None:
-                raise KdslError(
-                    f"the operator is not canonical: rule {broken} rejects {bstep} ({RULES[broken].identity})"
-                )
-        state = _apply_unchecked(state, bstep)
-        for name in nodes[i][1]:
-            by_name.pop(name, None)
-        for name, d in zip(names, bstep.produced):
-            by_name[name] = d
-        done.add(i)
-        remaining.remove(i)
-    return state
-
-
-def order_key_with_reduce(space: Space, step: BStep) -> tuple:
-    if step.kind == "Reduce":
-        return (0, (), space.reduction_index.get(step.param, -1), str(step.param))
-    return order_key(step)
-
-
-def _apply_unchecked(state: State, step: BStep) -> State:
-    gone = {id(d) for d in step.consumed}
-    frontier = tuple(d for d in state.frontier if id(d) not in gone) + step.produced
-    return State(
-        frontier,
-        (*state.steps, step),
-        state.next_id + len(step.produced),
-        state.mask,
-        state.counts,
-        state.uses,
-        state.params,
-        state.flops_lb,
+@functools.cache
+def _asked(kind: str | None, canonicalize: bool, exactness: frozenset[str] | None, switched: bool) -> tuple[Rule, ...]:
+    """The rules to ask about a step of ``kind`` (None: the weight rules), in registry order:
+    with ``switched``, a space with canonicalization off asks only quality rules; ``exactness``
+    restricts the classes. Cached: the hot loop asks this for every candidate step."""
+    candidates = _WEIGHT_RULES if kind is None else _BY_KIND.get(kind, ())
+    return tuple(
+        item
+        for item in candidates
+        if (canonicalize or not switched or item.exactness == "quality")
+        and (exactness is None or item.exactness in exactness)
     )
 
 
-def _top_down(op: Operator) -> tuple[dict, list, list[set[int]]]:
-    """Replay ``op`` top-down: the size each step sees on a consumed name (``(step, name)``), each
-    step's (consumed, produced) names, and which later steps consume each step's outputs."""
-    live = {d.name: d.size for d in op.inputs}
-    producer: dict[str, int] = {}
-    sizes: dict = {}
-    nodes = []
-    consumers: list[set[int]] = [set() for _ in op.steps]
-    for i, step in enumerate(op.steps):
-        consumed = tuple(step.consumes)
-        for name in consumed:
-            sizes[(i, name)] = live[name]
-            if name in producer:
-                consumers[producer[name]].add(i)
-        if isinstance(step, Split):
-            live.pop(step.dim)
-            live[step.outer] = sizes[(i, step.dim)] / step.block
-            live[step.inner] = step.block
-        elif isinstance(step, Merge):
-            a, b = live.pop(step.outer), live.pop(step.inner)
-            live[step.name] = a * b
-        elif isinstance(step, Unfold):
-            live[step.name] = step.window
-        elif isinstance(step, Stride):
-            live[step.dim] = live[step.dim] / step.stride
-        elif isinstance(step, Expand):
-            live[step.name] = step.size
-        elif isinstance(step, Reduce):
-            live.pop(step.dim)
-        elif isinstance(step, Share):
-            weight = step.weight
-            assert isinstance(weight, Weight)
-            for dim, new in zip(weight.dims, weight.new):
-                if new:
-                    live[dim.name] = dim.size
-        produced = tuple(step.produces)
-        for name in produced:
-            producer[name] = i
-        nodes.append((consumed, produced))
-    return sizes, nodes, consumers
+def fired(
+    space: Space,
+    state: State,
+    step: BStep,
+    exactness: Collection[str] | None = None,
+    *,
+    switched: bool = True,
+    first: bool = False,
+) -> tuple[Rule, ...]:
+    """The driver: the rules that reject adding ``step`` to ``state``, in registry order; with
+    ``first``, only the first (the checks after it are not run). ``exactness`` restricts the
+    classes of rules; with ``switched`` (the default) ``space.canonicalize`` off leaves only the
+    quality rules."""
+    classes = None if exactness is None else frozenset(exactness)
+    found: tuple[Rule, ...] = ()
+    for item in _asked(step.kind, space.canonicalize, classes, switched):
+        if item.check(space, state, step):
+            if first:
+                return (item,)
+            found += (item,)
+    return found
 
 
-def _bottom_up(state: State, step, i: int, sizes: dict, by_name: dict) -> tuple[BStep, tuple[str, ...]]:
-    """The bottom-up step mirroring top-down ``step``; returns it and the names its produced
-    (bottom-up) dims carry top-down."""
-    n = len(state.steps)
-    nid = state.next_id
-    if isinstance(step, Reduce):
-        size = sizes[(i, step.dim)]
-        made = FDim(nid, size, REDUCE, n, nid, True, False)
-        return BStep("Reduce", (), (made,), size, index=n), (step.dim,)
-    if isinstance(step, Split):
-        a, b = by_name[step.outer], by_name[step.inner]
-        size = sizes[(i, step.dim)]
-        made = FDim(nid, size, SPLIT, n, nid, a.reduces or b.reduces, False)
-        return BStep("Split", (a, b), (made,), index=n), (step.dim,)
-    if isinstance(step, Merge):
-        d = by_name[step.name]
-        o = FDim(nid, sizes[(i, step.outer)], MERGE_OUTER, n, nid, d.reduces, False)
-        inner = FDim(nid + 1, sizes[(i, step.inner)], MERGE_INNER, n, nid + 1, d.reduces, False)
-        return BStep("Merge", (d,), (o, inner), inner.size, index=n), (step.outer, step.inner)
-    if isinstance(step, Shift):
-        d = by_name[step.dim]
-        made = FDim(nid, d.size, SHIFT, n, nid, d.reduces, d.pending)
-        return BStep("Shift", (d,), (made,), index=n), (step.dim,)
-    if isinstance(step, Unfold):
-        m, k = by_name[step.dim], by_name[step.name]
-        made = FDim(nid, m.size, UNFOLD, n, nid, m.reduces or k.reduces, False)
-        return BStep("Unfold", (m, k), (made,), index=n), (step.dim,)
-    if isinstance(step, Stride):
-        d = by_name[step.dim]
-        made = FDim(nid, sizes[(i, step.dim)], STRIDE, n, nid, d.reduces, True)
-        return BStep("Stride", (d,), (made,), step.stride, index=n), (step.dim,)
-    if isinstance(step, Expand):
-        return BStep("Expand", (by_name[step.name],), (), index=n), ()
-    if isinstance(step, Share):
-        weight = step.weight
-        assert isinstance(weight, Weight)
-        only = tuple(by_name[d.name] for d, new in zip(weight.dims, weight.new) if new)
-        shared_names = tuple(d.name for d, new in zip(weight.dims, weight.new) if not new)
-        shared = tuple(by_name[name] for name in shared_names)
-        produced = tuple(FDim(nid + j, d.size, SHARED, n, d.root, d.reduces, False) for j, d in enumerate(shared))
-        return BStep("Share", only + shared, produced, weight_only=only, index=n), shared_names
-    raise KdslError(f"no bottom-up form for {step!r}")  # pragma: no cover
+def rejects(space: Space, state: State, step: BStep, *, exactness: Collection[str] | None = None) -> str | None:
+    """The name of the first rule that rejects adding ``step`` to ``state``, or None (synthesis
+    asks this of every candidate step)."""
+    found = fired(space, state, step, exactness, first=True)
+    return found[0].name if found else None
+
+
+def weight_choices(space: Space, dims: Sequence[FDim]) -> Iterator[tuple[tuple[FDim, ...], ...]]:
+    """The ways a contraction may use the frontier ``dims`` that the weight rules allow, in a fixed
+    order, each as (consumed, shared, own) dims in the order of ``dims``: each dim is left, shared
+    or made the weight's own. The weight-dim rules prune each dim's uses before the uses are
+    combined, the other weight rules judge each combination, so synthesis never builds a
+    contraction that a weight rule would reject."""
+    asked = _asked(None, space.canonicalize, None, True)
+    per_dim = [item.dim_check for item in asked if item.dim_check is not None]
+    whole = [item.weight_check for item in asked if item.dim_check is None]
+    options = [
+        (LEAVE, *(use for use in (SHARE, OWN) if not any(check(space, d, use) for check in per_dim))) for d in dims
+    ]
+    for choice in itertools.product(*options):
+        shared = tuple(d for d, use in zip(dims, choice) if use == SHARE)
+        own = tuple(d for d, use in zip(dims, choice) if use == OWN)
+        for check in whole:
+            if check(space, shared, own):  # type: ignore[misc]
+                break
+        else:
+            yield tuple(d for d, use in zip(dims, choice) if use != LEAVE), shared, own
+
+
+def trace(
+    space: Space, steps: list[BStep] | tuple[BStep, ...], exactness: Collection[str] | None = None
+) -> list[tuple[str, str]]:
+    """Replay a bottom-up path (steps of a state) and list ``(step, rule)`` for every rule that
+    rejects a step (every class, whatever ``space.canonicalize`` says, unless ``exactness``)."""
+    found = []
+    for i, step in enumerate(steps):
+        prefix = State((), tuple(steps[:i]), 0, 0, (), (), (), ())
+        found.extend((str(step), item.name) for item in fired(space, prefix, step, exactness, switched=False))
+    return found
+
+
+def order_key_with_reduce(space: Space, step: BStep) -> tuple:
+    """:func:`order_key`, with reductions in the order of the space's reduction vocabulary (the
+    order :func:`kdsl.search.synthesis.canonical_path` linearizes a finished operator in)."""
+    if step.kind in REDUCTIONS:
+        return (0, (), space.reduction_index.get(step.param, -1), str(step.param))  # type: ignore[arg-type]
+    return order_key(step)

@@ -34,23 +34,10 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size, Var
 from kdsl.search.errors import SearchError
+from kdsl.search.kinds import DEFAULT_CAPS, KINDS
+from kdsl.search.state import div, mul, size_order
 
-__all__ = ["KINDS", "SPECS", "Coefficient", "Space", "Spec", "div", "load_spec", "mul", "parse_budget"]
-
-#: The primitive kinds, in the order search tries them.
-KINDS = ("Reduce", "Merge", "Split", "Shift", "Share", "Unfold", "Stride", "Expand")
-
-#: Default per-operator caps on primitive counts (None: limited only by the depth).
-DEFAULT_CAPS: dict[str, int | None] = {
-    "Reduce": None,
-    "Merge": 2,
-    "Split": 2,
-    "Shift": 2,
-    "Share": 2,
-    "Unfold": 2,
-    "Stride": 1,
-    "Expand": 1,
-}
+__all__ = ["DEFAULT_CAPS", "KINDS", "SPECS", "Coefficient", "Space", "Spec", "div", "load_spec", "mul", "parse_budget"]
 
 
 @dataclass(frozen=True)
@@ -418,7 +405,7 @@ class Space:
             if sum(abs(e) for e in exps) > self.max_coefficient_degree or not any(exps):
                 continue
             found.append(Size.make(1, {Var(n, "coefficient"): e for n, e in zip(self.coefficient_names, exps)}))
-        return tuple(sorted(found, key=_order))
+        return tuple(sorted(found, key=size_order))
 
     def _reductions(self, given: Iterable[Size | str] | None) -> tuple[Size, ...]:
         if given is not None:
@@ -433,7 +420,7 @@ class Space:
                 if self.mask(size) == 0:
                     raise SearchError(f"reductions: the size {size} is not a positive integer on these layers")
                 sizes.append(size)
-            return tuple(dict.fromkeys(sorted(sizes, key=_order)))
+            return tuple(dict.fromkeys(sorted(sizes, key=size_order)))
         # default: a single coefficient (a window K, a group count G), or a non-spatial primary
         # divided by coefficients (Cin, Cin/G, Cout/(G*s)): the sizes reductions have in practice
         sizes = []
@@ -450,7 +437,7 @@ class Space:
                 size = base * monomial
                 if size != 1 and self.mask(size):
                     sizes.append(size)
-        return tuple(dict.fromkeys(sorted(sizes, key=_order)))
+        return tuple(dict.fromkeys(sorted(sizes, key=size_order)))
 
     def _baseline(self, metric: str) -> int:
         if self._baseline_cost is None:
@@ -563,42 +550,8 @@ class Space:
         )
 
 
-_PRODUCTS: dict[tuple[Size, Size], Size] = {}
-
-
-def mul(a: Size, b: Size) -> Size:
-    """``a * b``, memoized (search multiplies the same few sizes over and over)."""
-    key = (a, b)
-    found = _PRODUCTS.get(key)
-    if found is None:
-        found = _PRODUCTS[key] = a * b
-    return found
-
-
-_QUOTIENTS: dict[tuple[Size, Size], Size] = {}
-
-
-def div(a: Size, b: Size) -> Size:
-    """``a / b``, memoized."""
-    key = (a, b)
-    found = _QUOTIENTS.get(key)
-    if found is None:
-        found = _QUOTIENTS[key] = a / b
-    return found
-
-
 def _relative(text: object) -> bool:
     return isinstance(text, str) and text.strip().endswith("x")
-
-
-def _order(size: Size) -> tuple:
-    """A deterministic order of sizes: primaries first by name, then coefficient powers."""
-    return (
-        tuple((v.sort_key(), e) for v, e in size.exponents if v.kind == "primary"),
-        sum(abs(e) for _, e in size.exponents),
-        tuple((v.sort_key(), -e) for v, e in size.exponents),
-        size.constant,
-    )
 
 
 def _value(size: Size, layer: Mapping[str, int], assignment: Mapping[str, int]) -> Fraction | None:

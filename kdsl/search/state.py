@@ -56,7 +56,7 @@ class BStep:
     (a reduced size, a block, a stride factor), and for a contraction which consumed dims are the
     weight's own (weight-only)."""
 
-    __slots__ = ("kind", "consumed", "produced", "param", "weight_only", "index")
+    __slots__ = ("kind", "consumed", "produced", "param", "weight_only", "index", "shared")
 
     def __init__(
         self,
@@ -73,11 +73,9 @@ class BStep:
         self.param = param
         self.weight_only = weight_only
         self.index = index
-
-    @property
-    def shared(self) -> tuple[FDim, ...]:
-        """For a contraction: the consumed dims that stay on the frontier (in order of ``produced``)."""
-        return tuple(d for d in self.consumed if d not in self.weight_only)
+        #: for a contraction: the consumed dims that stay on the frontier (in order of ``produced``);
+        #: kept, since every weight rule reads it
+        self.shared = tuple(d for d in consumed if d not in weight_only) if weight_only else consumed
 
     def __str__(self) -> str:
         if self.kind in REDUCTIONS:

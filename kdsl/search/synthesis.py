@@ -2,24 +2,14 @@
 
 A :class:`State` is a partial graph: the *frontier* (the dims at its top, which must finally be
 the input's dims) and the bottom-up steps applied so far. Each bottom-up step is the mirror of a
-top-down primitive:
-
-=========  ==================================================================================
-Reduce     adds a reduced dim to the frontier
-Share      takes frontier dims into a new weight: weight-only dims (like Cout) leave the
-           frontier, shared dims stay (as new versions)
-Split      joins two frontier dims (outer G, inner B) into one of size G*B
-Merge      splits one frontier dim of size N into (N/B, B)
-Unfold     joins a main dim N and a window K into N
-Stride     turns K into S*K; the result must then be consumed by an Unfold (or a Shift first)
-Shift      keeps the dim (a new version)
-Expand     drops a frontier dim
-=========  ==================================================================================
+top-down primitive; what each kind does bottom-up, and how synthesis generates it, is one row of
+the search table (:data:`kdsl.search.kinds.SEARCH_RULES`).
 
 :func:`children` lists the canonical children of a state (deterministic order), pruned by the
 depth, the per-kind caps, the coefficient allowances, the validity masks, the canonicalization
 rules (:mod:`kdsl.search.rules`), the shape distance (:mod:`kdsl.search.distance`) and the
-budgets. :func:`to_operators` turns a finished state into kdsl operators.
+budgets. :func:`to_operators` turns a finished state into kdsl operators, and
+:func:`canonical_path` a finished operator into the bottom-up path search takes to build it.
 
 >>> from kdsl.search.space import Space
 >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
@@ -30,35 +20,40 @@ budgets. :func:`to_operators` turns a finished state into kdsl operators.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from kdsl.lang.build import Input, Operator, Output, Pipeline
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import Dim, Primitive
 from kdsl.lang.sizes import Size
 from kdsl.search.distance import state_distance
-from kdsl.search.rules import rejects, share_choices, violates_quality
-from kdsl.search.space import Space, mul
-from kdsl.search.state import (
-    KIND_INDEX,
-    MERGE_INNER,
-    MERGE_OUTER,
-    OUT,
-    REDUCE,
-    SHARED,
-    SHIFT,
-    SPLIT,
-    STRIDE,
-    UNFOLD,
-    BStep,
-    FDim,
-    State,
-    is_complete,
-    merge_blocks,
-    root,
-)
+from kdsl.search.kinds import KIND_INDEX, KINDS, SEARCH_RULES, Candidate
+from kdsl.search.rules import RULES, order_key_with_reduce, rejects, weight_choices
+from kdsl.search.space import Space
+from kdsl.search.state import CONTRACTIONS, OUT, BStep, FDim, State, mul
 
-__all__ = ["BStep", "FDim", "State", "children", "is_complete", "root", "to_operators"]
+__all__ = ["BStep", "FDim", "State", "canonical_path", "children", "is_complete", "root", "to_operators"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The empty and the finished partial graph
+# ------------------------------------------------------------------------------------------------
+
+
+def root(space: Space) -> State:
+    """The empty partial graph: the frontier is the output."""
+    frontier = tuple(FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(space.output_sizes))
+    zeros = tuple(0.0 for _ in space.assignments)
+    mask = space.mask_all(space.output_sizes + space.input_sizes)
+    return State(frontier, (), len(frontier), mask, (0,) * len(KINDS), (0,) * len(space.coefficients), zeros, zeros)
+
+
+def is_complete(space: Space, state: State) -> bool:
+    """Whether the frontier is exactly the input (as a multiset of sizes) with nothing pending."""
+    if len(state.frontier) != len(space.input_sizes) or any(d.pending for d in state.frontier):
+        return False
+    return sorted(id(d.size) for d in state.frontier) == sorted(id(s) for s in space.input_sizes)
+
 
 # ------------------------------------------------------------------------------------------------
 # Applying bottom-up steps
@@ -81,13 +76,13 @@ def _apply(
     if not mask:
         return None
     uses = state.uses
-    if step.param is not None and step.kind != "Share":
+    if step.param is not None:  # reduced sizes, blocks and stride factors spend the allowances
         added = space.coefficient_uses(step.param)
         uses = tuple(u + a for u, a in zip(uses, added))
         if any(u > a for u, a in zip(uses, space.allowances)):
             return None
     params, flops_lb = state.params, state.flops_lb
-    if step.kind == "Share":
+    if step.kind in CONTRACTIONS:  # a new weight: its parameters, and FLOPs at least as many
         weight = _product(d.size for d in step.consumed)
         totals = space_totals(space, weight)
         params = tuple(p + t for p, t in zip(params, totals))
@@ -107,7 +102,7 @@ def _cheapest(values: tuple[float, ...], mask: int) -> float:
     return min((v for i, v in enumerate(values) if mask >> i & 1), default=float("inf"))
 
 
-def _product(sizes) -> Size:
+def _product(sizes: Iterable[Size]) -> Size:
     result = _ONE
     for size in sizes:
         result = mul(result, size)
@@ -143,73 +138,11 @@ def _value(size: Size, layer: dict, assignment: dict) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
-def _candidates(space: Space, state: State) -> Iterator[tuple[BStep, tuple[Size, ...], int | None]]:
-    """Every bottom-up step applicable to ``state`` before pruning, in a fixed order, with the
-    sizes it creates (for the validity mask) and, for Unfold, the window mask."""
-    n = len(state.steps)
-    nid = state.next_id
-    frontier = state.frontier
-    free = [d for d in frontier if not d.pending]
-    # Reduce: only in the reduction stage, in the fixed order of the reduction vocabulary
-    if state.reducing:
-        last = -1
-        if state.steps:
-            last = space.reduction_index[state.steps[-1].param]
-        for index in range(last if last >= 0 else 0, len(space.reductions)):
-            size = space.reductions[index]
-            made = FDim(nid, size, REDUCE, n, nid, True, False)
-            yield BStep("Reduce", (), (made,), size, index=n), (size,), None
-    # Merge: split a frontier dim of size D into (D/B, B)
-    for d in free:
-        for outer, inner in merge_blocks(space, d.size):
-            o = FDim(nid, outer, MERGE_OUTER, n, nid, d.reduces, False)
-            i = FDim(nid + 1, inner, MERGE_INNER, n, nid + 1, d.reduces, False)
-            yield BStep("Merge", (d,), (o, i), inner, index=n), (outer, inner), None
-    # Split: join (outer, inner) into one dim
-    for a in free:
-        for b in free:
-            if a is b:
-                continue
-            size = mul(a.size, b.size)
-            made = FDim(nid, size, SPLIT, n, nid, a.reduces or b.reduces, False)
-            yield BStep("Split", (a, b), (made,), index=n), (size,), None
-    # Shift: keeps the dim
-    for d in frontier:
-        made = FDim(nid, d.size, SHIFT, n, nid, d.reduces, d.pending)
-        yield BStep("Shift", (d,), (made,), index=n), (), None
-    # Share: each free dim is left out, shared, or weight-only
-    yield from _shares(space, state, free, n, nid)
-    # Unfold: join a main dim (with a primary variable) and a coefficient-only window
-    for m in frontier:
-        if m.coef_only:
-            continue
-        for k in frontier:
-            if k is m or not k.coef_only:
-                continue
-            made = FDim(nid, m.size, UNFOLD, n, nid, m.reduces or k.reduces, False)
-            yield BStep("Unfold", (m, k), (made,), index=n), (), space.window_mask(k.size, m.size)
-    # Stride: K -> S*K, to be consumed by an Unfold
-    for d in free:
-        for factor in space.positive_monomials:
-            size = mul(d.size, factor)
-            made = FDim(nid, size, STRIDE, n, nid, d.reduces, True)
-            yield BStep("Stride", (d,), (made,), factor, index=n), (size, factor), None
-    # Expand: drop a dim
-    for d in free:
-        yield BStep("Expand", (d,), (), index=n), (), None
-
-
-def _shares(space: Space, state: State, free: list[FDim], n: int, nid: int) -> Iterator:
-
-    options = [share_choices(space, d) for d in free]
-    for choice in itertools.product(*options):
-        shared = [d for d, c in zip(free, choice) if c == 1]
-        if not any(d.reduces for d in shared):
-            continue  # quality: a Share must contract (some shared dim is reduced below it)
-        weight_only = tuple(d for d, c in zip(free, choice) if c == 2)
-        produced = tuple(FDim(nid + i, d.size, SHARED, n, d.root, d.reduces, False) for i, d in enumerate(shared))
-        step = BStep("Share", tuple(d for d, c in zip(free, choice) if c), produced, weight_only=weight_only, index=n)
-        yield step, tuple(d.size for d in weight_only), None
+def _candidates(space: Space, state: State) -> Iterator[Candidate]:
+    """Every bottom-up step applicable to ``state`` before pruning, in a fixed order (kind by
+    kind, in the table's order), with the sizes it creates and, for a window, its mask."""
+    for rule in SEARCH_RULES.values():
+        yield from rule.generate(space, state, weight_choices)
 
 
 def children(space: Space, state: State, stats: dict | None = None) -> Iterator[tuple[BStep, State]]:
@@ -220,15 +153,11 @@ def children(space: Space, state: State, stats: dict | None = None) -> Iterator[
         return
     remaining = space.max_depth - state.depth - 1
     for step, created, window in _candidates(space, state):
-        if space.canonicalize:
-            rule = rejects(space, state, step)
-            if rule is not None:
-                if stats is not None:
-                    stats[rule] = stats.get(rule, 0) + 1
-                continue
-        else:
-            if violates_quality(space, state, step):
-                continue
+        rule = rejects(space, state, step)  # only the quality rules when canonicalization is off
+        if rule is not None:
+            if stats is not None:
+                stats[rule] = stats.get(rule, 0) + 1
+            continue
         child = _apply(space, state, step, created, window)
         if child is None:
             continue
@@ -248,8 +177,9 @@ def children(space: Space, state: State, stats: dict | None = None) -> Iterator[
 
 
 class _Names:
-    """Dim names for a finished graph: dims joined by name-keeping steps (Unfold's main dim,
-    Shift, Stride, Share's shared dims) form one chain with one name."""
+    """Dim names for a finished graph: dims joined by name-keeping steps (a window's main dim, a
+    shifted or strided dim, a weight's shared dims: ``KindRule.same_name``) form one chain with
+    one name."""
 
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
@@ -297,11 +227,8 @@ def _build(space: Space, state: State, matching: dict[int, int]) -> Operator:
     for step in state.steps:
         for d in step.produced:
             dims[d.id] = d
-        if step.kind in ("Shift", "Stride") or step.kind == "Unfold":
-            chains.union(step.consumed[0].id, step.produced[0].id)
-        elif step.kind == "Share":
-            for old, new in zip(step.shared, step.produced):
-                chains.union(old.id, new.id)
+        for old, new in SEARCH_RULES[step.kind].same_name(step):
+            chains.union(old.id, new.id)
     for d in state.frontier:
         dims[d.id] = d
     # name each chain: input name, else output name, else from its size
@@ -334,26 +261,9 @@ def _build(space: Space, state: State, matching: dict[int, int]) -> Operator:
     top_down: list[Primitive] = []
     weights = 0
     for step in reversed(state.steps):
-        c, p = step.consumed, step.produced
-        if step.kind == "Reduce":
-            top_down.append(Reduce(name[p[0].id]))
-        elif step.kind == "Merge":
-            top_down.append(Merge(name[p[0].id], name[p[1].id], name[c[0].id]))
-        elif step.kind == "Split":
-            top_down.append(Split(name[p[0].id], c[1].size, name[c[0].id], name[c[1].id]))
-        elif step.kind == "Shift":
-            top_down.append(Shift(name[p[0].id]))
-        elif step.kind == "Unfold":
-            top_down.append(Unfold(name[p[0].id], c[1].size, name[c[1].id]))
-        elif step.kind == "Stride":
-            top_down.append(Stride(name[p[0].id], step.param))
-        elif step.kind == "Expand":
-            top_down.append(Expand(name[c[0].id], c[0].size))
-        elif step.kind == "Share":
+        if step.kind in CONTRACTIONS:
             weights += 1
-            entries: list[object] = [Dim(name[d.id], d.size) for d in step.weight_only]
-            entries += [name[d.id] for d in p]
-            top_down.append(Share(Weight(*entries, name=f"w{weights}")))
+        top_down.append(SEARCH_RULES[step.kind].build(step, name, f"w{weights}"))
     used = {v.name for d in dims.values() for v in d.size.variables if v.kind == "coefficient"}
     for step in state.steps:
         if step.param is not None:
@@ -370,3 +280,80 @@ def _build(space: Space, state: State, matching: dict[int, int]) -> Operator:
         *(d.name if d.name in batch else next(searched_out) for d in space.spec.outputs), defaults=defaults or None
     )
     return Input(*inputs) >> Pipeline(tuple(top_down), output)  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------------
+# From a finished operator to its canonical bottom-up path
+# ------------------------------------------------------------------------------------------------
+
+
+def canonical_path(space: Space, op: Operator, *, check: bool = True) -> State:
+    """The bottom-up path search would take to build ``op`` (its steps linearized in the canonical
+    order). With ``check``, raises :class:`KdslError` naming the first rule the path breaks.
+
+    >>> from kdsl import gallery
+    >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
+    >>> state = canonical_path(space, gallery.load("conv2d"))
+    >>> [step.kind for step in state.steps]
+    ['Reduce', 'Reduce', 'Reduce', 'Share', 'Unfold', 'Unfold']
+    """
+    consumers = _consumers(op)
+    state = root(space)
+    batch = set(space.spec.batch)
+    outputs = [d for d in op.outputs if d.name not in batch]
+    if [d.size for d in state.frontier] != [d.size for d in outputs] or len(outputs) + len(batch) != len(op.outputs):
+        raise KdslError("the operator's output does not match the space's spec")
+    by_name = {d.name: f for d, f in zip(outputs, state.frontier)}
+    done: set[int] = set()
+    remaining = list(range(len(op.steps)))
+    while remaining:
+        options = []
+        for i in remaining:
+            if consumers[i] <= done:
+                step = op.steps[i]
+                bstep, names = SEARCH_RULES[step.kind].mirror(state, step, op.live[i], by_name)
+                options.append((order_key_with_reduce(space, bstep), i, bstep, names))
+        options.sort(key=lambda item: item[:2])
+        _, i, bstep, names = options[0]
+        if check:
+            broken = rejects(space, state, bstep)
+            if broken is not None:
+                raise KdslError(
+                    f"the operator is not canonical: rule {broken} rejects {bstep} ({RULES[broken].identity})"
+                )
+        state = _apply_unchecked(state, bstep)
+        for name in op.steps[i].produces:  # top-down made, so this bottom-up step consumed them
+            by_name.pop(name, None)
+        for name, d in zip(names, bstep.produced):
+            by_name[name] = d
+        done.add(i)
+        remaining.remove(i)
+    return state
+
+
+def _apply_unchecked(state: State, step: BStep) -> State:
+    gone = {id(d) for d in step.consumed}
+    frontier = tuple(d for d in state.frontier if id(d) not in gone) + step.produced
+    return State(
+        frontier,
+        (*state.steps, step),
+        state.next_id + len(step.produced),
+        state.mask,
+        state.counts,
+        state.uses,
+        state.params,
+        state.flops_lb,
+    )
+
+
+def _consumers(op: Operator) -> list[set[int]]:
+    """For each top-down step, the later steps that consume what it produces."""
+    producer: dict[str, int] = {}
+    consumers: list[set[int]] = [set() for _ in op.steps]
+    for i, step in enumerate(op.steps):
+        for name in step.consumes:
+            if name in producer:
+                consumers[producer[name]].add(i)
+        for name in step.produces:
+            producer[name] = i
+    return consumers
