@@ -1,6 +1,7 @@
 """The TVM backend: lowering to ``te.compute`` stages, the schedule space, the default schedule.
 
-``lowering`` turns an operator bound to a layer into TE stages; ``schedule_space`` is the typed
+``lowering`` turns an operator bound to a layer into TE stages; ``blocks`` analyses each stage's
+TIR block once for every schedule rule; ``schedule_space`` is the typed
 space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
 configuration; ``kernel`` compiles a kernel callable on torch tensors (``build``).
 """

@@ -1,0 +1,130 @@
+"""The one analysis of a lowered operator's TIR blocks that every schedule rule reads.
+
+For every TE stage (:class:`~kdsl.codegen.tvm.lowering.StageInfo`) it records the block's axes (label,
+extent, spatial or reduction, weight-only) and what each read does along each axis: which buffer dims
+an axis indexes, with which stride, and so whether a vector along the axis would load contiguous
+elements, a broadcast, a gather, or a weight that a packing copy can make contiguous. The schedule
+space's parameters, its heuristic configuration (and through it the default schedule) and the tuners'
+cost model all read this one record; none of them inspects a block again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdsl.codegen.tvm.lowering import Lowered, invertible_copy, load_tvm
+
+
+@dataclass
+class Axis:
+    """One block axis and how the stage's reads run along it."""
+
+    label: str  # the dim's name, made unique within the stage (dims may repeat)
+    index: int  # position among the block's iter vars (spatial first, then reductions, as TE orders them)
+    extent: int
+    reduce: bool
+    weight_only: bool  # a spatial axis that only weights index (Cout in conv2d): data reads broadcast
+    gathers: int = 0  # reads along which a vector on this axis would gather (not the stride-1 last dim)
+    packs: list[tuple[str, int]] = field(default_factory=list)  # (weight, dim) a packing copy makes contiguous
+
+
+@dataclass
+class StageBlock:
+    """One stage's block: its kind, axes and reads (``reads``' dims hold block iter indices)."""
+
+    name: str
+    kind: str  # "reduce", "spatial" (element-wise), "copy" or "pad" (a zero-padded copy for windows)
+    spatial: list[tuple[str, int]]  # (axis label, extent), block iter order
+    reduced: list[tuple[str, int]]
+    weight_only: set[str]
+    reads: list[tuple[str, list[set[int]]]]  # (buffer name, per buffer dim: the block iter indices used)
+    axes: list[Axis] = field(default_factory=list)
+    consumers: list[str] = field(default_factory=list)
+    padded: tuple[int, ...] = ()  # a pad stage's padded dims
+    invertible: bool = False  # a copy that reverse_compute_inline folds correctly (lowering.invertible_copy)
+
+    def axis(self, label: str) -> Axis:
+        return next(a for a in self.axes if a.label == label)
+
+
+def unique_labels(names: Sequence[str]) -> list[str]:
+    """Unique labels for axes (dim names may repeat): the second ``k`` is ``k2``."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}{seen[name]}")
+    return out
+
+
+def analyze(lowered: Lowered) -> list[StageBlock]:
+    """The blocks of ``lowered``'s unscheduled module, one per stage, consumers linked."""
+    tvm = load_tvm()
+    sch = tvm.s_tir.Schedule(lowered.module())
+    weight_names = {w.name for w in lowered.weights}
+    stages = [_analyze_block(sch.get(sch.get_sblock(info.name)), info, weight_names) for info in lowered.stages]
+    by_name = {s.name: s for s in stages}
+    for stage in stages:
+        for buffer, _ in stage.reads:
+            if buffer in by_name:
+                by_name[buffer].consumers.append(stage.name)
+    return stages
+
+
+def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
+    tvm = load_tvm()
+    from tvm.sym.pattern import detect_linear_equation
+
+    ivars = [iv.var for iv in node.iter_vars]
+    spatial_ix = [i for i, iv in enumerate(node.iter_vars) if int(iv.iter_type) == 0]
+    reduce_ix = [i for i, iv in enumerate(node.iter_vars) if int(iv.iter_type) != 0]
+    labels = unique_labels([*info.spatial, *info.reduced])
+    extents = [int(iv.dom.extent) for iv in node.iter_vars]
+    spatial = [(labels[k], extents[i]) for k, i in enumerate(spatial_ix)]
+    reduced = [(labels[len(spatial_ix) + k], extents[i]) for k, i in enumerate(reduce_ix)]
+    weight_only = {labels[k] for k, d in enumerate(info.spatial) if d in info.weight_only}
+    axes = [
+        Axis(labels[i], i, extents[i], i in reduce_ix, i < len(info.spatial) and labels[i] in weight_only)
+        for i in range(len(ivars))
+    ]
+    reads = []
+    for region in node.reads:
+        name = region.source.name
+        dims: list[set[int]] = []
+        strides: list[dict[int, int] | None] = []  # per buffer dim: iter index -> coefficient, None if not affine
+        for rng in region.region:
+            used_vars = [v for v in tvm.tirx.analysis.undefined_vars(rng.min) if any(v.same_as(w) for w in ivars)]
+            used = [next(i for i, w in enumerate(ivars) if w.same_as(v)) for v in used_vars]
+            dims.append(set(used))
+            coeffs = detect_linear_equation(rng.min, used_vars) if used_vars else ()
+            if used_vars and len(coeffs) == len(used_vars) + 1:
+                # a coefficient that is not a constant (a product of two axes) leaves the axis out: a gather
+                strides.append({i: int(c.value) for i, c in zip(used, coeffs[:-1]) if hasattr(c, "value")})
+            else:
+                strides.append(None if used_vars else {})
+        reads.append((name, dims))
+        for axis in axes:
+            for d, used in enumerate(dims):
+                if axis.index not in used:
+                    continue
+                coeff = None if strides[d] is None else strides[d].get(axis.index)
+                if d == len(dims) - 1 and coeff == 1:
+                    continue  # contiguous
+                if name in weight_names and len(used) == 1 and coeff == 1:
+                    axis.packs.append((name, d))
+                else:
+                    axis.gathers += 1
+    kind = "pad" if info.is_pad else "copy" if info.is_copy else ("reduce" if reduce_ix else "spatial")
+    return StageBlock(
+        info.name,
+        kind,
+        spatial,
+        reduced,
+        weight_only,
+        reads,
+        axes,
+        padded=info.padded,
+        invertible=kind == "copy" and invertible_copy(node),
+    )
