@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kdsl.search.errors import SearchError
+from kdsl.lang.errors import SearchError
 from kdsl.search.store import Store
 
 ESCAPES = "\x1b[31mred\x1b]0;pwned\x07"

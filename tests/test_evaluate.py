@@ -12,10 +12,10 @@ from kdsl.discover.evaluators import (
     LatencyEvaluator,
     evaluate_all,
     make_evaluator,
-    reward,
 )
 from kdsl.discover.proxy import BestCurve, ProxyConfig, early_stop_threshold, proxy_layers, should_stop, train
-from kdsl.search.errors import SearchError
+from kdsl.lang.errors import SearchError
+from kdsl.search.analytic import reward
 
 # a proxy configuration small enough to train in about a second
 TINY = {"widths": [8], "image_size": 8, "epochs": 2, "batch_size": 128}

@@ -113,7 +113,7 @@ def test_tuners_never_propose_duplicates(tuner):
 @pytest.fixture(scope="module")
 def measurer():
     from kdsl import gallery
-    from kdsl.tune.measure import Measurer
+    from kdsl.tune.measurer import Measurer
 
     with Measurer(gallery.load("matmul"), SMALL) as m:
         yield m
@@ -190,7 +190,7 @@ def test_tuning_measurements_wait_for_the_latency_slot(tmp_path):
 
     from kdsl import gallery
     from kdsl.codegen.measure import latency_slot
-    from kdsl.tune.measure import Measurer, compile_module
+    from kdsl.tune.measurer import Measurer, compile_module
 
     lock = str(tmp_path / "latency.lock")
     space = _space()

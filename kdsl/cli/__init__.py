@@ -35,10 +35,9 @@ from kdsl.cli.discover_commands import add_discover_command
 from kdsl.codegen.render import loop_nest, svg
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.errors import KdslError, ParseError, printable
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
-from kdsl.search.errors import printable
 from kdsl.search.store import Store
 
 

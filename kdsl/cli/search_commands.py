@@ -18,8 +18,8 @@ import json
 import sys
 from typing import Any
 
-from kdsl.bench.synthesis import run_bench
-from kdsl.search.errors import SearchError, printable
+from kdsl.bench.search_throughput import run_bench
+from kdsl.lang.errors import SearchError, printable
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
@@ -231,7 +231,7 @@ def add_search_commands(subparsers: Any) -> None:
 
 def bench_search(args: argparse.Namespace) -> int:
     """``kdsl bench search``: enumeration and sampling rates for the conv2d spec (see
-    :mod:`kdsl.bench.synthesis`)."""
+    :mod:`kdsl.bench.search_throughput`)."""
     results = run_bench(
         max_depth=getattr(args, "max_depth", None) or 6,
         seconds=getattr(args, "seconds", None) or 60.0,

@@ -182,7 +182,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
     from kdsl.codegen.tvm.default_schedule import default_schedule
     from kdsl.tune.driver import tune
-    from kdsl.tune.measure import Measurer, _lowered, compile_module
+    from kdsl.tune.measurer import Measurer, _lowered, compile_module
 
     trials = args.trials or (12 if args.quick else 64)
     rounds = 1 if args.quick else args.rounds

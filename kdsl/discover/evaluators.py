@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from kdsl.codegen.measure import interleaved_medians, latency_slot
 from kdsl.lang.build import Operator
-from kdsl.search.errors import SearchError
+from kdsl.lang.errors import SearchError
 
 __all__ = [
     "AccuracyEvaluator",
@@ -49,7 +49,6 @@ __all__ = [
     "evaluate_all",
     "make_evaluator",
     "register",
-    "reward",
 ]
 
 #: A flat dict of JSON values.
@@ -139,7 +138,7 @@ def make_evaluator(spec: str | Mapping[str, Any] | Evaluator) -> Evaluator:
     >>> make_evaluator("speed")
     Traceback (most recent call last):
     ...
-    kdsl.search.errors.SearchError: unknown evaluator 'speed'; use one of accuracy, analytic, latency, ...
+    kdsl.lang.errors.SearchError: unknown evaluator 'speed'; use one of accuracy, analytic, latency, ...
     """
     if isinstance(spec, Evaluator):
         return spec
@@ -397,45 +396,3 @@ class AccuracyEvaluator(Evaluator):
             metrics["baseline_accuracy_history"] = base["accuracy_history"]
             metrics["accuracy_delta"] = metrics["accuracy"] - base["accuracy"]
         return metrics
-
-
-# ---------------------------------------------------------------------------------------------
-# Reward
-
-
-def reward(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, *, margin: float = 0.02) -> float:
-    """The MCTS reward of a candidate in [0, 1] (Syno §7.2: accuracy first, then speed).
-
-    With ``a`` the candidate's accuracy, ``b`` the baseline's (``baseline["accuracy"]``, else
-    ``metrics["baseline_accuracy"]``), ``floor = b - margin`` and ``r`` the speed ratio
-    (``latency_ratio``, else ``flops_ratio``, else 1; lower is faster)::
-
-        reward = 0                                     if a < floor, or the candidate failed
-        reward = (1 + q) / 2 * 1 / (1 + r)             otherwise, q = (a - floor) / (1 - floor) in [0, 1]
-
-    So a candidate that is not accurate enough earns nothing; among accurate ones the reward
-    rises with accuracy and falls with the latency ratio (0.5 * 1/(1+r) at the floor, 1/(1+r) at
-    perfect accuracy; at the baseline's speed ``r = 1`` it is at most 0.5). A candidate without
-    an accuracy is rated by speed alone (``q = 1``, no floor).
-
-    >>> reward({"accuracy": 0.97, "latency_ratio": 1.0}, {"accuracy": 0.97}) < reward(
-    ...     {"accuracy": 0.97, "latency_ratio": 0.5}, {"accuracy": 0.97})
-    True
-    >>> reward({"accuracy": 0.90, "latency_ratio": 0.1}, {"accuracy": 0.97})
-    0.0
-    """
-    if metrics.get("status", "ok") != "ok":
-        return 0.0
-    ratio = metrics.get("latency_ratio", metrics.get("flops_ratio", 1.0))
-    if not isinstance(ratio, (int, float)) or math.isnan(ratio) or ratio < 0:
-        return 0.0
-    speed = 1.0 / (1.0 + ratio)
-    accuracy = metrics.get("accuracy")
-    if accuracy is None:
-        return speed
-    base = (baseline or {}).get("accuracy", metrics.get("baseline_accuracy"))
-    floor = (base - margin) if base is not None else 0.0
-    if accuracy < floor:
-        return 0.0
-    quality = min(1.0, max(0.0, (accuracy - floor) / (1.0 - floor))) if floor < 1 else 1.0
-    return (1.0 + quality) / 2.0 * speed

@@ -41,8 +41,7 @@ from typing import Any
 from kdsl.codegen.measure import latency_slot
 from kdsl.codegen.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError
-from kdsl.search.errors import SearchError
+from kdsl.lang.errors import KdslError, SearchError
 
 __all__ = [
     "STATUSES",
@@ -352,7 +351,7 @@ def make_executor(kind: str = "local", *, workers: int = 2, timeout: float = 600
     >>> make_executor("slurm")
     Traceback (most recent call last):
     ...
-    kdsl.search.errors.SearchError: unknown executor 'slurm'; use 'local', 'ray' or 'ray:ADDRESS'
+    kdsl.lang.errors.SearchError: unknown executor 'slurm'; use 'local', 'ray' or 'ray:ADDRESS'
     """
     if kind == "local":
         return LocalExecutor(workers=workers, timeout=timeout, **options)

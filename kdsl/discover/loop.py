@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kdsl import gallery
-from kdsl.discover.evaluators import reward
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
 from kdsl.discover.report import write_report
+from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.search.errors import SearchError, printable
+from kdsl.search.analytic import reward
 from kdsl.search.run import search
 from kdsl.search.space import SPECS, Space, load_spec
 from kdsl.search.store import Store

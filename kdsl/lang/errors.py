@@ -75,6 +75,14 @@ class LayerError(KdslError):
     """A layer table is malformed or does not bind a variable the operator needs."""
 
 
+class SearchError(KdslError):
+    """A search space, budget, strategy or results database that kdsl cannot use.
+
+    >>> str(SearchError("unknown spec 'conv3d'"))
+    "unknown spec 'conv3d'"
+    """
+
+
 def printable(text: object, *, keep_newlines: bool = False) -> str:
     """``text`` with every character a terminal would act on (ANSI/OSC escapes, other control
     characters, bidirectional overrides) written as a Python escape, so that a name read from a

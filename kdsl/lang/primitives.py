@@ -599,7 +599,6 @@ class Split(Primitive):
         ]
 
 
-
 @dataclass(frozen=True)
 class Merge(Primitive):
     """``[A, B] -> [A*B]``: ``out[i] = in[i // B, i % B]`` (``outer`` is A, ``inner`` is B)."""
@@ -640,7 +639,6 @@ class Merge(Primitive):
         return None
 
 
-
 @dataclass(frozen=True)
 class Shift(Primitive):
     """``[N] -> [N]``: ``out[i] = in[(i + offset) mod N]`` (a cyclic shift; offset 1 by default)."""
@@ -662,7 +660,6 @@ class Shift(Primitive):
     def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
         coords[self.dim] = Cyclic(coords[self.dim], self.offset, sizes[self.dim])
         return None
-
 
 
 @dataclass(frozen=True)
@@ -689,7 +686,6 @@ class Expand(Primitive):
 
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
         return [Requirement("integral", (self.size,), self.name)]
-
 
 
 @dataclass(frozen=True)
@@ -744,7 +740,6 @@ class Unfold(Primitive):
         ]
 
 
-
 @dataclass(frozen=True)
 class Stride(Primitive):
     """``[S*K] -> [K]``: ``out[i] = in[S*i]``. It skips data, so it must act on a dim that comes
@@ -777,7 +772,6 @@ class Stride(Primitive):
 
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
         return [Requirement("integral", (after[self.dim],), self.dim)]
-
 
 
 @dataclass(frozen=True, init=False)
@@ -818,7 +812,6 @@ class Reduce(Primitive):
         name = live.resolve(self.dim, role)
         live.remove(name)
         return Reduce(name, mean=self.mean)
-
 
 
 @dataclass(frozen=True)

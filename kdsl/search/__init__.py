@@ -6,7 +6,7 @@
 (True, 1)
 """
 
-from kdsl.search.errors import SearchError
+from kdsl.lang.errors import SearchError
 from kdsl.search.run import STRATEGIES, Report, search
 from kdsl.search.space import SPECS, Space, Spec, load_spec, parse_budget
 

@@ -13,6 +13,7 @@ True
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,8 +52,9 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
 
 
 def analytic_reward(space, result: Mapping[str, Any]) -> float:
-    """A reward in [0, 1]: ``1 / (1 + FLOPs/baseline FLOPs)`` scaled down when the operator has
-    fewer parameters than ``min_params`` (default: 5% of the baseline's). Invalid: 0."""
+    """:func:`reward` before anything is measured: the speed ratio is the FLOPs ratio to the spec's
+    baseline, scaled down when the operator has fewer parameters than ``min_params`` (default: 5%
+    of the baseline's). Invalid: 0."""
     if result.get("status") not in ("valid",) or not result.get("flops"):
         return 0.0
     try:
@@ -62,4 +64,44 @@ def analytic_reward(space, result: Mapping[str, Any]) -> float:
         base_flops, base_params = result["flops"], result["params"] or 1
     enough = space.min_params if space.min_params is not None else max(1, base_params // 20)
     capacity = min(1.0, (result["params"] or 0) / enough)
-    return capacity / (1.0 + result["flops"] / base_flops)
+    return reward({"status": "valid", "flops_ratio": result["flops"] / base_flops, "capacity": capacity})
+
+
+def reward(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, *, margin: float = 0.02) -> float:
+    """The one reward of a candidate in [0, 1] (Syno §7.2: accuracy first, then speed), used by the
+    search on analytic metrics (:func:`analytic_reward`) and by the main job on measured ones.
+
+    With ``a`` the candidate's accuracy, ``b`` the baseline's (``baseline["accuracy"]``, else
+    ``metrics["baseline_accuracy"]``), ``floor = b - margin`` and ``r`` the speed ratio
+    (``latency_ratio``, else ``flops_ratio``, else 1; lower is faster)::
+
+        reward = 0                                     if a < floor, or the candidate failed
+        reward = (1 + q) / 2 * 1 / (1 + r)             otherwise, q = (a - floor) / (1 - floor) in [0, 1]
+
+    So a candidate that is not accurate enough earns nothing; among accurate ones the reward
+    rises with accuracy and falls with the latency ratio (0.5 * 1/(1+r) at the floor, 1/(1+r) at
+    perfect accuracy; at the baseline's speed ``r = 1`` it is at most 0.5). A candidate without
+    an accuracy is rated by speed alone (``q = 1``, no floor).
+
+    >>> reward({"accuracy": 0.97, "latency_ratio": 1.0}, {"accuracy": 0.97}) < reward(
+    ...     {"accuracy": 0.97, "latency_ratio": 0.5}, {"accuracy": 0.97})
+    True
+    >>> reward({"accuracy": 0.90, "latency_ratio": 0.1}, {"accuracy": 0.97})
+    0.0
+    """
+    if metrics.get("status", "ok") not in ("ok", "valid"):
+        return 0.0
+    ratio = metrics.get("latency_ratio", metrics.get("flops_ratio", 1.0))
+    if not isinstance(ratio, (int, float)) or math.isnan(ratio) or ratio < 0:
+        return 0.0
+    # an operator with too few weights to learn earns less (``capacity`` in [0, 1], 1 if not given)
+    speed = metrics.get("capacity", 1.0) / (1.0 + ratio)
+    accuracy = metrics.get("accuracy")
+    if accuracy is None:
+        return speed
+    base = (baseline or {}).get("accuracy", metrics.get("baseline_accuracy"))
+    floor = (base - margin) if base is not None else 0.0
+    if accuracy < floor:
+        return 0.0
+    quality = min(1.0, max(0.0, (accuracy - floor) / (1.0 - floor))) if floor < 1 else 1.0
+    return (1.0 + quality) / 2.0 * speed

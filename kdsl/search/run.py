@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from kdsl.lang.errors import SearchError
 from kdsl.search.analytic import analytic_reward, evaluate
 from kdsl.search.enumerate import Enumeration
-from kdsl.search.errors import SearchError
 from kdsl.search.mcts import MCTS
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space

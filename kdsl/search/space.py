@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from kdsl.lang.errors import KdslError
+from kdsl.lang.errors import KdslError, SearchError
 from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size, Var
-from kdsl.search.errors import SearchError
 from kdsl.search.kinds import DEFAULT_CAPS, KINDS
 from kdsl.search.state import div, mul, size_order
 
@@ -125,7 +124,7 @@ def load_spec(spec: str | Spec | Mapping) -> Spec:
     >>> load_spec("conv3d")
     Traceback (most recent call last):
     ...
-    kdsl.search.errors.SearchError: unknown spec 'conv3d': give a built-in spec (conv2d, ...) or a JSON file
+    kdsl.lang.errors.SearchError: unknown spec 'conv3d': give a built-in spec (conv2d, ...) or a JSON file
     """
     if isinstance(spec, Spec):
         return spec
@@ -229,7 +228,7 @@ def parse_budget(text: str | int | float | None, baseline: int | None = None) ->
     >>> parse_budget("half")
     Traceback (most recent call last):
     ...
-    kdsl.search.errors.SearchError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
+    kdsl.lang.errors.SearchError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
     """
     if text is None:
         return None

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kdsl.search.errors import SearchError, printable
+from kdsl.lang.errors import SearchError, printable
 from kdsl.storage import Database
 
 __all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "Lease", "Store"]

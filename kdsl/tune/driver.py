@@ -3,7 +3,7 @@
 Tuners search the schedule space of :mod:`kdsl.codegen.tvm.schedule_space` through one interface
 (:class:`~kdsl.tune.records.Tuner`): ``propose(n)`` returns up to ``n`` configurations never proposed
 before and ``update(records)`` feeds back their measured results. :func:`tune` drives one against a
-:class:`~kdsl.tune.measure.Measurer` and a :class:`~kdsl.tune.records.RecordStore`: re-running with the
+:class:`~kdsl.tune.measurer.Measurer` and a :class:`~kdsl.tune.records.RecordStore`: re-running with the
 same database continues from the stored records.
 """
 
@@ -20,7 +20,7 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
-from kdsl.tune.measure import Measurer, _lowered
+from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
