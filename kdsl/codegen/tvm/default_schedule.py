@@ -8,10 +8,11 @@ naive scalar loop nests, ~100x slower than PyTorch. The default schedule is
 built from each stage's block analysis (:mod:`kdsl.codegen.tvm.blocks`: which block axes index which
 buffer dim, with which stride), never from the operator's name, so it applies to operators that search
 invents. :meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic` documents the rules: a register-tiled
-micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile, a local
-accumulator laid out tile-last, weights packed along the vector axis), copies folded into the write-back,
-zero-padded copies materialized only where bounds checks would fall inside a vector; other stages get
-their outer loops fused and parallel and their innermost loop vectorized where its reads are contiguous.
+micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile in the
+block's order with the short ones unrolled, a local accumulator laid out tile-last, weights packed along
+the vector axis), copies folded into the write-back, zero-padded copies materialized only where bounds
+checks would fall inside a vector; other stages get their outer loops fused and parallel and their
+innermost loop vectorized where its reads are contiguous.
 
 **Falling back.** Every stage is applied on a copy of the schedule; if any primitive raises
 (``ScheduleError``/``TVMError``: an unusual index expression, a block that cannot be inlined), that stage

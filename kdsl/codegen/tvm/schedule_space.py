@@ -18,10 +18,13 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 * reduction stages get a three-level tiling ``S.tile.<axis>`` = (outer, middle, inner) of every spatial
   axis and ``(outer, inner)`` of every reduction axis (a tile of 1 makes no loop); outer spatial tiles are
   fused and parallel, a weight-only vector axis's first; ``S.order`` permutes the middle loops (middle
-  spatial tiles and outer reduction tiles); then come the inner reduction tiles and the inner spatial
-  tiles, the vector axis ``S.vector`` innermost and vectorized; ``S.unroll`` bounds the unrolled inner
-  reduction loops, ``S.unroll_tile`` unrolls the register tile; ``S.cache`` accumulates in a ``local``
-  tile (laid out with the tile's axes last, the vector axis innermost) written back once, or in place;
+  spatial tiles and outer reduction tiles); ``S.reductions`` puts the inner reduction tiles below all
+  of them (``"split"``) or each right below its outer tile (``"whole"``: the reductions stay in
+  ``S.order``'s order, short ones unrolled in place); then come the unit reduction loops and the inner
+  spatial tiles, the vector axis ``S.vector`` innermost and vectorized; ``S.unroll`` bounds the product
+  of the unrolled inner reduction loops (innermost first), ``S.unroll_tile`` unrolls the register tile;
+  ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis
+  innermost) written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.attach`` computes a producer stage at its consumer's parallel loop;
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
@@ -59,7 +62,7 @@ from kdsl.codegen.tvm.lowering import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-4"  # 4: the default schedule's rules (one rule set): accumulator tile-last, no unit loops
+VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
 #: Vector register width in bits (AVX-512). On narrower machines LLVM splits the vectors: still correct.
 VECTOR_BITS = 512
 #: Vector lanes of fp32 on AVX-512 (a space uses :func:`lanes` of its operator's dtype).
@@ -369,6 +372,11 @@ class Space:
                 middle = [a for a, e in stage.spatial + stage.reduced if e > 1]
                 if len(middle) > 1:
                     self._add(Permutation(f"{s}.order", len(middle)))
+                    if any(e > 1 for _, e in stage.reduced):
+                        # where the inner reduction tiles go: below every middle loop ("split", the
+                        # multi-level tiling) or each right below its outer tile ("whole": the
+                        # reductions keep S.order's order, in the identity order the block's)
+                        self._add(Categorical(f"{s}.reductions", ("split", "whole")))
                 vectors = [a for a, e in stage.spatial if e > 1]
                 if vectors:
                     self._add(Categorical(f"{s}.vector", tuple(vectors)))
@@ -443,8 +451,11 @@ class Space:
           contiguous or a broadcast, tiled by one or two whole vectors (a divisor: no predicates).
         * *The register axis* (:meth:`_register_axis`): another spatial axis (a data axis if possible),
           tiled by the largest divisor that keeps at most :data:`MAX_ACCUMULATORS` vectors live.
-        * Reductions stay outside the tile, windows of at most :data:`UNROLL_REDUCTION` innermost and
-          unrolled into straight-line FMAs; the accumulator is a ``local`` tile written back once.
+        * Reductions stay outside the tile in the block's order (``S.reductions = "whole"``), windows of
+          at most :data:`UNROLL_REDUCTION` unrolled into straight-line FMAs where they are (a longer
+          reduction after them stays inside them: syno_op1 at conv5_x, whose ``c`` of 8 follows the
+          unrolled ``kh, kw``, ran 15-20% slower with ``c`` moved outside them, N=8); the accumulator
+          is a ``local`` tile written back once.
         * Weights that the vector axis indexes in another dim than their last are packed once per call
           to ``[v // f, <other dims>, v % f]`` (ALT-style): one tile's weights form one contiguous block.
         * A copy of the result is folded into the write-back where its inverse is trusted.
@@ -477,6 +488,8 @@ class Space:
             for axis, e in stage.reduced:
                 if e > 1:
                     config[f"{s}.tile.{axis}"] = (1, e) if e <= UNROLL_REDUCTION else (e, 1)
+            if f"{s}.reductions" in config:
+                config[f"{s}.reductions"] = "whole"
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
             config[f"{s}.unroll_tile"] = True
             config[f"{s}.cache"] = "local"
@@ -723,11 +736,13 @@ class _Applier:
         vector = config.get(f"{s}.vector")
         if vector is not None and config[f"{s}.tile.{vector}"][2] == 1:
             vector = None  # no vector tile: nothing to vectorize or to lay out last
+        whole = config.get(f"{s}.reductions") == "whole"
         outer, r_inner, s_inner = [], [], []
         inner_axes: list[int] = []  # block iter indices of the register tile's axes, vector axis last
         vector_inner = vector_outer = None
         middle_labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
-        middle_loops: dict[str, Any] = {}
+        middle_loops: dict[str, list[Any]] = {}  # label -> its loops at the label's place in the order
+        r_tiles: dict[int, int] = {}  # id of an inner reduction tile placed with its outer tile -> extent
         for k, (loop, (axis, extent)) in enumerate(zip(loops, stage.spatial + stage.reduced)):
             if extent == 1:  # unit loops: spatial ones fuse into the parallel loop, reductions are inner
                 if k < nspatial:
@@ -742,15 +757,18 @@ class _Applier:
                     outer.append(parts[0])
                     if axis == vector:
                         vector_outer = parts[0]
-                middle_loops[axis] = parts[1]
+                middle_loops[axis] = [lp for lp in parts[1:2] if lp is not None]
                 if axis == vector:
                     vector_inner = parts[2]
                 elif parts[2] is not None:
                     s_inner.append(parts[2])
                     inner_axes.append(k)
             else:
-                middle_loops[axis] = parts[0]
-                if parts[1] is not None:
+                middle_loops[axis] = [lp for lp in parts[:1] if lp is not None]
+                if parts[1] is not None and whole:
+                    middle_loops[axis].append(parts[1])
+                    r_tiles[id(parts[1])] = factors[1]
+                elif parts[1] is not None:
                     r_inner.append((parts[1], factors[1]))
         if vector_inner is not None:
             inner_axes.append([a for a, _ in stage.spatial].index(vector))
@@ -762,8 +780,8 @@ class _Applier:
         # the accumulator's place: below the last middle spatial loop before the first reduction loop
         # (none when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
         first_reduce = next((i for i, (a, _) in enumerate(middle) if a not in spatial_labels), len(middle))
-        spatial_before = [lp for _, lp in middle[:first_reduce] if lp is not None]
-        below = [(a, lp) for a, lp in middle[first_reduce:] if lp is not None]
+        spatial_before = [lp for _, lps in middle[:first_reduce] for lp in lps]
+        below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
         middle_nest = [*spatial_before, *(lp for _, lp in below)]
         inner = s_inner + ([vector_inner] if vector_inner is not None else [])
         ordered = [*outer, *middle_nest, *[lp for lp, _ in r_inner], *inner]
@@ -797,7 +815,10 @@ class _Applier:
                 for lp in s_inner:
                     sch.unroll(lp)
         budget = min(config[f"{s}.unroll"], max(1, 1024 // unrolled))
-        for lp, extent in reversed(r_inner):
+        # the inner reduction tiles in nest order, wherever S.reductions put them (a long reduction
+        # between two of them is not unrolled: the budget counts only these)
+        unrollable = [(lp, r_tiles[id(lp)]) for _, lp in below if id(lp) in r_tiles] + r_inner
+        for lp, extent in reversed(unrollable):
             if extent <= budget:
                 sch.unroll(lp)
                 budget //= extent
