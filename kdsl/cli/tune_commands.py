@@ -30,11 +30,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kdsl import gallery, solve
+from kdsl.cli.operator_commands import load_operator
 from kdsl.cli.search_commands import positive_int
 from kdsl.codegen.measure import median_seconds
 from kdsl.codegen.native import native_function
+from kdsl.codegen.tvm.default_schedule import default_schedule
+from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError
+from kdsl.tune.driver import tune
+from kdsl.tune.measurer import Measurer, _lowered, compile_module
 
 TUNERS = ("opevo", "alt", "gensor", "metaschedule")
 
@@ -78,9 +83,6 @@ def add_tune_commands(subparsers: Any) -> None:
 
 
 def command_tune(args: argparse.Namespace) -> int:
-    from kdsl.cli import load_operator
-    from kdsl.tune.driver import tune
-
     op = load_operator(args.operator)
     layer = parse_layer(args.layer)
     result = tune(op, layer, args.tuner, args.trials, args.db, batch=args.batch, seed=args.seed, log=print)
@@ -180,10 +182,6 @@ def _at(curve: list[float], n: int) -> str:
 
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
-    from kdsl.codegen.tvm.default_schedule import default_schedule
-    from kdsl.tune.driver import tune
-    from kdsl.tune.measurer import Measurer, _lowered, compile_module
-
     trials = args.trials or (12 if args.quick else 64)
     rounds = 1 if args.quick else args.rounds
     folder = tempfile.mkdtemp(prefix="kdsl-bench-tune-")
@@ -209,8 +207,6 @@ def bench_tune(args: argparse.Namespace) -> int:
                         libraries[tuner] = result.library
                 elif result.best is not None and result.best.latency is not None:
                     if space is None:
-                        from kdsl.codegen.tvm.schedule_space import Space
-
                         space = Space(_lowered(op, binding))
                     path = os.path.join(folder, f"{name}-{tuner}.so")
                     compile_module(space.apply(result.best.config).mod, path)

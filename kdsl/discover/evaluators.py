@@ -35,9 +35,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar
 
+from kdsl import gallery
 from kdsl.codegen.measure import interleaved_medians, latency_slot
+from kdsl.codegen.torch import build
+from kdsl.codegen.tvm import build as tvm_build
+from kdsl.discover.proxy import ProxyConfig, train
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import SearchError
+from kdsl.solve import bind, shapes
+from kdsl.solve.cost import cost
+from kdsl.solve.layers import load_layers, with_batch
 
 __all__ = [
     "AccuracyEvaluator",
@@ -169,14 +176,10 @@ def evaluate_all(
 
 @lru_cache(maxsize=8)
 def _baseline(name: str) -> Operator:
-    from kdsl import gallery
-
     return gallery.load(name)
 
 
 def _table(layers: object, batch: int | None = None) -> tuple[Any, ...]:
-    from kdsl.solve.layers import load_layers, with_batch
-
     table = load_layers(layers)
     if batch is None:
         return table
@@ -211,8 +214,6 @@ class AnalyticEvaluator(Evaluator):
         self.baseline = baseline
 
     def _costs(self, op: Operator) -> tuple[dict[str, int], dict[str, int]]:
-        from kdsl.solve.cost import cost
-
         flops, params = {}, {}
         for layer in self.layers:
             each = cost(op, layer)
@@ -284,14 +285,10 @@ class LatencyEvaluator(Evaluator):
     def _callables(self, backend: str, op: Operator, layer: Any) -> Callable[[], Any]:
         import torch
 
-        from kdsl.solve import bind, shapes
-
         binding = bind(op, layer)
         generator = torch.Generator().manual_seed(self.seed)
         x = torch.randn(shapes(op, binding)["input"], generator=generator)
         if backend == "torch":
-            from kdsl.codegen.torch import build
-
             module = build(op, binding).eval()
 
             def run() -> Any:
@@ -299,7 +296,6 @@ class LatencyEvaluator(Evaluator):
                     return module(x)
 
             return run
-        from kdsl.codegen.tvm import build as tvm_build
 
         kernel = tvm_build(op, binding)
         weights = [torch.randn(shape, generator=generator) for shape in kernel.weight_shapes]
@@ -347,8 +343,6 @@ class LatencyEvaluator(Evaluator):
 
 @lru_cache(maxsize=4)
 def _baseline_training(baseline: str, config: Any) -> dict[str, Any]:
-    from kdsl.discover.proxy import train
-
     return train(_baseline(baseline), config)
 
 
@@ -369,8 +363,6 @@ class AccuracyEvaluator(Evaluator):
     name = "accuracy"
 
     def __init__(self, baseline: str = BASELINE, compare_baseline: bool = True, **config: Any) -> None:
-        from kdsl.discover.proxy import ProxyConfig
-
         if "widths" in config:
             config["widths"] = tuple(config["widths"])
         try:
@@ -385,8 +377,6 @@ class AccuracyEvaluator(Evaluator):
         return _baseline_training(self.baseline, self.config)
 
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
-        from kdsl.discover.proxy import train
-
         context = Context.of(context)
         base = self.baseline_metrics() if self.compare_baseline else None
         best = context.best_history or (base["accuracy_history"] if base else None)

@@ -40,8 +40,11 @@ from typing import Any
 
 from kdsl.codegen.measure import latency_slot
 from kdsl.codegen.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
+from kdsl.discover.evaluators import Context, evaluate_all
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, SearchError
+from kdsl.lang.parser import parse
+from kdsl.lang.serialize import from_json
 
 __all__ = [
     "STATUSES",
@@ -81,9 +84,6 @@ class Task:
 
     def operator(self) -> Operator:
         """The candidate, read back from ``source`` (JSON if it starts with ``{``, else DSL)."""
-        from kdsl.lang.parser import parse
-        from kdsl.lang.serialize import from_json
-
         text = self.source.lstrip()
         return from_json(text) if text.startswith("{") else parse(text)
 
@@ -121,8 +121,6 @@ def run_task(task: Task, slot: Slot | None = None) -> dict[str, Any]:
 
     ``slot`` is the latency-slot factory the evaluators use (default: the machine's flock).
     """
-    from kdsl.discover.evaluators import Context, evaluate_all
-
     start = time.perf_counter()
     try:
         op = task.operator()

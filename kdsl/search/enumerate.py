@@ -17,7 +17,7 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from kdsl.search.space import Space
-from kdsl.search.synthesis import State, children, is_complete, root
+from kdsl.search.synthesis import State, children, is_complete, root, to_operators
 
 __all__ = ["Enumeration", "count_by_depth"]
 
@@ -78,8 +78,6 @@ def count_by_depth(space: Space) -> dict[int, int]:
     >>> count_by_depth(Space("matmul", "resnet18", coefficients={"K": [3]}, max_depth=4, caps={"Expand": 0}))
     {2: 1, 4: 10}
     """
-    from kdsl.search.synthesis import to_operators
-
     keys: dict[str, int] = {}
     for state in Enumeration(space).states():
         if state is None:

@@ -30,11 +30,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from kdsl.lang import library
 from kdsl.lang.errors import KdslError, SearchError
+from kdsl.lang.parser import parse_size
 from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size, Var
 from kdsl.search.kinds import DEFAULT_CAPS, KINDS
 from kdsl.search.state import div, mul, size_order
+from kdsl.solve import total_cost
+from kdsl.solve.layers import Layer, load_layers
 
 __all__ = ["DEFAULT_CAPS", "KINDS", "SPECS", "Coefficient", "Space", "Spec", "div", "load_spec", "mul", "parse_budget"]
 
@@ -145,8 +149,6 @@ def load_spec(spec: str | Spec | Mapping) -> Spec:
 
 
 def _spec_from_mapping(data: Mapping) -> Spec:
-    from kdsl.lang.parser import parse_size
-
     kinds: dict[str, str] = {}
     for key, kind in (("primary", "primary"), ("coefficients", "coefficient")):
         names = data.get(key, [])
@@ -252,8 +254,6 @@ def parse_budget(text: str | int | float | None, baseline: int | None = None) ->
 
 
 def _layers_for(spec: Spec, layers: object) -> tuple:
-    from kdsl.solve.layers import Layer, load_layers
-
     table = load_layers(layers)
     if not spec.aliases:
         return table
@@ -408,8 +408,6 @@ class Space:
 
     def _reductions(self, given: Iterable[Size | str] | None) -> tuple[Size, ...]:
         if given is not None:
-            from kdsl.lang.parser import parse_size
-
             sizes = []
             for item in given:
                 try:
@@ -442,9 +440,6 @@ class Space:
         if self._baseline_cost is None:
             if not self.baseline_name:
                 raise SearchError(f"spec {self.spec.name} has no baseline operator for relative budgets")
-            from kdsl.lang import library
-            from kdsl.solve import total_cost
-
             op = library.load(self.baseline_name)
             self._baseline_cost = total_cost(op, self.layers, op.default_coefficients)
         return self._baseline_cost[metric]

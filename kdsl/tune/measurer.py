@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kdsl.codegen import reference
+from kdsl.codegen.tvm import default_target, load_tvm, lower
 from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.codegen.workers import Outcome, Slot, WorkerPool
 from kdsl.lang.build import Operator
@@ -42,8 +44,6 @@ RTOL = 2e-3
 
 
 def _lowered(op: Operator, layer: Mapping[str, int]) -> Any:
-    from kdsl.codegen.tvm import lower
-
     return lower(op, layer)
 
 
@@ -54,8 +54,6 @@ def _compile_setup(op: Operator, layer: dict[str, int]) -> Space:
 
 def _compile_job(space: Space, job: tuple[dict[str, Any], str], slot: Slot) -> str | None:
     """Apply and compile a configuration into a shared library at a path; the reason on failure."""
-    from kdsl.codegen.tvm import default_target, load_tvm
-
     config, path = job
     tvm = load_tvm()
     try:
@@ -71,17 +69,12 @@ def _compile_job(space: Space, job: tuple[dict[str, Any], str], slot: Slot) -> s
 
 def compile_module(module: Any, path: str) -> None:
     """Compile an ``IRModule`` for this machine into a shared library at ``path``."""
-    from kdsl.codegen.tvm import default_target, load_tvm
-
     load_tvm().compile(module, target=default_target()).export_library(path)
 
 
 def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
     """The measuring worker's state: TVM, random inputs on its device, an output buffer."""
     import numpy as np
-
-    from kdsl.codegen import reference
-    from kdsl.codegen.tvm import load_tvm
 
     tvm = load_tvm()
     x, weights = reference.random_inputs(op, layer, dtype=np.float32)
@@ -103,8 +96,6 @@ def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
 def _expected(state: dict[str, Any]) -> Any:
     """The reference output (float64), computed once per worker."""
     import numpy as np
-
-    from kdsl.codegen import reference
 
     if state["expected"] is None:
         x, weights = state["x"], state["weights"]

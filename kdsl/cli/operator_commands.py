@@ -1,0 +1,210 @@
+"""``kdsl show``, ``kdsl check``, ``kdsl gallery`` and ``kdsl demo``: commands about one operator or the
+gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from kdsl import gallery, solve
+from kdsl.bench.backends import gallery_latencies
+from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
+from kdsl.codegen.render import loop_nest, svg
+from kdsl.gallery.pages import build_gallery, load_rediscovery
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError, ParseError, printable
+from kdsl.lang.parser import parse
+from kdsl.lang.serialize import from_json
+from kdsl.search.store import Store
+
+
+def load_operator(ref: str, db: str | None = None) -> Operator:
+    """An operator from a gallery name, a DSL file, a JSON file, or (with ``db``) the canonical
+    hash (or a unique prefix of it) of a candidate in a search results database."""
+    if db is not None:
+        return _from_results(ref, db)
+    path = Path(ref)
+    if path.suffix in (".dsl", ".py", ".json") or path.exists():
+        if not path.is_file():
+            raise ParseError(f"no such file: {ref}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ParseError(f"cannot read {ref}: {error}") from None
+        return from_json(text) if path.suffix == ".json" else parse(text)
+    return gallery.load(ref)
+
+
+def _from_results(key: str, db: str) -> Operator:
+    store = Store(db, readonly=True)
+    try:
+        rows = store.find(key)
+    finally:
+        store.close()
+    if len(rows) != 1:
+        found = "no candidate" if not rows else f"{len(rows)} candidates"
+        raise KdslError(f"{found} in {printable(db)} has a key starting with {printable(key)!r}; give more of the hash")
+    return parse(rows[0][1])
+
+
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", re.ASCII)
+
+
+def _parse_assignments(items: Sequence[str] | None, op: Operator, name: str) -> dict[str, int]:
+    """``--set NAME=INT[,NAME=INT...]`` as a dict, checked against ``op``'s coefficients so that a
+    typo (``k=5``, ``Q=3``) is an error rather than a value silently ignored. ``re.ASCII`` keeps
+    ``int()`` from seeing digits it does not take (``²``) or signs (``--3``)."""
+    values: dict[str, int] = {}
+    coefficients = op.coefficient_variables
+    for item in items or ():
+        for part in item.split(","):
+            if not part.strip():
+                continue
+            match = _ASSIGNMENT.fullmatch(part.strip())
+            if match is None:
+                raise KdslError(f"--set expects NAME=INT with a positive integer (like K=3), got {printable(part)!r}")
+            variable, value = match.group(1), int(match.group(2))
+            if variable not in coefficients:
+                raise KdslError(_unknown_variable(variable, op, name))
+            if value < 1:
+                raise KdslError(f"--set {variable}={value}: a coefficient must be a positive integer")
+            if variable in values and values[variable] != value:
+                raise KdslError(f"--set gives {variable} twice ({values[variable]} and {value})")
+            values[variable] = value
+    return values
+
+
+def _unknown_variable(variable: str, op: Operator, name: str) -> str:
+    coefficients = op.coefficient_variables
+    if variable in op.primary_variables:
+        return (
+            f"--set {variable}: {variable} is a primary variable of {name}; its sizes come from the layer table "
+            f"(--layers), --set gives coefficients ({', '.join(coefficients) or 'it has none'})"
+        )
+    known = f"its coefficients are {', '.join(coefficients)}" if coefficients else "it has no coefficients"
+    close = [c for c in coefficients if c.lower() == variable.lower()]
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"--set {variable}: {name} has no variable {variable}; {known}{hint}"
+
+
+def _formula_lines(op: Operator) -> list[str]:
+    formulas = solve.cost(op)
+    return [f"  {key:<13}{formulas[key]}" for key in ("flops", "params", "input", "output") if key in formulas]
+
+
+def command_show(args: argparse.Namespace) -> int:
+    op = load_operator(args.operator, args.db)
+    print(op.to_dsl(), end="")
+    print()
+    print("shapes:")
+    print(f"  input        [{', '.join(f'{d.name}: {d.size}' for d in op.inputs)}]")
+    print(f"  output       [{', '.join(f'{d.name}: {d.size}' for d in op.outputs)}]")
+    for weight in op.weights:
+        dims = ", ".join(f"{d.name}: {d.size}" for d in weight.dims)
+        print(f"  weight {weight.name:<6}[{dims}]")
+    constraints = solve.constraints(op)
+    if constraints:
+        print("constraints:")
+        for constraint in constraints:
+            print(f"  {constraint.description}")
+    print("cost (multiply-accumulates, weights' elements):")
+    for line in _formula_lines(op):
+        print(line)
+    print("loop nest (the stage plan at a reference size):")
+
+    for line in loop_nest(op).splitlines():
+        print(f"  {line}")
+    print(f"key: {op.key}")
+    if args.svg:
+        Path(args.svg).write_text(svg(op))
+        print(f"wrote {args.svg}")
+    return 0
+
+
+def command_check(args: argparse.Namespace) -> int:
+    op = load_operator(args.operator)
+    name = printable(args.operator)
+    layers = solve.load_layers(args.layers)
+    given = _parse_assignments(args.set, op, name)
+    # only --set overrides: a coefficient the layer binds wins over the operator's default, so the
+    # values printed below are the ones the check used (README: --set, else the layer, else default)
+    report = solve.check(op, layers, coefficients=given)
+    bindings = [(layer, binding) for layer, binding in report]
+    used: list[str] = []
+    for variable in op.coefficient_variables:
+        values = {binding[variable] for _, binding in bindings}
+        if len(values) == 1:
+            used.append(f"{variable}={values.pop()}")
+        else:
+            used.append(
+                ", ".join(f"{variable}={binding[variable]} on {printable(layer.name)}" for layer, binding in bindings)
+            )
+    print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
+    print(f" with {', '.join(used)}" if used else "")
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
+    print(header)
+    for layer, binding in bindings:
+        shapes = solve.shapes(op, binding)
+        costs = solve.cost(op, binding)
+        print(
+            f"  {printable(layer.name):<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
+            f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}"
+        )
+    return 0
+
+
+def command_gallery(args: argparse.Namespace) -> int:
+    if args.action == "rediscover":
+        import json
+
+        out = Path(args.out) if args.out else gallery.directory()
+        records = {}
+        for name in sorted(REDISCOVERY):
+            if args.skip_slow and name in SLOW:
+                continue
+            records[name] = rediscover(name)
+            found = records[name]
+            text = f"depth {found.get('depth')}, {found['seconds']:.2f} s" if found["found"] else "not found"
+            print(f"{name:<28}{text}")
+        (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {out / 'rediscovery.json'}")
+        return 0
+    if args.action == "build":
+        out = Path(args.out) if args.out else gallery.directory()
+        records = load_rediscovery(out / "rediscovery.json")
+        latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
+        written = build_gallery(out, latencies=latencies, batch=args.batch, rediscovery=records)
+        print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
+        return 0
+    for name in gallery.names():
+        summary = gallery.describe(name).strip().splitlines()
+        print(f"{name:<28}{summary[0] if summary else ''}")
+    return 0
+
+
+def command_demo(args: argparse.Namespace) -> int:
+    print("kdsl tour: every gallery operator, checked on ResNet-18's layers with its default coefficients")
+    print("(stride-1 3x3 layers: table resnet18; operators that halve the image: table resnet18_stride2)\n")
+    for name in gallery.names():
+        op = gallery.load(name)
+        print(f"== {name}  (key {op.key})")
+        for line in gallery.describe(name).strip().splitlines()[:1]:
+            print(f"   {line}")
+        table = gallery.layer_table(name)
+        if table is None:
+            print("   not valid on the ResNet-18 tables with its defaults")
+        else:
+            layers = solve.load_layers(table)
+            macs = sum(solve.cost(op, layer)["flops"] for layer in layers)
+            params = sum(solve.cost(op, layer)["params"] for layer in layers)
+            defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
+            print(
+                f"   valid on the {len(layers)} layers of {table} ({defaults}): "
+                f"{macs / 1e6:.1f} M MACs, {params} params"
+            )
+        for line in _formula_lines(op)[:2]:
+            print(f" {line}")
+        print()
+    return 0
