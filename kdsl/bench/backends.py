@@ -20,8 +20,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kdsl import gallery, solve
+from kdsl.codegen import torch as kdsl_torch
+from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.codegen.measure import latency_slot, median_seconds
+from kdsl.codegen.native import NATIVE
 from kdsl.lang.errors import KdslError
+from kdsl.solve.layers import load_layers, with_batch
 
 
 def _time(function: Callable[[], Any]) -> float:
@@ -30,15 +35,11 @@ def _time(function: Callable[[], Any]) -> float:
 
 
 def _layers(table: str, batch: int) -> list[tuple[str, dict[str, int]]]:
-    from kdsl.solve.layers import load_layers, with_batch
-
     return [(layer.name, with_batch(layer, batch).values) for layer in load_layers(table)]
 
 
 def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[str, str, dict[str, int], int]]:
     """(operator, layer name, binding, MACs) for every operator valid on the layer."""
-    from kdsl import gallery, solve
-
     cases = []
     for name in names or gallery.names():
         op = gallery.load(name)
@@ -54,10 +55,6 @@ def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[st
 
 def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
     import torch
-
-    from kdsl import gallery
-    from kdsl.codegen import torch as kdsl_torch
-    from kdsl.codegen.native import NATIVE
 
     op = gallery.load(name)
     module = kdsl_torch.build(op, binding)
@@ -92,9 +89,6 @@ def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str
 
 def _tvm_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
     import torch
-
-    from kdsl import gallery
-    from kdsl.codegen import tvm as kdsl_tvm
 
     kernel = kdsl_tvm.build(gallery.load(name), binding)
     x = torch.randn(kernel.input_shape)
@@ -190,8 +184,6 @@ def gallery_latencies(names: Sequence[str], batch: int) -> dict[str, dict[str, f
     """Median forward milliseconds of each gallery operator on its first layer, per backend,
     measured by the codegen benchmark's workers (each framework in its own process)."""
     import argparse
-
-    from kdsl import gallery
 
     measured: dict[str, dict[str, float]] = {}
     by_table: dict[str, list[str]] = {}
