@@ -5,15 +5,22 @@ import numpy as np
 import pytest
 
 from kdsl.codegen import reference
+from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang import index
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive
 from kdsl.lang.sizes import Size, coefficient, primary
 from kdsl.search import kinds
+from kdsl.testing import strategies
 
 
 def _tables() -> dict[str, dict]:
     """Each backend's (or pass's) per-primitive table, by a readable name."""
-    return {"reference.RULES": reference.RULES, "search.kinds.SEARCH_RULES": kinds.SEARCH_RULES}
+    return {
+        "reference.RULES": reference.RULES,
+        "torch.RULES": kdsl_torch.RULES,
+        "search.kinds.SEARCH_RULES": kinds.SEARCH_RULES,
+        "testing.strategies.DRAWS": strategies.DRAWS,
+    }
 
 
 @pytest.mark.parametrize("kind", sorted(PRIMITIVES))

@@ -21,6 +21,7 @@ no intermediate tensor gets large.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from math import lcm, prod
 from typing import Any
@@ -50,11 +51,69 @@ from kdsl.lang.sizes import Size, coefficient, primary
 PRIMARY = ("N", "C", "H", "W")
 WEIGHT_ONLY = ("E", "V")
 COEFFICIENTS = ("K", "s", "G")
-KINDS = ("Split", "Merge", "Shift", "Expand", "Unfold", "Stride", "Reduce", "Share")
 
 
 def _var(name: str) -> Size:
     return primary(name) if name in PRIMARY or name in WEIGHT_ONLY else coefficient(name)  # type: ignore[return-value]
+
+
+# One draw rule per primitive kind: ``rule(draw, builder, index, live, pick, size)`` gives a step or None
+# (not applicable here); ``pick`` draws a live dim, ``size`` is a coefficient drawn for the step.
+def _split(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Split(draw(pick), size, f"o{index}", f"i{index}")
+
+
+def _merge(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    if len(live) < 2:
+        return None
+    outer, inner = draw(st.lists(pick, min_size=2, max_size=2, unique=True))
+    return Merge(outer, inner, f"m{index}")
+
+
+def _shift(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Shift(draw(pick), draw(st.sampled_from((1, -1, 2))))
+
+
+def _expand(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Expand(f"e{index}", size)
+
+
+def _unfold(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Unfold(draw(pick), size, f"k{index}")
+
+
+def _stride(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    windowed = sorted(builder.live.windowed)
+    return Stride(draw(st.sampled_from(windowed)), size) if windowed else None
+
+
+def _reduce(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Reduce(draw(pick), mean=draw(st.booleans())) if len(live) >= 2 else None
+
+
+def _share(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    shared = draw(st.lists(pick, min_size=1, max_size=min(2, len(live)), unique=True))
+    entries: list[object] = list(shared)
+    # new (weight-only) dims: none, one, or several, sized like anything in the vocabulary
+    # (a new dim the size of a live one is still new: Dim gives it its own name)
+    for new in range(draw(st.integers(0, 3))):
+        new_size = _var(draw(st.sampled_from(WEIGHT_ONLY + COEFFICIENTS + PRIMARY)))
+        entries.insert(draw(st.integers(0, len(entries))), Dim(f"n{index}_{new}", new_size))
+    return Share(Weight(*entries, name=f"w{index}"))
+
+
+#: The strategies' table: how to draw each primitive kind (a test checks that none is missing).
+DRAWS: dict[str, Callable[..., Any]] = {
+    "Split": _split,
+    "Merge": _merge,
+    "Shift": _shift,
+    "Expand": _expand,
+    "Unfold": _unfold,
+    "Stride": _stride,
+    "Reduce": _reduce,
+    "Share": _share,
+}
+KINDS = tuple(DRAWS)
 
 
 @st.composite
@@ -63,34 +122,7 @@ def _step(draw: Any, builder: Builder, index: int) -> Any:
     kind = draw(st.sampled_from(KINDS))
     pick = st.sampled_from(live)
     coefficient_var = _var(draw(st.sampled_from(COEFFICIENTS)))
-    if kind == "Split":
-        return Split(draw(pick), coefficient_var, f"o{index}", f"i{index}")
-    if kind == "Merge" and len(live) >= 2:
-        outer, inner = draw(st.lists(pick, min_size=2, max_size=2, unique=True))
-        return Merge(outer, inner, f"m{index}")
-    if kind == "Shift":
-        return Shift(draw(pick), draw(st.sampled_from((1, -1, 2))))
-    if kind == "Expand":
-        return Expand(f"e{index}", coefficient_var)
-    if kind == "Unfold":
-        return Unfold(draw(pick), coefficient_var, f"k{index}")
-    if kind == "Stride":
-        windowed = sorted(builder.live.windowed)
-        if windowed:
-            return Stride(draw(st.sampled_from(windowed)), coefficient_var)
-        return None
-    if kind == "Reduce" and len(live) >= 2:
-        return Reduce(draw(pick), mean=draw(st.booleans()))
-    if kind == "Share":
-        shared = draw(st.lists(pick, min_size=1, max_size=min(2, len(live)), unique=True))
-        entries: list[object] = list(shared)
-        # new (weight-only) dims: none, one, or several, sized like anything in the vocabulary
-        # (a new dim the size of a live one is still new: Dim gives it its own name)
-        for new in range(draw(st.integers(0, 3))):
-            size = _var(draw(st.sampled_from(WEIGHT_ONLY + COEFFICIENTS + PRIMARY)))
-            entries.insert(draw(st.integers(0, len(entries))), Dim(f"n{index}_{new}", size))
-        return Share(Weight(*entries, name=f"w{index}"))
-    return None
+    return DRAWS[kind](draw, builder, index, live, pick, coefficient_var)
 
 
 @st.composite
