@@ -378,3 +378,16 @@ def test_import_kdsl_loads_no_backend():
     code = "import sys, kdsl, kdsl.lang, kdsl.solve; print('torch' in sys.modules, 'tvm' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]
+
+
+def test_an_operator_pickles_after_its_derived_values_are_cached():
+    """Worker processes receive operators by pickle; cached live dims (read-only mappings) must not
+    stop that (kdsl bench tune failed so)."""
+    import pickle
+
+    from kdsl import gallery, solve
+
+    op = gallery.load("syno_op1")
+    assert op.live and op.key and solve.plan(op)  # fill the caches
+    copy = pickle.loads(pickle.dumps(op))
+    assert copy == op and copy.key == op.key and list(copy.live[-1]) == list(op.live[-1])

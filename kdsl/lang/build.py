@@ -188,6 +188,11 @@ class Operator:
         """The weights in the order they are shared (the declaration order)."""
         return tuple(step.weight for step in self.steps if isinstance(step, Share))  # type: ignore[misc]
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # pickled (to worker processes) as its fields only: the derived values cached on it (live
+        # dims as read-only mappings, the key, the plan) are recomputed on the other side
+        return (type(self), (self.inputs, self.steps, self.outputs, self.defaults))
+
     @cached_property
     def live(self) -> tuple[Mapping[str, Size], ...]:
         """The live dims (name -> size, in order) before each step, then after the last one.
