@@ -7,7 +7,7 @@ The operator's ``create_prim_func`` module is tuned with MetaSchedule's evolutio
 cost model, with the builder of ``TVM.md`` (the default one imports ``tvm.s_tir.tensor_intrin`` in every
 worker, 35 s, and half its builds time out). MetaSchedule keeps its own JSON database in a folder next to
 the records database (``<db>.ms/<task>``), so a second run continues from it. Its reported run times are
-optimistic: its top schedules are compiled and re-measured by kdsl's :class:`~kdsl.tune.driver.Measurer`
+optimistic: its top schedules are compiled and re-measured by kdsl's :class:`~kdsl.tune.measurer.Measurer`
 in a fresh process, with the output checked against the reference, and the fastest correct one is the
 result.
 
