@@ -89,7 +89,16 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Machine)
     r_inner = [(k, tiles[k][1]) for k in range(nspatial, len(axes))]
     s_inner = [(k, tiles[k][2]) for k in range(nspatial) if k != vi]
     v_inner = [(vi, tiles[vi][2])] if vi is not None else []
-    nest = outer + middle + r_inner + s_inner + v_inner
+    if config.get(f"{s}.reductions", "split") == "whole":
+        # each reduction's inner tile sits right below its own outer tile, in the middle loops' order
+        whole = []
+        for k, extent in middle:
+            whole.append((k, extent))
+            if k >= nspatial:
+                whole.append((k, tiles[k][1]))
+        nest = outer + whole + s_inner + v_inner
+    else:
+        nest = outer + middle + r_inner + s_inner + v_inner
     macs = prod(e for _, e in axes)
     # compute: vector lanes, register tile, parallel balance, unrolling
     vf = v_inner[0][1] if v_inner else 1
