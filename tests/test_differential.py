@@ -35,7 +35,6 @@ from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Split, Unfold, Weight, primary
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError
-from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size
 from kdsl.search.space import Space
 from kdsl.search.synthesis import State, children, is_complete, root, to_operators
@@ -114,15 +113,10 @@ def search_drawn(spec: str, layers: str, count: int, seed: int) -> list[Operator
 
 
 def _every_size(op: Operator) -> list[Size]:
-    from kdsl.lang.primitives import BuildContext, Live
-
     sizes = [d.size for d in op.inputs] + [d.size for d in op.outputs]
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
-    for step in op.steps:
-        sizes += step_sizes(step)
-        step.apply(live, context)
-        sizes += list(live.sizes.values())
+    for step, after in zip(op.steps, op.live[1:]):
+        sizes += step.sizes()
+        sizes += list(after.values())
     return sizes
 
 

@@ -28,9 +28,7 @@ from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, Shape
 from kdsl.lang.primitives import (
     CONTRACTION,
     REDUCTION,
-    BuildContext,
     Expand,
-    Live,
     Merge,
     Primitive,
     Reduce,
@@ -98,10 +96,6 @@ def _concrete(size: Size, values: Mapping[str, int], what: str) -> int:
     return int(value)
 
 
-def _weights_of(step: Primitive) -> list[Weight]:
-    return [getattr(step, f.name) for f in step.fields if f.kind == "weight"]
-
-
 def _weight(step: Share) -> Weight:
     weight = step.weight
     if not isinstance(weight, Weight) or not weight.resolved:
@@ -138,22 +132,19 @@ def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
     for dim in op.inputs:
         _concrete(dim.size, values, f"the input dim {dim.name}")
     # every size a step mentions or creates must be a positive integer at this layer
-    live = Live({d.name: d.size for d in op.inputs}, ())
-    context = BuildContext()
     weight_shapes = []
-    for step in op.steps:
+    for step, after in zip(op.steps, op.live[1:]):
         what = step.describe()
         for size in step.sizes():
             _concrete(size, values, what)
-        step.apply(live, context)
         for name in step.produces:
-            _concrete(live.size(name), values, f"{what}: the dim {name}")
-        for weight in _weights_of(step):
+            _concrete(after[name], values, f"{what}: the dim {name}")
+        for weight in step.weights():
             weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
     return Shapes(
         input=tuple(_concrete(d.size, values, d.name) for d in op.inputs),
         weights=tuple(weight_shapes),
-        output=tuple(_concrete(live.size(d.name), values, d.name) for d in op.outputs),
+        output=tuple(_concrete(op.live[-1][d.name], values, d.name) for d in op.outputs),
     )
 
 

@@ -20,8 +20,6 @@ from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.index import Var, walk_up
 from kdsl.lang.primitives import (
-    BuildContext,
-    Live,
     Primitive,
     Reduce,
     Share,
@@ -112,8 +110,6 @@ _ROW, _COLUMN, _MARGIN = 64, 120, 30
 def svg(op: Operator) -> str:
     """An SVG drawing of the primitive graph: each dim is a vertical lane from the primitive that
     makes it to the one that consumes it; each primitive is a box across its lanes."""
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
     column: dict[str, int] = {}
     free: list[int] = []
     next_column = 0
@@ -144,9 +140,8 @@ def svg(op: Operator) -> str:
         cols = [column[n] for n in consumed]
         for name in consumed:
             close_lane(name, row)
-        step.apply(live, context)
         for name in step.produces:
-            open_lane(name, row, live.sizes[name])
+            open_lane(name, row, op.live[row][name])  # the live dims after this step
             cols.append(column[name])
         label = type(step).__name__
         if isinstance(step, Share) and isinstance(step.weight, Weight):

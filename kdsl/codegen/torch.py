@@ -41,7 +41,6 @@ from kdsl.lang.primitives import (
     Unfold,
     Weight,
 )
-from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size
 
 HELPERS = """
@@ -692,7 +691,7 @@ def _free_inputs(op: Operator) -> set[int]:
     dim's size is one primary variable that no other size mentions, and no step touches the dim,
     so any value gives the same operator on more (or fewer) rows."""
     touched = {name for step in op.steps for name in step.consumes}
-    mentioned: list[str] = [v.name for step in op.steps for s in step_sizes(step) for v in s.variables]
+    mentioned: list[str] = [v.name for step in op.steps for s in step.sizes() for v in s.variables]
     for dim in op.inputs:
         mentioned += [v.name for v in dim.size.variables]
     free = set()

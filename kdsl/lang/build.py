@@ -26,7 +26,7 @@ from types import MappingProxyType
 from kdsl.lang.canonical import structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.names import check_identifier
-from kdsl.lang.primitives import BuildContext, Dim, Live, Output, Pipeline, Primitive, Share, Weight, dim_of
+from kdsl.lang.primitives import BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight, dim_of
 from kdsl.lang.printer import partial_dsl, to_dsl, to_json
 from kdsl.lang.sizes import Size, Var
 
@@ -186,7 +186,7 @@ class Operator:
     @cached_property
     def weights(self) -> tuple[Weight, ...]:
         """The weights in the order they are shared (the declaration order)."""
-        return tuple(step.weight for step in self.steps if isinstance(step, Share))  # type: ignore[misc]
+        return tuple(weight for step in self.steps for weight in step.weights())
 
     def __reduce__(self) -> tuple[object, ...]:
         # pickled (to worker processes) as its fields only: the derived values cached on it (live

@@ -498,12 +498,15 @@ class Primitive:
         """The primitive with these field values (the inverse of :meth:`values`)."""
         return cls(**values)
 
+    def weights(self) -> tuple[Weight, ...]:
+        """The weights the step shares (its ``weight`` fields)."""
+        return tuple(getattr(self, f.name) for f in self.fields if f.kind == "weight")
+
     def sizes(self) -> tuple[Size, ...]:
         """The sizes a resolved step mentions (its variables are the operator's)."""
         found = [getattr(self, f.name) for f in self.fields if f.kind == "size"]
-        for f in self.fields:
-            if f.kind == "weight":
-                found.extend(d.size for d in getattr(self, f.name).dims)
+        for weight in self.weights():
+            found.extend(d.size for d in weight.dims)
         return tuple(found)
 
     def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:

@@ -21,11 +21,6 @@ FORMAT = "kdsl-operator"
 VERSION = 1
 
 
-def step_sizes(step: Primitive) -> list[Size]:
-    """The sizes a resolved step mentions (for collecting variables)."""
-    return list(step.sizes())
-
-
 def _q(name: str) -> str:
     """A dim or weight name as a string literal (names are identifiers, so no escaping)."""
     return f'"{name}"'
@@ -58,10 +53,6 @@ def _weight_entries(weight: Weight, live: Live) -> list[str]:
         else:
             entries.append(f"Dim({_q(dim.name)}, {dim.size})")
     return entries
-
-
-def _weights_of(step: Primitive) -> list[Weight]:
-    return [getattr(step, f.name) for f in step.fields if f.kind == "weight"]
 
 
 def _step_text(step: Primitive, live: Live, weight_vars: dict[str, str]) -> str:
@@ -125,7 +116,7 @@ def _pipeline_lines(
             pending_reduce.append(_ref(step.dim, live))
         else:
             flush()
-            for weight in _weights_of(step):
+            for weight in step.weights():
                 assert weight.name is not None
                 entries = ", ".join(_weight_entries(weight, live))
                 declarations.append(f"{weight_vars[weight.name]} = Weight({entries}, name={_q(weight.name)})")
@@ -138,7 +129,7 @@ def _pipeline_lines(
 def _weight_variables(steps: tuple[Primitive, ...], taken: set[str]) -> dict[str, str]:
     names: dict[str, str] = {}
     for step in steps:
-        for weight in _weights_of(step):
+        for weight in step.weights():
             assert weight.name is not None
             variable = weight.name
             while variable in taken or variable in DSL_NAMES:
@@ -180,7 +171,7 @@ def to_dsl(op: OperatorParts, op_name: str = "op") -> str:
     """The DSL source of ``op``, binding it to ``op_name`` (a name by :mod:`kdsl.lang.names`' rule)."""
     check_identifier(op_name, "operator")
     variables = _variables(
-        [d.size for d in op.inputs] + [s for step in op.steps for s in step_sizes(step)] + [d.size for d in op.outputs]
+        [d.size for d in op.inputs] + [s for step in op.steps for s in step.sizes()] + [d.size for d in op.outputs]
     )
     # "op" is always taken: parse() reads the operator bound to `op` and refuses an `op` that is
     # something else (a weight named "op" printed under another operator name)
@@ -198,7 +189,7 @@ def to_dsl(op: OperatorParts, op_name: str = "op") -> str:
 def partial_dsl(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> str:
     """The DSL text of a partial build (for error messages); never raises."""
     try:
-        variables = _variables([d.size for d in inputs] + [s for step in steps for s in step_sizes(step)])
+        variables = _variables([d.size for d in inputs] + [s for step in steps for s in step.sizes()])
         weight_vars = _weight_variables(steps, {v.name for v in variables})
         declarations, lines, _ = _pipeline_lines(inputs, steps, weight_vars)
         return "\n".join(declarations + [" >> ".join(lines)])

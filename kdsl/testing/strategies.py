@@ -32,10 +32,8 @@ from hypothesis import strategies as st
 from kdsl.lang.build import Builder, Input, Operator, Output
 from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import (
-    BuildContext,
     Dim,
     Expand,
-    Live,
     Merge,
     Reduce,
     Share,
@@ -45,7 +43,6 @@ from kdsl.lang.primitives import (
     Unfold,
     Weight,
 )
-from kdsl.lang.printer import step_sizes
 from kdsl.lang.sizes import Size, coefficient, primary
 
 PRIMARY = ("N", "C", "H", "W")
@@ -155,19 +152,13 @@ def operators(draw: Any, max_steps: int = 6, min_steps: int = 1) -> Operator:
 def _sizes(op: Operator) -> list[Size]:
     sizes = [d.size for d in op.inputs] + [d.size for d in op.outputs]
     for step in op.steps:
-        sizes.extend(step_sizes(step))
+        sizes.extend(step.sizes())
     return sizes
 
 
 def _live_sizes(op: Operator) -> list[list[Size]]:
     """The sizes of the live dims after every step (to bound intermediate tensors)."""
-    live = Live({d.name: d.size for d in op.inputs}, frozenset())
-    context = BuildContext()
-    snapshots = [list(live.sizes.values())]
-    for step in op.steps:
-        step.apply(live, context)
-        snapshots.append(list(live.sizes.values()))
-    return snapshots
+    return [list(sizes.values()) for sizes in op.live]
 
 
 @st.composite
