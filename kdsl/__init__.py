@@ -13,14 +13,21 @@ True
 """
 
 from kdsl.lang import (
+    FC,
+    Blend,
     Dim,
     Expand,
+    Fold,
     Input,
+    Map,
     Merge,
     Output,
+    Product,
     Reduce,
+    Rename,
     Share,
     Shift,
+    Softmax,
     Split,
     Stride,
     Unfold,
@@ -30,15 +37,24 @@ from kdsl.lang import (
 )
 from kdsl.lang.build import Operator, Pipeline
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FC",
+    "Blend",
     "Dim",
     "Expand",
+    "Fold",
+    "Graph",
     "Input",
+    "Map",
+    "Product",
+    "Rename",
+    "Softmax",
     "KdslError",
     "Merge",
     "Operator",

@@ -1,4 +1,5 @@
-"""The kdsl language: sizes, dims, the eight primitives, operators, text and JSON.
+"""The kdsl language: sizes, dims, the eight linear primitives, Canvas's non-linear ones and the
+joins of branches, operators and branching kernels, text and JSON.
 
 ``from kdsl.lang import *`` gives exactly the names a DSL program uses.
 """
@@ -16,14 +17,23 @@ from kdsl.lang.errors import (
     UnboundDimError,
     ValidityError,
 )
+from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.nonlinear import FC, Fold, Map, Rename, Softmax
 from kdsl.lang.parser import parse, parse_size
 from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.serialize import from_json
 from kdsl.lang.sizes import Size, coefficient, primary
 
 __all__ = [
+    "FC",
+    "Blend",
     "Dim",
     "Expand",
+    "Fold",
+    "Map",
+    "Product",
+    "Rename",
+    "Softmax",
     "Input",
     "Merge",
     "Output",
@@ -43,6 +53,7 @@ _PUBLIC = [
     AmbiguousDimError,
     Builder,
     DivisibilityError,
+    Graph,
     KdslError,
     LayerError,
     LoweringError,
@@ -52,6 +63,7 @@ _PUBLIC = [
     ShapeError,
     Size,
     SizeError,
+    Tensor,
     UnboundDimError,
     ValidityError,
     from_json,

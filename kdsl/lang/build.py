@@ -18,21 +18,41 @@ associative). ``Input(...) >> fragment`` checks each primitive as it is applied 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
+from typing import Any
 
 from kdsl.lang.canonical import structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.names import check_identifier
-from kdsl.lang.primitives import BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight, dim_of
+from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight, dim_of
 from kdsl.lang.printer import partial_dsl, to_dsl, to_json
 from kdsl.lang.sizes import Size, Var
 
+#: Set by :mod:`kdsl.lang.graph`: what a linear build does with a Canvas step (``"step"``) or an
+#: arithmetic join of two tensors (``"blend"``). This module knows nothing of graphs.
+GRAPH_HOOKS: dict[str, Callable[..., Any]] = {}
+
+
+class _Joinable:
+    """``a + b``, ``a - b`` and ``a * b`` of inputs and partial builds: blends (a branching kernel)."""
+
+    __slots__ = ()
+
+    def __add__(self, other: object) -> Any:
+        return GRAPH_HOOKS["blend"](self, "add", other)
+
+    def __sub__(self, other: object) -> Any:
+        return GRAPH_HOOKS["blend"](self, "sub", other)
+
+    def __mul__(self, other: object) -> Any:
+        return GRAPH_HOOKS["blend"](self, "mul", other)
+
 
 @dataclass(frozen=True, init=False)
-class Input:
+class Input(_Joinable):
     """The data input: its dims in order (variables, or ``Dim(name, size)``)."""
 
     dims: tuple[Dim, ...]
@@ -48,11 +68,11 @@ class Input:
             seen.add(dim.name)
         object.__setattr__(self, "dims", made)
 
-    def __rshift__(self, other: object) -> Builder | Operator:
+    def __rshift__(self, other: object) -> Any:
         return Builder.start(self.dims) >> other
 
 
-class Builder:
+class Builder(_Joinable):
     """A partial operator: the input, the resolved steps so far and the live dims.
 
     A Builder is a value: ``b >> x`` and ``b >> y`` both extend the same ``b``. The live dims are
@@ -60,7 +80,7 @@ class Builder:
     O(n + d), not O(n * d)); a builder extended a second time replays its steps to get them back.
     """
 
-    __slots__ = ("inputs", "steps", "_live", "_context")
+    __slots__ = ("inputs", "steps", "_live", "_context", "closed_vertex")
 
     def __init__(
         self, inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live | None, weights: list[Weight]
@@ -69,6 +89,8 @@ class Builder:
         self.steps = steps
         self._live = live
         self._context: BuildContext | None = BuildContext(list(weights)) if live is not None else None
+        #: the graph vertex this build closes into when it branches (kdsl.lang.graph), made once
+        self.closed_vertex: Any = None
 
     @staticmethod
     def start(inputs: tuple[Dim, ...]) -> Builder:
@@ -147,7 +169,11 @@ class Builder:
             raise error.with_context(self._text_so_far()) from None
         return op
 
-    def __rshift__(self, other: object) -> Builder | Operator:
+    def __rshift__(self, other: object) -> Any:
+        if isinstance(other, Primitive) and other.kind not in PRIMITIVES:
+            return GRAPH_HOOKS["step"](self, other)  # a Canvas step: the build branches off into a graph
+        if isinstance(other, Pipeline) and any(p.kind not in PRIMITIVES for p in other.primitives):
+            return GRAPH_HOOKS["step"](self, other)
         if isinstance(other, Primitive):
             return self._apply(other)
         if isinstance(other, Pipeline):

@@ -10,10 +10,14 @@ dims (weights can be reshaped offline), while any change of semantics changes it
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from kdsl.lang.primitives import CONTRACTION, REDUCTION, OperatorParts, Primitive
 
 KEY_VERSION = "kdsl-key-1"
+#: blends whose two branches may be swapped (kdsl.lang.nonlinear.COMMUTATIVE_BLENDS, restated here
+#: because the key must not change if that module's set ever grows by mistake)
+COMMUTATIVE = frozenset({"add", "mul", "min", "max"})
 
 
 def _h(*parts: object) -> str:
@@ -24,7 +28,7 @@ def _params(step: Primitive) -> list[object]:
     """The step's parameters as the key sees them: every field that is not a dim (sizes as text)."""
     params: list[object] = []
     for f in step.fields:
-        if f.kind not in ("ref", "name"):
+        if f.kind not in ("ref", "refs", "name", "weight"):
             value = getattr(step, f.name)
             params.append(str(value) if f.kind == "size" else value)
     return params
@@ -58,3 +62,58 @@ def structural_key(op: OperatorParts) -> str:
                 dims[name] = _h(tag, *_params(step), *consumed)
     outputs = [dims[d.name] for d in op.outputs]
     return _h(KEY_VERSION, outputs, sorted(sinks))[:16]
+
+
+def graph_key(graph: Any) -> str:
+    """The content hash of a branching kernel (:class:`kdsl.lang.graph.Graph`).
+
+    As for a chain, every dim gets a hash from how it was made, and every node (a tensor) one from
+    its kind, parameters and the hashes of what it read: a chain by its operator's key and the
+    position of each output; a commutative join with its branches sorted; a Rename changes
+    nothing. Dims of a join are matched by hash, never by name or position, so the key ignores
+    names and the order of independent branches. Two distinct nodes that hash alike (equal chains
+    with weights of their own) differ from one node read twice: the key also hashes the multiset
+    of every node's hash.
+    """
+    tensors: list[str] = []
+    dims: list[dict[str, str]] = []
+    for node in graph.nodes:
+        if node.kind == "Input":
+            tensor = _h("input", [str(d.size) for d in node.dims])
+            made = {d.name: _h("input", i, str(d.size)) for i, d in enumerate(node.dims)}
+        elif len(node.args) == 2:
+            sides = (
+                sorted((tensors[a], sorted(dims[a].values())) for a in node.args)
+                if node.kind == "Product" or node.step.how in COMMUTATIVE
+                else [(tensors[a], sorted(dims[a].values())) for a in node.args]
+            )
+            reduced = (
+                sorted(dims[a][n] for a in node.args for n in node.step.reduce if n in dims[a])
+                if node.kind == "Product"
+                else []
+            )
+            tensor = _h(node.kind.lower(), *_params(node.step), sides, reduced)
+            made = {}
+            for d in node.dims:
+                found = sorted({dims[a][d.name] for a in node.args if d.name in dims[a]})
+                made[d.name] = _h("joined", tensor, found)
+        else:
+            (arg,) = node.args
+            before = dims[arg]
+            if node.kind == "Chain":
+                tensor = _h("chain", node.step.key, tensors[arg], [before[d.name] for d in node.step.inputs])
+                made = {d.name: _h("chain-out", tensor, i) for i, d in enumerate(node.dims)}
+            elif node.kind == "Rename":
+                tensor = tensors[arg]
+                made = {d.name: before[node.step.dim if d.name == node.step.name else d.name] for d in node.dims}
+            else:
+                consumed = sorted(before[n] for n in node.step.consumes)
+                tensor = _h(node.kind.lower(), *_params(node.step), tensors[arg], consumed)
+                made = {
+                    d.name: _h("kept", tensor, before[d.name]) if d.name in before else _h("new", tensor)
+                    for d in node.dims
+                }
+        tensors.append(tensor)
+        dims.append(made)
+    outputs = [dims[-1][d.name] for d in graph.outputs]
+    return _h(KEY_VERSION, "graph", tensors[-1], outputs, sorted(tensors))[:16]

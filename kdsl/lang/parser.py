@@ -22,9 +22,11 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from kdsl.lang.build import Input, Operator
+from kdsl.lang.build import Builder, Input, Operator
 from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.graph import JOIN_FUNCTIONS, Graph, Tensor
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
+from kdsl.lang.nonlinear import MAX_SCALE, UNARY
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Weight
 from kdsl.lang.sizes import Size, coefficient, primary
 
@@ -39,8 +41,13 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
     "Weight": (Weight, frozenset({"name"})),
     "Input": (Input, frozenset()),
     "Output": (Output, frozenset({"defaults"})),
-    # each primitive accepts its optional fields as keywords (declared once, in kdsl.lang.primitives)
-    **{kind: (cls, frozenset(f.name for f in cls.fields if f.optional)) for kind, cls in PRIMITIVES.items()},
+    # each primitive accepts its optional and keyword fields as keywords (declared once, in
+    # kdsl.lang.primitives and kdsl.lang.nonlinear)
+    **{
+        kind: (cls, frozenset(f.name for f in cls.fields if f.optional or f.keyword))
+        for kind, cls in {**PRIMITIVES, **UNARY}.items()
+    },
+    **{kind: (function, frozenset()) for kind, function in JOIN_FUNCTIONS.items()},
 }
 IMPORTABLE = frozenset({"kdsl", "kdsl.lang"})
 
@@ -50,6 +57,7 @@ class _Interpreter:
         self.lines = source.splitlines()
         self.env: dict[str, Any] = {}
         self.order: dict[str, None] = {}  # names in first-binding order (a dict: O(1) membership)
+        self.read: set[str] = set()  # names read by a later expression (a branch must be joined)
 
     def fail(self, node: ast.AST, message: str) -> ParseError:
         line = getattr(node, "lineno", None)
@@ -115,9 +123,12 @@ class _Interpreter:
                 return value
             if isinstance(value, int):
                 return self.small_int(node, value)
-            raise self.fail(node, f"the literal {value!r} is not allowed (only ints, strings, True/False)")
+            if isinstance(value, float) and abs(value) <= MAX_SCALE:
+                return value  # a Map("scale", by=...) factor; sizes refuse floats
+            raise self.fail(node, f"the literal {value!r:.40} is not allowed (only ints, strings, True/False, floats)")
         if isinstance(node, ast.Name):
             if node.id in self.env:
+                self.read.add(node.id)
                 return self.env[node.id]
             if node.id in FUNCTIONS:
                 raise self.fail(node, f"{node.id} must be called: {node.id}(...)")
@@ -128,9 +139,9 @@ class _Interpreter:
             return self.binary(node)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             operand = self._evaluate(node.operand)
-            if isinstance(operand, int) and not isinstance(operand, bool):
+            if isinstance(operand, (int, float)) and not isinstance(operand, bool):
                 return -operand
-            raise self.fail(node, "unary minus applies only to integers")
+            raise self.fail(node, "unary minus applies only to numbers")
         if isinstance(node, ast.Dict):
             result = {}
             for key, value in zip(node.keys, node.values):
@@ -175,6 +186,12 @@ class _Interpreter:
             return self.pipeline(node)
         left = self._evaluate(node.left)
         right = self._evaluate(node.right)
+        tensors = (Input, Builder, Tensor)
+        if isinstance(left, tensors) and isinstance(right, tensors):
+            joins = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul"}
+            if type(node.op) not in joins:
+                raise self.fail(node, "two tensors join with +, -, * or Blend(...)/Product(...)")
+            return JOIN_FUNCTIONS["Blend"](joins[type(node.op)], left, right)
         numbers = (Size, int)
         if not isinstance(left, numbers) or not isinstance(right, numbers) or isinstance(left, bool):
             raise self.fail(node, "arithmetic (*, /, **) applies only to sizes and integers")
@@ -241,8 +258,10 @@ def _syntax_tree(source: object, what: str) -> ast.Module:
         raise ParseError(f"{what} cannot be parsed: {type(error).__name__}") from None
 
 
-def parse(source: str) -> Operator:
-    """Read DSL source and return its operator (the one bound to ``op``, or the only one).
+def parse(source: str) -> Operator | Graph:
+    """Read DSL source and return its operator or branching kernel (the one bound to ``op``, or the
+    only one). A tensor bound to a name must be read again: a branch that is never joined into the
+    result is an error, not silently dropped.
 
     Raises :class:`~kdsl.lang.errors.ParseError` (or another ``KdslError`` naming the dim or
     size) for anything that is not a valid kdsl program. Never executes the source.
@@ -253,7 +272,17 @@ def parse(source: str) -> Operator:
         interpreter.run(tree)
     except RecursionError:
         raise ParseError("the program is nested too deeply") from None
-    operators = [name for name in interpreter.order if isinstance(interpreter.env[name], Operator)]
+    operators = [name for name in interpreter.order if isinstance(interpreter.env[name], (Operator, Graph))]
+    dangling = [
+        name
+        for name in interpreter.order
+        if isinstance(interpreter.env[name], (Builder, Tensor)) and name not in interpreter.read
+    ]
+    if dangling and operators:
+        raise ParseError(
+            f"the tensor {dangling[0]} = {interpreter.env[dangling[0]]!r:.200} is never used: a branch must be "
+            f"joined into the result (Blend, Product, +, -, *) or left out"
+        )
     if "op" in operators:
         return interpreter.env["op"]
     if "op" in interpreter.env:
@@ -262,7 +291,7 @@ def parse(source: str) -> Operator:
     if len(operators) == 1:
         return interpreter.env[operators[0]]
     if not operators:
-        unfinished = [n for n in interpreter.order if type(interpreter.env[n]).__name__ == "Builder"]
+        unfinished = [n for n in interpreter.order if isinstance(interpreter.env[n], (Builder, Tensor))]
         hint = f" ({unfinished[0]} is missing its >> Output(...))" if unfinished else ""
         raise ParseError("the program defines no operator; end it with `op = Input(...) >> ... >> Output(...)`" + hint)
     raise ParseError(f"the program defines several operators ({', '.join(operators)}); bind the one you mean to `op`")

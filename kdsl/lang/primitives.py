@@ -388,8 +388,9 @@ LINEAR = "linear"  # linear in the data input (all eight primitives are)
 class Field:
     """One parameter of a primitive, as the DSL text, the JSON form and the content key see it.
 
-    ``kind`` is ``"ref"`` (a live dim: a name, or a size that identifies it), ``"name"`` (a new dim's
-    name), ``"size"``, ``"int"``, ``"bool"`` or ``"weight"``. An ``optional`` field may be left out
+    ``kind`` is ``"ref"`` (a live dim: a name, or a size that identifies it), ``"refs"`` (several,
+    as ``*dims``), ``"name"`` (a new dim's name), ``"size"``, ``"int"``, ``"bool"``, ``"choice"`` (one
+    of the primitive's ``choices``), ``"number"`` (a float) or ``"weight"``. An ``optional`` field may be left out
     when written by hand (and given as a keyword); the printer leaves a field out when it equals
     ``default``.
     """
@@ -398,6 +399,8 @@ class Field:
     kind: str
     optional: bool = False
     default: object = None
+    #: printed as ``name=value`` (fields after a ``refs`` field, which takes ``*dims``)
+    keyword: bool = False
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def _weight_entries(weight: Weight, live: Live) -> list[str]:
 
 def _step_text(step: Primitive, live: Live, weight_vars: dict[str, str]) -> str:
     """``Kind(arg, ...)`` from the step's declared fields: positional in order, an optional field
-    left out while it has its default (the later ones then by keyword), booleans by keyword."""
+    left out while it has its default (the later ones then by keyword), booleans and ``keyword``
+    fields by keyword."""
     args: list[str] = []
     by_keyword = False
     for f in step.fields:
@@ -67,13 +68,19 @@ def _step_text(step: Primitive, live: Live, weight_vars: dict[str, str]) -> str:
             continue
         if f.kind == "ref":
             text = _ref(value, live)
-        elif f.kind == "name":
+        elif f.kind == "refs":
+            text = ", ".join(_ref(v, live) for v in value)
+        elif f.kind in ("name", "choice"):
             text = _q(value)
+        elif f.kind == "weight" and f.keyword:
+            text = _q(value.name)  # a weight the step makes itself (FC): only its name
         elif f.kind == "weight":
             text = weight_vars[value.name]
+        elif f.kind == "number":
+            text = repr(float(value))
         else:  # size, int, bool
             text = str(value)
-        args.append(f"{f.name}={text}" if by_keyword or f.kind == "bool" else text)
+        args.append(f"{f.name}={text}" if by_keyword or f.keyword or f.kind == "bool" else text)
     return f"{step.kind}({', '.join(args)})"
 
 
@@ -95,6 +102,20 @@ def _pipeline_lines(
     """
     declarations: list[str] = []
     lines = [f"Input({', '.join(_dim_text(d) for d in inputs)})"]
+    live = Live({d.name: d.size for d in inputs}, ())
+    _step_lines(live, BuildContext(), steps, weight_vars, declarations, lines)
+    return declarations, lines, live
+
+
+def _step_lines(
+    live: Live,
+    context: BuildContext,
+    steps: Iterable[Primitive],
+    weight_vars: dict[str, str],
+    declarations: list[str],
+    lines: list[str],
+) -> None:
+    """Append the lines of ``steps`` (and their weights' declarations), applying them to ``live``."""
     pending_reduce: list[str] = []
     pending_mean = False
 
@@ -105,8 +126,6 @@ def _pipeline_lines(
             lines.append(f"Reduce({', '.join(pending_reduce)}{mean})")
             pending_reduce = []
 
-    live = Live({d.name: d.size for d in inputs}, ())
-    context = BuildContext()
     for step in steps:
         if REDUCTION in step.facts:  # consecutive reductions print as one Reduce(a, b, ...)
             assert isinstance(step, Reduce)
@@ -116,20 +135,25 @@ def _pipeline_lines(
             pending_reduce.append(_ref(step.dim, live))
         else:
             flush()
-            for weight in step.weights():
+            for f in step.fields:
+                if f.kind != "weight" or f.keyword:
+                    continue
+                weight = getattr(step, f.name)
                 assert weight.name is not None
                 entries = ", ".join(_weight_entries(weight, live))
                 declarations.append(f"{weight_vars[weight.name]} = Weight({entries}, name={_q(weight.name)})")
             lines.append(_step_text(step, live, weight_vars))
         step.apply(live, context)
     flush()
-    return declarations, lines, live
 
 
-def _weight_variables(steps: tuple[Primitive, ...], taken: set[str]) -> dict[str, str]:
+def _weight_variables(steps: Iterable[Primitive], taken: set[str]) -> dict[str, str]:
     names: dict[str, str] = {}
     for step in steps:
-        for weight in step.weights():
+        for f in step.fields:
+            if f.kind != "weight" or f.keyword:
+                continue
+            weight = getattr(step, f.name)
             assert weight.name is not None
             variable = weight.name
             while variable in taken or variable in DSL_NAMES:
@@ -207,10 +231,16 @@ def _step_dict(step: Primitive) -> dict[str, Any]:
         value = getattr(step, f.name)
         if f.kind == "size":
             data[f.name] = str(value)
+        elif f.kind == "refs":
+            data[f.name] = list(value)
+        elif f.kind == "number":
+            data[f.name] = float(value)
+        elif f.kind == "weight" and f.keyword:
+            data[f.name] = value.name  # a weight the step makes itself (FC): its name is enough
         elif f.kind == "weight":
             data["weight"] = value.name
             data["dims"] = [{"name": d.name, "size": str(d.size), "new": n} for d, n in zip(value.dims, value.new)]
-        else:  # ref, name, int, bool
+        else:  # ref, name, int, bool, choice
             data[f.name] = value
     return data
 
@@ -235,3 +265,137 @@ def to_dict(op: OperatorParts) -> dict[str, Any]:
 def to_json(op: OperatorParts) -> str:
     """``op`` as a JSON string (sorted keys, so equal operators give equal text)."""
     return json.dumps(to_dict(op), sort_keys=True)
+
+
+# -- branching kernels (kdsl.lang.graph) --------------------------------------------------------
+
+#: The JSON form of a branching kernel.
+GRAPH_FORMAT = "kdsl-graph"
+GRAPH_VERSION = 1
+
+
+def _graph_statement_nodes(graph: Any) -> set[int]:
+    """The nodes that get a statement (a variable) of their own: the input, any node read more than
+    once, and the branches of a join; a node read once by a unary step is written inline."""
+    named = {0}
+    for index, node in enumerate(graph.nodes):
+        if len(graph.consumers[index]) > 1:
+            named.add(index)
+        if len(node.args) > 1:
+            named.update(node.args)
+    return named
+
+
+def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
+    """The DSL source of a branching kernel: one statement per shared tensor or branch, joins as
+    ``Blend(...)``/``Product(...)``, and ``op = ... >> Output(...)``."""
+    check_identifier(op_name, "operator")
+    variables = _variables(
+        [d.size for d in graph.inputs] + [d.size for node in graph.nodes for d in node.dims] + list(_graph_sizes(graph))
+    )
+    taken = {v.name for v in variables} | {op_name, "op"}
+    chain_steps = [step for node in graph.nodes if node.kind == "Chain" for step in node.step.steps]
+    weight_vars = _weight_variables(chain_steps, taken)
+    named = _graph_statement_nodes(graph)
+    tensor_vars: dict[int, str] = {}
+    counter = 0
+
+    def fresh(base: str) -> str:
+        nonlocal counter
+        while True:
+            counter += 1
+            candidate = f"{base}{counter}" if base != "x" or counter > 1 else "x"
+            if candidate not in taken and candidate not in DSL_NAMES:
+                taken.add(candidate)
+                return candidate
+
+    declarations: list[str] = []
+    statements: list[str] = []
+    expressions: dict[int, list[str]] = {}
+    for index, node in enumerate(graph.nodes):
+        if node.kind == "Input":
+            lines = [f"Input({', '.join(_dim_text(d) for d in node.dims)})"]
+        elif node.kind in ("Blend", "Product"):
+            left, right = (tensor_vars[a] for a in node.args)
+            if node.kind == "Blend":
+                lines = [f"Blend({_q(node.step.how)}, {left}, {right})"]
+            else:
+                reduce = "".join(f", {_q(r)}" for r in node.step.reduce)
+                lines = [f"Product({left}, {right}{reduce})"]
+        else:
+            (arg,) = node.args
+            lines = [tensor_vars[arg]] if arg in tensor_vars else expressions.pop(arg)
+            arg_dims = graph.nodes[arg].dims
+            live = Live({d.name: d.size for d in arg_dims}, ())
+            steps = node.step.steps if node.kind == "Chain" else (node.step,)
+            lines = list(lines)
+            _step_lines(live, BuildContext(), steps, weight_vars, declarations, lines)
+        if index in named or index == len(graph.nodes) - 1:
+            if index == len(graph.nodes) - 1:
+                expressions[index] = lines
+                break
+            variable = fresh("x" if index == 0 else "t")
+            tensor_vars[index] = variable
+            statements.append(_statement(variable, lines))
+        else:
+            expressions[index] = lines
+    last = len(graph.nodes) - 1
+    end = Live({d.name: d.size for d in graph.nodes[last].dims}, ())
+    refs = ", ".join(_ref(d.name, end) for d in graph.outputs)
+    defaults = ""
+    if graph.defaults:
+        defaults = ", defaults={" + ", ".join(f"{_q(k)}: {v}" for k, v in graph.defaults) + "}"
+    final = [tensor_vars[last]] if last in tensor_vars else expressions[last]
+    statements.append(_statement(op_name, [*final, f"Output({refs}{defaults})"]))
+    out = [HEADER, ""]
+    for kind in ("primary", "coefficient"):
+        names = [v.name for v in variables if v.kind == kind]
+        if names:
+            out.append(f'{", ".join(names)} = {kind}("{" ".join(names)}")')
+    out.extend(declarations)
+    out.extend(statements)
+    return "\n".join(out) + "\n"
+
+
+def _statement(target: str, lines: list[str]) -> str:
+    if len(lines) == 1:
+        return f"{target} = {lines[0]}"
+    return "\n".join([f"{target} = (", f"    {lines[0]}", *(f"    >> {line}" for line in lines[1:]), ")"])
+
+
+def _graph_sizes(graph: Any) -> Iterable[Size]:
+    for node in graph.nodes:
+        if node.kind == "Chain":
+            for step in node.step.steps:
+                yield from step.sizes()
+        elif node.kind not in ("Input", "Blend", "Product"):
+            yield from node.step.sizes()
+
+
+def graph_to_dict(graph: Any) -> dict[str, Any]:
+    """The JSON-ready dict of a branching kernel: nodes in order, each with its arguments' indices."""
+    variables: dict[str, Var] = {}
+    for size in [d.size for d in graph.inputs] + list(_graph_sizes(graph)):
+        for var in size.variables:
+            variables.setdefault(var.name, var)
+    nodes: list[dict[str, Any]] = []
+    for node in graph.nodes[1:]:
+        if node.kind == "Chain":
+            entry: dict[str, Any] = {"op": "Chain", "steps": [_step_dict(step) for step in node.step.steps]}
+        else:
+            entry = _step_dict(node.step)
+        entry["args"] = list(node.args)
+        nodes.append(entry)
+    return {
+        "format": GRAPH_FORMAT,
+        "version": GRAPH_VERSION,
+        "variables": {v.name: v.kind for v in sorted(variables.values(), key=Var.sort_key)},
+        "inputs": [{"name": d.name, "size": str(d.size)} for d in graph.inputs],
+        "nodes": nodes,
+        "outputs": [d.name for d in graph.outputs],
+        "defaults": dict(graph.defaults),
+    }
+
+
+def graph_to_json(graph: Any) -> str:
+    return json.dumps(graph_to_dict(graph), sort_keys=True)

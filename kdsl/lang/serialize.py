@@ -14,9 +14,11 @@ from typing import Any
 
 from kdsl.lang.build import Input, Operator
 from kdsl.lang.errors import KdslError, ParseError
+from kdsl.lang.graph import JOIN_FUNCTIONS, Graph, Tensor
+from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.lang.parser import parse_size
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Pipeline, Primitive, Weight
-from kdsl.lang.printer import FORMAT, VERSION, to_dict, to_json
+from kdsl.lang.printer import FORMAT, GRAPH_FORMAT, GRAPH_VERSION, VERSION, to_dict, to_json
 
 __all__ = ["FORMAT", "MAX_JSON_CHARS", "VERSION", "from_dict", "from_json", "to_dict", "to_json"]
 MAX_JSON_CHARS = 1_000_000
@@ -35,14 +37,29 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
 
 def _step(data: Any, variables: dict[str, str], where: str) -> Primitive:
     kind = _field(data, "op", str, where)
-    cls = PRIMITIVES.get(kind)
+    cls = PRIMITIVES.get(kind) or UNARY.get(kind)
     if cls is None:
         raise ParseError(f"{where}: unknown primitive {kind!r}")
+    values = _values(cls.fields, data, variables, where)
+    return cls.from_values(values)
+
+
+def _values(fields: Any, data: Any, variables: dict[str, str], where: str) -> dict[str, object]:
     values: dict[str, object] = {}
-    for f in cls.fields:
+    for f in fields:
         if f.kind == "size":
             values[f.name] = parse_size(_field(data, f.name, str, where), variables)
-        elif f.kind in ("ref", "name"):
+        elif f.kind in ("ref", "name", "choice"):
+            values[f.name] = _field(data, f.name, str, where)
+        elif f.kind == "refs":
+            refs = _field(data, f.name, list, where)
+            if not all(isinstance(r, str) for r in refs):
+                raise ParseError(f"{where}: the field {f.name!r} must be a list of dim names")
+            values[f.name] = tuple(refs)
+        elif f.kind == "number":
+            number = _field(data, f.name, (int, float), where)
+            values[f.name] = float(number)
+        elif f.kind == "weight" and f.keyword:
             values[f.name] = _field(data, f.name, str, where)
         elif f.kind == "int":
             values[f.name] = _field(data, f.name, int, where)
@@ -58,13 +75,15 @@ def _step(data: Any, variables: dict[str, str], where: str) -> Primitive:
                 else:
                     entries.append(dim_name)
             values[f.name] = Weight(*entries, name=_field(data, "weight", str, where))
-    return cls.from_values(values)
+    return values
 
 
-def from_dict(data: Any) -> Operator:
+def from_dict(data: Any) -> Operator | Graph:
     """Rebuild an operator from :func:`to_dict`'s output, checking every step again."""
     if not isinstance(data, dict):
         raise ParseError(f"an operator's JSON must be an object, got {type(data).__name__}")
+    if data.get("format") == GRAPH_FORMAT:
+        return _graph_from_dict(data)
     if data.get("format") != FORMAT:
         raise ParseError(f"not a kdsl operator (format is {data.get('format')!r}, expected {FORMAT!r})")
     version = data.get("version")
@@ -89,7 +108,64 @@ def from_dict(data: Any) -> Operator:
     return Input(*inputs) >> Pipeline(steps, Output(*outputs, defaults=defaults))  # type: ignore[return-value]
 
 
-def from_json(text: str) -> Operator:
+def _graph_from_dict(data: dict[str, Any]) -> Operator | Graph:
+    """Rebuild a branching kernel node by node. Arguments must name earlier nodes (so the JSON
+    cannot hold a cycle), and every node must reach the output (no branch left unjoined)."""
+    version = data.get("version")
+    if version != GRAPH_VERSION:
+        raise ParseError(f"unsupported kernel JSON version {version!r} (this kdsl reads version {GRAPH_VERSION})")
+    variables = _field(data, "variables", dict, "kernel")
+    for var_name, kind in variables.items():
+        if kind not in ("primary", "coefficient"):
+            raise ParseError(f"variable {var_name!r} has the unknown kind {kind!r}")
+    inputs = [
+        Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))
+        for d in _field(data, "inputs", list, "kernel")
+    ]
+    nodes = _field(data, "nodes", list, "kernel")
+    if not nodes:
+        raise ParseError("a kernel's JSON needs at least one node")
+    tensors: list[Any] = [Input(*inputs)]
+    readers = [0] * (len(nodes) + 1)
+    for index, node in enumerate(nodes, 1):
+        where = f"nodes[{index - 1}]"
+        args = _field(node, "args", list, where)
+        for arg in args:
+            if isinstance(arg, bool) or not isinstance(arg, int) or not 0 <= arg < len(tensors):
+                raise ParseError(
+                    f"{where}: the argument {arg!r:.40} is not an earlier node (0..{len(tensors) - 1}); a kernel's "
+                    f"nodes come in order and cannot form a cycle"
+                )
+            readers[arg] += 1
+        kind = _field(node, "op", str, where)
+        expected = 2 if kind in JOIN_FUNCTIONS else 1
+        if len(args) != expected:
+            raise ParseError(f"{where}: a {kind} node takes {expected} argument(s), got {len(args)}")
+        if kind == "Chain":
+            steps = tuple(
+                _step(step, variables, f"{where}.steps[{i}]")
+                for i, step in enumerate(_field(node, "steps", list, where))
+            )
+            tensors.append(Tensor.of(tensors[args[0]], where) >> Pipeline(steps))
+        elif kind == "Blend":
+            how = _field(node, "how", str, where)
+            tensors.append(JOIN_FUNCTIONS["Blend"](how, tensors[args[0]], tensors[args[1]]))
+        elif kind == "Product":
+            reduce = _values(JOINS["Product"].fields, node, variables, where)["reduce"]
+            tensors.append(JOIN_FUNCTIONS["Product"](tensors[args[0]], tensors[args[1]], *reduce))  # type: ignore[misc]
+        else:
+            tensors.append(Tensor.of(tensors[args[0]], where) >> _step(node, variables, where))
+    unused = [i - 1 for i in range(1, len(tensors) - 1) if readers[i] == 0]
+    if unused:
+        raise ParseError(f"nodes[{unused[0]}] is never used: every branch must be joined into the output")
+    outputs = _field(data, "outputs", list, "kernel")
+    if not all(isinstance(o, str) for o in outputs):
+        raise ParseError("outputs must be a list of dim names")
+    defaults = _field(data, "defaults", dict, "kernel")
+    return Tensor.of(tensors[-1], "kernel") >> Output(*outputs, defaults=defaults)  # type: ignore[return-value]
+
+
+def from_json(text: str) -> Operator | Graph:
     """Read an operator from :func:`to_json` text; malformed input raises ``ParseError``."""
     if not isinstance(text, (str, bytes)):
         raise ParseError(f"operator JSON must be text, got {type(text).__name__}")

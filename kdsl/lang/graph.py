@@ -1,0 +1,446 @@
+"""Branching kernels: a DAG of linear chains joined by Canvas's non-linear primitives.
+
+A :class:`Graph` has one data input and one output. Its vertices (:class:`Node`) are, in
+topological order: the input (node 0); *chains*, each a linear :class:`~kdsl.lang.build.Operator`
+applied to one earlier node (everything Syno's half knows: planning, native ops, schedules);
+unary Canvas steps (:data:`~kdsl.lang.nonlinear.UNARY`: Map, Fold, Softmax, FC, Rename); and joins
+of two branches (Blend, Product). A linear operator is the special case of one chain, and a build
+that never branches nor leaves the linear primitives gives a plain ``Operator``, as before.
+
+Tensors are built with the same ``>>``; a tensor may feed several branches, and ``+ - *``,
+:func:`Blend` and :func:`Product` join them again:
+
+>>> from kdsl.lang import *
+>>> N, C, H, W = primary("N C H W"); R = primary("R")
+>>> x = Input(N, C, H, W)
+>>> gate = (x >> Reduce(H, W, mean=True) >> FC(C, name="r", size=R, weight="squeeze") >> Map("relu")
+...         >> FC("r", name="c", size=C, weight="excite") >> Map("sigmoid") >> Rename("c", "C"))
+>>> se = (x * gate) >> Output(N, C, H, W)
+>>> [node.kind for node in se.nodes]
+['Input', 'Chain', 'FC', 'Map', 'FC', 'Map', 'Rename', 'Blend']
+>>> parse(se.to_dsl()) == se
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from kdsl.lang import build as _build
+from kdsl.lang.build import Builder, Input, Operator
+from kdsl.lang.canonical import graph_key
+from kdsl.lang.errors import KdslError, ShapeError, SizeError
+from kdsl.lang.names import check_identifier
+from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Join, ProductJoin
+from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight
+from kdsl.lang.printer import graph_to_dsl, graph_to_json
+from kdsl.lang.sizes import Size, Var
+
+__all__ = ["Blend", "Graph", "Node", "Product", "Tensor"]
+
+#: the kind of a node that applies a linear chain (an Operator)
+CHAIN = "Chain"
+INPUT = "Input"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One vertex of a graph: ``step`` (``None`` for the input, an :class:`Operator` for a chain, a
+    unary step or a join), ``args`` (indices of earlier nodes) and its result's ``dims`` in order."""
+
+    step: Operator | Primitive | Join | None
+    args: tuple[int, ...]
+    dims: tuple[Dim, ...]
+
+    @property
+    def kind(self) -> str:
+        """``"Input"``, ``"Chain"``, or the primitive's kind (``"Map"``, ``"Blend"``, ...)."""
+        if self.step is None:
+            return INPUT
+        if isinstance(self.step, Operator):
+            return CHAIN
+        return self.step.kind
+
+    @property
+    def chain(self) -> Operator:
+        assert isinstance(self.step, Operator)
+        return self.step
+
+
+def _weights_of(step: object) -> tuple[Weight, ...]:
+    if isinstance(step, Operator):
+        return step.weights
+    if isinstance(step, Primitive):
+        return step.weights()
+    return ()
+
+
+@dataclass(frozen=True, eq=True)
+class Graph:
+    """A finished branching kernel: the input dims, the nodes (node 0 is the input, the last one
+    the result), the output dims (the last node's, in the declared order) and coefficient defaults.
+    It has the operator's surface: weights, variables, DSL text, JSON and a content key."""
+
+    inputs: tuple[Dim, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Dim, ...]
+    defaults: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        by_name: dict[str, Var] = {}
+        for var in self.variables:
+            seen = by_name.setdefault(var.name, var)
+            if seen.kind != var.kind:
+                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
+        for name, _ in self.defaults:
+            check_identifier(name, "coefficient")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.inputs, self.nodes, self.outputs, self.defaults))
+
+    @cached_property
+    def weights(self) -> tuple[Weight, ...]:
+        """Every weight, in node order (a chain's in its own order)."""
+        return tuple(w for node in self.nodes for w in _weights_of(node.step))
+
+    @cached_property
+    def variables(self) -> tuple[Var, ...]:
+        found: set[Var] = set()
+        for size in self._all_sizes():
+            found.update(size.variables)
+        return tuple(sorted(found, key=Var.sort_key))
+
+    def _all_sizes(self) -> list[Size]:
+        sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
+        for node in self.nodes:
+            sizes.extend(d.size for d in node.dims)
+            if isinstance(node.step, Operator):
+                sizes.extend(node.step._all_sizes())
+            elif isinstance(node.step, Primitive):
+                sizes.extend(node.step.sizes())
+        return sizes
+
+    @property
+    def primary_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "primary")
+
+    @property
+    def coefficient_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "coefficient")
+
+    @property
+    def default_coefficients(self) -> dict[str, int]:
+        return dict(self.defaults)
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the nodes that read it."""
+        readers: list[list[int]] = [[] for _ in self.nodes]
+        for index, node in enumerate(self.nodes):
+            for arg in node.args:
+                readers[arg].append(index)
+        return tuple(tuple(r) for r in readers)
+
+    def to_dsl(self, name: str = "op") -> str:
+        """DSL source that :func:`kdsl.parse` reads back to an equal graph."""
+        return graph_to_dsl(self, name)
+
+    def to_json(self) -> str:
+        return graph_to_json(self)
+
+    @cached_property
+    def key(self) -> str:
+        """A content hash that ignores dim and weight names and the order of independent branches."""
+        return graph_key(self)
+
+    def with_defaults(self, **values: int) -> Graph:
+        merged = dict(self.defaults)
+        merged.update(values)
+        return _finish_graph(self.inputs, self.nodes, [d.name for d in self.outputs], merged, Output)
+
+    def __str__(self) -> str:
+        return self.to_dsl()
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)
+        outs = ", ".join(f"{d.name}: {d.size}" for d in self.outputs)
+        return f"<Graph [{ins}] -> [{outs}], {len(self.nodes)} nodes, key {self.key}>"
+
+
+# ------------------------------------------------------------------------------------------------
+# Building
+# ------------------------------------------------------------------------------------------------
+
+
+class _Vertex:
+    """A node while building: compared by identity, so a tensor used twice is one vertex."""
+
+    __slots__ = ("step", "args", "dims")
+
+    def __init__(self, step: Operator | Primitive | Join | None, args: tuple[_Vertex, ...], dims: tuple[Dim, ...]):
+        self.step, self.args, self.dims = step, args, dims
+
+
+def _topological(root: _Vertex) -> list[_Vertex]:
+    """The vertices root depends on, in post-order (arguments left to right), without recursion."""
+    order: list[_Vertex] = []
+    done: set[int] = set()
+    stack: list[tuple[_Vertex, int]] = [(root, 0)]
+    while stack:
+        vertex, next_arg = stack.pop()
+        if id(vertex) in done:
+            continue
+        if next_arg < len(vertex.args):
+            stack.append((vertex, next_arg + 1))
+            arg = vertex.args[next_arg]
+            if id(arg) not in done:
+                stack.append((arg, 0))
+            continue
+        done.add(id(vertex))
+        order.append(vertex)
+    return order
+
+
+def _weight_names(vertices: Sequence[_Vertex]) -> list[Weight]:
+    found: list[Weight] = []
+    seen: set[str] = set()
+    for vertex in vertices:
+        for weight in _weights_of(vertex.step):
+            assert weight.name is not None
+            if weight.name in seen:
+                raise ShapeError(
+                    f"two branches share different weights named {weight.name!r}; give each weight its own "
+                    f"name (Weight(..., name=...), FC(..., weight=...))"
+                )
+            seen.add(weight.name)
+            found.append(weight)
+    return found
+
+
+def _describe(dims: Sequence[Dim]) -> str:
+    return "[" + ", ".join(f"{d.name}: {d.size}" for d in dims) + "]"
+
+
+class Tensor:
+    """A value in a branching build: a vertex, plus linear steps applied to it and not yet closed
+    into a chain. ``t >> step`` extends it; ``a + b``, ``a - b``, ``a * b``, :func:`Blend` and
+    :func:`Product` join two tensors of the same input; ``>> Output(...)`` finishes the kernel."""
+
+    __slots__ = ("vertex", "pending")
+
+    def __init__(self, vertex: _Vertex, pending: Builder | None = None) -> None:
+        self.vertex = vertex
+        self.pending = pending if pending is not None and pending.steps else None
+
+    @staticmethod
+    def of(value: object, role: str) -> Tensor:
+        """A tensor from an Input, a linear Builder or a Tensor."""
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, Input):
+            return Tensor(_input_vertex(value.dims))
+        if isinstance(value, Builder):
+            return Tensor(_input_vertex(value.inputs), value)
+        raise ShapeError(f"{role}: expected a tensor (Input(...) >> ...), got {type(value).__name__}")
+
+    @property
+    def shape(self) -> dict[str, Size]:
+        """The live dims, name -> size."""
+        if self.pending is not None:
+            return self.pending.shape
+        return {d.name: d.size for d in self.vertex.dims}
+
+    def _weights(self) -> list[Weight]:
+        return _weight_names(_topological(self.vertex))
+
+    def closed(self) -> _Vertex:
+        """The vertex with the pending linear steps closed into a chain node."""
+        pending = self.pending
+        if pending is None:
+            return self.vertex
+        if pending.closed_vertex is None:  # one vertex per build, however many branches read it
+            chain = pending.finish(Output(*pending.live.sizes))
+            pending.closed_vertex = _Vertex(chain, (self.vertex,), chain.outputs)
+        return pending.closed_vertex
+
+    def __rshift__(self, other: object) -> Tensor | Graph | Operator:
+        if isinstance(other, Pipeline):
+            result: object = self
+            for primitive in other.primitives:
+                result = result >> primitive  # type: ignore[operator]
+            return result >> other.output if other.output is not None else result  # type: ignore[operator,return-value]
+        if isinstance(other, Primitive) and other.kind in PRIMITIVES:
+            pending = self.pending
+            if pending is None:
+                # weight names continue w1, w2, ... after the weights the tensor already has
+                dims = self.vertex.dims
+                pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), self._weights())
+            return Tensor(self.vertex, pending >> other)  # type: ignore[arg-type]
+        if isinstance(other, Primitive) and other.kind in UNARY:
+            vertex = self.closed()
+            live = Live({d.name: d.size for d in vertex.dims}, ())
+            context = BuildContext(_weight_names(_topological(vertex)))
+            try:
+                step = other.apply(live, context)
+            except KdslError as error:
+                raise error.with_context(f"a {other.kind} step on the tensor {_describe(vertex.dims)}") from None
+            _weight_names(_topological(vertex) + [_Vertex(step, (), ())])
+            return Tensor(_Vertex(step, (vertex,), tuple(Dim(n, s) for n, s in live.sizes.items())))
+        if isinstance(other, Output):
+            return self.finish(other)
+        raise ShapeError(f"cannot apply {other!r:.120} to a tensor; expected a primitive, a pipeline or Output(...)")
+
+    def join(self, step: Join, other: object) -> Tensor:
+        right = Tensor.of(other, step.kind)
+        lhs, rhs = self.closed(), right.closed()
+        if _root(lhs).dims != _root(rhs).dims:
+            raise ShapeError(
+                f"{step.kind}: the branches start from different inputs {_describe(_root(lhs).dims)} and "
+                f"{_describe(_root(rhs).dims)}; a kernel has one data input"
+            )
+        rhs = _rebase(rhs, _root(lhs))
+        dims = step.combine(lhs.dims, rhs.dims)
+        vertex = _Vertex(step, (lhs, rhs), dims)
+        _weight_names(_topological(vertex))
+        return Tensor(vertex)
+
+    def __add__(self, other: object) -> Tensor:
+        return self.join(BlendJoin("add"), other)
+
+    def __sub__(self, other: object) -> Tensor:
+        return self.join(BlendJoin("sub"), other)
+
+    def __mul__(self, other: object) -> Tensor:
+        return self.join(BlendJoin("mul"), other)
+
+    def __radd__(self, other: object) -> Tensor:
+        return Tensor.of(other, "+").join(BlendJoin("add"), self)
+
+    def __rsub__(self, other: object) -> Tensor:
+        return Tensor.of(other, "-").join(BlendJoin("sub"), self)
+
+    def __rmul__(self, other: object) -> Tensor:
+        return Tensor.of(other, "*").join(BlendJoin("mul"), self)
+
+    def finish(self, output: Output) -> Graph | Operator:
+        vertex = self.closed()
+        order = _topological(vertex)
+        if len(order) == 2 and isinstance(vertex.step, Operator):
+            # one linear chain on the input: a plain operator, the special case
+            chain = vertex.step
+            return Builder(chain.inputs, chain.steps, None, []).finish(output)
+        if len(order) == 1:
+            return Builder(vertex.dims, (), Live({d.name: d.size for d in vertex.dims}, ()), []).finish(output)
+        index = {id(v): i for i, v in enumerate(order)}
+        nodes = tuple(Node(v.step, tuple(index[id(a)] for a in v.args), v.dims) for v in order)
+        return _finish_graph(order[0].dims, nodes, list(output.refs), dict(output.defaults), Output)
+
+    def __repr__(self) -> str:
+        return f"Tensor({_describe([Dim(n, s) for n, s in self.shape.items()])})"
+
+
+def _root(vertex: _Vertex) -> _Vertex:
+    while vertex.args:
+        vertex = vertex.args[0]
+    return vertex
+
+
+def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
+    """``vertex`` with its input replaced by ``root`` (two Input(...) values with equal dims are the
+    same input), sharing every vertex it can."""
+    if _root(vertex) is root:
+        return vertex
+    memo: dict[int, _Vertex] = {}
+    for v in _topological(vertex):
+        if not v.args:
+            memo[id(v)] = root
+        else:
+            memo[id(v)] = _Vertex(v.step, tuple(memo[id(a)] for a in v.args), v.dims)
+    return memo[id(vertex)]
+
+
+_INPUTS: dict[tuple[Dim, ...], _Vertex] = {}
+
+
+def _input_vertex(dims: tuple[Dim, ...]) -> _Vertex:
+    # one vertex per distinct input: branches of x = Input(...) built separately meet at one node
+    vertex = _INPUTS.get(dims)
+    if vertex is None:
+        if len(_INPUTS) > 4096:
+            _INPUTS.clear()
+        vertex = _INPUTS[dims] = _Vertex(None, (), dims)
+    return vertex
+
+
+def _finish_graph(
+    inputs: tuple[Dim, ...], nodes: tuple[Node, ...], refs: list[object], defaults: Mapping[str, int], output: type
+) -> Graph:
+    last = nodes[-1]
+    live = Live({d.name: d.size for d in last.dims}, ())
+    names: dict[str, None] = {}
+    for ref in refs:
+        name = live.resolve(ref, "Output")
+        if name in names:
+            raise ShapeError(f"Output: the dim {name} is listed twice")
+        names[name] = None
+    if len(names) != len(live):
+        missing = [n for n in live.sizes if n not in names]
+        raise ShapeError(
+            f"Output: the dims {', '.join(missing)} are still live but not in the output; "
+            f"Reduce, Fold or list them (the live dims are {live.describe()})"
+        )
+    checked = output(*names, defaults=dict(defaults) or None)
+    graph = Graph(inputs, nodes, tuple(Dim(n, live.size(n)) for n in names), checked.defaults)
+    coefficients = set(graph.coefficient_variables)
+    for key, _ in graph.defaults:
+        if key not in coefficients:
+            raise SizeError(
+                f"Output(defaults=...): {key} is not a coefficient variable of this kernel "
+                f"(its coefficients are {sorted(coefficients) or 'none'})"
+            )
+    return graph
+
+
+def Blend(how: str, lhs: object, rhs: object) -> Tensor:
+    """Join two branches element-wise: ``how`` is ``add``, ``sub``, ``mul``, ``min`` or ``max``.
+
+    >>> from kdsl.lang import *
+    >>> N, C, L = primary("N C L")
+    >>> x = Input(N, C, L)
+    >>> y = Blend("max", x, x >> Shift(L)) >> Output(N, C, L)
+    >>> [node.kind for node in y.nodes]
+    ['Input', 'Chain', 'Blend']
+    """
+    return Tensor.of(lhs, "Blend").join(BlendJoin(how), rhs)
+
+
+def Product(lhs: object, rhs: object, *reduce: str) -> Tensor:
+    """Multiply two branches and sum over ``reduce``: dims with one name index both branches.
+
+    >>> from kdsl.lang import *
+    >>> N, P, D = primary("N P D")
+    >>> x = Input(N, P, D)
+    >>> scores = Product(x, x >> Rename(P, "Q"), "D")
+    >>> list(scores.shape)
+    ['N', 'P', 'Q']
+    """
+    return Tensor.of(lhs, "Product").join(ProductJoin(*reduce), rhs)
+
+
+def _chain_to_tensor(builder: Builder, other: object) -> Tensor | Graph | Operator:
+    return Tensor.of(builder, "a chain") >> other
+
+
+def _blend_hook(left: object, how: str, right: object) -> Tensor:
+    return Tensor.of(left, how).join(BlendJoin(how), right)
+
+
+# The linear builder (kdsl.lang.build) knows nothing of graphs: it hands a Canvas step or an
+# arithmetic join to these hooks.
+_build.GRAPH_HOOKS["step"] = _chain_to_tensor
+_build.GRAPH_HOOKS["blend"] = _blend_hook
+
+JOIN_FUNCTIONS = {"Blend": Blend, "Product": Product}
+assert set(JOIN_FUNCTIONS) == set(JOINS)
