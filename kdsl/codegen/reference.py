@@ -15,6 +15,7 @@ array([[[3., 6., 9., 7.]]])
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +26,12 @@ import numpy as np
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, ShapeError
+from kdsl.lang.graph import Graph, Node
+from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.primitives import (
     CONTRACTION,
     REDUCTION,
+    WINDOWING,
     Expand,
     Merge,
     Primitive,
@@ -41,7 +45,7 @@ from kdsl.lang.primitives import (
 )
 from kdsl.lang.sizes import Size
 
-__all__ = ["RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
+__all__ = ["GRAPH_RULES", "RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -49,7 +53,7 @@ __all__ = ["RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
 # ------------------------------------------------------------------------------------------------
 
 
-def binding(op: Operator, layer: Mapping[str, int]) -> dict[str, int]:
+def binding(op: Operator | Graph, layer: Mapping[str, int]) -> dict[str, int]:
     """The value of every variable ``op`` mentions: the layer's, else the operator's default.
 
     >>> from kdsl.lang import *
@@ -112,7 +116,7 @@ class Shapes:
     output: tuple[int, ...]
 
 
-def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
+def shapes(op: Operator | Graph, layer: Mapping[str, int]) -> Shapes:
     """Check every size ``op`` creates at ``layer`` and return the concrete shapes.
 
     Raises ``LayerError`` for an unbound variable and ``DivisibilityError`` when a created size is
@@ -129,6 +133,8 @@ def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
     kdsl.lang.errors.DivisibilityError: Stride(H, s): the dim H: the size H/s is 7/2 at this layer (H=7, s=2); ...
     """
     values = binding(op, layer)
+    if isinstance(op, Graph):
+        return _graph_shapes(op, values)
     for dim in op.inputs:
         _concrete(dim.size, values, f"the input dim {dim.name}")
     # every size a step mentions or creates must be a positive integer at this layer
@@ -145,6 +151,26 @@ def shapes(op: Operator, layer: Mapping[str, int]) -> Shapes:
         input=tuple(_concrete(d.size, values, d.name) for d in op.inputs),
         weights=tuple(weight_shapes),
         output=tuple(_concrete(op.live[-1][d.name], values, d.name) for d in op.outputs),
+    )
+
+
+def _graph_shapes(graph: Graph, values: Mapping[str, int]) -> Shapes:
+    weight_shapes: list[tuple[int, ...]] = []
+    for index, node in enumerate(graph.nodes):
+        what = f"node {index} ({node.kind})"
+        if isinstance(node.step, Operator):
+            weight_shapes.extend(shapes(node.step, values).weights)
+        elif isinstance(node.step, Primitive):
+            for size in node.step.sizes():
+                _concrete(size, values, f"{what}: {node.step.describe()}")
+            for weight in node.step.weights():
+                weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
+        for dim in node.dims:
+            _concrete(dim.size, values, f"{what}: the dim {dim.name}")
+    return Shapes(
+        input=tuple(_concrete(d.size, values, d.name) for d in graph.inputs),
+        weights=tuple(weight_shapes),
+        output=tuple(_concrete(d.size, values, d.name) for d in graph.outputs),
     )
 
 
@@ -298,8 +324,9 @@ def _check_array(array: object, expected: tuple[int, ...], names: Sequence[str],
     return array
 
 
-def run(op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray]) -> np.ndarray:
-    """Evaluate ``op`` on the input ``x`` with ``weights`` (in ``op.weights`` order) at ``layer``.
+def run(op: Operator | Graph, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray]) -> np.ndarray:
+    """Evaluate ``op`` (an operator or a branching kernel) on the input ``x`` with ``weights`` (in
+    ``op.weights`` order) at ``layer``.
 
     ``layer`` maps variable names to ints (extra names are ignored; a coefficient it omits takes
     the operator's default). ``x`` must be a floating (or complex) array shaped like the input
@@ -332,7 +359,13 @@ def run(op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence
         _check_array(array, shape, [d.name for d in weight.dims], f"the weight {weight.name}").astype(x.dtype)
         for array, shape, weight in zip(weights, expected.weights, op.weights)
     ]
+    if isinstance(op, Graph):
+        return _run_graph(op, values, x, arrays)
+    return _run_chain(op, values, x, arrays)
 
+
+def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The chain's result, axes in ``op.outputs`` order."""
     tensor = _Named(x, [d.name for d in op.inputs])
     remaining = iter(arrays)
     index = 0
@@ -352,8 +385,185 @@ def run(op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence
     return np.ascontiguousarray(np.transpose(tensor.data, order))
 
 
+# ------------------------------------------------------------------------------------------------
+# Branching kernels: one rule per node kind, over named arrays
+# ------------------------------------------------------------------------------------------------
+
+
+def _erf(data: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[data.dtype])(data) if data.size else data
+
+
+#: Map's functions, written from their definitions (kdsl.lang.nonlinear.MAP_FUNCTIONS)
+MAP_RULES: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
+    "relu": lambda a, by: np.maximum(a, 0),
+    "abs": lambda a, by: np.abs(a),
+    "neg": lambda a, by: -a,
+    "sin": lambda a, by: np.sin(a),
+    "exp": lambda a, by: np.exp(a),
+    "sigmoid": lambda a, by: 1 / (1 + np.exp(-a)),
+    "tanh": lambda a, by: np.tanh(a),
+    "gelu": lambda a, by: a * (1 + _erf(a / math.sqrt(2))) / 2,
+    "scale": lambda a, by: a * np.asarray(by, dtype=a.dtype),
+}
+
+
+@dataclass
+class _GraphEnv:
+    """What a node rule may need: the layer's values, the weight arrays in order, the node's
+    position, and the kernel (a Fold looks at the chain before it for zero padding)."""
+
+    values: Mapping[str, int]
+    arrays: Iterator[np.ndarray]
+    graph: Graph
+    index: int
+    results: list[_Named]
+
+
+def _as(t: _Named, axes: Sequence[str]) -> np.ndarray:
+    """``t``'s data with its axes in the order ``axes`` (a name ``t`` lacks becomes a length-1 axis)."""
+    present = [a for a in axes if a in t.axes]
+    data = np.transpose(t.data, [t.axis(a) for a in present])
+    shape = [t.size(a) if a in t.axes else 1 for a in axes]
+    return data.reshape(shape)
+
+
+def _chain_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    chain = node.chain
+    arrays = [next(env.arrays) for _ in chain.weights]
+    data = _run_chain(chain, env.values, _as(args[0], [d.name for d in chain.inputs]), arrays)
+    return _Named(data, [d.name for d in chain.outputs])
+
+
+def _map_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    step = node.step
+    assert isinstance(step, Map)
+    return _Named(MAP_RULES[step.fn](args[0].data, step.by), list(args[0].axes))
+
+
+def _padding_mask(env: _GraphEnv, arg: int) -> np.ndarray | None:
+    """Where the tensor ``arg`` holds data rather than a window's zero padding: the chain that made
+    it (through Renames), run on ones with weights of ones, is positive exactly where an element
+    reads at least one input element. ``None`` when no window can have padded it."""
+    node = env.graph.nodes[arg]
+    while node.kind == "Rename":
+        node = env.graph.nodes[node.args[0]]
+    if node.kind != "Chain" or not any(WINDOWING in step.facts for step in node.chain.steps):
+        return None
+    chain = node.chain
+    source = env.results[node.args[0]]
+    ones = np.ones(_as(source, [d.name for d in chain.inputs]).shape, dtype=source.data.dtype)
+    weights = [np.ones(tuple(_concrete(d.size, env.values, d.name) for d in w.dims), ones.dtype) for w in chain.weights]
+    return _run_chain(chain, env.values, ones, weights) > 0
+
+
+def _fold_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    # out = max (or min) over the dims of the elements that read data: padding takes no part, as in
+    # F.max_pool2d's padding; where none does, 0
+    step = node.step
+    assert isinstance(step, Fold)
+    t = args[0]
+    mask = _padding_mask(env, node.args[0])
+    if mask is not None:
+        names = [d.name for d in env.graph.nodes[node.args[0]].dims]
+        mask = np.transpose(mask, [names.index(a) for a in t.axes])
+    else:
+        mask = np.ones(t.data.shape, dtype=bool)
+    axes = tuple(t.axis(d) for d in step.dims)  # type: ignore[arg-type]
+    empty = -np.inf if step.how == "max" else np.inf
+    folded = np.where(mask, t.data, empty)
+    data = folded.max(axis=axes) if step.how == "max" else folded.min(axis=axes)
+    data = np.where(mask.any(axis=axes), data, 0).astype(t.data.dtype)
+    return _Named(data, [a for a in t.axes if a not in step.dims])
+
+
+def _softmax_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    step = node.step
+    assert isinstance(step, Softmax)
+    t = args[0]
+    axes = tuple(t.axis(d) for d in step.dims)  # type: ignore[arg-type]
+    shifted = np.exp(t.data - t.data.max(axis=axes, keepdims=True))  # the max cancels; it keeps exp finite
+    return _Named(shifted / shifted.sum(axis=axes, keepdims=True), list(t.axes))
+
+
+def _letters(axes: Sequence[str], what: str) -> dict[str, str]:
+    unique = list(dict.fromkeys(axes))
+    if len(unique) > len(string.ascii_letters):
+        raise LoweringError(f"{what}: more than {len(string.ascii_letters)} axes at once")
+    return dict(zip(unique, string.ascii_letters))
+
+
+def _fc_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    # out[.., o] = sum_c in[.., c] * w[o, c]
+    step = node.step
+    assert isinstance(step, FC)
+    t, array = args[0], next(env.arrays)
+    weight_axes = [step.name, *step.dims]  # type: ignore[list-item]
+    out_axes = [d.name for d in node.dims]
+    letter = _letters([*t.axes, step.name], step.describe())
+    spec = "".join(letter[a] for a in t.axes) + "," + "".join(letter[a] for a in weight_axes)
+    spec += "->" + "".join(letter[a] for a in out_axes)
+    return _Named(np.asarray(np.einsum(spec, t.data, array), dtype=t.data.dtype), out_axes)
+
+
+def _rename_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    step = node.step
+    assert isinstance(step, Rename)
+    return _Named(args[0].data, [step.name if a == step.dim else a for a in args[0].axes])
+
+
+BLEND_RULES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+
+def _blend_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    # the smaller branch broadcasts over the larger one's dims, matched by name
+    step = node.step
+    assert isinstance(step, BlendJoin)
+    axes = [d.name for d in node.dims]
+    return _Named(BLEND_RULES[step.how](_as(args[0], axes), _as(args[1], axes)), axes)
+
+
+def _product_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+    # out = sum over the reduced dims of lhs * rhs; a name indexes both branches
+    lhs, rhs = args
+    out_axes = [d.name for d in node.dims]
+    letter = _letters([*lhs.axes, *rhs.axes], "Product")
+    spec = "".join(letter[a] for a in lhs.axes) + "," + "".join(letter[a] for a in rhs.axes)
+    spec += "->" + "".join(letter[a] for a in out_axes)
+    return _Named(np.asarray(np.einsum(spec, lhs.data, rhs.data), dtype=lhs.data.dtype), out_axes)
+
+
+#: One rule per node kind of a branching kernel (a test checks that none is missing).
+GRAPH_RULES: dict[str, Callable[[list[_Named], Node, _GraphEnv], _Named]] = {
+    "Chain": _chain_node,
+    "Map": _map_node,
+    "Fold": _fold_node,
+    "Softmax": _softmax_node,
+    "FC": _fc_node,
+    "Rename": _rename_node,
+    "Blend": _blend_node,
+    "Product": _product_node,
+}
+
+
+def _run_graph(graph: Graph, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Evaluate the nodes in order; each reads its arguments' named arrays."""
+    results: list[_Named] = [_Named(x, [d.name for d in graph.inputs])]
+    remaining = iter(arrays)
+    for index, node in enumerate(graph.nodes[1:], 1):
+        env = _GraphEnv(values, remaining, graph, index, results)
+        results.append(GRAPH_RULES[node.kind]([results[a] for a in node.args], node, env))
+    return np.ascontiguousarray(_as(results[-1], [d.name for d in graph.outputs]))
+
+
 def random_inputs(
-    op: Operator, layer: Mapping[str, int], seed: int = 0, dtype: type | np.dtype = np.float64
+    op: Operator | Graph, layer: Mapping[str, int], seed: int = 0, dtype: type | np.dtype = np.float64
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """A standard-normal input and weights shaped for ``op`` at ``layer`` (seeded, reproducible).
 
