@@ -5,8 +5,24 @@ from __future__ import annotations
 import pytest
 
 import kdsl
-from kdsl.lang import *
-from kdsl.lang import Graph, ShapeError, Tensor
+from kdsl.lang import (
+    FC,
+    Dim,
+    Fold,
+    Graph,
+    Input,
+    Map,
+    Output,
+    Reduce,
+    Rename,
+    ShapeError,
+    Share,
+    Tensor,
+    Unfold,
+    Weight,
+    coefficient,
+    primary,
+)
 
 N, C, H, W, R = primary("N C H W R")
 K = coefficient("K")
