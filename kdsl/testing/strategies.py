@@ -31,10 +31,13 @@ from hypothesis import strategies as st
 
 from kdsl.lang.build import Builder, Input, Operator, Output
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, FOLD_KINDS, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.primitives import (
     Dim,
     Expand,
     Merge,
+    Primitive,
     Reduce,
     Share,
     Shift,
@@ -162,17 +165,20 @@ def _live_sizes(op: Operator) -> list[list[Size]]:
 
 
 @st.composite
-def layers(draw: Any, op: Operator, max_elements: int = 20_000) -> dict[str, int]:
-    """A binding of every variable of ``op`` under which every size is a positive integer and no
-    intermediate tensor has more than ``max_elements`` elements."""
+def layers(draw: Any, op: Operator | Graph, max_elements: int = 20_000) -> dict[str, int]:
+    """A binding of every variable of ``op`` (an operator or a branching kernel) under which every
+    size is a positive integer and no intermediate tensor has more than ``max_elements`` elements."""
     binding: dict[str, int] = {}
     for name in op.coefficient_variables:
         binding[name] = draw(st.integers(1, 3))
     binding.update(op.defaults)
     # every primary is a multiple of every denominator a coefficient can put under it
     denominator = 1
-    snapshots = _live_sizes(op)
-    every_size = _sizes(op) + [size for snapshot in snapshots for size in snapshot]
+    if isinstance(op, Graph):
+        sizes, snapshots = _graph_snapshots(op)
+    else:
+        sizes, snapshots = _sizes(op), _live_sizes(op)
+    every_size = sizes + [size for snapshot in snapshots for size in snapshot]
     for size in every_size:
         value = Size.make(size.constant, {v: e for v, e in size.exponents if v.kind == "coefficient"})
         denominator = lcm(denominator, Fraction(value.evaluate(binding)).denominator)
@@ -191,3 +197,223 @@ def operators_with_layers(draw: Any, max_steps: int = 6) -> tuple[Operator, dict
     """An operator and a layer binding for it."""
     op = draw(operators(max_steps=max_steps))
     return op, draw(layers(op))
+
+
+# ------------------------------------------------------------------------------------------------
+# Branching kernels (kdsl.lang.graph): linear chains between Canvas's steps, branches joined again
+# ------------------------------------------------------------------------------------------------
+
+#: Map functions with a parameter-free meaning, and the factors a drawn Map("scale") takes
+SCALE_FACTORS = (0.5, -2.0, 3.0)
+#: Blend spellings: the operators build add/sub/mul, Blend(...) any kind
+BLEND_SPELLINGS = ("+", "-", "*", *(f"Blend:{how}" for how in BLEND_KINDS))
+#: what one drawing step does (joins listed twice: kernels that branch are the point)
+GRAPH_ACTIONS = (
+    "blend",
+    "product",
+    "linear",
+    "map",
+    "fold",
+    "window_fold",
+    "softmax",
+    "fc",
+    "rename",
+    "blend",
+    "product",
+)
+
+
+class _Names:
+    """Fresh numbers for dims and weights: names never collide across branches (a clash of dims in
+    two branches is a join the language refuses; of weights, a kernel it refuses)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def next(self) -> int:
+        self.count += 1
+        return self.count
+
+
+def _shape(value: object) -> dict[str, Size]:
+    return Tensor.of(value, "graphs").shape
+
+
+def _builder_of(value: object) -> Builder:
+    """A linear builder with the value's live dims (and windowed dims, which Stride needs)."""
+    if isinstance(value, Builder):
+        return value
+    tensor = Tensor.of(value, "graphs")
+    if tensor.pending is not None:
+        return tensor.pending
+    return Builder.start(tensor.vertex.dims)
+
+
+def _pick(draw: Any, pool: list[object]) -> object:
+    # the newest values most of the time, so the kernel grows deep rather than only wide
+    if len(pool) > 1 and draw(st.integers(0, 3)):
+        return pool[-1]
+    return pool[draw(st.integers(0, len(pool) - 1))]
+
+
+def _linear_steps(draw: Any, value: object, names: _Names, count: int) -> object:
+    for _ in range(count):
+        builder = _builder_of(value)
+        live = list(builder.live.sizes)
+        index = names.next()
+        primitive = DRAWS[draw(st.sampled_from(KINDS))](
+            draw, builder, index, live, st.sampled_from(live), _var(draw(st.sampled_from(COEFFICIENTS)))
+        )
+        if primitive is None:
+            continue
+        try:
+            value = value >> primitive  # type: ignore[operator]
+        except KdslError:
+            continue
+    return value
+
+
+def _map(draw: Any) -> Map:
+    fn = draw(st.sampled_from(tuple(MAP_FUNCTIONS)))
+    return Map(fn, by=draw(st.sampled_from(SCALE_FACTORS))) if fn == "scale" else Map(fn)
+
+
+def _unary(draw: Any, action: str, value: object, names: _Names) -> object:
+    """One Canvas step (or a window and its fold) on ``value``; a KdslError means: not here."""
+    live = list(_shape(value))
+    pick = st.sampled_from(live)
+    if action == "map":
+        return value >> _map(draw)  # type: ignore[operator]
+    if action == "fold":
+        return value >> Fold(draw(pick), how=draw(st.sampled_from(FOLD_KINDS)))  # type: ignore[operator]
+    if action == "window_fold":
+        # max/min pooling: the window's zero padding takes no part (with a stride now and then)
+        index = names.next()
+        window = draw(st.sampled_from((2, 3, _var("K"))))
+        pooled = value >> Unfold(draw(pick), window, f"k{index}")  # type: ignore[operator]
+        if draw(st.booleans()):
+            pooled = pooled >> Stride(draw(pick), _var("s"))
+        return pooled >> Fold(f"k{index}", how=draw(st.sampled_from(FOLD_KINDS)))
+    if action == "softmax":
+        start = draw(st.integers(0, len(live) - 1))
+        width = draw(st.integers(1, min(2, len(live) - start)))
+        return value >> Softmax(*live[start : start + width])  # type: ignore[operator]
+    if action == "fc":
+        index = names.next()
+        dims = draw(st.lists(pick, min_size=1, max_size=min(2, len(live)), unique=True))
+        size = _var(draw(st.sampled_from(WEIGHT_ONLY + ("C", "K"))))
+        return value >> FC(*dims, name=f"f{index}", size=size, weight=f"fw{index}")  # type: ignore[operator]
+    assert action == "rename"
+    return value >> Rename(draw(pick), f"r{names.next()}")  # type: ignore[operator]
+
+
+def _derived(draw: Any, value: object, names: _Names) -> object:
+    """A second branch of ``value`` whose dims are the same or fewer (so a Blend can broadcast)."""
+    live = list(_shape(value))
+    choice = draw(st.sampled_from(("map", "shift", "reduce", "fold", "softmax", "linear")))
+    if choice == "shift":
+        return value >> Shift(draw(st.sampled_from(live)), draw(st.sampled_from((1, -1))))  # type: ignore[operator]
+    if choice == "reduce":
+        return value >> Reduce(draw(st.sampled_from(live)), mean=draw(st.booleans()))  # type: ignore[operator]
+    if choice == "linear":
+        return _linear_steps(draw, value, names, draw(st.integers(1, 2)))
+    return _unary(draw, choice, value, names)
+
+
+def _blend(draw: Any, lhs: object, rhs: object) -> object:
+    spelling = draw(st.sampled_from(BLEND_SPELLINGS))
+    if spelling == "+":
+        return lhs + rhs  # type: ignore[operator]
+    if spelling == "-":
+        return lhs - rhs  # type: ignore[operator]
+    if spelling == "*":
+        return lhs * rhs  # type: ignore[operator]
+    return Blend(spelling.split(":")[1], lhs, rhs)
+
+
+def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
+    lhs = _pick(draw, pool)
+    if draw(st.booleans()):
+        rhs = _derived(draw, lhs, names)
+        if action == "product" and draw(st.booleans()):  # attention: the other branch's axis renamed
+            rhs = rhs >> Rename(draw(st.sampled_from(list(_shape(rhs)))), f"r{names.next()}")  # type: ignore[operator]
+    else:
+        rhs = _pick(draw, pool)
+    if draw(st.booleans()):  # either branch may be the smaller one: broadcasting both ways
+        lhs, rhs = rhs, lhs
+    if action == "blend":
+        return _blend(draw, lhs, rhs)
+    union = list(dict.fromkeys([*_shape(lhs), *_shape(rhs)]))
+    reduce = draw(st.lists(st.sampled_from(union), max_size=min(2, len(union) - 1), unique=True))
+    return Product(lhs, rhs, *reduce)
+
+
+@st.composite
+def graphs(draw: Any, max_actions: int = 6) -> Graph:
+    """Valid branching kernels over a 2-3 dim input: linear chains (drawn like :func:`operators`'
+    steps) between Map, Fold (also as max/min pooling over an Unfold window), Softmax, FC and
+    Rename steps, and branches joined by Blend (every kind, spelled ``+ - *`` or ``Blend``, the
+    smaller branch on either side) and Product (with 0-2 reduced dims). Built only through the
+    public API; a step the language refuses is skipped, so every drawn kernel is valid.
+
+    >>> from hypothesis import given
+    >>> from kdsl.lang import Graph
+    >>> @given(graphs())
+    ... def test_kernels(graph):
+    ...     assert isinstance(graph, Graph) and graph.nodes[0].kind == "Input"
+    >>> test_kernels()
+    """
+    dim_names = draw(st.lists(st.sampled_from(PRIMARY), min_size=2, max_size=3, unique=True))
+    names = _Names()
+    pool: list[object] = [Input(*(_var(n) for n in dim_names))]
+    made: list[object] = []
+    for _ in range(draw(st.integers(min(2, max_actions), max_actions))):
+        action = draw(st.sampled_from(GRAPH_ACTIONS))
+        try:
+            if action == "linear":
+                value = _linear_steps(draw, _pick(draw, pool), names, draw(st.integers(1, 3)))
+            elif action in ("blend", "product"):
+                value = _join(draw, action, pool, names)
+            else:
+                value = _unary(draw, action, _pick(draw, pool), names)
+        except KdslError:
+            continue
+        pool.append(value)
+        made.append(value)
+    assume(made)
+    result = made[-1]
+    order = draw(st.permutations(list(_shape(result))))
+    graph = result >> Output(*order)  # type: ignore[operator]
+    assume(isinstance(graph, Graph))  # a build that stayed one linear chain is a plain Operator
+    assert isinstance(graph, Graph)
+    coefficients = graph.coefficient_variables
+    if coefficients and draw(st.booleans()):
+        graph = graph.with_defaults(**{draw(st.sampled_from(coefficients)): draw(st.integers(2, 3))})
+    return graph
+
+
+def _graph_snapshots(graph: Graph) -> tuple[list[Size], list[list[Size]]]:
+    """Every size of the kernel, and the dims of every tensor it makes (chains' steps included,
+    weights, and a Product's lhs-times-rhs iteration space), to bound each one."""
+    sizes = [d.size for d in graph.inputs] + [d.size for d in graph.outputs]
+    snapshots: list[list[Size]] = []
+    for node in graph.nodes:
+        sizes.extend(d.size for d in node.dims)
+        snapshots.append([d.size for d in node.dims])
+        if isinstance(node.step, Operator):
+            sizes.extend(_sizes(node.step))
+            snapshots.extend(_live_sizes(node.step))
+        elif isinstance(node.step, Primitive):
+            sizes.extend(node.step.sizes())
+        if node.kind == "Product":
+            union = {d.name: d.size for arg in node.args for d in graph.nodes[arg].dims}
+            snapshots.append(list(union.values()))
+    snapshots.extend([d.size for d in weight.dims] for weight in graph.weights)
+    return sizes, snapshots
+
+
+@st.composite
+def graphs_with_layers(draw: Any, max_actions: int = 6, max_elements: int = 2_000) -> tuple[Graph, dict[str, int]]:
+    """A branching kernel and a layer binding for it (every tensor at most ``max_elements``)."""
+    graph = draw(graphs(max_actions=max_actions))
+    return graph, draw(layers(graph, max_elements=max_elements))
