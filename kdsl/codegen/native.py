@@ -1,5 +1,9 @@
 """PyTorch's own implementation of each classic gallery operator, for tests and benchmarks.
 
+Branching kernels (max pooling, residual, squeeze-excitation, involution, attention, Canvas's
+kernels) have no single PyTorch function; their entries are hand-written compositions of
+PyTorch's functions (:data:`BRANCHING`), the way a PyTorch user would write each kernel.
+
 This is kdsl's one table of native PyTorch baselines: tests compare against it, ``kdsl bench codegen``
 and ``kdsl bench tune`` time against it. Each entry maps a gallery name to ``(prepare, call)``:
 ``prepare(weights, sizes)`` turns the operator's weights (in its declared layouts) into the layout the
@@ -21,7 +25,7 @@ from typing import Any
 
 from kdsl.lang.errors import KdslError
 
-__all__ = ["NATIVE", "native_function"]
+__all__ = ["BRANCHING", "NATIVE", "native_function"]
 
 Sizes = Mapping[str, int]
 
@@ -86,6 +90,72 @@ NATIVE: dict[str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable[[A
         lambda x, w, v: _f().conv2d(x.roll(shifts=(-1, -1), dims=(2, 3)), w[0]),
     ),
 }
+
+
+# -- branching kernels: hand-written PyTorch, one function per gallery kernel ----------------------
+# Each docstring's formula is the gallery file's; the weights come in the kernel's order
+# (kdsl.codegen.reference.shapes(graph, layer).weights) and ``prepare`` gives them the layouts
+# PyTorch's functions take.
+
+
+def _pointwise(weight: Any) -> Any:
+    """An FC weight [out, in] as a 1x1 conv weight [out, in, 1, 1]."""
+    return weight[:, :, None, None].contiguous()
+
+
+def _residual_conv2d(x: Any, w: list[Any], v: Sizes) -> Any:
+    """x + conv2d(x): w[o, Cin, kh, kw] is F.conv2d's weight."""
+    return x + _f().conv2d(x, w[0], padding=v["K"] // 2)
+
+
+def _squeeze_excitation(x: Any, w: list[Any], v: Sizes) -> Any:
+    """x * sigmoid(excite @ relu(squeeze @ mean_hw(x))): squeeze[z, Cin], excite[c, z] are F.linear's weights."""
+    F = _f()
+    gate = F.linear(F.relu(F.linear(F.adaptive_avg_pool2d(x, 1).flatten(1), w[0])), w[1]).sigmoid()
+    return x * gate[:, :, None, None]
+
+
+def _involution(x: Any, w: list[Any], v: Sizes) -> Any:
+    """Li et al.'s involution: w = [reduce[z, Cin], span[G*K*K, z]] as 1x1 conv weights; S channels per group."""
+    F = _f()
+    n, channels, height, width = x.shape
+    K, groups = v["K"], channels // v["S"]
+    kernel = F.conv2d(F.relu(F.conv2d(x, w[0])), w[1]).view(n, groups, 1, K * K, height, width)
+    patches = F.unfold(x, K, padding=K // 2).view(n, groups, v["S"], K * K, height, width)
+    return (kernel * patches).sum(3).view(n, channels, height, width)
+
+
+def _spatial_attention(x: Any, w: list[Any], v: Sizes) -> Any:
+    """softmax over positions of q . k, times v: w = [query, key, value] as 1x1 conv weights."""
+    F = _f()
+    n, _, height, width = x.shape
+    q, k, values = (F.conv2d(x, weight).flatten(2) for weight in w)  # [n, d or c, H*W]
+    attention = (q.transpose(1, 2) @ k).softmax(-1)  # [n, query pixel, key pixel]
+    return (values @ attention.transpose(1, 2)).view(n, -1, height, width)
+
+
+def _shift_add(x: Any, w: list[Any], v: Sizes) -> Any:
+    """A K-tap depth-wise window along H of x plus x shifted by one pixel along W: w[0] is [Cin, 1, K, 1]."""
+    return _f().conv2d(x + x.roll(-1, 3), w[0], padding=(v["K"] // 2, 0), groups=x.shape[1])
+
+
+def _canvas_resnet34(x: Any, w: list[Any], v: Sizes) -> Any:
+    """FC(x + x shifted along H) + depth-wise conv(x): w = [mix as [Cin, Cin, 1, 1], depthwise as [Cin, 1, K, K]]."""
+    F = _f()
+    return F.conv2d(x + x.roll(-1, 2), w[0]) + F.conv2d(x, w[1], padding=v["K"] // 2, groups=x.shape[1])
+
+
+BRANCHING: dict[str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable[[Any, list[Any], Sizes], Any]]] = {
+    "max_pool2d": (_as_is, lambda x, w, v: _f().max_pool2d(x, v["K"], 1, v["K"] // 2)),
+    "max_pool2d_2x2": (_as_is, lambda x, w, v: _f().max_pool2d(x, v["K"], v["K"])),
+    "residual_conv2d": (_as_is, _residual_conv2d),
+    "squeeze_excitation": (_as_is, _squeeze_excitation),
+    "involution": (lambda w, v: [_pointwise(w[0]), _pointwise(w[1])], _involution),
+    "spatial_attention": (lambda w, v: [_pointwise(weight) for weight in w], _spatial_attention),
+    "shift_add": (lambda w, v: [w[0][:, None, :, None].contiguous()], _shift_add),
+    "canvas_resnet34": (lambda w, v: [_pointwise(w[0]), w[1][:, None].contiguous()], _canvas_resnet34),
+}
+NATIVE.update(BRANCHING)
 
 
 def native_function(name: str, x: Any, weights: Sequence[Any], sizes: Sizes) -> Callable[[], Any]:

@@ -53,7 +53,7 @@ def names() -> list[str]:
     """The gallery's operator names, sorted.
 
     >>> names()[:3]
-    ['avg_pool2d', 'conv1d', 'conv2d']
+    ['avg_pool2d', 'canvas_resnet34', 'conv1d']
     """
     return sorted(p.name[: -len(SUFFIX)] for p in directory().glob(f"*{SUFFIX}") if p.is_file())
 
