@@ -13,15 +13,18 @@
 >>> solve.cost(conv)["flops"]
 Cin*Cout*H*K**2*N*W
 
+Every function here takes a branching kernel (a :class:`~kdsl.lang.graph.Graph`) as well, except
+:func:`plan`, which orders one linear chain (:func:`chain_plans` gives a kernel's plans).
+
 Note: the functions ``constraints``, ``plan`` and ``cost`` shadow the submodules of the same
 name as attributes of this package; import from the submodules with ``from kdsl.solve.plan
 import ...``.
 """
 
-from kdsl.solve.constraints import CheckReport, Constraint, assignments, bind, check, constraints
-from kdsl.solve.cost import cost, shapes, total_cost, within_budget
+from kdsl.solve.constraints import CheckReport, Constraint, assignments, bind, check, constraints, graph_constraints
+from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
 from kdsl.solve.layers import Layer, load_layers
-from kdsl.solve.plan import Plan, Stage, View, plan, reference_binding
+from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
 
 __all__ = [
     "CheckReport",
@@ -32,10 +35,13 @@ __all__ = [
     "View",
     "assignments",
     "bind",
+    "chain_plans",
     "check",
     "constraints",
     "cost",
+    "graph_constraints",
     "load_layers",
+    "node_flops",
     "plan",
     "reference_binding",
     "shapes",

@@ -36,14 +36,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
+from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError
+from kdsl.lang.graph import Graph
+from kdsl.lang.primitives import Primitive
 from kdsl.lang.sizes import Size, Var
+from kdsl.solve.graph import node_label
 from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
-
-if TYPE_CHECKING:
-    from kdsl.lang.build import Operator
 
 KINDS = ("positive", "integral", "window")
 
@@ -152,8 +152,50 @@ def _trivially_integral(size: Size) -> bool:
     return size.constant.denominator == 1 and all(exp > 0 for _, exp in size.exponents)
 
 
+class _Collector:
+    """Constraints in the order found, each (kind, sizes) once: the first step that needs a size
+    is the one messages name."""
+
+    def __init__(self) -> None:
+        self.found: list[Constraint] = []
+        self.seen: set[tuple[str, tuple[Size, ...]]] = set()
+
+    def add(
+        self, kind: str, sizes: tuple[Size, ...], step: str, dim: str | None, description: str, what: str = ""
+    ) -> None:
+        if (kind, sizes) in self.seen:
+            return
+        self.seen.add((kind, sizes))
+        self.found.append(Constraint(kind, sizes, step, dim, description, what))
+
+    def integral(self, size: Size, step: str, dim: str | None, what: str = "") -> None:
+        if not _trivially_integral(size):
+            self.add("integral", (size,), step, dim, f"{step}: {what}{size} must be a positive integer", what)
+
+    def coefficients(self, names: Iterable[str]) -> None:
+        for name in names:
+            var = Size.variable(name, "coefficient")
+            self.add(
+                "positive", (var,), f"coefficient {name}", None, f"the coefficient {name} must be a positive integer"
+            )
+
+    def step(self, step: Primitive, text: str, before: Mapping[str, Size], after: Mapping[str, Size]) -> None:
+        for need in step.requirements(before, after):
+            if need.kind == "integral":
+                self.integral(need.sizes[0], text, need.dim, need.what)
+            else:  # a window must be smaller than the dim it slides over
+                window, dim_size = need.sizes
+                self.add(
+                    "window",
+                    need.sizes,
+                    text,
+                    need.dim,
+                    f"{text}: the window {window} must be smaller than the dim {need.dim} ({dim_size})",
+                )
+
+
 @lru_cache(maxsize=512)
-def constraints(op: Operator) -> tuple[Constraint, ...]:
+def constraints(op: Operator | Graph) -> tuple[Constraint, ...]:
     """The constraints of ``op``, in step order (coefficient positivity first), without duplicates.
 
     >>> from kdsl.lang import *
@@ -161,42 +203,60 @@ def constraints(op: Operator) -> tuple[Constraint, ...]:
     >>> op = Input(H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k") >> Output("H")
     >>> [c.description for c in constraints(op) if c.kind != "positive"]
     ['Unfold(H, K): the window K must be smaller than the dim H (H)', 'Stride(H, s): H/s must be a positive integer']
+
+    A branching kernel's constraints are the union of its chains' (each a linear operator), its
+    unary nodes' (an FC's output size is an integer) and the integrality of every node's dims;
+    the step text names the node (see :func:`graph_constraints`).
     """
-    found: list[Constraint] = []
-    seen: set[tuple[str, tuple[Size, ...]]] = set()
-
-    def add(kind: str, sizes: tuple[Size, ...], step: str, dim: str | None, description: str, what: str = "") -> None:
-        if (kind, sizes) in seen:
-            return
-        seen.add((kind, sizes))
-        found.append(Constraint(kind, sizes, step, dim, description, what))
-
-    def integral(size: Size, step: str, dim: str | None, what: str = "") -> None:
-        if not _trivially_integral(size):
-            add("integral", (size,), step, dim, f"{step}: {what}{size} must be a positive integer", what)
-
-    for name in op.coefficient_variables:
-        var = Size.variable(name, "coefficient")
-        add("positive", (var,), f"coefficient {name}", None, f"the coefficient {name} must be a positive integer")
+    if isinstance(op, Graph):
+        return graph_constraints(op)
+    collect = _Collector()
+    collect.coefficients(op.coefficient_variables)
     for dim in op.inputs:
-        integral(dim.size, f"Input({dim.name})", dim.name)
+        collect.integral(dim.size, f"Input({dim.name})", dim.name)
     for index, step in enumerate(op.steps):
-        text = step.describe()
-        for need in step.requirements(op.live[index], op.live[index + 1]):
-            if need.kind == "integral":
-                integral(need.sizes[0], text, need.dim, need.what)
-            else:  # a window must be smaller than the dim it slides over
-                window, dim_size = need.sizes
-                add(
-                    "window",
-                    need.sizes,
-                    text,
-                    need.dim,
-                    f"{text}: the window {window} must be smaller than the dim {need.dim} ({dim_size})",
-                )
+        collect.step(step, step.describe(), op.live[index], op.live[index + 1])
     for dim in op.outputs:
-        integral(dim.size, f"Output({dim.name})", dim.name)
-    return tuple(found)
+        collect.integral(dim.size, f"Output({dim.name})", dim.name)
+    return tuple(collect.found)
+
+
+def graph_constraints(graph: Graph) -> tuple[Constraint, ...]:
+    """The constraints of a branching kernel: coefficient positivity, then, node by node, the
+    requirements of every step of a chain (``node 1 chain: Split(C, C/G)``), of every unary step
+    (``node 2 FC(C -> r: C/G)``: the FC's output size), and the integrality of every dim of the
+    node's result; the input's and the output's dims are integers too.
+
+    >>> from kdsl.lang import *
+    >>> N, C = primary("N C"); G = coefficient("G")
+    >>> x = Input(N, C)
+    >>> gate = x >> FC(C, name="r", size=C / G, weight="down") >> Map("relu") >> FC("r", name="C", size=C, weight="up")
+    >>> kernel = (x * gate) >> Output(N, C, defaults={"G": 4})
+    >>> for c in graph_constraints(kernel):
+    ...     print(c.description)
+    the coefficient G must be a positive integer
+    node 1 FC(C -> r: C/G): the FC output dim r: C/G must be a positive integer
+    """
+    collect = _Collector()
+    collect.coefficients(graph.coefficient_variables)
+    for dim in graph.inputs:
+        collect.integral(dim.size, f"Input({dim.name})", dim.name)
+    for index, node in enumerate(graph.nodes):
+        label = node_label(graph, index)
+        step = node.step
+        if isinstance(step, Operator):
+            prefix = f"node {index} chain: "
+            for position, chain_step in enumerate(step.steps):
+                text = prefix + chain_step.describe()
+                collect.step(chain_step, text, step.live[position], step.live[position + 1])
+        elif isinstance(step, Primitive):
+            before = {d.name: d.size for d in graph.nodes[node.args[0]].dims}
+            collect.step(step, label, before, {d.name: d.size for d in node.dims})
+        for dim in node.dims:
+            collect.integral(dim.size, label, dim.name, f"the dim {dim.name}: ")
+    for dim in graph.outputs:
+        collect.integral(dim.size, f"Output({dim.name})", dim.name)
+    return tuple(collect.found)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,7 +277,9 @@ def _coefficient_values(coefficients: Mapping[str, int] | None) -> dict[str, int
     return values
 
 
-def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def resolve_binding(
+    op: Operator | Graph, layer: Layer, coefficients: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """Every variable of ``op`` bound for ``layer`` (no constraint is checked).
 
     Primaries come from the layer; a coefficient from ``coefficients``, else the layer, else
@@ -282,7 +344,7 @@ class CheckReport:
 
 
 def _violated(
-    op: Operator, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
+    op: Operator | Graph, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
 ) -> None:
     for constraint in constraints(op):
         if constraint.holds(binding):
@@ -296,7 +358,7 @@ def _violated(
 
 
 def check(
-    op: Operator,
+    op: Operator | Graph,
     layers: object,
     coefficients: Mapping[str, int] | None = None,
     *,
@@ -329,7 +391,7 @@ def check(
     return CheckReport(table, tuple(bindings), tuple(large))
 
 
-def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """The concrete binding of every variable of ``op`` on one layer (a Layer or a dict).
 
     Integrality and positivity are checked (:class:`DivisibilityError`); window sizes are not,
@@ -348,7 +410,7 @@ def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = N
 
 
 def assignments(
-    op: Operator,
+    op: Operator | Graph,
     layers: object,
     choices: Mapping[str, Iterable[int]],
     *,
@@ -449,5 +511,6 @@ __all__ = [
     "bind",
     "check",
     "constraints",
+    "graph_constraints",
     "resolve_binding",
 ]

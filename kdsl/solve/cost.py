@@ -10,6 +10,39 @@
 Symbolic formulas use the plan chosen at the reference point; numbers on a layer use the plan
 chosen at that layer's binding, so the two can differ where the best order depends on the sizes.
 
+**Branching kernels** (:class:`~kdsl.lang.graph.Graph`) cost the sum of their nodes' costs, one
+rule per node kind (:data:`GRAPH_FLOPS`); every count is in FLOPs where a multiply-accumulate
+counts 1, as for chains:
+
+* ``Chain``: its plan's FLOPs (the MACs and additions of its contraction stages);
+* ``Map``: 1 per output element; ``Blend``: 1 per result element (the larger branch's);
+* ``Fold`` (max/min): 1 per *input* element (one comparison each);
+* ``Softmax``: 3 per element (exp, sum, divide; the max subtracted for stability is not counted);
+* ``FC``: output elements times the product of the folded dims' sizes (its MACs);
+* ``Product``: output elements times the product of the reduced dims' sizes (its MACs);
+* ``Rename`` and the input: 0.
+
+``params`` is the sum of the weights' sizes. Memory is counted in *elements* (not bytes), like
+``input``/``output``: ``memory`` is the sum of every node's result (the input, each intermediate
+and the output, which is the last node's; a Rename moves no data and counts 0; a chain's inner
+stages are not counted), ``peak`` the most elements alive at once when the nodes run in order and
+each result is freed after its last reader (the input until its last reader, the output to the
+end), and ``intermediate`` the largest single tensor (node results and the tensors along each
+chain's plan). Symbolic ``peak`` and ``intermediate`` are the candidates that are largest at the
+reference point.
+
+>>> from kdsl.lang import *
+>>> N, C, H, W, R = primary("N C H W R")
+>>> x = Input(N, C, H, W)
+>>> gate = (x >> Reduce(H, W, mean=True) >> FC(C, name="r", size=R, weight="squeeze") >> Map("relu")
+...         >> FC("r", name="c", size=C, weight="excite") >> Map("sigmoid") >> Rename("c", "C"))
+>>> se = (x * gate) >> Output(N, C, H, W)
+>>> se_cost = cost(se)
+>>> se_cost["flops"], se_cost["params"]
+(2*C*H*N*W + 2*C*N*R + C*N + N*R, 2*C*R)
+>>> cost(se, {"N": 1, "C": 64, "H": 8, "W": 8, "R": 4})["flops"]
+8772
+
 >>> from kdsl.lang import *
 >>> N, Cin, Cout, H, W = primary("N Cin Cout H W"); K = coefficient("K")
 >>> conv = (Input(N, Cin, H, W) >> Unfold(H, K, "kh") >> Unfold(W, K, "kw")
@@ -28,20 +61,25 @@ chosen at that layer's binding, so the two can differ where the best order depen
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError
+from kdsl.lang.graph import Graph
+from kdsl.lang.nonlinear import FC, JOINS, UNARY, ProductJoin
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import bind
+from kdsl.solve.graph import dim_elements, elements, node_label, storage
 from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
-from kdsl.solve.plan import Plan, plan
-
-if TYPE_CHECKING:
-    from kdsl.lang.build import Operator
+from kdsl.solve.plan import Plan, plan, reference_binding
 
 METRICS = ("flops", "params", "input", "output", "intermediate")
+#: the extra metrics of a branching kernel (elements): every node's result, and the most alive at once
+GRAPH_METRICS = (*METRICS, "memory", "peak")
+#: metrics that :func:`total_cost` takes the maximum of over layers (the others add up)
+LARGEST = frozenset({"intermediate", "peak"})
 
 
 def _product(sizes: list[Size]) -> Size:
@@ -74,16 +112,21 @@ def _int(value: Fraction, what: str, where: str) -> int:
 
 
 def cost(
-    op: Operator, layer: Layer | Mapping[str, int] | None = None, coefficients: Mapping[str, int] | None = None
+    op: Operator | Graph,
+    layer: Layer | Mapping[str, int] | None = None,
+    coefficients: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Cost formulas of ``op`` (SymPy expressions), or its costs on ``layer`` (ints).
 
     With a layer, coefficients come from ``coefficients``, else the layer, else ``op.defaults``;
     the binding is checked as by :func:`~kdsl.solve.constraints.bind`. Keys: ``flops``,
-    ``params``, ``input``, ``output``, ``intermediate``.
+    ``params``, ``input``, ``output``, ``intermediate``; a branching kernel also has ``memory``
+    and ``peak`` (:data:`GRAPH_METRICS`, see the module doc for the counting rules).
     """
     import sympy
 
+    if isinstance(op, Graph):
+        return _graph_cost(op, layer, coefficients)
     if layer is None:
         p = plan(op)
         formulas = _formulas(op, p)
@@ -112,8 +155,8 @@ def cost(
     return result
 
 
-def total_cost(op: Operator, layers: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
-    """:func:`cost` summed over the layers of a table (``intermediate`` is the maximum).
+def total_cost(op: Operator | Graph, layers: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+    """:func:`cost` summed over the layers of a table (``intermediate`` and ``peak`` are the maximum).
 
     >>> from kdsl.lang import *
     >>> M, Cin, Cout = primary("M Cin Cout")
@@ -121,16 +164,17 @@ def total_cost(op: Operator, layers: object, coefficients: Mapping[str, int] | N
     >>> total_cost(matmul, "resnet18")["params"] == 64**2 + 128**2 + 256**2 + 512**2
     True
     """
-    totals = dict.fromkeys(METRICS, 0)
+    keys = GRAPH_METRICS if isinstance(op, Graph) else METRICS
+    totals = dict.fromkeys(keys, 0)
     for layer in as_layers(layers):
         each = cost(op, layer, coefficients)
-        for key in METRICS:
-            totals[key] = max(totals[key], each[key]) if key == "intermediate" else totals[key] + each[key]
+        for key in keys:
+            totals[key] = max(totals[key], each[key]) if key in LARGEST else totals[key] + each[key]
     return totals
 
 
 def within_budget(
-    op: Operator,
+    op: Operator | Graph,
     layers: object,
     max_flops: int | None = None,
     max_params: int | None = None,
@@ -155,7 +199,7 @@ def within_budget(
 
 
 def shapes(
-    op: Operator, layer: Layer | Mapping[str, int], coefficients: Mapping[str, int] | None = None
+    op: Operator | Graph, layer: Layer | Mapping[str, int], coefficients: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
     """Concrete shapes on one layer: ``input``, ``output`` (tuples of ints) and ``weights``
     (weight name -> tuple, in the weight's declared dim order)."""
@@ -171,4 +215,168 @@ def shapes(
     }
 
 
-__all__ = ["METRICS", "cost", "shapes", "total_cost", "within_budget"]
+# ------------------------------------------------------------------------------------------------
+# Branching kernels: one FLOPs rule per node kind
+# ------------------------------------------------------------------------------------------------
+
+#: a node's FLOPs as monomials to add: (graph, node index, the binding its chains are planned at)
+NodeFlops = Callable[[Graph, int, Mapping[str, int]], list[Size]]
+
+
+def _arg_sizes(graph: Graph, index: int) -> dict[str, Size]:
+    """The sizes of the dims of every argument of a node, by name (a join's branches agree)."""
+    sizes: dict[str, Size] = {}
+    for arg in graph.nodes[index].args:
+        sizes.update((d.name, d.size) for d in graph.nodes[arg].dims)
+    return sizes
+
+
+def _no_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    return []
+
+
+def _chain_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    return [stage.cost for stage in plan(graph.nodes[index].chain, point).stages]
+
+
+def _per_result(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    return [dim_elements(graph.nodes[index].dims)]
+
+
+def _per_input(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    return [dim_elements(graph.nodes[graph.nodes[index].args[0]].dims)]
+
+
+def _softmax_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    # exp, the sum, the divide: 3 per element (the max subtracted for stability is not counted)
+    return [3 * dim_elements(graph.nodes[index].dims)]
+
+
+def _fc_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    step = graph.nodes[index].step
+    assert isinstance(step, FC)
+    sizes = _arg_sizes(graph, index)
+    return [dim_elements(graph.nodes[index].dims) * elements(sizes[str(name)] for name in step.dims)]
+
+
+def _product_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+    step = graph.nodes[index].step
+    assert isinstance(step, ProductJoin)
+    sizes = _arg_sizes(graph, index)
+    return [dim_elements(graph.nodes[index].dims) * elements(sizes[name] for name in step.reduce)]
+
+
+#: one FLOPs rule per node kind (the counting convention is in the module doc)
+GRAPH_FLOPS: dict[str, NodeFlops] = {
+    "Input": _no_flops,
+    "Chain": _chain_flops,
+    "Map": _per_result,
+    "Fold": _per_input,
+    "Softmax": _softmax_flops,
+    "FC": _fc_flops,
+    "Rename": _no_flops,
+    "Blend": _per_result,
+    "Product": _product_flops,
+}
+assert set(GRAPH_FLOPS) == {"Input", "Chain", *UNARY, *JOINS}
+
+
+def _peak_candidates(graph: Graph) -> list[list[Size]]:
+    """For each node that makes data, the results alive while it runs (its own included): every
+    result lives from its node to its last reader (a Rename's readers read its storage), the
+    output to the end."""
+    owners = storage(graph)
+    last = list(range(len(graph.nodes)))
+    for index, node in enumerate(graph.nodes):
+        for arg in node.args:
+            last[owners[arg]] = max(last[owners[arg]], index)
+    last[owners[-1]] = len(graph.nodes)
+    candidates = []
+    for index in range(len(graph.nodes)):
+        if owners[index] != index:
+            continue
+        alive = [o for o in range(index + 1) if owners[o] == o and last[o] >= index]
+        candidates.append([dim_elements(graph.nodes[o].dims) for o in alive])
+    return candidates
+
+
+def _largest_at(candidates: list[list[Size]], point: Mapping[str, int]) -> list[Size]:
+    return max(candidates, key=lambda terms: sum((t.evaluate(point) for t in terms), Fraction(0)))
+
+
+def _graph_terms(graph: Graph, point: Mapping[str, int]) -> dict[str, list[list[Size]]]:
+    """Each metric as a list of nodes' terms (sums of monomials) at the plan point ``point``."""
+    owners = storage(graph)
+    tensors: list[list[Size]] = [[dim_elements(node.dims)] for node in graph.nodes]
+    for node in graph.nodes:
+        if isinstance(node.step, Operator):
+            tensors.extend([elements(size for _, size in dims)] for dims in plan(node.step, point).live)
+    return {
+        "flops": [GRAPH_FLOPS[node.kind](graph, index, point) for index, node in enumerate(graph.nodes)],
+        "params": [[elements(w.shape)] for w in graph.weights],
+        "input": [[dim_elements(graph.inputs)]],
+        "output": [[dim_elements(graph.outputs)]],
+        "intermediate": [_largest_at(tensors, point)],
+        "memory": [[dim_elements(node.dims)] for index, node in enumerate(graph.nodes) if owners[index] == index],
+        "peak": [_largest_at(_peak_candidates(graph), point)],
+    }
+
+
+def _graph_cost(
+    graph: Graph, layer: Layer | Mapping[str, int] | None, coefficients: Mapping[str, int] | None
+) -> dict[str, Any]:
+    import sympy
+
+    if layer is None:
+        terms = _graph_terms(graph, reference_binding(graph))
+        return {key: sympy.Add(*(t.to_sympy() for node in nodes for t in node)) for key, nodes in terms.items()}
+    item = as_layer(layer)
+    binding = bind(graph, item, coefficients)
+    terms = _graph_terms(graph, binding)
+    where = layer_label(item.name)
+    result: dict[str, Any] = {}
+    for key, nodes in terms.items():
+        total = sum((t.evaluate(binding) for node in nodes for t in node), Fraction(0))
+        result[key] = _int(total, key, where)
+    return result
+
+
+def node_flops(
+    graph: Graph, layer: Layer | Mapping[str, int] | None = None, coefficients: Mapping[str, int] | None = None
+) -> list[Any]:
+    """The FLOPs of each node of a branching kernel, in node order: SymPy formulas, or ints on
+    ``layer`` (the rules of :data:`GRAPH_FLOPS`; their sum is ``cost(graph)["flops"]``).
+
+    >>> from kdsl.lang import *
+    >>> N, P, D = primary("N P D")
+    >>> x = Input(N, P, D)
+    >>> scores = Product(x, x >> Rename(P, "Q"), "D") >> Softmax("Q") >> Output(N, P, "Q")
+    >>> node_flops(scores)
+    [0, 0, D*N*P**2, 3*N*P**2]
+    >>> node_flops(scores, {"N": 2, "P": 4, "D": 8})
+    [0, 0, 256, 96]
+    """
+    import sympy
+
+    if not isinstance(graph, Graph):
+        raise LayerError(f"node_flops takes a branching kernel (a Graph), got {type(graph).__name__}")
+    if layer is None:
+        point = reference_binding(graph)
+        return [
+            sympy.Add(*(t.to_sympy() for t in GRAPH_FLOPS[node.kind](graph, index, point)))
+            for index, node in enumerate(graph.nodes)
+        ]
+    item = as_layer(layer)
+    binding = bind(graph, item, coefficients)
+    where = layer_label(item.name)
+    return [
+        _int(
+            sum((t.evaluate(binding) for t in GRAPH_FLOPS[node.kind](graph, index, binding)), Fraction(0)),
+            "FLOPs",
+            f"{where}: {node_label(graph, index)}",
+        )
+        for index, node in enumerate(graph.nodes)
+    ]
+
+
+__all__ = ["GRAPH_FLOPS", "GRAPH_METRICS", "METRICS", "cost", "node_flops", "shapes", "total_cost", "within_budget"]

@@ -68,7 +68,9 @@ from functools import lru_cache
 from math import prod
 from typing import TYPE_CHECKING
 
-from kdsl.lang.errors import DivisibilityError, LayerError
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
+from kdsl.lang.graph import Graph
 from kdsl.lang.primitives import (
     CONTRACTION,
     HEAVY,
@@ -84,8 +86,6 @@ from kdsl.solve.layers import Layer
 
 if TYPE_CHECKING:
     import sympy
-
-    from kdsl.lang.build import Operator
 
 #: Above this many heavy steps (Share, Unfold, Expand) the planner orders them greedily.
 MAX_ENUMERATED = 7
@@ -111,7 +111,7 @@ def _heavy(step: Primitive) -> bool:
     return HEAVY in step.facts
 
 
-def reference_binding(op: Operator) -> dict[str, int]:
+def reference_binding(op: Operator | Graph) -> dict[str, int]:
     """The reference point: every primary variable 256, every coefficient its default or 3.
 
     >>> from kdsl.lang import *
@@ -566,7 +566,7 @@ def _plan(op: Operator, binding: tuple[tuple[str, int | Fraction], ...], reorder
     return _build(op, graph, order, binding)
 
 
-def plan(op: Operator, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:
+def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:
     """The cheapest plan of ``op`` at ``binding`` (a dict or Layer; variables it lacks, or all of
     them when it is ``None``, take the reference values: primaries 256, coefficients their
     default or 3). Plans are cached per operator and binding.
@@ -584,7 +584,14 @@ def plan(op: Operator, binding: Mapping[str, int] | None = None, *, reorder: boo
     >>> print(plan(op, reorder=False).describe())
     view: Unfold(dim='L', window=Size(K), name='k')
     stage 1: [N, C, L, k] -> sum over C, k -> [N, L]  (cost C*L*N*K)
+
+    A branching kernel has one plan per chain: :func:`chain_plans`.
     """
+    if isinstance(op, Graph):
+        raise LoweringError(
+            "plan() orders the steps of one linear operator; a branching kernel has one plan per chain: "
+            "use kdsl.solve.plan.chain_plans(kernel)"
+        )
     point: dict[str, int | Fraction] = dict(reference_binding(op))
     if binding is not None:
         for name, value in _as_mapping(binding).items():
@@ -595,4 +602,25 @@ def plan(op: Operator, binding: Mapping[str, int] | None = None, *, reorder: boo
     return _plan(op, tuple(point.items()), bool(reorder))
 
 
-__all__ = ["MAX_ENUMERATED", "Plan", "Stage", "View", "plan", "reference_binding"]
+def chain_plans(graph: Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> dict[int, Plan]:
+    """The plan of every chain of a branching kernel, by node index, at ``binding`` (variables it
+    lacks take the kernel's reference values: primaries 256, coefficients its default or 3).
+
+    >>> from kdsl.lang import *
+    >>> N, C, H, W = primary("N C H W")
+    >>> x = Input(N, C, H, W)
+    >>> kernel = (x * (x >> Reduce(H, W, mean=True) >> Map("sigmoid"))) >> Output(N, C, H, W)
+    >>> print(chain_plans(kernel)[1].describe())
+    stage 1: [N, C, H, W] -> sum over H (mean), W (mean) -> [N, C]  (cost C*H*N*W)
+    """
+    point: dict[str, int] = reference_binding(graph)
+    if binding is not None:
+        point.update((name, value) for name, value in _as_mapping(binding).items() if name in point)
+    return {
+        index: plan(node.step, point, reorder=reorder)
+        for index, node in enumerate(graph.nodes)
+        if isinstance(node.step, Operator)
+    }
+
+
+__all__ = ["MAX_ENUMERATED", "Plan", "Stage", "View", "chain_plans", "plan", "reference_binding"]
