@@ -1,7 +1,8 @@
 """The gallery: every operator parses, round-trips, and computes (through the NumPy reference
 interpreter, in float64) exactly what the PyTorch function named in its docstring computes, with the
 weight mapping the docstring states. Syno's operators are checked against direct NumPy versions of
-their published formulas."""
+their published formulas; the branching kernels against the hand-written PyTorch of
+:data:`kdsl.codegen.native.BRANCHING` (tests/test_gallery_branching.py runs them on every backend)."""
 
 import ast
 
@@ -14,6 +15,7 @@ F = torch.nn.functional
 import kdsl  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
+from kdsl.codegen.native import BRANCHING  # noqa: E402
 from kdsl.lang import library  # noqa: E402
 from kdsl.lang.errors import KdslError  # noqa: E402
 
@@ -136,6 +138,17 @@ def numpy_syno_op2(x, ws, v):
     return out
 
 
+def hand_written(name):
+    """The branching kernel's hand-written PyTorch (the one copy, in kdsl.codegen.native), called with
+    the kernel's weights, which its ``prepare`` lays out as PyTorch's functions take them."""
+    prepare, call = BRANCHING[name]
+
+    def equivalent(x, ws, v):
+        return call(t(x), prepare([t(w) for w in ws], v), v)
+
+    return equivalent
+
+
 # name -> (equivalent function, layers to check it on: batch 1, odd sizes, H smaller than the window)
 CASES = {
     "conv1d": (
@@ -233,6 +246,43 @@ CASES = {
             {"N": 1, "Cin": 64, "Cout": 128, "H": 4, "W": 3},
         ],
     ),
+    # branching kernels (Graphs); ResNet-like channel counts where a default coefficient divides them
+    "max_pool2d": (
+        hand_written("max_pool2d"),
+        [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
+    ),
+    "max_pool2d_2x2": (
+        hand_written("max_pool2d_2x2"),
+        [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
+    ),
+    "residual_conv2d": (
+        hand_written("residual_conv2d"),
+        [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
+    ),
+    "squeeze_excitation": (
+        hand_written("squeeze_excitation"),
+        [{"N": 2, "Cin": 32, "H": 3, "W": 5}, {"N": 1, "Cin": 6, "H": 4, "W": 1, "r": 3}],
+    ),
+    "involution": (
+        hand_written("involution"),
+        [
+            {"N": 1, "Cin": 32, "H": 5, "W": 4},  # the defaults: 2 groups of 16, hidden width 8
+            {"N": 2, "Cin": 6, "H": 2, "W": 3, "S": 3, "r": 2, "K": 5},
+            {"N": 1, "Cin": 4, "H": 3, "W": 3, "S": 1, "r": 4, "K": 1},
+        ],
+    ),
+    "spatial_attention": (
+        hand_written("spatial_attention"),
+        [{"N": 1, "Cin": 16, "H": 3, "W": 4}, {"N": 2, "Cin": 3, "H": 1, "W": 5, "r": 3}],
+    ),
+    "shift_add": (
+        hand_written("shift_add"),
+        [{"N": 1, "Cin": 3, "H": 5, "W": 4}, {"N": 2, "Cin": 2, "H": 2, "W": 1, "K": 5}],
+    ),
+    "canvas_resnet34": (
+        hand_written("canvas_resnet34"),
+        [{"N": 1, "Cin": 4, "H": 5, "W": 6}, {"N": 2, "Cin": 3, "H": 1, "W": 3, "K": 5}],
+    ),
 }
 
 EQUIVALENCE = [(name, index) for name, (_, layers) in CASES.items() for index in range(len(layers))]
@@ -320,7 +370,7 @@ def test_names_are_sorted_and_match_the_files():
 
 @pytest.mark.parametrize("bad", ["no_such_op", "../pyproject", "conv2d.dsl", ""])
 def test_unknown_names_raise_and_list_the_gallery(bad):
-    with pytest.raises(KdslError, match=r"available: avg_pool2d, conv1d"):
+    with pytest.raises(KdslError, match=r"available: avg_pool2d, canvas_resnet34, conv1d"):
         gallery.load(bad)
     with pytest.raises(KdslError):
         gallery.describe(bad)
@@ -348,7 +398,7 @@ def test_gallery_operator_is_valid_on_resnet18_layers(name):
 
     table = gallery.layer_table(name)
     assert table is not None, f"{name} is valid on no ResNet-18 table with its defaults"
-    expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle"}
+    expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle", "max_pool2d_2x2"}
     assert (table == "resnet18_stride2") == (name in expected)
     report = solve.check(gallery.load(name), table)
     assert len(report) == len(solve.load_layers(table))
