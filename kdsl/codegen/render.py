@@ -13,19 +13,24 @@ out = stage0
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 
 from kdsl import solve
 from kdsl.lang.build import Operator
+from kdsl.lang.graph import Graph, Node
 from kdsl.lang.index import Var, walk_up
+from kdsl.lang.nonlinear import FC, JOINS, UNARY, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
 from kdsl.lang.primitives import (
+    Dim,
     Primitive,
     Reduce,
     Share,
     Weight,
 )
 from kdsl.lang.sizes import Size
+from kdsl.solve.graph import node_text, windowed_source
 
 
 def _wrap(text: str) -> str:
@@ -46,12 +51,27 @@ def _iterator(name: str, size: Size) -> str:
     return name.lower() if str(size) == name else name
 
 
-def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
-    """The operator's stage plan as loops over symbolic extents, one loop nest per stage."""
+def loop_nest(op: Operator | Graph, binding: Mapping[str, int] | None = None) -> str:
+    """The operator's stage plan as loops over symbolic extents, one loop nest per stage.
+
+    A branching kernel lists one block per node, headed by a comment that names the node, its
+    step, the results it reads and the one it makes (see :func:`graph_loop_nest`)."""
+    if isinstance(op, Graph):
+        return graph_loop_nest(op, binding)
     plan = solve.plan(op, binding)
+    stage_names = [f"stage{number}" for number in range(len(plan.stages))]
+    return "\n".join(_chain_lines(plan, "x", [d.name for d in op.inputs], stage_names, "out"))
+
+
+def _chain_lines(
+    plan: solve.Plan, source: str, source_dims: list[str], stage_names: list[str], target: str
+) -> list[str]:
+    """The loop nests of one linear chain's plan reading ``source`` (its dims in order): stage
+    ``k`` writes ``stage_names[k]``, the result is ``target`` (an alias line when the last stage
+    already is the result, unless the last stage is named ``target`` itself)."""
     sizes: list[dict[str, Size]] = [dict(live) for live in plan.live]  # before each step, then after
     lines: list[str] = []
-    source, source_dims = "x", [d.name for d in op.inputs]
+    start = source
     pending: list[tuple[Primitive, dict[str, Size]]] = []
     starts = {stage.start: stage for stage in plan.stages}
     index = 0
@@ -73,32 +93,249 @@ def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
         factors = [read] + [
             f"{w.name}[{', '.join(coords[d.name] for d in w.dims)}]" for w in shares if isinstance(w, Weight)
         ]
-        name = f"stage{len([s for s in plan.stages if s.start < stage.start])}"
-        target = f"{name}[{', '.join(coords[r] for r in result)}]"
+        name = stage_names[len([s for s in plan.stages if s.start < stage.start])]
+        target_ref = f"{name}[{', '.join(coords[r] for r in result)}]"
         lines.append("for " + ", ".join(f"{coords[n]} < {s}" for n, s in stage.result) + ":")
         body = " * ".join(factors)
         note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
         if reduced:
-            lines.append(f"  {target} = 0")
+            lines.append(f"  {target_ref} = 0")
             lines.append("  for " + ", ".join(f"{coords[n]} < {s}" for n, s in reduced) + ":")
-            lines.append(f"    {target} += {body}{note}")
+            lines.append(f"    {target_ref} += {body}{note}")
             means = [str(s) for (n, s), step in zip(reduced, [b for b in block if isinstance(b, Reduce)]) if step.mean]
             if means:
-                lines.append(f"  {target} /= {' * '.join(_wrap(m) for m in means)}")
+                lines.append(f"  {target_ref} /= {' * '.join(_wrap(m) for m in means)}")
         else:
-            lines.append(f"  {target} = {body}{note}")
+            lines.append(f"  {target_ref} = {body}{note}")
         source, source_dims, pending = name, result, []
         index = stage.stop
     outputs = [d.name for d in plan.outputs]
-    if pending or source_dims != outputs or source == "x":
+    if pending or source_dims != outputs or source == start:
         coords = {name: _iterator(name, sizes[-1][name]) for name in outputs}
         up, guards = _walk_up(pending, coords)
         note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
         lines.append("for " + ", ".join(f"{coords[n]} < {sizes[-1][n]}" for n in outputs) + ":")
-        target = ", ".join(coords[n] for n in outputs)
-        lines.append(f"  out[{target}] = {source}[{', '.join(up[d] for d in source_dims)}]{note}")
-    else:
-        lines.append(f"out = {source}")
+        result_ref = ", ".join(coords[n] for n in outputs)
+        lines.append(f"  {target}[{result_ref}] = {source}[{', '.join(up[d] for d in source_dims)}]{note}")
+    elif source != target:
+        lines.append(f"{target} = {source}")
+    return lines
+
+
+# -- branching kernels ------------------------------------------------------------------------
+
+
+def _iterators(dims: Sequence[Dim]) -> dict[str, str]:
+    """Loop variables of a node's dims: lower case when the dim is named after its extent, as in
+    :func:`loop_nest`; where that gives two dims one variable (``C`` and ``c``), the lowered one
+    takes a trailing ``_`` (``c_``)."""
+    chosen: dict[str, str] = {}
+    taken = {d.name for d in dims if _iterator(d.name, d.size) == d.name}
+    for d in dims:
+        if d.name in chosen:  # the same dim in both arguments of a step
+            continue
+        var = _iterator(d.name, d.size)
+        if var != d.name:
+            while var in taken:
+                var += "_"
+            taken.add(var)
+        chosen[d.name] = var
+    return chosen
+
+
+def _loops(dims: Sequence[Dim], coords: Mapping[str, str]) -> str:
+    return "for " + ", ".join(f"{coords[d.name]} < {d.size}" for d in dims) + ":"
+
+
+def _ref(name: str, dims: Sequence[Dim], coords: Mapping[str, str]) -> str:
+    return f"{name}[{', '.join(coords[d.name] for d in dims)}]"
+
+
+@dataclass(frozen=True)
+class _NodeView:
+    """What a node's loop-nest rule sees: the kernel, the node, the names of every result and the
+    plans of the chains."""
+
+    graph: Graph
+    index: int
+    names: tuple[str, ...]
+    plans: Mapping[int, solve.Plan]
+
+    @property
+    def node(self) -> Node:
+        return self.graph.nodes[self.index]
+
+    @property
+    def name(self) -> str:
+        return self.names[self.index]
+
+    def arg(self, position: int = 0) -> tuple[str, tuple[Dim, ...]]:
+        """The name and dims of the node's argument ``position``."""
+        index = self.node.args[position]
+        return self.names[index], self.graph.nodes[index].dims
+
+
+def _chain_nest(view: _NodeView) -> list[str]:
+    chain = view.node.chain
+    plan = view.plans[view.index]
+    source, _ = view.arg()
+    stage_names = [f"{view.name}_{number}" for number in range(len(plan.stages))]
+    if plan.stages and plan.stages[-1].stop == len(plan.steps):
+        last = plan.stages[-1]
+        if [n for n, _ in last.result] == [d.name for d in plan.outputs]:
+            stage_names[-1] = view.name  # the last stage writes the node's result
+    return _chain_lines(plan, source, [d.name for d in chain.inputs], stage_names, view.name)
+
+
+def _map_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, Map)
+    source, dims = view.arg()
+    coords = _iterators(view.node.dims)
+    read = _ref(source, dims, coords)
+    value = f"{step.by:g} * {read}" if step.fn == "scale" else f"-{read}" if step.fn == "neg" else f"{step.fn}({read})"
+    return [_loops(view.node.dims, coords), f"  {_ref(view.name, view.node.dims, coords)} = {value}"]
+
+
+def _fold_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, Fold)
+    source, dims = view.arg()
+    coords = _iterators(dims)
+    folded = [d for d in dims if d.name in step.dims]
+    over = ", ".join(f"{coords[d.name]} < {d.size}" for d in folded)
+    note = ""
+    if windowed_source(view.graph, view.node.args[0]):
+        note = "    # a window's zero padding takes no part (0 where no element is data)"
+    return [
+        _loops(view.node.dims, coords),
+        f"  {_ref(view.name, view.node.dims, coords)} = {step.how}({_ref(source, dims, coords)} for {over}){note}",
+    ]
+
+
+def _softmax_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, Softmax)
+    source, dims = view.arg()
+    coords = _iterators(dims)
+    inner = [d for d in dims if d.name in step.dims]
+    outer = [d for d in dims if d.name not in step.dims]
+    total = f"s{view.index}"
+    read = _ref(source, dims, coords)
+    over = ", ".join(f"{coords[d.name]} < {d.size}" for d in inner)
+    indent = "  " if outer else ""
+    lines = [_loops(outer, coords)] if outer else []
+    lines.append(f"{indent}{total} = sum(exp({read}) for {over})")
+    lines.append(f"{indent}{_loops(inner, coords)}")
+    lines.append(f"{indent}  {_ref(view.name, view.node.dims, coords)} = exp({read}) / {total}")
+    return lines
+
+
+def _fc_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, FC) and isinstance(step.weight, Weight)
+    source, dims = view.arg()
+    coords = _iterators([*dims, *view.node.dims])
+    folded = [d for d in dims if d.name in step.dims]
+    target = _ref(view.name, view.node.dims, coords)
+    return [
+        _loops(view.node.dims, coords),
+        f"  {target} = 0",
+        f"  {_loops(folded, coords)}",
+        f"    {target} += {_ref(source, dims, coords)} * {_ref(step.weight.name or 'w', step.weight.dims, coords)}",
+    ]
+
+
+def _rename_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, Rename)
+    source, _ = view.arg()
+    return [f"{view.name} = {source}    # the same data; the dim {step.dim} is called {step.name} from here on"]
+
+
+_BLEND_TEXT = {"add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "min": "min({}, {})", "max": "max({}, {})"}
+
+
+def _blend_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, BlendJoin)
+    (lhs, lhs_dims), (rhs, rhs_dims) = view.arg(0), view.arg(1)
+    coords = _iterators(view.node.dims)
+    value = _BLEND_TEXT[step.how].format(_ref(lhs, lhs_dims, coords), _ref(rhs, rhs_dims, coords))
+    return [_loops(view.node.dims, coords), f"  {_ref(view.name, view.node.dims, coords)} = {value}"]
+
+
+def _product_nest(view: _NodeView) -> list[str]:
+    step = view.node.step
+    assert isinstance(step, ProductJoin)
+    (lhs, lhs_dims), (rhs, rhs_dims) = view.arg(0), view.arg(1)
+    union = {d.name: d for d in (*lhs_dims, *rhs_dims)}
+    coords = _iterators(list(union.values()))
+    reduced = [union[name] for name in step.reduce]
+    target = _ref(view.name, view.node.dims, coords)
+    body = f"{_ref(lhs, lhs_dims, coords)} * {_ref(rhs, rhs_dims, coords)}"
+    return [
+        _loops(view.node.dims, coords),
+        f"  {target} = 0",
+        f"  {_loops(reduced, coords)}",
+        f"    {target} += {body}",
+    ]
+
+
+#: one loop-nest rule per node kind of a branching kernel (the input has no loops)
+LOOP_NEST_RULES: dict[str, Callable[[_NodeView], list[str]]] = {
+    "Chain": _chain_nest,
+    "Map": _map_nest,
+    "Fold": _fold_nest,
+    "Softmax": _softmax_nest,
+    "FC": _fc_nest,
+    "Rename": _rename_nest,
+    "Blend": _blend_nest,
+    "Product": _product_nest,
+}
+assert set(LOOP_NEST_RULES) == {"Chain", *UNARY, *JOINS}
+
+
+def _result_names(graph: Graph) -> tuple[str, ...]:
+    """``x`` for the input, ``t1``, ``t2``, ... for the nodes, and ``out`` for the last one when
+    its dims are already in the output's order."""
+    names = ["x"] + [f"t{index}" for index in range(1, len(graph.nodes))]
+    if [d.name for d in graph.nodes[-1].dims] == [d.name for d in graph.outputs] and graph.nodes[-1].kind != "Rename":
+        names[-1] = "out"
+    return tuple(names)
+
+
+def graph_loop_nest(graph: Graph, binding: Mapping[str, int] | None = None) -> str:
+    """A branching kernel as loop nests, one block per node: a chain's stage plan (at ``binding``,
+    else the reference point), then Canvas's steps; joins read both branches by dim name.
+
+    >>> from kdsl.lang import *
+    >>> N, C, L = primary("N C L")
+    >>> x = Input(N, C, L)
+    >>> print(graph_loop_nest((x + (x >> Map("relu"))) >> Output(N, C, L)))
+    # node 1  Map(relu)  x -> t1[N, C, L]
+    for n < N, c < C, l < L:
+      t1[n, c, l] = relu(x[n, c, l])
+    # node 2  Blend(add)  x, t1 -> out[N, C, L]
+    for n < N, c < C, l < L:
+      out[n, c, l] = x[n, c, l] + t1[n, c, l]
+    """
+    names = _result_names(graph)
+    plans = solve.chain_plans(graph, binding)
+    lines: list[str] = []
+    for index, node in enumerate(graph.nodes):
+        if index == 0:
+            continue
+        reads = ", ".join(names[arg] for arg in node.args)
+        dims = ", ".join(d.name for d in node.dims)
+        lines.append(f"# node {index}  {node_text(node)}  {reads} -> {names[index]}[{dims}]")
+        lines.extend(LOOP_NEST_RULES[node.kind](_NodeView(graph, index, names, plans)))
+    if names[-1] != "out":
+        last = graph.nodes[-1]
+        coords = _iterators(last.dims)
+        lines.append(f"# the output [{', '.join(d.name for d in graph.outputs)}]")
+        lines.append(_loops(graph.outputs, coords))
+        lines.append(f"  {_ref('out', graph.outputs, coords)} = {_ref(names[-1], last.dims, coords)}")
     return "\n".join(lines)
 
 
@@ -107,9 +344,12 @@ def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
 _ROW, _COLUMN, _MARGIN = 64, 120, 30
 
 
-def svg(op: Operator) -> str:
+def svg(op: Operator | Graph) -> str:
     """An SVG drawing of the primitive graph: each dim is a vertical lane from the primitive that
-    makes it to the one that consumes it; each primitive is a box across its lanes."""
+    makes it to the one that consumes it; each primitive is a box across its lanes. A branching
+    kernel is drawn node by node (:func:`graph_svg`)."""
+    if isinstance(op, Graph):
+        return graph_svg(op)
     column: dict[str, int] = {}
     free: list[int] = []
     next_column = 0
@@ -179,5 +419,128 @@ def svg(op: Operator) -> str:
             f'fill="#eef3fb" stroke="#3a5a9a"/>'
         )
         parts.append(f'<text x="{(left + right) // 2}" y="{y_of(row) + 4}" text-anchor="middle">{escape(label)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+# -- SVG of a branching kernel ----------------------------------------------------------------
+
+_CHAR, _LINE, _PAD, _GAP_X, _GAP_Y, _LANE = 7, 15, 8, 28, 44, 6
+
+
+def _node_lines(graph: Graph, index: int) -> list[str]:
+    """The text of a node's box: what it is, a chain's steps one per line, its result's dims."""
+    node = graph.nodes[index]
+    dims = "[" + ", ".join(f"{d.name}: {d.size}" for d in node.dims) + "]"
+    if node.step is None:
+        return ["input x", dims]
+    if isinstance(node.step, Operator):
+        steps = node_text(node).removeprefix("chain ").split(" >> ")
+        return [f"{index}: chain", *(f"  {step}" for step in steps), dims]
+    role = " (join)" if node.kind in JOINS else ""
+    return [f"{index}: {node_text(node)}{role}", dims]
+
+
+def graph_svg(graph: Graph) -> str:
+    """An SVG drawing of a branching kernel: each node a box (its step, a chain's steps, its
+    result's dims), placed in rows by depth, with an arrow from each argument; a join's two
+    arrows are marked ``lhs`` and ``rhs``, and the output box shows the declared order. An arrow
+    that skips rows runs through a lane of its own in each row it crosses (a layered drawing).
+
+    >>> from kdsl.lang import *
+    >>> N, C, L = primary("N C L")
+    >>> x = Input(N, C, L)
+    >>> picture = graph_svg((x + (x >> Map("relu"))) >> Output(N, C, L))
+    >>> picture.count("<rect"), "2: Blend(add) (join)" in picture, ">rhs<" in picture
+    (5, True, True)
+    """
+    count = len(graph.nodes)
+    texts = [_node_lines(graph, index) for index in range(count)]
+    texts.append(["output [" + ", ".join(f"{d.name}: {d.size}" for d in graph.outputs) + "]"])
+    args: list[tuple[int, ...]] = [node.args for node in graph.nodes] + [(count - 1,)]
+    depth: list[int] = []
+    for index in range(count + 1):
+        depth.append(1 + max((depth[a] for a in args[index]), default=-1))
+    widths = [_PAD * 2 + _CHAR * max(len(line) for line in lines) for lines in texts]
+    heights = [_PAD + _LINE * len(lines) for lines in texts]
+    # an arrow over several rows passes through a lane (an item of width _LANE, no box) in each
+    edges: list[tuple[list[int], int, int]] = []  # (items along the arrow, position, arguments)
+    for target in range(count + 1):
+        for position, source in enumerate(args[target]):
+            path = [source]
+            for row in range(depth[source] + 1, depth[target]):
+                lane = len(depth)
+                depth.append(row)
+                widths.append(_LANE)
+                heights.append(0)
+                args.append((path[-1],))
+                path.append(lane)
+            edges.append(([*path, target], position, len(args[target])))
+    rows: list[list[int]] = [[] for _ in range(max(depth) + 1)]
+    centre: dict[int, float] = {}
+    for row, members in enumerate(rows):
+        members.extend(i for i in range(len(depth)) if depth[i] == row)
+        # below the first row, an item sits near its arguments (fewer crossing arrows)
+        if row:
+            members.sort(key=lambda i: (sum(centre[a] for a in args[i]) / len(args[i]), i))
+        x = 0.0
+        for i in members:
+            centre[i] = x + widths[i] / 2
+            x += widths[i] + _GAP_X
+    row_width = [sum(widths[i] for i in members) + _GAP_X * (len(members) - 1) for members in rows]
+    width = int(max(row_width)) + 2 * _MARGIN
+    tops: list[int] = []
+    bottoms: list[int] = []
+    y = _MARGIN
+    for members in rows:
+        tops.append(y)
+        y += max(heights[i] for i in members)
+        bottoms.append(y)
+        y += _GAP_Y
+    height = y - _GAP_Y + _MARGIN
+    left: dict[int, int] = {}
+    for row, members in enumerate(rows):
+        shift = (width - 2 * _MARGIN - row_width[row]) / 2 + _MARGIN
+        for i in members:
+            left[i] = int(centre[i] - widths[i] / 2 + shift)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="monospace" font-size="11">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+
+    def curve(x1: int, y1: int, x2: int, y2: int) -> str:
+        bend = (y2 - y1) // 2
+        return f" C{x1},{y1 + bend} {x2},{y2 - bend} {x2},{y2}"
+
+    for path, position, arity in edges:
+        source, target = path[0], path[-1]
+        x, y = left[source] + widths[source] // 2, tops[depth[source]] + heights[source]
+        d = f"M{x},{y}"
+        for lane in path[1:-1]:
+            lane_x = left[lane] + _LANE // 2
+            d += curve(x, y, lane_x, tops[depth[lane]]) + f" L{lane_x},{bottoms[depth[lane]]}"
+            x, y = lane_x, bottoms[depth[lane]]
+        x2 = left[target] + int(widths[target] * (position + 1) / (arity + 1))
+        y2 = tops[depth[target]]
+        d += curve(x, y, x2, y2)
+        parts.append(f'<path d="{d}" fill="none" stroke="#555" marker-end="url(#arrow)"/>')
+        if arity == 2:
+            parts.append(f'<text x="{x2 + 3}" y="{y2 - 4}" fill="#a33">{("lhs", "rhs")[position]}</text>')
+    for index in range(count + 1):
+        fill = "#fdf1e6" if index < count and graph.nodes[index].kind in JOINS else "#eef3fb"
+        x, y = left[index], tops[depth[index]]
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="{widths[index]}" height="{heights[index]}" rx="6" '
+            f'fill="{fill}" stroke="#3a5a9a"/>'
+        )
+        for number, line in enumerate(texts[index]):
+            colour = ' fill="#225"' if number == len(texts[index]) - 1 and index < count else ""
+            parts.append(
+                f'<text x="{x + _PAD}" y="{y + _PAD + _LINE * number + 9}" xml:space="preserve"{colour}>'
+                f"{escape(line)}</text>"
+            )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
