@@ -416,3 +416,49 @@ def test_syno_operators_cost_what_the_paper_reports():
     N, Cin, Cout, H, W, K, G, s = sympy.symbols("N Cin Cout H W K G s", positive=True, integer=True)
     formula = solve.cost(gallery.load("syno_op1"))["flops"]
     assert sympy.simplify(formula - (N * H * W * Cin * Cout * K / (G * s) + N * H * W * Cout**2 * K**2 / s)) == 0
+
+
+# -- pages -----------------------------------------------------------------------------------------
+
+
+def test_pages_keep_recorded_latencies_and_merge_new_ones(tmp_path, monkeypatch):
+    import json
+
+    from kdsl.gallery import pages
+
+    monkeypatch.setattr(gallery, "names", lambda: ["conv2d", "linear"])
+    recorded = {"batch": 1, "operators": {"conv2d": {"kdsl_fwd_ms": 5.25, "tvm_fwd_ms": 4.5}}}
+    (tmp_path / "latencies.json").write_text(json.dumps(recorded))
+    pages.build_gallery(tmp_path, batch=1)  # nothing measured: the recorded numbers stay on the page
+    assert "| kdsl_fwd_ms | 5.25 |" in (tmp_path / "pages" / "conv2d.md").read_text()
+    assert "| [conv2d](pages/conv2d.md)" in (tmp_path / "README.md").read_text()
+    assert "| 5.250 | - | 4.500 |" in (tmp_path / "README.md").read_text()
+    assert json.loads((tmp_path / "latencies.json").read_text()) == recorded
+    pages.build_gallery(tmp_path, batch=1, latencies={"linear": {"kdsl_fwd_ms": 0.125}})
+    merged = json.loads((tmp_path / "latencies.json").read_text())["operators"]
+    assert merged == {"conv2d": {"kdsl_fwd_ms": 5.25, "tvm_fwd_ms": 4.5}, "linear": {"kdsl_fwd_ms": 0.125}}
+    assert "| kdsl_fwd_ms | 0.125 |" in (tmp_path / "pages" / "linear.md").read_text()
+    pages.build_gallery(tmp_path, batch=8)  # numbers at another batch do not compare: none shown
+    assert "kdsl_fwd_ms" not in (tmp_path / "pages" / "conv2d.md").read_text()
+
+
+def test_recorded_latencies_that_are_not_records_raise(tmp_path):
+    from kdsl.gallery import pages
+
+    (tmp_path / "latencies.json").write_text('{"batch": 1, "operators": [1, 2]}')
+    with pytest.raises(KdslError, match="latencies.json must hold"):
+        pages.load_latencies(tmp_path / "latencies.json", 1)
+    (tmp_path / "latencies.json").write_text("{")
+    with pytest.raises(KdslError, match="cannot read the latency records"):
+        pages.load_latencies(tmp_path / "latencies.json", 1)
+
+
+def test_the_recorded_latencies_are_the_gallery_pages_numbers():
+    from kdsl.gallery import pages
+
+    recorded = pages.load_latencies(gallery.directory() / pages.LATENCIES, 1)
+    assert set(recorded) <= set(gallery.names()) and recorded
+    for name, values in recorded.items():
+        page = (gallery.directory() / "pages" / f"{name}.md").read_text()
+        for metric, value in values.items():
+            assert f"| {metric} | {value:.4g} |" in page, (name, metric)

@@ -2,7 +2,12 @@
 
 A page shows an operator's DSL text, a drawing of its primitive graph (SVG, written beside the
 page), its loop nest, its FLOPs and parameter formulas and their values on a layer table, any
-measured metrics, and optionally its PyTorch source.
+measured metrics, and optionally its PyTorch source. A branching kernel (a
+:class:`~kdsl.lang.graph.Graph`) gets the same page: the solver's cost and the renderers take both.
+
+Measured latencies are recorded in ``latencies.json`` beside the pages' index (with the batch they
+were measured at), so rebuilding the pages without measuring, or measuring only some operators,
+leaves the others' numbers as they were.
 
 >>> from kdsl import gallery
 >>> text = operator_page("conv2d", gallery.load("conv2d"), svg_name="conv2d.svg")
@@ -12,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,13 @@ from kdsl.codegen.render import loop_nest, svg
 from kdsl.codegen.torch import source
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
+
+#: the file (in the gallery folder) that records measured latencies: {"batch": N, "operators": {name: {...}}}
+LATENCIES = "latencies.json"
 
 
-def _cost_rows(op: Operator, table: object) -> list[str]:
+def _cost_rows(op: Operator | Graph, table: object) -> list[str]:
     if table is None:
         return []
     rows = ["| layer | input | output | M MACs | params |", "| --- | --- | --- | ---: | ---: |"]
@@ -43,7 +53,7 @@ def _cost_rows(op: Operator, table: object) -> list[str]:
 
 def operator_page(
     title: str,
-    op: Operator,
+    op: Operator | Graph,
     *,
     description: str = "",
     svg_name: str | None = None,
@@ -93,16 +103,22 @@ def build_gallery(
     latencies: Mapping[str, Mapping[str, float]] | None = None,
     batch: int = 1,
     rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
-    discoveries: Sequence[tuple[str, Operator, Mapping[str, Any]]] = (),
+    discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
 ) -> Path:
     """Write ``README.md`` (an index with thumbnails) and one page per gallery operator, plus pages
     for search's discoveries (marked new). ``latencies`` (per operator, from
-    :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's layer table."""
+    :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's layer table; they
+    join the ones recorded in ``out/latencies.json`` at the same batch (new measurements win), and
+    the pages show the recorded ones of operators not measured this time."""
     out = Path(out) if out is not None else gallery.directory()
     pages = out / "pages"
     pages.mkdir(parents=True, exist_ok=True)
     names = gallery.names()
-    latencies = latencies or {}
+    recorded = load_latencies(out / LATENCIES, batch)
+    if latencies:
+        recorded.update({name: dict(values) for name, values in latencies.items()})
+        _save_latencies(out / LATENCIES, batch, {name: recorded[name] for name in names if name in recorded})
+    latencies = recorded
     rediscovery = rediscovery or {}
     index = [
         "# The kdsl gallery",
@@ -165,10 +181,33 @@ def _rediscovery_text(record: Mapping[str, Any] | None) -> str:
     return f"yes: {record.get('strategy')}, depth {record.get('depth')}, {record.get('seconds', 0):.1f} s"
 
 
+def load_latencies(path: Path, batch: int) -> dict[str, dict[str, float]]:
+    """The latencies recorded in ``path`` (``{name: {kdsl_fwd_ms, native_fwd_ms, tvm_fwd_ms}}``) if
+    they were measured at ``batch``; none otherwise (numbers at another batch do not compare).
+
+    >>> load_latencies(Path("no-such-file.json"), 1)
+    {}
+    """
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as error:
+        raise KdslError(f"cannot read the latency records {path}: {error}") from None
+    operators = data.get("operators") if isinstance(data, dict) else None
+    if not isinstance(operators, dict) or not all(isinstance(v, dict) for v in operators.values()):
+        raise KdslError(f"{path} must hold {{'batch': N, 'operators': {{name: {{metric: ms}}}}}}")
+    if data.get("batch") != batch:
+        return {}
+    return {name: {k: float(v) for k, v in values.items()} for name, values in operators.items()}
+
+
+def _save_latencies(path: Path, batch: int, operators: Mapping[str, Mapping[str, float]]) -> None:
+    path.write_text(json.dumps({"batch": batch, "operators": operators}, indent=1, sort_keys=True) + "\n")
+
+
 def load_rediscovery(path: Path) -> dict[str, dict[str, Any]]:
     """Rediscovery records written by search (``{name: {found, strategy, depth, seconds, key}}``)."""
-    import json
-
     if not path.exists():
         return {}
     try:
