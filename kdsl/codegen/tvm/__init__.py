@@ -1,11 +1,13 @@
 """The TVM backend: lowering to ``te.compute`` stages, the schedule space, the default schedule.
 
-``lowering`` turns an operator bound to a layer into TE stages; ``blocks`` analyses each stage's
+``lowering`` turns an operator bound to a layer into TE stages (``graph_lowering`` a branching kernel, one
+rule per node kind in ``GRAPH_RULES``); ``blocks`` analyses each stage's
 TIR block once for every schedule rule; ``schedule_space`` is the typed
 space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
 configuration; ``kernel`` compiles a kernel callable on torch tensors (``build``).
 """
 
+from kdsl.codegen.tvm.graph_lowering import GRAPH_RULES, lower
 from kdsl.codegen.tvm.kernel import Kernel, build, source
 from kdsl.codegen.tvm.lowering import (
     Lowered,
@@ -14,10 +16,10 @@ from kdsl.codegen.tvm.lowering import (
     error_reason,
     invertible_copy,
     load_tvm,
-    lower,
 )
 
 __all__ = [
+    "GRAPH_RULES",
     "Kernel",
     "Lowered",
     "StageInfo",

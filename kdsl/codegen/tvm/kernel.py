@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kdsl.codegen.tvm.default_schedule import default_schedule
-from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm, lower
+from kdsl.codegen.tvm.graph_lowering import lower
+from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError, ShapeError
+from kdsl.lang.graph import Graph
 
 #: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
 #: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
@@ -111,15 +113,16 @@ class Kernel:
 
 
 def build(
-    op: Operator,
+    op: Operator | Graph,
     layer: Mapping[str, int],
     target: Any | None = None,
     *,
     dtype: str = "float32",
     schedule: str | Callable[[Lowered], Any] | None = "default",
 ) -> Kernel:
-    """Compile ``op`` at the sizes of ``layer``; ``schedule`` is ``"default"`` (derived from the
-    operator's structure), ``None`` (unscheduled), or a function ``Lowered -> s_tir.Schedule``."""
+    """Compile ``op`` (an operator or a branching kernel) at the sizes of ``layer``; ``schedule`` is
+    ``"default"`` (derived from the operator's structure), ``None`` (unscheduled), or a function
+    ``Lowered -> s_tir.Schedule``."""
     tvm = load_tvm()
     lowered = lower(op, layer, dtype)
     module = lowered.module()
@@ -136,7 +139,7 @@ def build(
     return Kernel(executable, lowered, sch)
 
 
-def source(op: Operator, layer: Mapping[str, int], *, scheduled: bool = False) -> str:
+def source(op: Operator | Graph, layer: Mapping[str, int], *, scheduled: bool = False) -> str:
     """TVMScript text of the lowered operator (before scheduling unless ``scheduled``)."""
     lowered = lower(op, layer)
     if scheduled:

@@ -22,6 +22,7 @@ from typing import Any
 from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.graph import Graph
 from kdsl.lang.index import Add, Const, Cyclic, FloorDiv, Half, Index, Mod, Scale, SizeOf, Var, walk_up
 from kdsl.lang.primitives import CONTRACTION, REDUCTION, Primitive, Weight
 from kdsl.lang.sizes import Size
@@ -118,13 +119,14 @@ class StageInfo:
     is_pad: bool = False  # a zero-padded copy of a tensor that a window (Unfold) reads past the edges
     padded: tuple[int, ...] = ()  # for a pad stage: the positions of the padded dims
     reads_from: tuple[str, ...] = ()  # the stages (pads included) whose results this stage reads
+    elementwise: bool = False  # a branching kernel's element-wise stage (Map, Blend, ...): it may be inlined
 
 
 @dataclass
 class Lowered:
-    """An operator lowered to TE for one layer."""
+    """An operator (or a branching kernel) lowered to TE for one layer."""
 
-    op: Operator
+    op: Operator | Graph
     binding: dict[str, int]
     x: Any
     weights: list[Any]
@@ -222,8 +224,16 @@ def _paddings(
     return pads
 
 
-def _pad(tvm: Any, tensor: Any, dims: list[str], pads: Mapping[str, tuple[int, int]], name: str, dtype: str) -> Any:
-    """``tensor`` with zeros around the dims of ``pads``: ``padded[i + low] = tensor[i]``."""
+def _pad(
+    tvm: Any,
+    tensor: Any,
+    dims: list[str],
+    pads: Mapping[str, tuple[int, int]],
+    name: str,
+    dtype: str,
+    fill: float = 0.0,
+) -> Any:
+    """``tensor`` with ``fill`` (zeros) around the dims of ``pads``: ``padded[i + low] = tensor[i]``."""
     shape = [int(n) + sum(pads.get(d, (0, 0))) for n, d in zip(tensor.shape, dims)]
 
     def compute(*indices: Any) -> Any:
@@ -236,7 +246,7 @@ def _pad(tvm: Any, tensor: Any, dims: list[str], pads: Mapping[str, tuple[int, i
         value = tensor[tuple(source)]
         if not inside:
             return value
-        return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0.0, dtype))
+        return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(fill, dtype))
 
     return tvm.te.compute(tuple(shape), compute, name=name)
 
@@ -258,9 +268,10 @@ def _read(
     guards: list[_Guard],
     dtype: str,
     padded: tuple[Any, Mapping[str, tuple[int, int]]] | None = None,
+    fill: float = 0.0,
 ) -> Any:
-    """``tensor[coords]``, zero where a guard fails; with ``padded = (tensor, pads)`` the padded copy is
-    read instead and the guards it covers are dropped."""
+    """``tensor[coords]``, ``fill`` (zero) where a guard fails; with ``padded = (tensor, pads)`` the padded
+    copy is read instead and the guards it covers are dropped."""
     if padded is not None:
         tensor, pads = padded
         coords = {d: c + pads[d][0] if d in pads else c for d, c in coords.items()}
@@ -269,7 +280,7 @@ def _read(
     if guards:
         conditions = [g.condition for g in guards]
         condition = conditions[0] if len(conditions) == 1 else tvm.tirx.all(*conditions)
-        value = tvm.tirx.if_then_else(condition, value, tvm.tirx.const(0.0, dtype))
+        value = tvm.tirx.if_then_else(condition, value, tvm.tirx.const(fill, dtype))
     return value
 
 
@@ -307,25 +318,51 @@ def _stage_body(
     return compute
 
 
-def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
-    """Lower ``op`` at the sizes of ``layer`` to TE placeholders and compute stages."""
-    tvm = load_tvm()
+@dataclass
+class ChainLowered:
+    """A linear chain lowered onto a given tensor: its stages, and its result.
+
+    ``tensor`` holds the result with axes ``dims`` (the chain's output dims, in order), or is ``None``
+    when the chain was lowered with ``materialize=False`` and ends in views: then ``source`` (axes
+    ``source_dims``) is the last tensor computed and ``views`` (each step with the live sizes before
+    it) the views a reader walks bottom-up from the output coordinates (:meth:`read`)."""
+
+    tensor: Any
+    dims: list[str]
+    stages: list[StageInfo]
+    source: Any
+    source_dims: list[str]
+    views: list[tuple[Primitive, dict[str, int]]]
+    binding: dict[str, int]
+
+    def read(self, tvm: Any, coords: Mapping[str, Any], dtype: str, fill: float = 0.0) -> tuple[Any, list[Any]]:
+        """The value at output ``coords`` read through the views from ``source`` (``fill`` where a window
+        reads past its dim), and the guards' conditions (empty when every read is valid)."""
+        up, guards = _walk_up(tvm, self.views, dict(coords), self.binding)
+        return _read(tvm, self.source, self.source_dims, up, guards, dtype, None, fill), [g.condition for g in guards]
+
+
+def lower_chain(
+    tvm: Any,
+    op: Operator,
+    binding: Mapping[str, int],
+    source: Any,
+    source_dims: Sequence[str],
+    weight_tensors: Mapping[str, Any],
+    dtype: str,
+    prefix: str = "",
+    materialize: bool = True,
+) -> ChainLowered:
+    """Lower the linear chain ``op`` onto the TE tensor ``source`` (axes named ``source_dims``, the dims
+    of ``op.inputs`` in any order) with the weights ``weight_tensors`` (by weight name). Stage names
+    start with ``prefix`` (unique names across a branching kernel; ``""`` for a plain operator). With
+    ``materialize=False`` trailing views are left to the reader (:class:`ChainLowered`)."""
     te = tvm.te
-    binding = solve.bind(op, layer)
     plan = solve.plan(op, binding)
     steps = list(plan.steps)
     sizes = _sizes_along(plan, binding)
-
-    x = te.placeholder(tuple(sizes[0][d.name] for d in op.inputs), dtype, name="x")
-    weight_tensors: dict[str, Any] = {}
-    weights: list[Any] = []
-    for weight in op.weights:
-        shape = tuple(int(d.size.evaluate(binding)) for d in weight.dims)
-        tensor = te.placeholder(shape, dtype, name=weight.name)
-        weight_tensors[weight.name] = tensor
-        weights.append(tensor)
-
-    source, source_dims = x, [d.name for d in op.inputs]
+    chain_input = source
+    source_dims = list(source_dims)
     pending: list[tuple[Primitive, dict[str, int]]] = []
     stages: list[StageInfo] = []
 
@@ -337,7 +374,7 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         pads = _paddings(tvm, views, names, binding)
         if not pads:
             return None
-        name = f"pad{sum(1 for s in stages if s.is_pad)}"
+        name = f"{prefix}pad{sum(1 for s in stages if s.is_pad)}"
         padded_dims = tuple(i for i, d in enumerate(dims) if d in pads)
         stages.append(StageInfo(name, list(dims), [], is_pad=True, padded=padded_dims, reads_from=(tensor.op.name,)))
         return _pad(tvm, tensor, dims, pads, name, dtype), pads
@@ -359,7 +396,7 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         }
         means = [step.dim for step in block if REDUCTION in step.facts and step.mean]
         shares = [step.weight for step in block if CONTRACTION in step.facts]
-        name = f"stage{sum(1 for s in stages if not s.is_pad)}"
+        name = f"{prefix}stage{sum(1 for s in stages if not s.is_pad)}"
         axes = {r: te.reduce_axis((0, reduce_sizes[r]), name=f"r_{r}") for r in reduced}
         new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
         data_names = [d for d in [*result, *axes] if d not in new_dims]
@@ -389,8 +426,9 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         index = stage.stop
 
     output_names = [d.name for d in plan.outputs]
-    output_shape = tuple(sizes[-1][n] for n in output_names)
-    if pending or source is x or source_dims != output_names:
+    if pending or source is chain_input or source_dims != output_names:
+        if not materialize:
+            return ChainLowered(None, output_names, stages, source, list(source_dims), list(pending), dict(binding))
         pending_views, copied, copied_dims = list(pending), source, list(source_dims)
         copy_padded = padder(copied, copied_dims, pending_views, output_names)
 
@@ -398,7 +436,31 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
             up, guards = _walk_up(tvm, pending_views, dict(zip(output_names, indices)), binding)
             return _read(tvm, copied, copied_dims, up, guards, dtype, copy_padded)
 
-        source = te.compute(output_shape, copy, name="out")
+        output_shape = tuple(sizes[-1][n] for n in output_names)
+        source = te.compute(output_shape, copy, name=f"{prefix}out")
         read = (copy_padded[0] if copy_padded else copied).op.name
-        stages.append(StageInfo("out", output_names, [], is_copy=True, reads_from=(read,)))
-    return Lowered(op, binding, x, weights, source, stages, output_shape)
+        stages.append(StageInfo(f"{prefix}out", output_names, [], is_copy=True, reads_from=(read,)))
+    return ChainLowered(source, output_names, stages, source, output_names, [], dict(binding))
+
+
+def lower_operator(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+    """Lower the linear operator ``op`` at the sizes of ``layer`` to TE placeholders and compute stages
+    (:func:`kdsl.codegen.tvm.lower` also takes branching kernels)."""
+    tvm = load_tvm()
+    te = tvm.te
+    binding = solve.bind(op, layer)
+    plan = solve.plan(op, binding)
+    sizes = _sizes_along(plan, binding)
+
+    x = te.placeholder(tuple(sizes[0][d.name] for d in op.inputs), dtype, name="x")
+    weight_tensors: dict[str, Any] = {}
+    weights: list[Any] = []
+    for weight in op.weights:
+        shape = tuple(int(d.size.evaluate(binding)) for d in weight.dims)
+        tensor = te.placeholder(shape, dtype, name=weight.name)
+        weight_tensors[weight.name] = tensor
+        weights.append(tensor)
+
+    chain = lower_chain(tvm, op, binding, x, [d.name for d in op.inputs], weight_tensors, dtype)
+    output_shape = tuple(sizes[-1][d.name] for d in plan.outputs)
+    return Lowered(op, binding, x, weights, chain.tensor, chain.stages, output_shape)

@@ -1,0 +1,585 @@
+"""Branching kernels (:class:`kdsl.lang.graph.Graph`) lowered to ``te.compute`` stages.
+
+Every node of the graph has one rule in :data:`GRAPH_RULES` (a test checks that none is missing). A
+rule reads its arguments' TE tensors by dim name and returns its own result:
+
+=========  ==================================================================================
+Chain      the linear chain lowered onto its argument's tensor (:func:`.lowering.lower_chain`,
+           the same stages as a plain operator's, names prefixed ``n<i>_``)
+Map        one element-wise stage (``max(x, 0)``, ``|x|``, ``-x``, sin, exp, sigmoid, tanh,
+           GELU with ``erf``, ``by * x``)
+Fold       one max (min) reduction stage, its identity ``-inf`` (``+inf``); when its argument is
+           a chain with a window, padded elements take no part (below)
+Softmax    three stages: the max, the sum of ``exp(x - max)``, and ``exp(x - max) / sum``
+FC         one sum reduction stage of the data times the weight ``[o, *dims]``
+Rename     no stage: the same tensor with one dim called otherwise
+Blend      one element-wise stage; a branch that lacks a dim is read without it (broadcast)
+Product    one sum reduction stage over the reduced dims; a name indexes both branches
+=========  ==================================================================================
+
+**Fold and window padding.** The reference's rule: an element that is a window's zero padding takes
+no part in a max (min) fold (``F.max_pool2d``'s padding), and where no element takes part the result
+is 0. A chain whose only consumers are folds is not materialized: each fold reads the chain's input
+through the chain's views, with ``-inf`` (``+inf``) instead of zero where a window reads past its dim
+(in the zero-padded copy of the input, or in the bounds check that the scheduler puts back). Whether
+every output element has a valid read is decided here from the windows' guards, evaluated once over
+the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
+where there are none. A chain with a contraction stage and a window (a convolution whose window dim
+is then folded) gets the reference's own scheme: the chain lowered a second time on ones (input and
+weights) gives the mask of elements that read data.
+
+Stage names are unique across the kernel: ``n<i>_<what>`` for node ``i``; the output is ``out`` when
+the last node's result needs a final transposition (else the last node's stage).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from kdsl import solve
+from kdsl.codegen.tvm.lowering import (
+    ChainLowered,
+    Lowered,
+    StageInfo,
+    _pad,
+    _paddings,
+    _read,
+    _walk_up,
+    load_tvm,
+    lower_chain,
+    lower_operator,
+)
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import DivisibilityError, KdslError, LoweringError
+from kdsl.lang.graph import Graph, Node
+from kdsl.lang.index import Index, Var, evaluate, walk_up
+from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.primitives import WINDOWING
+from kdsl.lang.sizes import Size
+from kdsl.solve.constraints import resolve_binding
+from kdsl.solve.layers import as_layer
+
+__all__ = ["GRAPH_RULES", "lower", "lower_graph"]
+
+#: Most index combinations the static check of a fold's valid reads evaluates (else a counting stage).
+MAX_STATIC_CHECK = 1 << 22
+
+
+def lower(op: Operator | Graph, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+    """Lower an operator or a branching kernel at the sizes of ``layer`` to TE placeholders and stages:
+    one input ``x``, one placeholder per weight (``op.weights`` order), one output.
+
+    >>> from kdsl.lang import *
+    >>> N, C, L = primary("N C L")
+    >>> x = Input(N, C, L)
+    >>> kernel = (x + (x >> Map("relu"))) >> Output(N, C, L)
+    >>> [stage.name for stage in lower(kernel, {"N": 1, "C": 2, "L": 8}).stages]
+    ['n1_map', 'n2_blend']
+    """
+    if isinstance(op, Graph):
+        return lower_graph(op, layer, dtype)
+    if isinstance(op, Operator):
+        return lower_operator(op, layer, dtype)
+    raise LoweringError(f"expected an Operator or a Graph, got {type(op).__name__}")
+
+
+@dataclass
+class _Value:
+    """A node's result: ``tensor`` with axes ``dims``, or (``tensor`` None) a chain's input read through
+    its views, ``chain.dims[k]`` being ``dims[k]`` (a Rename changes names, not positions)."""
+
+    dims: list[str]
+    tensor: Any = None
+    chain: ChainLowered | None = None
+    node: int = 0  # the node whose storage this is (through Renames)
+
+    def at(self, coords: Mapping[str, Any]) -> Any:
+        """The element at ``coords`` (by dim name) of a materialized value."""
+        assert self.tensor is not None
+        return self.tensor[tuple(coords[d] for d in self.dims)]
+
+
+class _Context:
+    """The state of one graph's lowering: placeholders, stages so far, each node's value."""
+
+    def __init__(self, graph: Graph, binding: dict[str, int], dtype: str) -> None:
+        self.tvm = load_tvm()
+        self.te = self.tvm.te
+        self.graph = graph
+        self.binding = binding
+        self.dtype = dtype
+        self.stages: list[StageInfo] = []
+        self.sizes: dict[str, int] = {}
+        shape = tuple(self.size(d.size, f"the input dim {d.name}") for d in graph.inputs)
+        self.x = self.te.placeholder(shape, dtype, name="x")
+        self.weights: list[Any] = []
+        self.weight_tensors: dict[str, Any] = {}
+        for weight in graph.weights:
+            w_shape = tuple(self.size(d.size, f"the weight {weight.name}: {d.name}") for d in weight.dims)
+            tensor = self.te.placeholder(w_shape, dtype, name=weight.name)
+            self.weights.append(tensor)
+            self.weight_tensors[str(weight.name)] = tensor
+        self.values: list[_Value] = [_Value([d.name for d in graph.inputs], self.x, node=0)]
+
+    def size(self, size: Size, what: str) -> int:
+        value = size.evaluate(self.binding)
+        if value.denominator != 1 or value <= 0:
+            raise DivisibilityError(
+                f"{what}: the size {size} is {value} at this layer; it must be a positive integer, "
+                f"so choose sizes where it divides"
+            )
+        return int(value)
+
+    def const(self, value: float) -> Any:
+        return self.tvm.tirx.const(value, self.dtype)
+
+    def shape(self, index: int, dims: Sequence[str]) -> tuple[int, ...]:
+        """The extents of ``dims`` of node ``index``'s result."""
+        sizes = {d.name: d.size for d in self.graph.nodes[index].dims}
+        return tuple(self.size(sizes[d], f"node {index}: the dim {d}") for d in dims)
+
+    def extents(self, index: int) -> dict[str, int]:
+        node = self.graph.nodes[index]
+        return {d.name: self.size(d.size, f"node {index}: the dim {d.name}") for d in node.dims}
+
+    def stage(self, info: StageInfo, shape: Sequence[int], compute: Callable[..., Any]) -> Any:
+        self.stages.append(info)
+        return self.te.compute(tuple(shape), compute, name=info.name)
+
+    def reduce_axes(self, extents: Mapping[str, int], dims: Sequence[str]) -> dict[str, Any]:
+        return {d: self.te.reduce_axis((0, extents[d]), name=f"r_{d}") for d in dims}
+
+
+def _reads(*values: _Value) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(v.tensor.op.name for v in values if v.tensor is not None))
+
+
+def _through_renames(graph: Graph, index: int) -> int:
+    """The node whose storage node ``index`` is (Renames move no data)."""
+    while graph.nodes[index].kind == "Rename":
+        index = graph.nodes[index].args[0]
+    return index
+
+
+def _only_folds(graph: Graph, index: int) -> bool:
+    """Whether every reader of node ``index`` (through Renames) is a Fold, and the output is not."""
+    last = len(graph.nodes) - 1
+    stack, readers = [index], []
+    while stack:
+        node = stack.pop()
+        if node == last:
+            return False
+        for consumer in graph.consumers[node]:
+            if graph.nodes[consumer].kind == "Rename":
+                stack.append(consumer)
+            else:
+                readers.append(consumer)
+    return bool(readers) and all(graph.nodes[r].kind == "Fold" for r in readers)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rules, one per node kind
+# ------------------------------------------------------------------------------------------------
+
+
+def _chain(ctx: _Context, index: int, node: Node) -> _Value:
+    arg = ctx.values[node.args[0]]
+    chain = node.chain
+    try:
+        binding = solve.bind(chain, ctx.binding)
+    except KdslError as error:
+        raise error.with_context(f"node {index} (a chain)") from None
+    lowered = lower_chain(
+        ctx.tvm,
+        chain,
+        binding,
+        arg.tensor,
+        arg.dims,
+        ctx.weight_tensors,
+        ctx.dtype,
+        prefix=f"n{index}_",
+        materialize=not _only_folds(ctx.graph, index),
+    )
+    ctx.stages.extend(lowered.stages)
+    if lowered.tensor is None:
+        return _Value(list(lowered.dims), None, lowered, node=index)
+    return _Value(list(lowered.dims), lowered.tensor, node=index)
+
+
+def _map_function(ctx: _Context, step: Map) -> Callable[[Any], Any]:
+    tirx = ctx.tvm.tirx
+    functions: dict[str, Callable[[Any], Any]] = {
+        "relu": lambda v: tirx.max(v, ctx.const(0.0)),
+        "abs": lambda v: tirx.abs(v),
+        "neg": lambda v: -v,
+        "sin": lambda v: tirx.sin(v),
+        "exp": lambda v: tirx.exp(v),
+        "sigmoid": lambda v: tirx.sigmoid(v),
+        "tanh": lambda v: tirx.tanh(v),
+        # the exact form (torch's default): x * (1 + erf(x / sqrt 2)) / 2
+        "gelu": lambda v: v * (ctx.const(1.0) + tirx.erf(v * ctx.const(1 / math.sqrt(2)))) * ctx.const(0.5),
+        "scale": lambda v: v * ctx.const(step.by),
+    }
+    if step.fn not in functions:
+        raise LoweringError(f"the TVM backend has no rule for Map({step.fn!r})")
+    return functions[step.fn]
+
+
+def _map(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, Map)
+    arg = ctx.values[node.args[0]]
+    fn = _map_function(ctx, step)
+    dims = list(arg.dims)
+    info = StageInfo(f"n{index}_map", dims, [], elementwise=True, reads_from=_reads(arg))
+    tensor = ctx.stage(info, ctx.shape(index, dims), lambda *i: fn(arg.at(dict(zip(dims, i)))))
+    return _Value(dims, tensor, node=index)
+
+
+def _reducer(ctx: _Context, how: str) -> Any:
+    """max (min) with the identity -inf (+inf), so that a padded element (filled with it) never wins."""
+    tirx = ctx.tvm.tirx
+    if how == "max":
+        return ctx.te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.const(-math.inf, t), name="fold_max")
+    return ctx.te.comm_reducer(lambda a, b: tirx.min(a, b), lambda t: tirx.const(math.inf, t), name="fold_min")
+
+
+def _all_valid(chain: ChainLowered, fold_dims: Sequence[str], extents: Mapping[str, int]) -> bool:
+    """Whether every output element of a fold over ``fold_dims`` (the chain's output names) has at
+    least one read inside its windows: the guards evaluated on open index grids of the dims they use."""
+    bound = [(step.at(chain.binding), {n: Size.of(v) for n, v in sizes.items()}) for step, sizes in chain.views]
+    _, guards = walk_up(bound, {name: Var(name) for name in chain.dims})
+    if not guards:
+        return True
+    used = sorted({name for g in guards for name in _variables(g.expr)} | set(fold_dims))
+    if prod(extents[d] for d in used) > MAX_STATIC_CHECK:
+        return False
+    grid = {
+        d: np.arange(extents[d]).reshape([-1 if k == j else 1 for k in range(len(used))]) for j, d in enumerate(used)
+    }
+    valid = np.ones([1] * len(used), dtype=bool)
+    for guard in guards:
+        coordinate = evaluate(guard.expr, grid, {})
+        valid = valid & (coordinate >= 0) & (coordinate < int(guard.extent.evaluate({})))
+    valid = np.broadcast_to(valid, [extents[d] for d in used])
+    return bool(valid.any(axis=tuple(used.index(d) for d in fold_dims)).all())
+
+
+def _variables(expr: Any) -> set[str]:
+    """The loop variables an index expression mentions."""
+    if isinstance(expr, Var):
+        return {expr.name}
+    found: set[str] = set()
+    for value in vars(expr).values():
+        if isinstance(value, Index):
+            found |= _variables(value)
+    return found
+
+
+def _fold(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, Fold)
+    arg = ctx.values[node.args[0]]
+    tirx = ctx.tvm.tirx
+    extents = ctx.extents(node.args[0])
+    folded = [str(d) for d in step.dims]
+    out_dims = [d.name for d in node.dims]
+    axes = ctx.reduce_axes(extents, folded)
+    reducer = _reducer(ctx, step.how)
+    fill = -math.inf if step.how == "max" else math.inf
+    source = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
+    windowed = source.kind == "Chain" and any(WINDOWING in s.facts for s in source.chain.steps)
+    name = f"n{index}_fold"
+
+    def coords_of(indices: Sequence[Any]) -> dict[str, Any]:
+        coords = dict(zip(out_dims, indices))
+        coords.update(axes)
+        return coords
+
+    def chain_coords(value: _Value, coords: Mapping[str, Any]) -> dict[str, Any]:
+        assert value.chain is not None
+        return {c: coords[d] for c, d in zip(value.chain.dims, value.dims)}
+
+    shape = ctx.shape(index, out_dims)
+    if not windowed:
+        if arg.tensor is not None:
+            body: Callable[..., Any] = lambda *i: reducer(arg.at(coords_of(i)), axis=list(axes.values()))
+        else:
+            body = lambda *i: reducer(
+                arg.chain.read(ctx.tvm, chain_coords(arg, coords_of(i)), ctx.dtype)[0], axis=list(axes.values())
+            )
+        info = StageInfo(name, out_dims, folded, reads_from=_reads(arg) or (arg.chain.source.op.name,))
+        return _Value(out_dims, ctx.stage(info, shape, body), node=index)
+
+    if arg.chain is not None and not arg.chain.stages:
+        # the fold reads the chain's input through its views, padding filled with -inf (+inf)
+        chain = arg.chain
+        fold_names = [c for c, d in zip(chain.dims, arg.dims) if d in folded]
+        probe = [c for c, d in zip(chain.dims, arg.dims)]
+        pads = _paddings(ctx.tvm, chain.views, probe, chain.binding)
+        padded = None
+        read_name = chain.source.op.name
+        if pads:
+            pad_name = f"n{index}_pad"
+            padded_dims = tuple(k for k, d in enumerate(chain.source_dims) if d in pads)
+            ctx.stages.append(
+                StageInfo(
+                    pad_name, list(chain.source_dims), [], is_pad=True, padded=padded_dims, reads_from=(read_name,)
+                )
+            )
+            padded = (_pad(ctx.tvm, chain.source, chain.source_dims, pads, pad_name, ctx.dtype, fill), pads)
+            read_name = pad_name
+
+        def guarded(coords: Mapping[str, Any]) -> tuple[Any, list[Any]]:
+            up, guards = _walk_up(ctx.tvm, chain.views, chain_coords(arg, coords), chain.binding)
+            value = _read(ctx.tvm, chain.source, chain.source_dims, up, guards, ctx.dtype, padded, fill)
+            return value, [g.condition for g in guards]
+
+        info = StageInfo(name, out_dims, folded, reads_from=(read_name,))
+        all_valid = _all_valid(chain, fold_names, {c: extents[d] for c, d in zip(chain.dims, arg.dims)})
+        result = ctx.stage(
+            info if all_valid else StageInfo(f"{name}_raw", out_dims, folded, reads_from=(read_name,)),
+            shape,
+            lambda *i: reducer(guarded(coords_of(i))[0], axis=list(axes.values())),
+        )
+        if all_valid:
+            return _Value(out_dims, result, node=index)
+
+        def valid_body(*i: Any) -> Any:
+            _, conditions = guarded(coords_of(i))
+            inside = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
+            return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(axes.values()))
+
+        return _finish_masked(ctx, index, out_dims, shape, folded, result, valid_body, read_name)
+
+    # a chain with a contraction and a window: the reference's mask, the chain run on ones
+    chain_node = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
+    chain_arg = ctx.values[chain_node.args[0]]
+    ones_input = ctx.te.compute(
+        tuple(int(n) for n in chain_arg.tensor.shape), lambda *i: ctx.const(1.0), name=f"n{index}_ones"
+    )
+    ctx.stages.append(StageInfo(f"n{index}_ones", list(chain_arg.dims), []))
+    ones_weights = {}
+    for k, weight in enumerate(chain_node.chain.weights):
+        tensor = ctx.weight_tensors[str(weight.name)]
+        ones_name = f"n{index}_ones_w{k}"
+        ones_weights[str(weight.name)] = ctx.te.compute(
+            tuple(int(n) for n in tensor.shape), lambda *i: ctx.const(1.0), name=ones_name
+        )
+        ctx.stages.append(StageInfo(ones_name, [d.name for d in weight.dims], []))
+    mask_chain = lower_chain(
+        ctx.tvm,
+        chain_node.chain,
+        solve.bind(chain_node.chain, ctx.binding),
+        ones_input,
+        chain_arg.dims,
+        ones_weights,
+        ctx.dtype,
+        prefix=f"n{index}_mask_",
+        materialize=True,
+    )
+    ctx.stages.extend(mask_chain.stages)
+    mask = _Value(list(arg.dims), mask_chain.tensor)
+
+    def value_at(coords: Mapping[str, Any]) -> Any:
+        if arg.tensor is not None:
+            return arg.at(coords)
+        return arg.chain.read(ctx.tvm, chain_coords(arg, coords), ctx.dtype)[0]
+
+    raw_reads = (*_reads(arg, mask), *(() if arg.tensor is not None else (arg.chain.source.op.name,)))
+    info = StageInfo(f"{name}_raw", out_dims, folded, reads_from=raw_reads)
+    result = ctx.stage(
+        info,
+        shape,
+        lambda *i: reducer(
+            tirx.Select(mask.at(coords_of(i)) > ctx.const(0.0), value_at(coords_of(i)), ctx.const(fill)),
+            axis=list(axes.values()),
+        ),
+    )
+
+    def mask_valid(*i: Any) -> Any:
+        inside = mask.at(coords_of(i)) > ctx.const(0.0)
+        return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(axes.values()))
+
+    return _finish_masked(ctx, index, out_dims, shape, folded, result, mask_valid, mask.tensor.op.name)
+
+
+def _finish_masked(
+    ctx: _Context,
+    index: int,
+    out_dims: list[str],
+    shape: Sequence[int],
+    folded: list[str],
+    result: Any,
+    valid_body: Callable[..., Any],
+    read_name: str,
+) -> _Value:
+    """The fold's result, 0 where no element of the fold read data."""
+    tirx = ctx.tvm.tirx
+    valid = ctx.stage(StageInfo(f"n{index}_valid", out_dims, folded, reads_from=(read_name,)), shape, valid_body)
+    info = StageInfo(f"n{index}_fold", out_dims, [], elementwise=True, reads_from=(result.op.name, valid.op.name))
+    tensor = ctx.stage(info, shape, lambda *i: tirx.Select(valid[i] > ctx.const(0.0), result[i], ctx.const(0.0)))
+    return _Value(out_dims, tensor, node=index)
+
+
+def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, Softmax)
+    arg = ctx.values[node.args[0]]
+    tirx = ctx.tvm.tirx
+    dims = list(arg.dims)
+    reduced = [str(d) for d in step.dims]
+    kept = [d for d in dims if d not in reduced]
+    extents = ctx.extents(index)
+    kept_shape = [extents[d] for d in kept] or [1]
+    kept_names = kept or ["softmax_all"]  # a softmax over every dim: its max and sum have one element
+
+    def kept_coords(indices: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(kept, indices))
+
+    def kept_at(tensor: Any, coords: Mapping[str, Any]) -> Any:
+        return tensor[tuple(coords[d] for d in kept)] if kept else tensor[0]
+
+    axes = ctx.reduce_axes(extents, reduced)
+    reads = _reads(arg)
+    info_max = StageInfo(f"n{index}_max", kept_names, reduced, reads_from=reads)
+    peak = ctx.stage(
+        info_max,
+        kept_shape,
+        lambda *i: _reducer(ctx, "max")(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
+    )
+    axes = ctx.reduce_axes(extents, reduced)
+
+    def sum_body(*i: Any) -> Any:
+        coords = {**kept_coords(i), **axes}
+        return ctx.te.sum(tirx.exp(arg.at(coords) - kept_at(peak, coords)), axis=list(axes.values()))
+
+    total = ctx.stage(
+        StageInfo(f"n{index}_sum", kept_names, reduced, reads_from=(*reads, peak.op.name)), kept_shape, sum_body
+    )
+
+    def out_body(*i: Any) -> Any:
+        coords = dict(zip(dims, i))
+        return tirx.exp(arg.at(coords) - kept_at(peak, coords)) / kept_at(total, coords)
+
+    info = StageInfo(f"n{index}_softmax", dims, [], elementwise=True, reads_from=(*reads, peak.op.name, total.op.name))
+    return _Value(dims, ctx.stage(info, [extents[d] for d in dims], out_body), node=index)
+
+
+def _fc(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, FC) and not isinstance(step.weight, str) and step.weight is not None
+    arg = ctx.values[node.args[0]]
+    weight = ctx.weight_tensors[str(step.weight.name)]
+    reduced = [str(d) for d in step.dims]
+    out_dims = [d.name for d in node.dims]
+    axes = ctx.reduce_axes(ctx.extents(node.args[0]), reduced)
+    weight_dims = [step.name, *reduced]
+
+    def body(*i: Any) -> Any:
+        coords = {**dict(zip(out_dims, i)), **axes}
+        return ctx.te.sum(arg.at(coords) * weight[tuple(coords[d] for d in weight_dims)], axis=list(axes.values()))
+
+    info = StageInfo(f"n{index}_fc", out_dims, reduced, weight_only={step.name}, reads_from=_reads(arg))
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+
+
+def _rename(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, Rename)
+    arg = ctx.values[node.args[0]]
+    dims = [step.name if d == step.dim else d for d in arg.dims]
+    return _Value(dims, arg.tensor, arg.chain, node=arg.node)
+
+
+def _blend_function(ctx: _Context, how: str) -> Callable[[Any, Any], Any]:
+    tirx = ctx.tvm.tirx
+    functions: dict[str, Callable[[Any, Any], Any]] = {
+        "add": lambda a, b: a + b,
+        "sub": lambda a, b: a - b,
+        "mul": lambda a, b: a * b,
+        "min": lambda a, b: tirx.min(a, b),
+        "max": lambda a, b: tirx.max(a, b),
+    }
+    if how not in functions:
+        raise LoweringError(f"the TVM backend has no rule for Blend({how!r})")
+    return functions[how]
+
+
+def _blend(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, BlendJoin)
+    lhs, rhs = (ctx.values[a] for a in node.args)
+    fn = _blend_function(ctx, step.how)
+    out_dims = [d.name for d in node.dims]
+
+    def body(*i: Any) -> Any:
+        coords = dict(zip(out_dims, i))
+        return fn(lhs.at(coords), rhs.at(coords))
+
+    info = StageInfo(f"n{index}_blend", out_dims, [], elementwise=True, reads_from=_reads(lhs, rhs))
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+
+
+def _product(ctx: _Context, index: int, node: Node) -> _Value:
+    step = node.step
+    assert isinstance(step, ProductJoin)
+    lhs, rhs = (ctx.values[a] for a in node.args)
+    out_dims = [d.name for d in node.dims]
+    extents = {**ctx.extents(node.args[1]), **ctx.extents(node.args[0])}
+    axes = ctx.reduce_axes(extents, list(step.reduce))
+
+    def body(*i: Any) -> Any:
+        coords = {**dict(zip(out_dims, i)), **axes}
+        value = lhs.at(coords) * rhs.at(coords)
+        return ctx.te.sum(value, axis=list(axes.values())) if axes else value
+
+    info = StageInfo(
+        f"n{index}_product",
+        out_dims,
+        list(step.reduce),
+        elementwise=not axes,
+        reads_from=_reads(lhs, rhs),
+    )
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+
+
+#: One lowering rule per node kind of a branching kernel (a test checks that none is missing).
+GRAPH_RULES: dict[str, Callable[[_Context, int, Node], _Value]] = {
+    "Chain": _chain,
+    "Map": _map,
+    "Fold": _fold,
+    "Softmax": _softmax,
+    "FC": _fc,
+    "Rename": _rename,
+    "Blend": _blend,
+    "Product": _product,
+}
+
+
+def lower_graph(graph: Graph, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+    """Lower the branching kernel ``graph`` at the sizes of ``layer``: the input ``x``, the weights in
+    ``graph.weights`` order, the output's axes in ``graph.outputs`` order."""
+    binding = resolve_binding(graph, as_layer(layer))
+    ctx = _Context(graph, binding, dtype)
+    for index, node in enumerate(graph.nodes[1:], 1):
+        rule = GRAPH_RULES.get(node.kind)
+        if rule is None:
+            raise LoweringError(f"the TVM backend has no rule for the node kind {node.kind}")
+        ctx.values.append(rule(ctx, index, node))
+    result = ctx.values[-1]
+    out_dims = [d.name for d in graph.outputs]
+    output_shape = tuple(ctx.size(d.size, f"the output dim {d.name}") for d in graph.outputs)
+    out = result.tensor
+    if out is None or out is ctx.x or result.dims != out_dims:
+        # the last node's result in the output's order (or a copy of the input, for a kernel of Renames)
+        assert result.tensor is not None
+        info = StageInfo("out", out_dims, [], is_copy=True, reads_from=_reads(result))
+        out = ctx.stage(info, output_shape, lambda *i: result.at(dict(zip(out_dims, i))))
+    return Lowered(graph, binding, ctx.x, ctx.weights, out, ctx.stages, output_shape)
