@@ -41,7 +41,15 @@ def structural_key(op: OperatorParts) -> str:
     the hashes of the dims it consumed; a reduction is a sink; a contraction makes a weight tensor
     whose shared dims are a multiset (weights can be reshaped offline).
     """
-    dims: dict[str, str] = {d.name: _h("input", i, str(d.size)) for i, d in enumerate(op.inputs)}
+    dims, sinks = _dim_hashes(op, {d.name: _h("input", i, str(d.size)) for i, d in enumerate(op.inputs)})
+    outputs = [dims[d.name] for d in op.outputs]
+    return _h(KEY_VERSION, outputs, sorted(sinks))[:16]
+
+
+def _dim_hashes(op: OperatorParts, inputs: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The hash of every dim live after ``op``'s steps, starting from the input dims' hashes
+    ``inputs`` (by name), and the hashes of its reductions."""
+    dims = dict(inputs)
     sinks: list[str] = []
     for step in op.steps:
         if REDUCTION in step.facts:
@@ -60,16 +68,16 @@ def structural_key(op: OperatorParts) -> str:
             tags = [f"{step.kind.lower()}-{port}" for port in step.ports] or [step.kind.lower()] * len(step.produces)
             for name, tag in zip(step.produces, tags):
                 dims[name] = _h(tag, *_params(step), *consumed)
-    outputs = [dims[d.name] for d in op.outputs]
-    return _h(KEY_VERSION, outputs, sorted(sinks))[:16]
+    return dims, sinks
 
 
 def graph_key(graph: Any) -> str:
     """The content hash of a branching kernel (:class:`kdsl.lang.graph.Graph`).
 
     As for a chain, every dim gets a hash from how it was made, and every node (a tensor) one from
-    its kind, parameters and the hashes of what it read: a chain by its operator's key and the
-    position of each output; a commutative join with its branches sorted; a Rename changes
+    its kind, parameters and the hashes of what it read: a chain by the hashes its steps give its
+    output dims and reductions, starting from its argument's dims (by name, not position); a
+    commutative join with its branches sorted; a Rename changes
     nothing. Dims of a join are matched by hash, never by name or position, so the key ignores
     names and the order of independent branches. Two distinct nodes that hash alike (equal chains
     with weights of their own) differ from one node read twice: the key also hashes the multiset
@@ -101,8 +109,11 @@ def graph_key(graph: Any) -> str:
             (arg,) = node.args
             before = dims[arg]
             if node.kind == "Chain":
-                tensor = _h("chain", node.step.key, tensors[arg], [before[d.name] for d in node.step.inputs])
-                made = {d.name: _h("chain-out", tensor, i) for i, d in enumerate(node.dims)}
+                # hashed from the argument's dim hashes, by name: not by position, which a
+                # commutative join's swapped branches (or a Rename) change without changing the data
+                out, sinks = _dim_hashes(node.step, {d.name: before[d.name] for d in node.step.inputs})
+                tensor = _h("chain", tensors[arg], sorted(out[d.name] for d in node.step.outputs), sorted(sinks))
+                made = {d.name: _h("chain-out", tensor, out[d.name]) for d in node.dims}
             elif node.kind == "Rename":
                 tensor = tensors[arg]
                 made = {d.name: before[node.step.dim if d.name == node.step.name else d.name] for d in node.dims}

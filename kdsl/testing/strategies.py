@@ -235,8 +235,19 @@ class _Names:
         return self.count
 
 
+class _NotHere(Exception):
+    """A drawing step that does not apply to the value drawn (a scalar has no dim to act on)."""
+
+
 def _shape(value: object) -> dict[str, Size]:
     return Tensor.of(value, "graphs").shape
+
+
+def _live(value: object) -> list[str]:
+    live = list(_shape(value))
+    if not live:
+        raise _NotHere
+    return live
 
 
 def _builder_of(value: object) -> Builder:
@@ -260,6 +271,8 @@ def _linear_steps(draw: Any, value: object, names: _Names, count: int) -> object
     for _ in range(count):
         builder = _builder_of(value)
         live = list(builder.live.sizes)
+        if not live:
+            break
         index = names.next()
         primitive = DRAWS[draw(st.sampled_from(KINDS))](
             draw, builder, index, live, st.sampled_from(live), _var(draw(st.sampled_from(COEFFICIENTS)))
@@ -280,7 +293,7 @@ def _map(draw: Any) -> Map:
 
 def _unary(draw: Any, action: str, value: object, names: _Names) -> object:
     """One Canvas step (or a window and its fold) on ``value``; a KdslError means: not here."""
-    live = list(_shape(value))
+    live = _live(value)
     pick = st.sampled_from(live)
     if action == "map":
         return value >> _map(draw)  # type: ignore[operator]
@@ -309,7 +322,7 @@ def _unary(draw: Any, action: str, value: object, names: _Names) -> object:
 
 def _derived(draw: Any, value: object, names: _Names) -> object:
     """A second branch of ``value`` whose dims are the same or fewer (so a Blend can broadcast)."""
-    live = list(_shape(value))
+    live = _live(value)
     choice = draw(st.sampled_from(("map", "shift", "reduce", "fold", "softmax", "linear")))
     if choice == "shift":
         return value >> Shift(draw(st.sampled_from(live)), draw(st.sampled_from((1, -1))))  # type: ignore[operator]
@@ -336,7 +349,7 @@ def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
     if draw(st.booleans()):
         rhs = _derived(draw, lhs, names)
         if action == "product" and draw(st.booleans()):  # attention: the other branch's axis renamed
-            rhs = rhs >> Rename(draw(st.sampled_from(list(_shape(rhs)))), f"r{names.next()}")  # type: ignore[operator]
+            rhs = rhs >> Rename(draw(st.sampled_from(_live(rhs))), f"r{names.next()}")  # type: ignore[operator]
     else:
         rhs = _pick(draw, pool)
     if draw(st.booleans()):  # either branch may be the smaller one: broadcasting both ways
@@ -344,6 +357,8 @@ def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
     if action == "blend":
         return _blend(draw, lhs, rhs)
     union = list(dict.fromkeys([*_shape(lhs), *_shape(rhs)]))
+    if not union:
+        raise _NotHere
     reduce = draw(st.lists(st.sampled_from(union), max_size=min(2, len(union) - 1), unique=True))
     return Product(lhs, rhs, *reduce)
 
@@ -376,7 +391,7 @@ def graphs(draw: Any, max_actions: int = 6) -> Graph:
                 value = _join(draw, action, pool, names)
             else:
                 value = _unary(draw, action, _pick(draw, pool), names)
-        except KdslError:
+        except (KdslError, _NotHere):
             continue
         pool.append(value)
         made.append(value)
