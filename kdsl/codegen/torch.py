@@ -27,8 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl import solve
+from kdsl.codegen import torch_graph
+from kdsl.codegen.torch_graph import GRAPH_HELPERS
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.graph import Graph
+from kdsl.lang.nonlinear import FC
 from kdsl.lang.primitives import (
     Expand,
     Merge,
@@ -135,22 +139,23 @@ def _einops_ok(name: str) -> bool:
     )
 
 
-def _python_ok(name: str) -> bool:
+def _python_ok(name: str, reserved: frozenset[str] = frozenset()) -> bool:
     """Whether ``name`` can be a size variable's own identifier in the generated methods."""
     mangled = name.startswith("__") and not name.endswith("__")  # Python renames it inside a class
-    return not (name in OWN_NAMES or keyword.iskeyword(name) or name == "__debug__" or mangled)
+    return not (name in OWN_NAMES or name in reserved or keyword.iskeyword(name) or name == "__debug__" or mangled)
 
 
-def _identifiers(variables: list[str]) -> dict[str, str]:
+def _identifiers(variables: list[str], reserved: frozenset[str] = frozenset()) -> dict[str, str]:
     """Size variable -> its Python identifier in the generated code: its own name where that is
-    safe, else a new one that no other variable and no name of the module has (``F`` -> ``F_``)."""
-    taken = set(variables) | OWN_NAMES
+    safe, else a new one that no other variable and no name of the module has (``F`` -> ``F_``).
+    ``reserved``: more names the generated code uses for itself (a branching kernel's variables)."""
+    taken = set(variables) | OWN_NAMES | reserved
     table = {}
     for name in variables:
         identifier = name
-        if not _python_ok(name):
+        if not _python_ok(name, reserved):
             identifier = f"v{name}" if name.startswith("__") else f"{name}_"
-            while identifier in taken or not _python_ok(identifier):
+            while identifier in taken or not _python_ok(identifier, reserved):
                 identifier += "_"
             taken.add(identifier)
         table[name] = identifier
@@ -218,6 +223,12 @@ class _Writer:
     identifiers: dict[str, str]  # size variable -> Python identifier
     merged: dict[str, list[str]] = field(default_factory=dict)
     physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
+    data: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
+    var: str = "x"  # the variable this chain writes
+    weights: str = "weights"  # the list its weights are read from
+
+    def weight(self, index: int) -> str:
+        return f"{self.weights}[{index}]"
 
     def size(self, size: Size) -> str:
         return _size_code(size, self.identifiers)
@@ -227,6 +238,11 @@ class _Writer:
 
     def emit(self, line: str) -> None:
         self.flush()
+        self.append(line)
+
+    def append(self, line: str) -> None:
+        if line.startswith(f"{self.var} = "):  # from now on the chain's own variable holds the data
+            self.data = self.var
         self.lines.append(line)
 
     def flush(self) -> None:
@@ -238,7 +254,7 @@ class _Writer:
             for a in self.axes
         )
         self.merged = {}
-        self.lines.append(f'x = rearrange(x, "{self.pattern(physical)} -> {target}")')
+        self.append(f'{self.var} = rearrange({self.data}, "{self.pattern(physical)} -> {target}")')
 
     def merge(self, outer: str, inner: str, name: str) -> None:
         if not self.merged:
@@ -257,7 +273,15 @@ class _Writer:
 def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str]) -> list[str]:
     """The forward's lines (indented by the caller)."""
     writer = _Writer([], [d.name for d in op.inputs], axis, identifiers)
-    weight_index = {w.name: i for i, w in enumerate(op.weights)}
+    _chain_body(writer, op, plan, {w.name: i for i, w in enumerate(op.weights)})
+    writer.emit(f"return {writer.data}")
+    return writer.lines
+
+
+def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int]) -> None:
+    """Emit the lines computing the linear ``op`` (by ``plan``) from ``writer.data``, whose dims are
+    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order; each weight is
+    ``writer.weights[weight_index[name]]``."""
     steps = list(plan.steps)
     position = 0
     for stage in [*plan.stages, None]:
@@ -280,9 +304,9 @@ def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, s
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
     if writer.axes != outputs:
-        writer.emit(f'x = rearrange(x, "{writer.pattern()} -> {writer.pattern(outputs)}")')
-    writer.emit("return x")
-    return writer.lines
+        writer.emit(f'{writer.var} = rearrange({writer.data}, "{writer.pattern()} -> {writer.pattern(outputs)}")')
+        writer.axes = outputs
+    writer.flush()
 
 
 def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
@@ -436,13 +460,17 @@ def _native_pool(
         f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" for a in pooled
     )
     tile_sizes = ", ".join(f"{writer.axis(by_dim[a].inner)}={writer.size(by_dim[a].block)}" for a in pooled)
-    writer.emit(f'x = rearrange(x, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
+    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
     kernel = ", ".join(writer.size(by_dim[a].block) for a in pooled)
-    writer.emit(f"x = F.avg_pool{len(pooled)}d(x, ({kernel},))  # mean over {', '.join(sorted(reduced))}")
+    writer.emit(
+        f"{writer.var} = F.avg_pool{len(pooled)}d({writer.data}, ({kernel},))  # mean over {', '.join(sorted(reduced))}"
+    )
     outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
     lengths = "".join(f", {writer.axis(a)}={writer.size(sizes[a])}" for a in others)
     unflat = others + [by_dim[a].outer for a in pooled]
-    writer.emit(f'x = rearrange(x, "{writer.group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})')
+    writer.emit(
+        f'{writer.var} = rearrange({writer.data}, "{writer.group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})'
+    )
     writer.axes = unflat
     return True
 
@@ -457,11 +485,14 @@ def _identity(source: str, target: str) -> bool:
 
 
 def _rearrange(writer: _Writer, operand: str, source: str, target: str, extra: str = "", comment: str = "") -> str:
-    """Emit ``rearrange`` unless it is a no-op; return the variable name holding the result."""
-    name = "w" if operand.startswith("weights") else "x"
+    """Emit ``rearrange`` unless it is a no-op; return the variable name holding the result (the
+    data's variable for the data, ``w`` for a weight)."""
+    is_data = operand == writer.data
+    name = writer.var if is_data else "w"
     if _identity(source, target):
-        if operand != name:
-            writer.emit(f"{name} = {operand}")
+        if is_data:
+            return operand
+        writer.emit(f"{name} = {operand}")
         return name
     writer.emit(f'{name} = rearrange({operand}, "{source} -> {target}"{extra}){comment}')
     return name
@@ -492,11 +523,11 @@ def _emit_conv(
             left.append(writer.axis(axis))
     conv_in = f"{writer.group(batch)} {writer.group(groups + channels)} {' '.join(writer.axis(d) for d in dims)}"
     extra = "".join(f", {k}={v}" for k, v in lengths.items())
-    _rearrange(writer, "x", " ".join(left), conv_in, extra, "  # as a convolution's input")
+    _rearrange(writer, writer.data, " ".join(left), conv_in, extra, "  # as a convolution's input")
     weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
     windows = " ".join(writer.axis(spatial[d].window) if spatial[d].window else "()" for d in dims)
     conv_weight = f"{writer.group(groups + outs)} {writer.group(channels)} {windows}"
-    _rearrange(writer, f"weights[{weight_index[weight.name]}]", weight_pattern, conv_weight)
+    _rearrange(writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight)
     pads, strides, dilations = [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
@@ -525,7 +556,7 @@ def _emit_conv(
         dilations.insert(0, dilation)
     group_count = " * ".join(_atom(writer.size(sizes[g])) for g in groups) or "1"
     writer.emit(
-        f"x = _conv(x, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
+        f"{writer.var} = _conv({writer.data}, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
         f"dilation=({', '.join(dilations)},), groups={group_count})"
     )
     out_lengths = {}
@@ -541,7 +572,7 @@ def _emit_conv(
     # keep the convolution's own (contiguous) order; later steps refer to dims by name
     unflat = batch + groups + outs + dims
     if len(batch) != 1 or len(groups + outs) != 1:
-        _rearrange(writer, "x", conv_out, writer.pattern(unflat), extra)
+        _rearrange(writer, writer.data, conv_out, writer.pattern(unflat), extra)
     writer.axes = unflat
     return True
 
@@ -553,7 +584,7 @@ def _split(writer: _Writer, step: Split) -> None:
     grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
     left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
     length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
-    writer.emit(f'x = rearrange(x, "{left} -> {writer.pattern(after)}", {length})')
+    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {writer.pattern(after)}", {length})')
     writer.axes = after
 
 
@@ -562,24 +593,29 @@ def _merge(writer: _Writer, step: Merge) -> None:
 
 
 def _shift(writer: _Writer, step: Shift) -> None:
-    writer.emit(f"x = torch.roll(x, shifts={-step.offset}, dims={writer.axes.index(step.dim)})  # Shift({step.dim})")
+    axis = writer.axes.index(step.dim)
+    writer.emit(f"{writer.var} = torch.roll({writer.data}, shifts={-step.offset}, dims={axis})  # Shift({step.dim})")
 
 
 def _expand(writer: _Writer, step: Expand) -> None:
-    writer.emit(f"x = x.unsqueeze(-1).expand(*x.shape, {writer.size(step.size)})  # Expand({step.name})")
+    data = writer.data
+    writer.emit(
+        f"{writer.var} = {data}.unsqueeze(-1).expand(*{data}.shape, {writer.size(step.size)})  # Expand({step.name})"
+    )
     writer.axes = writer.axes + [step.name]
 
 
 def _unfold(writer: _Writer, step: Unfold) -> None:
     axis = writer.axes.index(step.dim)
-    writer.emit(f"x = _unfold(x, {axis}, {writer.size(step.window)})  # Unfold({step.dim}) -> {step.name}")
+    window = writer.size(step.window)
+    writer.emit(f"{writer.var} = _unfold({writer.data}, {axis}, {window})  # Unfold({step.dim}) -> {step.name}")
     writer.axes = writer.axes + [step.name]
 
 
 def _stride(writer: _Writer, step: Stride) -> None:
     position = writer.axes.index(step.dim)
     index = ", ".join([":"] * position + [f"::{writer.size(step.stride)}"])
-    writer.emit(f"x = x[{index}]  # Stride({step.dim})")
+    writer.emit(f"{writer.var} = {writer.data}[{index}]  # Stride({step.dim})")
 
 
 def _contracted(writer: _Writer, step: Primitive) -> None:
@@ -629,7 +665,7 @@ def _native_matmul(
         writer.axes[positions[0] : positions[-1] + 1],
         writer.axes[positions[-1] + 1 :],
     )
-    w = f"weights[{weight_index[weight.name]}]"
+    w = writer.weight(weight_index[weight.name])
     weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
     _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}")
     lengths = "".join(f", {writer.axis(a)}={writer.size(before[a])}" for a in pre + post)
@@ -638,15 +674,17 @@ def _native_matmul(
         for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
     )
     if not post:
-        _rearrange(writer, "x", writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
-        writer.emit(f"x = F.linear(x, w)  # Share({weight.name}), Reduce({', '.join(run)})")
+        _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
+        writer.emit(f"{writer.var} = F.linear({writer.data}, w)  # Share({weight.name}), Reduce({', '.join(run)})")
         flat = f"{writer.group(pre)} {writer.group(outs)}"
     else:
-        _rearrange(writer, "x", writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}")
-        writer.emit(f"x = torch.matmul(w, x)  # Share({weight.name}), Reduce({', '.join(run)})")
+        _rearrange(
+            writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
+        )
+        writer.emit(f"{writer.var} = torch.matmul(w, {writer.data})  # Share({weight.name}), Reduce({', '.join(run)})")
         flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
     unflat = pre + outs + post
-    _rearrange(writer, "x", flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
+    _rearrange(writer, writer.data, flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
     writer.axes = unflat
     return True
 
@@ -658,24 +696,26 @@ def _emit_stage(
         return
     shares = [step.weight for step in block if isinstance(step, Share)]
     reduces = [step for step in block if isinstance(step, Reduce)]
-    operands = ["x"] + [f"weights[{weight_index[w.name]}]" for w in shares if isinstance(w, Weight)]
+    operands = [writer.data] + [writer.weight(weight_index[w.name]) for w in shares if isinstance(w, Weight)]
     patterns = [writer.pattern()] + [writer.pattern([d.name for d in w.dims]) for w in shares if isinstance(w, Weight)]
     comment = ", ".join(f"Share({w.name})" for w in shares if isinstance(w, Weight))
     if reduces:
         comment += (", " if comment else "") + "Reduce(" + ", ".join(r.dim for r in reduces) + ")"
     if shares:
-        writer.emit(
-            f'x = einsum({", ".join(operands)}, "{", ".join(patterns)} -> {writer.pattern(result)}")  # {comment}'
-        )
+        spec = f"{', '.join(patterns)} -> {writer.pattern(result)}"
+        writer.emit(f'{writer.var} = einsum({", ".join(operands)}, "{spec}")  # {comment}')
     else:
-        writer.emit(f'x = reduce(x, "{writer.pattern()} -> {writer.pattern(result)}", "sum")  # {comment}')
+        spec = f"{writer.pattern()} -> {writer.pattern(result)}"
+        writer.emit(f'{writer.var} = reduce({writer.data}, "{spec}", "sum")  # {comment}')
     sizes = {**before}
     for share in shares:
         if isinstance(share, Weight):
             sizes.update({d.name: d.size for d in share.dims})
     means = [r.dim for r in reduces if r.mean]
     if means:
-        writer.emit(f"x = x / ({' * '.join(_atom(writer.size(sizes[m])) for m in means)})  # mean")
+        writer.emit(
+            f"{writer.var} = {writer.data} / ({' * '.join(_atom(writer.size(sizes[m])) for m in means)})  # mean"
+        )
     writer.axes = result
 
 
@@ -702,23 +742,45 @@ def _free_inputs(op: Operator) -> set[int]:
     return free
 
 
-def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator") -> str:
-    """Python source of an ``nn.Module`` computing ``op`` that runs without kdsl installed.
+def source(op: Operator | Graph, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator") -> str:
+    """Python source of an ``nn.Module`` computing ``op`` (an operator or a branching kernel) that
+    runs without kdsl installed.
 
     The module's constructor takes every size variable (as a keyword argument of the variable's
     name, unless the module uses that name itself: then the source says which name it takes
-    instead); the plan (the order of contraction stages) is the one that is cheapest at ``layer``
-    (at a reference size if not given). The forward checks its input's shape (``ShapeError``).
+    instead); the plan (the order of contraction stages) of each linear chain is the one that is
+    cheapest at ``layer`` (at a reference size if not given). The forward checks its input's shape
+    (``ShapeError``). A branching kernel's forward computes one variable per node (``x3`` is node
+    3) with one rule per node kind (:data:`GRAPH_RULES`).
+
+    >>> from kdsl.lang import *
+    >>> N, C, L = primary("N C L")
+    >>> x = Input(N, C, L)
+    >>> kernel = (x + (x >> Map("relu"))) >> Output(N, C, L)
+    >>> print(source(kernel).split("weights = list(self.weights)")[1].strip())
+    # node 1: Map(relu) of node 0 -> [N, C, L]
+    x1 = torch.relu(x)
+    # node 2: Blend(add) of node 0, node 1 -> [N, C, L]
+    x2 = x + x1
+    return x2
     """
-    binding = solve.bind(op, layer) if layer is not None else None
-    plan = solve.plan(op, binding)
+    binding = _bind(op, layer) if layer is not None else None
     variables = [v.name for v in op.variables]
-    ids = _identifiers(variables)
-    dims = _dim_names(op)
+    if isinstance(op, Graph):
+        ids = _identifiers(variables, torch_graph.own_names(op))
+        dims = _graph_dim_names(op)
+        free = torch_graph.free_inputs(op)
+    else:
+        ids = _identifiers(variables)
+        dims = _dim_names(op)
+        free = _free_inputs(op)
     axis = _Axes(set(dims))
     for dim in sorted(dims, key=lambda d: not _einops_ok(d)):  # names einops takes keep themselves
         axis(dim)
-    body = _forward_body(op, plan, axis, ids)
+    if isinstance(op, Graph):
+        body = _graph_body(op, binding, axis, ids)
+    else:
+        body = _forward_body(op, solve.plan(op, binding), axis, ids)
     defaults = op.default_coefficients
     required = [v for v in variables if v not in defaults]
     optional = [v for v in variables if v in defaults]
@@ -730,7 +792,6 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
         weight_lines.append(f"        # {weight.name}[{', '.join(d.name for d in weight.dims)}], fan-in {fan_in}")
         weight_lines.append(f"        shapes.append(({shape},))")
         weight_lines.append(f"        fan_ins.append({fan_in})")
-    free = _free_inputs(op)
     expected = ["None" if i in free else _size_code(d.size, ids) for i, d in enumerate(op.inputs)]
     notes = []
     renamed_axes = axis.renamed()
@@ -756,7 +817,7 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
         "from einops import einsum, rearrange, reduce",
         "from torch import nn",
         ERROR_IMPORT,
-        HELPERS,
+        HELPERS + (GRAPH_HELPERS if isinstance(op, Graph) else ""),
         "",
         *notes,
         f"class {class_name}(nn.Module):",
@@ -791,17 +852,53 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str = 
     return "\n".join(text) + "\n"
 
 
-def build(op: Operator, layer: Mapping[str, int], *, name: str = "KdslOperator") -> Any:
-    """A ``torch.nn.Module`` computing ``op`` at the sizes of ``layer`` (weights in ``.weights``)."""
+def _bind(op: Operator | Graph, layer: object) -> dict[str, int]:
+    return torch_graph.bind(op, layer) if isinstance(op, Graph) else solve.bind(op, layer)
+
+
+def _graph_body(graph: Graph, binding: Mapping[str, int] | None, axis: _Axes, ids: dict[str, str]) -> list[str]:
+    """A branching kernel's forward lines (:func:`kdsl.codegen.torch_graph.forward_lines`), each
+    linear chain lowered like an operator (its own plan at ``binding``) on its argument's variable."""
+
+    def emit_chain(
+        chain: Operator, data: str, dims: list[str], var: str, weights: str, first: int
+    ) -> tuple[list[str], str]:
+        writer = _Writer([], dims, axis, ids, data=data, var=var, weights=weights)
+        inputs = [d.name for d in chain.inputs]
+        if writer.axes != inputs:
+            writer.emit(f'{var} = rearrange({data}, "{writer.pattern()} -> {writer.pattern(inputs)}")')
+            writer.axes = inputs
+        _chain_body(writer, chain, solve.plan(chain, binding), {w.name: first + i for i, w in enumerate(chain.weights)})
+        return writer.lines, writer.data
+
+    return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain)
+
+
+def _graph_dim_names(graph: Graph) -> list[str]:
+    """Every dim name of ``graph``, in order of appearance."""
+    names = [d.name for d in graph.inputs]
+    for node in graph.nodes:
+        if node.kind == "Chain":
+            names += _dim_names(node.chain)
+        elif isinstance(node.step, FC):
+            names += [node.step.name]
+        names += [d.name for d in node.dims]
+    return list(dict.fromkeys(names))
+
+
+def build(op: Operator | Graph, layer: Mapping[str, int], *, name: str = "KdslOperator") -> Any:
+    """A ``torch.nn.Module`` computing ``op`` (an operator or a branching kernel) at the sizes of
+    ``layer`` (weights in ``.weights``, in ``op.weights`` order)."""
     load_torch()
 
-    binding = solve.bind(op, layer)
+    binding = _bind(op, layer)
     code = source(op, binding, name=name)
     namespace: dict[str, Any] = {"__name__": f"kdsl_generated_{op.key}"}
     # The code is generated by kdsl from a validated operator (names are identifiers, sizes are
     # integers), never user text, so compiling it is safe.
     exec(compile(code, f"<kdsl {op.key}>", "exec"), namespace)
-    ids = _identifiers([v.name for v in op.variables])
-    module = namespace[_class_name(name)](**{ids[v.name]: binding[v.name] for v in op.variables})
+    variables = [v.name for v in op.variables]
+    ids = _identifiers(variables, torch_graph.own_names(op)) if isinstance(op, Graph) else _identifiers(variables)
+    module = namespace[_class_name(name)](**{ids[v]: binding[v] for v in variables})
     module.kdsl_source = code
     return module

@@ -1,0 +1,463 @@
+"""The PyTorch backend's half for branching kernels (:class:`kdsl.lang.graph.Graph`).
+
+:func:`kdsl.codegen.torch.source` and :func:`~kdsl.codegen.torch.build` take a graph as they take
+an operator; this module writes the graph's forward: one variable per node (``x3`` is node 3), one
+rule per node kind (:data:`GRAPH_RULES`). Each linear chain is lowered by the operator machinery
+of :mod:`kdsl.codegen.torch` (handed in as a callback, so this module does not import it back);
+the Canvas steps become torch calls: ``torch.relu`` and friends, ``F.softmax``, ``F.linear`` or an
+``einsum`` by dim names, broadcasting ``rearrange``s for blends. A max (min) fold over the windows
+of a chain that is only Unfold (+ Stride) and Split views is ``F.max_pool{1,2,3}d`` with that
+padding; a fold of any other windowed chain ignores the windows' zero padding through a mask: the
+chain run on ones (with weights of ones) is positive exactly where an element reads data.
+
+>>> from kdsl.lang import *
+>>> from kdsl.codegen.torch import source
+>>> N, C, H, W = primary("N C H W")
+>>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
+>>> print(source(pool).split("weights = list(self.weights)")[1].strip())
+# node 1: Chain Unfold(H, 3), Unfold(W, 3) of node 0 -> [N, C, H, W, kh, kw] (pooled natively below, never computed)
+# node 2: Fold(kh, kw, how=max) of node 1 -> [N, C, H, W]
+x2 = rearrange(x, "N C H W -> (N C) H W")  # as a pooling input
+x2 = _pool(x2, "max", (3, 3), (1, 1), ((1, 1), (1, 1)))
+x2 = rearrange(x2, "(N C) H W -> N C H W", N=N, C=C)
+return x2
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kdsl import solve
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import DivisibilityError
+from kdsl.lang.graph import Graph, Node
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.primitives import WINDOWING, Primitive, Split, Stride, Unfold, Weight
+from kdsl.lang.sizes import Size
+from kdsl.solve.constraints import resolve_binding
+from kdsl.solve.layers import as_layer, layer_label
+
+__all__ = ["GRAPH_HELPERS", "GRAPH_RULES", "bind", "forward_lines", "free_inputs", "own_names", "weights_of_node"]
+
+
+#: Helpers only the modules of branching kernels use (added after :data:`HELPERS`).
+GRAPH_HELPERS = """
+def _pool(x, how, kernel, stride, pads):
+    \"\"\"Max (or min) pooling over the last len(kernel) dims, padded (left, right) per dim with values
+    that take no part (F.max_pool*d's own padding where it is symmetric).\"\"\"
+    if how == "min":
+        return -_pool(-x, "max", kernel, stride, pads)
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[len(kernel) - 1]
+    lefts, rights = [left for left, _ in pads], [right for _, right in pads]
+    if lefts == rights and all(2 * left <= size for left, size in zip(lefts, kernel)):
+        return pool(x, kernel, stride, padding=tuple(lefts))
+    flat = [p for left, right in reversed(pads) for p in (left, right)]  # F.pad lists the last dim first
+    return pool(F.pad(x, flat, value=float("-inf")), kernel, stride)
+
+def _masked_fold(x, mask, dims, how):
+    \"\"\"Max (or min) of x over dims, of the elements where mask holds (a window's zero padding takes
+    no part); 0 where no element does.\"\"\"
+    fill = float("-inf") if how == "max" else float("inf")
+    folded = (torch.amax if how == "max" else torch.amin)(x.masked_fill(~mask, fill), dim=dims)
+    return folded.masked_fill(~mask.any(dim=dims), 0)
+"""
+
+#: Python code of each Map function, ``{}`` the argument (``by`` the scale factor).
+MAP_CODE: dict[str, str] = {
+    "relu": "torch.relu({x})",
+    "abs": "torch.abs({x})",
+    "neg": "torch.neg({x})",
+    "sin": "torch.sin({x})",
+    "exp": "torch.exp({x})",
+    "sigmoid": "torch.sigmoid({x})",
+    "tanh": "torch.tanh({x})",
+    "gelu": "F.gelu({x})",  # the exact erf form, PyTorch's default
+    "scale": "{x} * {by!r}",
+}
+assert set(MAP_CODE) == set(MAP_FUNCTIONS)
+
+#: Python code of each Blend kind (torch broadcasts the smaller branch once its axes line up).
+BLEND_CODE: dict[str, str] = {
+    "add": "{lhs} + {rhs}",
+    "sub": "{lhs} - {rhs}",
+    "mul": "{lhs} * {rhs}",
+    "min": "torch.minimum({lhs}, {rhs})",
+    "max": "torch.maximum({lhs}, {rhs})",
+}
+assert set(BLEND_CODE) == set(BLEND_KINDS)
+
+
+@dataclass
+class _Pooling:
+    """A Fold that is exactly a max (min) pooling of the chain before it: the chain is only Unfold
+    (+ Stride on the sliding dim) and Split views, and the Fold folds exactly their windows."""
+
+    source: int  # the node the chain reads
+    dims: list[str]  # the pooled dims of the source, in its order
+    kernel: dict[str, Size]
+    stride: dict[str, Size | None]
+    padded: dict[str, bool]  # an Unfold window pads (K // 2, K - 1 - K // 2); a Split tile does not
+
+
+def _pooling(graph: Graph, node: Node) -> _Pooling | None:
+    step = node.step
+    assert isinstance(step, Fold)
+    arg = graph.nodes[node.args[0]]
+    if arg.kind != "Chain":
+        return None
+    chain = arg.chain
+    inputs = {d.name for d in chain.inputs}
+    window_of: dict[str, str] = {}  # pooled dim -> its window (Unfold) or tile (Split) dim
+    kernel: dict[str, Size] = {}
+    stride: dict[str, Size | None] = {}
+    padded: dict[str, bool] = {}
+    for view in chain.steps:
+        if isinstance(view, Unfold) and view.dim in inputs and view.dim not in window_of:
+            window_of[view.dim], kernel[view.dim], stride[view.dim] = view.name, view.window, None
+            padded[view.dim] = True
+        elif isinstance(view, Stride) and padded.get(view.dim) and stride[view.dim] is None:
+            stride[view.dim] = view.stride  # every S-th window: a strided pooling
+        elif isinstance(view, Split) and view.dim in inputs and view.dim not in window_of:
+            window_of[view.dim], kernel[view.dim], stride[view.dim] = view.inner, view.block, view.block
+            padded[view.dim] = False
+        else:
+            return None
+    if set(window_of.values()) != set(step.dims) or not 1 <= len(window_of) <= 3:
+        return None
+    dims = [d.name for d in chain.inputs if d.name in window_of]
+    return _Pooling(arg.args[0], dims, kernel, stride, padded)
+
+
+#: Emits a linear chain: (chain, the variable holding its input, the input's dims in order, the
+#: variable to write, the name of the weight list, the chain's first weight in it) -> (the lines,
+#: the variable holding the result, whose dims are in ``chain.outputs`` order).
+ChainEmitter = Callable[[Operator, str, list[str], str, str, int], tuple[list[str], str]]
+
+
+@dataclass
+class _GraphWriter:
+    """The forward of a branching kernel while it is written: its lines, the variable holding
+    each node (``x`` the input, ``x3`` node 3; a Rename shares its argument's), each node's first
+    weight, and the chains whose only readers pool them natively (they are never computed).
+    ``axis`` gives a dim's einops axis name, ``size`` a size's Python code, ``emit_chain`` a linear
+    chain's lines (the operator machinery of :mod:`kdsl.codegen.torch`)."""
+
+    graph: Graph
+    axis: Callable[[str], str]
+    size: Callable[[Size], str]
+    emit_chain: ChainEmitter
+    lines: list[str] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    first_weight: list[int] = field(default_factory=list)
+    poolings: dict[int, _Pooling] = field(default_factory=dict)
+    skipped: set[int] = field(default_factory=set)
+
+    def pattern(self, dims: list[str]) -> str:
+        return " ".join(self.axis(d) for d in dims)
+
+    def dims(self, index: int) -> list[str]:
+        return [d.name for d in self.graph.nodes[index].dims]
+
+    def chain(self, chain: Operator, arg: int, var: str, weights: str, first: int, indent: str = "") -> str:
+        """Emit the lines computing the linear ``chain`` on node ``arg`` into ``var`` (weights
+        ``weights[first:]``); return the variable that holds its result."""
+        lines, result = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights, first)
+        self.lines += [indent + line for line in lines]
+        return result
+
+
+def _tuple(items: list[str]) -> str:
+    """Python code of a tuple of the codes ``items``."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _describe_node(graph: Graph, index: int) -> str:
+    node = graph.nodes[index]
+    args = ", ".join(f"node {a}" for a in node.args)
+    step = node.step
+    if isinstance(step, Operator):
+        what = "Chain " + ", ".join(s.describe() for s in step.steps)
+    elif isinstance(step, Map):
+        what = f"Map({step.fn}, by={step.by!r})" if step.fn == "scale" else f"Map({step.fn})"
+    elif isinstance(step, Fold):
+        what = f"Fold({', '.join(map(str, step.dims))}, how={step.how})"
+    elif isinstance(step, Softmax):
+        what = f"Softmax({', '.join(map(str, step.dims))})"
+    elif isinstance(step, Rename):
+        what = f"Rename({step.dim} -> {step.name})"
+    elif isinstance(step, Primitive):
+        what = step.describe()
+    elif isinstance(step, BlendJoin):
+        what = f"Blend({step.how})"
+    else:
+        assert isinstance(step, ProductJoin)
+        what = f"Product({', '.join(step.reduce)})"
+    dims = ", ".join(d.name for d in node.dims)
+    return f"# node {index}: {what} of {args} -> [{dims}]"
+
+
+def _chain_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    if index in writer.skipped:
+        writer.lines[-1] += " (pooled natively below, never computed)"
+        return writer.dims(index)
+    first = writer.first_weight[index]
+    writer.names[index] = writer.chain(node.chain, node.args[0], f"x{index}", "weights", first)
+    return [d.name for d in node.chain.outputs]
+
+
+def _map_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    step = node.step
+    assert isinstance(step, Map)
+    code = MAP_CODE[step.fn].format(x=writer.names[node.args[0]], by=step.by)
+    writer.lines.append(f"x{index} = {code}")
+    return writer.dims(node.args[0])
+
+
+def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    # max/min over the dims; the elements that only a window's zero padding fills take no part
+    step = node.step
+    assert isinstance(step, Fold)
+    var, arg = f"x{index}", node.args[0]
+    pooling = writer.poolings.get(index)
+    if pooling is not None:
+        source = writer.dims(pooling.source)
+        rest = [d for d in source if d not in pooling.dims]
+        outputs = [
+            next((s.outer for s in writer.graph.nodes[arg].chain.steps if isinstance(s, Split) and s.dim == d), d)
+            for d in pooling.dims
+        ]
+        writer.lines.append(
+            f'{var} = rearrange({writer.names[pooling.source]}, "{writer.pattern(source)} -> '
+            f'({writer.pattern(rest)}) {writer.pattern(pooling.dims)}")  # as a pooling input'
+        )
+        kernel = _tuple([writer.size(pooling.kernel[d]) for d in pooling.dims])
+        stride = _tuple(
+            [writer.size(pooling.stride[d]) if pooling.stride[d] is not None else "1" for d in pooling.dims]
+        )
+        pads = []
+        for d in pooling.dims:
+            window = pooling.kernel[d]
+            if not pooling.padded[d]:
+                pads.append("(0, 0)")
+            elif not window.variables:  # a fixed window: its padding as numbers
+                pads.append(
+                    _tuple([str(int(window.constant) // 2), str(int(window.constant) - 1 - int(window.constant) // 2)])
+                )
+            else:
+                code = writer.size(window)
+                code = code if re.fullmatch(r"\w+", code) else f"({code})"
+                pads.append(f"({code} // 2, {code} - 1 - {code} // 2)")
+        writer.lines.append(f'{var} = _pool({var}, "{step.how}", {kernel}, {stride}, {_tuple(pads)})')
+        lengths = "".join(
+            f", {writer.axis(d)}={writer.size(writer.graph.nodes[pooling.source].dims[source.index(d)].size)}"
+            for d in rest
+        )
+        writer.lines.append(
+            f'{var} = rearrange({var}, "({writer.pattern(rest)}) {writer.pattern(outputs)} -> '
+            f'{writer.pattern(rest + outputs)}"{lengths})'
+        )
+        return rest + outputs
+    dims = writer.dims(arg)
+    axes = tuple(dims.index(d) for d in step.dims)  # type: ignore[arg-type]
+    folded = [d for d in dims if d not in step.dims]
+    made = arg
+    while writer.graph.nodes[made].kind == "Rename":  # a Rename moves no data: look at what it names
+        made = writer.graph.nodes[made].args[0]
+    maker = writer.graph.nodes[made]
+    if maker.kind == "Chain" and any(WINDOWING in s.facts for s in maker.chain.steps):
+        mask = f"mask{index}"
+        chain = maker.chain
+        writer.lines.append(
+            f"with torch.no_grad():  # {mask}: where node {arg} holds data, not a window's zero padding"
+        )
+        if chain.weights:
+            first = writer.first_weight[made]
+            writer.lines.append(
+                f"    ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
+            )
+        source = made_arg = maker.args[0]
+        writer.lines.append(f"    {mask} = torch.ones_like({writer.names[source]})")
+        saved, writer.names[made_arg] = writer.names[made_arg], mask
+        result = writer.chain(chain, made_arg, mask, "ones", 0, indent="    ")
+        writer.names[made_arg] = saved
+        writer.lines.append(f"    {mask} = {result} > 0")
+        writer.lines.append(f'{var} = _masked_fold({writer.names[arg]}, {mask}, {axes}, "{step.how}")')
+        return folded
+    function = "torch.amax" if step.how == "max" else "torch.amin"
+    writer.lines.append(f"{var} = {function}({writer.names[arg]}, dim={axes})")
+    return folded
+
+
+def _softmax_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    step = node.step
+    assert isinstance(step, Softmax)
+    arg, dims = writer.names[node.args[0]], writer.dims(node.args[0])
+    positions = sorted(dims.index(d) for d in step.dims)  # type: ignore[arg-type]
+    first, last = positions[0], positions[-1]
+    if first == last:
+        writer.lines.append(f"x{index} = F.softmax({arg}, dim={first})")
+    else:  # adjacent dims: one softmax over them flattened
+        writer.lines.append(f"x{index} = F.softmax({arg}.flatten({first}, {last}), dim={first}).reshape({arg}.shape)")
+    return dims
+
+
+def _fc_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    step = node.step
+    assert isinstance(step, FC)
+    arg, dims = writer.names[node.args[0]], writer.dims(node.args[0])
+    listed = list(step.dims)  # type: ignore[arg-type]
+    weight = f"weights[{writer.first_weight[index]}]"
+    count = len(listed)
+    if dims[-count:] == listed:  # the channels come last: a matrix product with no copy
+        data = arg if count == 1 else f"{arg}.flatten({-count})"
+        matrix = weight if count == 1 else f"{weight}.flatten(1)"
+        writer.lines.append(f"x{index} = F.linear({data}, {matrix})")
+        return dims[:-count] + [step.name]
+    out = [d.name for d in node.dims]
+    writer.lines.append(
+        f'x{index} = einsum({arg}, {weight}, "{writer.pattern(dims)}, {writer.pattern([step.name, *listed])} -> '
+        f'{writer.pattern(out)}")'
+    )
+    return out
+
+
+def _rename_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    writer.names[index] = writer.names[node.args[0]]  # no data moves: the axis only has another name
+    return writer.dims(index)
+
+
+def _aligned(writer: _GraphWriter, arg: int, out: list[str]) -> str:
+    """Node ``arg``'s variable with its axes in ``out``'s order, a length-1 axis for each it lacks."""
+    dims = writer.dims(arg)
+    if dims == out:
+        return writer.names[arg]
+    target = " ".join(writer.axis(d) if d in dims else "()" for d in out)
+    return f'rearrange({writer.names[arg]}, "{writer.pattern(dims)} -> {target}")'
+
+
+def _blend_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    step = node.step
+    assert isinstance(step, BlendJoin)
+    out = writer.dims(index)
+    lhs, rhs = (_aligned(writer, arg, out) for arg in node.args)
+    writer.lines.append(f"x{index} = " + BLEND_CODE[step.how].format(lhs=lhs, rhs=rhs))
+    return out
+
+
+def _product_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
+    lhs, rhs = node.args
+    out = writer.dims(index)
+    patterns = f"{writer.pattern(writer.dims(lhs))}, {writer.pattern(writer.dims(rhs))} -> {writer.pattern(out)}"
+    writer.lines.append(f'x{index} = einsum({writer.names[lhs]}, {writer.names[rhs]}, "{patterns}")')
+    return out
+
+
+#: The PyTorch backend's table for branching kernels: one rule per node kind (the keys of
+#: :data:`kdsl.codegen.reference.GRAPH_RULES`). A rule appends its node's lines and returns the
+#: order of the result's axes (the driver rearranges them into the node's order where they differ).
+GRAPH_RULES: dict[str, Callable[[_GraphWriter, int, Node], list[str]]] = {
+    "Chain": _chain_node,
+    "Map": _map_node,
+    "Fold": _fold_node,
+    "Softmax": _softmax_node,
+    "FC": _fc_node,
+    "Rename": _rename_node,
+    "Blend": _blend_node,
+    "Product": _product_node,
+}
+
+
+def forward_lines(
+    graph: Graph, axis: Callable[[str], str], size: Callable[[Size], str], emit_chain: ChainEmitter
+) -> list[str]:
+    """The forward's lines after the input check (the input is ``x``, the weights ``weights``),
+    ending in ``return``; the caller indents them."""
+    writer = _GraphWriter(graph, axis, size, emit_chain, names=["x"] * len(graph.nodes))
+    count = 0
+    for node in graph.nodes:
+        writer.first_weight.append(count)
+        count += len(weights_of_node(node))
+    for index, node in enumerate(graph.nodes):
+        if node.kind == "Fold":
+            pooling = _pooling(graph, node)
+            if pooling is not None:
+                writer.poolings[index] = pooling
+    for index, node in enumerate(graph.nodes):
+        if node.kind == "Chain" and all(reader in writer.poolings for reader in graph.consumers[index]):
+            writer.skipped.add(index)
+    for index, node in enumerate(graph.nodes[1:], 1):
+        writer.names[index] = f"x{index}"
+        writer.lines.append(_describe_node(graph, index))
+        axes = GRAPH_RULES[node.kind](writer, index, node)
+        if axes != writer.dims(index) and index not in writer.skipped:
+            variable = writer.names[index]
+            writer.lines.append(
+                f'x{index} = rearrange({variable}, "{writer.pattern(axes)} -> {writer.pattern(writer.dims(index))}")'
+            )
+            writer.names[index] = f"x{index}"
+    result, outputs = len(graph.nodes) - 1, [d.name for d in graph.outputs]
+    last = writer.names[result]
+    if writer.dims(result) != outputs:
+        last = f'rearrange({last}, "{writer.pattern(writer.dims(result))} -> {writer.pattern(outputs)}")'
+    writer.lines.append(f"return {last}")
+    return writer.lines
+
+
+def free_inputs(graph: Graph) -> set[int]:
+    """Like :func:`_free_inputs`, for a branching kernel: no node reads the dim by name, and no step
+    and no other input dim mentions its variable."""
+    touched: set[str] = set()
+    mentioned: list[str] = [v.name for d in graph.inputs for v in d.size.variables]
+    for node in graph.nodes:
+        steps = node.chain.steps if node.kind == "Chain" else [node.step] if isinstance(node.step, Primitive) else []
+        for step in steps:
+            touched.update(step.consumes)
+            mentioned += [v.name for s in step.sizes() for v in s.variables]
+        if isinstance(node.step, ProductJoin):
+            touched.update(node.step.reduce)
+    free = set()
+    for position, dim in enumerate(graph.inputs):
+        var = dim.size.variable_name
+        if var is not None and dim.name not in touched and mentioned.count(var) == 1 and var in graph.primary_variables:
+            free.add(position)
+    return free
+
+
+def weights_of_node(node: Node) -> tuple[Weight, ...]:
+    if isinstance(node.step, Operator):
+        return node.step.weights
+    if isinstance(node.step, Primitive):
+        return node.step.weights()
+    return ()
+
+
+def own_names(graph: Graph) -> frozenset[str]:
+    """The forward's own variables besides :data:`OWN_NAMES` (a size variable must not take one)."""
+    count = len(graph.nodes)
+    return frozenset(
+        {"ones", "_pool", "_masked_fold"} | {f"x{i}" for i in range(count)} | {f"mask{i}" for i in range(count)}
+    )
+
+
+def bind(op: Graph, layer: object) -> dict[str, int]:
+    """The concrete binding of every variable of ``op`` on ``layer``, checked: each chain as
+    :func:`kdsl.solve.bind` checks an operator, and every size a node creates must be a positive
+    integer (:class:`DivisibilityError` naming the node)."""
+    item = as_layer(layer)
+    binding = resolve_binding(op, item)  # type: ignore[arg-type]  # a Graph has variables and defaults
+    for index, node in enumerate(op.nodes):
+        if node.kind == "Chain":
+            solve.bind(node.chain, binding)
+        sizes = [(d.name, d.size) for d in node.dims]
+        if isinstance(node.step, Primitive):
+            sizes += [(node.step.describe(), size) for size in node.step.sizes()]
+        for what, size in sizes:
+            value = size.evaluate(binding)
+            if value.denominator != 1 or value <= 0:
+                raise DivisibilityError(
+                    f"{layer_label(item.name)}: node {index} ({node.kind}): {what} has size {size} = {value}, "
+                    f"which is not a positive integer; choose sizes where it divides"
+                )
+    return binding
