@@ -211,3 +211,19 @@ def test_kernel_serves_the_resnet18_layers(name):
         assert shapes.output[1] == layer["Cin"] or name == "max_pool2d_2x2"
         valid.append(layer.name)
     assert valid == layers
+
+
+def test_bench_codegen_takes_the_branching_kernels():
+    from kdsl.bench.backends import _cases
+
+    cases = _cases(["max_pool2d_2x2", "squeeze_excitation"], "resnet18", 8)
+    layers = {
+        name: [layer for n, layer, _, _ in cases if n == name] for name in ("max_pool2d_2x2", "squeeze_excitation")
+    }
+    assert layers == {
+        "max_pool2d_2x2": SERVES["max_pool2d_2x2"][1],
+        "squeeze_excitation": SERVES["squeeze_excitation"][1],
+    }
+    for name, _layer, binding, macs in cases:
+        graph = gallery.load(name)
+        assert binding["N"] == 8 and macs == solve.cost(graph, binding)["flops"] > 0

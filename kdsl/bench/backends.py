@@ -2,8 +2,11 @@
 
 For every gallery operator and every layer of a table it measures, in one run: the forward and
 forward+backward time of the kdsl->PyTorch module, of the native PyTorch function where one
-exists (:mod:`kdsl.codegen.native`), and the forward time of the kdsl->TVM kernel with its default
-schedule. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
+exists (:mod:`kdsl.codegen.native`; for the branching kernels, max pooling, squeeze-excitation,
+attention, Canvas's kernels, the hand-written PyTorch of its ``BRANCHING`` entries), and the
+forward time of the kdsl->TVM kernel with its default schedule. Linear operators and branching
+kernels (:class:`~kdsl.lang.graph.Graph`) go through the same calls: the solver binds and costs
+both, and both backends build both. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
 and then slows PyTorch down in the same process (see TVM.md); the timings of each case hold the
 machine's latency slot (:func:`kdsl.codegen.measure.latency_slot`). Times are medians over repeats
 (:func:`kdsl.codegen.measure.median_seconds`); ratios are kdsl / native (lower is better; 1.0 means
@@ -134,6 +137,7 @@ def bench_codegen(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
+    print("native: PyTorch's own function, or hand-written PyTorch for a branching kernel (kdsl.codegen.native).")
     print("GFLOP/s count 2 FLOPs per multiply-accumulate. PyTorch and TVM ran in separate processes.\n")
     header = (
         f"{'operator':<27}{'layer':<9}{'MMAC':>9} | {'torch fwd':>9}{'native':>9}{'ratio':>6} | "
@@ -151,6 +155,11 @@ def bench_codegen(args: argparse.Namespace) -> int:
             f"{_ratio(row.get('tvm_fwd'), row.get('native_fwd')):>7}"
             f"{(f'{tvm_rate:8.1f}' if tvm_rate else f'{chr(45):>8}')}"
         )
+    failures = [(row, kind) for row in rows for kind in ("torch", "tvm") if row.get(f"{kind}_error")]
+    if failures:
+        print("\nNot measured (the backend failed on the case):")
+    for row, kind in failures:
+        print(f"  {row['op']} {row['layer']} {kind}: {row[f'{kind}_error']}")
     return 0
 
 
@@ -171,7 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.manual_seed(0)
     measure = _torch_case if args.worker == "torch" else _tvm_case
-    rows = [measure(name, layer_name, binding) for name, layer_name, binding, _ in cases]
+    rows = []
+    for name, layer_name, binding, _ in cases:
+        try:
+            rows.append(measure(name, layer_name, binding))
+        except Exception as error:  # one case's failure (a backend's bug) must not hide the others
+            message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            rows.append({"op": name, "layer": layer_name, f"{args.worker}_error": message[:300]})
     print(json.dumps(rows))
     return 0
 
