@@ -1,5 +1,9 @@
 """``kdsl show``, ``kdsl check``, ``kdsl gallery`` and ``kdsl demo``: commands about one operator or the
-gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line."""
+gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line.
+
+An operator may be a branching kernel (a :class:`~kdsl.lang.graph.Graph`): ``show`` then also lists its
+nodes (step, arguments, dims, FLOPs) and its memory, and ``check`` counts FLOPs (a multiply-accumulate
+or an element-wise operation is one) and the peak of live elements per layer."""
 
 from __future__ import annotations
 
@@ -15,12 +19,14 @@ from kdsl.codegen.render import loop_nest, svg
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError, printable
+from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 from kdsl.search.store import Store
+from kdsl.solve.graph import node_text
 
 
-def load_operator(ref: str, db: str | None = None) -> Operator:
+def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
     """An operator from a gallery name, a DSL file, a JSON file, or (with ``db``) the canonical
     hash (or a unique prefix of it) of a candidate in a search results database."""
     if db is not None:
@@ -37,7 +43,7 @@ def load_operator(ref: str, db: str | None = None) -> Operator:
     return gallery.load(ref)
 
 
-def _from_results(key: str, db: str) -> Operator:
+def _from_results(key: str, db: str) -> Operator | Graph:
     store = Store(db, readonly=True)
     try:
         rows = store.find(key)
@@ -52,7 +58,7 @@ def _from_results(key: str, db: str) -> Operator:
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", re.ASCII)
 
 
-def _parse_assignments(items: Sequence[str] | None, op: Operator, name: str) -> dict[str, int]:
+def _parse_assignments(items: Sequence[str] | None, op: Operator | Graph, name: str) -> dict[str, int]:
     """``--set NAME=INT[,NAME=INT...]`` as a dict, checked against ``op``'s coefficients so that a
     typo (``k=5``, ``Q=3``) is an error rather than a value silently ignored. ``re.ASCII`` keeps
     ``int()`` from seeing digits it does not take (``²``) or signs (``--3``)."""
@@ -76,7 +82,7 @@ def _parse_assignments(items: Sequence[str] | None, op: Operator, name: str) -> 
     return values
 
 
-def _unknown_variable(variable: str, op: Operator, name: str) -> str:
+def _unknown_variable(variable: str, op: Operator | Graph, name: str) -> str:
     coefficients = op.coefficient_variables
     if variable in op.primary_variables:
         return (
@@ -89,9 +95,21 @@ def _unknown_variable(variable: str, op: Operator, name: str) -> str:
     return f"--set {variable}: {name} has no variable {variable}; {known}{hint}"
 
 
-def _formula_lines(op: Operator) -> list[str]:
+def _formula_lines(op: Operator | Graph) -> list[str]:
     formulas = solve.cost(op)
-    return [f"  {key:<13}{formulas[key]}" for key in ("flops", "params", "input", "output") if key in formulas]
+    keys = ("flops", "params", "input", "output", "memory", "peak")
+    return [f"  {key:<13}{formulas[key]}" for key in keys if key in formulas]
+
+
+def _node_lines(graph: Graph) -> list[str]:
+    """One line per node: its number, its step, the nodes it reads, its dims and its FLOPs."""
+    flops = solve.node_flops(graph)
+    lines = []
+    for index, node in enumerate(graph.nodes):
+        reads = f" of {', '.join(map(str, node.args))}" if node.args else ""
+        dims = ", ".join(f"{d.name}: {d.size}" for d in node.dims)
+        lines.append(f"  {index:<3}{node_text(node)}{reads} -> [{dims}]    flops {flops[index]}")
+    return lines
 
 
 def command_show(args: argparse.Namespace) -> int:
@@ -104,15 +122,25 @@ def command_show(args: argparse.Namespace) -> int:
     for weight in op.weights:
         dims = ", ".join(f"{d.name}: {d.size}" for d in weight.dims)
         print(f"  weight {weight.name:<6}[{dims}]")
+    if isinstance(op, Graph):
+        print("nodes (number, step, the nodes it reads, result dims, FLOPs):")
+        for line in _node_lines(op):
+            print(line)
     constraints = solve.constraints(op)
     if constraints:
         print("constraints:")
         for constraint in constraints:
             print(f"  {constraint.description}")
-    print("cost (multiply-accumulates, weights' elements):")
+    if isinstance(op, Graph):
+        print("cost (FLOPs: a multiply-accumulate or an element-wise op is 1; weights' elements; memory in elements):")
+    else:
+        print("cost (multiply-accumulates, weights' elements):")
     for line in _formula_lines(op):
         print(line)
-    print("loop nest (the stage plan at a reference size):")
+    if isinstance(op, Graph):
+        print("loop nest (node by node; each chain's stage plan at a reference size):")
+    else:
+        print("loop nest (the stage plan at a reference size):")
 
     for line in loop_nest(op).splitlines():
         print(f"  {line}")
@@ -143,14 +171,17 @@ def command_check(args: argparse.Namespace) -> int:
             )
     print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
     print(f" with {', '.join(used)}" if used else "")
-    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
-    print(header)
+    branching = isinstance(op, Graph)
+    # a branching kernel's FLOPs count element-wise ops too, so they are not all MACs
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M FLOPs' if branching else 'M MACs':>12}{'params':>12}"
+    print(header + (f"{'peak elems':>14}" if branching else ""))
     for layer, binding in bindings:
         shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
+        peak = f"{costs['peak']:>14}" if branching else ""
         print(
             f"  {printable(layer.name):<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
-            f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}"
+            f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}{peak}"
         )
     return 0
 
@@ -202,7 +233,7 @@ def command_demo(args: argparse.Namespace) -> int:
             defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
             print(
                 f"   valid on the {len(layers)} layers of {table} ({defaults}): "
-                f"{macs / 1e6:.1f} M MACs, {params} params"
+                f"{macs / 1e6:.1f} M {'FLOPs' if isinstance(op, Graph) else 'MACs'}, {params} params"
             )
         for line in _formula_lines(op)[:2]:
             print(f" {line}")
