@@ -223,9 +223,15 @@ class _Writer:
     identifiers: dict[str, str]  # size variable -> Python identifier
     merged: dict[str, list[str]] = field(default_factory=dict)
     physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
-    data: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
+    current: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
     var: str = "x"  # the variable this chain writes
     weights: str = "weights"  # the list its weights are read from
+
+    @property
+    def data(self) -> str:
+        """The variable holding the data, for a line about to read it: waiting merges happen first."""
+        self.flush()
+        return self.current
 
     def weight(self, index: int) -> str:
         return f"{self.weights}[{index}]"
@@ -242,7 +248,7 @@ class _Writer:
 
     def append(self, line: str) -> None:
         if line.startswith(f"{self.var} = "):  # from now on the chain's own variable holds the data
-            self.data = self.var
+            self.current = self.var
         self.lines.append(line)
 
     def flush(self) -> None:
@@ -254,7 +260,7 @@ class _Writer:
             for a in self.axes
         )
         self.merged = {}
-        self.append(f'{self.var} = rearrange({self.data}, "{self.pattern(physical)} -> {target}")')
+        self.append(f'{self.var} = rearrange({self.current}, "{self.pattern(physical)} -> {target}")')
 
     def merge(self, outer: str, inner: str, name: str) -> None:
         if not self.merged:
@@ -863,7 +869,7 @@ def _graph_body(graph: Graph, binding: Mapping[str, int] | None, axis: _Axes, id
     def emit_chain(
         chain: Operator, data: str, dims: list[str], var: str, weights: str, first: int
     ) -> tuple[list[str], str]:
-        writer = _Writer([], dims, axis, ids, data=data, var=var, weights=weights)
+        writer = _Writer([], dims, axis, ids, current=data, var=var, weights=weights)
         inputs = [d.name for d in chain.inputs]
         if writer.axes != inputs:
             writer.emit(f'{var} = rearrange({data}, "{writer.pattern()} -> {writer.pattern(inputs)}")')

@@ -385,7 +385,8 @@ def forward_lines(
             if pooling is not None:
                 writer.poolings[index] = pooling
     for index, node in enumerate(graph.nodes):
-        if node.kind == "Chain" and all(reader in writer.poolings for reader in graph.consumers[index]):
+        readers = graph.consumers[index]
+        if node.kind == "Chain" and readers and all(reader in writer.poolings for reader in readers):
             writer.skipped.add(index)
     for index, node in enumerate(graph.nodes[1:], 1):
         writer.names[index] = f"x{index}"
