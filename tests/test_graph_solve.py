@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import sympy
 
-from kdsl import solve
+from kdsl import gallery, solve
+from kdsl.codegen import reference
 from kdsl.lang import (
     FC,
     Fold,
@@ -299,3 +300,28 @@ def test_cost_of_a_bad_layer_is_a_kdsl_error() -> None:
         solve.cost(grouped_squeeze_excitation(), LAYERS[1])
     with pytest.raises(LayerError):
         solve.node_flops(max_pool(), {"N": 1})
+
+
+@pytest.mark.parametrize("name", [name for name in gallery.names() if isinstance(gallery.load(name), Graph)])
+def test_gallery_kernels_check_and_cost_consistently(name: str) -> None:
+    kernel = gallery.load(name)
+    table = gallery.layer_table(name) or "resnet18"
+    report = solve.check(kernel, table)
+    formulas = solve.cost(kernel)
+    per_node_formulas = solve.node_flops(kernel)
+    assert sympy.expand(sympy.Add(*per_node_formulas) - formulas["flops"]) == 0
+    for layer, binding in report:
+        numbers = solve.cost(kernel, layer)
+        assert sum(solve.node_flops(kernel, layer)) == numbers["flops"]
+        # sizes that do not depend on a plan's order equal their formulas at the layer
+        for key in ("params", "input", "output", "memory"):
+            assert numbers[key] == formulas[key].subs({s: binding[s.name] for s in formulas[key].free_symbols}), key
+        # the solver's concrete shapes are the reference interpreter's
+        found = solve.shapes(kernel, layer)
+        oracle = reference.shapes(kernel, binding)
+        assert (found["input"], tuple(found["weights"].values()), found["output"]) == (
+            oracle.input,
+            oracle.weights,
+            oracle.output,
+        )
+        assert numbers["input"] <= numbers["peak"] <= numbers["memory"]
