@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 
 __all__ = ["SUFFIX", "describe", "directory", "load", "names", "path", "source"]
@@ -92,11 +93,14 @@ def source(name: str) -> str:
     return path(name).read_text(encoding="utf-8")
 
 
-def load(name: str) -> Operator:
-    """Parse the gallery file of the operator ``name``.
+def load(name: str) -> Operator | Graph:
+    """Parse the gallery file of the operator ``name``: an ``Operator``, or a ``Graph`` for a
+    branching kernel (max pooling, squeeze-excitation, attention, Canvas's kernels).
 
     >>> load("matmul").weights[0].name
     'w'
+    >>> [node.kind for node in load("residual_conv2d").nodes]
+    ['Input', 'Chain', 'Rename', 'Blend']
     """
     file = path(name)
     try:
