@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
 from kdsl import gallery
 from kdsl.codegen.render import LOOP_NEST_RULES, graph_loop_nest, loop_nest, svg
 from kdsl.lang import FC, Input, Map, Output, Product, Reduce, Rename, Softmax, Unfold, coefficient, primary
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import JOINS, UNARY
+from kdsl.testing.strategies import graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 N, C, H, W, R, P, D = primary("N C H W R P D")
@@ -191,3 +193,16 @@ def test_check_failure_is_one_line_naming_the_node_and_the_layer(kernel_file: Pa
     )
     typo = kdsl("check", str(kernel_file), "--layers", str(table), "--set", "g=2")
     assert typo.returncode == 2 and "did you mean G?" in typo.stderr and typo.stderr.count("\n") == 1
+
+
+@given(graphs())
+@settings(max_examples=60)
+def test_drawn_kernels_render_every_node(kernel: Graph) -> None:
+    text = loop_nest(kernel)
+    headers = re.findall(r"^# node (\d+)  ", text, flags=re.MULTILINE)
+    assert [int(h) for h in headers] == list(range(1, len(kernel.nodes)))
+    assert re.search(r"^\s*out(\[| = )", text, flags=re.MULTILINE), text
+    picture = svg(kernel)
+    assert picture.count("<rect") == len(kernel.nodes) + 2  # the background, the nodes, the output
+    arguments = sum(len(node.args) for node in kernel.nodes)
+    assert picture.count('marker-end="url(#arrow)"') == arguments + 1

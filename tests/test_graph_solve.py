@@ -3,8 +3,11 @@ across layers, bindings, FLOPs/params/memory against hand counts."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import sympy
+from hypothesis import given, settings
 
 from kdsl import gallery, solve
 from kdsl.codegen import reference
@@ -30,6 +33,7 @@ from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.lang.primitives import Dim
 from kdsl.solve.cost import GRAPH_FLOPS
+from kdsl.testing.strategies import graphs_with_layers
 
 N, C, H, W, R, P, D = primary("N C H W R P D")
 K, G = coefficient("K G")
@@ -325,3 +329,21 @@ def test_gallery_kernels_check_and_cost_consistently(name: str) -> None:
             oracle.output,
         )
         assert numbers["input"] <= numbers["peak"] <= numbers["memory"]
+
+
+@given(graphs_with_layers())
+@settings(max_examples=60)
+def test_drawn_kernels_check_and_cost_consistently(case: tuple[Graph, dict[str, int]]) -> None:
+    kernel, layer = case
+    binding = solve.bind(kernel, layer)
+    numbers = solve.cost(kernel, layer)
+    per_node = solve.node_flops(kernel, layer)
+    assert sum(per_node) == numbers["flops"] and all(value >= 0 for value in per_node)
+    formulas = solve.cost(kernel)
+    for key in ("params", "input", "output", "memory"):
+        assert numbers[key] == formulas[key].subs({s: binding[s.name] for s in formulas[key].free_symbols}), key
+    oracle = reference.shapes(kernel, layer)
+    found = solve.shapes(kernel, layer)
+    assert tuple(found["weights"].values()) == oracle.weights and found["output"] == oracle.output
+    assert numbers["params"] == sum(math.prod(shape) for shape in oracle.weights)
+    assert numbers["input"] <= numbers["peak"] <= numbers["memory"]
