@@ -15,7 +15,7 @@ from hypothesis import given, settings
 
 from kdsl import gallery
 from kdsl.codegen.render import LOOP_NEST_RULES, graph_loop_nest, loop_nest, svg
-from kdsl.lang import FC, Input, Map, Output, Product, Reduce, Rename, Softmax, Unfold, coefficient, primary
+from kdsl.lang import FC, Blend, Input, Map, Output, Product, Reduce, Rename, Softmax, Unfold, coefficient, primary
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.testing.strategies import graphs
@@ -206,3 +206,22 @@ def test_drawn_kernels_render_every_node(kernel: Graph) -> None:
     assert picture.count("<rect") == len(kernel.nodes) + 2  # the background, the nodes, the output
     arguments = sum(len(node.args) for node in kernel.nodes)
     assert picture.count('marker-end="url(#arrow)"') == arguments + 1
+
+
+def test_maps_blends_softmax_and_a_final_rename_read_as_code() -> None:
+    L = primary("L")
+    x = Input(N, C, L)
+    kernel = (Blend("max", x >> Map("scale", by=0.5), x >> Map("neg")) >> Softmax(N, C)) >> Rename("L", "M")
+    lines = loop_nest(kernel >> Output(N, C, "M")).splitlines()
+    for line in [
+        "  t1[n, c, l] = 0.5 * x[n, c, l]",
+        "  t2[n, c, l] = -x[n, c, l]",
+        "  t3[n, c, l] = max(t1[n, c, l], t2[n, c, l])",
+        "for l < L:",
+        "  s4 = sum(exp(t3[n, c, l]) for n < N, c < C)",
+        "    t4[n, c, l] = exp(t3[n, c, l]) / s4",
+    ]:
+        assert line in lines, line
+    assert lines[-1] == "out = t5"
+    reordered = loop_nest(kernel >> Output("M", N, C)).splitlines()
+    assert reordered[-2:] == ["for M < L, n < N, c < C:", "  out[M, n, c] = t5[n, c, M]"]

@@ -330,7 +330,9 @@ def graph_loop_nest(graph: Graph, binding: Mapping[str, int] | None = None) -> s
         dims = ", ".join(d.name for d in node.dims)
         lines.append(f"# node {index}  {node_text(node)}  {reads} -> {names[index]}[{dims}]")
         lines.extend(LOOP_NEST_RULES[node.kind](_NodeView(graph, index, names, plans)))
-    if names[-1] != "out":
+    if names[-1] != "out" and [d.name for d in graph.nodes[-1].dims] == [d.name for d in graph.outputs]:
+        lines.append(f"out = {names[-1]}")
+    elif names[-1] != "out":
         last = graph.nodes[-1]
         coords = _iterators(last.dims)
         lines.append(f"# the output [{', '.join(d.name for d in graph.outputs)}]")
