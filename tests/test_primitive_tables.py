@@ -4,9 +4,13 @@ renders, checks or searches it: adding a primitive fails here until each table h
 import numpy as np
 import pytest
 
-from kdsl.codegen import reference
+import kdsl
+from kdsl.codegen import reference, torch_graph
 from kdsl.codegen import torch as kdsl_torch
-from kdsl.lang import index
+from kdsl.codegen import tvm as kdsl_tvm
+from kdsl.lang import FC, Blend, Fold, Input, Map, Output, Product, Rename, Softmax, Unfold, index
+from kdsl.lang import graph as lang_graph
+from kdsl.lang.nonlinear import JOIN, JOINS, NONLINEAR, UNARY, Join
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive
 from kdsl.lang.sizes import Size, coefficient, primary
 from kdsl.search import kinds
@@ -136,3 +140,106 @@ def test_every_index_expression_has_a_tvm_form_and_a_value():
             assert value(lowered) == index.evaluate(node, {"i": at}, {})
             checked += 1
     assert checked == 4 * len(_every_index_node())
+
+
+# -- branching kernels: Canvas's primitives, the joins and the Chain node -------------------------
+
+#: the kinds of graph node every backend lowers: the unary Canvas steps, the joins, and a chain
+#: (the input node is the argument, not a step)
+NODE_KINDS = sorted({*UNARY, *JOINS, lang_graph.CHAIN})
+#: the field kinds the DSL printer, the JSON writer and reader and the content key handle
+FIELD_KINDS = {"ref", "refs", "name", "size", "int", "bool", "choice", "number", "weight"}
+
+
+def _graph_tables() -> dict[str, dict]:
+    """Each backend's per-node-kind table of branching kernels, by a readable name."""
+    return {
+        "reference.GRAPH_RULES": reference.GRAPH_RULES,
+        "torch_graph.GRAPH_RULES": torch_graph.GRAPH_RULES,
+        "tvm.GRAPH_RULES": kdsl_tvm.GRAPH_RULES,
+    }
+
+
+@pytest.mark.parametrize("table", sorted(_graph_tables()))
+def test_every_graph_table_has_a_rule_for_every_node_kind(table):
+    rules = _graph_tables()[table]
+    missing = sorted(set(NODE_KINDS) - set(rules))
+    extra = sorted(set(rules) - set(NODE_KINDS))
+    assert not missing, f"{table} has no rule for {', '.join(missing)}"
+    assert not extra, f"{table} has rules for unknown node kinds {', '.join(extra)}"
+    assert all(callable(rule) for rule in rules.values())
+
+
+def test_node_kinds_are_declared_once():
+    """No kind is both a linear primitive and a Canvas step or join: a chain holds only the
+    linear primitives, and every pass tells the kinds apart by name."""
+    assert not set(PRIMITIVES) & set(UNARY) and not set(PRIMITIVES) & set(JOINS) and not set(UNARY) & set(JOINS)
+    assert not {lang_graph.CHAIN, lang_graph.INPUT} & (set(PRIMITIVES) | set(UNARY) | set(JOINS))
+    assert lang_graph.JOIN_FUNCTIONS.keys() == JOINS.keys()
+
+
+@pytest.mark.parametrize("kind", sorted(UNARY))
+def test_every_canvas_step_is_declared_with_fields_facts_and_rank(kind):
+    cls = UNARY[kind]
+    assert issubclass(cls, Primitive) and cls.kind == kind
+    assert cls.fields and all(isinstance(f, Field) for f in cls.fields)
+    assert {f.kind for f in cls.fields} <= FIELD_KINDS
+    assert cls.facts and isinstance(cls.rank, int) and JOIN not in cls.facts
+    _check_choices(cls)
+
+
+@pytest.mark.parametrize("kind", sorted(JOINS))
+def test_every_join_is_declared_with_fields_and_facts(kind):
+    cls = JOINS[kind]
+    assert issubclass(cls, Join) and cls.kind == kind
+    assert cls.fields and all(isinstance(f, Field) for f in cls.fields)
+    assert {f.kind for f in cls.fields} <= FIELD_KINDS
+    assert JOIN in cls.facts and NONLINEAR in cls.facts
+    _check_choices(cls)
+
+
+def _check_choices(cls: type) -> None:
+    """A choice field lists its choices, and an optional field's default is one of them."""
+    for f in cls.fields:
+        if f.kind == "choice":
+            assert cls.choices.get(f.name), f"{cls.kind}.{f.name} is a choice without choices"
+            assert not f.optional or f.default in cls.choices[f.name]
+        if f.optional:
+            assert f.default is not None, f"{cls.kind}.{f.name} is optional without a default"
+    assert set(getattr(cls, "choices", {})) <= {f.name for f in cls.fields}
+
+
+def _every_field_value() -> list[tuple[str, object]]:
+    """For every Canvas step and join, kernels that set each of its fields to a non-default
+    value (every choice of every choice field), with the kind they exercise."""
+    N, C, H = primary("N C H")
+    R = primary("R")
+    x = Input(N, C, H)
+    made: list[tuple[str, object]] = []
+    for fn in UNARY["Map"].choices["fn"]:
+        step = Map(fn, by=-0.25) if fn == "scale" else Map(fn)
+        made.append(("Map", x >> step >> Output(N, C, H)))
+    for how in UNARY["Fold"].choices["how"]:
+        made.append(("Fold", x >> Unfold(H, 3, "k") >> Fold("k", how=how) >> Output(N, C, H)))
+    made.append(("Softmax", x >> Softmax(C, H) >> Output(N, C, H)))
+    made.append(("FC", x >> FC(C, H, name="o", size=R, weight="proj") >> Output(N, "o")))
+    made.append(("Rename", x >> Rename(H, "P") >> Map("abs") >> Output(N, C, "P")))
+    for how in JOINS["Blend"].choices["how"]:
+        made.append(("Blend", Blend(how, x >> Map("tanh"), x >> Unfold(H, 3, "k") >> Fold("k")) >> Output(N, C, H)))
+    made.append(("Product", Product(x, x >> Rename(H, "P"), "C", "N") >> Output(H, "P")))
+    return made
+
+
+def test_every_canvas_field_survives_text_json_and_the_key():
+    """Every field kind a Canvas step or join declares is one the printer, the JSON form and the
+    key handle: each kind's kernels, every choice set, read back equal from both, and kernels
+    that differ only in one field's value have different keys."""
+    made = _every_field_value()
+    assert {kind for kind, _ in made} == set(UNARY) | set(JOINS)
+    keys: dict[str, set[str]] = {}
+    for kind, graph in made:
+        assert kdsl.parse(graph.to_dsl()) == graph, graph.to_dsl()
+        assert kdsl.from_json(graph.to_json()) == graph, graph.to_json()
+        keys.setdefault(kind, set()).add(graph.key)
+    counts = {kind: sum(k == kind for k, _ in made) for kind in keys}
+    assert {kind: len(found) for kind, found in keys.items()} == counts
