@@ -82,6 +82,9 @@ except ImportError:  # running without kdsl
         \"\"\"The input's shape does not fit the operator.\"\"\"
 """
 
+#: The rules of branching kernels, one per node kind (:mod:`kdsl.codegen.torch_graph` holds them).
+GRAPH_RULES = torch_graph.GRAPH_RULES
+
 #: Every name the generated ``__init__`` and ``forward`` use for themselves. Size variables are
 #: locals of those methods, so a variable with one of these names (or a keyword, or one Python
 #: would mangle) gets another identifier there (see :func:`_identifiers`); a test checks that
