@@ -72,7 +72,12 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
         LAYER,
     )
     kernels["max_pool_3x3_s2_p1"] = (
-        x >> Unfold(H, 3, "kh") >> Stride(H, 2) >> Unfold(W, 3, "kw") >> Stride(W, 2) >> Fold("kh", "kw")
+        x
+        >> Unfold(H, 3, "kh")
+        >> Stride(H, 2)
+        >> Unfold(W, 3, "kw")
+        >> Stride(W, 2)
+        >> Fold("kh", "kw")
         >> Output(N, C, H / 2, W / 2),
         LAYER,
     )
@@ -91,14 +96,18 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
     )
     # a window, a contraction, then a fold over the window: the mask is the chain run on ones
     kernels["fold_after_windowed_contraction"] = (
-        Input(N, C, H) >> Unfold(H, 5, "k") >> Share(Weight(C, name="w")) >> Reduce(C) >> Fold(H, how="min")
+        Input(N, C, H)
+        >> Unfold(H, 5, "k")
+        >> Share(Weight(C, name="w"))
+        >> Reduce(C)
+        >> Fold(H, how="min")
         >> Output(N, "k"),
         {"N": 2, "C": 3, "H": 2},
     )
-    # a window read by a fold and by a reduction: the chain is materialized, the fold still masks
+    # a window read by a fold and by a Map: the chain is materialized, the fold still masks
     window = Input(N, C, H) >> Unfold(H, 3, "k")
     kernels["fold_of_a_shared_window"] = (
-        ((window >> Fold("k")) + (window >> Reduce("k"))) >> Output(N, C, H),
+        ((window >> Fold("k")) + (window >> Map("neg") >> Reduce("k"))) >> Output(N, C, H),
         {"N": 2, "C": 3, "H": 7},
     )
     # a Map between the window and the fold: the padding's zeros take part (the reference's rule)
@@ -107,13 +116,21 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
         {"N": 2, "C": 3, "H": 7},
     )
     conv = (
-        x >> Unfold(H, K, "kh") >> Unfold(W, K, "kw") >> Share(Weight(Dim("o", C), C, "kh", "kw", name="w"))
+        x
+        >> Unfold(H, K, "kh")
+        >> Unfold(W, K, "kw")
+        >> Share(Weight(Dim("o", C), C, "kh", "kw", name="w"))
         >> Reduce(C, "kh", "kw")
     )
     kernels["residual_conv"] = ((x + (conv >> Rename("o", "C"))) >> Output(N, C, H, W, defaults={"K": 3}), LAYER)
     gate = (
-        x >> Reduce(H, W, mean=True) >> FC(C, name="r", size=R, weight="squeeze") >> Map("relu")
-        >> FC("r", name="c", size=C, weight="excite") >> Map("sigmoid") >> Rename("c", "C")
+        x
+        >> Reduce(H, W, mean=True)
+        >> FC(C, name="r", size=R, weight="squeeze")
+        >> Map("relu")
+        >> FC("r", name="c", size=C, weight="excite")
+        >> Map("sigmoid")
+        >> Rename("c", "C")
     )
     kernels["squeeze_excitation"] = ((x * gate) >> Output(N, C, H, W), LAYER)
     seq = Input(N, C, P)
@@ -180,14 +197,28 @@ def test_stages_have_unique_names_and_the_signature_is_x_weights_out() -> None:
     assert lowered.output_shape == shapes.output
 
 
-def test_the_default_schedule_inlines_and_parallelizes_the_new_stages() -> None:
+@pytest.mark.parametrize(
+    ("name", "inlined"),
+    [
+        # the Maps after each FC fold into the FC's write-back; the gate's broadcast Blend is a pass
+        ("squeeze_excitation", {"n3_map": "n2_fc's write-back", "n5_map": "n4_fc's write-back"}),
+        # the residual addition folds into the convolution's write-back
+        ("residual_conv", {"n3_blend": "n1_stage0's write-back"}),
+        # the fold reads each element of the Map's once: the Map is computed inside the fold
+        ("fold_after_a_map", {"n2_map": "n3_fold"}),
+    ],
+)
+def test_the_default_schedule_inlines_and_parallelizes_the_new_stages(name: str, inlined: dict[str, str]) -> None:
     """Not the naive schedule: every stage scheduled (no fallback), element-wise stages folded away."""
-    graph, layer = KERNELS["squeeze_excitation"]
+    graph, layer = KERNELS[name]
     report: list[tuple[str, str]] = []
     kdsl_tvm.default_schedule.default_schedule(kdsl_tvm.lower(graph, layer), report=report)
-    assert report and not [what for _, what in report if what.startswith("fallback") or what == "unscheduled"]
+    got = dict(report)
+    assert not [what for what in got.values() if what.startswith("fallback") or what == "unscheduled"], report
+    for stage, where in inlined.items():
+        assert got[stage] == f"inlined into {where}", report
     script = kdsl_tvm.source(graph, layer, scheduled=True)
-    assert "T.parallel" in script and "T.vectorized" in script
+    assert "T.parallel" in script
 
 
 def test_every_node_kind_has_a_lowering_rule() -> None:

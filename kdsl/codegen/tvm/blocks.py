@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.lowering import Lowered, invertible_copy, load_tvm
@@ -44,6 +45,8 @@ class StageBlock:
     consumers: list[str] = field(default_factory=list)
     padded: tuple[int, ...] = ()  # a pad stage's padded dims
     invertible: bool = False  # a copy that reverse_compute_inline folds correctly (lowering.invertible_copy)
+    elementwise: bool = False  # a branching kernel's element-wise stage (StageInfo.elementwise)
+    identity_reads: set[str] = field(default_factory=set)  # buffers it reads one element per iteration, bijectively
 
     def axis(self, label: str) -> Axis:
         return next(a for a in self.axes if a.label == label)
@@ -127,4 +130,28 @@ def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
         axes,
         padded=info.padded,
         invertible=kind == "copy" and invertible_copy(node),
+        elementwise=info.elementwise,
+        identity_reads=_identity_reads(node) if info.elementwise else set(),
     )
+
+
+def _identity_reads(node: Any) -> set[str]:
+    """The buffers that ``node`` reads at a permutation of its iter vars, as many elements as it has
+    iterations: the reads that ``reverse_compute_inline`` can fold into their producer's write-back
+    (a broadcast read, one element for many iterations, is not a bijection)."""
+    tvm = load_tvm()
+    tirx = tvm.tirx
+    found = set()
+    extents = [int(iv.dom.extent) for iv in node.iter_vars]
+    for region in node.reads:
+        used: list[int] = []
+        for rng in region.region:
+            if isinstance(rng.min, tirx.Var):
+                used.extend(i for i, iv in enumerate(node.iter_vars) if iv.var.same_as(rng.min))
+            elif not (isinstance(rng.min, tirx.IntImm) and int(rng.min.value) == 0):
+                used = []
+                break
+        every = len(used) == len(set(used)) and {i for i, e in enumerate(extents) if e > 1} <= set(used)
+        if used and every and prod(extents) == prod(int(n) for n in region.source.shape):
+            found.add(region.source.name)
+    return found

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from kdsl import solve
+from kdsl.codegen.tvm.elementwise import BLEND_FORMS, MAP_FORMS, exp
 from kdsl.codegen.tvm.lowering import (
     ChainLowered,
     Lowered,
@@ -212,30 +213,14 @@ def _chain(ctx: _Context, index: int, node: Node) -> _Value:
     return _Value(list(lowered.dims), lowered.tensor, node=index)
 
 
-def _map_function(ctx: _Context, step: Map) -> Callable[[Any], Any]:
-    tirx = ctx.tvm.tirx
-    functions: dict[str, Callable[[Any], Any]] = {
-        "relu": lambda v: tirx.max(v, ctx.const(0.0)),
-        "abs": lambda v: tirx.abs(v),
-        "neg": lambda v: -v,
-        "sin": lambda v: tirx.sin(v),
-        "exp": lambda v: tirx.exp(v),
-        "sigmoid": lambda v: tirx.sigmoid(v),
-        "tanh": lambda v: tirx.tanh(v),
-        # the exact form (torch's default): x * (1 + erf(x / sqrt 2)) / 2
-        "gelu": lambda v: v * (ctx.const(1.0) + tirx.erf(v * ctx.const(1 / math.sqrt(2)))) * ctx.const(0.5),
-        "scale": lambda v: v * ctx.const(step.by),
-    }
-    if step.fn not in functions:
-        raise LoweringError(f"the TVM backend has no rule for Map({step.fn!r})")
-    return functions[step.fn]
-
-
 def _map(ctx: _Context, index: int, node: Node) -> _Value:
     step = node.step
     assert isinstance(step, Map)
     arg = ctx.values[node.args[0]]
-    fn = _map_function(ctx, step)
+    if step.fn not in MAP_FORMS:
+        raise LoweringError(f"the TVM backend has no rule for Map({step.fn!r})")
+    form = MAP_FORMS[step.fn]
+    fn = lambda value: form(ctx.tvm, value, ctx.dtype, step.by)
     dims = list(arg.dims)
     info = StageInfo(f"n{index}_map", dims, [], elementwise=True, reads_from=_reads(arg))
     tensor = ctx.stage(info, ctx.shape(index, dims), lambda *i: fn(arg.at(dict(zip(dims, i)))))
@@ -432,7 +417,6 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
     step = node.step
     assert isinstance(step, Softmax)
     arg = ctx.values[node.args[0]]
-    tirx = ctx.tvm.tirx
     dims = list(arg.dims)
     reduced = [str(d) for d in step.dims]
     kept = [d for d in dims if d not in reduced]
@@ -458,7 +442,7 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
 
     def sum_body(*i: Any) -> Any:
         coords = {**kept_coords(i), **axes}
-        return ctx.te.sum(tirx.exp(arg.at(coords) - kept_at(peak, coords)), axis=list(axes.values()))
+        return ctx.te.sum(exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype), axis=list(axes.values()))
 
     total = ctx.stage(
         StageInfo(f"n{index}_sum", kept_names, reduced, reads_from=(*reads, peak.op.name)), kept_shape, sum_body
@@ -466,7 +450,7 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
 
     def out_body(*i: Any) -> Any:
         coords = dict(zip(dims, i))
-        return tirx.exp(arg.at(coords) - kept_at(peak, coords)) / kept_at(total, coords)
+        return exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype) / kept_at(total, coords)
 
     info = StageInfo(f"n{index}_softmax", dims, [], elementwise=True, reads_from=(*reads, peak.op.name, total.op.name))
     return _Value(dims, ctx.stage(info, [extents[d] for d in dims], out_body), node=index)
@@ -498,30 +482,18 @@ def _rename(ctx: _Context, index: int, node: Node) -> _Value:
     return _Value(dims, arg.tensor, arg.chain, node=arg.node)
 
 
-def _blend_function(ctx: _Context, how: str) -> Callable[[Any, Any], Any]:
-    tirx = ctx.tvm.tirx
-    functions: dict[str, Callable[[Any, Any], Any]] = {
-        "add": lambda a, b: a + b,
-        "sub": lambda a, b: a - b,
-        "mul": lambda a, b: a * b,
-        "min": lambda a, b: tirx.min(a, b),
-        "max": lambda a, b: tirx.max(a, b),
-    }
-    if how not in functions:
-        raise LoweringError(f"the TVM backend has no rule for Blend({how!r})")
-    return functions[how]
-
-
 def _blend(ctx: _Context, index: int, node: Node) -> _Value:
     step = node.step
     assert isinstance(step, BlendJoin)
     lhs, rhs = (ctx.values[a] for a in node.args)
-    fn = _blend_function(ctx, step.how)
+    if step.how not in BLEND_FORMS:
+        raise LoweringError(f"the TVM backend has no rule for Blend({step.how!r})")
+    form = BLEND_FORMS[step.how]
     out_dims = [d.name for d in node.dims]
 
     def body(*i: Any) -> Any:
         coords = dict(zip(out_dims, i))
-        return fn(lhs.at(coords), rhs.at(coords))
+        return form(ctx.tvm, lhs.at(coords), rhs.at(coords))
 
     info = StageInfo(f"n{index}_blend", out_dims, [], elementwise=True, reads_from=_reads(lhs, rhs))
     return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)

@@ -395,6 +395,16 @@ class Space:
             elif stage.kind == "pad":
                 # materialized (a parallel, vectorized copy) or inlined (bounds checks in the reader)
                 self._add(Categorical(f"{s}.inline", (False, True)))
+            elif stage.elementwise:
+                # a branching kernel's element-wise stage: a pass of its own, computed inside its
+                # consumers (compute_inline), or folded into its producer's write-back
+                choices = ["none"]
+                if stage.consumers and stage.name != self.lowered.out.op.name:
+                    choices.append("consumers")
+                if self._inline_producer(stage) is not None:
+                    choices.append("producer")
+                if len(choices) > 1:
+                    self._add(Categorical(f"{s}.inline", tuple(choices)))
         for tensor in self.tensors:
             if not tensor.reader or len(tensor.shape) < 1:
                 continue
@@ -415,6 +425,15 @@ class Space:
 
     def _stage(self, name: str) -> StageBlock:
         return next(s for s in self.stages if s.name == name)
+
+    def _inline_producer(self, stage: StageBlock) -> str | None:
+        """The reduction stage whose write-back ``stage`` (element-wise) can be folded into: the one stage
+        it reads, read one element per iteration (other buffers it reads are the kernel's inputs)."""
+        produced = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
+        if len(produced) != 1 or produced[0] not in stage.identity_reads:
+            return None
+        producer = self._stage(produced[0])
+        return producer.name if producer.kind == "reduce" and len(producer.consumers) == 1 else None
 
     def layout_parameters(self) -> list[str]:
         """The names of the layout parameters (ALT tunes them apart from the loop parameters)."""
@@ -506,7 +525,22 @@ class Space:
                 config[f"{stage.name}.inline"] = not any(
                     self._pad_in_vector(stage, self._stage(c), vectors.get(c)) for c in stage.consumers
                 )
+            if stage.elementwise and f"{stage.name}.inline" in config:
+                config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(config)
+
+    def _elementwise_inline(self, stage: StageBlock) -> str:
+        """Where an element-wise stage goes: into its consumers when each of them reads every element
+        once (recomputing it per read would multiply its cost: a Map read through a 3x3 window, a gate
+        broadcast over H and W), else into its producer's write-back when that is a reduction read one
+        element per iteration (a Map or Blend after a convolution costs no pass over memory), else a
+        parallel, vectorized pass of its own."""
+        choices = self.parameters[f"{stage.name}.inline"].choices
+        size = prod(e for _, e in stage.spatial)
+        readers = [self._stage(name) for name in stage.consumers]
+        if "consumers" in choices and all(prod(e for _, e in c.spatial + c.reduced) <= size for c in readers):
+            return "consumers"
+        return "producer" if "producer" in choices else "none"
 
     def _vector_factor(self, extent: int) -> int:
         """The vector tile of an axis: whole vectors (at most :data:`MAX_VECTORS`), else half or quarter
@@ -643,6 +677,8 @@ class _Applier:
             if stage.kind == "pad" and self.config[f"{stage.name}.inline"]:
                 self.sch.compute_inline(self.sch.get_sblock(stage.name))
                 return "inlined into its reader (bounds checks outside the vector)"
+            if stage.elementwise:
+                return self._elementwise(stage)
             return self._spatial(stage)
 
         self._guarded(stage, schedule)
@@ -906,6 +942,21 @@ class _Applier:
                 raise LoweringError(f"{s}: inlining the copy needs a local accumulator in {producer}")
             sch.reverse_compute_inline(block)
             return f"inlined into {producer}_local"
+        return self._spatial(stage)
+
+    def _elementwise(self, stage: StageBlock) -> str:
+        """A branching kernel's element-wise stage: inlined as ``S.inline`` says, else a pass of its own."""
+        sch, s = self.sch, stage.name
+        where = self.config.get(f"{s}.inline", "none")
+        if where == "consumers":
+            sch.compute_inline(sch.get_sblock(s))
+            return f"inlined into {', '.join(stage.consumers)}"
+        if where == "producer":
+            producer = self.space._inline_producer(stage)
+            if producer is None or not self.local.get(producer):
+                raise LoweringError(f"{s}: folding into the write-back needs a local accumulator in {producer}")
+            sch.reverse_compute_inline(sch.get_sblock(s))
+            return f"inlined into {producer}'s write-back"
         return self._spatial(stage)
 
     def _spatial(self, stage: StageBlock) -> str:
