@@ -313,6 +313,9 @@ class Rename(Primitive):
         live.replace(old, [(new, live.size(old))], role, windowed=old in live.windowed)
         return Rename(old, new)
 
+    def describe(self) -> str:
+        return f"Rename({self.dim} -> {self.name})"
+
 
 # ------------------------------------------------------------------------------------------------
 # Joins: two branches in, one out

@@ -457,12 +457,16 @@ class Primitive:
 
     def describe(self) -> str:
         """A short form of a resolved step for messages: its dims, sizes and numbers, and a
-        weight's name, e.g. ``Split(Cin, Cin/G)`` or ``Share(w)``."""
+        weight's name, e.g. ``Split(Cin, Cin/G)``, ``Share(w)`` or ``Fold(kh, kw, max)``."""
         parts = []
         for f in self.fields:
             value = getattr(self, f.name)
-            if f.kind in ("ref", "size", "int"):
+            if f.kind in ("ref", "size", "int", "choice"):
                 parts.append(str(value))
+            elif f.kind == "refs":
+                parts.extend(str(v) for v in value)
+            elif f.kind == "number" and value != f.default:
+                parts.append(repr(value))
             elif f.kind == "weight":
                 parts.append(str(value.name))
         return f"{self.kind}({', '.join(parts)})"
