@@ -37,7 +37,7 @@ from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold,
 from kdsl.lang.primitives import WINDOWING, Primitive, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
-from kdsl.solve.layers import as_layer, layer_label
+from kdsl.solve.layers import Layer, as_layer, layer_label
 
 __all__ = ["GRAPH_HELPERS", "GRAPH_RULES", "bind", "forward_lines", "free_inputs", "own_names", "weights_of_node"]
 
@@ -96,6 +96,7 @@ class _Pooling:
 
     source: int  # the node the chain reads
     dims: list[str]  # the pooled dims of the source, in its order
+    outputs: dict[str, str]  # pooled dim -> its name after the pooling (a Split's outer dim)
     kernel: dict[str, Size]
     stride: dict[str, Size | None]
     padded: dict[str, bool]  # an Unfold window pads (K // 2, K - 1 - K // 2); a Split tile does not
@@ -110,24 +111,25 @@ def _pooling(graph: Graph, node: Node) -> _Pooling | None:
     chain = arg.chain
     inputs = {d.name for d in chain.inputs}
     window_of: dict[str, str] = {}  # pooled dim -> its window (Unfold) or tile (Split) dim
+    outputs: dict[str, str] = {}
     kernel: dict[str, Size] = {}
     stride: dict[str, Size | None] = {}
     padded: dict[str, bool] = {}
     for view in chain.steps:
         if isinstance(view, Unfold) and view.dim in inputs and view.dim not in window_of:
             window_of[view.dim], kernel[view.dim], stride[view.dim] = view.name, view.window, None
-            padded[view.dim] = True
+            outputs[view.dim], padded[view.dim] = view.dim, True
         elif isinstance(view, Stride) and padded.get(view.dim) and stride[view.dim] is None:
             stride[view.dim] = view.stride  # every S-th window: a strided pooling
         elif isinstance(view, Split) and view.dim in inputs and view.dim not in window_of:
             window_of[view.dim], kernel[view.dim], stride[view.dim] = view.inner, view.block, view.block
-            padded[view.dim] = False
+            outputs[view.dim], padded[view.dim] = view.outer, False
         else:
             return None
     if set(window_of.values()) != set(step.dims) or not 1 <= len(window_of) <= 3:
         return None
     dims = [d.name for d in chain.inputs if d.name in window_of]
-    return _Pooling(arg.args[0], dims, kernel, stride, padded)
+    return _Pooling(arg.args[0], dims, outputs, kernel, stride, padded)
 
 
 #: Emits a linear chain: (chain, the variable holding its input, the input's dims in order, the
@@ -215,6 +217,39 @@ def _map_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     return writer.dims(node.args[0])
 
 
+def _emit_pooling(writer: _GraphWriter, var: str, how: str, pooling: _Pooling) -> list[str]:
+    """``_pool`` (F.max_pool{1,2,3}d) on the pooled dims moved last, the others flattened in front."""
+    source = writer.dims(pooling.source)
+    rest = [d for d in source if d not in pooling.dims]
+    outputs = [pooling.outputs[d] for d in pooling.dims]
+    writer.lines.append(
+        f'{var} = rearrange({writer.names[pooling.source]}, "{writer.pattern(source)} -> '
+        f'({writer.pattern(rest)}) {writer.pattern(pooling.dims)}")  # as a pooling input'
+    )
+    kernel = _tuple([writer.size(pooling.kernel[d]) for d in pooling.dims])
+    stride = _tuple([writer.size(pooling.stride[d]) if pooling.stride[d] is not None else "1" for d in pooling.dims])
+    pads = []
+    for d in pooling.dims:
+        window = pooling.kernel[d]
+        if not pooling.padded[d]:
+            pads.append("(0, 0)")
+        elif not window.variables:  # a fixed window: its padding as numbers
+            length = int(window.constant)
+            pads.append(f"({length // 2}, {length - 1 - length // 2})")
+        else:
+            code = writer.size(window)
+            code = code if re.fullmatch(r"\w+", code) else f"({code})"
+            pads.append(f"({code} // 2, {code} - 1 - {code} // 2)")
+    writer.lines.append(f'{var} = _pool({var}, "{how}", {kernel}, {stride}, {_tuple(pads)})')
+    sizes = {d.name: d.size for d in writer.graph.nodes[pooling.source].dims}
+    lengths = "".join(f", {writer.axis(d)}={writer.size(sizes[d])}" for d in rest)
+    writer.lines.append(
+        f'{var} = rearrange({var}, "({writer.pattern(rest)}) {writer.pattern(outputs)} -> '
+        f'{writer.pattern(rest + outputs)}"{lengths})'
+    )
+    return rest + outputs
+
+
 def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     # max/min over the dims; the elements that only a window's zero padding fills take no part
     step = node.step
@@ -222,43 +257,7 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     var, arg = f"x{index}", node.args[0]
     pooling = writer.poolings.get(index)
     if pooling is not None:
-        source = writer.dims(pooling.source)
-        rest = [d for d in source if d not in pooling.dims]
-        outputs = [
-            next((s.outer for s in writer.graph.nodes[arg].chain.steps if isinstance(s, Split) and s.dim == d), d)
-            for d in pooling.dims
-        ]
-        writer.lines.append(
-            f'{var} = rearrange({writer.names[pooling.source]}, "{writer.pattern(source)} -> '
-            f'({writer.pattern(rest)}) {writer.pattern(pooling.dims)}")  # as a pooling input'
-        )
-        kernel = _tuple([writer.size(pooling.kernel[d]) for d in pooling.dims])
-        stride = _tuple(
-            [writer.size(pooling.stride[d]) if pooling.stride[d] is not None else "1" for d in pooling.dims]
-        )
-        pads = []
-        for d in pooling.dims:
-            window = pooling.kernel[d]
-            if not pooling.padded[d]:
-                pads.append("(0, 0)")
-            elif not window.variables:  # a fixed window: its padding as numbers
-                pads.append(
-                    _tuple([str(int(window.constant) // 2), str(int(window.constant) - 1 - int(window.constant) // 2)])
-                )
-            else:
-                code = writer.size(window)
-                code = code if re.fullmatch(r"\w+", code) else f"({code})"
-                pads.append(f"({code} // 2, {code} - 1 - {code} // 2)")
-        writer.lines.append(f'{var} = _pool({var}, "{step.how}", {kernel}, {stride}, {_tuple(pads)})')
-        lengths = "".join(
-            f", {writer.axis(d)}={writer.size(writer.graph.nodes[pooling.source].dims[source.index(d)].size)}"
-            for d in rest
-        )
-        writer.lines.append(
-            f'{var} = rearrange({var}, "({writer.pattern(rest)}) {writer.pattern(outputs)} -> '
-            f'{writer.pattern(rest + outputs)}"{lengths})'
-        )
-        return rest + outputs
+        return _emit_pooling(writer, var, step.how, pooling)
     dims = writer.dims(arg)
     axes = tuple(dims.index(d) for d in step.dims)  # type: ignore[arg-type]
     folded = [d for d in dims if d not in step.dims]
@@ -277,11 +276,11 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
             writer.lines.append(
                 f"    ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
             )
-        source = made_arg = maker.args[0]
+        source = maker.args[0]
         writer.lines.append(f"    {mask} = torch.ones_like({writer.names[source]})")
-        saved, writer.names[made_arg] = writer.names[made_arg], mask
-        result = writer.chain(chain, made_arg, mask, "ones", 0, indent="    ")
-        writer.names[made_arg] = saved
+        saved, writer.names[source] = writer.names[source], mask  # the chain runs on the ones
+        result = writer.chain(chain, source, mask, "ones", 0, indent="    ")
+        writer.names[source] = saved
         writer.lines.append(f"    {mask} = {result} > 0")
         writer.lines.append(f'{var} = _masked_fold({writer.names[arg]}, {mask}, {axes}, "{step.how}")')
         return folded
@@ -407,8 +406,9 @@ def forward_lines(
 
 
 def free_inputs(graph: Graph) -> set[int]:
-    """Like :func:`_free_inputs`, for a branching kernel: no node reads the dim by name, and no step
-    and no other input dim mentions its variable."""
+    """Positions of the input dims whose size the forward reads from its input (the batch), as for
+    an operator: no node reads the dim by name, and no step and no other input dim mentions its
+    variable, so any value gives the same kernel on more (or fewer) rows."""
     touched: set[str] = set()
     mentioned: list[str] = [v.name for d in graph.inputs for v in d.size.variables]
     for node in graph.nodes:
@@ -450,7 +450,7 @@ def bind(op: Graph, layer: object) -> dict[str, int]:
     binding = resolve_binding(op, item)  # type: ignore[arg-type]  # a Graph has variables and defaults
     for index, node in enumerate(op.nodes):
         if node.kind == "Chain":
-            solve.bind(node.chain, binding)
+            solve.bind(node.chain, Layer(item.name, binding))
         sizes = [(d.name, d.size) for d in node.dims]
         if isinstance(node.step, Primitive):
             sizes += [(node.step.describe(), size) for size in node.step.sizes()]
