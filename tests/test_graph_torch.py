@@ -93,6 +93,27 @@ def min_pool_split():
     return graph, IMAGE
 
 
+def max_pool_3d():
+    x = Input(N, C, R, H, W)
+    graph = (
+        x
+        >> Unfold(R, 3, "kr")
+        >> Unfold(H, 3, "kh")
+        >> Stride(H, 3)
+        >> Split(W, 4, "wo", "kw")
+        >> Fold("kr", "kh", "kw")
+        >> Output(N, C, R, H / 3, "wo")
+    )
+    return graph, {**IMAGE, "R": 4}
+
+
+def dilated_max():
+    # a Stride on the window (a dilation) is no F.max_pool1d here: the mask keeps the padding out
+    x = Input(N, C, W)
+    graph = x >> Unfold(W, 6, "k") >> Stride("k", 2) >> Fold("k") >> Output(N, C, W)
+    return graph, IMAGE
+
+
 def masked_max_of_weighted_windows():
     # not only views before the fold: the padding mask comes from the chain run on ones
     x = Input(N, C, H, W)
@@ -197,6 +218,8 @@ KERNELS = {
     "max_pool_even_window": max_pool_even_window,
     "min_pool_1d": min_pool_1d,
     "min_pool_split": min_pool_split,
+    "max_pool_3d": max_pool_3d,
+    "dilated_max": dilated_max,
     "masked_max_of_weighted_windows": masked_max_of_weighted_windows,
     "masked_min_through_rename": masked_min_through_rename,
     "fold_without_windows": fold_without_windows,
@@ -281,6 +304,7 @@ def test_parsed_dsl_text_gives_the_same_source(name):
         ("max_pool_3x3_stride_2", lambda x: F.max_pool2d(x, 3, 2, 1)),
         ("max_pool_2x2_split", lambda x: F.max_pool2d(x, 2, 2)),
         ("min_pool_1d", lambda x: -F.max_pool1d(-x, 3, 1, 1)),
+        ("max_pool_3d", lambda x: F.max_pool3d(x, (3, 3, 4), (1, 3, 4), (1, 1, 0))),
     ],
 )
 def test_pooling_folds_lower_to_max_pool_and_equal_torch(name, native):
@@ -292,7 +316,7 @@ def test_pooling_folds_lower_to_max_pool_and_equal_torch(name, native):
     np.testing.assert_allclose(torch_run(graph, layer, x, weights), expected, rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("name", ["masked_max_of_weighted_windows", "masked_min_through_rename"])
+@pytest.mark.parametrize("name", ["masked_max_of_weighted_windows", "masked_min_through_rename", "dilated_max"])
 def test_other_windowed_folds_use_the_padding_mask(name):
     graph, layer = KERNELS[name]()
     assert "_masked_fold(" in forward_source(graph, layer) and "torch.no_grad()" in forward_source(graph, layer)

@@ -7,6 +7,10 @@ Syno's rfactor) is one ``einsum``. A stage that is exactly a native op (a convol
 kind: grouped, depthwise, strided, dilated; 1-D to 3-D) is lowered to ``F.conv*d`` instead —
 same numerics, faster. :func:`build` compiles that source into a module for one layer.
 
+Both take a branching kernel (:class:`kdsl.lang.graph.Graph`) as well: its forward computes one
+variable per node, each linear chain lowered as above on its argument's variable and each Canvas
+step by its rule in :data:`GRAPH_RULES` (:mod:`kdsl.codegen.torch_graph`).
+
 >>> import torch
 >>> from kdsl.lang import *
 >>> N, Cin, Cout = primary("N Cin Cout")
