@@ -62,43 +62,73 @@ def _clamp(tvm: Any, x: Any, low: float, high: float, dtype: str) -> Any:
     return tvm.tirx.max(tvm.tirx.min(x, tvm.tirx.const(high, dtype)), tvm.tirx.const(low, dtype))
 
 
+def _let(tvm: Any, value: Any, body: Callable[[Any], Any], name: str = "t") -> Any:
+    """``body(v)`` with ``v`` bound to ``value`` once (a value used several times is not a copy of its tree)."""
+    var = tvm.tirx.Var(name, value.ty if hasattr(value, "ty") else value.dtype)  # a TensorSlice has no .ty
+    return tvm.tirx.Let(var, value, body(var))
+
+
 def fast_exp(tvm: Any, x: Any, dtype: str) -> Any:
     """Cephes' expf: ``x = n ln2 + r``, ``exp(r)`` by a polynomial, ``2**n`` in the exponent bits."""
     tirx = tvm.tirx
-    c = lambda v: tirx.const(v, dtype)
-    x = _clamp(tvm, x, -88.3762626647949, 88.3762626647950, dtype)
-    n = tirx.floor(x * c(1.44269504088896341) + c(0.5))
-    r = x - n * c(0.693359375) - n * c(-2.12194440e-4)  # ln 2 in two parts: exact n * C1
-    y = (_horner(tvm, r, _EXP_POLY, dtype) * r * r) + r + c(1.0)
-    bits = (n.astype("int32") + 127) << 23
-    return y * tirx.reinterpret(dtype, bits)
+
+    def c(v: float) -> Any:
+        return tirx.const(v, dtype)
+
+    def with_x(x: Any) -> Any:
+        def with_n(n: Any) -> Any:
+            def with_r(r: Any) -> Any:
+                y = (_horner(tvm, r, _EXP_POLY, dtype) * r * r) + r + c(1.0)
+                return y * tirx.reinterpret(dtype, (n.astype("int32") + 127) << 23)
+
+            return _let(tvm, x - n * c(0.693359375) - n * c(-2.12194440e-4), with_r, "r")  # ln 2 in two parts
+
+        return _let(tvm, tirx.round(x * c(1.44269504088896341)), with_n, "n")
+
+    return _let(tvm, _clamp(tvm, x, -88.3762626647949, 88.3762626647950, dtype), with_x, "x")
 
 
 def fast_sin(tvm: Any, x: Any, dtype: str) -> Any:
     """``x = k pi + r`` (pi in three parts), ``sin(r)`` by its Taylor series to r**13, sign ``(-1)**k``."""
     tirx = tvm.tirx
-    c = lambda v: tirx.const(v, dtype)
-    k = tirx.round(x * c(1 / math.pi))
-    r = x - k * c(3.140625) - k * c(9.67502593994140625e-4) - k * c(1.509957990978376432e-7)
-    r2 = r * r
     taylor = tuple((-1) ** (n // 2) / math.factorial(n) for n in range(13, 0, -2))  # 1/13!, .., -1/3!, 1
-    y = _horner(tvm, r2, taylor, dtype) * r
-    odd = tirx.floormod(k.astype("int32"), 2) == 1
-    return tirx.Select(odd, -y, y)
+
+    def c(v: float) -> Any:
+        return tirx.const(v, dtype)
+
+    def with_x(x: Any) -> Any:
+        def with_k(k: Any) -> Any:
+            def with_y(y: Any) -> Any:
+                return tirx.Select(tirx.floormod(k.astype("int32"), 2) == 1, -y, y)
+
+            def with_r(r: Any) -> Any:
+                return _let(tvm, _horner(tvm, r * r, taylor, dtype) * r, with_y, "y")
+
+            reduced = x - k * c(3.140625) - k * c(9.67502593994140625e-4) - k * c(1.509957990978376432e-7)
+            return _let(tvm, reduced, with_r, "r")
+
+        return _let(tvm, tirx.round(x * c(1 / math.pi)), with_k, "k")
+
+    return _let(tvm, x, with_x, "x")
+
+
+def _rational(tvm: Any, x: Any, bound: float, alpha: tuple[float, ...], beta: tuple[float, ...], dtype: str) -> Any:
+    """``x p(x**2) / q(x**2)`` for ``x`` clamped to ``[-bound, bound]``."""
+
+    def with_x(x: Any) -> Any:
+        return _let(tvm, x * x, lambda x2: x * _horner(tvm, x2, alpha, dtype) / _horner(tvm, x2, beta, dtype), "x2")
+
+    return _let(tvm, _clamp(tvm, x, -bound, bound, dtype), with_x, "x")
 
 
 def fast_tanh(tvm: Any, x: Any, dtype: str) -> Any:
     """Eigen's rational tanh on [-9, 9] (tanh is +-1 to float32 precision outside)."""
-    x = _clamp(tvm, x, -9.0, 9.0, dtype)
-    x2 = x * x
-    return x * _horner(tvm, x2, _TANH_ALPHA, dtype) / _horner(tvm, x2, _TANH_BETA, dtype)
+    return _rational(tvm, x, 9.0, _TANH_ALPHA, _TANH_BETA, dtype)
 
 
 def fast_erf(tvm: Any, x: Any, dtype: str) -> Any:
     """Eigen's rational erf on [-4, 4] (erf is +-1 to float32 precision outside)."""
-    x = _clamp(tvm, x, -4.0, 4.0, dtype)
-    x2 = x * x
-    return x * _horner(tvm, x2, _ERF_ALPHA, dtype) / _horner(tvm, x2, _ERF_BETA, dtype)
+    return _rational(tvm, x, 4.0, _ERF_ALPHA, _ERF_BETA, dtype)
 
 
 def exp(tvm: Any, x: Any, dtype: str) -> Any:
@@ -116,9 +146,12 @@ def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
 
     def gelu(tvm: Any, x: Any, dtype: str, by: float) -> Any:
         # the exact form (torch's default): x * (1 + erf(x / sqrt 2)) / 2
-        scaled = x * tvm.tirx.const(1 / math.sqrt(2), dtype)
-        erf = fast_erf(tvm, scaled, dtype) if dtype in FAST_DTYPES else tvm.tirx.erf(scaled)
-        return x * (tvm.tirx.const(1.0, dtype) + erf) * tvm.tirx.const(0.5, dtype)
+        def with_x(x: Any) -> Any:
+            scaled = x * tvm.tirx.const(1 / math.sqrt(2), dtype)
+            erf = fast_erf(tvm, scaled, dtype) if dtype in FAST_DTYPES else tvm.tirx.erf(scaled)
+            return x * (tvm.tirx.const(1.0, dtype) + erf) * tvm.tirx.const(0.5, dtype)
+
+        return _let(tvm, x, with_x, "g")
 
     return {
         "relu": lambda tvm, x, dtype, by: tvm.tirx.max(x, tvm.tirx.const(0.0, dtype)),
