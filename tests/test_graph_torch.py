@@ -4,6 +4,7 @@ exactly one, stand-alone source, and the KdslErrors of bad layers and bad inputs
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from kdsl import parse
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
+from kdsl.codegen import torch_graph
 from kdsl.lang import (
     FC,
     Blend,
@@ -436,6 +438,34 @@ def test_size_variables_named_like_the_forwards_own_variables_are_renamed():
     text = kdsl_torch.source(graph, layer)
     assert "ones -> ones_, x2 -> x2_" in text and "mask3 ->" not in text  # three nodes: mask0 to mask2
     assert_matches_reference(graph, layer)
+
+
+def forward_names(code: str) -> set[str]:
+    """Every name the generated forward binds or reads."""
+    tree = ast.parse(code)
+    (forward,) = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"]
+    names = {node.id for stmt in forward.body for node in ast.walk(stmt) if isinstance(node, ast.Name)}
+    assert "x" in names and "weights" in names
+    return names
+
+
+@pytest.mark.parametrize("name", ["masked_max_of_weighted_windows", "max_pool_3d", "attention", "residual_conv"])
+def test_graph_forwards_use_only_own_names_and_size_variables(name):
+    graph, _ = KERNELS[name]()
+    names = forward_names(kdsl_torch.source(graph))
+    variables = {v.name for v in graph.variables}
+    assert names - variables <= kdsl_torch.OWN_NAMES | torch_graph.own_names(graph)
+
+
+@pytest.mark.parametrize("name", ["x1", "x2", "x3", "x4", "ones", "mask2", "mask3", "w", "weights", "F", "torch"])
+def test_a_variable_named_like_a_graph_forwards_own_names_cannot_break_it(name):
+    V = primary(name)
+    x = Input(N, V, W)
+    windows = x >> Unfold(W, 3, "k") >> Share(Weight(V, "k", name="taps")) >> Fold("k")
+    graph = (x + windows) >> Map("relu") >> Output(N, V, W)
+    layer = {"N": 2, name: 3, "W": 5}
+    assert_matches_reference(graph, layer)
+    assert kdsl_torch.build(graph, layer).sizes[name] == 3
 
 
 @pytest.mark.parametrize("name", ["max_pool_3x3", "masked_min_through_rename", "squeeze_excitation", "attention"])
