@@ -205,16 +205,19 @@ def _topological(root: _Vertex) -> list[_Vertex]:
 
 def _weight_names(vertices: Sequence[_Vertex]) -> list[Weight]:
     found: list[Weight] = []
-    seen: set[str] = set()
+    seen: dict[str, Weight] = {}
     for vertex in vertices:
         for weight in _weights_of(vertex.step):
             assert weight.name is not None
             if weight.name in seen:
+                # name both weights' dims: the two may be equal (a linear chain extended in two
+                # branches is copied into each, its weights too) or not (two FCs named alike)
                 raise ShapeError(
-                    f"two branches share different weights named {weight.name!r}; give each weight its own "
-                    f"name (Weight(..., name=...), FC(..., weight=...))"
+                    f"two branches share weights named {weight.name!r}: {_describe(seen[weight.name].dims)} and "
+                    f"{_describe(weight.dims)}; give each weight its own name (Weight(..., name=...), "
+                    f"FC(..., weight=...)); a linear chain extended in two branches is copied into each, weights too"
                 )
-            seen.add(weight.name)
+            seen[weight.name] = weight
             found.append(weight)
     return found
 
@@ -303,7 +306,12 @@ class Tensor:
         rhs = _rebase(rhs, _root(lhs))
         dims = step.combine(lhs.dims, rhs.dims)
         vertex = _Vertex(step, (lhs, rhs), dims)
-        _weight_names(_topological(vertex))
+        try:
+            _weight_names(_topological(vertex))
+        except KdslError as error:
+            raise error.with_context(
+                f"{step.kind} of the branches {_describe(lhs.dims)} and {_describe(rhs.dims)}"
+            ) from None
         return Tensor(vertex)
 
     def __add__(self, other: object) -> Tensor:

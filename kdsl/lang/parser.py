@@ -109,11 +109,17 @@ class _Interpreter:
         try:
             return self._evaluate(node)
         except KdslError as error:
-            if error.context is None and getattr(node, "lineno", None):
+            already = error.context is not None and error.context.startswith("line ")
+            if not already and getattr(node, "lineno", None):
                 line = self.lines[node.lineno - 1].strip() if node.lineno <= len(self.lines) else ""
                 if len(line) > MAX_QUOTED_CHARS:  # a message quotes the line, not a 200 KB one
                     line = line[:MAX_QUOTED_CHARS] + " ..."
-                raise error.with_context(f"line {node.lineno}: {line}") from None
+                # the line goes first; a context the error already has (the partial operator, the
+                # tensor a branching step met) stays below it
+                context = f"line {node.lineno}: {line}"
+                if error.context:
+                    context += "\n" + error.context
+                raise error.with_context(context) from None
             raise
 
     def _evaluate(self, node: ast.expr) -> Any:
