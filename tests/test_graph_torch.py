@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from kdsl import parse
-from kdsl.codegen import reference
+from kdsl.codegen import reference, torch_graph
 from kdsl.codegen import torch as kdsl_torch
-from kdsl.codegen import torch_graph
 from kdsl.lang import (
     FC,
     Blend,
