@@ -18,6 +18,7 @@ Tensors are built with the same ``>>``; a tensor may feed several branches, and 
 >>> se = (x * gate) >> Output(N, C, H, W)
 >>> [node.kind for node in se.nodes]
 ['Input', 'Chain', 'FC', 'Map', 'FC', 'Map', 'Rename', 'Blend']
+>>> from kdsl import parse
 >>> parse(se.to_dsl()) == se
 True
 """
