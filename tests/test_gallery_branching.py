@@ -161,24 +161,26 @@ def test_max_pool_padding_takes_no_part():
 def test_unfold_and_stride_are_not_a_2x2_max_pool():
     # why max_pool2d_2x2 splits: Unfold's window is centred, so Unfold(H, 2) + Stride(H, 2) reads rows
     # 2i-1 and 2i, not 2i and 2i+1
-    from kdsl.lang import Fold, Input, Output, Stride, Unfold, primary
+    # (a Shift between them moves the window to 2i, 2i+1: the same pool as the gallery's Split)
+    from kdsl.lang import Fold, Input, Output, Shift, Stride, Unfold, primary
 
     N, C, H, W = primary("N Cin H W")
-    strided = (
-        Input(N, C, H, W)
-        >> Unfold(H, 2, "kh")
-        >> Stride(H, 2)
-        >> Unfold(W, 2, "kw")
-        >> Stride(W, 2)
-        >> Fold("kh", "kw")
-        >> Output(N, C, H / 2, W / 2)
-    )
+
+    def strided(shift):
+        built = Input(N, C, H, W)
+        for dim, window in ((H, "kh"), (W, "kw")):
+            built = built >> Unfold(dim, 2, window)
+            built = built >> Shift(dim) if shift else built
+            built = built >> Stride(dim, 2)
+        return built >> Fold("kh", "kw") >> Output(N, C, H / 2, W / 2)
+
     layer = {"N": 1, "Cin": 2, "H": 4, "W": 6}
     x = np.random.default_rng(1).standard_normal((1, 2, 4, 6))
-    got = reference.run(strided, layer, x, [])
     expected = hand_written("max_pool2d_2x2", x, [], {"K": 2, **layer})
+    got = reference.run(strided(False), layer, x, [])
     assert got.shape == expected.shape
     assert not np.allclose(got, expected)
+    np.testing.assert_array_equal(reference.run(strided(True), layer, x, []), expected)
     np.testing.assert_array_equal(reference.run(gallery.load("max_pool2d_2x2"), layer, x, []), expected)
 
 
