@@ -32,6 +32,7 @@ from kdsl.lang import (
     Reduce,
     Rename,
     Share,
+    Shift,
     Softmax,
     Split,
     Stride,
@@ -149,6 +150,12 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
         Input(N, C, H) >> FC(C, H, name="o", size=D, weight="w") >> Map("tanh") >> Output(N, "o"),
         LAYER,
     )
+    # a reduction read by a chain's copy and by a Blend: the copy must not take over its write-back
+    # (found by tests/test_graph_differential.py: "Buffer n3_product is used before its definition")
+    vec = Input(N, C)
+    mixed = Blend("add", vec, vec >> Map("relu"))
+    gram = Product(mixed, mixed, "N")
+    kernels["reduction_read_twice"] = (Blend("add", gram, gram >> Shift(C)) >> Output(C), {"N": 3, "C": 4})
     kernels["softmax_transposed_output"] = (x >> Softmax(H, W) >> Output(W, H, N, C), LAYER)
     kernels["rename_only"] = (x >> Rename(C, "c") >> Output(N, "c", H, W), LAYER)
     return kernels

@@ -46,6 +46,7 @@ class StageBlock:
     padded: tuple[int, ...] = ()  # a pad stage's padded dims
     invertible: bool = False  # a copy that reverse_compute_inline folds correctly (lowering.invertible_copy)
     elementwise: bool = False  # a branching kernel's element-wise stage (StageInfo.elementwise)
+    lane_reduce: bool = False  # StageInfo.lane_reduce
     identity_reads: set[str] = field(default_factory=set)  # buffers it reads one element per iteration, bijectively
 
     def axis(self, label: str) -> Axis:
@@ -131,6 +132,7 @@ def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
         padded=info.padded,
         invertible=kind == "copy" and invertible_copy(node),
         elementwise=info.elementwise,
+        lane_reduce=info.lane_reduce,
         identity_reads=_identity_reads(node) if info.elementwise else set(),
     )
 

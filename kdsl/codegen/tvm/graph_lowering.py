@@ -432,11 +432,11 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
 
     axes = ctx.reduce_axes(extents, reduced)
     reads = _reads(arg)
-    info_max = StageInfo(f"n{index}_max", kept_names, reduced, reads_from=reads)
+    info_max = StageInfo(f"n{index}_max", kept_names, reduced, reads_from=reads, lane_reduce=True)
     peak = ctx.stage(
         info_max,
         kept_shape,
-        lambda *i: _reducer(ctx, "max")(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
+        lambda *i: ctx.te.max(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
     )
     axes = ctx.reduce_axes(extents, reduced)
 
@@ -445,7 +445,9 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
         return ctx.te.sum(exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype), axis=list(axes.values()))
 
     total = ctx.stage(
-        StageInfo(f"n{index}_sum", kept_names, reduced, reads_from=(*reads, peak.op.name)), kept_shape, sum_body
+        StageInfo(f"n{index}_sum", kept_names, reduced, reads_from=(*reads, peak.op.name), lane_reduce=True),
+        kept_shape,
+        sum_body,
     )
 
     def out_body(*i: Any) -> Any:

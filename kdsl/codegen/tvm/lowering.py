@@ -120,6 +120,7 @@ class StageInfo:
     padded: tuple[int, ...] = ()  # for a pad stage: the positions of the padded dims
     reads_from: tuple[str, ...] = ()  # the stages (pads included) whose results this stage reads
     elementwise: bool = False  # a branching kernel's element-wise stage (Map, Blend, ...): it may be inlined
+    lane_reduce: bool = False  # a branching kernel's reduction that may keep vector lanes of partial results
 
 
 @dataclass

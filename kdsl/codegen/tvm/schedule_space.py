@@ -385,12 +385,22 @@ class Space:
                 self._add(Categorical(f"{s}.cache", ("local", "none")))
                 if prod(e for _, e in stage.spatial) < 64 and any(e > 1 for _, e in stage.reduced):
                     self._add(Categorical(f"{s}.rfactor", (False, True)))
+                if stage.lane_reduce and self._lane_axis(stage) is not None:
+                    # partial results in vector lanes along a contiguous reduced axis (softmax over a row)
+                    self._add(Categorical(f"{s}.lanes", (False, True)))
                 if len(stage.consumers) == 1 and self._stage(stage.consumers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
             elif stage.kind == "copy":
                 producers = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
                 # only where the inverse of its read is trusted: else TVM may write the wrong elements
-                if stage.invertible and len(producers) == 1 and self._stage(producers[0]).kind == "reduce":
+                # and only where the producer has no other reader (a branching kernel's stage may have several:
+                # folding one copy into the write-back would leave the others reading an unwritten buffer)
+                if (
+                    stage.invertible
+                    and len(producers) == 1
+                    and self._stage(producers[0]).kind == "reduce"
+                    and len(self._stage(producers[0]).consumers) == 1
+                ):
                     self._add(Categorical(f"{s}.inline", (True, False)))
             elif stage.kind == "pad":
                 # materialized (a parallel, vectorized copy) or inlined (bounds checks in the reader)
@@ -425,6 +435,17 @@ class Space:
 
     def _stage(self, name: str) -> StageBlock:
         return next(s for s in self.stages if s.name == name)
+
+    def _lane_axis(self, stage: StageBlock) -> Axis | None:
+        """The last reduced axis when every read along it is contiguous and it divides into vectors of at
+        least 4 lanes (:meth:`_lane_factor`)."""
+        last = next((a for a in reversed(stage.axes) if a.reduce), None)
+        if last is None or last.gathers or stage.reduced[-1][0] != last.label or self._lane_factor(last.extent) == 1:
+            return None
+        return last
+
+    def _lane_factor(self, extent: int) -> int:
+        return next((f for f in (self.lanes, self.lanes // 2, self.lanes // 4) if f >= 4 and extent % f == 0), 1)
 
     def _inline_producer(self, stage: StageBlock) -> str | None:
         """The reduction stage whose write-back ``stage`` (element-wise) can be folded into: the one stage
@@ -491,6 +512,9 @@ class Space:
             if stage.kind != "reduce" or not stage.spatial:
                 continue
             vector, vf = self._vector_axis(stage)
+            if f"{s}.lanes" in config and (vector is None or vector.gathers):
+                config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
+                continue
             if vector is not None:
                 vectors[s] = vector.label
                 config[f"{s}.vector"] = vector.label
@@ -769,6 +793,8 @@ class _Applier:
         if config.get(f"{s}.rfactor"):
             self._rfactor(stage, block, loops)
             return "rfactor: a parallel partial sum"
+        if config.get(f"{s}.lanes"):
+            return self._lanes(stage, block, loops)
         vector = config.get(f"{s}.vector")
         if vector is not None and config[f"{s}.tile.{vector}"][2] == 1:
             vector = None  # no vector tile: nothing to vectorize or to lay out last
@@ -930,6 +956,24 @@ class _Applier:
         sch.reorder(outer_r, *loops[:nspatial], *rest, inner_r)
         rf = sch.rfactor(outer_r, 0)
         sch.parallel(sch.get_loops(rf)[0])
+
+    def _lanes(self, stage: StageBlock, block: Any, loops: list[Any]) -> str:
+        """The last reduced axis split by the vector width and rfactored: a block of partial results, one
+        per lane, vectorized along the contiguous axis, then a short reduction of the lanes (a row max or
+        sum of a softmax, which a vector across rows would gather with the row's stride)."""
+        sch = self.sch
+        lanes = self.space._lane_factor(stage.reduced[-1][1])
+        nspatial = len(stage.spatial)
+        spatial, reduce = loops[:nspatial], loops[nspatial:]
+        _, inner = sch.split(reduce[-1], [None, lanes])
+        rf = sch.rfactor(inner, nspatial)
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        sch.parallel(fused)
+        rf_loops = sch.get_loops(rf)
+        sch.vectorize(rf_loops[-1])
+        init = sch.decompose_reduction(rf, rf_loops[1])
+        sch.vectorize(sch.get_loops(init)[-1])
+        return f"lanes: {lanes} partial results along {stage.reduced[-1][0]}"
 
     def _copy(self, stage: StageBlock) -> str:
         """A copy of a tiled stage's result folds into that stage's write-back (saving a pass over
