@@ -2,8 +2,10 @@
 
 Mutations of the gallery's DSL files and of their JSON forms (byte flips, truncations, token
 swaps, random identifiers, keywords, huge numbers, unicode, newlines, deep nesting, very long
-inputs). For every input: no exception but a KdslError, no input taking over a second, and every
-accepted input reads back equal from its own DSL text and JSON.
+inputs), and of branching kernels' (the gallery's and drawn ones): their node arguments pointing
+at themselves, later or missing nodes, nodes reordered, dropped, duplicated or changed in kind.
+For every input: no exception but a KdslError, no input taking over a second, and every accepted
+input reads back equal from its own DSL text and JSON.
 
 A CI-sized sample always runs; ``KDSL_SLOW_TESTS=1`` runs 10,000 texts and 10,000 documents.
 Everything is seeded, so a failure names an input that fails again.
@@ -23,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kdsl
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
 from kdsl.lang.names import MAX_CONSTANT, MAX_OFFSET
+from kdsl.lang.nonlinear import BLEND_KINDS, MAP_FUNCTIONS
 from kdsl.testing import strategies as kst
 
 SLOW = bool(os.environ.get("KDSL_SLOW_TESTS"))
@@ -60,6 +64,9 @@ HUGE = [
 KEYWORDS = ["lambda", "None", "class", "True", "import", "def", "match", "case", "type", "_", "__import__"]
 DSL_WORDS = ["Input", "Output", "Weight", "Dim", "primary", "coefficient", "Split", "Merge", "Shift"]
 DSL_WORDS += ["Expand", "Unfold", "Stride", "Reduce", "Share", "op", "mean", "name", "defaults", "kdsl"]
+# branching kernels: Canvas's steps, the joins, their keywords and choices
+DSL_WORDS += ["Map", "Fold", "Softmax", "FC", "Rename", "Blend", "Product", "by", "how", "size", "weight"]
+DSL_WORDS += [*MAP_FUNCTIONS, *BLEND_KINDS]
 ODD_TEXT = [
     "\n",
     "\r",
@@ -424,3 +431,87 @@ def test_any_default_or_offset_is_refused_or_round_trips(op, default, offset):
         return
     assert kdsl.parse(changed.to_dsl()) == changed
     assert kdsl.from_json(changed.to_json()) == changed
+
+
+# -- branching kernels --------------------------------------------------------------------------
+
+GRAPH_SOURCES = [source for source in SOURCES if isinstance(kdsl.parse(source), Graph)]
+GRAPH_DOCUMENTS = [kdsl.parse(source).to_json() for source in GRAPH_SOURCES]
+NODE_KINDS = ["Map", "Fold", "Softmax", "FC", "Rename", "Blend", "Product", "Chain", "Share", "Input", "Output"]
+LIGHT_DSL_MUTATIONS = [flip, truncate, delete, swap_tokens, replace_token, rename_everywhere, insert_token]
+
+
+def mutate_graph_node(rng: random.Random, document: Any) -> Any:
+    """Change the graph structure of a kernel's JSON: a node's arguments (itself, a later node, a
+    missing one, a bool, too few or too many), two nodes' order, a node dropped or duplicated (so
+    that something is never used), a node's kind."""
+    nodes = document.get("nodes") if isinstance(document, dict) else None
+    if not isinstance(nodes, list) or not nodes:
+        return mutate_document(rng, document) if isinstance(document, (dict, list)) and document else document
+    index = rng.randrange(len(nodes))
+    node = nodes[index]
+    action = rng.randrange(5)
+    if action == 0 and isinstance(node, dict):
+        itself = index + 1  # node 0 is the input; nodes[i] is node i + 1
+        node["args"] = rng.choice(
+            [[itself], [itself + 1], [len(nodes) + 5], [-1], [True], [], [0, 0, 0], [0.5], ["0"], [2**70], [0, itself]]
+        )
+    elif action == 1 and len(nodes) > 1:
+        other = rng.randrange(len(nodes))
+        nodes[index], nodes[other] = nodes[other], nodes[index]
+    elif action == 2:
+        del nodes[index]
+    elif action == 3:
+        nodes.insert(index, json.loads(json.dumps(node)))
+    elif isinstance(node, dict):
+        node["op"] = rng.choice(NODE_KINDS)
+    return document
+
+
+def graph_dsl_mutants(rng: random.Random, text: str, count: int) -> Iterator[str]:
+    for _ in range(count):
+        mutated = text
+        for _ in range(rng.choice([1, 1, 2])):
+            mutated = rng.choice(LIGHT_DSL_MUTATIONS)(rng, mutated)
+        yield mutated
+
+
+def graph_json_mutants(rng: random.Random, text: str, count: int) -> Iterator[str]:
+    for _ in range(count):
+        document = json.loads(text)
+        for _ in range(rng.choice([1, 1, 2])):
+            document = rng.choice([mutate_graph_node, mutate_graph_node, mutate_document])(rng, document)
+        yield json.dumps(document)
+
+
+def test_the_gallery_has_branching_kernels_to_fuzz():
+    assert len(GRAPH_SOURCES) >= 5
+    assert all(json.loads(document)["format"] == "kdsl-graph" for document in GRAPH_DOCUMENTS)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fuzzed_graph_dsl_and_json_raise_only_kdsl_errors_and_round_trip(seed):
+    rng = random.Random(seed)
+    count = (DSL_COUNT + JSON_COUNT) // 4
+    texts, documents = Tally(), Tally()
+    for _ in range(count):
+        source = rng.choice(range(len(GRAPH_SOURCES)))
+        for text in graph_dsl_mutants(rng, GRAPH_SOURCES[source], 1):
+            texts.check(kdsl.parse, text)
+        for text in graph_json_mutants(rng, GRAPH_DOCUMENTS[source], 1):
+            documents.check(kdsl.from_json, text)
+    texts.assert_sound(count)
+    documents.assert_sound(count)
+
+
+@settings(max_examples=200 if SLOW else 40)
+@given(kst.graphs(), st.randoms(use_true_random=False))
+def test_fuzzed_drawn_kernels_raise_only_kdsl_errors_and_round_trip(graph, rng):
+    """Mutants of drawn kernels' DSL and JSON: a KdslError, or a kernel that reads back equal."""
+    tally = Tally()
+    for text in graph_dsl_mutants(rng, graph.to_dsl(), 10):
+        tally.check(kdsl.parse, text)
+    for text in graph_json_mutants(rng, graph.to_json(), 10):
+        tally.check(kdsl.from_json, text)
+    assert not tally.failures, f"{len(tally.failures)} failures; first:\n" + "\n---\n".join(tally.failures[:3])
+    assert tally.checked == 20 and tally.slowest <= MAX_SECONDS
