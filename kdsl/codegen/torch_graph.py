@@ -451,14 +451,15 @@ def bind(op: Graph, layer: object) -> dict[str, int]:
     for index, node in enumerate(op.nodes):
         if node.kind == "Chain":
             solve.bind(node.chain, Layer(item.name, binding))
-        sizes = [(d.name, d.size) for d in node.dims]
+        sizes = [(f"the dim {d.name}", d.size) for d in node.dims]
         if isinstance(node.step, Primitive):
             sizes += [(node.step.describe(), size) for size in node.step.sizes()]
         for what, size in sizes:
             value = size.evaluate(binding)
             if value.denominator != 1 or value <= 0:
+                used = ", ".join(f"{v.name}={binding[v.name]}" for v in size.variables)
                 raise DivisibilityError(
-                    f"{layer_label(item.name)}: node {index} ({node.kind}): {what} has size {size} = {value}, "
-                    f"which is not a positive integer; choose sizes where it divides"
+                    f"{layer_label(item.name)} ({used}): node {index} ({node.kind}): {what} has size {size} = "
+                    f"{value}, which is not a positive integer; choose sizes where it divides"
                 )
     return binding
