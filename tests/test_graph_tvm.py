@@ -240,3 +240,18 @@ def test_a_fold_reading_views_pads_with_infinity_not_zero() -> None:
     for schedule in (None, "default"):
         got = kdsl_tvm.build(graph, layer, dtype="float64", schedule=schedule)(torch.from_numpy(x)).numpy()
         assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("fn", ["exp", "sin", "tanh", "sigmoid", "gelu"])
+def test_float32_polynomial_forms_are_accurate(fn: str) -> None:
+    """float32 exp, sin, tanh, erf are polynomials (kdsl.codegen.tvm.elementwise): within 16 float32 eps
+    (2e-6) of the float64 function, relative to max(|f(x)|, 1), over [-30, 30] and the clamped ends."""
+    values = np.concatenate([np.linspace(-30, 30, 60001), [0.0, 1e-8, -1e-8, 80.0, -80.0, 200.0, -200.0]])
+    graph = Input(N, C) >> Map(fn) >> Output(N, C)
+    layer = {"N": 1, "C": len(values)}
+    x32 = values.astype(np.float32)[None]
+    got = kdsl_tvm.build(graph, layer)(torch.from_numpy(x32)).numpy().astype(np.float64)
+    expected = reference.run(graph, layer, x32.astype(np.float64), [])
+    finite = np.isfinite(expected) & (expected < 1e38)  # exp(200) overflows float32 on both sides
+    error = np.abs(got - expected)[finite] / np.maximum(np.abs(expected[finite]), 1.0)
+    assert error.max() <= 2e-6, f"{fn}: {error.max():.3g} at x = {x32[finite][np.argmax(error)]}"

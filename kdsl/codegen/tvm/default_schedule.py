@@ -14,6 +14,12 @@ the vector axis), copies folded into the write-back, zero-padded copies material
 checks would fall inside a vector; other stages get their outer loops fused and parallel and their
 innermost loop vectorized where its reads are contiguous.
 
+Branching kernels (:mod:`kdsl.codegen.tvm.graph_lowering`) add stages of their own: max/min folds, FCs,
+Products and the softmax's max and sum are reduction stages and get the same register-tiled
+micro-kernel (the softmax's over a contiguous row keep vector lanes of partial results instead); Maps,
+Blends and the softmax's division are element-wise and are inlined into readers that read each element
+once, or folded into the write-back of the reduction they read, else run as a parallel vectorized pass.
+
 **Falling back.** Every stage is applied on a copy of the schedule; if any primitive raises
 (``ScheduleError``/``TVMError``: an unusual index expression, a block that cannot be inlined), that stage
 gets the plain parallel schedule instead, and if even that fails it is left as it was. A schedule never

@@ -8,6 +8,8 @@ the views in between *bottom-up* with the primitives' own coordinate rules (:mod
 turned into TIR here; a window's read is guarded by ``0 <= . < N``, N the dim's size, never the
 window's), times every weight it shares. Views after the last stage become a final copy stage.
 
+:func:`lower_chain` lowers a chain onto any TE tensor, so that a branching kernel
+(:mod:`kdsl.codegen.tvm.graph_lowering`) lowers each of its chains with the same code, stage names prefixed.
 The kernel built from these stages is :mod:`kdsl.codegen.tvm.kernel`'s.
 """
 

@@ -31,11 +31,18 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
   checks back into the reader, else the copy is a parallel, vectorized pass of its own;
+* a branching kernel's element-wise stages (Map, Blend, the softmax's division; ``StageInfo.elementwise``):
+  ``S.inline`` is ``"consumers"`` (``compute_inline``: computed where it is read), ``"producer"``
+  (``reverse_compute_inline`` into the write-back of the reduction it reads one element per iteration) or
+  ``"none"`` (a parallel pass, a short row vectorized whole);
+* a branching kernel's row reductions (the softmax's max and sum; ``StageInfo.lane_reduce``): ``S.lanes``
+  keeps vector lanes of partial results along the contiguous last reduced dim (split + ``rfactor``);
 * layouts (ALT): every input, weight and intermediate tensor ``T`` has ``layout.T.perm`` (an order of
   its dims) and ``layout.T.tile`` (``"d:f"``: dim ``d`` tiled by ``f``, the tile moved last, ALT's
   ``tiled channel last``; only factors that divide are offered, and a short dim whole); inputs and weights are packed by
   ``cache_read`` + ``transform_layout`` (the signature stays), intermediates are transformed in place.
-  The output's layout is the signature's.
+  The output's layout is the signature's. In a branching kernel the heuristic lays an intermediate that one
+  reduction reads out with that reader's vector dim last (a Product's operand made by an FC).
 
 >>> f = Factorization("t", 12, 3)
 >>> sorted(f.neighbours((12, 1, 1)))
@@ -60,6 +67,7 @@ from typing import Any
 from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze
 from kdsl.codegen.tvm.lowering import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.graph import Graph
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
 VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
@@ -538,6 +546,8 @@ class Space:
             config[f"{s}.cache"] = "local"
             if vector is None:
                 continue
+            if isinstance(self.lowered.op, Graph):
+                self._vector_last(stage, vector, config)
             for weight, dim in dict.fromkeys(vector.packs):
                 tensor = next(t for t in self.tensors if t.name == weight)
                 tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
@@ -565,6 +575,24 @@ class Space:
         if "consumers" in choices and all(prod(e for _, e in c.spatial + c.reduced) <= size for c in readers):
             return "consumers"
         return "producer" if "producer" in choices else "none"
+
+    def _vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Lay out the intermediate results that ``stage`` reads with the vector axis's dim last, where a
+        reduction stage made them for this reader alone: a branching kernel's data operand (a Product's
+        values, made by an FC with the channel first) is else read with a gather per lane. Plain
+        operators keep their layouts (their schedules are unchanged)."""
+        out = self.lowered.out.op.name
+        for buffer, dims in stage.reads:
+            producer = next((p for p in self.stages if p.name == buffer), None)
+            if producer is None or buffer == out or producer.kind != "reduce" or producer.consumers != [stage.name]:
+                continue
+            positions = [d for d, used in enumerate(dims) if vector.index in used]
+            if len(positions) != 1 or positions[0] == len(dims) - 1 or len(dims[positions[0]]) != 1:
+                continue
+            moved = positions[0]
+            perm = (*(d for d in range(len(dims)) if d != moved), moved)
+            if f"layout.{buffer}.perm" in self.parameters:
+                config[f"layout.{buffer}.perm"] = perm
 
     def _vector_factor(self, extent: int) -> int:
         """The vector tile of an axis: whole vectors (at most :data:`MAX_VECTORS`), else half or quarter
