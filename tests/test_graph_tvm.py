@@ -90,6 +90,8 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
         x >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw", how="min") >> Output(N, C, H, W),
         LAYER,
     )
+    # a fold over the contiguous trailing dims: the schedule keeps vector lanes of partial maxima
+    kernels["global_max_pool"] = (x >> Fold(H, W) >> Output(N, C), LAYER)
     # folding the data dim of a wide window over a short dim: some outputs read only padding (-> 0)
     kernels["fold_with_empty_windows"] = (
         Input(N, C, H) >> Unfold(H, 5, "k") >> Fold(H) >> Output(N, C, "k"),
@@ -213,6 +215,7 @@ def test_stages_have_unique_names_and_the_signature_is_x_weights_out() -> None:
         ("residual_conv", {"n3_blend": "n1_stage0's write-back"}),
         # the fold reads each element of the Map's once: the Map is computed inside the fold
         ("fold_after_a_map", {"n2_map": "n3_fold"}),
+        ("global_max_pool", {}),
     ],
 )
 def test_the_default_schedule_inlines_and_parallelizes_the_new_stages(name: str, inlined: dict[str, str]) -> None:
@@ -224,6 +227,8 @@ def test_the_default_schedule_inlines_and_parallelizes_the_new_stages(name: str,
     assert not [what for what in got.values() if what.startswith("fallback") or what == "unscheduled"], report
     for stage, where in inlined.items():
         assert got[stage] == f"inlined into {where}", report
+    if name == "global_max_pool":
+        assert got["n1_fold"].startswith("lanes: 8 partial results along W"), report
     script = kdsl_tvm.source(graph, layer, scheduled=True)
     assert "T.parallel" in script
 

@@ -8,8 +8,8 @@ Chain      the linear chain lowered onto its argument's tensor (:func:`.lowering
            the same stages as a plain operator's, names prefixed ``n<i>_``)
 Map        one element-wise stage (``max(x, 0)``, ``|x|``, ``-x``, sin, exp, sigmoid, tanh,
            GELU with ``erf``, ``by * x``)
-Fold       one max (min) reduction stage, its identity ``-inf`` (``+inf``); when its argument is
-           a chain with a window, padded elements take no part (below)
+Fold       one ``te.max`` (``te.min``) reduction stage; when its argument is a chain with a
+           window, padded elements take no part (below)
 Softmax    three stages: the max, the sum of ``exp(x - max)``, and ``exp(x - max) / sum``
 FC         one sum reduction stage of the data times the weight ``[o, *dims]``
 Rename     no stage: the same tensor with one dim called otherwise
@@ -26,7 +26,10 @@ every output element has a valid read is decided here from the windows' guards, 
 the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
 where there are none. A chain with a contraction stage and a window (a convolution whose window dim
 is then folded) gets the reference's own scheme: the chain lowered a second time on ones (input and
-weights) gives the mask of elements that read data.
+weights) gives the mask of elements that read data. (One difference from the reference remains:
+``te.max``'s identity is the lowest finite float, so a fold whose valid elements are all ``-inf`` gives
+that value instead of ``-inf``; TVM's rfactor, which the schedule uses along contiguous rows, knows
+only its own reducers.)
 
 Stage names are unique across the kernel: ``n<i>_<what>`` for node ``i``; the output is ``out`` when
 the last node's result needs a final transposition (else the last node's stage).
@@ -228,11 +231,10 @@ def _map(ctx: _Context, index: int, node: Node) -> _Value:
 
 
 def _reducer(ctx: _Context, how: str) -> Any:
-    """max (min) with the identity -inf (+inf), so that a padded element (filled with it) never wins."""
-    tirx = ctx.tvm.tirx
-    if how == "max":
-        return ctx.te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.const(-math.inf, t), name="fold_max")
-    return ctx.te.comm_reducer(lambda a, b: tirx.min(a, b), lambda t: tirx.const(math.inf, t), name="fold_min")
+    """``te.max`` (``te.min``): TVM's rfactor knows these reducers (a vector of partial maxima along a
+    contiguous row needs it); their identity is the lowest (highest) finite value, so a fold over
+    elements that are all -inf (+inf) gives that value where the reference gives -inf (+inf)."""
+    return ctx.te.max if how == "max" else ctx.te.min
 
 
 def _all_valid(chain: ChainLowered, fold_dims: Sequence[str], extents: Mapping[str, int]) -> bool:
@@ -299,7 +301,9 @@ def _fold(ctx: _Context, index: int, node: Node) -> _Value:
             body = lambda *i: reducer(
                 arg.chain.read(ctx.tvm, chain_coords(arg, coords_of(i)), ctx.dtype)[0], axis=list(axes.values())
             )
-        info = StageInfo(name, out_dims, folded, reads_from=_reads(arg) or (arg.chain.source.op.name,))
+        info = StageInfo(
+            name, out_dims, folded, reads_from=_reads(arg) or (arg.chain.source.op.name,), lane_reduce=True
+        )
         return _Value(out_dims, ctx.stage(info, shape, body), node=index)
 
     if arg.chain is not None and not arg.chain.stages:
@@ -326,7 +330,7 @@ def _fold(ctx: _Context, index: int, node: Node) -> _Value:
             value = _read(ctx.tvm, chain.source, chain.source_dims, up, guards, ctx.dtype, padded, fill)
             return value, [g.condition for g in guards]
 
-        info = StageInfo(name, out_dims, folded, reads_from=(read_name,))
+        info = StageInfo(name, out_dims, folded, reads_from=(read_name,), lane_reduce=True)
         all_valid = _all_valid(chain, fold_names, {c: extents[d] for c, d in zip(chain.dims, arg.dims)})
         result = ctx.stage(
             info if all_valid else StageInfo(f"{name}_raw", out_dims, folded, reads_from=(read_name,)),
