@@ -403,6 +403,21 @@ def test_any_batch_size_runs_like_the_operators_modules():
     np.testing.assert_allclose(got, reference.run(graph, bigger, x, weights), rtol=1e-10, atol=1e-12)
 
 
+def test_a_padding_mask_is_computed_once_per_input_shape():
+    graph, layer = masked_max_of_weighted_windows()
+    module = kdsl_torch.build(graph, layer).double()
+    for batch in (2, 2, 5):  # the second call reuses the mask; a new batch size gets a new one
+        sizes = {**layer, "N": batch}
+        x, weights = distinct_inputs(graph, sizes)
+        with torch.no_grad():
+            for parameter, value in zip(module.weights, weights):
+                parameter.copy_(torch.from_numpy(value))
+            got = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, reference.run(graph, sizes, x, weights), rtol=1e-10, atol=1e-12)
+        (mask,) = module.masks.values()
+        assert mask.dtype == torch.bool and mask.shape[0] == batch and not bool(mask.all())
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 6), (2, 3, 6, 9), (2, 3, 5, 8), (6,)])
 def test_bad_inputs_raise_shape_error(shape):
     graph, layer = residual_conv()  # N is free (any batch); the others are fixed

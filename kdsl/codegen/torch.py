@@ -841,6 +841,11 @@ def source(op: Operator | Graph, layer: Mapping[str, int] | None = None, *, name
         *weight_lines,
         "        self.weights = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)",
         "        self.fan_ins = fan_ins",
+        *(
+            ["        self.masks = {}  # node -> the padding mask of its max/min fold (they depend on shapes only)"]
+            if isinstance(op, Graph) and torch_graph.masked_folds(op)
+            else []
+        ),
         "        self.reset_parameters()",
         "",
         "    def reset_parameters(self):",

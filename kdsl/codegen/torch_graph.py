@@ -39,7 +39,17 @@ from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import Layer, as_layer, layer_label
 
-__all__ = ["GRAPH_HELPERS", "GRAPH_RULES", "bind", "forward_lines", "free_inputs", "own_names", "weights_of_node"]
+__all__ = [
+    "GRAPH_HELPERS",
+    "GRAPH_RULES",
+    "bind",
+    "forward_lines",
+    "free_inputs",
+    "masked_folds",
+    "own_names",
+    "padding_chain",
+    "weights_of_node",
+]
 
 
 #: Helpers only the modules of branching kernels use (added after :data:`HELPERS`).
@@ -261,32 +271,51 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     dims = writer.dims(arg)
     axes = tuple(dims.index(d) for d in step.dims)  # type: ignore[arg-type]
     folded = [d for d in dims if d not in step.dims]
-    made = arg
-    while writer.graph.nodes[made].kind == "Rename":  # a Rename moves no data: look at what it names
-        made = writer.graph.nodes[made].args[0]
-    maker = writer.graph.nodes[made]
-    if maker.kind == "Chain" and any(WINDOWING in s.facts for s in maker.chain.steps):
-        mask = f"mask{index}"
-        chain = maker.chain
-        writer.lines.append(
-            f"with torch.no_grad():  # {mask}: where node {arg} holds data, not a window's zero padding"
-        )
+    made = padding_chain(writer.graph, index)
+    if made is not None:
+        mask, data, chain = f"mask{index}", writer.names[arg], writer.graph.nodes[made].chain
+        # the mask depends on the shapes only: it is computed on the first call and when they change
+        writer.lines.append(f"{mask} = self.masks.get({index})")
+        writer.lines.append(f"if {mask} is None or {mask}.shape != {data}.shape or {mask}.device != {data}.device:")
+        writer.lines.append(f"    # where node {arg} holds data, not a window's zero padding: its chain on ones is > 0")
+        writer.lines.append("    with torch.no_grad():")
         if chain.weights:
             first = writer.first_weight[made]
             writer.lines.append(
-                f"    ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
+                f"        ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
             )
-        source = maker.args[0]
-        writer.lines.append(f"    {mask} = torch.ones_like({writer.names[source]})")
+        source = writer.graph.nodes[made].args[0]
+        writer.lines.append(f"        {mask} = torch.ones_like({writer.names[source]})")
         saved, writer.names[source] = writer.names[source], mask  # the chain runs on the ones
-        result = writer.chain(chain, source, mask, "ones", 0, indent="    ")
+        result = writer.chain(chain, source, mask, "ones", 0, indent="        ")
         writer.names[source] = saved
-        writer.lines.append(f"    {mask} = {result} > 0")
-        writer.lines.append(f'{var} = _masked_fold({writer.names[arg]}, {mask}, {axes}, "{step.how}")')
+        writer.lines.append(f"        self.masks[{index}] = {mask} = {result} > 0")
+        writer.lines.append(f'{var} = _masked_fold({data}, {mask}, {axes}, "{step.how}")')
         return folded
     function = "torch.amax" if step.how == "max" else "torch.amin"
     writer.lines.append(f"{var} = {function}({writer.names[arg]}, dim={axes})")
     return folded
+
+
+def padding_chain(graph: Graph, index: int) -> int | None:
+    """The chain node whose windows' zero padding the Fold node ``index`` must leave out (its
+    argument, looking through Renames, when that is a chain with a window), else ``None``."""
+    made = graph.nodes[index].args[0]
+    while graph.nodes[made].kind == "Rename":  # a Rename moves no data: look at what it names
+        made = graph.nodes[made].args[0]
+    node = graph.nodes[made]
+    if node.kind == "Chain" and any(WINDOWING in step.facts for step in node.chain.steps):
+        return made
+    return None
+
+
+def masked_folds(graph: Graph) -> list[int]:
+    """The Fold nodes that need a padding mask: a windowed chain before them, and no native pooling."""
+    return [
+        index
+        for index, node in enumerate(graph.nodes)
+        if node.kind == "Fold" and padding_chain(graph, index) is not None and _pooling(graph, node) is None
+    ]
 
 
 def _softmax_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
