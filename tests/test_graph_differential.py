@@ -27,14 +27,14 @@ from math import prod
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import kdsl
 from kdsl.codegen import reference
 from kdsl.lang import Blend, Graph, Input, Map, Output, Shift, Unfold, primary
 from kdsl.lang.errors import KdslError
-from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS
+from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS, JOINS, UNARY
 from kdsl.testing import strategies as kst
 
 SLOW = bool(os.environ.get("KDSL_SLOW_TESTS"))
@@ -372,3 +372,38 @@ def test_torch_gradients_match_finite_differences(kernel):
 
     tensors = [torch.from_numpy(x).requires_grad_()] + [torch.from_numpy(w).requires_grad_() for w in weights]
     assert torch.autograd.gradcheck(forward, tuple(tensors), eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+# -- the strategy reaches what it promises ------------------------------------------------------------
+
+
+def _blend_shapes(graph: Graph) -> set[tuple[str, str]]:
+    """(kind, which branch is broadcast) of every Blend node: "lhs", "rhs" or "none"."""
+    found = set()
+    for node in graph.nodes:
+        if node.kind == "Blend":
+            left, right = ({d.name for d in graph.nodes[a].dims} for a in node.args)
+            found.add((node.step.how, "lhs" if left < right else "rhs" if right < left else "none"))
+    return found
+
+
+def test_the_strategy_reaches_every_node_kind_and_every_blend_both_ways():
+    """Over a fixed (derandomized) sample: every node kind, every Blend kind with either branch
+    broadcast and with none, and a Fold over a padded window."""
+    seen: set[object] = set()
+
+    @settings(max_examples=500, derandomize=True, phases=[Phase.generate], database=None, deadline=None)
+    @given(kst.graphs())
+    def collect(graph):
+        assert isinstance(graph, Graph)
+        seen.update(node.kind for node in graph.nodes)
+        seen.update(_blend_shapes(graph))
+        for node in graph.nodes:
+            if node.kind == "Fold" and graph.nodes[node.args[0]].kind == "Chain":
+                seen.update("pooled" for s in graph.nodes[node.args[0]].chain.steps if s.kind == "Unfold")
+
+    collect()
+    wanted = {"Chain", "pooled", *UNARY, *JOINS} | {
+        (how, side) for how in BLEND_KINDS for side in ("lhs", "rhs", "none")
+    }
+    assert wanted <= seen, f"never drawn: {sorted(map(str, wanted - seen))}"

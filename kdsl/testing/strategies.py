@@ -323,7 +323,9 @@ def _unary(draw: Any, action: str, value: object, names: _Names) -> object:
 def _derived(draw: Any, value: object, names: _Names) -> object:
     """A second branch of ``value`` whose dims are the same or fewer (so a Blend can broadcast)."""
     live = _live(value)
-    choice = draw(st.sampled_from(("map", "shift", "reduce", "fold", "softmax", "linear")))
+    # half the time a branch with fewer dims: a Blend broadcasts it (over the other, on either side)
+    fewer = draw(st.booleans())
+    choice = draw(st.sampled_from(("reduce", "fold") if fewer else ("map", "shift", "softmax", "linear")))
     if choice == "shift":
         return value >> Shift(draw(st.sampled_from(live)), draw(st.sampled_from((1, -1))))  # type: ignore[operator]
     if choice == "reduce":
@@ -346,7 +348,7 @@ def _blend(draw: Any, lhs: object, rhs: object) -> object:
 
 def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
     lhs = _pick(draw, pool)
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)):  # mostly a branch of lhs itself (joins of unrelated values rarely fit)
         rhs = _derived(draw, lhs, names)
         if action == "product" and draw(st.booleans()):  # attention: the other branch's axis renamed
             rhs = rhs >> Rename(draw(st.sampled_from(_live(rhs))), f"r{names.next()}")  # type: ignore[operator]
