@@ -101,3 +101,16 @@ def test_pipelines_with_canvas_steps_are_values() -> None:
     assert [node.kind for node in graph.nodes] == ["Input", "Chain", "FC", "Map", "FC", "Map", "Rename", "Blend"]
     assert [w.name for w in graph.weights] == ["r_w", "C2_w"]
     assert [str(s) for s in graph.weights[0].shape] == ["R", "C"]
+
+
+def test_a_weighted_chain_extended_in_two_branches_is_one_shared_node() -> None:
+    # h is extended by >> in one branch (copying its steps) and closed in the other; its weight
+    # is still one parameter, read by both branches
+    x = Input(N, C, H, W)
+    weight = Weight(Dim("o", C), C, "kh", "kw", name="w")
+    h = x >> Unfold(H, K, "kh") >> Unfold(W, K, "kw") >> Share(weight) >> Reduce(C, "kh", "kw")
+    graph = ((h >> Map("relu")) + (h >> Unfold(H, K, "k2") >> Reduce("k2"))) >> Output(N, "o", H, W)
+    assert [node.kind for node in graph.nodes] == ["Input", "Chain", "Map", "Chain", "Blend"]
+    assert [w.name for w in graph.weights] == ["w"]
+    assert graph.nodes[3].args == (1,) and graph.nodes[2].args == (1,)
+    assert [step.kind for step in graph.nodes[3].chain.steps] == ["Unfold", "Reduce"]

@@ -306,7 +306,7 @@ class Tensor:
             )
         rhs = _rebase(rhs, _root(lhs))
         dims = step.combine(lhs.dims, rhs.dims)
-        vertex = _Vertex(step, (lhs, rhs), dims)
+        vertex = _share_prefixes(_Vertex(step, (lhs, rhs), dims))
         try:
             _weight_names(_topological(vertex))
         except KdslError as error:
@@ -368,6 +368,68 @@ def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
         else:
             memo[id(v)] = _Vertex(v.step, tuple(memo[id(a)] for a in v.args), v.dims)
     return memo[id(vertex)]
+
+
+def _common_prefix(first: Operator, second: Operator) -> int:
+    length = 0
+    for a, b in zip(first.steps, second.steps):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def _chain_vertex(source: _Vertex, steps: tuple[Primitive, ...], outputs: Sequence[str] | None) -> _Vertex:
+    if not steps:
+        return source
+    builder = Builder(source.dims, steps, None, [])
+    chain = builder.finish(Output(*(outputs if outputs is not None else builder.live.sizes)))
+    return _Vertex(chain, (source,), chain.outputs)
+
+
+def _share_prefixes(root: _Vertex) -> _Vertex:
+    """Two chains on one tensor that begin with the same weighted steps are one chain, then two.
+
+    ``h = x >> conv`` extended by ``>>`` in one branch and closed in another (``h + (h >> Unfold(...)
+    >> ...)``) copies h's steps, its weights too, into both chains; the common prefix becomes one
+    node that both read, so the weight is one parameter, as the user wrote it.
+    """
+    for _ in range(64):  # each pass removes one shared prefix; kernels are far smaller than this
+        chains: dict[int, list[_Vertex]] = {}
+        for vertex in _topological(root):
+            if isinstance(vertex.step, Operator):
+                chains.setdefault(id(vertex.args[0]), []).append(vertex)
+        found = None
+        for group in chains.values():
+            for i, first in enumerate(group):
+                for second in group[i + 1 :]:
+                    length = _common_prefix(first.step, second.step)  # type: ignore[arg-type]
+                    prefix = first.step.steps[:length]  # type: ignore[union-attr]
+                    if any(step.weights() for step in prefix):
+                        found = (first, second, length)
+                        break
+                if found:
+                    break
+            if found:
+                break
+        if found is None:
+            return root
+        first, second, length = found
+        shared = _chain_vertex(first.args[0], first.step.steps[:length], None)  # type: ignore[union-attr]
+        replaced = {
+            id(v): _chain_vertex(shared, v.step.steps[length:], [d.name for d in v.dims])  # type: ignore[union-attr]
+            for v in (first, second)
+        }
+        memo: dict[int, _Vertex] = {}
+        for v in _topological(root):
+            if id(v) in replaced:
+                memo[id(v)] = replaced[id(v)]
+            elif v.args:
+                memo[id(v)] = _Vertex(v.step, tuple(memo[id(a)] for a in v.args), v.dims)
+            else:
+                memo[id(v)] = v
+        root = memo[id(root)]
+    return root
 
 
 _INPUTS: dict[tuple[Dim, ...], _Vertex] = {}
