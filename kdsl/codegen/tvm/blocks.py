@@ -28,6 +28,7 @@ class Axis:
     reduce: bool
     weight_only: bool  # a spatial axis that only weights index (Cout in conv2d): data reads broadcast
     gathers: int = 0  # reads along which a vector on this axis would gather (not the stride-1 last dim)
+    gather_stride: int | None = 0  # the largest element stride of those gathers (None: not affine, or not the last dim)
     packs: list[tuple[str, int]] = field(default_factory=list)  # (weight, dim) a packing copy makes contiguous
 
 
@@ -120,6 +121,9 @@ def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
                     axis.packs.append((name, d))
                 else:
                     axis.gathers += 1
+                    # a strided read of the last dim (a Stride of 2) loads two vectors and shuffles them
+                    small = d == len(dims) - 1 and coeff is not None and axis.gather_stride is not None
+                    axis.gather_stride = max(axis.gather_stride, abs(coeff)) if small else None
     kind = "pad" if info.is_pad else "copy" if info.is_copy else ("reduce" if reduce_ix else "spatial")
     return StageBlock(
         info.name,
