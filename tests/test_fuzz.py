@@ -515,3 +515,39 @@ def test_fuzzed_drawn_kernels_raise_only_kdsl_errors_and_round_trip(graph, rng):
         tally.check(kdsl.from_json, text)
     assert not tally.failures, f"{len(tally.failures)} failures; first:\n" + "\n---\n".join(tally.failures[:3])
     assert tally.checked == 20 and tally.slowest <= MAX_SECONDS
+
+
+def _graph_names(document: dict) -> list[str]:
+    """Every name in a kernel's JSON: variables, input dims, and the names its nodes give (new
+    dims, weights, renamed dims)."""
+    names = {d["name"] for d in document["inputs"]} | set(document["variables"])
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("name", "weight") and isinstance(value, str):
+                    names.add(value)
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(document["nodes"])
+    return sorted(names)
+
+
+@given(kst.graphs(), st.data())
+def test_any_renamed_kernel_is_refused_or_round_trips(graph, data):
+    """Renaming one name of a valid kernel (a variable, a dim, a weight) to anything — a DSL
+    word, a keyword, the printer's own tensor names — gives a KdslError or a kernel that reads
+    back equal from its DSL and JSON."""
+    document = json.loads(graph.to_json())
+    old = data.draw(st.sampled_from(_graph_names(document)))
+    new = data.draw(st.one_of(NAMES, st.sampled_from(["x", "t1", "t2", "t3", "op", "w1", "x1", "N", "Blend"])))
+    text = json.dumps(document).replace(json.dumps(old), json.dumps(new))
+    try:
+        renamed = kdsl.from_json(text)
+    except KdslError:
+        return
+    assert kdsl.parse(renamed.to_dsl()) == renamed, renamed.to_dsl()
+    assert kdsl.from_json(renamed.to_json()) == renamed
