@@ -373,7 +373,9 @@ def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
 def _common_prefix(first: Operator, second: Operator) -> int:
     length = 0
     for a, b in zip(first.steps, second.steps):
-        if a != b:
+        # the same step objects: copied from one build by >>, never two equal steps written twice
+        # (two Weight(...)s of one shape and name in two branches stay two, and an error)
+        if a is not b:
             break
         length += 1
     return length
