@@ -221,7 +221,7 @@ def test_malformed_json_joins(change, error, fragments):
     raises(error, lambda: kdsl.from_json(json.dumps(document)), *fragments)
 
 
-@pytest.mark.parametrize("by", [float("inf"), float("nan"), "1.5", None])
+@pytest.mark.parametrize("by", [float("inf"), float("nan"), "1.5", None, True, 10**400, -(10**400)])
 def test_a_non_finite_or_non_numeric_factor_in_json(by):
     document = _document()
     document["nodes"][0].update(fn="scale", by=by)

@@ -30,7 +30,10 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
     if key not in obj:
         raise ParseError(f"{where}: the field {key!r} is missing")
     value = obj[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+    # a JSON true/false is a Python bool, which is an int too: a number field takes no bool
+    if not isinstance(value, kind) or (
+        isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    ):
         raise ParseError(f"{where}: the field {key!r} has the wrong type ({type(value).__name__})")
     return value
 
@@ -58,7 +61,12 @@ def _values(fields: Any, data: Any, variables: dict[str, str], where: str) -> di
             values[f.name] = tuple(refs)
         elif f.kind == "number":
             number = _field(data, f.name, (int, float), where)
-            values[f.name] = float(number)
+            try:
+                values[f.name] = float(number)
+            except OverflowError:  # an integer past float's range (JSON integers have no bound)
+                raise ParseError(
+                    f"{where}: the field {f.name!r} is too large for a number ({str(number)[:20]}...)"
+                ) from None
         elif f.kind == "weight" and f.keyword:
             values[f.name] = _field(data, f.name, str, where)
         elif f.kind == "int":
