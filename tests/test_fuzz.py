@@ -29,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kdsl
+from kdsl.lang import Input, Map, Output, primary
 from kdsl.lang.errors import KdslError
 from kdsl.lang.graph import Graph
 from kdsl.lang.names import MAX_CONSTANT, MAX_OFFSET
@@ -551,3 +552,24 @@ def test_any_renamed_kernel_is_refused_or_round_trips(graph, data):
         return
     assert kdsl.parse(renamed.to_dsl()) == renamed, renamed.to_dsl()
     assert kdsl.from_json(renamed.to_json()) == renamed
+
+
+@given(st.one_of(st.floats(), st.integers(-(2**70), 2**70)))
+def test_any_scale_factor_is_refused_or_round_trips(by):
+    """Map("scale", by=...) with any float or int, through Python, DSL text and JSON: refused
+    alike on every path, or read back equal (a float prints to the same float)."""
+    N, C = primary("N C")
+    x = Input(N, C)
+    try:
+        kernel = ((x >> Map("scale", by=by)) + x) >> Output(N, C)
+    except KdslError:
+        kernel = None
+    document = json.loads((((x >> Map("scale", by=2.0)) + x) >> Output(N, C)).to_json())
+    document["nodes"][0]["by"] = by
+    try:
+        stored = kdsl.from_json(json.dumps(document))
+    except KdslError:
+        stored = None
+    assert (kernel is None) == (stored is None), f"by={by!r}: Python {kernel is not None}, JSON {stored is not None}"
+    if kernel is not None:
+        assert stored == kernel and kdsl.parse(kernel.to_dsl()) == kernel
