@@ -9,8 +9,9 @@ kernels (:class:`~kdsl.lang.graph.Graph`) go through the same calls: the solver 
 both, and both backends build both. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
 and then slows PyTorch down in the same process (see TVM.md); the timings of each case hold the
 machine's latency slot (:func:`kdsl.codegen.measure.latency_slot`). Times are medians over repeats
-(:func:`kdsl.codegen.measure.median_seconds`); ratios are kdsl / native (lower is better; 1.0 means
-as fast).
+(:func:`kdsl.codegen.measure.interleaved_medians`): the kdsl->PyTorch module and the native function
+are timed in alternation, so that on a shared machine both see the same background load; ratios are
+kdsl / native (lower is better; 1.0 means as fast).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from kdsl import gallery, solve
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
-from kdsl.codegen.measure import latency_slot, median_seconds
+from kdsl.codegen.measure import interleaved_medians, latency_slot, median_seconds
 from kdsl.codegen.native import NATIVE
 from kdsl.lang.errors import KdslError
 from kdsl.solve.layers import load_layers, with_batch
@@ -35,6 +36,11 @@ from kdsl.solve.layers import load_layers, with_batch
 def _time(function: Callable[[], Any]) -> float:
     """Median seconds per call (kdsl's one timing helper), ~0.15 s per repeat, 5 repeats."""
     return median_seconds(function, repeats=5, target=0.15)
+
+
+def _times(functions: Sequence[Callable[[], Any]]) -> list[float]:
+    """Median seconds per call of each function, timed in alternation (same repeats as :func:`_time`)."""
+    return interleaved_medians(functions, repeats=5, target=0.15)
 
 
 def _layers(table: str, batch: int) -> list[tuple[str, dict[str, int]]]:
@@ -79,14 +85,18 @@ def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str
         native = native_call
 
     # one timing at a time on the machine (discover, tuning, other benches); building stays outside
+    forwards: list[Callable[[], Any]] = [lambda: module(x)]
+    steps: list[Callable[[], Any]] = [lambda: train_step(module)]
+    if native is not None:
+        forwards.append(lambda: native(x))
+        steps.append(lambda: train_step(native))
     with latency_slot():
         with torch.no_grad():
-            row["kdsl_fwd"] = _time(lambda: module(x))
-        row["kdsl_fwdbwd"] = _time(lambda: train_step(module))
-        if native is not None:
-            with torch.no_grad():
-                row["native_fwd"] = _time(lambda: native(x))
-            row["native_fwdbwd"] = _time(lambda: train_step(native))
+            forward_times = _times(forwards)
+        step_times = _times(steps)
+    row["kdsl_fwd"], row["kdsl_fwdbwd"] = forward_times[0], step_times[0]
+    if native is not None:
+        row["native_fwd"], row["native_fwdbwd"] = forward_times[1], step_times[1]
     return row
 
 
