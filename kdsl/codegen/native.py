@@ -135,8 +135,9 @@ def _spatial_attention(x: Any, w: list[Any], v: Sizes) -> Any:
 
 
 def _shift_add(x: Any, w: list[Any], v: Sizes) -> Any:
-    """A K-tap depth-wise window along H of x plus x shifted by one pixel along W: w[0] is [Cin, 1, K, 1]."""
-    return _f().conv2d(x + x.roll(-1, 3), w[0], padding=(v["K"] // 2, 0), groups=x.shape[1])
+    """A K-tap depth-wise window along H, plus itself shifted by one pixel along W: w[0] is [Cin, 1, K, 1]."""
+    window = _f().conv2d(x, w[0], padding=(v["K"] // 2, 0), groups=x.shape[1])
+    return window + window.roll(-1, 3)
 
 
 def _canvas_resnet34(x: Any, w: list[Any], v: Sizes) -> Any:
