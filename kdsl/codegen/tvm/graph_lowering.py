@@ -101,7 +101,6 @@ class _Value:
     dims: list[str]
     tensor: Any = None
     chain: ChainLowered | None = None
-    node: int = 0  # the node whose storage this is (through Renames)
 
     def at(self, coords: Mapping[str, Any]) -> Any:
         """The element at ``coords`` (by dim name) of a materialized value."""
@@ -119,7 +118,6 @@ class _Context:
         self.binding = binding
         self.dtype = dtype
         self.stages: list[StageInfo] = []
-        self.sizes: dict[str, int] = {}
         shape = tuple(self.size(d.size, f"the input dim {d.name}") for d in graph.inputs)
         self.x = self.te.placeholder(shape, dtype, name="x")
         self.weights: list[Any] = []
@@ -129,7 +127,7 @@ class _Context:
             tensor = self.te.placeholder(w_shape, dtype, name=weight.name)
             self.weights.append(tensor)
             self.weight_tensors[str(weight.name)] = tensor
-        self.values: list[_Value] = [_Value([d.name for d in graph.inputs], self.x, node=0)]
+        self.values: list[_Value] = [_Value([d.name for d in graph.inputs], self.x)]
 
     def size(self, size: Size, what: str) -> int:
         value = size.evaluate(self.binding)
@@ -212,8 +210,8 @@ def _chain(ctx: _Context, index: int, node: Node) -> _Value:
     )
     ctx.stages.extend(lowered.stages)
     if lowered.tensor is None:
-        return _Value(list(lowered.dims), None, lowered, node=index)
-    return _Value(list(lowered.dims), lowered.tensor, node=index)
+        return _Value(list(lowered.dims), None, lowered)
+    return _Value(list(lowered.dims), lowered.tensor)
 
 
 def _map(ctx: _Context, index: int, node: Node) -> _Value:
@@ -227,7 +225,7 @@ def _map(ctx: _Context, index: int, node: Node) -> _Value:
     dims = list(arg.dims)
     info = StageInfo(f"n{index}_map", dims, [], elementwise=True, reads_from=_reads(arg))
     tensor = ctx.stage(info, ctx.shape(index, dims), lambda *i: fn(arg.at(dict(zip(dims, i)))))
-    return _Value(dims, tensor, node=index)
+    return _Value(dims, tensor)
 
 
 def _reducer(ctx: _Context, how: str) -> Any:
@@ -269,152 +267,164 @@ def _variables(expr: Any) -> set[str]:
     return found
 
 
+@dataclass
+class _FoldParts:
+    """What the three ways of lowering a Fold share."""
+
+    ctx: _Context
+    index: int
+    arg: _Value
+    out_dims: list[str]
+    folded: list[str]
+    axes: dict[str, Any]
+    reducer: Any
+    fill: float  # what a padded element reads as: -inf for max, +inf for min
+    shape: tuple[int, ...]
+    name: str
+
+    def coords(self, indices: Sequence[Any]) -> dict[str, Any]:
+        """The argument's coordinates at the output ``indices`` and the fold's reduction axes."""
+        return {**dict(zip(self.out_dims, indices)), **self.axes}
+
+    def chain_coords(self, coords: Mapping[str, Any]) -> dict[str, Any]:
+        """``coords`` by the names of the unmaterialized chain's outputs (Renames keep positions)."""
+        assert self.arg.chain is not None
+        return {c: coords[d] for c, d in zip(self.arg.chain.dims, self.arg.dims)}
+
+    def value(self, coords: Mapping[str, Any]) -> Any:
+        """The argument's element (through the chain's views when it is not materialized)."""
+        if self.arg.tensor is not None:
+            return self.arg.at(coords)
+        assert self.arg.chain is not None
+        return self.arg.chain.read(self.ctx.tvm, self.chain_coords(coords), self.ctx.dtype)[0]
+
+    def reduce(self, value: Any) -> Any:
+        return self.reducer(value, axis=list(self.axes.values()))
+
+
 def _fold(ctx: _Context, index: int, node: Node) -> _Value:
     step = node.step
     assert isinstance(step, Fold)
     arg = ctx.values[node.args[0]]
-    tirx = ctx.tvm.tirx
     extents = ctx.extents(node.args[0])
     folded = [str(d) for d in step.dims]
     out_dims = [d.name for d in node.dims]
-    axes = ctx.reduce_axes(extents, folded)
-    reducer = _reducer(ctx, step.how)
-    fill = -math.inf if step.how == "max" else math.inf
-    source = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
-    windowed = source.kind == "Chain" and any(WINDOWING in s.facts for s in source.chain.steps)
-    name = f"n{index}_fold"
-
-    def coords_of(indices: Sequence[Any]) -> dict[str, Any]:
-        coords = dict(zip(out_dims, indices))
-        coords.update(axes)
-        return coords
-
-    def chain_coords(value: _Value, coords: Mapping[str, Any]) -> dict[str, Any]:
-        assert value.chain is not None
-        return {c: coords[d] for c, d in zip(value.chain.dims, value.dims)}
-
-    shape = ctx.shape(index, out_dims)
-    if not windowed:
-        if arg.tensor is not None:
-            body: Callable[..., Any] = lambda *i: reducer(arg.at(coords_of(i)), axis=list(axes.values()))
-        else:
-            body = lambda *i: reducer(
-                arg.chain.read(ctx.tvm, chain_coords(arg, coords_of(i)), ctx.dtype)[0], axis=list(axes.values())
-            )
-        info = StageInfo(
-            name, out_dims, folded, reads_from=_reads(arg) or (arg.chain.source.op.name,), lane_reduce=True
-        )
-        return _Value(out_dims, ctx.stage(info, shape, body), node=index)
-
-    if arg.chain is not None and not arg.chain.stages:
-        # the fold reads the chain's input through its views, padding filled with -inf (+inf)
-        chain = arg.chain
-        fold_names = [c for c, d in zip(chain.dims, arg.dims) if d in folded]
-        probe = [c for c, d in zip(chain.dims, arg.dims)]
-        pads = _paddings(ctx.tvm, chain.views, probe, chain.binding)
-        padded = None
-        read_name = chain.source.op.name
-        if pads:
-            pad_name = f"n{index}_pad"
-            padded_dims = tuple(k for k, d in enumerate(chain.source_dims) if d in pads)
-            ctx.stages.append(
-                StageInfo(
-                    pad_name, list(chain.source_dims), [], is_pad=True, padded=padded_dims, reads_from=(read_name,)
-                )
-            )
-            padded = (_pad(ctx.tvm, chain.source, chain.source_dims, pads, pad_name, ctx.dtype, fill), pads)
-            read_name = pad_name
-
-        def guarded(coords: Mapping[str, Any]) -> tuple[Any, list[Any]]:
-            up, guards = _walk_up(ctx.tvm, chain.views, chain_coords(arg, coords), chain.binding)
-            value = _read(ctx.tvm, chain.source, chain.source_dims, up, guards, ctx.dtype, padded, fill)
-            return value, [g.condition for g in guards]
-
-        info = StageInfo(name, out_dims, folded, reads_from=(read_name,), lane_reduce=True)
-        all_valid = _all_valid(chain, fold_names, {c: extents[d] for c, d in zip(chain.dims, arg.dims)})
-        result = ctx.stage(
-            info if all_valid else StageInfo(f"{name}_raw", out_dims, folded, reads_from=(read_name,)),
-            shape,
-            lambda *i: reducer(guarded(coords_of(i))[0], axis=list(axes.values())),
-        )
-        if all_valid:
-            return _Value(out_dims, result, node=index)
-
-        def valid_body(*i: Any) -> Any:
-            _, conditions = guarded(coords_of(i))
-            inside = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
-            return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(axes.values()))
-
-        return _finish_masked(ctx, index, out_dims, shape, folded, result, valid_body, read_name)
-
-    # a chain with a contraction and a window: the reference's mask, the chain run on ones
-    chain_node = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
-    chain_arg = ctx.values[chain_node.args[0]]
-    ones_input = ctx.te.compute(
-        tuple(int(n) for n in chain_arg.tensor.shape), lambda *i: ctx.const(1.0), name=f"n{index}_ones"
+    parts = _FoldParts(
+        ctx,
+        index,
+        arg,
+        out_dims,
+        folded,
+        ctx.reduce_axes(extents, folded),
+        _reducer(ctx, step.how),
+        -math.inf if step.how == "max" else math.inf,
+        ctx.shape(index, out_dims),
+        f"n{index}_fold",
     )
-    ctx.stages.append(StageInfo(f"n{index}_ones", list(chain_arg.dims), []))
+    source = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
+    if not (source.kind == "Chain" and any(WINDOWING in s.facts for s in source.chain.steps)):
+        # no window before it: every element takes part
+        reads = _reads(arg) or (arg.chain.source.op.name,)  # type: ignore[union-attr]
+        info = StageInfo(parts.name, out_dims, folded, reads_from=reads, lane_reduce=True)
+        return _Value(out_dims, ctx.stage(info, parts.shape, lambda *i: parts.reduce(parts.value(parts.coords(i)))))
+    if arg.chain is not None and not arg.chain.stages:
+        return _fold_through_views(parts, {c: extents[d] for c, d in zip(arg.chain.dims, arg.dims)})
+    return _fold_masked(parts, source)
+
+
+def _fold_through_views(parts: _FoldParts, extents: Mapping[str, int]) -> _Value:
+    """A fold over a chain of views with a window: it reads the chain's input through the views, padding
+    filled with -inf (+inf) (a padded copy, or the guards' else-value)."""
+    ctx, chain = parts.ctx, parts.arg.chain
+    assert chain is not None
+    tirx = ctx.tvm.tirx
+    fold_names = [c for c, d in zip(chain.dims, parts.arg.dims) if d in parts.folded]
+    pads = _paddings(ctx.tvm, chain.views, list(chain.dims), chain.binding)
+    padded = None
+    read_name = chain.source.op.name
+    if pads:
+        pad_name = f"n{parts.index}_pad"
+        padded_dims = tuple(k for k, d in enumerate(chain.source_dims) if d in pads)
+        info = StageInfo(
+            pad_name, list(chain.source_dims), [], is_pad=True, padded=padded_dims, reads_from=(read_name,)
+        )
+        ctx.stages.append(info)
+        padded = (_pad(ctx.tvm, chain.source, chain.source_dims, pads, pad_name, ctx.dtype, parts.fill), pads)
+        read_name = pad_name
+
+    def guarded(coords: Mapping[str, Any]) -> tuple[Any, list[Any]]:
+        up, guards = _walk_up(ctx.tvm, chain.views, parts.chain_coords(coords), chain.binding)
+        value = _read(ctx.tvm, chain.source, chain.source_dims, up, guards, ctx.dtype, padded, parts.fill)
+        return value, [g.condition for g in guards]
+
+    all_valid = _all_valid(chain, fold_names, extents)
+    name = parts.name if all_valid else f"{parts.name}_raw"
+    info = StageInfo(name, parts.out_dims, parts.folded, reads_from=(read_name,), lane_reduce=True)
+    result = ctx.stage(info, parts.shape, lambda *i: parts.reduce(guarded(parts.coords(i))[0]))
+    if all_valid:
+        return _Value(parts.out_dims, result)
+
+    def valid_body(*i: Any) -> Any:
+        _, conditions = guarded(parts.coords(i))
+        inside = tirx.all(*conditions) if len(conditions) > 1 else conditions[0]
+        return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(parts.axes.values()))
+
+    return _finish_masked(parts, result, valid_body, read_name)
+
+
+def _fold_masked(parts: _FoldParts, chain_node: Node) -> _Value:
+    """A fold after a chain with a window and a contraction: the reference's own mask, the chain lowered a
+    second time on ones (input and weights), positive where an element read data."""
+    ctx, index = parts.ctx, parts.index
+    tirx = ctx.tvm.tirx
+    chain_arg = ctx.values[chain_node.args[0]]
+    assert chain_arg.tensor is not None  # a chain's argument is materialized (only folds read through views)
+    ones_input = ctx.stage(
+        StageInfo(f"n{index}_ones", list(chain_arg.dims), []),
+        [int(n) for n in chain_arg.tensor.shape],
+        lambda *i: ctx.const(1.0),
+    )
     ones_weights = {}
     for k, weight in enumerate(chain_node.chain.weights):
-        tensor = ctx.weight_tensors[str(weight.name)]
-        ones_name = f"n{index}_ones_w{k}"
-        ones_weights[str(weight.name)] = ctx.te.compute(
-            tuple(int(n) for n in tensor.shape), lambda *i: ctx.const(1.0), name=ones_name
-        )
-        ctx.stages.append(StageInfo(ones_name, [d.name for d in weight.dims], []))
+        shape = [int(n) for n in ctx.weight_tensors[str(weight.name)].shape]
+        info = StageInfo(f"n{index}_ones_w{k}", [d.name for d in weight.dims], [])
+        ones_weights[str(weight.name)] = ctx.stage(info, shape, lambda *i: ctx.const(1.0))
+    binding = solve.bind(chain_node.chain, ctx.binding)
     mask_chain = lower_chain(
-        ctx.tvm,
-        chain_node.chain,
-        solve.bind(chain_node.chain, ctx.binding),
-        ones_input,
-        chain_arg.dims,
-        ones_weights,
-        ctx.dtype,
-        prefix=f"n{index}_mask_",
-        materialize=True,
+        ctx.tvm, chain_node.chain, binding, ones_input, chain_arg.dims, ones_weights, ctx.dtype, f"n{index}_mask_"
     )
     ctx.stages.extend(mask_chain.stages)
-    mask = _Value(list(arg.dims), mask_chain.tensor)
+    mask = _Value(list(parts.arg.dims), mask_chain.tensor)
+    fill = ctx.const(parts.fill)
 
-    def value_at(coords: Mapping[str, Any]) -> Any:
-        if arg.tensor is not None:
-            return arg.at(coords)
-        return arg.chain.read(ctx.tvm, chain_coords(arg, coords), ctx.dtype)[0]
+    def body(*i: Any) -> Any:
+        coords = parts.coords(i)
+        return parts.reduce(tirx.Select(mask.at(coords) > ctx.const(0.0), parts.value(coords), fill))
 
-    raw_reads = (*_reads(arg, mask), *(() if arg.tensor is not None else (arg.chain.source.op.name,)))
-    info = StageInfo(f"{name}_raw", out_dims, folded, reads_from=raw_reads)
-    result = ctx.stage(
-        info,
-        shape,
-        lambda *i: reducer(
-            tirx.Select(mask.at(coords_of(i)) > ctx.const(0.0), value_at(coords_of(i)), ctx.const(fill)),
-            axis=list(axes.values()),
-        ),
+    chain_source = () if parts.arg.chain is None else (parts.arg.chain.source.op.name,)
+    info = StageInfo(
+        f"{parts.name}_raw", parts.out_dims, parts.folded, reads_from=(*_reads(parts.arg, mask), *chain_source)
     )
+    result = ctx.stage(info, parts.shape, body)
 
-    def mask_valid(*i: Any) -> Any:
-        inside = mask.at(coords_of(i)) > ctx.const(0.0)
-        return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(axes.values()))
+    def valid_body(*i: Any) -> Any:
+        inside = mask.at(parts.coords(i)) > ctx.const(0.0)
+        return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(parts.axes.values()))
 
-    return _finish_masked(ctx, index, out_dims, shape, folded, result, mask_valid, mask.tensor.op.name)
+    return _finish_masked(parts, result, valid_body, mask_chain.tensor.op.name)
 
 
-def _finish_masked(
-    ctx: _Context,
-    index: int,
-    out_dims: list[str],
-    shape: Sequence[int],
-    folded: list[str],
-    result: Any,
-    valid_body: Callable[..., Any],
-    read_name: str,
-) -> _Value:
-    """The fold's result, 0 where no element of the fold read data."""
-    tirx = ctx.tvm.tirx
-    valid = ctx.stage(StageInfo(f"n{index}_valid", out_dims, folded, reads_from=(read_name,)), shape, valid_body)
-    info = StageInfo(f"n{index}_fold", out_dims, [], elementwise=True, reads_from=(result.op.name, valid.op.name))
-    tensor = ctx.stage(info, shape, lambda *i: tirx.Select(valid[i] > ctx.const(0.0), result[i], ctx.const(0.0)))
-    return _Value(out_dims, tensor, node=index)
+def _finish_masked(parts: _FoldParts, result: Any, valid_body: Callable[..., Any], read_name: str) -> _Value:
+    """The fold's result, 0 where none of its elements read data (``valid_body``: 1 where one does)."""
+    ctx, tirx = parts.ctx, parts.ctx.tvm.tirx
+    info = StageInfo(f"n{parts.index}_valid", parts.out_dims, parts.folded, reads_from=(read_name,))
+    valid = ctx.stage(info, parts.shape, valid_body)
+    reads = (result.op.name, valid.op.name)
+    info = StageInfo(parts.name, parts.out_dims, [], elementwise=True, reads_from=reads)
+    zero = ctx.const(0.0)
+    return _Value(
+        parts.out_dims, ctx.stage(info, parts.shape, lambda *i: tirx.Select(valid[i] > zero, result[i], zero))
+    )
 
 
 def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
@@ -459,7 +469,7 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
         return exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype) / kept_at(total, coords)
 
     info = StageInfo(f"n{index}_softmax", dims, [], elementwise=True, reads_from=(*reads, peak.op.name, total.op.name))
-    return _Value(dims, ctx.stage(info, [extents[d] for d in dims], out_body), node=index)
+    return _Value(dims, ctx.stage(info, [extents[d] for d in dims], out_body))
 
 
 def _fc(ctx: _Context, index: int, node: Node) -> _Value:
@@ -477,7 +487,7 @@ def _fc(ctx: _Context, index: int, node: Node) -> _Value:
         return ctx.te.sum(arg.at(coords) * weight[tuple(coords[d] for d in weight_dims)], axis=list(axes.values()))
 
     info = StageInfo(f"n{index}_fc", out_dims, reduced, weight_only={step.name}, reads_from=_reads(arg))
-    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body))
 
 
 def _rename(ctx: _Context, index: int, node: Node) -> _Value:
@@ -485,7 +495,7 @@ def _rename(ctx: _Context, index: int, node: Node) -> _Value:
     assert isinstance(step, Rename)
     arg = ctx.values[node.args[0]]
     dims = [step.name if d == step.dim else d for d in arg.dims]
-    return _Value(dims, arg.tensor, arg.chain, node=arg.node)
+    return _Value(dims, arg.tensor, arg.chain)
 
 
 def _blend(ctx: _Context, index: int, node: Node) -> _Value:
@@ -502,7 +512,7 @@ def _blend(ctx: _Context, index: int, node: Node) -> _Value:
         return form(ctx.tvm, lhs.at(coords), rhs.at(coords))
 
     info = StageInfo(f"n{index}_blend", out_dims, [], elementwise=True, reads_from=_reads(lhs, rhs))
-    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body))
 
 
 def _product(ctx: _Context, index: int, node: Node) -> _Value:
@@ -525,7 +535,7 @@ def _product(ctx: _Context, index: int, node: Node) -> _Value:
         elementwise=not axes,
         reads_from=_reads(lhs, rhs),
     )
-    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body), node=index)
+    return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body))
 
 
 #: One lowering rule per node kind of a branching kernel (a test checks that none is missing).
