@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import kdsl
 from kdsl.codegen import reference
-from kdsl.lang import Blend, Graph, Input, Map, Output, Shift, Unfold, primary
+from kdsl.lang import Blend, Graph, Input, Map, Output, Share, Shift, Unfold, Weight, primary
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS, JOINS, UNARY
 from kdsl.testing import strategies as kst
@@ -246,6 +246,28 @@ def test_the_key_changes_from_add_to_sub_and_with_subs_branches_swapped():
     np.testing.assert_allclose(
         reference.run(sub, layer, x_value, []), -reference.run(sub_swapped, layer, x_value, []), rtol=1e-12
     )
+
+
+def test_the_key_tells_apart_twin_branches_by_where_they_are_used():
+    """a and b are equal chains with weights of their own, so they hash alike; (a - b) * a and
+    (a - b) * b are still different functions, for every assignment of the two weights."""
+    N, C = primary("N C")
+    x = Input(N, C)
+    a = x >> Share(Weight(C, name="w1"))
+    b = x >> Share(Weight(C, name="w2"))
+    first = ((a - b) * a) >> Output(N, C)
+    second = ((a - b) * b) >> Output(N, C)
+    swapped = ((b - a) * b) >> Output(N, C)  # first with the weights' names swapped
+    commuted = (a * (a - b)) >> Output(N, C)
+    layer = {"N": 2, "C": 3}
+    x_value, weights = tie_free_inputs(first, layer)
+    expected = reference.run(first, layer, x_value, weights)
+    for order in (weights, weights[::-1]):
+        assert not np.allclose(reference.run(second, layer, x_value, order), expected)
+    assert second.key != first.key
+    assert swapped.key == first.key == commuted.key
+    exchanged = weights_by_name(first, weights, swapped, {"w1": "w2", "w2": "w1"})
+    np.testing.assert_allclose(reference.run(swapped, layer, x_value, exchanged), expected)
 
 
 def test_the_key_sees_a_window_before_or_after_a_map_that_moves_zero():

@@ -81,7 +81,8 @@ def graph_key(graph: Any) -> str:
     nothing. Dims of a join are matched by hash, never by name or position, so the key ignores
     names and the order of independent branches. Two distinct nodes that hash alike (equal chains
     with weights of their own) differ from one node read twice: the key also hashes the multiset
-    of every node's hash.
+    of every node's hash, and, where two nodes hash alike, of their hashes refined by where they
+    are read (:func:`_refined`).
     """
     tensors: list[str] = []
     dims: list[dict[str, str]] = []
@@ -127,4 +128,33 @@ def graph_key(graph: Any) -> str:
         tensors.append(tensor)
         dims.append(made)
     outputs = [dims[-1][d.name] for d in graph.outputs]
-    return _h(KEY_VERSION, "graph", tensors[-1], outputs, sorted(tensors))[:16]
+    twins = [t for i, t in enumerate(tensors) if graph.nodes[i].kind != "Rename"]
+    if len(set(twins)) == len(twins):
+        return _h(KEY_VERSION, "graph", tensors[-1], outputs, sorted(tensors))[:16]
+    # Nodes that hash alike (two chains with weights of their own) are told apart by where they
+    # are used: (a - b) * a is not (a - b) * b, not even with the weights swapped.
+    return _h(KEY_VERSION, "graph", tensors[-1], outputs, sorted(tensors), sorted(_refined(graph, tensors)))[:16]
+
+
+def _refined(graph: Any, tensors: list[str]) -> list[str]:
+    """Each node's hash refined by the hashes of the nodes it reads and of the nodes that read it
+    (and in which role: a non-commutative join's lhs or rhs), until no class of equal hashes
+    splits any more (colour refinement). The roles and hashes ignore names and the order of
+    commutative branches, as the key does."""
+    edges: list[list[tuple[int, str, str]]] = [[] for _ in graph.nodes]
+    for index, node in enumerate(graph.nodes):
+        ordered = len(node.args) == 2 and node.kind == "Blend" and node.step.how not in COMMUTATIVE
+        for position, arg in enumerate(node.args):
+            role = ("lhs", "rhs")[position] if ordered else "arg"
+            edges[index].append((arg, "reads", role))
+            edges[arg].append((index, "read-by", role))
+    colors = list(tensors)
+    for _ in range(len(colors)):
+        refined = [
+            _h("refined", colors[i], sorted((colors[j], way, role) for j, way, role in edges[i]))
+            for i in range(len(colors))
+        ]
+        if len(set(refined)) == len(set(colors)):
+            break
+        colors = refined
+    return colors
