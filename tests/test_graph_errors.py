@@ -153,6 +153,12 @@ def test_two_inputs_with_different_dims():
     raises(ShapeError, lambda: Product(_x(), Input(N, H, C), "C"), "Product", r"\[N: N, H: H, C: C\]")
 
 
+def test_a_branch_that_reduces_every_dim_away():
+    x = _x()
+    raises(ShapeError, lambda: x + (x >> Reduce(N, C, H)), "reduces every dim away", "scalar", r"Reduce\(N, C, H\)")
+    raises(ShapeError, lambda: (x >> Reduce(N, C, H)) >> Map("relu"), "reduces every dim away")
+
+
 def test_an_unknown_blend_kind():
     raises(ShapeError, lambda: Blend("pow", _x(), _x()), r"Blend\('pow'\)", "add, sub, mul, min, max")
 

@@ -265,6 +265,10 @@ class Tensor:
         if pending is None:
             return self.vertex
         if pending.closed_vertex is None:  # one vertex per build, however many branches read it
+            if not pending.live.sizes:  # (Output() would only say that it needs dims)
+                raise ShapeError(
+                    "a branch of a kernel reduces every dim away, which leaves a scalar; reduce fewer dims"
+                ).with_context(pending._text_so_far())
             chain = pending.finish(Output(*pending.live.sizes))
             pending.closed_vertex = _Vertex(chain, (self.vertex,), chain.outputs)
         return pending.closed_vertex
