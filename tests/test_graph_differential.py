@@ -355,7 +355,7 @@ def test_disagreement_catches_a_wrong_backend():
 
 
 @pytest.mark.skipif(not OTHERS, reason="KDSL_TEST_BACKENDS names only the reference")
-@settings(max_examples=200 if SLOW else 20)
+@settings(max_examples=500 if SLOW else 100)
 @given(KERNELS)
 def test_backends_agree_on_drawn_kernels(kernel):
     graph, layer = kernel
@@ -364,7 +364,7 @@ def test_backends_agree_on_drawn_kernels(kernel):
 
 
 @pytest.mark.skipif(not OTHERS, reason="KDSL_TEST_BACKENDS names only the reference")
-@settings(max_examples=40 if SLOW else 6)
+@settings(max_examples=60 if SLOW else 10)
 @given(KERNELS, st.sampled_from(kst.PRIMARY))
 def test_backends_refuse_a_layer_that_does_not_fit_alike(kernel, name):
     """A primary off by one from a fitting layer (often indivisible, sometimes fine): every
@@ -377,7 +377,7 @@ def test_backends_refuse_a_layer_that_does_not_fit_alike(kernel, name):
 
 
 @pytest.mark.skipif("torch" not in BACKENDS, reason="KDSL_TEST_BACKENDS leaves out torch")
-@settings(max_examples=40 if SLOW else 6)
+@settings(max_examples=150 if SLOW else 20)
 @given(kst.graphs_with_layers(max_actions=5, max_elements=150))
 def test_torch_gradients_match_finite_differences(kernel):
     """d(output)/d(input) and d(output)/d(weights) of the PyTorch module against central
