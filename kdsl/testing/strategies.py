@@ -17,6 +17,11 @@ three new dims of its own (as search's weights do: ``Weight(Dim("a", C), "d", C)
 in the vocabulary. No variable is named like something a backend's generated code uses (``F``).
 :func:`layers` binds every variable so that every size in the operator is a positive integer and
 no intermediate tensor gets large.
+
+:func:`graphs` draws branching kernels (:class:`kdsl.lang.Graph`) the same way, through the public
+API: linear chains drawn like the operators' steps, Canvas's Map, Fold, Softmax, FC and Rename, and
+branches joined by Blend (every kind, either branch broadcast) and Product;
+:func:`graphs_with_layers` gives one with a binding (``layers`` binds a kernel too).
 """
 
 from __future__ import annotations
