@@ -119,9 +119,8 @@ def test_dsl_and_json_round_trip_to_equal_kernels_with_equal_keys(graph):
 
 
 def _names_to_rename(graph: Graph) -> list[str]:
-    """Every dim and weight name of the kernel that is not also a variable's name (renaming a
-    variable changes sizes, which the key rightly sees)."""
-    found: set[str] = set()
+    """Every dim and weight name of the kernel (input dims named like their variables too)."""
+    found: set[str] = {d.name for d in graph.inputs}
     for node in graph.nodes:
         found.update(d.name for d in node.dims)
         if node.kind == "Chain":
@@ -130,15 +129,31 @@ def _names_to_rename(graph: Graph) -> list[str]:
     for weight in graph.weights:
         found.add(weight.name)
         found.update(d.name for d in weight.dims)
-    return sorted(found - {v.name for v in graph.variables})
+    return sorted(found)
+
+
+#: JSON fields that hold no dim or weight name: sizes (a variable renamed is another size, which
+#: the key rightly sees), and the kinds and choices of steps
+NOT_NAMES = {"size", "op", "fn", "how", "format", "version", "variables", "defaults", "args"}
 
 
 def _renamed(graph: Graph, mapping: dict[str, str]) -> Graph:
-    document = graph.to_json()
-    for old, new in mapping.items():
-        document = document.replace(json.dumps(old), json.dumps(new))
-    renamed = kdsl.from_json(document)
+    """The kernel with every dim and weight name renamed by ``mapping`` (through its JSON, field
+    by field: variables and sizes keep their names)."""
+
+    def rename(value: object) -> object:
+        if isinstance(value, str):
+            return mapping.get(value, value)
+        if isinstance(value, list):
+            return [rename(v) for v in value]
+        if isinstance(value, dict):
+            return {k: v if k in NOT_NAMES else rename(v) for k, v in value.items()}
+        return value
+
+    document = rename(json.loads(graph.to_json()))
+    renamed = kdsl.from_json(json.dumps(document))
     assert isinstance(renamed, Graph)
+    assert [d.name for d in renamed.inputs] == [mapping.get(d.name, d.name) for d in graph.inputs]
     return renamed
 
 
