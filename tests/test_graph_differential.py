@@ -209,8 +209,8 @@ def test_the_key_ignores_names_and_the_order_of_commutative_branches(kernel, dat
 
 def _semantic_changes(graph: Graph) -> list[tuple[int, str, object]]:
     """(node, field, new value) for every change of one node that keeps the kernel valid:
-    another Blend kind, a swap of a non-commutative Blend's branches, another Map function, the
-    other Fold kind."""
+    another Blend kind, a swap of a non-commutative Blend's branches, another Map function or
+    scale factor, the other Fold kind."""
     changes: list[tuple[int, str, object]] = []
     for index, node in enumerate(graph.nodes):
         if node.kind == "Blend":
@@ -219,6 +219,8 @@ def _semantic_changes(graph: Graph) -> list[tuple[int, str, object]]:
                 changes.append((index, "args", None))
         elif node.kind == "Map" and node.step.fn != "scale":
             changes += [(index, "fn", fn) for fn in ("relu", "abs", "neg", "sin", "exp", "tanh") if fn != node.step.fn]
+        elif node.kind == "Map":
+            changes += [(index, "by", -node.step.by), (index, "by", node.step.by + 1)]
         elif node.kind == "Fold":
             changes += [(index, "how", how) for how in FOLD_KINDS if how != node.step.how]
     return changes
