@@ -208,7 +208,7 @@ def operators_with_layers(draw: Any, max_steps: int = 6) -> tuple[Operator, dict
 # Branching kernels (kdsl.lang.graph): linear chains between Canvas's steps, branches joined again
 # ------------------------------------------------------------------------------------------------
 
-#: Map functions with a parameter-free meaning, and the factors a drawn Map("scale") takes
+#: the factors a drawn Map("scale") takes (every other Map function takes none)
 SCALE_FACTORS = (0.5, -2.0, 3.0)
 #: Blend spellings: the operators build add/sub/mul, Blend(...) any kind
 BLEND_SPELLINGS = ("+", "-", "*", *(f"Blend:{how}" for how in BLEND_KINDS))
@@ -256,7 +256,8 @@ def _live(value: object) -> list[str]:
 
 
 def _builder_of(value: object) -> Builder:
-    """A linear builder with the value's live dims (and windowed dims, which Stride needs)."""
+    """A linear builder with the value's live dims: its pending chain's own where it has one (so
+    a Stride finds the windows that chain made), else a fresh one on the value's dims."""
     if isinstance(value, Builder):
         return value
     tensor = Tensor.of(value, "graphs")
