@@ -211,12 +211,12 @@ def _weight_names(vertices: Sequence[_Vertex]) -> list[Weight]:
         for weight in _weights_of(vertex.step):
             assert weight.name is not None
             if weight.name in seen:
-                # name both weights' dims: the two may be equal (a linear chain extended in two
-                # branches is copied into each, its weights too) or not (two FCs named alike)
+                # name both weights' dims: the two may be equal (one Share written in two
+                # branches) or not (two FCs named alike)
                 raise ShapeError(
                     f"two branches share weights named {weight.name!r}: {_describe(seen[weight.name].dims)} and "
                     f"{_describe(weight.dims)}; give each weight its own name (Weight(..., name=...), "
-                    f"FC(..., weight=...)); a linear chain extended in two branches is copied into each, weights too"
+                    f"FC(..., weight=...)), or apply the weight once and branch from its result"
                 )
             seen[weight.name] = weight
             found.append(weight)
