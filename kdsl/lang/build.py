@@ -201,6 +201,14 @@ class Operator:
     defaults: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
+        for step in self.steps:
+            if not isinstance(step, Primitive) or step.kind not in PRIMITIVES:
+                # a linear chain: planning, search and its rules commute its steps, which a
+                # non-linear step must never be part of (a branching kernel is a Graph)
+                raise ShapeError(
+                    f"an Operator holds only linear primitives ({', '.join(PRIMITIVES)}), not {step!r:.120}; "
+                    f"build kernels with non-linear steps as Input(...) >> ... >> Output(...), which gives a Graph"
+                )
         by_name: dict[str, Var] = {}
         for var in self.variables:
             seen = by_name.setdefault(var.name, var)
