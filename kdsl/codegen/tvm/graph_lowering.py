@@ -208,6 +208,10 @@ def _chain(ctx: _Context, index: int, node: Node) -> _Value:
         prefix=f"n{index}_",
         materialize=not _only_folds(ctx.graph, index),
     )
+    for info in lowered.stages:
+        # a chain's reduction may keep vector lanes of partial sums where its vector would gather (the
+        # mean over H, W of a squeeze-excitation, read across rows of 3136 elements otherwise)
+        info.lane_reduce = bool(info.reduced)
     ctx.stages.extend(lowered.stages)
     if lowered.tensor is None:
         return _Value(list(lowered.dims), None, lowered)
