@@ -158,6 +158,16 @@ def _kernels() -> dict[str, tuple[Graph, dict[str, int]]]:
     mixed = Blend("add", vec, vec >> Map("relu"))
     gram = Product(mixed, mixed, "N")
     kernels["reduction_read_twice"] = (Blend("add", gram, gram >> Shift(C)) >> Output(C), {"N": 3, "C": 4})
+    # a Product and an FC read a window through its views (never materialized), zero padding included
+    seq3 = Input(N, C, H)
+    kernels["involution_like_product_of_a_window"] = (
+        Product(seq3 >> Unfold(H, 3, "k"), seq3 >> FC(C, name="k", size=3, weight="g"), "k") >> Output(N, C, H),
+        {"N": 2, "C": 3, "H": 7},
+    )
+    kernels["fc_over_a_window"] = (
+        Input(N, C, H) >> Unfold(H, 3, "k") >> FC(C, "k", name="o", size=D, weight="w") >> Output(N, "o", H),
+        {"N": 2, "C": 3, "H": 7, "D": 4},
+    )
     kernels["softmax_transposed_output"] = (x >> Softmax(H, W) >> Output(W, H, N, C), LAYER)
     kernels["rename_only"] = (x >> Rename(C, "c") >> Output(N, "c", H, W), LAYER)
     return kernels
@@ -260,3 +270,11 @@ def test_float32_polynomial_forms_are_accurate(fn: str) -> None:
     finite = np.isfinite(expected) & (expected < 1e38)  # exp(200) overflows float32 on both sides
     error = np.abs(got - expected)[finite] / np.maximum(np.abs(expected[finite]), 1.0)
     assert error.max() <= 2e-6, f"{fn}: {error.max():.3g} at x = {x32[finite][np.argmax(error)]}"
+
+
+@pytest.mark.parametrize("name", ["involution_like_product_of_a_window", "fc_over_a_window", "max_pool_3x3_s1_p1"])
+def test_reductions_read_a_window_through_its_views(name: str) -> None:
+    """The window chain (node 1) is not materialized: no copy stage K times the input's size."""
+    graph, layer = KERNELS[name]
+    names = [stage.name for stage in kdsl_tvm.lower(graph, layer).stages]
+    assert not [n for n in names if n.startswith("n1_")], names
