@@ -23,8 +23,9 @@ copy never exists (involution at conv2_x, 1 thread: 2.7 -> 0.36 ms).
 
 **Fold and window padding.** The reference's rule: an element that is a window's zero padding takes
 no part in a max (min) fold (``F.max_pool2d``'s padding), and where no element takes part the result
-is 0. A fold reading a chain of views reads the chain's input through them, with ``-inf`` (``+inf``) instead of zero where a window reads past its dim
-(in the zero-padded copy of the input, or in the bounds check that the scheduler puts back). Whether
+is 0. A fold reading a chain of views reads the chain's input through them, with ``-inf`` (``+inf``)
+instead of zero where a window reads past its dim (in the padded copy of the input, or in the bounds
+check that the scheduler puts back). Whether
 every output element has a valid read is decided here from the windows' guards, evaluated once over
 the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
 where there are none. A chain with a contraction stage and a window (a convolution whose window dim
