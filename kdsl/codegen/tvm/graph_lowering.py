@@ -173,9 +173,9 @@ def _through_renames(graph: Graph, index: int) -> int:
     return index
 
 
-#: The node kinds that read a chain of views through its views (a reduction over the chain's output:
-#: materializing it first, an Unfold's K-fold copy, would cost a pass over K times the data).
-VIEW_READERS = frozenset({"Fold", "FC", "Product"})
+#: The node kinds that read a chain of views through its views (materializing it first, an Unfold's
+#: K-fold copy or a Shift's copy, would cost a pass over memory; a Softmax reads its argument three times).
+VIEW_READERS = frozenset({"Fold", "FC", "Product", "Map", "Blend"})
 
 
 def _read_through_views(graph: Graph, index: int) -> bool:
@@ -270,8 +270,9 @@ def _map(ctx: _Context, index: int, node: Node) -> _Value:
     form = MAP_FORMS[step.fn]
     fn = lambda value: form(ctx.tvm, value, ctx.dtype, step.by)
     dims = list(arg.dims)
-    info = StageInfo(f"n{index}_map", dims, [], elementwise=True, reads_from=_reads(arg))
-    tensor = ctx.stage(info, ctx.shape(index, dims), lambda *i: fn(arg.at(dict(zip(dims, i)))))
+    read, read_name = _view_reader(ctx, index, arg)
+    info = StageInfo(f"n{index}_map", dims, [], elementwise=True, reads_from=(read_name,))
+    tensor = ctx.stage(info, ctx.shape(index, dims), lambda *i: fn(read(dict(zip(dims, i)))[0]))
     return _Value(dims, tensor)
 
 
@@ -540,11 +541,15 @@ def _blend(ctx: _Context, index: int, node: Node) -> _Value:
     form = BLEND_FORMS[step.how]
     out_dims = [d.name for d in node.dims]
 
+    read_lhs, lhs_name = _view_reader(ctx, index, lhs, tag="0")
+    read_rhs, rhs_name = _view_reader(ctx, index, rhs, tag="1") if rhs is not lhs else (read_lhs, lhs_name)
+
     def body(*i: Any) -> Any:
         coords = dict(zip(out_dims, i))
-        return form(ctx.tvm, lhs.at(coords), rhs.at(coords))
+        return form(ctx.tvm, read_lhs(coords)[0], read_rhs(coords)[0])
 
-    info = StageInfo(f"n{index}_blend", out_dims, [], elementwise=True, reads_from=_reads(lhs, rhs))
+    reads = tuple(dict.fromkeys((lhs_name, rhs_name)))
+    info = StageInfo(f"n{index}_blend", out_dims, [], elementwise=True, reads_from=reads)
     return _Value(out_dims, ctx.stage(info, ctx.shape(index, out_dims), body))
 
 
