@@ -1007,8 +1007,12 @@ class _Applier:
         spatial, reduce = loops[:nspatial], loops[nspatial:]
         _, inner = sch.split(reduce[-1], [None, lanes])
         rf = sch.rfactor(inner, nspatial)
-        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        sch.parallel(fused)
+        sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])  # the lanes' reduction
+        # the partial results have loops of their own: their spatial loops parallel too (else the whole
+        # reduction runs on one thread: a global max pool took as long on 2 threads as on 1)
+        rf_loops = sch.get_loops(rf)
+        rf_spatial = sch.fuse(*rf_loops[:nspatial]) if nspatial > 1 else rf_loops[0]
+        sch.parallel(rf_spatial)
         rf_loops = sch.get_loops(rf)
         sch.vectorize(rf_loops[-1])
         init = sch.decompose_reduction(rf, rf_loops[1])
