@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kdsl
-from kdsl.codegen import reference, torch_graph
+from kdsl.codegen import reference, render, torch_graph
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.lang import FC, Blend, Fold, Input, Map, Output, Product, Rename, Softmax, Unfold, index
@@ -14,6 +14,7 @@ from kdsl.lang.nonlinear import JOIN, JOINS, NONLINEAR, UNARY, Join
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive
 from kdsl.lang.sizes import Size, coefficient, primary
 from kdsl.search import kinds
+from kdsl.solve import cost
 from kdsl.testing import strategies
 
 
@@ -157,6 +158,9 @@ def _graph_tables() -> dict[str, dict]:
         "reference.GRAPH_RULES": reference.GRAPH_RULES,
         "torch_graph.GRAPH_RULES": torch_graph.GRAPH_RULES,
         "tvm.GRAPH_RULES": kdsl_tvm.GRAPH_RULES,
+        "render.LOOP_NEST_RULES": render.LOOP_NEST_RULES,
+        # the cost model also counts the input node (0 FLOPs)
+        "cost.GRAPH_FLOPS": {k: v for k, v in cost.GRAPH_FLOPS.items() if k != "Input"},
     }
 
 
