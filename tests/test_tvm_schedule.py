@@ -68,6 +68,18 @@ LAYERS = {
         {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3},
     ],
     "unfold2d": [{"N": 1, "Cin": 4, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+    # branching kernels (Canvas's primitives)
+    "max_pool2d": [{"N": 1, "Cin": 8, "H": 7, "W": 16}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+    "max_pool2d_2x2": [{"N": 1, "Cin": 8, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 9, "W": 6, "K": 3}],
+    "residual_conv2d": [{"N": 1, "Cin": 16, "H": 7, "W": 8}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+    "squeeze_excitation": [{"N": 2, "Cin": 32, "H": 7, "W": 8}, {"N": 1, "Cin": 6, "H": 3, "W": 1, "r": 3}],
+    "involution": [
+        {"N": 1, "Cin": 32, "H": 7, "W": 8},
+        {"N": 2, "Cin": 6, "H": 3, "W": 2, "K": 3, "S": 3, "r": 2},
+    ],
+    "spatial_attention": [{"N": 1, "Cin": 16, "H": 4, "W": 6}, {"N": 2, "Cin": 6, "H": 3, "W": 1, "r": 2}],
+    "shift_add": [{"N": 1, "Cin": 16, "H": 7, "W": 8}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+    "canvas_resnet34": [{"N": 1, "Cin": 16, "H": 7, "W": 8}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
 }
 
 
