@@ -187,8 +187,54 @@ class Builder(_Joinable):
         return f"Builder({self.live.describe()})"
 
 
+class Sized:
+    """What operators and branching kernels share: the variables their sizes mention, their
+    coefficient defaults, and their text as ``str()``."""
+
+    defaults: tuple[tuple[str, int], ...]
+
+    def _all_sizes(self) -> list[Size]:
+        raise NotImplementedError
+
+    def to_dsl(self, name: str = "op") -> str:
+        raise NotImplementedError
+
+    def _check_variables(self) -> None:
+        """A variable is primary or coefficient, never both; default names follow the name rule."""
+        by_name: dict[str, Var] = {}
+        for var in self.variables:
+            seen = by_name.setdefault(var.name, var)
+            if seen.kind != var.kind:
+                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
+        for name, _ in self.defaults:
+            check_identifier(name, "coefficient")
+
+    @cached_property
+    def variables(self) -> tuple[Var, ...]:
+        """Every variable the sizes mention, primaries first, then by name."""
+        found: set[Var] = set()
+        for size in self._all_sizes():
+            found.update(size.variables)
+        return tuple(sorted(found, key=Var.sort_key))
+
+    @property
+    def primary_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "primary")
+
+    @property
+    def coefficient_variables(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variables if v.kind == "coefficient")
+
+    @property
+    def default_coefficients(self) -> dict[str, int]:
+        return dict(self.defaults)
+
+    def __str__(self) -> str:
+        return self.to_dsl()
+
+
 @dataclass(frozen=True, eq=True)
-class Operator:
+class Operator(Sized):
     """A finished operator: input dims, resolved steps (top-down), output dims, coefficient defaults.
 
     Equal operators have equal fields; :attr:`key` is a content hash that is also the same for
@@ -209,13 +255,7 @@ class Operator:
                     f"an Operator holds only linear primitives ({', '.join(PRIMITIVES)}), not {step!r:.120}; "
                     f"build kernels with non-linear steps as Input(...) >> ... >> Output(...), which gives a Graph"
                 )
-        by_name: dict[str, Var] = {}
-        for var in self.variables:
-            seen = by_name.setdefault(var.name, var)
-            if seen.kind != var.kind:
-                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
-        for name, _ in self.defaults:
-            check_identifier(name, "coefficient")
+        self._check_variables()
 
     @cached_property
     def weights(self) -> tuple[Weight, ...]:
@@ -254,31 +294,11 @@ class Operator:
         stop = len(self.steps) if stop is None else stop
         return [(self.steps[i], self.live[i]) for i in range(start, stop)]
 
-    @cached_property
-    def variables(self) -> tuple[Var, ...]:
-        """Every variable the operator's sizes mention, primaries first, then by name."""
-        found: set[Var] = set()
-        for size in self._all_sizes():
-            found.update(size.variables)
-        return tuple(sorted(found, key=Var.sort_key))
-
     def _all_sizes(self) -> list[Size]:
         sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
         for step in self.steps:
             sizes.extend(step.sizes())
         return sizes
-
-    @property
-    def primary_variables(self) -> tuple[str, ...]:
-        return tuple(v.name for v in self.variables if v.kind == "primary")
-
-    @property
-    def coefficient_variables(self) -> tuple[str, ...]:
-        return tuple(v.name for v in self.variables if v.kind == "coefficient")
-
-    @property
-    def default_coefficients(self) -> dict[str, int]:
-        return dict(self.defaults)
 
     def to_dsl(self, name: str = "op") -> str:
         """DSL source that :func:`kdsl.parse` reads back to an equal operator."""
@@ -300,9 +320,6 @@ class Operator:
         return Builder(self.inputs, self.steps, _live_after(self), list(self.weights)).finish(
             Output(*(d.name for d in self.outputs), defaults=merged)
         )
-
-    def __str__(self) -> str:
-        return self.to_dsl()
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)

@@ -30,14 +30,13 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from kdsl.lang import build as _build
-from kdsl.lang.build import Builder, Input, Operator
+from kdsl.lang.build import Builder, Input, Operator, Sized
 from kdsl.lang.canonical import graph_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
-from kdsl.lang.names import check_identifier
 from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Join, ProductJoin
 from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
-from kdsl.lang.sizes import Size, Var
+from kdsl.lang.sizes import Size
 
 __all__ = ["Blend", "Graph", "Node", "Product", "Tensor"]
 
@@ -79,7 +78,7 @@ def _weights_of(step: object) -> tuple[Weight, ...]:
 
 
 @dataclass(frozen=True, eq=True)
-class Graph:
+class Graph(Sized):
     """A finished branching kernel: the input dims, the nodes (node 0 is the input, the last one
     the result), the output dims (the last node's, in the declared order) and coefficient defaults.
     It has the operator's surface: weights, variables, DSL text, JSON and a content key."""
@@ -90,13 +89,7 @@ class Graph:
     defaults: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
-        by_name: dict[str, Var] = {}
-        for var in self.variables:
-            seen = by_name.setdefault(var.name, var)
-            if seen.kind != var.kind:
-                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
-        for name, _ in self.defaults:
-            check_identifier(name, "coefficient")
+        self._check_variables()
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.inputs, self.nodes, self.outputs, self.defaults))
@@ -105,13 +98,6 @@ class Graph:
     def weights(self) -> tuple[Weight, ...]:
         """Every weight, in node order (a chain's in its own order)."""
         return tuple(w for node in self.nodes for w in _weights_of(node.step))
-
-    @cached_property
-    def variables(self) -> tuple[Var, ...]:
-        found: set[Var] = set()
-        for size in self._all_sizes():
-            found.update(size.variables)
-        return tuple(sorted(found, key=Var.sort_key))
 
     def _all_sizes(self) -> list[Size]:
         sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
@@ -122,18 +108,6 @@ class Graph:
             elif isinstance(node.step, Primitive):
                 sizes.extend(node.step.sizes())
         return sizes
-
-    @property
-    def primary_variables(self) -> tuple[str, ...]:
-        return tuple(v.name for v in self.variables if v.kind == "primary")
-
-    @property
-    def coefficient_variables(self) -> tuple[str, ...]:
-        return tuple(v.name for v in self.variables if v.kind == "coefficient")
-
-    @property
-    def default_coefficients(self) -> dict[str, int]:
-        return dict(self.defaults)
 
     @cached_property
     def consumers(self) -> tuple[tuple[int, ...], ...]:
@@ -149,6 +123,8 @@ class Graph:
         return graph_to_dsl(self, name)
 
     def to_json(self) -> str:
+        """The versioned JSON form (nodes in order, each naming its arguments); :func:`kdsl.from_json`
+        reads it back."""
         return graph_to_json(self)
 
     @cached_property
@@ -160,9 +136,6 @@ class Graph:
         merged = dict(self.defaults)
         merged.update(values)
         return _finish_graph(self.inputs, self.nodes, [d.name for d in self.outputs], merged, Output)
-
-    def __str__(self) -> str:
-        return self.to_dsl()
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)

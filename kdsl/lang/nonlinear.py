@@ -345,6 +345,19 @@ def _describe(dims: Sequence[Dim]) -> str:
     return "[" + ", ".join(f"{d.name}: {d.size}" for d in dims) + "]"
 
 
+def _matched(role: str, lhs: Sequence[Dim], rhs: Sequence[Dim]) -> tuple[dict[str, Size], dict[str, Size]]:
+    """Both branches' sizes by dim name, after checking that a name both have has one size."""
+    left = {d.name: d.size for d in lhs}
+    right = {d.name: d.size for d in rhs}
+    for name in left.keys() & right.keys():
+        if left[name] != right[name]:
+            raise ShapeError(
+                f"{role}: the dim {name} has size {left[name]} in the left branch {_describe(lhs)} but "
+                f"{right[name]} in the right branch {_describe(rhs)}"
+            )
+    return left, right
+
+
 @dataclass(frozen=True)
 class BlendJoin(Join):
     """``Blend("add", lhs, rhs)`` (also ``lhs + rhs``, ``lhs - rhs``, ``lhs * rhs``): the element-wise
@@ -368,14 +381,7 @@ class BlendJoin(Join):
 
     def combine(self, lhs: Sequence[Dim], rhs: Sequence[Dim]) -> tuple[Dim, ...]:
         role = f"Blend({self.how!r})"
-        left = {d.name: d.size for d in lhs}
-        right = {d.name: d.size for d in rhs}
-        for name in left.keys() & right.keys():
-            if left[name] != right[name]:
-                raise ShapeError(
-                    f"{role}: the dim {name} has size {left[name]} in the left branch {_describe(lhs)} but "
-                    f"{right[name]} in the right branch {_describe(rhs)}"
-                )
+        left, right = _matched(role, lhs, rhs)
         if left.keys() <= right.keys() and len(right) > len(left):
             return tuple(rhs)
         if right.keys() <= left.keys():
@@ -410,14 +416,7 @@ class ProductJoin(Join):
 
     def combine(self, lhs: Sequence[Dim], rhs: Sequence[Dim]) -> tuple[Dim, ...]:
         role = f"Product({', '.join(self.reduce)})"
-        left = {d.name: d.size for d in lhs}
-        right = {d.name: d.size for d in rhs}
-        for name in left.keys() & right.keys():
-            if left[name] != right[name]:
-                raise ShapeError(
-                    f"{role}: the dim {name} has size {left[name]} in the left branch {_describe(lhs)} but "
-                    f"{right[name]} in the right branch {_describe(rhs)}"
-                )
+        left, right = _matched(role, lhs, rhs)
         if len(set(self.reduce)) != len(self.reduce):
             raise ShapeError(f"{role}: a reduced dim is listed twice")
         union = list(lhs) + [d for d in rhs if d.name not in left]

@@ -86,6 +86,19 @@ def _values(fields: Any, data: Any, variables: dict[str, str], where: str) -> di
     return values
 
 
+def _variables_and_inputs(data: dict[str, Any], what: str) -> tuple[dict[str, str], list[Dim]]:
+    """The variables (name -> kind) and the input dims of an operator's or a kernel's JSON."""
+    variables = _field(data, "variables", dict, what)
+    for var_name, kind in variables.items():
+        if kind not in ("primary", "coefficient"):
+            raise ParseError(f"variable {var_name!r} has the unknown kind {kind!r}")
+    inputs = [
+        Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))
+        for d in _field(data, "inputs", list, what)
+    ]
+    return variables, inputs
+
+
 def from_dict(data: Any) -> Operator | Graph:
     """Rebuild an operator from :func:`to_dict`'s output, checking every step again."""
     if not isinstance(data, dict):
@@ -97,14 +110,7 @@ def from_dict(data: Any) -> Operator | Graph:
     version = data.get("version")
     if version != VERSION:
         raise ParseError(f"unsupported operator JSON version {version!r} (this kdsl reads version {VERSION})")
-    variables = _field(data, "variables", dict, "operator")
-    for var_name, kind in variables.items():
-        if kind not in ("primary", "coefficient"):
-            raise ParseError(f"variable {var_name!r} has the unknown kind {kind!r}")
-    inputs = [
-        Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))
-        for d in _field(data, "inputs", list, "operator")
-    ]
+    variables, inputs = _variables_and_inputs(data, "operator")
     steps = tuple(
         _step(step, variables, f"steps[{index}]") for index, step in enumerate(_field(data, "steps", list, "operator"))
     )
@@ -122,14 +128,7 @@ def _graph_from_dict(data: dict[str, Any]) -> Operator | Graph:
     version = data.get("version")
     if version != GRAPH_VERSION:
         raise ParseError(f"unsupported kernel JSON version {version!r} (this kdsl reads version {GRAPH_VERSION})")
-    variables = _field(data, "variables", dict, "kernel")
-    for var_name, kind in variables.items():
-        if kind not in ("primary", "coefficient"):
-            raise ParseError(f"variable {var_name!r} has the unknown kind {kind!r}")
-    inputs = [
-        Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))
-        for d in _field(data, "inputs", list, "kernel")
-    ]
+    variables, inputs = _variables_and_inputs(data, "kernel")
     nodes = _field(data, "nodes", list, "kernel")
     if not nodes:
         raise ParseError("a kernel's JSON needs at least one node")
