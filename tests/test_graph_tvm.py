@@ -278,3 +278,28 @@ def test_reductions_read_a_window_through_its_views(name: str) -> None:
     graph, layer = KERNELS[name]
     names = [stage.name for stage in kdsl_tvm.lower(graph, layer).stages]
     assert not [n for n in names if n.startswith("n1_")], names
+
+
+@pytest.mark.parametrize(("size", "vector"), [(14, 4), (7, 49)])
+def test_a_gate_over_short_rows_is_vectorized_over_the_fused_rows(size: int, vector: int) -> None:
+    """Squeeze-excitation's gate broadcast over H, W: rows of 14 or 7 hold no whole vector, but H and W
+    are contiguous in x and in the output (the gate does not index them), so they fuse into one run."""
+    graph, _ = KERNELS["squeeze_excitation"]
+    layer = {**LAYER, "H": size, "W": size}
+    report: list[tuple[str, str]] = []
+    kdsl_tvm.default_schedule.default_schedule(kdsl_tvm.lower(graph, layer), report=report)
+    assert dict(report)["n7_blend"] == f"parallel, vector {vector} over 2 fused loops", report
+    check(graph, layer, "float32", "default", seed=4)
+
+
+def test_a_product_vectorized_along_a_ragged_row_keeps_one_register_row() -> None:
+    """Scores of attention over a 28-wide image: a vector of 28 lanes is 16 + 8 + 4, and under the
+    rolled loop over d (8 > 4, not unrolled) rows of a register tile would start off vector boundaries
+    (LLVM then assembles them lane by lane): the Product's register tile is one row."""
+    graph, _ = KERNELS["attention_2d_softmax"]
+    layer = {**LAYER, "N": 1, "H": 2, "W": 28, "D": 8}
+    report: list[tuple[str, str]] = []
+    kdsl_tvm.default_schedule.default_schedule(kdsl_tvm.lower(graph, layer), report=report)
+    scores = [what for stage, what in report if stage.endswith("_product") and "vector axis w2" in what]
+    assert scores == ["register tile 28 (vector axis w2), packed 0"], report
+    check(graph, layer, "float32", "default", seed=5)
