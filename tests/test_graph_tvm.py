@@ -238,7 +238,7 @@ def test_the_default_schedule_inlines_and_parallelizes_the_new_stages(name: str,
     for stage, where in inlined.items():
         assert got[stage] == f"inlined into {where}", report
     if name == "global_max_pool":
-        assert got["n1_fold"].startswith("lanes: 8 partial results along W"), report
+        assert got["n1_fold"].startswith("lanes: 16 partial results along H, W"), report  # one run of 48
     script = kdsl_tvm.source(graph, layer, scheduled=True)
     assert "T.parallel" in script
 

@@ -450,9 +450,15 @@ class Space:
         """The last reduced axis when every read along it is contiguous and it divides into vectors of at
         least 4 lanes (:meth:`_lane_factor`)."""
         last = next((a for a in reversed(stage.axes) if a.reduce), None)
-        if last is None or last.gathers or stage.reduced[-1][0] != last.label or self._lane_factor(last.extent) == 1:
+        if last is None or last.gathers or stage.reduced[-1][0] != last.label:
             return None
-        return last
+        return None if self._lane_factor(self._lane_extent(stage)) == 1 else last
+
+    def _lane_extent(self, stage: StageBlock) -> int:
+        """The length of the contiguous run that lanes split: the last reduced axis, or the trailing reduced
+        axes fused where every read walks them as one run (:func:`~kdsl.codegen.tvm.blocks._trailing_run`;
+        a mean over H, W of 14: 196 = 49 x 4 lanes, where a row of 14 takes none)."""
+        return prod(e for _, e in stage.reduced[-stage.lane_run :])
 
     def _lane_factor(self, extent: int) -> int:
         return next((f for f in (self.lanes, self.lanes // 2, self.lanes // 4) if f >= 4 and extent % f == 0), 1)
@@ -1011,10 +1017,11 @@ class _Applier:
         per lane, vectorized along the contiguous axis, then a short reduction of the lanes (a row max or
         sum of a softmax, which a vector across rows would gather with the row's stride)."""
         sch = self.sch
-        lanes = self.space._lane_factor(stage.reduced[-1][1])
+        lanes = self.space._lane_factor(self.space._lane_extent(stage))
         nspatial = len(stage.spatial)
         spatial, reduce = loops[:nspatial], loops[nspatial:]
-        _, inner = sch.split(reduce[-1], [None, lanes])
+        run = reduce[-1] if stage.lane_run == 1 else sch.fuse(*reduce[-stage.lane_run :])
+        _, inner = sch.split(run, [None, lanes])
         rf = sch.rfactor(inner, nspatial)
         sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])  # the lanes' reduction
         # the partial results have loops of their own: their spatial loops parallel too (else the whole
@@ -1026,7 +1033,8 @@ class _Applier:
         sch.vectorize(rf_loops[-1])
         init = sch.decompose_reduction(rf, rf_loops[1])
         sch.vectorize(sch.get_loops(init)[-1])
-        return f"lanes: {lanes} partial results along {stage.reduced[-1][0]}"
+        along = ", ".join(a for a, _ in stage.reduced[-stage.lane_run :])
+        return f"lanes: {lanes} partial results along {along}"
 
     def _copy(self, stage: StageBlock) -> str:
         """A copy of a tiled stage's result folds into that stage's write-back (saving a pass over
