@@ -34,9 +34,11 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 * a branching kernel's element-wise stages (Map, Blend, the softmax's division; ``StageInfo.elementwise``):
   ``S.inline`` is ``"consumers"`` (``compute_inline``: computed where it is read), ``"producer"``
   (``reverse_compute_inline`` into the write-back of the reduction it reads one element per iteration) or
-  ``"none"`` (a parallel pass, a short row vectorized whole);
+  ``"none"`` (a parallel pass: trailing loops that every access walks contiguously fused into whole
+  vectors, else a short row vectorized whole);
 * a branching kernel's row reductions (the softmax's max and sum; ``StageInfo.lane_reduce``): ``S.lanes``
-  keeps vector lanes of partial results along the contiguous last reduced dim (split + ``rfactor``);
+  keeps vector lanes of partial results along the contiguous last reduced dim, or the trailing reduced
+  dims fused where every read walks them as one run (split + ``rfactor``);
 * layouts (ALT): every input, weight and intermediate tensor ``T`` has ``layout.T.perm`` (an order of
   its dims) and ``layout.T.tile`` (``"d:f"``: dim ``d`` tiled by ``f``, the tile moved last, ALT's
   ``tiled channel last``; only factors that divide are offered, and a short dim whole); inputs and weights are packed by
@@ -506,7 +508,9 @@ class Space:
         * *The vector axis* (:meth:`_vector_axis`): a spatial axis along which every data read is
           contiguous or a broadcast, tiled by one or two whole vectors (a divisor: no predicates).
         * *The register axis* (:meth:`_register_axis`): another spatial axis (a data axis if possible),
-          tiled by the largest divisor that keeps at most :data:`MAX_ACCUMULATORS` vectors live.
+          tiled by the largest divisor that keeps at most :data:`MAX_ACCUMULATORS` vectors live; in a
+          branching kernel, none where the vector tile is a ragged short axis (28 = 16 + 8 + 4 lanes) under a
+          rolled reduction (the tile's rows would start off vector boundaries and stay in memory).
         * Reductions stay outside the tile in the block's order (``S.reductions = "whole"``), windows of
           at most :data:`UNROLL_REDUCTION` unrolled into straight-line FMAs where they are (a longer
           reduction after them stays inside them: syno_op1 at conv5_x, whose ``c`` of 8 follows the
