@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 import kdsl
 from kdsl.codegen import reference
-from kdsl.lang import Blend, Graph, Input, Map, Output, Share, Shift, Unfold, Weight, primary
+from kdsl.lang import Blend, Dim, Fold, Graph, Input, Map, Output, Reduce, Rename, Share, Shift, Unfold, Weight, primary
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS, JOINS, UNARY
 from kdsl.testing import strategies as kst
@@ -378,6 +378,39 @@ def test_backends_agree_on_drawn_kernels(kernel):
     graph, layer = kernel
     problem = disagreement(graph, layer, OTHERS)
     assert problem is None, f"{problem}\nlayer {layer}\n{graph.to_dsl()}"
+
+
+def _padding_regions() -> list[tuple[str, Graph, dict[str, int]]]:
+    """Folds whose linear region spans several chains (a Rename closes a chain): the padding of
+    the first chain's window must still take no part."""
+    N, C, H = primary("N C H")
+    x = Input(N, H)
+    after_shift = x >> Unfold(H, 3, "k") >> Rename("k", "j") >> Shift(N) >> Fold("j") >> Output(N, H)
+    xc = Input(N, C, H)
+    convolved = xc >> Unfold(H, 3, "k") >> Share(Weight(Dim("o", C), C, "k", name="w")) >> Reduce(C)
+    two_windows = convolved >> Rename("o", "D") >> Unfold(H, 3, "k2") >> Fold("k", "k2") >> Output(N, "D", H)
+    pooled_again = x >> Unfold(H, 3, "k") >> Rename(H, "P") >> Unfold("P", 3, "q") >> Fold("k", "q")
+    return [
+        ("after_shift", after_shift, {"N": 2, "H": 3}),
+        ("two_windows", two_windows, {"N": 2, "C": 3, "H": 5}),
+        ("pooled_again", pooled_again >> Output(N, "P"), {"N": 2, "H": 4}),
+    ]
+
+
+@pytest.mark.skipif(not OTHERS, reason="KDSL_TEST_BACKENDS names only the reference")
+@pytest.mark.parametrize("name", [name for name, _, _ in _padding_regions()])
+def test_backends_agree_on_folds_whose_padding_comes_from_an_earlier_chain(name):
+    (graph, layer) = next((g, lay) for n, g, lay in _padding_regions() if n == name)
+    assert len(graph.padding_region(len(graph.nodes) - 1)) == 2
+    # all-negative data: were the padding's zeros to take part, border windows would fold to 0
+    x, weights = tie_free_inputs(graph, layer)
+    x = -np.abs(x) - 1
+    expected = reference.run(graph, layer, x, weights)
+    assert (expected < 0).all() or name == "two_windows"
+    for backend in OTHERS:
+        got = run_backend(backend, graph, layer, x, weights)
+        assert not isinstance(got, Exception), f"{backend} raised {got!r}"
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12, err_msg=backend)
 
 
 @pytest.mark.skipif(not OTHERS, reason="KDSL_TEST_BACKENDS names only the reference")

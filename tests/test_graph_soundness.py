@@ -246,15 +246,10 @@ def test_two_contractions_do_not_merge_across_a_relu():
     assert relu.key != identity.key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the padding mask looks through Renames to one chain only: a Rename between Unfold and a "
-    "later linear step splits the chain, and the fold below sees no window (reported to the lead)",
-)
 def test_a_rename_inside_a_chain_does_not_change_what_a_fold_ignores():
     """Rename moves no data, so putting one between two linear steps must not change the kernel's
-    function; but it closes the chain, and the Fold's mask stops at the second chain: the border
-    windows of all-negative data fold to the padding's 0 instead of their maximum."""
+    function, though it closes the chain: the Fold's mask follows its linear region back through
+    both chains (else the border windows of all-negative data would fold to the padding's 0)."""
     x = Input(N, H)
     whole = x >> Unfold(H, 3, "k") >> Shift(N) >> Rename("k", "j") >> Fold("j") >> Output(N, H)
     split = x >> Unfold(H, 3, "k") >> Rename("k", "j") >> Shift(N) >> Fold("j") >> Output(N, H)

@@ -31,7 +31,6 @@ from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.primitives import (
     CONTRACTION,
     REDUCTION,
-    WINDOWING,
     Expand,
     Merge,
     Primitive,
@@ -441,20 +440,29 @@ def _map_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
     return _Named(MAP_RULES[step.fn](args[0].data, step.by), list(args[0].axes))
 
 
-def _padding_mask(env: _GraphEnv, arg: int) -> np.ndarray | None:
-    """Where the tensor ``arg`` holds data rather than a window's zero padding: the chain that made
-    it (through Renames), run on ones with weights of ones, is positive exactly where an element
-    reads at least one input element. ``None`` when no window can have padded it."""
-    node = env.graph.nodes[arg]
-    while node.kind == "Rename":
-        node = env.graph.nodes[node.args[0]]
-    if node.kind != "Chain" or not any(WINDOWING in step.facts for step in node.chain.steps):
+def _padding_mask(env: _GraphEnv, fold: int) -> np.ndarray | None:
+    """Where the Fold node ``fold``'s argument holds data rather than a window's zero padding: its
+    linear region (the chains, through Renames, back to the last non-linear node) run on ones with
+    weights of ones is positive exactly where an element reads at least one input element. ``None``
+    when no window in that region can have padded it. The result's axes are the argument's dims."""
+    graph = env.graph
+    region = graph.padding_region(fold)
+    if not region:
         return None
-    chain = node.chain
-    source = env.results[node.args[0]]
-    ones = np.ones(_as(source, [d.name for d in chain.inputs]).shape, dtype=source.data.dtype)
-    weights = [np.ones(tuple(_concrete(d.size, env.values, d.name) for d in w.dims), ones.dtype) for w in chain.weights]
-    return _run_chain(chain, env.values, ones, weights) > 0
+    source = env.results[graph.nodes[region[0]].args[0]]
+    current = _Named(np.ones(source.data.shape, dtype=source.data.dtype), list(source.axes))
+    for index in region:
+        node = graph.nodes[index]
+        if current.axes != [d.name for d in graph.nodes[node.args[0]].dims]:
+            # Renames between two chains: same axes in the same order, other names
+            current = _Named(current.data, [d.name for d in graph.nodes[node.args[0]].dims])
+        weights = [
+            np.ones(tuple(_concrete(d.size, env.values, d.name) for d in w.dims), current.data.dtype)
+            for w in node.chain.weights
+        ]
+        data = _run_chain(node.chain, env.values, _as(current, [d.name for d in node.chain.inputs]), weights)
+        current = _Named(data, [d.name for d in node.chain.outputs])
+    return current.data > 0
 
 
 def _fold_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
@@ -463,7 +471,7 @@ def _fold_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
     step = node.step
     assert isinstance(step, Fold)
     t = args[0]
-    mask = _padding_mask(env, node.args[0])
+    mask = _padding_mask(env, env.index)
     if mask is not None:
         names = [d.name for d in env.graph.nodes[node.args[0]].dims]
         mask = np.transpose(mask, [names.index(a) for a in t.axes])

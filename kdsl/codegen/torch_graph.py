@@ -34,7 +34,7 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.graph import Graph, Node
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
-from kdsl.lang.primitives import WINDOWING, Primitive, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import Primitive, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import Layer, as_layer, layer_label
@@ -47,7 +47,6 @@ __all__ = [
     "free_inputs",
     "masked_folds",
     "own_names",
-    "padding_chain",
     "weights_of_node",
 ]
 
@@ -112,11 +111,13 @@ class _Pooling:
     padded: dict[str, bool]  # an Unfold window pads (K // 2, K - 1 - K // 2); a Split tile does not
 
 
-def _pooling(graph: Graph, node: Node) -> _Pooling | None:
+def _pooling(graph: Graph, index: int) -> _Pooling | None:
+    node = graph.nodes[index]
     step = node.step
     assert isinstance(step, Fold)
     arg = graph.nodes[node.args[0]]
-    if arg.kind != "Chain":
+    if arg.kind != "Chain" or graph.padding_region(index) not in ((), (node.args[0],)):
+        # native pooling pads only its own windows: no earlier window may have padded its input
         return None
     chain = arg.chain
     inputs = {d.name for d in chain.inputs}
@@ -271,25 +272,30 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     dims = writer.dims(arg)
     axes = tuple(dims.index(d) for d in step.dims)  # type: ignore[arg-type]
     folded = [d for d in dims if d not in step.dims]
-    made = padding_chain(writer.graph, index)
-    if made is not None:
-        mask, data, chain = f"mask{index}", writer.names[arg], writer.graph.nodes[made].chain
+    region = writer.graph.padding_region(index)
+    if region:
+        mask, data = f"mask{index}", writer.names[arg]
         # the mask depends on the shapes only: it is computed on the first call and when they change
         writer.lines.append(f"{mask} = self.masks.get({index})")
         writer.lines.append(f"if {mask} is None or {mask}.shape != {data}.shape or {mask}.device != {data}.device:")
-        writer.lines.append(f"    # where node {arg} holds data, not a window's zero padding: its chain on ones is > 0")
+        writer.lines.append(
+            f"    # where node {arg} holds data, not a window's zero padding: its linear region on ones is > 0"
+        )
         writer.lines.append("    with torch.no_grad():")
-        if chain.weights:
-            first = writer.first_weight[made]
-            writer.lines.append(
-                f"        ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
-            )
-        source = writer.graph.nodes[made].args[0]
-        writer.lines.append(f"        {mask} = torch.ones_like({writer.names[source]})")
-        saved, writer.names[source] = writer.names[source], mask  # the chain runs on the ones
-        result = writer.chain(chain, source, mask, "ones", 0, indent="        ")
-        writer.names[source] = saved
-        writer.lines.append(f"        self.masks[{index}] = {mask} = {result} > 0")
+        current = f"torch.ones_like({writer.names[writer.graph.nodes[region[0]].args[0]]})"
+        for made in region:  # the chains in order; a Rename between two of them only renames
+            chain, source = writer.graph.nodes[made].chain, writer.graph.nodes[made].args[0]
+            if chain.weights:
+                first = writer.first_weight[made]
+                writer.lines.append(
+                    f"        ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
+                )
+            if current != mask:
+                writer.lines.append(f"        {mask} = {current}")
+            saved, writer.names[source] = writer.names[source], mask  # the chain runs on the mask
+            current = writer.chain(chain, source, mask, "ones", 0, indent="        ")
+            writer.names[source] = saved
+        writer.lines.append(f"        self.masks[{index}] = {mask} = {current} > 0")
         writer.lines.append(f'{var} = _masked_fold({data}, {mask}, {axes}, "{step.how}")')
         return folded
     function = "torch.amax" if step.how == "max" else "torch.amin"
@@ -297,24 +303,12 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     return folded
 
 
-def padding_chain(graph: Graph, index: int) -> int | None:
-    """The chain node whose windows' zero padding the Fold node ``index`` must leave out (its
-    argument, looking through Renames, when that is a chain with a window), else ``None``."""
-    made = graph.nodes[index].args[0]
-    while graph.nodes[made].kind == "Rename":  # a Rename moves no data: look at what it names
-        made = graph.nodes[made].args[0]
-    node = graph.nodes[made]
-    if node.kind == "Chain" and any(WINDOWING in step.facts for step in node.chain.steps):
-        return made
-    return None
-
-
 def masked_folds(graph: Graph) -> list[int]:
     """The Fold nodes that need a padding mask: a windowed chain before them, and no native pooling."""
     return [
         index
         for index, node in enumerate(graph.nodes)
-        if node.kind == "Fold" and padding_chain(graph, index) is not None and _pooling(graph, node) is None
+        if node.kind == "Fold" and graph.padding_region(index) and _pooling(graph, index) is None
     ]
 
 
@@ -409,7 +403,7 @@ def forward_lines(
         count += len(weights_of_node(node))
     for index, node in enumerate(graph.nodes):
         if node.kind == "Fold":
-            pooling = _pooling(graph, node)
+            pooling = _pooling(graph, index)
             if pooling is not None:
                 writer.poolings[index] = pooling
     for index, node in enumerate(graph.nodes):

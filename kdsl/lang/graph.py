@@ -34,7 +34,7 @@ from kdsl.lang.build import Builder, Input, Operator, Sized
 from kdsl.lang.canonical import graph_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Join, ProductJoin
-from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight
+from kdsl.lang.primitives import PRIMITIVES, WINDOWING, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
 from kdsl.lang.sizes import Size
 
@@ -108,6 +108,29 @@ class Graph(Sized):
             elif isinstance(node.step, Primitive):
                 sizes.extend(node.step.sizes())
         return sizes
+
+    def padding_region(self, fold: int) -> tuple[int, ...]:
+        """The chain nodes whose windows' zero padding the Fold node ``fold`` leaves out, in the
+        order they run: the linear region it reads, followed back through chains and Renames (which
+        move no data) to the last non-linear node or the input; empty when no chain there has a
+        window. The Fold's mask is that region run on ones, weights ones too: positive exactly where
+        an element reads data (:class:`~kdsl.lang.nonlinear.Fold`).
+
+        >>> from kdsl.lang import *
+        >>> N, L = primary("N L")
+        >>> pool = Input(N, L) >> Unfold(L, 3, "k") >> Rename(L, "M") >> Shift("M") >> Fold("k") >> Output(N, "M")
+        >>> [pool.nodes[i].kind for i in pool.padding_region(4)]
+        ['Chain', 'Chain']
+        """
+        chains: list[int] = []
+        index = self.nodes[fold].args[0]
+        while self.nodes[index].kind in (CHAIN, "Rename"):
+            if self.nodes[index].kind == CHAIN:
+                chains.append(index)
+            index = self.nodes[index].args[0]
+        if not any(WINDOWING in step.facts for i in chains for step in self.nodes[i].chain.steps):
+            return ()
+        return tuple(reversed(chains))
 
     @cached_property
     def consumers(self) -> tuple[tuple[int, ...], ...]:

@@ -134,12 +134,13 @@ class Map(Primitive):
 class Fold(Primitive):
     """``Fold("kh", "kw", how="max")``: the maximum (or minimum) over the dims, which go away.
 
-    Zero padding is no value: when the Fold reads a linear chain (directly or through Renames)
-    that holds an Unfold, an element that reads only the window's zero padding takes no part (the
-    elements the chain, run on ones with weights of ones, leaves at 0); where no element takes
-    part the result is 0. So ``Unfold(H, 3) >> Unfold(W, 3) >> Fold(.., how="max")`` is
-    ``F.max_pool2d(x, 3, 1, 1)``. Any other node between the chain and the Fold (a Map, say)
-    makes its result plain data. An average fold is ``Reduce(..., mean=True)`` (it is linear).
+    Zero padding is no value: when the Fold reads linear steps with a window (its linear region:
+    the chains and Renames back to the last non-linear node or the input), an element that reads
+    only the window's zero padding takes no part (the elements that region, run on ones with
+    weights of ones, leaves at 0); where no element takes part the result is 0. So
+    ``Unfold(H, 3) >> Unfold(W, 3) >> Fold(.., how="max")`` is ``F.max_pool2d(x, 3, 1, 1)``. A
+    non-linear node between the window and the Fold (a Map, say) makes its result plain data. An
+    average fold is ``Reduce(..., mean=True)`` (it is linear).
     """
 
     dims: tuple[object, ...]

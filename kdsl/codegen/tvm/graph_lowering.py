@@ -68,7 +68,6 @@ from kdsl.lang.errors import DivisibilityError, KdslError, LoweringError
 from kdsl.lang.graph import Graph, Node
 from kdsl.lang.index import Index, Var, evaluate, walk_up
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
-from kdsl.lang.primitives import WINDOWING
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import as_layer
@@ -369,15 +368,16 @@ def _fold(ctx: _Context, index: int, node: Node) -> _Value:
         ctx.shape(index, out_dims),
         f"n{index}_fold",
     )
-    source = ctx.graph.nodes[_through_renames(ctx.graph, node.args[0])]
-    if not (source.kind == "Chain" and any(WINDOWING in s.facts for s in source.chain.steps)):
-        # no window before it: every element takes part
+    region = ctx.graph.padding_region(index)
+    if not region:
+        # no window in its linear region: every element takes part
         reads = _reads(arg) or (arg.chain.source.op.name,)  # type: ignore[union-attr]
         info = StageInfo(parts.name, out_dims, folded, reads_from=reads, lane_reduce=True)
         return _Value(out_dims, ctx.stage(info, parts.shape, lambda *i: parts.reduce(parts.value(parts.coords(i)))))
-    if arg.chain is not None and not arg.chain.stages:
+    if len(region) == 1 and arg.chain is not None and not arg.chain.stages:
+        # one chain of views whose input no earlier window padded: read that input through them
         return _fold_through_views(parts, {c: extents[d] for c, d in zip(arg.chain.dims, arg.dims)})
-    return _fold_masked(parts, source)
+    return _fold_masked(parts, region)
 
 
 def _fold_through_views(parts: _FoldParts, extents: Mapping[str, int]) -> _Value:
@@ -404,29 +404,35 @@ def _fold_through_views(parts: _FoldParts, extents: Mapping[str, int]) -> _Value
     return _finish_masked(parts, result, valid_body, read_name)
 
 
-def _fold_masked(parts: _FoldParts, chain_node: Node) -> _Value:
-    """A fold after a chain with a window and a contraction: the reference's own mask, the chain lowered a
-    second time on ones (input and weights), positive where an element read data."""
+def _fold_masked(parts: _FoldParts, region: tuple[int, ...]) -> _Value:
+    """A fold after a window and a contraction (or several chains): the reference's own mask, the
+    fold's linear region (its chains, in order) lowered a second time on ones (input and weights),
+    positive where an element read data."""
     ctx, index = parts.ctx, parts.index
     tirx = ctx.tvm.tirx
-    chain_arg = ctx.values[chain_node.args[0]]
+    chain_arg = ctx.values[ctx.graph.nodes[region[0]].args[0]]
     assert chain_arg.tensor is not None  # a chain's argument is materialized (only folds read through views)
-    ones_input = ctx.stage(
+    current = ctx.stage(
         StageInfo(f"n{index}_ones", list(chain_arg.dims), []),
         [int(n) for n in chain_arg.tensor.shape],
         lambda *i: ctx.const(1.0),
     )
-    ones_weights = {}
-    for k, weight in enumerate(chain_node.chain.weights):
-        shape = [int(n) for n in ctx.weight_tensors[str(weight.name)].shape]
-        info = StageInfo(f"n{index}_ones_w{k}", [d.name for d in weight.dims], [])
-        ones_weights[str(weight.name)] = ctx.stage(info, shape, lambda *i: ctx.const(1.0))
-    binding = solve.bind(chain_node.chain, ctx.binding)
-    mask_chain = lower_chain(
-        ctx.tvm, chain_node.chain, binding, ones_input, chain_arg.dims, ones_weights, ctx.dtype, f"n{index}_mask_"
-    )
-    ctx.stages.extend(mask_chain.stages)
-    mask = _Value(list(parts.arg.dims), mask_chain.tensor)
+    for step, made in enumerate(region):
+        chain_node = ctx.graph.nodes[made]
+        ones_weights = {}
+        for k, weight in enumerate(chain_node.chain.weights):
+            shape = [int(n) for n in ctx.weight_tensors[str(weight.name)].shape]
+            info = StageInfo(f"n{index}_ones{step}_w{k}", [d.name for d in weight.dims], [])
+            ones_weights[str(weight.name)] = ctx.stage(info, shape, lambda *i: ctx.const(1.0))
+        binding = solve.bind(chain_node.chain, ctx.binding)
+        # a Rename between two chains keeps the axes' order: the argument's dims name them
+        dims = [d.name for d in ctx.graph.nodes[chain_node.args[0]].dims] if step else chain_arg.dims
+        mask_chain = lower_chain(
+            ctx.tvm, chain_node.chain, binding, current, dims, ones_weights, ctx.dtype, f"n{index}_mask{step}_"
+        )
+        ctx.stages.extend(mask_chain.stages)
+        current = mask_chain.tensor
+    mask = _Value(list(parts.arg.dims), current)
     fill = ctx.const(parts.fill)
 
     def body(*i: Any) -> Any:
@@ -443,7 +449,7 @@ def _fold_masked(parts: _FoldParts, chain_node: Node) -> _Value:
         inside = mask.at(parts.coords(i)) > ctx.const(0.0)
         return ctx.te.max(tirx.Select(inside, ctx.const(1.0), ctx.const(0.0)), axis=list(parts.axes.values()))
 
-    return _finish_masked(parts, result, valid_body, mask_chain.tensor.op.name)
+    return _finish_masked(parts, result, valid_body, current.op.name)
 
 
 def _finish_masked(parts: _FoldParts, result: Any, valid_body: Callable[..., Any], read_name: str) -> _Value:
