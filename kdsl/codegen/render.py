@@ -205,7 +205,7 @@ def _fold_nest(view: _NodeView) -> list[str]:
     folded = [d for d in dims if d.name in step.dims]
     over = ", ".join(f"{coords[d.name]} < {d.size}" for d in folded)
     note = ""
-    if windowed_source(view.graph, view.node.args[0]):
+    if windowed_source(view.graph, view.index):
         note = "    # a window's zero padding takes no part (0 where no element is data)"
     return [
         _loops(view.node.dims, coords),

@@ -15,7 +15,7 @@ chain run on ones (with weights of ones) is positive exactly where an element re
 >>> N, C, H, W = primary("N C H W")
 >>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
 >>> print(source(pool).split("weights = list(self.weights)")[1].strip())
-# node 1: Chain Unfold(H, 3), Unfold(W, 3) of node 0 -> [N, C, H, W, kh, kw] (pooled natively below, never computed)
+# node 1: chain Unfold(H, 3) >> Unfold(W, 3) of node 0 -> [N, C, H, W, kh, kw] (pooled natively below, never computed)
 # node 2: Fold(kh, kw, how=max) of node 1 -> [N, C, H, W]
 x2 = rearrange(x, "N C H W -> (N C) H W")  # as a pooling input
 x2 = _pool(x2, "max", (3, 3), (1, 1), ((1, 1), (1, 1)))
@@ -33,7 +33,7 @@ from kdsl import solve
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.graph import Graph, Node
-from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Softmax
 from kdsl.lang.primitives import Primitive, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
@@ -189,26 +189,8 @@ def _tuple(items: list[str]) -> str:
 def _describe_node(graph: Graph, index: int) -> str:
     node = graph.nodes[index]
     args = ", ".join(f"node {a}" for a in node.args)
-    step = node.step
-    if isinstance(step, Operator):
-        what = "Chain " + ", ".join(s.describe() for s in step.steps)
-    elif isinstance(step, Map):
-        what = f"Map({step.fn}, by={step.by!r})" if step.fn == "scale" else f"Map({step.fn})"
-    elif isinstance(step, Fold):
-        what = f"Fold({', '.join(map(str, step.dims))}, how={step.how})"
-    elif isinstance(step, Softmax):
-        what = f"Softmax({', '.join(map(str, step.dims))})"
-    elif isinstance(step, Rename):
-        what = f"Rename({step.dim} -> {step.name})"
-    elif isinstance(step, Primitive):
-        what = step.describe()
-    elif isinstance(step, BlendJoin):
-        what = f"Blend({step.how})"
-    else:
-        assert isinstance(step, ProductJoin)
-        what = f"Product({', '.join(step.reduce)})"
     dims = ", ".join(d.name for d in node.dims)
-    return f"# node {index}: {what} of {args} -> [{dims}]"
+    return f"# node {index}: {node.describe()} of {args} -> [{dims}]"
 
 
 def _chain_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:

@@ -33,8 +33,19 @@ from kdsl.lang import build as _build
 from kdsl.lang.build import Builder, Input, Operator, Sized
 from kdsl.lang.canonical import graph_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
-from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Join, ProductJoin
-from kdsl.lang.primitives import PRIMITIVES, WINDOWING, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight
+from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Fold, Join, Map, ProductJoin
+from kdsl.lang.primitives import (
+    PRIMITIVES,
+    WINDOWING,
+    BuildContext,
+    Dim,
+    Live,
+    Output,
+    Pipeline,
+    Primitive,
+    Reduce,
+    Weight,
+)
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
 from kdsl.lang.sizes import Size
 
@@ -67,6 +78,37 @@ class Node:
     def chain(self) -> Operator:
         assert isinstance(self.step, Operator)
         return self.step
+
+    def describe(self) -> str:
+        """A short text of the node's step, as messages, listings and generated code name it:
+        ``Input``, ``chain Unfold(H, K) >> Reduce(C, kh, mean)``, ``Map(relu)``, ``Fold(kh, kw, how=max)``,
+        ``FC(C -> r: R)``, ``Rename(c -> C)``, ``Blend(mul)``, ``Product(d)``."""
+        step = self.step
+        if step is None:
+            return INPUT
+        if isinstance(step, Operator):
+            return "chain " + " >> ".join(_merged_steps(step)) if step.steps else "chain (no steps)"
+        if isinstance(step, Map):
+            return f"Map({step.fn}, by={step.by:g})" if step.fn == "scale" else f"Map({step.fn})"
+        if isinstance(step, Fold):
+            return f"Fold({', '.join(map(str, step.dims))}, how={step.how})"
+        return step.describe()
+
+
+def _merged_steps(chain: Operator) -> list[str]:
+    """The chain's steps as short texts, consecutive Reduces of one kind written as one."""
+    texts: list[str] = []
+    previous: Reduce | None = None
+    for step in chain.steps:
+        if isinstance(step, Reduce) and isinstance(previous, Reduce) and previous.mean == step.mean:
+            dims = texts[-1][len("Reduce(") : -1].removesuffix(", mean")
+            texts[-1] = f"Reduce({dims}, {step.dim}{', mean' if step.mean else ''})"
+        elif isinstance(step, Reduce) and step.mean:
+            texts.append(step.describe()[:-1] + ", mean)")
+        else:
+            texts.append(step.describe())
+        previous = step if isinstance(step, Reduce) else None
+    return texts
 
 
 def _weights_of(step: object) -> tuple[Weight, ...]:

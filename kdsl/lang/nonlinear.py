@@ -341,6 +341,14 @@ class Join:
     def values(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in self.fields}
 
+    def describe(self) -> str:
+        """``Blend(mul)``, ``Product(d)``: the kind and its parameters, for messages."""
+        parts = []
+        for f in self.fields:
+            value = getattr(self, f.name)
+            parts.extend(map(str, value) if f.kind == "refs" else [str(value)])
+        return f"{self.kind}({', '.join(parts)})"
+
 
 def _describe(dims: Sequence[Dim]) -> str:
     return "[" + ", ".join(f"{d.name}: {d.size}" for d in dims) + "]"

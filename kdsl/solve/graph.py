@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph, Node
-from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
-from kdsl.lang.primitives import WINDOWING, Dim, Primitive, Reduce
+from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size
 
 
@@ -41,49 +39,9 @@ def dim_elements(dims: Sequence[Dim]) -> Size:
     return elements(d.size for d in dims)
 
 
-def _chain_step_text(step: Primitive) -> str:
-    if isinstance(step, Reduce) and step.mean:
-        return step.describe()[:-1] + ", mean)"
-    return step.describe()
-
-
-def _merged_reduces(chain: Operator) -> list[str]:
-    """The chain's steps as short texts, consecutive Reduces of one kind written as one."""
-    texts: list[str] = []
-    previous: Reduce | None = None
-    for step in chain.steps:
-        if isinstance(step, Reduce) and isinstance(previous, Reduce) and previous.mean == step.mean:
-            dims = texts[-1][len("Reduce(") : -1].removesuffix(", mean")
-            texts[-1] = f"Reduce({dims}, {step.dim}{', mean' if step.mean else ''})"
-        else:
-            texts.append(_chain_step_text(step))
-        previous = step if isinstance(step, Reduce) else None
-    return texts
-
-
 def node_text(node: Node) -> str:
-    """A short text of a node's step: ``Map(relu)``, ``Fold(kh, kw, how=max)``, ``FC(C -> r: R)``,
-    ``Blend(mul)``, ``Product(d)``, ``chain Unfold(H, K, kh) >> Share(w)``."""
-    step = node.step
-    if step is None:
-        return "Input"
-    if isinstance(step, Operator):
-        return "chain " + " >> ".join(_merged_reduces(step)) if step.steps else "chain (no steps)"
-    if isinstance(step, Map):
-        return f"Map({step.fn}, by={step.by:g})" if step.fn == "scale" else f"Map({step.fn})"
-    if isinstance(step, Fold):
-        return f"Fold({', '.join(map(str, step.dims))}, how={step.how})"
-    if isinstance(step, Softmax):
-        return f"Softmax({', '.join(map(str, step.dims))})"
-    if isinstance(step, FC):
-        return step.describe()
-    if isinstance(step, Rename):
-        return f"Rename({step.dim} -> {step.name})"
-    if isinstance(step, BlendJoin):
-        return f"Blend({step.how})"
-    if isinstance(step, ProductJoin):
-        return f"Product({', '.join(step.reduce)})"
-    return node.kind
+    """A short text of a node's step (:meth:`kdsl.lang.graph.Node.describe`)."""
+    return node.describe()
 
 
 def node_label(graph: Graph, index: int) -> str:
@@ -100,13 +58,10 @@ def storage(graph: Graph) -> tuple[int, ...]:
     return tuple(owners)
 
 
-def windowed_source(graph: Graph, index: int) -> bool:
-    """Whether the node ``index`` is (through Renames) a chain with a window (Unfold): the values a
-    Fold over it reads include a window's zero padding, which takes no part (see the reference)."""
-    node = graph.nodes[index]
-    while node.kind == "Rename":
-        node = graph.nodes[node.args[0]]
-    return isinstance(node.step, Operator) and any(WINDOWING in step.facts for step in node.step.steps)
+def windowed_source(graph: Graph, fold: int) -> bool:
+    """Whether the Fold node ``fold`` reads a window's zero padding, which takes no part in it
+    (:meth:`kdsl.lang.graph.Graph.padding_region`)."""
+    return bool(graph.padding_region(fold))
 
 
 __all__ = ["dim_elements", "elements", "node_label", "node_text", "storage", "windowed_source"]
