@@ -23,7 +23,6 @@ from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 from kdsl.search.store import Store
-from kdsl.solve.graph import node_text
 
 
 def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
@@ -108,7 +107,7 @@ def _node_lines(graph: Graph) -> list[str]:
     for index, node in enumerate(graph.nodes):
         reads = f" of {', '.join(map(str, node.args))}" if node.args else ""
         dims = ", ".join(f"{d.name}: {d.size}" for d in node.dims)
-        lines.append(f"  {index:<3}{node_text(node)}{reads} -> [{dims}]    flops {flops[index]}")
+        lines.append(f"  {index:<3}{node.describe()}{reads} -> [{dims}]    flops {flops[index]}")
     return lines
 
 

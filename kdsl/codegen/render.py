@@ -19,7 +19,7 @@ from html import escape
 
 from kdsl import solve
 from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph, Node
+from kdsl.lang.graph import Graph, Node, chain_step_texts
 from kdsl.lang.index import Var, walk_up
 from kdsl.lang.nonlinear import FC, JOINS, UNARY, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
 from kdsl.lang.primitives import (
@@ -30,7 +30,6 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.sizes import Size
-from kdsl.solve.graph import node_text, windowed_source
 
 
 def _wrap(text: str) -> str:
@@ -205,7 +204,7 @@ def _fold_nest(view: _NodeView) -> list[str]:
     folded = [d for d in dims if d.name in step.dims]
     over = ", ".join(f"{coords[d.name]} < {d.size}" for d in folded)
     note = ""
-    if windowed_source(view.graph, view.index):
+    if view.graph.padding_region(view.index):
         note = "    # a window's zero padding takes no part (0 where no element is data)"
     return [
         _loops(view.node.dims, coords),
@@ -328,7 +327,7 @@ def graph_loop_nest(graph: Graph, binding: Mapping[str, int] | None = None) -> s
             continue
         reads = ", ".join(names[arg] for arg in node.args)
         dims = ", ".join(d.name for d in node.dims)
-        lines.append(f"# node {index}  {node_text(node)}  {reads} -> {names[index]}[{dims}]")
+        lines.append(f"# node {index}  {node.describe()}  {reads} -> {names[index]}[{dims}]")
         lines.extend(LOOP_NEST_RULES[node.kind](_NodeView(graph, index, names, plans)))
     if names[-1] != "out" and [d.name for d in graph.nodes[-1].dims] == [d.name for d in graph.outputs]:
         lines.append(f"out = {names[-1]}")
@@ -437,10 +436,10 @@ def _node_lines(graph: Graph, index: int) -> list[str]:
     if node.step is None:
         return ["input x", dims]
     if isinstance(node.step, Operator):
-        steps = node_text(node).removeprefix("chain ").split(" >> ")
+        steps = chain_step_texts(node.step)
         return [f"{index}: chain", *(f"  {step}" for step in steps), dims]
     role = " (join)" if node.kind in JOINS else ""
-    return [f"{index}: {node_text(node)}{role}", dims]
+    return [f"{index}: {node.describe()}{role}", dims]
 
 
 def graph_svg(graph: Graph) -> str:

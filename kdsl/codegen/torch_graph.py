@@ -29,25 +29,19 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kdsl import solve
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.graph import Graph, Node
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Softmax
-from kdsl.lang.primitives import Primitive, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import Primitive, Split, Stride, Unfold
 from kdsl.lang.sizes import Size
-from kdsl.solve.constraints import resolve_binding
-from kdsl.solve.layers import Layer, as_layer, layer_label
 
 __all__ = [
     "GRAPH_HELPERS",
     "GRAPH_RULES",
-    "bind",
     "forward_lines",
     "free_inputs",
     "masked_folds",
     "own_names",
-    "weights_of_node",
 ]
 
 
@@ -382,7 +376,7 @@ def forward_lines(
     count = 0
     for node in graph.nodes:
         writer.first_weight.append(count)
-        count += len(weights_of_node(node))
+        count += len(node.weights())
     for index, node in enumerate(graph.nodes):
         if node.kind == "Fold":
             pooling = _pooling(graph, index)
@@ -431,40 +425,9 @@ def free_inputs(graph: Graph) -> set[int]:
     return free
 
 
-def weights_of_node(node: Node) -> tuple[Weight, ...]:
-    if isinstance(node.step, Operator):
-        return node.step.weights
-    if isinstance(node.step, Primitive):
-        return node.step.weights()
-    return ()
-
-
 def own_names(graph: Graph) -> frozenset[str]:
     """The forward's own variables besides :data:`OWN_NAMES` (a size variable must not take one)."""
     count = len(graph.nodes)
     return frozenset(
         {"ones", "_pool", "_masked_fold"} | {f"x{i}" for i in range(count)} | {f"mask{i}" for i in range(count)}
     )
-
-
-def bind(op: Graph, layer: object) -> dict[str, int]:
-    """The concrete binding of every variable of ``op`` on ``layer``, checked: each chain as
-    :func:`kdsl.solve.bind` checks an operator, and every size a node creates must be a positive
-    integer (:class:`DivisibilityError` naming the node)."""
-    item = as_layer(layer)
-    binding = resolve_binding(op, item)  # type: ignore[arg-type]  # a Graph has variables and defaults
-    for index, node in enumerate(op.nodes):
-        if node.kind == "Chain":
-            solve.bind(node.chain, Layer(item.name, binding))
-        sizes = [(f"the dim {d.name}", d.size) for d in node.dims]
-        if isinstance(node.step, Primitive):
-            sizes += [(node.step.describe(), size) for size in node.step.sizes()]
-        for what, size in sizes:
-            value = size.evaluate(binding)
-            if value.denominator != 1 or value <= 0:
-                used = ", ".join(f"{v.name}={binding[v.name]}" for v in size.variables)
-                raise DivisibilityError(
-                    f"{layer_label(item.name)} ({used}): node {index} ({node.kind}): {what} has size {size} = "
-                    f"{value}, which is not a positive integer; choose sizes where it divides"
-                )
-    return binding

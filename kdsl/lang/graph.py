@@ -49,7 +49,7 @@ from kdsl.lang.primitives import (
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
 from kdsl.lang.sizes import Size
 
-__all__ = ["Blend", "Graph", "Node", "Product", "Tensor"]
+__all__ = ["Blend", "Graph", "Node", "Product", "Tensor", "chain_step_texts"]
 
 #: the kind of a node that applies a linear chain (an Operator)
 CHAIN = "Chain"
@@ -79,6 +79,10 @@ class Node:
         assert isinstance(self.step, Operator)
         return self.step
 
+    def weights(self) -> tuple[Weight, ...]:
+        """The weights the node's step shares (a chain's in its own order, an FC's one)."""
+        return _weights_of(self.step)
+
     def describe(self) -> str:
         """A short text of the node's step, as messages, listings and generated code name it:
         ``Input``, ``chain Unfold(H, K) >> Reduce(C, kh, mean)``, ``Map(relu)``, ``Fold(kh, kw, how=max)``,
@@ -87,7 +91,7 @@ class Node:
         if step is None:
             return INPUT
         if isinstance(step, Operator):
-            return "chain " + " >> ".join(_merged_steps(step)) if step.steps else "chain (no steps)"
+            return "chain " + " >> ".join(chain_step_texts(step)) if step.steps else "chain (no steps)"
         if isinstance(step, Map):
             return f"Map({step.fn}, by={step.by:g})" if step.fn == "scale" else f"Map({step.fn})"
         if isinstance(step, Fold):
@@ -95,7 +99,7 @@ class Node:
         return step.describe()
 
 
-def _merged_steps(chain: Operator) -> list[str]:
+def chain_step_texts(chain: Operator) -> list[str]:
     """The chain's steps as short texts, consecutive Reduces of one kind written as one."""
     texts: list[str] = []
     previous: Reduce | None = None
@@ -139,7 +143,7 @@ class Graph(Sized):
     @cached_property
     def weights(self) -> tuple[Weight, ...]:
         """Every weight, in node order (a chain's in its own order)."""
-        return tuple(w for node in self.nodes for w in _weights_of(node.step))
+        return tuple(w for node in self.nodes for w in node.weights())
 
     def _all_sizes(self) -> list[Size]:
         sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]

@@ -8,7 +8,7 @@ result lives in (a Rename moves no data), and element counts.
 >>> gate = (x >> Reduce(H, W, mean=True) >> FC(C, name="r", size=R, weight="squeeze") >> Map("relu")
 ...         >> FC("r", name="c", size=C, weight="excite") >> Map("sigmoid") >> Rename("c", "C"))
 >>> se = (x * gate) >> Output(N, C, H, W)
->>> [node_text(node) for node in se.nodes]  # doctest: +NORMALIZE_WHITESPACE
+>>> [node.describe() for node in se.nodes]  # doctest: +NORMALIZE_WHITESPACE
 ['Input', 'chain Reduce(H, W, mean)', 'FC(C -> r: R)', 'Map(relu)', 'FC(r -> c: C)', 'Map(sigmoid)',
  'Rename(c -> C)', 'Blend(mul)']
 >>> node_label(se, 2)
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kdsl.lang.graph import Graph, Node
+from kdsl.lang.graph import Graph
 from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size
 
@@ -39,14 +39,9 @@ def dim_elements(dims: Sequence[Dim]) -> Size:
     return elements(d.size for d in dims)
 
 
-def node_text(node: Node) -> str:
-    """A short text of a node's step (:meth:`kdsl.lang.graph.Node.describe`)."""
-    return node.describe()
-
-
 def node_label(graph: Graph, index: int) -> str:
     """How messages name a node: ``node 2 FC(C -> r: R)``."""
-    return f"node {index} {node_text(graph.nodes[index])}"
+    return f"node {index} {graph.nodes[index].describe()}"
 
 
 def storage(graph: Graph) -> tuple[int, ...]:
@@ -58,10 +53,4 @@ def storage(graph: Graph) -> tuple[int, ...]:
     return tuple(owners)
 
 
-def windowed_source(graph: Graph, fold: int) -> bool:
-    """Whether the Fold node ``fold`` reads a window's zero padding, which takes no part in it
-    (:meth:`kdsl.lang.graph.Graph.padding_region`)."""
-    return bool(graph.padding_region(fold))
-
-
-__all__ = ["dim_elements", "elements", "node_label", "node_text", "storage", "windowed_source"]
+__all__ = ["dim_elements", "elements", "node_label", "storage"]

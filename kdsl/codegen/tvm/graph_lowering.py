@@ -165,13 +165,6 @@ def _reads(*values: _Value) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v.tensor.op.name for v in values if v.tensor is not None))
 
 
-def _through_renames(graph: Graph, index: int) -> int:
-    """The node whose storage node ``index`` is (Renames move no data)."""
-    while graph.nodes[index].kind == "Rename":
-        index = graph.nodes[index].args[0]
-    return index
-
-
 #: The node kinds that read a chain of views through its views (materializing it first, an Unfold's
 #: K-fold copy or a Shift's copy, would cost a pass over memory; a Softmax reads its argument three times).
 VIEW_READERS = frozenset({"Fold", "FC", "Product", "Map", "Blend"})
