@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from graph_kernels import attention
+from graph_kernels import squeeze_excitation as _squeeze_excitation
 from hypothesis import given, settings
 
 from kdsl import gallery
 from kdsl.codegen.render import LOOP_NEST_RULES, graph_loop_nest, loop_nest, svg
-from kdsl.lang import FC, Blend, Input, Map, Output, Product, Reduce, Rename, Softmax, Unfold, coefficient, primary
+from kdsl.lang import Blend, Input, Map, Output, Rename, Softmax, Unfold, coefficient, primary
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.testing.strategies import graphs
@@ -26,29 +28,7 @@ G = coefficient("G")
 
 
 def squeeze_excitation() -> Graph:
-    x = Input(N, C, H, W)
-    gate = (
-        x
-        >> Reduce(H, W, mean=True)
-        >> FC(C, name="r", size=C / G, weight="squeeze")
-        >> Map("relu")
-        >> FC("r", name="c", size=C, weight="excite")
-        >> Map("sigmoid")
-        >> Rename("c", "C")
-    )
-    kernel = (x * gate) >> Output(N, C, H, W, defaults={"G": 4})
-    assert isinstance(kernel, Graph)
-    return kernel
-
-
-def attention() -> Graph:
-    x = Input(N, C, P)
-    q = x >> FC(C, name="d", size=D, weight="wq")
-    keys = x >> FC(C, name="d", size=D, weight="wk") >> Rename(P, "Q")
-    v = x >> FC(C, name="c", size=C, weight="wv") >> Rename(P, "Q")
-    kernel = Product(Product(q, keys, "d") >> Softmax("Q"), v, "Q") >> Output(N, "c", P)
-    assert isinstance(kernel, Graph)
-    return kernel
+    return _squeeze_excitation(C / G, {"G": 4})
 
 
 def test_every_node_kind_has_a_loop_nest_rule() -> None:

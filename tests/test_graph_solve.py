@@ -7,6 +7,7 @@ import math
 
 import pytest
 import sympy
+from graph_kernels import attention, squeeze_excitation
 from hypothesis import given, settings
 
 from kdsl import gallery, solve
@@ -17,11 +18,9 @@ from kdsl.lang import (
     Input,
     Map,
     Output,
-    Product,
     Reduce,
     Rename,
     Share,
-    Softmax,
     Split,
     Unfold,
     Weight,
@@ -40,22 +39,6 @@ K, G = coefficient("K G")
 n, c, h, w, r, p, d, k = sympy.symbols("N C H W R P D K", positive=True)
 
 
-def squeeze_excitation() -> Graph:
-    x = Input(N, C, H, W)
-    gate = (
-        x
-        >> Reduce(H, W, mean=True)
-        >> FC(C, name="r", size=R, weight="squeeze")
-        >> Map("relu")
-        >> FC("r", name="c", size=C, weight="excite")
-        >> Map("sigmoid")
-        >> Rename("c", "C")
-    )
-    kernel = (x * gate) >> Output(N, C, H, W)
-    assert isinstance(kernel, Graph)
-    return kernel
-
-
 def grouped_squeeze_excitation() -> Graph:
     """Squeeze-excitation whose hidden width is C/G: an FC whose output size must be an integer."""
     x = Input(N, C, H, W)
@@ -68,17 +51,6 @@ def grouped_squeeze_excitation() -> Graph:
         >> Map("sigmoid")
     )
     kernel = (x * gate) >> Output(N, C, H, W, defaults={"G": 4})
-    assert isinstance(kernel, Graph)
-    return kernel
-
-
-def attention() -> Graph:
-    x = Input(N, C, P)
-    q = x >> FC(C, name="d", size=D, weight="wq")
-    keys = x >> FC(C, name="d", size=D, weight="wk") >> Rename(P, "Q")
-    v = x >> FC(C, name="c", size=C, weight="wv") >> Rename(P, "Q")
-    scores = Product(q, keys, "d") >> Softmax("Q")
-    kernel = Product(scores, v, "Q") >> Output(N, "c", P)
     assert isinstance(kernel, Graph)
     return kernel
 

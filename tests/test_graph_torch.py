@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import graph_kernels as shared_kernels
 import numpy as np
 import pytest
 import torch
@@ -151,26 +152,11 @@ def residual_conv():
 
 
 def squeeze_excitation():
-    x = Input(N, C, H, W)
-    gate = (
-        x
-        >> Reduce(H, W, mean=True)
-        >> FC(C, name="r", size=R, weight="squeeze")
-        >> Map("relu")
-        >> FC("r", name="c", size=C, weight="excite")
-        >> Map("sigmoid")
-        >> Rename("c", "C")
-    )
-    return (x * gate) >> Output(N, C, H, W), IMAGE
+    return shared_kernels.squeeze_excitation(), IMAGE
 
 
 def attention():
-    x = Input(N, C, P)
-    q = x >> FC(C, name="d", size=D, weight="wq")
-    k = x >> FC(C, name="d", size=D, weight="wk") >> Rename(P, "Q")
-    v = x >> FC(C, name="c", size=C, weight="wv") >> Rename(P, "Q")
-    scores = Product(q, k, "d") >> Softmax("Q")
-    return Product(scores, v, "Q") >> Output(N, "c", P), SEQUENCE
+    return shared_kernels.attention(), SEQUENCE
 
 
 def attention_over_two_dims():
