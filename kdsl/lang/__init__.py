@@ -22,7 +22,7 @@ from kdsl.lang.nonlinear import FC, Fold, Map, Rename, Softmax
 from kdsl.lang.parser import parse, parse_size
 from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.serialize import from_json
-from kdsl.lang.sizes import Size, coefficient, primary
+from kdsl.lang.sizes import Size, coefficient, dynamic, primary, unify
 
 __all__ = [
     "FC",
@@ -45,6 +45,7 @@ __all__ = [
     "Unfold",
     "Weight",
     "coefficient",
+    "dynamic",
     "primary",
 ]
 
@@ -69,4 +70,5 @@ _PUBLIC = [
     from_json,
     parse,
     parse_size,
+    unify,
 ]

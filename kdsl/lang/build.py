@@ -200,12 +200,21 @@ class Sized:
         raise NotImplementedError
 
     def _check_variables(self) -> None:
-        """A variable is primary or coefficient, never both; default names follow the name rule."""
+        """A variable has one kind; default names follow the name rule; a dynamic variable (a
+        free width) is never in a denominator (Canvas's Theorem 1: the solvers rely on it)."""
         by_name: dict[str, Var] = {}
         for var in self.variables:
             seen = by_name.setdefault(var.name, var)
             if seen.kind != var.kind:
-                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
+                raise SizeError(f"variable {var.name} is used both as {seen.kind} and as {var.kind}")
+        if any(var.kind == "dynamic" for var in self.variables):
+            for size in self._all_sizes():
+                for var, exp in size.exponents:
+                    if var.kind == "dynamic" and exp < 0:
+                        raise SizeError(
+                            f"the size {size} divides by the dynamic variable {var.name}; a free width may "
+                            f"only multiply (split the dim it sizes instead of dividing by it)"
+                        )
         for name, _ in self.defaults:
             check_identifier(name, "coefficient")
 
@@ -224,6 +233,16 @@ class Sized:
     @property
     def coefficient_variables(self) -> tuple[str, ...]:
         return tuple(v.name for v in self.variables if v.kind == "coefficient")
+
+    @property
+    def dynamic_variables(self) -> tuple[str, ...]:
+        """The free widths (``dynamic("x1")``) still in the sizes: while there are any, the
+        operator is a template that :func:`kdsl.solve.fill` completes per layer."""
+        return tuple(v.name for v in self.variables if v.kind == "dynamic")
+
+    def substituted(self, values: Mapping[str, Size | int]) -> Sized:
+        """The same operator with the variables named in ``values`` replaced by those sizes."""
+        raise NotImplementedError
 
     @property
     def default_coefficients(self) -> dict[str, int]:
@@ -313,6 +332,19 @@ class Operator(Sized):
         """A stable content hash of the operator's structure (names and step order do not matter)."""
         return structural_key(self)
 
+    def substituted(self, values: Mapping[str, Size | int]) -> Operator:
+        """The same operator with the variables named in ``values`` replaced by those sizes (a
+        dynamic variable by what shape matching or the budget solver found for it).
+
+        >>> from kdsl.lang import *
+        >>> N, C = primary("N C"); x1 = dynamic("x1")
+        >>> op = Input(N, C) >> Share(Weight(C, Dim("z", x1), name="w")) >> Reduce(C) >> Output(N, "z")
+        >>> op.dynamic_variables, str(op.substituted({"x1": 2 * C}).outputs[1].size)
+        (('x1',), '2*C')
+        """
+        sizes = {name: Size.of(value) for name, value in values.items()}
+        return substitute_operator(self, sizes, {})
+
     def with_defaults(self, **values: int) -> Operator:
         """The same operator with other preferred coefficient values."""
         merged = dict(self.defaults)
@@ -325,6 +357,22 @@ class Operator(Sized):
         ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)
         outs = ", ".join(f"{d.name}: {d.size}" for d in self.outputs)
         return f"<Operator [{ins}] -> [{outs}], {len(self.steps)} steps, key {self.key}>"
+
+
+def substitute_operator(op: Operator, sizes: Mapping[str, Size], steps: dict[int, Primitive]) -> Operator:
+    """``op`` with ``sizes`` substituted; ``steps`` maps a step's id to its substituted copy, so
+    steps that several chains share (by identity, see kdsl.lang.graph) stay shared."""
+    if not any(var.name in sizes for var in op.variables):
+        return op
+    inputs = tuple(Dim(d.name, d.size.substitute(sizes)) for d in op.inputs)
+    new_steps = []
+    for step in op.steps:
+        if id(step) not in steps:
+            steps[id(step)] = step.substituted(sizes)
+        new_steps.append(steps[id(step)])
+    defaults = {k: v for k, v in op.defaults if k not in sizes}
+    built = Builder(inputs, tuple(new_steps), None, [])
+    return built.finish(Output(*(d.name for d in op.outputs), defaults=defaults or None))
 
 
 def _live_after(op: Operator) -> Live:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from kdsl.lang import build as _build
-from kdsl.lang.build import Builder, Input, Operator, Sized
+from kdsl.lang.build import Builder, Input, Operator, Sized, substitute_operator
 from kdsl.lang.canonical import graph_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Fold, Join, Map, ProductJoin
@@ -47,7 +47,7 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
-from kdsl.lang.sizes import Size
+from kdsl.lang.sizes import Size, unify
 
 __all__ = ["Blend", "Graph", "Node", "Product", "Tensor", "chain_step_texts"]
 
@@ -201,6 +201,26 @@ class Graph(Sized):
         """A content hash that ignores dim and weight names and the order of independent branches."""
         return graph_key(self)
 
+    def substituted(self, values: Mapping[str, Size | int]) -> Graph:
+        """The same kernel with the variables named in ``values`` replaced by those sizes (a
+        dynamic variable by what shape matching or the budget solver found for it)."""
+        sizes = {name: Size.of(value) for name, value in values.items()}
+        steps: dict[int, Primitive] = {}
+
+        def dims(found: tuple[Dim, ...]) -> tuple[Dim, ...]:
+            return tuple(Dim(d.name, d.size.substitute(sizes)) for d in found)
+
+        nodes = []
+        for node in self.nodes:
+            step = node.step
+            if isinstance(step, Operator):
+                step = substitute_operator(step, sizes, steps)
+            elif isinstance(step, Primitive):
+                step = step.substituted(sizes)
+            nodes.append(Node(step, node.args, dims(node.dims)))
+        defaults = {k: v for k, v in self.defaults if k not in sizes}
+        return _finish_graph(dims(self.inputs), tuple(nodes), [d.name for d in self.outputs], defaults, Output)
+
     def with_defaults(self, **values: int) -> Graph:
         merged = dict(self.defaults)
         merged.update(values)
@@ -351,6 +371,7 @@ class Tensor:
                 f"{_describe(_root(rhs).dims)}; a kernel has one data input"
             )
         rhs = _rebase(rhs, _root(lhs))
+        lhs, rhs = _match(lhs, rhs)
         dims = step.combine(lhs.dims, rhs.dims)
         vertex = _share_prefixes(_Vertex(step, (lhs, rhs), dims))
         try:
@@ -394,6 +415,52 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"Tensor({_describe([Dim(n, s) for n, s in self.shape.items()])})"
+
+
+def _match(lhs: _Vertex, rhs: _Vertex) -> tuple[_Vertex, _Vertex]:
+    """Shape matching (Canvas §6.2): where a dim both branches name has two sizes and a dynamic
+    variable can make them equal, solve for it (:func:`~kdsl.lang.sizes.unify`) and substitute it
+    in both branches; sizes that cannot match are left for the join to report."""
+    for _ in range(len(lhs.dims) + len(rhs.dims)):  # each round solves one variable
+        left = {d.name: d.size for d in lhs.dims}
+        found = None
+        for dim in rhs.dims:
+            if dim.name in left and left[dim.name] is not dim.size:
+                found = unify(left[dim.name], dim.size)
+                if found is not None:
+                    break
+        if found is None:
+            return lhs, rhs
+        name, size = found
+        memo: dict[int, _Vertex] = {}
+        steps: dict[int, Primitive] = {}
+        lhs = _substitute_vertex(lhs, {name: size}, memo, steps)
+        rhs = _substitute_vertex(rhs, {name: size}, memo, steps)
+    return lhs, rhs
+
+
+def _substitute_vertex(
+    root: _Vertex, sizes: Mapping[str, Size], memo: dict[int, _Vertex], steps: dict[int, Primitive]
+) -> _Vertex:
+    """``root``'s tree with ``sizes`` substituted; vertices (and steps) that do not change stay the
+    same objects, and ``memo`` keeps vertices both branches share shared."""
+    for vertex in _topological(root):
+        if id(vertex) in memo:
+            continue
+        dims = tuple(Dim(d.name, d.size.substitute(sizes)) for d in vertex.dims)
+        args = tuple(memo[id(a)] for a in vertex.args)
+        step = vertex.step
+        if isinstance(step, Operator):
+            step = substitute_operator(step, sizes, steps)
+        elif isinstance(step, Primitive):
+            step = steps.setdefault(id(step), step.substituted(sizes))
+        if step is vertex.step and args == vertex.args and dims == vertex.dims:
+            memo[id(vertex)] = vertex
+        elif not vertex.args:
+            memo[id(vertex)] = _input_vertex(dims)
+        else:
+            memo[id(vertex)] = _Vertex(step, args, dims)
+    return memo[id(root)]
 
 
 def _root(vertex: _Vertex) -> _Vertex:

@@ -46,7 +46,7 @@ PYTHON_KEYWORDS = frozenset(keyword.kwlist) | frozenset({"_", "case", "match", "
 
 #: names the DSL binds itself; a variable, dim or weight with one of them would shadow it in text.
 #: The primitives add their own names when they are declared (:func:`reserve`).
-DSL_NAMES: set[str] = {"primary", "coefficient", "Weight", "Dim", "Input", "Output"}
+DSL_NAMES: set[str] = {"primary", "coefficient", "dynamic", "Weight", "Dim", "Input", "Output"}
 
 
 def reserve(*names: str) -> None:

@@ -28,7 +28,7 @@ from kdsl.lang.graph import JOIN_FUNCTIONS, Graph, Tensor
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
 from kdsl.lang.nonlinear import MAX_SCALE, UNARY
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Weight
-from kdsl.lang.sizes import Size, coefficient, primary
+from kdsl.lang.sizes import KINDS, Size, coefficient, dynamic, primary
 
 MAX_SOURCE_CHARS = 200_000
 MAX_QUOTED_CHARS = 300
@@ -37,6 +37,7 @@ MAX_QUOTED_CHARS = 300
 FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
     "primary": (primary, frozenset()),
     "coefficient": (coefficient, frozenset()),
+    "dynamic": (dynamic, frozenset()),
     "Dim": (Dim, frozenset()),
     "Weight": (Weight, frozenset({"name"})),
     "Input": (Input, frozenset()),
@@ -314,8 +315,8 @@ def parse_size(text: str, variables: Mapping[str, str]) -> Size:
     # Fast path for the commonest sizes, one variable: from_json reads one size per dim, and
     # ast.parse costs more than the rest of reading a dim. The result is what the slow path gives.
     kind = variables.get(text)
-    if kind in ("primary", "coefficient"):
-        return Size.variable(text, kind)
+    if kind in KINDS:
+        return Size.variable(text, kind)  # type: ignore[arg-type]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -328,7 +329,7 @@ def parse_size(text: str, variables: Mapping[str, str]) -> Size:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in variables and node.id not in interpreter.env:
             kind = variables[node.id]
-            if kind not in ("primary", "coefficient"):
+            if kind not in KINDS:
                 raise ParseError(f"variable {node.id!r} has the unknown kind {kind!r}")
             interpreter.env[node.id] = Size.variable(node.id, kind)
     try:

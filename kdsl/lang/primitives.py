@@ -496,6 +496,21 @@ class Primitive:
                 values[f.name] = Size.of(int(values[f.name].evaluate(binding)))  # type: ignore[union-attr]
         return type(self).from_values(values)
 
+    def substituted(self, values: Mapping[str, Size]) -> Primitive:
+        """The same resolved step with the variables named in ``values`` replaced in its sizes and
+        its weights' dims (shape matching solves a dynamic variable this way)."""
+        if not any(name in values for size in self.sizes() for name in (v.name for v in size.variables)):
+            return self  # unchanged steps keep their identity (chains share steps by identity)
+        fields = self.values()
+        for f in self.fields:
+            value = fields[f.name]
+            if f.kind == "size":
+                fields[f.name] = value.substitute(values)  # type: ignore[union-attr]
+            elif f.kind == "weight" and isinstance(value, Weight) and value.resolved:
+                dims = tuple(Dim(d.name, d.size.substitute(values)) for d in value.dims)
+                fields[f.name] = value._resolved(value.name or "", dims, value.new)
+        return type(self).from_values(fields)
+
     def values(self) -> dict[str, object]:
         """The resolved step's field values, by field name."""
         return {f.name: getattr(self, f.name) for f in self.fields}

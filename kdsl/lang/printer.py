@@ -12,7 +12,7 @@ from typing import Any
 
 from kdsl.lang.names import DSL_NAMES, check_identifier
 from kdsl.lang.primitives import REDUCTION, BuildContext, Dim, Live, OperatorParts, Primitive, Reduce, Weight
-from kdsl.lang.sizes import Size, Var
+from kdsl.lang.sizes import KINDS, Size, Var
 
 HEADER = "from kdsl.lang import *"
 
@@ -170,7 +170,7 @@ CHUNK = 100
 
 def _render(op_name: str, declarations: list[str], variables: list[Var], lines: list[str], taken: set[str]) -> str:
     out = [HEADER, ""]
-    for kind in ("primary", "coefficient"):
+    for kind in KINDS:
         names = [v.name for v in variables if v.kind == kind]
         if names:
             targets = ", ".join(names)
@@ -348,7 +348,7 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
     final = [tensor_vars[last]] if last in tensor_vars else expressions[last]
     statements.append(_statement(op_name, [*final, f"Output({refs}{defaults})"]))
     out = [HEADER, ""]
-    for kind in ("primary", "coefficient"):
+    for kind in KINDS:
         names = [v.name for v in variables if v.kind == kind]
         if names:
             out.append(f'{", ".join(names)} = {kind}("{" ".join(names)}")')

@@ -19,6 +19,7 @@ from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.lang.parser import parse_size
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Pipeline, Primitive, Weight
 from kdsl.lang.printer import FORMAT, GRAPH_FORMAT, GRAPH_VERSION, VERSION, to_dict, to_json
+from kdsl.lang.sizes import KINDS
 
 __all__ = ["FORMAT", "MAX_JSON_CHARS", "VERSION", "from_dict", "from_json", "to_dict", "to_json"]
 MAX_JSON_CHARS = 1_000_000
@@ -90,7 +91,7 @@ def _variables_and_inputs(data: dict[str, Any], what: str) -> tuple[dict[str, st
     """The variables (name -> kind) and the input dims of an operator's or a kernel's JSON."""
     variables = _field(data, "variables", dict, what)
     for var_name, kind in variables.items():
-        if kind not in ("primary", "coefficient"):
+        if kind not in KINDS:
             raise ParseError(f"variable {var_name!r} has the unknown kind {kind!r}")
     inputs = [
         Dim(_field(d, "name", str, "inputs"), parse_size(_field(d, "size", str, "inputs"), variables))

@@ -4,9 +4,13 @@ A size such as ``Cout/(G*s)`` is stored as a constant and an exponent vector, in
 equal sizes are the same object (hashing and comparing are cheap in search's hot loops).
 Multiplying adds exponents; SymPy is only used by :meth:`Size.to_sympy`.
 
-Two kinds of variable (Syno §5.3): *primary* variables (``N``, ``Cin``, ``H``) are large, come from
-the layer, and never appear in a denominator; *coefficient* variables (``K``, ``s``, ``G``) are
-small, shared by all layers, and may divide.
+Three kinds of variable. Syno's two (§5.3): *primary* variables (``N``, ``Cin``, ``H``) are large,
+come from the layer, and never appear in a denominator; *coefficient* variables (``K``, ``s``,
+``G``) are small, shared by all layers, and may divide. Canvas's *dynamic* variables (§6.2, ``x1``)
+are free widths, such as an FC's output size: like a primary, each layer has its own value (a
+width that suits 64 channels does not suit 512, so Canvas solves ``x_{i,j}`` per layer ``i``), but
+no layer table binds it: shape matching (:func:`unify`) and the budget solver
+(:func:`kdsl.solve.fill`) find it. An operator with a free dynamic variable is a template.
 
 >>> N, H = primary("N H"); K, s = coefficient("K s")
 >>> (H / s) * s == H
@@ -26,8 +30,10 @@ from typing import Literal, Union
 from kdsl.lang.errors import LayerError, SizeError
 from kdsl.lang.names import check_identifier
 
-VariableKind = Literal["primary", "coefficient"]
-_KIND_ORDER = {"primary": 0, "coefficient": 1}
+VariableKind = Literal["primary", "coefficient", "dynamic"]
+#: printing order of a size's variables: primaries, coefficients, then dynamic variables
+_KIND_ORDER = {"primary": 0, "coefficient": 1, "dynamic": 2}
+KINDS: tuple[str, ...] = tuple(_KIND_ORDER)
 
 
 class Var:
@@ -38,7 +44,7 @@ class Var:
     def __init__(self, name: str, kind: VariableKind) -> None:
         check_identifier(name, "variable")
         if kind not in _KIND_ORDER:
-            raise SizeError(f"variable kind must be 'primary' or 'coefficient', not {kind!r}")
+            raise SizeError(f"variable kind must be 'primary', 'coefficient' or 'dynamic', not {kind!r}")
         self.name = name
         self.kind = kind
         self._hash = hash((name, kind))
@@ -92,7 +98,7 @@ class Size:
         for var in exponents:
             seen = by_name.setdefault(var.name, var)
             if seen.kind != var.kind:
-                raise SizeError(f"variable {var.name} is used both as primary and as coefficient")
+                raise SizeError(f"variable {var.name} is used both as {seen.kind} and as {var.kind}")
         items = tuple(sorted(((v, e) for v, e in exponents.items() if e != 0), key=lambda ve: ve[0].sort_key()))
         return Size(constant, items)
 
@@ -166,6 +172,25 @@ class Size:
     def primaries_in_denominator(self) -> list[str]:
         return [v.name for v, e in self.exponents if e < 0 and v.kind == "primary"]
 
+    def dynamic_variables(self) -> tuple[str, ...]:
+        """The names of the dynamic variables in this size (``x1`` in ``x1/G``)."""
+        return tuple(v.name for v, _ in self.exponents if v.kind == "dynamic")
+
+    def substitute(self, values: Mapping[str, Size]) -> Size:
+        """This size with each variable named in ``values`` replaced by its size there.
+
+        >>> C = primary("C"); x1 = dynamic("x1"); G = coefficient("G")
+        >>> str((x1 / G).substitute({"x1": 4 * C}))
+        '4*C/G'
+        """
+        if not any(var.name in values for var, _ in self.exponents):
+            return self
+        result = Size.make(self.constant, {})
+        for var, e in self.exponents:
+            replacement = values.get(var.name)
+            result = result * (Size.make(1, {var: 1}) if replacement is None else Size.of(replacement)) ** e
+        return result
+
     def primary_part(self) -> Size:
         """The monomial of the primary variables only (constant 1)."""
         return Size.make(1, {v: e for v, e in self.exponents if v.kind == "primary"})
@@ -219,6 +244,39 @@ def _variables(names: str | tuple[str, ...] | list[str], kind: VariableKind) -> 
     return made[0] if len(made) == 1 else made
 
 
+def unify(left: Size, right: Size) -> tuple[str, Size] | None:
+    """Solve ``left == right`` for one dynamic variable: ``(name, size)`` such that substituting
+    gives equal sizes, or ``None`` when no dynamic variable can make them equal.
+
+    The equation is a ratio of monomials equal to 1; a dynamic variable with exponent +-1 in it is
+    solved for (Canvas §6.2: by its Theorem 1 a dim holds at most one, in the numerator). When both
+    sides have one, the later-named variable is expressed in the other, so ``x1`` stays free.
+
+    >>> C, H = primary("C H"); G, K = coefficient("G K"); x1, x2 = dynamic("x1 x2")
+    >>> name, size = unify(x2 / G, C * K**2 / G); name, str(size)
+    ('x2', 'C*K**2')
+    >>> name, size = unify(x1, x2 * K); name, str(size)
+    ('x2', 'x1/K')
+    >>> unify(C, H) is None, unify(x1 * C, H) is None  # x1 = H/C is no width
+    (True, True)
+    """
+    if left is right:
+        return None
+    ratio = left / right  # == 1 is the equation
+    candidates = sorted(
+        ((var, e) for var, e in ratio.exponents if var.kind == "dynamic" and e in (1, -1)),
+        key=lambda ve: ve[0].name,
+        reverse=True,
+    )
+    for var, e in candidates:
+        rest = Size.make(ratio.constant, {v: x for v, x in ratio.exponents if v != var})
+        solution = rest ** (-e)  # ratio = var**e * rest == 1, so var = rest**(-1/e)
+        # a width divided by a layer's size or by another width is not a width (Theorem 1)
+        if all(x > 0 for v, x in solution.exponents if v.kind != "coefficient"):
+            return var.name, solution
+    return None
+
+
 def primary(names: str) -> tuple[Size, ...] | Size:
     """Declare primary variables (large sizes bound per layer): ``N, H = primary("N H")``."""
     return _variables(names, "primary")
@@ -227,3 +285,9 @@ def primary(names: str) -> tuple[Size, ...] | Size:
 def coefficient(names: str) -> tuple[Size, ...] | Size:
     """Declare coefficient variables (small, shared by all layers): ``K, s = coefficient("K s")``."""
     return _variables(names, "coefficient")
+
+
+def dynamic(names: str) -> tuple[Size, ...] | Size:
+    """Declare dynamic variables (free widths, one value per layer, filled by the solver):
+    ``x1, x2 = dynamic("x1 x2")``."""
+    return _variables(names, "dynamic")

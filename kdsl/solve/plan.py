@@ -121,7 +121,7 @@ def reference_binding(op: Operator | Graph) -> dict[str, int]:
     """
     defaults = dict(op.defaults)
     return {
-        v.name: REFERENCE_PRIMARY if v.kind == "primary" else defaults.get(v.name, REFERENCE_COEFFICIENT)
+        v.name: REFERENCE_PRIMARY if v.kind != "coefficient" else defaults.get(v.name, REFERENCE_COEFFICIENT)
         for v in op.variables
     }
 
