@@ -304,6 +304,12 @@ def resolve_binding(
             value = layer[name]
         elif name in defaults:
             value = defaults[name]
+        elif var.kind == "dynamic":
+            raise LayerError(
+                f"the dynamic variable {name} (a free width) has no value on {layer_label(layer.name)}: the "
+                f"operator is a template; fill it with kdsl.solve.fill(op, layers, max_flops=...) (or "
+                f"`kdsl check --max-flops`), or pass {{'{name}': 16}} with the coefficients"
+            )
         else:
             raise LayerError(
                 f"the coefficient {name} has no value on {layer_label(layer.name)}: pass coefficients={{'{name}': 3}} "
@@ -466,7 +472,7 @@ def assignments(
     for layer in table:
         base: dict[str, int] = {}
         for var in op.variables:
-            if var.kind == "primary" or var.name in per_layer:
+            if var.kind != "coefficient" or var.name in per_layer:
                 value = layer.get(var.name)
                 if value is None:
                     raise LayerError(
