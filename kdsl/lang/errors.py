@@ -75,6 +75,10 @@ class LayerError(KdslError):
     """A layer table is malformed or does not bind a variable the operator needs."""
 
 
+class BudgetError(KdslError):
+    """A FLOPs or parameter budget that cannot be read, or that no valid choice of widths meets."""
+
+
 class SearchError(KdslError):
     """A search space, budget, strategy or results database that kdsl cannot use.
 

@@ -23,12 +23,15 @@ import ...``.
 
 from kdsl.solve.constraints import CheckReport, Constraint, assignments, bind, check, constraints, graph_constraints
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
+from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples
 from kdsl.solve.layers import Layer, load_layers
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
 
 __all__ = [
+    "BudgetError",
     "CheckReport",
     "Constraint",
+    "Filled",
     "Layer",
     "Plan",
     "Stage",
@@ -39,8 +42,11 @@ __all__ = [
     "check",
     "constraints",
     "cost",
+    "fill",
+    "freedom",
     "graph_constraints",
     "load_layers",
+    "multiples",
     "node_flops",
     "plan",
     "reference_binding",

@@ -1,0 +1,400 @@
+"""Free widths: what shape matching leaves of them, and the budget solver that fills them.
+
+A template (an operator with dynamic variables, ``x1 = dynamic("x1")``) is completed per layer in
+two steps, as Canvas does (§6.2-6.3):
+
+1. *Shape matching* already happened while the kernel was built: where two branches join, a width
+   that can make their sizes equal was solved and substituted (:func:`kdsl.lang.unify`). What is
+   left is *freedom*: each remaining width must make every size it appears in an integer, so it
+   must be a multiple of the denominators around it — :func:`freedom` says which, symbolically
+   (``x1 must be a multiple of G*K``), and :func:`multiples` gives the least such value per layer
+   (Canvas's ``lcm_{i,j}``).
+2. *Budget filling* (:func:`fill`): the base value of each width on layer ``i`` is its multiple
+   scaled by the layer's channels relative to the layer with the fewest (``k_i = ceil(C_i lcm_1 /
+   (C_1 lcm_i))``, ``x_i = k_i lcm_i``), so widths keep the network's channel proportions; then, in
+   rounds, each width is doubled — least cost per added unit first — while the FLOPs and parameter budgets
+   (summed over the layers) still hold, until a round doubles nothing.
+
+Widths are per layer (a width that suits 64 channels does not suit 512); coefficients (``G``,
+``K``) stay what the layers, ``coefficients`` or the defaults say.
+
+>>> from kdsl.lang import *
+>>> N, Cin, H, W = primary("N Cin H W"); x1 = dynamic("x1")
+>>> x = Input(N, Cin, H, W)
+>>> gate = (x >> Reduce(H, W, mean=True) >> FC(Cin, name="z", size=x1, weight="squeeze") >> Map("relu")
+...         >> FC("z", name="c", size=Cin, weight="excite") >> Map("sigmoid") >> Rename("c", "Cin"))
+>>> se = (x * gate) >> Output(N, Cin, H, W)
+>>> filled = fill(se, "resnet18", max_params=180_000)
+>>> [b["x1"] for b in filled.base], [values["x1"] for values in filled.values], filled.total["params"]
+([1, 2, 4, 8], [32, 32, 64, 128], 176128)
+
+The base widths keep the channels' proportions (64, 128, 256, 512 channels); four full rounds
+double every width, and the fifth doubles only the first layer's, the one that costs least per
+added channel (the next, 2*128*32 more parameters on conv3_x, would exceed the budget).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from kdsl.lang import library
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import BudgetError, DivisibilityError, KdslError, LayerError
+from kdsl.lang.graph import Graph
+from kdsl.lang.sizes import Size
+from kdsl.solve.constraints import check, constraints, resolve_binding
+from kdsl.solve.cost import cost
+from kdsl.solve.layers import Layer, as_layers, layer_label
+
+__all__ = ["BudgetError", "Filled", "fill", "freedom", "multiples", "parse_budget"]
+
+#: budgets fill can aim at, each the name of a cost metric
+BUDGETS = ("flops", "params")
+#: how many rounds of doubling fill tries at most (2**40 times a base width is far past any budget)
+MAX_ROUNDS = 40
+
+
+_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)\s*(x?)\s*$")
+
+
+def parse_budget(text: str | int | float | None, baseline: int | None = None) -> int | None:
+    """A budget: an absolute number (``1e9``, ``150M``, ``2G``) or a multiple of ``baseline``
+    (``0.5x``). ``None`` means no limit.
+
+    >>> parse_budget("0.5x", baseline=1000), parse_budget("150M"), parse_budget(None)
+    (500, 150000000, None)
+    >>> parse_budget("half")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.BudgetError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
+    """
+    if text is None:
+        return None
+    if isinstance(text, bool):
+        raise BudgetError(f"bad budget {text!r}: expected a number or a string like 0.5x")
+    if isinstance(text, (int, float)):
+        if text <= 0 or not math.isfinite(text):
+            raise BudgetError(f"bad budget {text!r}: it must be positive")
+        return int(text)
+    match = _BUDGET.match(str(text))
+    if not match:
+        raise BudgetError(f"bad budget {text!r}: write a number (1e9, 150M, 2G) or a multiple of the baseline (0.5x)")
+    number = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2).lower()]
+    if match.group(3):
+        if baseline is None:
+            raise BudgetError(f"budget {text!r} is relative, but there is no baseline operator to compare with")
+        number *= baseline
+    if number <= 0:
+        raise BudgetError(f"bad budget {text!r}: it must be positive")
+    return int(number)
+
+
+def _width_terms(op: Operator | Graph) -> list[tuple[str, int, Size, str]]:
+    """For every integral constraint with exactly one free width ``x``: ``(x, e, rest, step)`` with
+    the constrained size ``x**e * rest`` (Canvas's ``p x / q``)."""
+    found = []
+    for constraint in constraints(op):
+        if constraint.kind != "integral":
+            continue
+        size = constraint.sizes[0]
+        widths = [(var, e) for var, e in size.exponents if var.kind == "dynamic"]
+        if len(widths) != 1:
+            continue  # none, or several in one size: the final check judges those
+        var, e = widths[0]
+        rest = Size.make(size.constant, {v: x for v, x in size.exponents if v != var})
+        found.append((var.name, e, rest, constraint.step))
+    return found
+
+
+def freedom(op: Operator | Graph) -> dict[str, Size]:
+    """What is left to choose of each free width: the monomial it must be a multiple of for every
+    size it appears in to be an integer (the lcm of the denominators around it).
+
+    >>> from kdsl.lang import *
+    >>> N, Cin = primary("N Cin"); G, K = coefficient("G K"); x1 = dynamic("x1")
+    >>> op = (Input(N, Cin) >> Share(Weight(Cin, Dim("z", x1), name="w")) >> Reduce(Cin)
+    ...       >> Split("z", G * K, "q", "c") >> Output(N, "q", "c"))
+    >>> {name: str(size) for name, size in freedom(op).items()}
+    {'x1': 'G*K'}
+    """
+    result: dict[str, Size] = {name: Size.of(1) for name in op.dynamic_variables}
+    for name, exponent, rest, _ in _width_terms(op):
+        # x**e * rest is an integer for any layer when x is a multiple of rest's denominator
+        need = Size.make(rest.constant.denominator, {v: -x for v, x in rest.exponents if x < 0})
+        if exponent > 1:
+            need = _root_up(need, exponent)
+        result[name] = _lcm_monomial(result[name], need)
+    return result
+
+
+def _lcm_monomial(a: Size, b: Size) -> Size:
+    exponents: dict[Any, int] = dict(a.exponents)
+    for var, e in b.exponents:
+        exponents[var] = max(exponents.get(var, 0), e)
+    return Size.make(math.lcm(int(a.constant), int(b.constant)), exponents)
+
+
+def _root_up(size: Size, exponent: int) -> Size:
+    """The least monomial whose ``exponent``-th power is a multiple of ``size`` (integral sizes)."""
+    constant = _root_up_int(int(size.constant), exponent)
+    return Size.make(constant, {v: -(-e // exponent) for v, e in size.exponents})
+
+
+def _root_up_int(value: int, exponent: int) -> int:
+    """The least m with ``value | m**exponent``."""
+    result, factor, rest = 1, 2, value
+    while factor * factor <= rest:
+        count = 0
+        while rest % factor == 0:
+            rest //= factor
+            count += 1
+        result *= factor ** -(-count // exponent)
+        factor += 1
+    return result * rest if rest > 1 else result
+
+
+def _layer_multiples(
+    op: Operator | Graph, terms: list[tuple[str, int, Size, str]], binding: Mapping[str, int]
+) -> dict[str, int]:
+    """Each width's least valid value (its multiple) under ``binding`` (which binds the rest)."""
+    result = dict.fromkeys(op.dynamic_variables, 1)
+    for name, exponent, rest, _ in terms:
+        value = rest.evaluate(binding)
+        need = value.denominator if exponent == 1 else _root_up_int(value.denominator, exponent)
+        result[name] = math.lcm(result[name], need)
+    return result
+
+
+def _bindings(
+    op: Operator | Graph, layers: tuple[Layer, ...], coefficients: Mapping[str, int] | None
+) -> list[dict[str, int]]:
+    """Each layer's binding of everything but the free widths (which are set to 1 meanwhile)."""
+    given = dict(coefficients or {})
+    widths = {name: 1 for name in op.dynamic_variables}
+    found = []
+    for layer in layers:
+        fixed = {name: value for name, value in widths.items() if name not in layer and name not in given}
+        binding = resolve_binding(op, layer, {**fixed, **given})
+        for name in fixed:
+            binding[name] = 1
+        found.append(binding)
+    return found
+
+
+def multiples(
+    op: Operator | Graph, layers: object, coefficients: Mapping[str, int] | None = None
+) -> list[dict[str, int]]:
+    """Per layer, the least value of each free width that makes its sizes integers (``lcm_{i,j}``).
+
+    >>> from kdsl.lang import *
+    >>> N, Cin = primary("N Cin"); G, K = coefficient("G K"); x1 = dynamic("x1")
+    >>> op = (Input(N, Cin) >> Share(Weight(Cin, Dim("z", x1), name="w")) >> Reduce(Cin)
+    ...       >> Split("z", G * K, "q", "c") >> Output(N, "q", "c", defaults={"G": 4}))
+    >>> multiples(op, [{"name": "a", "N": 1, "Cin": 64, "K": 3}, {"name": "b", "N": 1, "Cin": 256, "K": 5}])
+    [{'x1': 12}, {'x1': 20}]
+    """
+    table = as_layers(layers)
+    terms = _width_terms(op)
+    return [_layer_multiples(op, terms, binding) for binding in _bindings(op, table, coefficients)]
+
+
+def _channels(op: Operator | Graph, binding: Mapping[str, int]) -> Fraction:
+    """What base widths scale with: the input's channel dim (its second dim, NCHW-style; its only
+    dim for a one-dim input)."""
+    dim = op.inputs[1] if len(op.inputs) > 1 else op.inputs[0]
+    return dim.size.evaluate(binding)
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What :func:`fill` found: per layer, the widths and the costs they give.
+
+    ``layers`` are the input layers with the widths (and the coefficients used) bound: pass them
+    to the solver, or their ``.values`` to any backend (``kdsl.codegen.torch.build(op,
+    filled.layers[0].values)``). ``multiples`` are the
+    least valid widths (``lcm``), ``base`` the channel-scaled start, ``values`` the result.
+    """
+
+    op: Operator | Graph
+    layers: tuple[Layer, ...]
+    multiples: tuple[dict[str, int], ...]
+    base: tuple[dict[str, int], ...]
+    values: tuple[dict[str, int], ...]
+    costs: tuple[dict[str, int], ...]
+    budgets: dict[str, int | None]
+    baseline: dict[str, int] | None = None
+
+    @property
+    def total(self) -> dict[str, int]:
+        """FLOPs and parameters summed over the layers."""
+        return {metric: sum(c[metric] for c in self.costs) for metric in BUDGETS}
+
+    def binding(self, layer: str) -> dict[str, int]:
+        """The widths of the layer named ``layer``."""
+        for item, values in zip(self.layers, self.values):
+            if item.name == layer:
+                return dict(values)
+        raise LayerError(f"no layer named {layer!r}; the layers are {', '.join(x.name for x in self.layers)}")
+
+    def operator(self, layer: str) -> Operator | Graph:
+        """The template with the layer's widths written in as constants (no free width left)."""
+        return self.op.substituted(self.binding(layer))
+
+    def used(self) -> dict[str, float]:
+        """The share of each budget used (only the budgets given)."""
+        return {m: self.total[m] / limit for m, limit in self.budgets.items() if limit}
+
+    def report(self) -> str:
+        """A table for people: per layer the multiples, base and filled widths, and costs."""
+        names = self.op.dynamic_variables
+        lines = []
+        for name in names:
+            lines.append(f"  {name}: {' '.join(str(m[name]) for m in self.multiples)} (multiples per layer)")
+        header = f"  {'layer':<12}" + "".join(f"{name + ' base':>12}{name:>8}" for name in names)
+        lines.append(header + f"{'M FLOPs':>12}{'params':>12}")
+        for layer, base, values, each in zip(self.layers, self.base, self.values, self.costs):
+            row = f"  {layer.name:<12}" + "".join(f"{base[n]:>12}{values[n]:>8}" for n in names)
+            lines.append(row + f"{each['flops'] / 1e6:>12.2f}{each['params']:>12}")
+        total = self.total
+        lines.append(f"  {'total':<12}" + " " * 20 * len(names) + f"{total['flops'] / 1e6:>12.2f}{total['params']:>12}")
+        for metric, limit in self.budgets.items():
+            if limit:
+                lines.append(f"  {metric} budget {limit}: {total[metric] / limit:.1%} used")
+        return "\n".join(lines)
+
+
+def _relative(text: object) -> bool:
+    return isinstance(text, str) and text.strip().lower().endswith("x")
+
+
+def fill(
+    op: Operator | Graph,
+    layers: object,
+    *,
+    max_flops: str | int | float | None = None,
+    max_params: str | int | float | None = None,
+    baseline: Operator | Graph | str | None = None,
+    coefficients: Mapping[str, int] | None = None,
+) -> Filled:
+    """Fill the free widths of ``op`` on every layer (Canvas §6.3) and return the result.
+
+    Base widths: each width's least valid value per layer (:func:`multiples`) scaled with the
+    layer's input channels. Then, in rounds, each width is doubled, least cost per unit first, while
+    the total FLOPs and parameters over ``layers`` stay within ``max_flops``/``max_params``
+    (numbers, ``"150M"``, or ``"0.5x"`` of ``baseline``: an operator or a gallery name, default
+    the gallery's ``conv2d`` with its defaults). A width that costs nothing stays at its base.
+    Without a budget the base widths are the answer. Raises :class:`BudgetError` when even the
+    base widths exceed a budget, and the solver's usual errors when the filled kernel is not
+    valid on a layer.
+
+    >>> from kdsl.lang import *
+    >>> N, Cin = primary("N Cin"); x1 = dynamic("x1")
+    >>> mlp = (Input(N, Cin) >> FC(Cin, name="z", size=x1, weight="up") >> Map("relu")
+    ...        >> FC("z", name="o", size=Cin, weight="down") >> Output(N, "o"))
+    >>> filled = fill(mlp, [{"name": "a", "N": 1, "Cin": 8}], max_params=300)
+    >>> filled.values, filled.total["params"]
+    (({'x1': 16},), 256)
+    """
+    table = as_layers(layers)
+    names = op.dynamic_variables
+    if not names:
+        raise LayerError("the operator has no free width (dynamic variable) to fill; check it with kdsl.solve.check")
+    budgets = {"flops": max_flops, "params": max_params}
+    reference: dict[str, int] | None = None
+    if any(_relative(value) for value in budgets.values()):
+        base_op = library.load(baseline or "conv2d") if baseline is None or isinstance(baseline, str) else baseline
+        reference = {m: 0 for m in BUDGETS}
+        for layer in table:
+            each = cost(base_op, layer)
+            for metric in BUDGETS:
+                reference[metric] += int(each[metric])
+    limits = {
+        metric: parse_budget(value, reference[metric] if reference and _relative(value) else None)  # type: ignore[arg-type]
+        for metric, value in budgets.items()
+    }
+    bindings = _bindings(op, table, coefficients)
+    terms = _width_terms(op)
+    least = [_layer_multiples(op, terms, binding) for binding in bindings]
+    channels = [_channels(op, binding) for binding in bindings]
+    smallest = min(range(len(table)), key=lambda i: channels[i])
+    base = []
+    for i in range(len(table)):
+        values = {}
+        for name in names:
+            ratio = Fraction(channels[i] * least[smallest][name], channels[smallest] * least[i][name])
+            values[name] = math.ceil(ratio) * least[i][name]
+        base.append(values)
+
+    seen: dict[tuple[int, tuple[int, ...]], dict[str, int]] = {}
+
+    def layer_cost(i: int, values: Mapping[str, int]) -> dict[str, int]:
+        key = (i, tuple(values[name] for name in names))
+        if key not in seen:  # a round prices each doubling, then takes some of them: price once
+            each = cost(op, {**bindings[i], **values})
+            seen[key] = {metric: int(each[metric]) for metric in BUDGETS}
+        return seen[key]
+
+    def over(totals: Mapping[str, int]) -> list[str]:
+        return [m for m in BUDGETS if limits[m] is not None and totals[m] > limits[m]]  # type: ignore[operator]
+
+    values = [dict(b) for b in base]
+    try:
+        costs = [layer_cost(i, values[i]) for i in range(len(table))]
+    except KdslError as error:
+        raise type(error)(f"{error} (with the base widths {_widths_text(table, values)})") from None
+    totals = {m: sum(c[m] for c in costs) for m in BUDGETS}
+    exceeded = over(totals)
+    if exceeded:
+        metric = exceeded[0]
+        raise BudgetError(
+            f"even the least widths ({_widths_text(table, values)}) need {totals[metric]} {metric} over the layers, "
+            f"more than the budget of {limits[metric]}; raise the budget or shrink the kernel"
+        )
+    if any(limit is not None for limit in limits.values()):
+        for _ in range(MAX_ROUNDS):
+            order = []
+            for i in range(len(table)):
+                for name in names:
+                    trial = layer_cost(i, {**values[i], name: values[i][name] * 2})
+                    # the share of the budget each added unit of width costs (the tightest budget)
+                    delta = max(
+                        (trial[m] - costs[i][m]) / limits[m] / values[i][name]  # type: ignore[operator]
+                        for m in BUDGETS
+                        if limits[m] is not None
+                    )
+                    if delta > 0:  # a width that costs nothing has no budget to fill
+                        order.append((delta, i, name))
+            doubled = False
+            for _, i, name in sorted(order):
+                candidate = {**values[i], name: values[i][name] * 2}
+                trial = layer_cost(i, candidate)
+                new_totals = {m: totals[m] - costs[i][m] + trial[m] for m in BUDGETS}
+                if not over(new_totals):
+                    values[i], costs[i], totals, doubled = candidate, trial, new_totals, True
+            if not doubled:
+                break
+    filled_layers = tuple(
+        Layer(layer.name, {**layer.values, **{k: v for k, v in binding.items() if k not in names}, **widths})
+        for layer, binding, widths in zip(table, bindings, values)
+    )
+    # the widths came from the constraints with one width each; the full check judges the rest
+    try:
+        check(op, filled_layers)
+    except DivisibilityError as error:
+        raise DivisibilityError(
+            f"the filled widths do not make the kernel valid: {error}; the constraints that join several "
+            f"widths in one size are not solved by fill"
+        ) from None
+    return Filled(op, filled_layers, tuple(least), tuple(base), tuple(values), tuple(costs), limits, reference)
+
+
+def _widths_text(layers: tuple[Layer, ...], values: list[dict[str, int]]) -> str:
+    return "; ".join(
+        f"{layer_label(layer.name)}: " + ", ".join(f"{k}={v}" for k, v in widths.items())
+        for layer, widths in zip(layers, values)
+    )
