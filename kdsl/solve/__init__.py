@@ -21,18 +21,31 @@ name as attributes of this package; import from the submodules with ``from kdsl.
 import ...``.
 """
 
-from kdsl.solve.constraints import CheckReport, Constraint, assignments, bind, check, constraints, graph_constraints
+from kdsl.solve.constraints import (
+    CheckReport,
+    Constraint,
+    assignments,
+    bind,
+    check,
+    constraints,
+    graph_constraints,
+    pad_binding,
+)
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
 from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples
 from kdsl.solve.layers import Layer, load_layers
+from kdsl.solve.padding import DimPad, PaddedVariable, Padding
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
 
 __all__ = [
     "BudgetError",
     "CheckReport",
     "Constraint",
+    "DimPad",
     "Filled",
     "Layer",
+    "PaddedVariable",
+    "Padding",
     "Plan",
     "Stage",
     "View",
@@ -48,6 +61,7 @@ __all__ = [
     "load_layers",
     "multiples",
     "node_flops",
+    "pad_binding",
     "plan",
     "reference_binding",
     "shapes",

@@ -44,6 +44,7 @@ from kdsl.lang.primitives import Primitive
 from kdsl.lang.sizes import Size, Var
 from kdsl.solve.graph import node_label
 from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
+from kdsl.solve.padding import Padding, pad_sizes
 
 KINDS = ("positive", "integral", "window")
 
@@ -129,11 +130,14 @@ class Constraint:
             dim_text = f"the dim {self.dim} ({dim_text})"
         return f"{self.step}: the window {_size_value(window, binding)} is not smaller than {dim_text}"
 
-    def failure(self, layer: str, binding: Mapping[str, int]) -> str:
-        """The full message for a violation on ``layer``: names the layer, values and step."""
+    def failure(self, layer: str, binding: Mapping[str, int], hint: str | None = None) -> str:
+        """The full message for a violation on ``layer``: names the layer, values and step, and
+        says what to do (``hint``, else the usual advice for the constraint's kind)."""
         values = ", ".join(f"{name}={binding[name]}" for name in self.variables if name in binding)
         where = f"{layer_label(layer)} ({values})" if values else layer_label(layer)
-        if self.kind == "window":
+        if hint is not None:
+            pass
+        elif self.kind == "window":
             hint = (
                 "choose a smaller window or layers where the dim is larger; pass allow_large_windows=True "
                 "to accept it (backends that zero-pad, like PyTorch, handle it)"
@@ -142,6 +146,9 @@ class Constraint:
             hint = "coefficients must be integers of at least 1"
         else:
             hint = "choose coefficients that divide the layer's sizes (kdsl.solve.assignments lists the valid ones)"
+            if any(v.kind == "primary" and e > 0 for v, e in self.sizes[0].exponents):
+                # padding can round the primaries up (kdsl.solve.padding)
+                hint += ", or pad the layer's sizes up with pad=True (kdsl check --pad)"
         return f"{where}: {self.explain(binding)}; {hint}"
 
     def __str__(self) -> str:
@@ -324,11 +331,14 @@ class CheckReport:
     """The result of a successful :func:`check`: the concrete binding of each layer.
 
     ``large_windows`` lists the window violations accepted under ``allow_large_windows=True``.
+    Under ``pad=True``, ``paddings`` holds per layer its :class:`~kdsl.solve.padding.Padding`, or
+    ``None`` where nothing is padded; :meth:`binding` stays the original binding.
     """
 
     layers: tuple[Layer, ...]
     bindings: tuple[tuple[tuple[str, int], ...], ...]
     large_windows: tuple[str, ...] = ()
+    paddings: tuple[Padding | None, ...] = ()
 
     def binding(self, layer: str) -> dict[str, int]:
         """The binding of the layer named ``layer``."""
@@ -336,6 +346,14 @@ class CheckReport:
             if item.name == layer:
                 return dict(binding)
         raise LayerError(f"no layer named {layer!r}; the layers are {', '.join(x.name for x in self.layers)}")
+
+    def padded_binding(self, layer: str) -> dict[str, int]:
+        """The binding the padded operator runs at on the layer named ``layer`` (the original one
+        where nothing is padded, or without ``pad=True``)."""
+        for item, padding in zip(self.layers, self.paddings):
+            if item.name == layer and padding is not None:
+                return padding.padded_binding
+        return self.binding(layer)
 
     def __iter__(self) -> Iterator[tuple[Layer, dict[str, int]]]:
         return ((layer, dict(binding)) for layer, binding in zip(self.layers, self.bindings))
@@ -369,12 +387,16 @@ def check(
     coefficients: Mapping[str, int] | None = None,
     *,
     allow_large_windows: bool = False,
+    pad: bool = False,
 ) -> CheckReport:
     """Check ``op`` on every layer of ``layers`` (anything :func:`load_layers` takes, or one layer).
 
     Raises :class:`LayerError` for an unbound variable and :class:`DivisibilityError` for the
     first violated constraint (a size that is not a positive integer, or a window that is not
     smaller than its dim unless ``allow_large_windows``), naming the layer, values and step.
+    With ``pad=True`` a size that padding fixes does not raise: each layer's primaries are
+    rounded up (:func:`pad_binding`), the other constraints are checked at the padded binding,
+    and the report's ``paddings`` say what was padded.
 
     >>> from kdsl.lang import *
     >>> H = primary("H"); s, K = coefficient("s K")
@@ -386,15 +408,23 @@ def check(
     Traceback (most recent call last):
     ...
     kdsl.lang.errors.DivisibilityError: layer conv5_x (H=7, s=2): Stride(H, s): H/s = 7/2 is not an integer; ...
+    >>> print(check(op, "resnet18", pad=True).paddings[3].describe())
+    H 7 -> 8 (Stride(H, s): H/s)
     """
     table = as_layers(layers)
     large: list[str] = []
     bindings = []
+    paddings: list[Padding | None] = []
     for layer in table:
         binding = resolve_binding(op, layer, coefficients)
-        _violated(op, layer, binding, windows=not allow_large_windows, large=large)
+        if pad:
+            padding = pad_sizes(op, layer, binding, constraints(op))
+            _violated(op, layer, padding.padded_binding, windows=not allow_large_windows, large=large)
+            paddings.append(padding if padding.needed else None)
+        else:
+            _violated(op, layer, binding, windows=not allow_large_windows, large=large)
         bindings.append(tuple(binding.items()))
-    return CheckReport(table, tuple(bindings), tuple(large))
+    return CheckReport(table, tuple(bindings), tuple(large), tuple(paddings))
 
 
 def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -413,6 +443,27 @@ def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | 
     binding = resolve_binding(op, item, coefficients)
     _violated(op, item, binding, windows=False)
     return binding
+
+
+def pad_binding(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
+    """The least padding of ``op`` on one layer (a Layer or a dict): primaries rounded up until
+    every size is an integer, coefficients fixed; window constraints are not checked (as in
+    :func:`bind`). See :mod:`kdsl.solve.padding` for the semantics. Raises
+    :class:`DivisibilityError` when padding cannot fix a size.
+
+    >>> from kdsl.lang import library
+    >>> padding = pad_binding(library.load("strided_conv2d"), {"N": 1, "Cin": 8, "Cout": 8, "H": 7, "W": 5})
+    >>> print(padding.describe())
+    H 7 -> 8 (Stride(H, s): H/s)
+    W 5 -> 6 (Stride(W, s): W/s)
+    >>> padding.input_shape, padding.output_shape
+    ((1, 8, 7, 5), (1, 8, 4, 3))
+    """
+    item = as_layer(layer)
+    binding = resolve_binding(op, item, coefficients)
+    padding = pad_sizes(op, item, binding, constraints(op))
+    _violated(op, item, padding.padded_binding, windows=False)
+    return padding
 
 
 def assignments(
@@ -518,5 +569,6 @@ __all__ = [
     "check",
     "constraints",
     "graph_constraints",
+    "pad_binding",
     "resolve_binding",
 ]
