@@ -26,7 +26,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from kdsl.lang import build as _build
@@ -123,6 +123,33 @@ def _weights_of(step: object) -> tuple[Weight, ...]:
     return ()
 
 
+@dataclass(frozen=True)
+class Match:
+    """A free width that shape matching solved at a join: ``variable = size``, because the dim
+    ``dim`` had the size ``left`` in the left branch and ``right`` in the right one."""
+
+    variable: str
+    size: Size
+    join: str
+    dim: str
+    left: Size
+    right: Size
+
+    def substituted(self, values: Mapping[str, Size]) -> Match:
+        return Match(
+            self.variable,
+            self.size.substitute(values),
+            self.join,
+            self.dim,
+            self.left.substitute(values),
+            self.right.substitute(values),
+        )
+
+    def describe(self) -> str:
+        """``Product(kh, kw): the dim g is Cin/S in the left branch and x2/K**2 in the right``."""
+        return f"{self.join}: the dim {self.dim} is {self.left} in the left branch and {self.right} in the right"
+
+
 @dataclass(frozen=True, eq=True)
 class Graph(Sized):
     """A finished branching kernel: the input dims, the nodes (node 0 is the input, the last one
@@ -133,12 +160,15 @@ class Graph(Sized):
     nodes: tuple[Node, ...]
     outputs: tuple[Dim, ...]
     defaults: tuple[tuple[str, int], ...] = ()
+    #: the free widths shape matching solved while the kernel was built (for messages only: the
+    #: sizes already hold the solutions, and the text and JSON do not keep them)
+    matches: tuple[Match, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._check_variables()
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.inputs, self.nodes, self.outputs, self.defaults))
+        return (type(self), (self.inputs, self.nodes, self.outputs, self.defaults, self.matches))
 
     @cached_property
     def weights(self) -> tuple[Weight, ...]:
@@ -219,7 +249,9 @@ class Graph(Sized):
                 step = step.substituted(sizes)
             nodes.append(Node(step, node.args, dims(node.dims)))
         defaults = {k: v for k, v in self.defaults if k not in sizes}
-        return _finish_graph(dims(self.inputs), tuple(nodes), [d.name for d in self.outputs], defaults, Output)
+        graph = _finish_graph(dims(self.inputs), tuple(nodes), [d.name for d in self.outputs], defaults, Output)
+        matches = tuple(m.substituted(sizes) for m in self.matches)
+        return Graph(graph.inputs, graph.nodes, graph.outputs, graph.defaults, matches) if matches else graph
 
     def with_defaults(self, **values: int) -> Graph:
         merged = dict(self.defaults)
@@ -294,11 +326,13 @@ class Tensor:
     into a chain. ``t >> step`` extends it; ``a + b``, ``a - b``, ``a * b``, :func:`Blend` and
     :func:`Product` join two tensors of the same input; ``>> Output(...)`` finishes the kernel."""
 
-    __slots__ = ("vertex", "pending")
+    __slots__ = ("vertex", "pending", "matches")
 
-    def __init__(self, vertex: _Vertex, pending: Builder | None = None) -> None:
+    def __init__(self, vertex: _Vertex, pending: Builder | None = None, matches: tuple[Match, ...] = ()) -> None:
         self.vertex = vertex
         self.pending = pending if pending is not None and pending.steps else None
+        #: the free widths shape matching solved on the way here (for messages)
+        self.matches = matches
 
     @staticmethod
     def of(value: object, role: str) -> Tensor:
@@ -347,7 +381,7 @@ class Tensor:
                 # weight names continue w1, w2, ... after the weights the tensor already has
                 dims = self.vertex.dims
                 pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), self._weights())
-            return Tensor(self.vertex, pending >> other)  # type: ignore[arg-type]
+            return Tensor(self.vertex, pending >> other, self.matches)  # type: ignore[arg-type]
         if isinstance(other, Primitive) and other.kind in UNARY:
             vertex = self.closed()
             live = Live({d.name: d.size for d in vertex.dims}, ())
@@ -357,7 +391,7 @@ class Tensor:
             except KdslError as error:
                 raise error.with_context(f"a {other.kind} step on the tensor {_describe(vertex.dims)}") from None
             _weight_names(_topological(vertex) + [_Vertex(step, (), ())])
-            return Tensor(_Vertex(step, (vertex,), tuple(Dim(n, s) for n, s in live.sizes.items())))
+            return Tensor(_Vertex(step, (vertex,), tuple(Dim(n, s) for n, s in live.sizes.items())), None, self.matches)
         if isinstance(other, Output):
             return self.finish(other)
         raise ShapeError(f"cannot apply {other!r:.120} to a tensor; expected a primitive, a pipeline or Output(...)")
@@ -371,7 +405,10 @@ class Tensor:
                 f"{_describe(_root(rhs).dims)}; a kernel has one data input"
             )
         rhs = _rebase(rhs, _root(lhs))
-        lhs, rhs = _match(lhs, rhs)
+        lhs, rhs, found = _match(step, lhs, rhs)
+        solved = {m.variable: m.size for m in found}
+        earlier = tuple(m.substituted(solved) for m in dict.fromkeys(self.matches + right.matches))
+        matches = earlier + found
         dims = step.combine(lhs.dims, rhs.dims)
         vertex = _share_prefixes(_Vertex(step, (lhs, rhs), dims))
         try:
@@ -380,7 +417,7 @@ class Tensor:
             raise error.with_context(
                 f"{step.kind} of the branches {_describe(lhs.dims)} and {_describe(rhs.dims)}"
             ) from None
-        return Tensor(vertex)
+        return Tensor(vertex, None, matches)
 
     def __add__(self, other: object) -> Tensor:
         return self.join(BlendJoin("add"), other)
@@ -411,16 +448,20 @@ class Tensor:
             return Builder(vertex.dims, (), Live({d.name: d.size for d in vertex.dims}, ()), []).finish(output)
         index = {id(v): i for i, v in enumerate(order)}
         nodes = tuple(Node(v.step, tuple(index[id(a)] for a in v.args), v.dims) for v in order)
-        return _finish_graph(order[0].dims, nodes, list(output.refs), dict(output.defaults), Output)
+        graph = _finish_graph(order[0].dims, nodes, list(output.refs), dict(output.defaults), Output)
+        if self.matches:
+            graph = Graph(graph.inputs, graph.nodes, graph.outputs, graph.defaults, self.matches)
+        return graph
 
     def __repr__(self) -> str:
         return f"Tensor({_describe([Dim(n, s) for n, s in self.shape.items()])})"
 
 
-def _match(lhs: _Vertex, rhs: _Vertex) -> tuple[_Vertex, _Vertex]:
+def _match(step: Join, lhs: _Vertex, rhs: _Vertex) -> tuple[_Vertex, _Vertex, tuple[Match, ...]]:
     """Shape matching (Canvas §6.2): where a dim both branches name has two sizes and a dynamic
     variable can make them equal, solve for it (:func:`~kdsl.lang.sizes.unify`) and substitute it
     in both branches; sizes that cannot match are left for the join to report."""
+    matches: list[Match] = []
     for _ in range(len(lhs.dims) + len(rhs.dims)):  # each round solves one variable
         left = {d.name: d.size for d in lhs.dims}
         found = None
@@ -430,13 +471,15 @@ def _match(lhs: _Vertex, rhs: _Vertex) -> tuple[_Vertex, _Vertex]:
                 if found is not None:
                     break
         if found is None:
-            return lhs, rhs
+            break
         name, size = found
+        matches = [m.substituted({name: size}) for m in matches]
+        matches.append(Match(name, size, step.describe(), dim.name, left[dim.name], dim.size))
         memo: dict[int, _Vertex] = {}
         steps: dict[int, Primitive] = {}
         lhs = _substitute_vertex(lhs, {name: size}, memo, steps)
         rhs = _substitute_vertex(rhs, {name: size}, memo, steps)
-    return lhs, rhs
+    return lhs, rhs, tuple(matches)
 
 
 def _substitute_vertex(

@@ -360,9 +360,11 @@ def _matched(role: str, lhs: Sequence[Dim], rhs: Sequence[Dim]) -> tuple[dict[st
     right = {d.name: d.size for d in rhs}
     for name in left.keys() & right.keys():
         if left[name] != right[name]:
+            free = left[name].dynamic_variables() + right[name].dynamic_variables()
+            hint = f" (no free width among {', '.join(free)} can make them equal)" if free else ""
             raise ShapeError(
                 f"{role}: the dim {name} has size {left[name]} in the left branch {_describe(lhs)} but "
-                f"{right[name]} in the right branch {_describe(rhs)}"
+                f"{right[name]} in the right branch {_describe(rhs)}{hint}"
             )
     return left, right
 

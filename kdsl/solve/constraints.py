@@ -248,6 +248,9 @@ def graph_constraints(graph: Graph) -> tuple[Constraint, ...]:
     collect.coefficients(graph.coefficient_variables)
     for dim in graph.inputs:
         collect.integral(dim.size, f"Input({dim.name})", dim.name)
+    for match in graph.matches:
+        # first, so that a width shape matching fixed is reported with both dims that fixed it
+        collect.integral(match.size, f"shape matching at {match.describe()}", match.dim, f"so {match.variable} = ")
     for index, node in enumerate(graph.nodes):
         label = node_label(graph, index)
         step = node.step
