@@ -227,3 +227,24 @@ def test_a_filled_template_is_valid_within_budget_and_full(name, channels, metri
             doubled = solve.cost(op, {**layer.values, width: widths[width] * 2})[metric]
             grown = filled.total[metric] - filled.costs[index][metric] + doubled
             assert grown > limit, (layer.name, width, widths[width])
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_kdsl_check_fills_a_template_to_a_relative_budget(capsys, tmp_path):
+    from kdsl.cli import main
+
+    source = tmp_path / "involution_free.dsl"
+    source.write_text(involution().to_dsl())
+    assert main(["check", str(source), "--layers", "resnet18", "--max-flops", "0.25x"]) == 0
+    out = capsys.readouterr().out
+    assert "a template with the free widths x1" in out and "x1 may be any width" in out
+    filled = fill(involution(), "resnet18", max_flops="0.25x")
+    for layer, widths in zip(filled.layers, filled.values):
+        row = next(line for line in out.splitlines() if line.strip().startswith(layer.name))
+        assert row.split()[2] == str(widths["x1"])
+    assert "flops budget" in out and "% used" in out
+    # a budget the least widths cannot meet is a clear error, not a traceback
+    assert main(["check", str(source), "--max-flops", "1"]) != 0
+    assert "more than the budget" in capsys.readouterr().err

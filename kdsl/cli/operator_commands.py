@@ -155,6 +155,8 @@ def command_check(args: argparse.Namespace) -> int:
     name = printable(args.operator)
     layers = solve.load_layers(args.layers)
     given = _parse_assignments(args.set, op, name)
+    if op.dynamic_variables:
+        return _check_template(args, op, name, layers, given)
     # only --set overrides: a coefficient the layer binds wins over the operator's default, so the
     # values printed below are the ones the check used (README: --set, else the layer, else default)
     report = solve.check(op, layers, coefficients=given)
@@ -182,6 +184,32 @@ def command_check(args: argparse.Namespace) -> int:
             f"  {printable(layer.name):<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
             f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}{peak}"
         )
+    return 0
+
+
+def _check_template(
+    args: argparse.Namespace, op: Operator | Graph, name: str, layers: tuple[solve.Layer, ...], given: dict[str, int]
+) -> int:
+    """A template (free widths): what each width must be a multiple of, then the widths filled
+    per layer to the budgets (or their least channel-scaled values without one)."""
+    widths = ", ".join(op.dynamic_variables)
+    print(f"{name}: a template with the free widths {widths} (dynamic variables), filled per layer")
+    for match in getattr(op, "matches", ()):
+        print(f"  shape matching: {match.variable} = {match.size}  ({match.describe()})")
+    for variable, multiple in solve.freedom(op).items():
+        print(f"  {variable} must be a multiple of {multiple}" if multiple != 1 else f"  {variable} may be any width")
+    filled = solve.fill(
+        op,
+        layers,
+        max_flops=args.max_flops,
+        max_params=args.max_params,
+        baseline=args.baseline,
+        coefficients=given,
+    )
+    budgets = [f"{metric} <= {limit}" for metric, limit in filled.budgets.items() if limit]
+    print(f"valid on all {len(layers)} layers of {printable(args.layers)}", end="")
+    print(f" within {', '.join(budgets)}" if budgets else " (no budget: the least channel-scaled widths)")
+    print(filled.report())
     return 0
 
 
