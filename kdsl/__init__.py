@@ -33,6 +33,7 @@ from kdsl.lang import (
     Unfold,
     Weight,
     coefficient,
+    dynamic,
     primary,
 )
 from kdsl.lang.build import Operator, Pipeline
@@ -68,6 +69,7 @@ __all__ = [
     "Unfold",
     "Weight",
     "coefficient",
+    "dynamic",
     "from_json",
     "parse",
     "primary",
