@@ -3,7 +3,9 @@
 It evaluates an operator straight from the top-down semantics of its primitives, holding the data
 as one ndarray whose axes carry dim names. Each primitive has one small rule below, written to be
 read and trusted rather than to be fast; it shares no code with the PyTorch or TVM backends (it
-imports only NumPy and :mod:`kdsl.lang`), so two backends cannot agree by sharing a bug with it.
+imports only NumPy and :mod:`kdsl.lang`, and the padded sizes of ``pad=True`` from
+:mod:`kdsl.solve.padding`, which decides sizes and computes nothing), so two backends cannot agree
+by sharing a bug with it.
 
 >>> import numpy as np
 >>> from kdsl.lang import *
@@ -43,6 +45,7 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.sizes import Size
+from kdsl.solve.constraints import pad_binding
 
 __all__ = ["GRAPH_RULES", "RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
 
@@ -115,11 +118,13 @@ class Shapes:
     output: tuple[int, ...]
 
 
-def shapes(op: Operator | Graph, layer: Mapping[str, int]) -> Shapes:
+def shapes(op: Operator | Graph, layer: Mapping[str, int], *, pad: bool = False) -> Shapes:
     """Check every size ``op`` creates at ``layer`` and return the concrete shapes.
 
     Raises ``LayerError`` for an unbound variable and ``DivisibilityError`` when a created size is
-    not a positive integer (naming the step, the size and the values).
+    not a positive integer (naming the step, the size and the values). With ``pad=True`` the
+    sizes are padded (:mod:`kdsl.solve.padding`): the input and output have the caller's
+    (original, cropped) shapes and the weights the padded ones.
 
     >>> from kdsl.lang import *
     >>> N, C, H = primary("N C H"); s = coefficient("s")
@@ -130,7 +135,13 @@ def shapes(op: Operator | Graph, layer: Mapping[str, int]) -> Shapes:
     Traceback (most recent call last):
     ...
     kdsl.lang.errors.DivisibilityError: Stride(H, s): the dim H: the size H/s is 7/2 at this layer (H=7, s=2); ...
+    >>> shapes(op, {"N": 2, "C": 3, "H": 7, "s": 2}, pad=True)
+    Shapes(input=(2, 3, 7), weights=(), output=(2, 3, 4))
     """
+    if pad:
+        padding = _padding(op, layer)
+        padded = shapes(op, padding.padded_binding)
+        return Shapes(input=padding.input_shape, weights=padded.weights, output=padding.output_shape)
     values = binding(op, layer)
     if isinstance(op, Graph):
         return _graph_shapes(op, values)
@@ -171,6 +182,14 @@ def _graph_shapes(graph: Graph, values: Mapping[str, int]) -> Shapes:
         weights=tuple(weight_shapes),
         output=tuple(_concrete(d.size, values, d.name) for d in graph.outputs),
     )
+
+
+def _padding(op: Operator | Graph, layer: Mapping[str, int]) -> Any:
+    """The padding of ``op`` at ``layer`` (a mapping that may bind coefficients, like every
+    layer here; an unbound variable is the same LayerError as unpadded)."""
+    if not isinstance(layer, Mapping):
+        raise LayerError(f"a layer must be a mapping of variable names to ints, got {type(layer).__name__}")
+    return pad_binding(op, binding(op, layer))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,13 +342,20 @@ def _check_array(array: object, expected: tuple[int, ...], names: Sequence[str],
     return array
 
 
-def run(op: Operator | Graph, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray]) -> np.ndarray:
+def run(
+    op: Operator | Graph, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray], *, pad: bool = False
+) -> np.ndarray:
     """Evaluate ``op`` (an operator or a branching kernel) on the input ``x`` with ``weights`` (in
     ``op.weights`` order) at ``layer``.
 
     ``layer`` maps variable names to ints (extra names are ignored; a coefficient it omits takes
     the operator's default). ``x`` must be a floating (or complex) array shaped like the input
     dims; the computation runs in its dtype and the result is shaped like the output dims.
+
+    With ``pad=True`` a size that does not divide is padded (:mod:`kdsl.solve.padding`): ``x``
+    has the layer's shape and is zero-padded at the end of each padded dim, the operator runs at
+    the padded sizes (``weights`` have the padded shapes, see ``shapes(..., pad=True)``) and each
+    output dim is cropped to the elements it keeps.
 
     >>> import numpy as np
     >>> from kdsl.lang import *
@@ -343,7 +369,21 @@ def run(op: Operator | Graph, layer: Mapping[str, int], x: np.ndarray, weights: 
     Traceback (most recent call last):
     ...
     kdsl.lang.errors.ShapeError: the input x: the dim Cin has size 3 but this layer needs 4
+
+    Padded: a sum over windows of 3 at a stride of 2 on 5 elements runs on 6 (the sixth a zero)
+    and keeps ceil(5/2) = 3 results.
+
+    >>> L = primary("L"); s = coefficient("s")
+    >>> strided = Input(L) >> Unfold(L, 3, "k") >> Stride(L, s) >> Reduce("k") >> Output("L", defaults={"s": 2})
+    >>> run(strided, {"L": 5}, np.arange(1.0, 6.0), [], pad=True)
+    array([3., 9., 9.])
     """
+    if pad:
+        padding = _padding(op, layer)
+        x = _check_array(x, padding.input_shape, [d.name for d in op.inputs], "the input x")
+        padded = np.pad(x, [(0, d.amount) for d in padding.inputs])
+        result = run(op, padding.padded_binding, padded, weights)
+        return np.ascontiguousarray(result[tuple(slice(0, d.original) for d in padding.outputs)])
     expected = shapes(op, layer)
     values = binding(op, layer)
     x = _check_array(x, expected.input, [d.name for d in op.inputs], "the input x")
@@ -571,9 +611,15 @@ def _run_graph(graph: Graph, values: Mapping[str, int], x: np.ndarray, arrays: S
 
 
 def random_inputs(
-    op: Operator | Graph, layer: Mapping[str, int], seed: int = 0, dtype: type | np.dtype = np.float64
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    seed: int = 0,
+    dtype: type | np.dtype = np.float64,
+    *,
+    pad: bool = False,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """A standard-normal input and weights shaped for ``op`` at ``layer`` (seeded, reproducible).
+    """A standard-normal input and weights shaped for ``op`` at ``layer`` (seeded, reproducible);
+    with ``pad=True``, shaped as ``run(..., pad=True)`` takes them (padded weights).
 
     >>> from kdsl.lang import *
     >>> N, Cin, Cout = primary("N Cin Cout")
@@ -582,7 +628,7 @@ def random_inputs(
     >>> x.shape, [w.shape for w in weights], x.dtype
     ((2, 3), [(4, 3)], dtype('float64'))
     """
-    expected = shapes(op, layer)
+    expected = shapes(op, layer, pad=pad)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(expected.input).astype(dtype)
     weights = [rng.standard_normal(shape).astype(dtype) for shape in expected.weights]

@@ -21,6 +21,8 @@ from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError, ShapeError
 from kdsl.lang.graph import Graph
+from kdsl.solve.constraints import pad_binding
+from kdsl.solve.padding import Padding
 
 #: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
 #: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
@@ -112,6 +114,62 @@ class Kernel:
         return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
 
 
+class PaddedKernel:
+    """A kernel compiled at a padded binding (:mod:`kdsl.solve.padding`), called at the layer's own
+    shapes: ``kernel(x, *weights) -> out`` zero-pads ``x`` at the end of each padded dim on the host
+    (``F.pad``), runs the compiled kernel (:attr:`kernel`, the operator at the padded sizes) and
+    crops each output dim to the elements it keeps. ``weights`` have the padded shapes.
+
+    The padding is done on the host rather than as a stage inside the kernel so that the compiled
+    kernel is exactly the operator at the padded binding: the schedule space, the default schedule
+    and the tuners' records apply to it unchanged, and the unpadded lowering stays as it is. The
+    cost is one copy of the input (and of the cropped output) per call.
+    """
+
+    def __init__(self, kernel: Kernel, padding: Padding) -> None:
+        self.kernel = kernel
+        self.padding = padding
+        self.input_shape = padding.input_shape
+        self.weight_shapes = kernel.weight_shapes
+        self.output_shape = padding.output_shape
+
+    @property
+    def dtype(self) -> str:
+        return self.kernel.dtype
+
+    @property
+    def lowered(self) -> Lowered:
+        return self.kernel.lowered
+
+    @property
+    def schedule(self) -> Any | None:
+        return self.kernel.schedule
+
+    def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if not isinstance(x, torch.Tensor):
+            raise ShapeError(f"the input x must be a torch tensor or a NumPy array, got {type(x).__name__}")
+        if tuple(x.shape) != self.input_shape:
+            raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {self.input_shape}")
+        if out is not None and (
+            not isinstance(out, torch.Tensor) or tuple(out.shape) != self.output_shape or out.dtype != x.dtype
+        ):
+            raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
+        # F.pad takes (left, right) pairs from the last dim backwards
+        pads = [amount for d in reversed(self.padding.inputs) for amount in (0, d.amount)]
+        padded = F.pad(x, pads) if any(pads) else x
+        result = self.kernel(padded, *weights)
+        cropped = result[tuple(slice(0, d.original) for d in self.padding.outputs)]
+        if out is not None:
+            return out.copy_(cropped)
+        return cropped.contiguous()
+
+
 def build(
     op: Operator | Graph,
     layer: Mapping[str, int],
@@ -119,10 +177,28 @@ def build(
     *,
     dtype: str = "float32",
     schedule: str | Callable[[Lowered], Any] | None = "default",
-) -> Kernel:
+    pad: bool = False,
+) -> Kernel | PaddedKernel:
     """Compile ``op`` (an operator or a branching kernel) at the sizes of ``layer``; ``schedule`` is
     ``"default"`` (derived from the operator's structure), ``None`` (unscheduled), or a function
-    ``Lowered -> s_tir.Schedule``."""
+    ``Lowered -> s_tir.Schedule``.
+
+    With ``pad=True`` a size that does not divide the layer is padded (:mod:`kdsl.solve.padding`):
+    the result is a :class:`PaddedKernel`, compiled at the padded sizes and called at the layer's.
+
+    >>> import torch
+    >>> from kdsl.lang import *
+    >>> L = primary("L"); s = coefficient("s")
+    >>> strided = Input(L) >> Unfold(L, 3, "k") >> Stride(L, s) >> Reduce("k") >> Output("L", defaults={"s": 2})
+    >>> padded = build(strided, {"L": 5}, pad=True)
+    >>> padded(torch.arange(1.0, 6.0)).tolist()
+    [3.0, 9.0, 9.0]
+    >>> padded.kernel.input_shape
+    (6,)
+    """
+    if pad:
+        padding = pad_binding(op, layer)
+        return PaddedKernel(build(op, padding.padded_binding, target, dtype=dtype, schedule=schedule), padding)
     tvm = load_tvm()
     lowered = lower(op, layer, dtype)
     module = lowered.module()
