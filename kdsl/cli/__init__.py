@@ -5,7 +5,7 @@
     kdsl search SPEC --layers resnet18 --strategy enumerate|random|mcts --max-depth D --db PATH
     kdsl results --db PATH [--top K] [--json]
     kdsl bench search
-    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3]
+    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
     kdsl tune OP --layer NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--max-flops", metavar="BUDGET", help="fill free widths to this FLOPs budget (1e9, 150M, 0.5x)")
     check.add_argument("--max-params", metavar="BUDGET", help="fill free widths to this parameter budget")
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
+    check.add_argument("--pad", action="store_true", help="round sizes that do not divide up (zero padding), per layer")
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")

@@ -159,7 +159,8 @@ def command_check(args: argparse.Namespace) -> int:
         return _check_template(args, op, name, layers, given)
     # only --set overrides: a coefficient the layer binds wins over the operator's default, so the
     # values printed below are the ones the check used (README: --set, else the layer, else default)
-    report = solve.check(op, layers, coefficients=given)
+    pad = bool(getattr(args, "pad", False))
+    report = solve.check(op, layers, coefficients=given, pad=pad)
     bindings = [(layer, binding) for layer, binding in report]
     used: list[str] = []
     for variable in op.coefficient_variables:
@@ -172,12 +173,24 @@ def command_check(args: argparse.Namespace) -> int:
             )
     print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
     print(f" with {', '.join(used)}" if used else "")
+    paddings = {layer.name: padding for layer, padding in zip(report.layers, report.paddings) if padding is not None}
+    if paddings:
+        # kdsl.solve.padding: zeros appended to the input, the output cropped, costs at the padded sizes
+        print("padded (zeros appended to the input, the output cropped; costs at the padded sizes):")
+        for layer_name, padding in paddings.items():
+            print(f"  {printable(layer_name)}: {', '.join(str(v) for v in padding.variables)}")
     branching = isinstance(op, Graph)
     # a branching kernel's FLOPs count element-wise ops too, so they are not all MACs
     header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M FLOPs' if branching else 'M MACs':>12}{'params':>12}"
     print(header + (f"{'peak elems':>14}" if branching else ""))
     for layer, binding in bindings:
-        shapes = solve.shapes(op, binding)
+        padding = paddings.get(layer.name)
+        if padding is not None:
+            # the shapes the caller passes and gets; the costs of the padded operator
+            shapes = {"input": padding.input_shape, "output": padding.output_shape}
+            binding = padding.padded_binding
+        else:
+            shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
         peak = f"{costs['peak']:>14}" if branching else ""
         print(
