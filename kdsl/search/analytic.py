@@ -28,12 +28,18 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
     """Check ``op`` on the space's layers (with its default coefficients) and measure it.
 
     Returns ``status`` (``valid``, ``invalid`` or ``over_budget``), ``error``, per-layer and total
-    ``flops`` and ``params``."""
+    ``flops`` and ``params``. Under ``space.pad`` a size that does not divide a layer is padded
+    there (costs at the padded sizes) and ``padded`` lists the layers where it was."""
     coefficients = op.default_coefficients
     result: dict[str, Any] = {"status": "valid", "error": None, "coefficients": coefficients}
     try:
-        check(op, space.layers, coefficients=coefficients)
-        per_layer = [cost(op, layer, coefficients) for layer in space.layers]
+        report = check(op, space.layers, coefficients=coefficients, pad=space.pad)
+        if space.pad:
+            padded = [layer.name for layer, padding in zip(report.layers, report.paddings) if padding is not None]
+            result["padded"] = padded
+            per_layer = [cost(op, report.padded_binding(layer.name)) for layer in space.layers]
+        else:
+            per_layer = [cost(op, layer, coefficients) for layer in space.layers]
     except KdslError as error:
         result.update(status="invalid", error=error.message, flops=None, params=None)
         result.update(flops_per_layer=None, params_per_layer=None)

@@ -285,6 +285,10 @@ class Space:
     ``canonicalize``/``use_distance`` switch the canonicalization rules and shape-distance pruning
     (for benchmarks). ``weight_only_primary``: a weight's own dims
     (like ``Cout``) must carry a primary variable, i.e. be channels rather than windows.
+    ``pad``: a candidate whose sizes do not divide a layer is padded there instead of rejected
+    (:mod:`kdsl.solve.padding`; costs at the padded sizes) where candidates are checked on the
+    layers (:func:`kdsl.search.analytic.evaluate`, and samplers that read ``space.pad``).
+    Synthesis still builds only sizes that divide every layer.
     """
 
     def __init__(
@@ -304,8 +308,10 @@ class Space:
         use_distance: bool = True,
         weight_only_primary: bool = True,
         baseline: str | None = None,
+        pad: bool = False,
     ) -> None:
         self.spec = load_spec(spec)
+        self.pad = bool(pad)
         self.layers = _layers_for(self.spec, layers)
         self.layer_values = tuple(layer.values for layer in self.layers)
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 1 <= max_depth <= 30:
@@ -516,12 +522,16 @@ class Space:
             text += f", FLOPs <= {self.max_flops}"
         if self.max_params is not None:
             text += f", params <= {self.max_params}"
+        if self.pad:
+            text += ", padded"
         return text
 
     def fingerprint(self) -> str:
         """A stable description of everything that decides the enumeration order (for resuming)."""
+        # "pad" appears only when on, so that the fingerprints of existing stores stay as they were
         return json.dumps(
-            {
+            ({"pad": True} if self.pad else {})
+            | {
                 "spec": [
                     self.spec.name,
                     [str(d.size) for d in self.spec.inputs],
