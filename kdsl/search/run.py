@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from kdsl.lang.errors import SearchError
 from kdsl.search.analytic import analytic_reward, evaluate
+from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.mcts import MCTS
 from kdsl.search.sample import Sampling
@@ -34,7 +35,12 @@ from kdsl.search.synthesis import State, to_operators
 
 __all__ = ["STRATEGIES", "Report", "search"]
 
-STRATEGIES: dict[str, Callable[..., Any]] = {"enumerate": Enumeration, "random": Sampling, "mcts": MCTS}
+STRATEGIES: dict[str, Callable[..., Any]] = {
+    "enumerate": Enumeration,
+    "random": Sampling,
+    "mcts": MCTS,
+    "canvas": CanvasSampler,
+}
 
 
 @dataclass
@@ -67,7 +73,7 @@ def search(
     commit_every: float = 2.0,
     evaluator: Callable[[Space, dict], float] = analytic_reward,
 ) -> Report:
-    """Run ``strategy`` (``enumerate``, ``random`` or ``mcts``) on ``space``; store results in
+    """Run ``strategy`` (``enumerate``, ``random``, ``mcts`` or ``canvas``) on ``space``; store results in
     the SQLite database ``db`` (optional), resuming the run with the same space, strategy and seed
     if the database has one. Stops when the strategy is exhausted, after ``time_limit`` seconds
     or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates.
@@ -160,9 +166,18 @@ def _ctrl_c_stops() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _handle(space, state: State, strategy, seed, store, rewards, rows, report, evaluator, start) -> float:
+def _candidates(space, state: Any) -> list[tuple[Any, Any]]:
+    """The operators a strategy's step gives, each with its finished evaluation if the strategy
+    made one: a Syno ``State`` gives its operators (evaluated here); Canvas's sampler yields a
+    finished kernel (:class:`~kdsl.search.canvas.Sample`) with its widths filled and its costs."""
+    if isinstance(state, State):
+        return [(op, None) for op in to_operators(space, state)]
+    return [(state.op, state)]
+
+
+def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, evaluator, start) -> float:
     best = 0.0
-    for op in to_operators(space, state):
+    for op, finished in _candidates(space, state):
         key = op.key
         if key not in report.found:
             report.found[key] = time.monotonic() - start
@@ -174,7 +189,7 @@ def _handle(space, state: State, strategy, seed, store, rewards, rows, report, e
             rewards[key] = known["reward"] or 0.0
             best = max(best, rewards[key])
             continue
-        result = evaluate(space, op)
+        result = evaluate(space, op) if finished is None else finished.result
         value = evaluator(space, result)
         rewards[key] = value
         report.new += 1
@@ -184,7 +199,7 @@ def _handle(space, state: State, strategy, seed, store, rewards, rows, report, e
             {
                 "key": key,
                 "dsl": op.to_dsl(),
-                "depth": len(op.steps),
+                "depth": len(op.steps) if finished is None else finished.depth,
                 "status": result["status"],
                 "error": result["error"],
                 "flops": result.get("flops"),
@@ -194,7 +209,8 @@ def _handle(space, state: State, strategy, seed, store, rewards, rows, report, e
                 "reward": value,
                 "strategy": strategy,
                 "seed": seed,
-                "metrics": {"coefficients": result["coefficients"], "layers": [layer.name for layer in space.layers]},
+                "metrics": {"coefficients": result["coefficients"], "layers": [layer.name for layer in space.layers]}
+                | (finished.metrics if finished is not None else {}),
             }
         )
         best = max(best, value)

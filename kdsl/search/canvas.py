@@ -1,0 +1,600 @@
+"""Canvas's micro-DAG sampler (Canvas §6.1) as a search strategy: random branching kernels, filled
+to the space's budget.
+
+One *attempt* grows a kernel top-down from the spec's input tensor, one node per step, to a target
+of ``n`` nodes (the input counts; ``n`` is drawn per attempt from ``nodes``, by default 4 to
+``space.max_depth + 1``). At each step the sampler lists, for every node, the single-input
+primitives that apply to it, and for every pair of nodes the joins; it picks a primitive *kind*
+first (weighted, uniform by default) and then one instance of that kind uniformly. Without that
+rescaling the O(n^2) pairs of joins would crowd out the unary steps (Canvas's "sampling probability
+adjustment"). The kinds (:data:`KINDS`):
+
+==========  =================================================================================
+map         ``Map(f)``, f in ``maps`` (relu, sigmoid, gelu, tanh, abs by default)
+unfold      ``Unfold(D, K, "kD")`` of a spatial dim (one window per dim at a time)
+fold        ``Fold(kH[, kW], how="max")`` over window dims: max pooling
+reduce      ``Reduce(..., mean=True)`` over the spatial dims (Canvas's global pooling, broadcast
+            back later by a blend), over window dims (average pooling) or over the channel
+softmax     ``Softmax`` over the spatial dims, the window dims or the channel
+fc          ``FC`` of the channel dims (with or without the windows: a convolution) to a new
+            channel of a fresh dynamic width ``x<i>``; grouped (per ``g``) when grouped
+group       ``Split(channel, G, "g", "cg")``, and ``Merge`` back
+shift       ``Shift(D, +-1)`` of a spatial dim
+blend       ``Blend(how, a, b)``, how in ``blends`` (add, sub, mul, max, min by default)
+product     ``Product(a, b, ...)`` reducing the window dims or the channel both have
+==========  =================================================================================
+
+Dims keep fixed names by role, so that branches meet by name as Canvas's positional shapes do: the
+batch and spatial dims keep the spec's names, every channel is called like the input's channel
+(an FC's new dim is renamed to it), groups are ``g`` and ``cg``, windows ``kH``, ``kW``. A blend of
+a channel of width ``x3`` with one of ``Cin`` is where shape matching (:func:`kdsl.lang.unify`)
+solves ``x3 = Cin``.
+
+**Topology** (Canvas's heuristic): the sampler counts the leaves (nodes no step reads yet) and only
+offers steps after which the remaining steps can still join every leaf into one: when they are
+just enough, only joins of two leaves are left. **Pruning**: a Map that is the identity on its
+argument (relu or abs of a relu, abs, sigmoid or softmax: no two ReLUs in a row), a Merge that
+undoes a Split, a Shift that undoes a Shift, a join of a tensor with itself, and a step that
+remakes a tensor the kernel already has (same step on the same tensor; a weighted step never
+equals another) are never offered; a kernel whose content key (``op.key``, the approximate
+isomorphism hash) was already produced is dropped. A step the language refuses (a
+:class:`~kdsl.lang.errors.KdslError`: sizes that no width can match) is dropped and another drawn.
+
+**Finishing**: the last node must become the spec's output. Its channel is renamed to the
+output's when the sizes agree or a free width can make them agree (``x3 = Cout``), else one FC of
+all its channel, group and window dims maps it to the output channels (this finishing step is not
+counted in ``n``). Then the free widths are filled to the space's budgets by
+:func:`kdsl.solve.fill` (Canvas §6.3) on every layer of the space, which also checks the filled
+kernel on every layer; a kernel that cannot be made valid or whose least widths exceed a budget is
+rejected (counted).
+
+Where this differs from Canvas: dims are matched by name, not position; Canvas's Fold includes
+mean folds, here an average fold is a ``Reduce(mean=True)``; the finishing FC or Rename is a fixed
+step rather than a sampled one; the kernel count ``n`` varies per attempt; groups are one level
+deep; ``n`` counts kdsl's nodes as the sampler made them (an FC and the Rename of its new dim are
+one step).
+
+Each attempt ``i`` of seed ``s`` draws from its own generator seeded with ``"canvas:s:i"``, so a
+run is reproducible and resumes from its attempt counter alone.
+
+>>> from kdsl.search.space import Space
+>>> space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4]}, max_flops="0.5x")
+>>> sampler = CanvasSampler(space, seed=1)
+>>> found = [sampler.draw(i) for i in range(30)]
+>>> legal = [s for s in found if s is not None]
+>>> len(legal) > 0, all(s.result["status"] == "valid" for s in legal)
+(True, True)
+>>> legal[0].key == CanvasSampler(space, seed=1).draw(found.index(legal[0])).key  # reproducible
+True
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdsl.lang.build import Input, Operator, Output
+from kdsl.lang.errors import KdslError, SearchError
+from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
+from kdsl.lang.primitives import Merge, Reduce, Shift, Split, Unfold
+from kdsl.lang.sizes import Size, dynamic, unify
+from kdsl.search.space import Space
+from kdsl.solve import BudgetError, check, cost, fill
+
+__all__ = ["DEFAULT_BLENDS", "DEFAULT_MAPS", "KINDS", "CanvasSampler", "Sample", "sample"]
+
+#: the primitive kinds the sampler chooses between (uniformly by default, then an instance)
+KINDS = ("map", "unfold", "fold", "reduce", "softmax", "fc", "group", "shift", "blend", "product")
+#: Map functions offered by default (exp is left out: it overflows in deep networks)
+DEFAULT_MAPS = ("relu", "sigmoid", "gelu", "tanh", "abs")
+DEFAULT_BLENDS = ("add", "sub", "mul", "max", "min")
+#: maps whose result is never negative, and the maps that are the identity on such a tensor
+NONNEGATIVE = frozenset({"relu", "abs", "sigmoid"})
+IDENTITY_ON_NONNEGATIVE = frozenset({"relu", "abs"})
+#: the group dims a Split of the channel makes (one level of groups at a time)
+GROUP, GROUP_WIDTH = "g", "cg"
+#: the weight of the finishing FC
+OUTPUT_WEIGHT = "w_out"
+
+
+def _accepts(function: Any, name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+# padding (Syno's rounding up of sizes) is passed on only where the solver takes it
+_CHECK_PADS = _accepts(check, "pad")
+_FILL_PADS = _accepts(fill, "pad")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A legal kernel the sampler produced: the template ``op`` (free widths still symbolic, the
+    coefficients as defaults), its content ``key``, the widths the budget solver chose per layer
+    (``widths``, by layer name), ``result`` (the fields of :func:`kdsl.search.analytic.evaluate`:
+    status, FLOPs and params in total and per layer, coefficients), the ``steps`` sampled and the
+    kinds they had."""
+
+    op: Operator | Graph
+    key: str
+    widths: dict[str, dict[str, int]]
+    result: dict[str, Any]
+    steps: int
+    kinds: tuple[str, ...]
+
+    @property
+    def depth(self) -> int:
+        """The number of sampled steps (what the results store calls depth)."""
+        return self.steps
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """What the results store keeps beside the DSL text: the widths per layer and the kinds."""
+        return {"widths": self.widths, "kinds": list(self.kinds), "coefficients": self.result["coefficients"]}
+
+
+@dataclass
+class _Node:
+    """A tensor of the micro-DAG being grown."""
+
+    tensor: Tensor
+    dims: dict[str, Size]
+    made_by: tuple[object, ...]  # the step: ("map", fn), ("split",), ("shift", dim, by), ...
+    signature: object  # equal for two nodes that are the same step on the same tensor
+
+
+@dataclass
+class _Attempt:
+    rng: random.Random
+    nodes: list[_Node]
+    readers: list[int]
+    assignment: dict[str, int]
+    widths: int = 0
+    kinds: list[str] = field(default_factory=list)
+
+
+class CanvasSampler:
+    """The strategy ``canvas`` of :func:`kdsl.search.run.search`: endless attempts, each a
+    :class:`Sample` or None (see the module's docstring).
+
+    ``nodes``: the node count of an attempt (an int, or an inclusive range drawn per attempt;
+    default 4 to ``space.max_depth + 1``). ``weights``: a weight per kind (a kind left out or at
+    0 is never drawn). ``maps``/``blends``: the Map functions and Blend kinds offered.
+    ``progress`` holds the attempt counter (for resuming). ``stats`` counts attempts, legal
+    kernels and every reason an attempt failed; ``offered``/``chosen`` sum, per kind, the
+    probability it had and how often it was drawn (the rescaling's record).
+    """
+
+    name = "canvas"
+
+    def __init__(
+        self,
+        space: Space,
+        seed: int = 0,
+        progress: Mapping[str, Any] | None = None,
+        *,
+        nodes: int | tuple[int, int] | None = None,
+        weights: Mapping[str, float] | None = None,
+        maps: Sequence[str] = DEFAULT_MAPS,
+        blends: Sequence[str] = DEFAULT_BLENDS,
+    ) -> None:
+        progress = dict(progress or {})
+        self.space = space
+        self.seed = seed
+        self.iteration = int(progress.get("iteration", 0))
+        self.failures = int(progress.get("failures", 0))
+        self.finished = False
+        top = space.max_depth + 1
+        low, high = (nodes, nodes) if isinstance(nodes, int) else (nodes or (min(4, top), top))
+        if not 2 <= low <= high:
+            raise SearchError(f"canvas: the node count must be a range of at least 2 nodes, got {nodes!r}")
+        self.node_range = (low, high)
+        unknown = set(weights or {}) - set(KINDS)
+        if unknown:
+            raise SearchError(f"canvas: unknown kinds {sorted(unknown)} in weights; the kinds are {', '.join(KINDS)}")
+        self.weights = {kind: float((weights or {}).get(kind, 1.0)) for kind in KINDS}
+        if any(w < 0 for w in self.weights.values()) or not any(self.weights.values()):
+            raise SearchError(f"canvas: weights must be non-negative and not all 0, got {dict(weights or {})}")
+        for name, given, known in (("maps", maps, MAP_FUNCTIONS), ("blends", blends, BLEND_KINDS)):
+            bad = [item for item in given if item not in known or item == "scale"]
+            if bad:
+                raise SearchError(f"canvas: unknown {name} {bad}; choose from {', '.join(known)}")
+        self.maps, self.blends = tuple(maps), tuple(blends)
+        self._setup_roles()
+        self.seen: set[str] = set()
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("attempts", "legal", "steps", "errors", "dead_ends", "unfinished", "duplicates", "over_budget", "invalid"),
+            0,
+        )
+        self.offered: dict[str, float] = dict.fromkeys(KINDS, 0.0)
+        self.chosen: dict[str, int] = dict.fromkeys(KINDS, 0)
+
+    # -- the spec's roles ---------------------------------------------------------------------------
+    def _setup_roles(self) -> None:
+        spec = self.space.spec
+        self.batch = tuple(spec.batch)
+        self.spatial = tuple(d.name for d in spec.inputs if d.name in spec.spatial)
+        self.channels = tuple(d.name for d in spec.inputs if d.name not in spec.batch and d.name not in spec.spatial)
+        kept = {d.name: d.size for d in spec.inputs if d.name in self.batch + self.spatial}
+        out_kept = {d.name: d.size for d in spec.outputs if d.name in self.batch + self.spatial}
+        out_channels = [d for d in spec.outputs if d.name not in kept]
+        if kept != out_kept or len(self.channels) != 1 or len(out_channels) != 1:
+            raise SearchError(
+                f"canvas: the spec {spec.name} must keep its batch and spatial dims ({', '.join(kept) or 'none'}) "
+                f"and map one channel dim to one channel dim; it maps {_text(spec.inputs)} -> {_text(spec.outputs)}"
+            )
+        self.channel = self.channels[0]
+        self.output = out_channels[0]
+        self.windows = {f"k{name}": name for name in self.spatial}
+        coefficients = set(self.space.coefficient_names)
+        self.K = Size.variable("K", "coefficient") if "K" in coefficients else None
+        self.G = Size.variable("G", "coefficient") if "G" in coefficients else None
+
+    # -- the strategy's interface ---------------------------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        """Steps sampled so far (the search driver's node count)."""
+        return self.stats["steps"]
+
+    def progress(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "failures": self.failures}
+
+    def states(self) -> Generator[Sample | None, object, None]:
+        """Endless attempts: a :class:`Sample`, or None for an attempt that gave no new legal kernel."""
+        while True:
+            found = self.draw(self.iteration)
+            self.iteration += 1
+            if found is None:
+                self.failures += 1
+            yield found
+
+    # -- one attempt ----------------------------------------------------------------------------------
+    def draw(self, iteration: int) -> Sample | None:
+        """Attempt ``iteration`` of this seed: a legal kernel not produced before, or None."""
+        self.stats["attempts"] += 1
+        rng = random.Random(f"canvas:{self.seed}:{iteration}")
+        source = Tensor.of(Input(*self.space.spec.inputs), "canvas")
+        attempt = _Attempt(
+            rng,
+            [_Node(source, dict(source.shape), ("input",), ("input",))],
+            [0],
+            dict(rng.choice(self.space.assignments)),
+        )
+        steps = rng.randint(*self.node_range) - 1
+        for step in range(steps):
+            if not self._grow(attempt, steps - step - 1):
+                self.stats["dead_ends"] += 1
+                return None
+        op = self._finish(attempt)
+        if op is None:
+            self.stats["unfinished"] += 1
+            return None
+        key = op.key
+        if key in self.seen:
+            self.stats["duplicates"] += 1
+            return None
+        self.seen.add(key)
+        found = self._solve(op, attempt)
+        if found is None:
+            return None
+        widths, result = found
+        self.stats["legal"] += 1
+        return Sample(op, key, widths, result, steps, tuple(attempt.kinds))
+
+    def _grow(self, attempt: _Attempt, remaining: int) -> bool:
+        """Add one node; False when no step is left that keeps the kernel finishable."""
+        options = {kind: self._instances(kind, attempt, remaining) for kind in KINDS if self.weights[kind] > 0}
+        first = True
+        while True:
+            kinds = [kind for kind, found in options.items() if found]
+            if not kinds:
+                return False
+            weights = [self.weights[kind] for kind in kinds]
+            kind = attempt.rng.choices(kinds, weights)[0]
+            if first:  # the record of the rescaling: each kind's chance at the step's first draw
+                total = sum(weights)
+                for k, w in zip(kinds, weights):
+                    self.offered[k] += w / total
+                self.chosen[kind] += 1
+                first = False
+            instances = options[kind]
+            choice = instances.pop(attempt.rng.randrange(len(instances)))
+            try:
+                node = self._apply(attempt, kind, choice)
+            except KdslError:
+                self.stats["errors"] += 1  # sizes no width can match, say: another choice
+                continue
+            if remaining == 0 and not self._finishable(node.dims):
+                continue
+            if any(node.signature == other.signature for other in attempt.nodes):
+                continue  # (an FC's weights are its own: only weightless steps can remake a tensor)
+            for arg in choice[0]:
+                attempt.readers[arg] += 1
+            attempt.nodes.append(node)
+            attempt.readers.append(0)
+            attempt.kinds.append(kind)
+            self.stats["steps"] += 1
+            return True
+
+    def _leaves_after(self, attempt: _Attempt, args: tuple[int, ...]) -> int:
+        leaves = sum(1 for count in attempt.readers if count == 0)
+        return leaves + 1 - sum(1 for a in set(args) if attempt.readers[a] == 0)
+
+    # -- what may come next ---------------------------------------------------------------------------
+    def _instances(self, kind: str, attempt: _Attempt, remaining: int) -> list[tuple[tuple[int, ...], tuple]]:
+        """Every instance ``(args, detail)`` of ``kind`` after which the remaining steps can still
+        join every leaf into one (each join of two leaves removes one)."""
+        found: list[tuple[tuple[int, ...], tuple]] = []
+        nodes = attempt.nodes
+        if kind in ("blend", "product"):
+            for i in range(len(nodes)):
+                for j in range(i + 1, len(nodes)):
+                    if self._leaves_after(attempt, (i, j)) - 1 > remaining:
+                        continue
+                    details = (
+                        self._blends(nodes[i], nodes[j]) if kind == "blend" else self._products(nodes[i], nodes[j])
+                    )
+                    found.extend(((i, j) if d[0] != "swap" else (j, i), d) for d in details)
+            return found
+        for i, node in enumerate(nodes):
+            if self._leaves_after(attempt, (i,)) - 1 > remaining:
+                continue
+            found.extend(((i,), d) for d in getattr(self, f"_{kind}")(node))
+        return found
+
+    def _map(self, node: _Node) -> list[tuple]:
+        made = node.made_by
+        nonnegative = (made[0] == "map" and made[1] in NONNEGATIVE) or made[0] == "softmax"
+        # relu(relu(x)) = relu(x), abs(relu(x)) = relu(x), relu(sigmoid(x)) = sigmoid(x): no such step
+        return [(fn,) for fn in self.maps if not (nonnegative and fn in IDENTITY_ON_NONNEGATIVE)]
+
+    def _unfold(self, node: _Node) -> list[tuple]:
+        if self.K is None:
+            return []
+        return [(window, dim) for window, dim in self.windows.items() if dim in node.dims and window not in node.dims]
+
+    def _windows_of(self, node: _Node) -> list[str]:
+        return [w for w in self.windows if w in node.dims]
+
+    def _fold(self, node: _Node) -> list[tuple]:
+        windows = self._windows_of(node)
+        return [(w,) for w in windows] + ([tuple(windows)] if len(windows) > 1 else [])
+
+    def _reduce(self, node: _Node) -> list[tuple]:
+        options = [tuple(d for d in self.spatial if d in node.dims)]
+        windows = self._windows_of(node)
+        options += [(w,) for w in windows] + ([tuple(windows)] if len(windows) > 1 else [])
+        options += [(c,) for c in (self.channel, GROUP_WIDTH) if c in node.dims]
+        # a Reduce must leave a dim (a Blend broadcasts the tensor back over the ones it took)
+        return [o for o in options if o and len(node.dims) > len(o)]
+
+    def _softmax(self, node: _Node) -> list[tuple]:
+        order = list(node.dims)
+        groups = [tuple(d for d in self.spatial if d in node.dims), tuple(self._windows_of(node))]
+        groups += [(c,) for c in (self.channel, GROUP_WIDTH) if c in node.dims]
+        # softmax runs over adjacent dims
+        return [g for g in groups if g and _adjacent(order, g)]
+
+    def _fc(self, node: _Node) -> list[tuple]:
+        windows = tuple(self._windows_of(node))
+        channel = tuple(d for d in (GROUP, GROUP_WIDTH, self.channel) if d in node.dims)
+        options = []
+        if channel:
+            options.append((self.channel, channel))
+            if windows:
+                options.append((self.channel, channel + windows))  # a convolution
+        if GROUP in node.dims and GROUP_WIDTH in node.dims:
+            options.append((GROUP_WIDTH, (GROUP_WIDTH,)))  # grouped: one FC per group, weights of its own
+            if windows:
+                options.append((GROUP_WIDTH, (GROUP_WIDTH,) + windows))
+        return options
+
+    def _group(self, node: _Node) -> list[tuple]:
+        if self.G is None:
+            return []
+        if GROUP in node.dims and GROUP_WIDTH in node.dims:
+            return [] if node.made_by[0] == "split" else [("merge",)]  # Merge(Split(c)) is c
+        if self.channel in node.dims and GROUP not in node.dims and GROUP_WIDTH not in node.dims:
+            return [] if node.made_by[0] == "merge" else [("split",)]
+        return []
+
+    def _shift(self, node: _Node) -> list[tuple]:
+        made = node.made_by
+        return [
+            (dim, by)
+            for dim in self.spatial
+            if dim in node.dims
+            for by in (1, -1)
+            if not (made[0] == "shift" and made[1] == dim and made[2] == -by)  # shifted back: the same tensor
+        ]
+
+    def _blends(self, a: _Node, b: _Node) -> list[tuple]:
+        if a.signature == b.signature:
+            return []  # a tensor with itself
+        left, right = set(a.dims), set(b.dims)
+        if not (left <= right or right <= left):
+            return []  # neither broadcasts over the other
+        found = [(how,) for how in self.blends]
+        if "sub" in self.blends:
+            found.append(("swap", "sub"))  # a - b and b - a
+        return found
+
+    def _products(self, a: _Node, b: _Node) -> list[tuple]:
+        if a.signature == b.signature:
+            return []
+        shared = [d for d in a.dims if d in b.dims and d not in self.batch]
+        windows = tuple(d for d in shared if d in self.windows)
+        channels = tuple(d for d in shared if d in (self.channel, GROUP_WIDTH))
+        union = len(set(a.dims) | set(b.dims))
+        return [(reduce,) for reduce in (windows, channels) if reduce and union - len(reduce) >= 1]
+
+    # -- taking a step --------------------------------------------------------------------------------
+    def _apply(self, attempt: _Attempt, kind: str, choice: tuple[tuple[int, ...], tuple]) -> _Node:
+        args, detail = choice
+        nodes = attempt.nodes
+        node = nodes[args[0]]
+        t = node.tensor
+        signature: object = (kind, detail, tuple(nodes[a].signature for a in args))
+        if kind == "map":
+            made: tuple = ("map", detail[0])
+            result = t >> Map(detail[0])
+        elif kind == "unfold":
+            made = ("unfold",)
+            result = t >> Unfold(detail[1], self.K, detail[0])
+        elif kind == "fold":
+            made = ("fold",)
+            result = t >> Fold(*detail, how="max")
+        elif kind == "reduce":
+            made = ("reduce",)
+            result = t >> Reduce(*detail, mean=True)
+        elif kind == "softmax":
+            made = ("softmax",)
+            result = t >> Softmax(*detail)
+        elif kind == "fc":
+            attempt.widths += 1
+            index = attempt.widths
+            name, dims = detail
+            width = dynamic(f"x{index}")
+            made = ("fc",)
+            signature = ("fc", index)  # its weight is its own: never equal to another tensor
+            result = t >> FC(*dims, name=f"f{index}", size=width, weight=f"w{index}") >> Rename(f"f{index}", name)
+        elif kind == "group":
+            made = detail
+            if detail[0] == "split":
+                result = t >> Split(self.channel, self.G, GROUP, GROUP_WIDTH)
+            else:
+                result = t >> Merge(GROUP, GROUP_WIDTH, self.channel)
+        elif kind == "shift":
+            made = ("shift", *detail)
+            result = t >> Shift(detail[0], detail[1])
+        elif kind == "blend":
+            made = ("blend",)
+            how = detail[-1]
+            sides = tuple(nodes[a].signature for a in args)
+            signature = ("blend", how, sides if how == "sub" else tuple(sorted(sides, key=repr)))
+            result = Blend(how, t, nodes[args[1]].tensor)
+        else:
+            made = ("product",)
+            sides = tuple(sorted((nodes[a].signature for a in args), key=repr))
+            signature = ("product", detail, sides)
+            result = Product(t, nodes[args[1]].tensor, *detail[0])
+        assert isinstance(result, Tensor)
+        return _Node(result, dict(result.shape), made, signature)
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def _finishable(self, dims: Mapping[str, Size]) -> bool:
+        """The tensor has the output's batch and spatial dims, and channel dims an FC can map."""
+        rest = [d for d in dims if d not in self.batch and d not in self.spatial]
+        allowed = {self.channel, GROUP, GROUP_WIDTH, *self.windows}
+        return all(d in dims for d in self.batch + self.spatial) and bool(rest) and set(rest) <= allowed
+
+    def _finish(self, attempt: _Attempt) -> Operator | Graph | None:
+        """The last node made into the spec's output (a Rename, a width matched, or an FC)."""
+        last = attempt.nodes[-1]
+        if not self._finishable(last.dims) or sum(1 for count in attempt.readers if count == 0) != 1:
+            return None
+        target = self.output.size
+        channels = [d for d in last.dims if d not in self.batch and d not in self.spatial]
+        solved: tuple[str, Size] | None = None
+        tensor = last.tensor
+        if channels == [self.channel]:
+            size = last.dims[self.channel]
+            solved = None if size is target else unify(size, target)
+            if size is target or solved is not None:  # else sizes that cannot match: an FC below
+                if self.channel != self.output.name:
+                    tensor = tensor >> Rename(self.channel, self.output.name)  # type: ignore[assignment]
+                channels = []
+        try:
+            if channels:
+                tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)  # type: ignore[assignment]
+            op = tensor >> Output(*(d.name for d in self.space.spec.outputs))
+            if solved is not None:
+                op = op.substituted({solved[0]: solved[1]})
+            used = set(op.coefficient_variables)
+            op = op.with_defaults(**{k: v for k, v in attempt.assignment.items() if k in used})
+        except KdslError:
+            self.stats["errors"] += 1
+            return None
+        if [(d.name, d.size) for d in op.outputs] != [(d.name, d.size) for d in self.space.spec.outputs]:
+            return None
+        return op
+
+    def _solve(self, op: Operator | Graph, attempt: _Attempt) -> tuple[dict[str, dict[str, int]], dict] | None:
+        """Fill the free widths to the budgets on every layer and check the result there: the
+        widths per layer and the evaluation, or None (counted) for a kernel that cannot be made
+        valid or does not fit the budgets."""
+        space = self.space
+        pad = {"pad": True} if getattr(space, "pad", False) else {}
+        coefficients = op.default_coefficients
+        try:
+            if op.dynamic_variables:
+                filled = fill(
+                    op,
+                    space.layers,
+                    max_flops=space.max_flops,
+                    max_params=space.max_params,
+                    coefficients=coefficients,
+                    **(pad if _FILL_PADS else {}),
+                )
+                layers, costs = filled.layers, list(filled.costs)
+                widths = {layer.name: dict(values) for layer, values in zip(filled.layers, filled.values)}
+            else:
+                check(op, space.layers, coefficients, **(pad if _CHECK_PADS else {}))
+                layers, widths = space.layers, {}
+                costs = [cost(op, layer, coefficients) for layer in layers]
+        except KdslError as error:
+            self.stats["over_budget" if isinstance(error, BudgetError) else "invalid"] += 1
+            return None
+        flops = [int(c["flops"]) for c in costs]
+        params = [int(c["params"]) for c in costs]
+        over = (
+            (space.max_flops is not None and sum(flops) > space.max_flops)
+            or (space.max_params is not None and sum(params) > space.max_params)
+            or (space.min_params is not None and sum(params) < space.min_params)
+        )
+        if over:
+            self.stats["over_budget"] += 1
+            return None
+        result = {
+            "status": "valid",
+            "error": None,
+            "coefficients": coefficients,
+            "flops": sum(flops),
+            "params": sum(params),
+            "flops_per_layer": flops,
+            "params_per_layer": params,
+            "layers": [layer.name for layer in layers],
+        }
+        return widths, result
+
+
+def sample(space: Space, count: int, seed: int = 0, **options: Any) -> list[Sample]:
+    """The first ``count`` legal kernels of seed ``seed`` (at most ``200 * count`` attempts).
+
+    >>> from kdsl.search.space import Space
+    >>> space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4]}, max_flops="0.5x")
+    >>> kernels = sample(space, 2, seed=3)
+    >>> len(kernels), len({k.key for k in kernels})
+    (2, 2)
+    """
+    sampler = CanvasSampler(space, seed=seed, **options)
+    found: list[Sample] = []
+    for iteration in range(200 * count):
+        drawn = sampler.draw(iteration)
+        if drawn is not None:
+            found.append(drawn)
+            if len(found) == count:
+                break
+    return found
+
+
+def _adjacent(order: list[str], names: Sequence[str]) -> bool:
+    positions = sorted(order.index(n) for n in names)
+    return positions[-1] - positions[0] == len(names) - 1
+
+
+def _text(dims: Sequence[Any]) -> str:
+    return "[" + ", ".join(d.name for d in dims) + "]"

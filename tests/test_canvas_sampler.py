@@ -1,0 +1,228 @@
+"""Canvas's micro-DAG sampler (kdsl.search.canvas): reproducible, legal kernels within budget, its
+pruning rules, the per-kind rescaling, the search driver and results store, and agreement of the
+NumPy reference with PyTorch on the kernels it draws."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kdsl import parse, solve
+from kdsl.codegen import reference
+from kdsl.codegen import torch as kdsl_torch
+from kdsl.lang.errors import SearchError
+from kdsl.lang.graph import Graph
+from kdsl.search.canvas import IDENTITY_ON_NONNEGATIVE, KINDS, NONNEGATIVE, CanvasSampler, sample
+from kdsl.search.run import search
+from kdsl.search.space import Space
+from kdsl.search.store import Store
+
+#: a small budget (half of conv2d's FLOPs) with two group counts and one window size
+SPACE = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 4]}, max_flops="0.5x", max_depth=6)
+KERNELS = sample(SPACE, 40, seed=11)
+
+
+def keys_of(seed: int, attempts: int, space: Space = SPACE) -> list[str | None]:
+    sampler = CanvasSampler(space, seed=seed)
+    found = [sampler.draw(i) for i in range(attempts)]
+    keys = [s.key if s is not None else None for s in found]
+    assert len(keys) == attempts
+    return keys
+
+
+def test_the_same_seed_gives_the_same_kernels_and_another_seed_others():
+    first = keys_of(3, 40)
+    assert first == keys_of(3, 40)
+    assert sum(k is not None for k in first) >= 10
+    assert set(first) - {None} != set(keys_of(4, 40)) - {None}
+
+
+def test_an_attempt_depends_only_on_its_number():
+    """A run resumed at attempt i draws what attempt i drew in a run from the start."""
+    whole = CanvasSampler(SPACE, seed=7)
+    found = [whole.draw(i) for i in range(40)]
+    later = next(i for i in range(20, 40) if found[i] is not None)
+    resumed = CanvasSampler(SPACE, seed=7, progress={"iteration": later})
+    again = next(resumed.states())
+    assert resumed.iteration == later + 1
+    assert again is not None and again.key == found[later].key
+
+
+def test_every_kernel_parses_back_from_its_text():
+    assert len(KERNELS) == 40
+    for kernel in KERNELS:
+        text = kernel.op.to_dsl()
+        again = parse(text)
+        assert again == kernel.op and again.key == kernel.key, text
+
+
+def test_kernels_are_distinct_by_content_key():
+    assert len({k.key for k in KERNELS}) == len(KERNELS)
+
+
+def test_every_kernel_checks_on_every_layer_after_filling_and_fits_the_budget():
+    for kernel in KERNELS:
+        assert kernel.op.outputs == SPACE.spec.outputs
+        if kernel.op.dynamic_variables:
+            assert set(kernel.widths) == {layer.name for layer in SPACE.layers}
+            layers = [{**layer.values, **kernel.widths[layer.name]} for layer in SPACE.layers]
+        else:
+            assert kernel.widths == {}
+            layers = [layer.values for layer in SPACE.layers]
+        report = solve.check(kernel.op, layers, kernel.op.default_coefficients)
+        assert len(report) == len(SPACE.layers)
+        flops = sum(int(solve.cost(kernel.op, layer, kernel.op.default_coefficients)["flops"]) for layer in layers)
+        assert flops == kernel.result["flops"] <= SPACE.max_flops
+        assert kernel.result["status"] == "valid"
+
+
+def _maps_in_a_row(graph: Graph) -> list[tuple[str, str]]:
+    """(outer, inner) for every Map node whose argument is a Map node (or a Softmax: 'softmax')."""
+    found = []
+    for node in graph.nodes:
+        if node.kind == "Map":
+            inner = graph.nodes[node.args[0]]
+            if inner.kind == "Map":
+                found.append((node.step.fn, inner.step.fn))
+            elif inner.kind == "Softmax":
+                found.append((node.step.fn, "softmax"))
+    return found
+
+
+def test_no_map_is_the_identity_on_its_argument():
+    """No ReLU of a ReLU (nor abs or ReLU of a tensor that is never negative)."""
+    seen = 0
+    for kernel in sample(SPACE, 60, seed=21, weights={"map": 4.0, "softmax": 2.0}):
+        if isinstance(kernel.op, Graph):
+            for outer, inner in _maps_in_a_row(kernel.op):
+                seen += 1
+                assert not (outer in IDENTITY_ON_NONNEGATIVE and (inner in NONNEGATIVE or inner == "softmax"))
+    assert seen > 5  # maps in a row do occur: the rule was exercised
+
+
+def test_no_join_reads_one_tensor_twice():
+    joins = 0
+    for kernel in KERNELS:
+        if isinstance(kernel.op, Graph):
+            for node in kernel.op.nodes:
+                if len(node.args) == 2:
+                    joins += 1
+                    assert node.args[0] != node.args[1]
+    assert joins > 5
+
+
+def test_each_kind_is_drawn_about_as_often_as_its_chance_says():
+    """The rescaling: a kind is drawn with probability 1/(kinds available) at every step, however
+    many instances it has (blends' O(n^2) pairs do not crowd out the unary steps). Over ~3000
+    steps each kind's count is within 4 standard deviations of its expected count."""
+    sampler = CanvasSampler(SPACE, seed=5)
+    for i in range(600):
+        sampler.draw(i)
+    for kind in KINDS:
+        expected = sampler.offered[kind]
+        # a sum of Bernoulli draws: variance <= expected
+        assert abs(sampler.chosen[kind] - expected) <= 4 * math.sqrt(expected) + 5, (kind, sampler.chosen, expected)
+    # every kind of the space was drawn, and no kind had more than twice another's chances
+    offered = [sampler.offered[k] for k in KINDS if k != "fold"]  # fold needs a window first
+    assert min(offered) > 0 and max(offered) < 2 * min(offered)
+
+
+def test_weights_rescale_the_kinds():
+    sampler = CanvasSampler(SPACE, seed=5, weights={"map": 3.0, "shift": 0.0})
+    for i in range(200):
+        sampler.draw(i)
+    assert sampler.chosen["shift"] == 0
+    assert sampler.chosen["map"] > 2 * sampler.chosen["unfold"]
+
+
+def test_bad_options_are_search_errors():
+    with pytest.raises(SearchError, match="unknown kinds"):
+        CanvasSampler(SPACE, weights={"conv": 1.0})
+    with pytest.raises(SearchError, match="maps"):
+        CanvasSampler(SPACE, maps=("relu", "softplus"))
+    with pytest.raises(SearchError, match="node count"):
+        CanvasSampler(SPACE, nodes=1)
+    with pytest.raises(SearchError, match="batch and spatial"):
+        CanvasSampler(Space("conv2d_stride2", "resnet18_stride2"))
+
+
+def test_the_stats_account_for_every_attempt():
+    sampler = CanvasSampler(SPACE, seed=9)
+    legal = sum(sampler.draw(i) is not None for i in range(100))
+    stats = sampler.stats
+    assert stats["attempts"] == 100 and stats["legal"] == legal
+    failed = ("dead_ends", "unfinished", "duplicates", "over_budget", "invalid")
+    assert stats["legal"] + sum(stats[k] for k in failed) == stats["attempts"]
+
+
+def test_a_tight_budget_rejects_kernels_whose_least_widths_exceed_it():
+    tight = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4]}, max_flops="0.05x")
+    sampler = CanvasSampler(tight, seed=2)
+    found = [s for s in (sampler.draw(i) for i in range(150)) if s is not None]
+    assert sampler.stats["over_budget"] > 0
+    assert all(s.result["flops"] <= tight.max_flops for s in found)
+
+
+def test_a_matmul_spec_without_spatial_dims():
+    space = Space("matmul", "resnet18", max_params="0.5x", max_depth=5)
+    kernels = sample(space, 5, seed=1)
+    assert len(kernels) == 5
+    assert all([d.name for d in k.op.outputs] == ["M", "Cout"] for k in kernels)
+    assert all(k.result["params"] <= space.max_params for k in kernels)
+
+
+def test_search_stores_canvas_kernels_and_resumes_without_repeating(tmp_path):
+    db = str(tmp_path / "r.db")
+    first = search(SPACE, "canvas", db=db, seed=1, max_results=6)
+    assert first.new == 6 and first.valid == 6
+    second = search(SPACE, "canvas", db=db, seed=1, max_results=4)
+    assert second.new == 4
+    store = Store(db, readonly=True)
+    try:
+        rows = store.top(50, status=None)
+        progress = [run["progress"] for run in store.runs()]
+    finally:
+        store.close()
+    assert len(rows) == 10 and len({row["key"] for row in rows}) == 10
+    assert all(row["strategy"] == "canvas" and row["status"] == "valid" for row in rows)
+    for row in rows:
+        op = parse(row["dsl"])
+        assert op.key == row["key"]
+        widths = row["metrics"]["widths"]
+        assert set(widths) == (set() if not op.dynamic_variables else {layer.name for layer in SPACE.layers})
+    # the second call went on from the first's attempt counter
+    assert progress[0]["iteration"] >= 10
+
+
+# -- the reference and PyTorch agree on sampled kernels ----------------------------------------------
+
+TINY = {"N": 2, "Cin": 4, "Cout": 6, "H": 5, "W": 5, "K": 3, "G": 2}
+SMALL_SPACE = Space("conv2d", [{"name": "tiny", **TINY}], coefficients={"K": [3], "G": [2]}, max_depth=6)
+DRAWS = int(os.environ.get("KDSL_CANVAS_DRAWS", "12"))
+
+
+@settings(max_examples=DRAWS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000))
+def test_reference_and_pytorch_agree_on_sampled_kernels(iteration):
+    sampler = CanvasSampler(SMALL_SPACE, seed=13)
+    kernel = sampler.draw(iteration)
+    if kernel is None:
+        assert sampler.stats["legal"] == 0
+        return
+    layer = {**TINY, **kernel.widths.get("tiny", {})}
+    x, weights = reference.random_inputs(kernel.op, layer)
+    expected = reference.run(kernel.op, layer, x, weights)
+    module = kdsl_torch.build(kernel.op, layer).double()
+    with torch.no_grad():
+        for parameter, value in zip(module.weights, weights):
+            parameter.copy_(torch.from_numpy(value))
+        got = module(torch.from_numpy(x)).numpy()
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= 1e-9 * scale, kernel.op.to_dsl()
