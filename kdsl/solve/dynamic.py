@@ -40,6 +40,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from kdsl.lang import library
@@ -268,6 +269,17 @@ class Filled:
         return "\n".join(lines)
 
 
+@lru_cache(maxsize=64)
+def _baseline_cost(op: Operator | Graph, layers: tuple[Layer, ...]) -> tuple[tuple[str, int], ...]:
+    """The baseline's FLOPs and parameters over the layers (a search fills many kernels against one)."""
+    totals = dict.fromkeys(BUDGETS, 0)
+    for layer in layers:
+        each = cost(op, layer)
+        for metric in BUDGETS:
+            totals[metric] += int(each[metric])
+    return tuple(totals.items())
+
+
 def _relative(text: object) -> bool:
     return isinstance(text, str) and text.strip().lower().endswith("x")
 
@@ -308,11 +320,7 @@ def fill(
     reference: dict[str, int] | None = None
     if any(_relative(value) for value in budgets.values()):
         base_op = library.load(baseline or "conv2d") if baseline is None or isinstance(baseline, str) else baseline
-        reference = {m: 0 for m in BUDGETS}
-        for layer in table:
-            each = cost(base_op, layer)
-            for metric in BUDGETS:
-                reference[metric] += int(each[metric])
+        reference = dict(_baseline_cost(base_op, table))
     limits = {
         metric: parse_budget(value, reference[metric] if reference and _relative(value) else None)  # type: ignore[arg-type]
         for metric, value in budgets.items()
