@@ -169,6 +169,21 @@ def test_a_tight_budget_rejects_kernels_whose_least_widths_exceed_it():
     assert all(s.result["flops"] <= tight.max_flops for s in found)
 
 
+def test_padding_lets_groups_that_do_not_divide_the_channels_through():
+    """G=3 divides none of ResNet-18's channel counts: without padding only a Split of a free width
+    (filled to a multiple of 3) is legal; with ``space.pad`` a Split of the input's channels is too."""
+    counts = {}
+    for pad in (False, True):
+        space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [3]}, pad=pad)
+        sampler = CanvasSampler(space, seed=0)
+        kernels = [k for k in (sampler.draw(i) for i in range(120)) if k is not None]
+        fixed = [k for k in kernels if "Split" in k.op.to_dsl() and not k.op.dynamic_variables]
+        counts[pad] = len(fixed)
+        if pad:
+            assert all(k.result["padded"] for k in fixed)
+    assert counts == {False: 0, True: counts[True]} and counts[True] > 3
+
+
 def test_a_matmul_spec_without_spatial_dims():
     space = Space("matmul", "resnet18", max_params="0.5x", max_depth=5)
     kernels = sample(space, 5, seed=1)

@@ -4,7 +4,12 @@
   operators, operators per second;
 * random rollouts for ``seconds`` with and without canonicalization and shape distance: rollouts,
   distinct operators (by ``op.key``), valid ones, and the canonical rate (the share of sampled
-  operators whose bottom-up path passes every exact, scale and approximate rule).
+  operators whose bottom-up path passes every exact, scale and approximate rule);
+* Canvas's micro-DAG sampler (:mod:`kdsl.search.canvas`) for ``seconds`` in the same run, under
+  half of conv2d's FLOPs (the budget its free widths are filled to) and without a budget: attempts
+  and legal kernels per second, the share of the kernels it finished that are valid after solving
+  (filled and checked on every layer, within budget), distinct canonical kernels per minute, and
+  the mean milliseconds per legal kernel (sampling and solving apart).
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ import time
 from typing import Any, TextIO
 
 from kdsl.search.analytic import evaluate
+from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.rules import trace
 from kdsl.search.sample import rollout
 from kdsl.search.space import Space
 from kdsl.search.synthesis import to_operators
 
-__all__ = ["enumeration_rates", "rollout_rates", "run_bench"]
+__all__ = ["canvas_rates", "enumeration_rates", "rollout_rates", "run_bench"]
 
 BENCH_SPACE: dict[str, Any] = {"coefficients": {"K": [3], "G": [32], "s": [2]}}
 
@@ -94,6 +100,46 @@ def rollout_rates(
     }
 
 
+def canvas_rates(
+    seconds: float, *, max_flops: str | None = "0.5x", max_depth: int = 6, seed: int = 0
+) -> dict[str, Any]:
+    """Canvas's sampler on the conv2d space for ``seconds`` (attempts ``0, 1, ...`` of ``seed``).
+
+    ``valid_after_solving``: of the distinct kernels it finished, the share that the budget solver
+    filled and the solver checked on every layer within budget (the rest: no valid widths, or
+    even the least widths over budget). Every legal kernel is a distinct canonical one (the
+    sampler drops a content key it has produced).
+
+    >>> row = canvas_rates(0.3)
+    >>> row["attempts"] > 0 and row["legal"] <= row["attempts"]
+    True
+    """
+    space = Space("conv2d", "resnet18", max_depth=max_depth, max_flops=max_flops, **BENCH_SPACE)
+    sampler = CanvasSampler(space, seed=seed)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sampler.draw(sampler.iteration)
+        sampler.iteration += 1
+    elapsed = time.perf_counter() - start
+    stats = sampler.stats
+    legal = stats["legal"]
+    solved = legal + stats["invalid"] + stats["over_budget"]
+    return {
+        "max_flops": max_flops,
+        "seconds": round(elapsed, 1),
+        "attempts": stats["attempts"],
+        "legal": legal,
+        "attempts_per_second": round(stats["attempts"] / elapsed, 1),
+        "legal_per_second": round(legal / elapsed, 1),
+        "valid_after_solving": round(legal / solved, 3) if solved else None,
+        "distinct_per_minute": round(60 * legal / elapsed),
+        "ms_per_legal": round(1000 * elapsed / legal, 2) if legal else None,
+        "sample_ms_per_legal": round(1000 * sampler.seconds["sample"] / legal, 2) if legal else None,
+        "solve_ms_per_legal": round(1000 * sampler.seconds["solve"] / legal, 2) if legal else None,
+        "failures": {k: stats[k] for k in ("dead_ends", "duplicates", "invalid", "over_budget", "errors")},
+    }
+
+
 def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: TextIO | None = None) -> dict[str, Any]:
     """All measurements; ``lines`` is a printable summary."""
     lines = ["kdsl bench search: conv2d spec, ResNet-18 layers, K=3 G=32 s=2"]
@@ -122,4 +168,20 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         )
         if stream is not None:
             stream.write(lines[-1] + "\n")
-    return {"enumeration": enumeration, "sampling": sampling, "lines": lines}
+    syno = sampling[0]  # canonicalization and shape distance on: the search's own setting
+    syno_per_minute = 60 * syno["distinct_valid"] / syno["seconds"] if syno["seconds"] else 0.0
+    canvas = []
+    for budget in ("0.5x", None):
+        row = canvas_rates(seconds / 2, max_flops=budget, max_depth=max_depth, seed=seed)
+        canvas.append(row)
+        ratio = f"{row['distinct_per_minute'] / syno_per_minute:.2f}x" if syno_per_minute else "-"
+        lines.append(
+            f"  canvas sampler ({'FLOPs <= 0.5x conv2d' if budget else 'no budget'}): {row['attempts']} attempts in "
+            f"{row['seconds']}s ({row['attempts_per_second']}/s), {row['legal']} legal ({row['legal_per_second']}/s), "
+            f"valid after solving {row['valid_after_solving']}, {row['distinct_per_minute']} distinct canonical/min "
+            f"({ratio} the rollouts' distinct valid/min), {row['ms_per_legal']} ms per legal kernel "
+            f"(sampling {row['sample_ms_per_legal']}, solving {row['solve_ms_per_legal']})"
+        )
+        if stream is not None:
+            stream.write(lines[-1] + "\n")
+    return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "lines": lines}

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,8 +83,9 @@ from kdsl.lang.graph import Blend, Graph, Product, Tensor
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.primitives import Merge, Reduce, Shift, Split, Unfold
 from kdsl.lang.sizes import Size, dynamic, unify
+from kdsl.search.analytic import evaluate
 from kdsl.search.space import Space
-from kdsl.solve import BudgetError, check, cost, fill
+from kdsl.solve import BudgetError, fill
 
 __all__ = ["DEFAULT_BLENDS", "DEFAULT_MAPS", "KINDS", "CanvasSampler", "Sample", "sample"]
 
@@ -105,8 +107,7 @@ def _accepts(function: Any, name: str) -> bool:
     return name in inspect.signature(function).parameters
 
 
-# padding (Syno's rounding up of sizes) is passed on only where the solver takes it
-_CHECK_PADS = _accepts(check, "pad")
+# padding (Syno's rounding up of sizes, ``space.pad``) is passed on to fill once it takes it
 _FILL_PADS = _accepts(fill, "pad")
 
 
@@ -205,10 +206,14 @@ class CanvasSampler:
         self.maps, self.blends = tuple(maps), tuple(blends)
         self._setup_roles()
         self.seen: set[str] = set()
+        self._kinds: list[str] = []  # the last attempt's kinds and step count
+        self._steps = 0
         self.stats: dict[str, int] = dict.fromkeys(
             ("attempts", "legal", "steps", "errors", "dead_ends", "unfinished", "duplicates", "over_budget", "invalid"),
             0,
         )
+        #: seconds spent growing and finishing kernels, and filling and checking them
+        self.seconds: dict[str, float] = {"sample": 0.0, "solve": 0.0}
         self.offered: dict[str, float] = dict.fromkeys(KINDS, 0.0)
         self.chosen: dict[str, int] = dict.fromkeys(KINDS, 0)
 
@@ -255,6 +260,31 @@ class CanvasSampler:
     def draw(self, iteration: int) -> Sample | None:
         """Attempt ``iteration`` of this seed: a legal kernel not produced before, or None."""
         self.stats["attempts"] += 1
+        start = time.perf_counter()
+        try:
+            op = self._sample(iteration)
+        finally:
+            self.seconds["sample"] += time.perf_counter() - start
+        if op is None:
+            return None
+        key = op.key
+        if key in self.seen:
+            self.stats["duplicates"] += 1
+            return None
+        self.seen.add(key)
+        start = time.perf_counter()
+        try:
+            found = self._solve(op)
+        finally:
+            self.seconds["solve"] += time.perf_counter() - start
+        if found is None:
+            return None
+        widths, result = found
+        self.stats["legal"] += 1
+        return Sample(op, key, widths, result, self._steps, tuple(self._kinds))
+
+    def _sample(self, iteration: int) -> Operator | Graph | None:
+        """Grow and finish the kernel of attempt ``iteration`` (None: a dead end, counted)."""
         rng = random.Random(f"canvas:{self.seed}:{iteration}")
         source = Tensor.of(Input(*self.space.spec.inputs), "canvas")
         attempt = _Attempt(
@@ -271,18 +301,8 @@ class CanvasSampler:
         op = self._finish(attempt)
         if op is None:
             self.stats["unfinished"] += 1
-            return None
-        key = op.key
-        if key in self.seen:
-            self.stats["duplicates"] += 1
-            return None
-        self.seen.add(key)
-        found = self._solve(op, attempt)
-        if found is None:
-            return None
-        widths, result = found
-        self.stats["legal"] += 1
-        return Sample(op, key, widths, result, steps, tuple(attempt.kinds))
+        self._kinds, self._steps = attempt.kinds, steps
+        return op
 
     def _grow(self, attempt: _Attempt, remaining: int) -> bool:
         """Add one node; False when no step is left that keeps the kernel finishable."""
@@ -522,41 +542,36 @@ class CanvasSampler:
             return None
         return op
 
-    def _solve(self, op: Operator | Graph, attempt: _Attempt) -> tuple[dict[str, dict[str, int]], dict] | None:
+    def _solve(self, op: Operator | Graph) -> tuple[dict[str, dict[str, int]], dict] | None:
         """Fill the free widths to the budgets on every layer and check the result there: the
         widths per layer and the evaluation, or None (counted) for a kernel that cannot be made
-        valid or does not fit the budgets."""
+        valid or does not fit the budgets. A kernel without free widths is evaluated as every
+        search result is (:func:`kdsl.search.analytic.evaluate`: padded where ``space.pad``)."""
         space = self.space
-        pad = {"pad": True} if getattr(space, "pad", False) else {}
+        if not op.dynamic_variables:
+            result = evaluate(space, op)
+            if result["status"] != "valid":
+                self.stats["over_budget" if result["status"] == "over_budget" else "invalid"] += 1
+                return None
+            return {}, result
         coefficients = op.default_coefficients
+        pad = {"pad": True} if _FILL_PADS and getattr(space, "pad", False) else {}
         try:
-            if op.dynamic_variables:
-                filled = fill(
-                    op,
-                    space.layers,
-                    max_flops=space.max_flops,
-                    max_params=space.max_params,
-                    coefficients=coefficients,
-                    **(pad if _FILL_PADS else {}),
-                )
-                layers, costs = filled.layers, list(filled.costs)
-                widths = {layer.name: dict(values) for layer, values in zip(filled.layers, filled.values)}
-            else:
-                check(op, space.layers, coefficients, **(pad if _CHECK_PADS else {}))
-                layers, widths = space.layers, {}
-                costs = [cost(op, layer, coefficients) for layer in layers]
+            filled = fill(
+                op,
+                space.layers,
+                max_flops=space.max_flops,
+                max_params=space.max_params,
+                coefficients=coefficients,
+                **pad,
+            )
         except KdslError as error:
             self.stats["over_budget" if isinstance(error, BudgetError) else "invalid"] += 1
             return None
-        flops = [int(c["flops"]) for c in costs]
-        params = [int(c["params"]) for c in costs]
-        over = (
-            (space.max_flops is not None and sum(flops) > space.max_flops)
-            or (space.max_params is not None and sum(params) > space.max_params)
-            or (space.min_params is not None and sum(params) < space.min_params)
-        )
-        if over:
-            self.stats["over_budget"] += 1
+        flops = [int(c["flops"]) for c in filled.costs]
+        params = [int(c["params"]) for c in filled.costs]
+        if space.min_params is not None and sum(params) < space.min_params:
+            self.stats["over_budget"] += 1  # (fill fills up to the budgets; a floor it does not know)
             return None
         result = {
             "status": "valid",
@@ -566,9 +581,8 @@ class CanvasSampler:
             "params": sum(params),
             "flops_per_layer": flops,
             "params_per_layer": params,
-            "layers": [layer.name for layer in layers],
         }
-        return widths, result
+        return {layer.name: dict(values) for layer, values in zip(filled.layers, filled.values)}, result
 
 
 def sample(space: Space, count: int, seed: int = 0, **options: Any) -> list[Sample]:
