@@ -46,6 +46,7 @@ from kdsl.lang.primitives import (
 )
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import pad_binding
+from kdsl.solve.padding import Padding
 
 __all__ = ["GRAPH_RULES", "RULES", "Shapes", "binding", "random_inputs", "run", "shapes"]
 
@@ -184,7 +185,7 @@ def _graph_shapes(graph: Graph, values: Mapping[str, int]) -> Shapes:
     )
 
 
-def _padding(op: Operator | Graph, layer: Mapping[str, int]) -> Any:
+def _padding(op: Operator | Graph, layer: Mapping[str, int]) -> Padding:
     """The padding of ``op`` at ``layer`` (a mapping that may bind coefficients, like every
     layer here; an unbound variable is the same LayerError as unpadded)."""
     if not isinstance(layer, Mapping):
