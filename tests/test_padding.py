@@ -242,7 +242,10 @@ def test_padding_is_the_least_that_makes_every_size_an_integer(cin, cout, groups
         padding = solve.pad_binding(op, layer)
         _assert_least(op, layer, padding)
         # one primary per constraint: the padding is below every valid binding in a box above the layer
-        primaries = [v.name for v in op.variables if v.kind == "primary"]
+        # (the primaries that some integral constraint names; the others never pad)
+        primaries = [
+            v.name for v in op.variables if v.kind == "primary" and any(v.name in c.variables for c in _integral(op))
+        ]
         ranges = [range(layer[n], layer[n] + 2 * max(groups, s)) for n in primaries]
         for values in itertools.product(*ranges):
             candidate = {**layer, **dict(zip(primaries, values))}
