@@ -22,12 +22,15 @@ no intermediate tensor gets large.
 API: linear chains drawn like the operators' steps, Canvas's Map, Fold, Softmax, FC and Rename, and
 branches joined by Blend (every kind, either branch broadcast) and Product;
 :func:`graphs_with_layers` gives one with a binding (``layers`` binds a kernel too).
+:func:`canvas_kernels` draws them from search's own sampler instead (Canvas's micro-DAG sampler,
+:mod:`kdsl.search.canvas`): the kernels search proposes, free widths filled for a small layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from fractions import Fraction
+from functools import lru_cache
 from math import lcm, prod
 from typing import Any
 
@@ -52,6 +55,8 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.sizes import Size, coefficient, primary
+from kdsl.search.canvas import CanvasSampler
+from kdsl.search.space import Space
 
 PRIMARY = ("N", "C", "H", "W")
 WEIGHT_ONLY = ("E", "V")
@@ -440,3 +445,35 @@ def graphs_with_layers(draw: Any, max_actions: int = 6, max_elements: int = 2_00
     """A branching kernel and a layer binding for it (every tensor at most ``max_elements``)."""
     graph = draw(graphs(max_actions=max_actions))
     return graph, draw(layers(graph, max_elements=max_elements))
+
+
+#: the small conv2d layer :func:`canvas_kernels` fills and binds its kernels for
+CANVAS_LAYER = {"name": "small", "N": 2, "Cin": 4, "Cout": 6, "H": 5, "W": 5}
+
+
+@lru_cache(maxsize=8)
+def _canvas_space(max_depth: int) -> Space:
+    return Space("conv2d", [CANVAS_LAYER], coefficients={"K": [3], "G": [2]}, max_depth=max_depth)
+
+
+@st.composite
+def canvas_kernels(draw: Any, max_depth: int = 6) -> tuple[Operator | Graph, dict[str, int]]:
+    """A kernel drawn by Canvas's sampler for the conv2d spec (``[N, Cin, H, W] -> [N, Cout, H,
+    W]``, at most ``max_depth`` sampled steps, K=3, G=2) and the binding of :data:`CANVAS_LAYER`
+    with its free widths filled (their least valid values) and its coefficients.
+
+    >>> from hypothesis import given
+    >>> @given(canvas_kernels())
+    ... def test_kernels(kernel):
+    ...     op, layer = kernel
+    ...     assert not set(op.dynamic_variables) - set(layer)
+    >>> test_kernels()
+    """
+    space = _canvas_space(max_depth)
+    sampler = CanvasSampler(space, seed=draw(st.integers(0, 2**16)))
+    # one attempt in three or so is a dead end: a few attempts of one seed nearly always give one
+    found = next((k for k in (sampler.draw(i) for i in range(12)) if k is not None), None)
+    assume(found is not None)
+    assert found is not None
+    layer = {k: v for k, v in CANVAS_LAYER.items() if k != "name"}
+    return found.op, {**layer, **found.op.default_coefficients, **found.widths.get(CANVAS_LAYER["name"], {})}
