@@ -48,6 +48,14 @@ counted in ``n``). Then the free widths are filled to the space's budgets by
 kernel on every layer; a kernel that cannot be made valid or whose least widths exceed a budget is
 rejected (counted).
 
+**In the results store** (strategy ``canvas`` of :func:`kdsl.search.run.search`) a kernel is its
+template's DSL text, free widths left as ``dynamic("x1")``, keyed by its content key, with the
+filled widths per layer in the row's metrics (``metrics["widths"][layer]``): the budget solver
+gives each layer its own widths, which in general no single size formula (like ``Cin/4``) writes.
+A kernel without free widths is evaluated as every search result is
+(:func:`kdsl.search.analytic.evaluate`, with padding where ``space.pad``); :func:`kdsl.solve.fill`
+is given ``pad`` once it takes it.
+
 Where this differs from Canvas: dims are matched by name, not position; Canvas's Fold includes
 mean folds, here an average fold is a ``Reduce(mean=True)``; the finishing FC or Rename is a fixed
 step rather than a sampled one; the kernel count ``n`` varies per attempt; groups are one level
