@@ -55,8 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("operator", help="gallery name, .dsl file or .json file")
     check.add_argument("--layers", default="resnet18", help="built-in table (resnet18, resnet18_stride2) or JSON file")
     check.add_argument("--set", action="append", metavar="NAME=INT", help="coefficient values, e.g. --set K=3,G=32")
-    check.add_argument("--max-flops", metavar="BUDGET", help="fill free widths to this FLOPs budget (1e9, 150M, 0.5x)")
-    check.add_argument("--max-params", metavar="BUDGET", help="fill free widths to this parameter budget")
+    check.add_argument(
+        "--max-flops",
+        type=search_commands.budget,
+        metavar="BUDGET",
+        help="fill free widths to this FLOPs budget (1e9, 150M, 0.5x)",
+    )
+    check.add_argument(
+        "--max-params", type=search_commands.budget, metavar="BUDGET", help="fill free widths to this parameter budget"
+    )
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
     check.add_argument("--pad", action="store_true", help="round sizes that do not divide up (zero padding), per layer")
     check.set_defaults(run=command_check)

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from kdsl.bench.search_throughput import run_bench
-from kdsl.lang.errors import SearchError, printable
+from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
@@ -153,7 +153,7 @@ def budget(text: str) -> str:
     try:
         # any baseline checks a relative budget's syntax; the real one comes from the spec
         value = parse_budget(text, baseline=1 if relative else None)
-    except SearchError as error:
+    except KdslError as error:
         raise argparse.ArgumentTypeError(error.message) from None
     if not relative and value is not None and value < 1:
         raise argparse.ArgumentTypeError(

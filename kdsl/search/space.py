@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from kdsl.lang.sizes import Size, Var
 from kdsl.search.kinds import DEFAULT_CAPS, KINDS
 from kdsl.search.state import div, mul, size_order
 from kdsl.solve import total_cost
+from kdsl.solve.dynamic import is_relative, parse_budget
 from kdsl.solve.layers import Layer, load_layers
 
 __all__ = ["DEFAULT_CAPS", "KINDS", "SPECS", "Coefficient", "Space", "Spec", "div", "load_spec", "mul", "parse_budget"]
@@ -218,41 +218,6 @@ class Coefficient:
     allowance: int = 2
 
 
-_BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)\s*(x?)\s*$")
-
-
-def parse_budget(text: str | int | float | None, baseline: int | None = None) -> int | None:
-    """A budget: an absolute number (``1e9``, ``150M``, ``2G``) or a multiple of ``baseline``
-    (``0.5x``). ``None`` means no limit.
-
-    >>> parse_budget("0.5x", baseline=1000), parse_budget("150M"), parse_budget(None)
-    (500, 150000000, None)
-    >>> parse_budget("half")
-    Traceback (most recent call last):
-    ...
-    kdsl.lang.errors.SearchError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
-    """
-    if text is None:
-        return None
-    if isinstance(text, bool):
-        raise SearchError(f"bad budget {text!r}: expected a number or a string like 0.5x")
-    if isinstance(text, (int, float)):
-        if text <= 0 or not math.isfinite(text):
-            raise SearchError(f"bad budget {text!r}: it must be positive")
-        return int(text)
-    match = _BUDGET.match(str(text))
-    if not match:
-        raise SearchError(f"bad budget {text!r}: write a number (1e9, 150M, 2G) or a multiple of the baseline (0.5x)")
-    number = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2).lower()]
-    if match.group(3):
-        if baseline is None:
-            raise SearchError(f"budget {text!r} is relative, but the space has no baseline operator")
-        number *= baseline
-    if number <= 0:
-        raise SearchError(f"bad budget {text!r}: it must be positive")
-    return int(number)
-
-
 def _layers_for(spec: Spec, layers: object) -> tuple:
     table = load_layers(layers)
     if not spec.aliases:
@@ -366,9 +331,9 @@ class Space:
         self.positive_monomials = tuple(m for m in self.coefficient_monomials if all(e > 0 for _, e in m.exponents))
         self.baseline_name = baseline or self.spec.baseline
         self._baseline_cost: dict[str, int] | None = None
-        self.max_flops = parse_budget(max_flops, self._baseline("flops") if _relative(max_flops) else None)
-        self.max_params = parse_budget(max_params, self._baseline("params") if _relative(max_params) else None)
-        self.min_params = parse_budget(min_params, self._baseline("params") if _relative(min_params) else None)
+        self.max_flops = parse_budget(max_flops, self._baseline("flops") if is_relative(max_flops) else None)
+        self.max_params = parse_budget(max_params, self._baseline("params") if is_relative(max_params) else None)
+        self.min_params = parse_budget(min_params, self._baseline("params") if is_relative(min_params) else None)
 
     # -- construction helpers ------------------------------------------------------------------
     def _coefficients(self, given: Mapping[str, object] | None) -> tuple[Coefficient, ...]:
@@ -552,10 +517,6 @@ class Space:
             },
             sort_keys=True,
         )
-
-
-def _relative(text: object) -> bool:
-    return isinstance(text, str) and text.strip().endswith("x")
 
 
 def _value(size: Size, layer: Mapping[str, int], assignment: Mapping[str, int]) -> Fraction | None:

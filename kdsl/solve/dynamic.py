@@ -52,7 +52,7 @@ from kdsl.solve.constraints import check, constraints, resolve_binding
 from kdsl.solve.cost import cost
 from kdsl.solve.layers import Layer, as_layers, layer_label
 
-__all__ = ["BudgetError", "Filled", "fill", "freedom", "multiples", "parse_budget"]
+__all__ = ["BudgetError", "Filled", "fill", "freedom", "is_relative", "multiples", "parse_budget"]
 
 #: budgets fill can aim at, each the name of a cost metric
 BUDGETS = ("flops", "params")
@@ -280,7 +280,8 @@ def _baseline_cost(op: Operator | Graph, layers: tuple[Layer, ...]) -> tuple[tup
     return tuple(totals.items())
 
 
-def _relative(text: object) -> bool:
+def is_relative(text: object) -> bool:
+    """Whether a budget is a multiple of a baseline (``"0.5x"``) rather than a count."""
     return isinstance(text, str) and text.strip().lower().endswith("x")
 
 
@@ -318,11 +319,11 @@ def fill(
         raise LayerError("the operator has no free width (dynamic variable) to fill; check it with kdsl.solve.check")
     budgets = {"flops": max_flops, "params": max_params}
     reference: dict[str, int] | None = None
-    if any(_relative(value) for value in budgets.values()):
+    if any(is_relative(value) for value in budgets.values()):
         base_op = library.load(baseline or "conv2d") if baseline is None or isinstance(baseline, str) else baseline
         reference = dict(_baseline_cost(base_op, table))
     limits = {
-        metric: parse_budget(value, reference[metric] if reference and _relative(value) else None)  # type: ignore[arg-type]
+        metric: parse_budget(value, reference[metric] if reference and is_relative(value) else None)  # type: ignore[arg-type]
         for metric, value in budgets.items()
     }
     bindings = _bindings(op, table, coefficients)
