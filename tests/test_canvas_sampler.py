@@ -4,6 +4,7 @@ NumPy reference with PyTorch on the kernels it draws."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -13,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from kdsl import parse, solve
+from kdsl.cli import main
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang.errors import SearchError
@@ -213,6 +215,18 @@ def test_search_stores_canvas_kernels_and_resumes_without_repeating(tmp_path):
         assert set(widths) == (set() if not op.dynamic_variables else {layer.name for layer in SPACE.layers})
     # the second call went on from the first's attempt counter
     assert progress[0]["iteration"] >= 10
+
+
+def test_kdsl_search_and_results_on_the_command_line(capsys, tmp_path):
+    db = str(tmp_path / "r.db")
+    argv = ["search", "conv2d", "--strategy", "canvas", "--max-flops", "0.5x", "--coefficient", "G=4"]
+    assert main([*argv, "--max-results", "3", "--db", db, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["strategy"] == "canvas" and summary["new"] == 3 and summary["valid"] == 3
+    assert main(["results", "--db", db, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["counts"] == {"valid": 3} and len(listed["top"]) == 3
+    assert all(parse(row["dsl"]).key == row["key"] for row in listed["top"])
 
 
 # -- the reference and PyTorch agree on sampled kernels ----------------------------------------------
