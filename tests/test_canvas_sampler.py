@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 
 import numpy as np
 import pytest
@@ -117,6 +118,23 @@ def test_no_join_reads_one_tensor_twice():
                     joins += 1
                     assert node.args[0] != node.args[1]
     assert joins > 5
+
+
+def test_a_width_solved_at_a_join_is_substituted_in_every_branch():
+    """x -> FC(x1) -> relu; (FC + x) solves x1 = Cin; relu's branch must then see Cin too, or the
+    last join would meet the FC's weight with two sizes (x1 and Cin) and fail."""
+    sampler = CanvasSampler(SPACE, seed=0)
+    attempt = sampler._start(random.Random(0))
+    assert sampler._add(attempt, "fc", ((0,), ("Cin", ("Cin",))))  # node 1: [N, Cin: x1, H, W]
+    assert sampler._add(attempt, "map", ((1,), ("relu",)))  # node 2
+    assert str(attempt.nodes[2].dims["Cin"]) == "x1"
+    assert sampler._add(attempt, "blend", ((1, 0), ("add",)))  # node 3: x1 = Cin
+    assert {name: str(size) for name, size in attempt.solved.items()} == {"x1": "Cin"}
+    assert all(str(node.dims["Cin"]) == "Cin" for node in attempt.nodes)
+    assert sampler._add(attempt, "blend", ((2, 3), ("mul",)))  # node 4
+    op = sampler._finish(attempt)
+    assert op is not None and op.dynamic_variables == () and sampler.stats["errors"] == 0
+    assert [node.kind for node in op.nodes].count("FC") == 2  # x1's FC, and the one to Cout
 
 
 def test_each_kind_is_drawn_about_as_often_as_its_chance_says():

@@ -153,6 +153,7 @@ class _Node:
     dims: dict[str, Size]
     made_by: tuple[object, ...]  # the step: ("map", fn), ("split",), ("shift", dim, by), ...
     signature: object  # equal for two nodes that are the same step on the same tensor
+    recipe: tuple[str, tuple[tuple[int, ...], tuple], int] | None = None  # (kind, choice, FC index)
 
 
 @dataclass
@@ -163,6 +164,8 @@ class _Attempt:
     assignment: dict[str, int]
     widths: int = 0
     kinds: list[str] = field(default_factory=list)
+    #: the free widths shape matching solved at joins so far (every node is built with them)
+    solved: dict[str, Size] = field(default_factory=dict)
 
 
 class CanvasSampler:
@@ -291,17 +294,16 @@ class CanvasSampler:
         self.stats["legal"] += 1
         return Sample(op, key, widths, result, self._steps, tuple(self._kinds))
 
+    def _start(self, rng: random.Random) -> _Attempt:
+        """An attempt with the input alone, and coefficient values drawn from the space's."""
+        source = Tensor.of(Input(*self.space.spec.inputs), "canvas")
+        node = _Node(source, dict(source.shape), ("input",), ("input",))
+        return _Attempt(rng, [node], [0], dict(rng.choice(self.space.assignments)))
+
     def _sample(self, iteration: int) -> Operator | Graph | None:
         """Grow and finish the kernel of attempt ``iteration`` (None: a dead end, counted)."""
-        rng = random.Random(f"canvas:{self.seed}:{iteration}")
-        source = Tensor.of(Input(*self.space.spec.inputs), "canvas")
-        attempt = _Attempt(
-            rng,
-            [_Node(source, dict(source.shape), ("input",), ("input",))],
-            [0],
-            dict(rng.choice(self.space.assignments)),
-        )
-        steps = rng.randint(*self.node_range) - 1
+        attempt = self._start(random.Random(f"canvas:{self.seed}:{iteration}"))
+        steps = attempt.rng.randint(*self.node_range) - 1
         for step in range(steps):
             if not self._grow(attempt, steps - step - 1):
                 self.stats["dead_ends"] += 1
@@ -330,22 +332,50 @@ class CanvasSampler:
                 first = False
             instances = options[kind]
             choice = instances.pop(attempt.rng.randrange(len(instances)))
-            try:
-                node = self._apply(attempt, kind, choice)
-            except KdslError:
-                self.stats["errors"] += 1  # sizes no width can match, say: another choice
-                continue
-            if remaining == 0 and not self._finishable(node.dims):
-                continue
-            if any(node.signature == other.signature for other in attempt.nodes):
-                continue  # (an FC's weights are its own: only weightless steps can remake a tensor)
-            for arg in choice[0]:
-                attempt.readers[arg] += 1
-            attempt.nodes.append(node)
-            attempt.readers.append(0)
-            attempt.kinds.append(kind)
-            self.stats["steps"] += 1
-            return True
+            if self._add(attempt, kind, choice, remaining == 0):
+                return True
+
+    def _add(self, attempt: _Attempt, kind: str, choice: tuple[tuple[int, ...], tuple], last: bool = False) -> bool:
+        """Take the step ``choice`` of ``kind``; False (nothing changed) when the language refuses
+        it, when it remakes a tensor the kernel has, or when ``last`` and its result cannot be
+        made the output."""
+        index = attempt.widths + 1 if kind == "fc" else 0
+        solved = attempt.solved
+        try:
+            node = self._apply(attempt.nodes, kind, choice, index, solved)
+            nodes = attempt.nodes
+            found = {m.variable: m.size for m in node.tensor.matches if m.variable not in solved}
+            if found:
+                # a join solved a free width: every tensor of the kernel is rebuilt with it, or a
+                # later join would meet one FC's weight with two sizes
+                solved = {k: v.substitute(found) for k, v in solved.items()} | found
+                nodes = self._rebuilt(attempt.nodes, solved)
+                node = self._apply(nodes, kind, choice, index, solved)
+        except KdslError:
+            self.stats["errors"] += 1  # sizes no width can match, say: another choice
+            return False
+        if last and not self._finishable(node.dims):
+            return False
+        if any(node.signature == other.signature for other in nodes):
+            return False  # (an FC's weights are its own: only weightless steps can remake a tensor)
+        for arg in choice[0]:
+            attempt.readers[arg] += 1
+        attempt.nodes = nodes + [node]
+        attempt.solved = solved
+        attempt.widths = max(attempt.widths, index)
+        attempt.readers.append(0)
+        attempt.kinds.append(kind)
+        self.stats["steps"] += 1
+        return True
+
+    def _rebuilt(self, nodes: list[_Node], solved: Mapping[str, Size]) -> list[_Node]:
+        """The nodes built again, in order, from their recipes with the widths ``solved``."""
+        made = nodes[:1]
+        for node in nodes[1:]:
+            assert node.recipe is not None
+            kind, choice, index = node.recipe
+            made.append(self._apply(made, kind, choice, index, solved))
+        return made
 
     def _leaves_after(self, attempt: _Attempt, args: tuple[int, ...]) -> int:
         leaves = sum(1 for count in attempt.readers if count == 0)
@@ -460,9 +490,17 @@ class CanvasSampler:
         return [(reduce,) for reduce in (windows, channels) if reduce and union - len(reduce) >= 1]
 
     # -- taking a step --------------------------------------------------------------------------------
-    def _apply(self, attempt: _Attempt, kind: str, choice: tuple[tuple[int, ...], tuple]) -> _Node:
+    def _apply(
+        self,
+        nodes: Sequence[_Node],
+        kind: str,
+        choice: tuple[tuple[int, ...], tuple],
+        index: int,
+        solved: Mapping[str, Size],
+    ) -> _Node:
+        """The node the step makes from ``nodes``; an FC makes the width ``x<index>`` (or what
+        shape matching ``solved`` for it)."""
         args, detail = choice
-        nodes = attempt.nodes
         node = nodes[args[0]]
         t = node.tensor
         signature: object = (kind, detail, tuple(nodes[a].signature for a in args))
@@ -482,10 +520,8 @@ class CanvasSampler:
             made = ("softmax",)
             result = t >> Softmax(*detail)
         elif kind == "fc":
-            attempt.widths += 1
-            index = attempt.widths
             name, dims = detail
-            width = dynamic(f"x{index}")
+            width = Size.of(dynamic(f"x{index}")).substitute(solved)
             made = ("fc",)
             signature = ("fc", index)  # its weight is its own: never equal to another tensor
             result = t >> FC(*dims, name=f"f{index}", size=width, weight=f"w{index}") >> Rename(f"f{index}", name)
@@ -510,7 +546,7 @@ class CanvasSampler:
             signature = ("product", detail, sides)
             result = Product(t, nodes[args[1]].tensor, *detail[0])
         assert isinstance(result, Tensor)
-        return _Node(result, dict(result.shape), made, signature)
+        return _Node(result, dict(result.shape), made, signature, (kind, choice, index))
 
     # -- the end ---------------------------------------------------------------------------------------
     def _finishable(self, dims: Mapping[str, Size]) -> bool:
