@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from kdsl import parse, solve
+from kdsl.bench.search_throughput import run_bench
 from kdsl.cli import main
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
@@ -245,6 +246,18 @@ def test_kdsl_search_and_results_on_the_command_line(capsys, tmp_path):
     listed = json.loads(capsys.readouterr().out)
     assert listed["counts"] == {"valid": 3} and len(listed["top"]) == 3
     assert all(parse(row["dsl"]).key == row["key"] for row in listed["top"])
+
+
+def test_the_search_bench_prints_the_sampler_beside_the_rollouts():
+    results = run_bench(max_depth=3, seconds=0.4)
+    assert [row["max_flops"] for row in results["canvas"]] == ["0.5x", None]
+    for row in results["canvas"]:
+        assert row["attempts"] >= row["legal"] > 0 and 0 < row["valid_after_solving"] <= 1
+        assert row["ms_per_legal"] >= row["sample_ms_per_legal"]
+    canvas_lines = [line for line in results["lines"] if "canvas sampler" in line]
+    rollout_lines = [line for line in results["lines"] if "random rollouts" in line]
+    assert len(canvas_lines) == 2 and len(rollout_lines) == 4
+    assert all("ms per legal kernel" in line and "distinct canonical/min" in line for line in canvas_lines)
 
 
 # -- the reference and PyTorch agree on sampled kernels ----------------------------------------------
