@@ -129,13 +129,44 @@ def test_a_width_solved_at_a_join_is_substituted_in_every_branch():
     assert sampler._add(attempt, "fc", ((0,), ("Cin", ("Cin",))))  # node 1: [N, Cin: x1, H, W]
     assert sampler._add(attempt, "map", ((1,), ("relu",)))  # node 2
     assert str(attempt.nodes[2].dims["Cin"]) == "x1"
-    assert sampler._add(attempt, "blend", ((1, 0), ("add",)))  # node 3: x1 = Cin
+    assert sampler._add(attempt, "blend", ((1, 0), ("add", False)))  # node 3: x1 = Cin
     assert {name: str(size) for name, size in attempt.solved.items()} == {"x1": "Cin"}
     assert all(str(node.dims["Cin"]) == "Cin" for node in attempt.nodes)
-    assert sampler._add(attempt, "blend", ((2, 3), ("mul",)))  # node 4
+    assert sampler._add(attempt, "blend", ((2, 3), ("mul", False)))  # node 4
     op = sampler._finish(attempt)
     assert op is not None and op.dynamic_variables == () and sampler.stats["errors"] == 0
     assert [node.kind for node in op.nodes].count("FC") == 2  # x1's FC, and the one to Cout
+
+
+def test_groups_are_g_groups_and_a_split_is_never_pointless():
+    """Split makes G groups (g: G) of channel/G; after steps that treat the groups as one channel
+    (a Shift here), merging them back or finishing with an FC of g and cg would give what the same
+    steps give without the Split: neither is offered, and such a tensor cannot be the output."""
+    sampler = CanvasSampler(SPACE, seed=0)
+    attempt = sampler._start(random.Random(0))
+    assert sampler._add(attempt, "group", ((0,), ("split",)))
+    assert {d: str(size) for d, size in attempt.nodes[1].dims.items()} == {
+        "N": "N",
+        "g": "G",
+        "cg": "Cin/G",
+        "H": "H",
+        "W": "W",
+    }
+    assert sampler._add(attempt, "shift", ((1,), ("H", 1)))
+    shifted = attempt.nodes[2]
+    assert shifted.plain and sampler._group(shifted) == [] and not sampler._finishable(shifted)
+    assert all(dims == ("cg",) for _, dims in sampler._fc(shifted))  # grouped FCs only
+    assert sampler._add(attempt, "fc", ((2,), ("cg", ("cg",))))  # one FC per group: the groups differ now
+    assert not attempt.nodes[3].plain and sampler._group(attempt.nodes[3]) == [("merge",)]
+    splits = [
+        step
+        for kernel in KERNELS
+        for node in getattr(kernel.op, "nodes", ())
+        if node.kind == "Chain"
+        for step in node.chain.steps
+        if step.kind == "Split"
+    ]
+    assert splits and all(str(step.block).endswith("/G") for step in splits)
 
 
 def test_each_kind_is_drawn_about_as_often_as_its_chance_says():

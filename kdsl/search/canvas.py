@@ -18,7 +18,7 @@ reduce      ``Reduce(..., mean=True)`` over the spatial dims (Canvas's global po
 softmax     ``Softmax`` over the spatial dims, the window dims or the channel
 fc          ``FC`` of the channel dims (with or without the windows: a convolution) to a new
             channel of a fresh dynamic width ``x<i>``; grouped (per ``g``) when grouped
-group       ``Split(channel, G, "g", "cg")``, and ``Merge`` back
+group       ``Split(channel, channel/G, "g", "cg")`` (G groups), and ``Merge`` back
 shift       ``Shift(D, +-1)`` of a spatial dim
 blend       ``Blend(how, a, b)``, how in ``blends`` (add, sub, mul, max, min by default)
 product     ``Product(a, b, ...)`` reducing the window dims or the channel both have
@@ -154,6 +154,9 @@ class _Node:
     made_by: tuple[object, ...]  # the step: ("map", fn), ("split",), ("shift", dim, by), ...
     signature: object  # equal for two nodes that are the same step on the same tensor
     recipe: tuple[str, tuple[tuple[int, ...], tuple], int] | None = None  # (kind, choice, FC index)
+    #: its groups (g, cg) are a Split's, and every step since treated them as one channel: merging
+    #: them back gives what the same steps give without the Split (a Split commutes with those)
+    plain: bool = False
 
 
 @dataclass
@@ -354,7 +357,7 @@ class CanvasSampler:
         except KdslError:
             self.stats["errors"] += 1  # sizes no width can match, say: another choice
             return False
-        if last and not self._finishable(node.dims):
+        if last and not self._finishable(node):
             return False
         if any(node.signature == other.signature for other in nodes):
             return False  # (an FC's weights are its own: only weightless steps can remake a tensor)
@@ -395,7 +398,7 @@ class CanvasSampler:
                     details = (
                         self._blends(nodes[i], nodes[j]) if kind == "blend" else self._products(nodes[i], nodes[j])
                     )
-                    found.extend(((i, j) if d[0] != "swap" else (j, i), d) for d in details)
+                    found.extend(((j, i) if swap else (i, j), d) for swap, d in details)
             return found
         for i, node in enumerate(nodes):
             if self._leaves_after(attempt, (i,)) - 1 > remaining:
@@ -440,7 +443,7 @@ class CanvasSampler:
         windows = tuple(self._windows_of(node))
         channel = tuple(d for d in (GROUP, GROUP_WIDTH, self.channel) if d in node.dims)
         options = []
-        if channel:
+        if channel and not node.plain:  # (an FC of plain groups' g and cg is one of the unsplit channel)
             options.append((self.channel, channel))
             if windows:
                 options.append((self.channel, channel + windows))  # a convolution
@@ -454,7 +457,7 @@ class CanvasSampler:
         if self.G is None:
             return []
         if GROUP in node.dims and GROUP_WIDTH in node.dims:
-            return [] if node.made_by[0] == "split" else [("merge",)]  # Merge(Split(c)) is c
+            return [] if node.plain else [("merge",)]  # Merge(f(Split(c))) is f(c) for such f
         if self.channel in node.dims and GROUP not in node.dims and GROUP_WIDTH not in node.dims:
             return [] if node.made_by[0] == "merge" else [("split",)]
         return []
@@ -469,25 +472,51 @@ class CanvasSampler:
             if not (made[0] == "shift" and made[1] == dim and made[2] == -by)  # shifted back: the same tensor
         ]
 
-    def _blends(self, a: _Node, b: _Node) -> list[tuple]:
+    def _merged(self, node: _Node) -> set[str]:
+        """A tensor's dim names with its groups merged back into the channel (where it has groups
+        and no channel): how a join with an ungrouped tensor sees it. A tensor a Split just made
+        stays as it is when its groups are plain (merged back they are what the same steps give
+        without the Split)."""
+        names = set(node.dims)
+        if GROUP in names and GROUP_WIDTH in names and self.channel not in names and not node.plain:
+            return (names - {GROUP, GROUP_WIDTH}) | {self.channel}
+        return names
+
+    def _blends(self, a: _Node, b: _Node) -> list[tuple[bool, tuple]]:
+        """``(swap, (how, merge))``: the blends of ``a`` and ``b`` (``b - a`` too); ``merge``: the
+        grouped side's groups are merged back first (Canvas broadcasts ``[G, C/G, H, W]`` over
+        ``[C, H, W]`` by their sizes; here names must match)."""
         if a.signature == b.signature:
             return []  # a tensor with itself
         left, right = set(a.dims), set(b.dims)
-        if not (left <= right or right <= left):
-            return []  # neither broadcasts over the other
-        found = [(how,) for how in self.blends]
+        merge = not (left <= right or right <= left)
+        if merge:
+            left, right = self._merged(a), self._merged(b)
+            if not (left <= right or right <= left):
+                return []  # neither broadcasts over the other
+        found = [(False, (how, merge)) for how in self.blends]
         if "sub" in self.blends:
-            found.append(("swap", "sub"))  # a - b and b - a
+            found.append((True, ("sub", merge)))  # a - b and b - a
         return found
 
-    def _products(self, a: _Node, b: _Node) -> list[tuple]:
+    def _products(self, a: _Node, b: _Node) -> list[tuple[bool, tuple]]:
+        """``(False, (reduce, merge))``: products reducing the window dims or the channel both
+        have (``merge``: with a grouped side's groups merged back first, to meet a channel)."""
         if a.signature == b.signature:
             return []
-        shared = [d for d in a.dims if d in b.dims and d not in self.batch]
-        windows = tuple(d for d in shared if d in self.windows)
-        channels = tuple(d for d in shared if d in (self.channel, GROUP_WIDTH))
-        union = len(set(a.dims) | set(b.dims))
-        return [(reduce,) for reduce in (windows, channels) if reduce and union - len(reduce) >= 1]
+        found = []
+        for merge in (False, True):
+            left, right = set(a.dims), set(b.dims)
+            if merge:
+                left, right = self._merged(a), self._merged(b)
+                if left == set(a.dims) and right == set(b.dims):
+                    break
+            shared = [d for d in left & right if d not in self.batch]
+            windows = tuple(sorted(d for d in shared if d in self.windows))
+            channels = tuple(sorted(d for d in shared if d in (self.channel, GROUP_WIDTH)))
+            union = len(left | right)
+            found += [(False, (r, merge)) for r in (windows, channels) if r and union - len(r) >= 1]
+        return found
 
     # -- taking a step --------------------------------------------------------------------------------
     def _apply(
@@ -528,7 +557,8 @@ class CanvasSampler:
         elif kind == "group":
             made = detail
             if detail[0] == "split":
-                result = t >> Split(self.channel, self.G, GROUP, GROUP_WIDTH)
+                # G groups of channel/G: Split's block is the inner size
+                result = t >> Split(self.channel, node.dims[self.channel] / self.G, GROUP, GROUP_WIDTH)
             else:
                 result = t >> Merge(GROUP, GROUP_WIDTH, self.channel)
         elif kind == "shift":
@@ -536,29 +566,62 @@ class CanvasSampler:
             result = t >> Shift(detail[0], detail[1])
         elif kind == "blend":
             made = ("blend",)
-            how = detail[-1]
+            how, merge = detail
             sides = tuple(nodes[a].signature for a in args)
-            signature = ("blend", how, sides if how == "sub" else tuple(sorted(sides, key=repr)))
-            result = Blend(how, t, nodes[args[1]].tensor)
+            signature = ("blend", detail, sides if how == "sub" else tuple(sorted(sides, key=repr)))
+            lhs, rhs = self._join_sides(nodes[args[0]], nodes[args[1]], merge)
+            result = Blend(how, lhs, rhs)
         else:
             made = ("product",)
             sides = tuple(sorted((nodes[a].signature for a in args), key=repr))
             signature = ("product", detail, sides)
-            result = Product(t, nodes[args[1]].tensor, *detail[0])
+            lhs, rhs = self._join_sides(nodes[args[0]], nodes[args[1]], detail[1])
+            result = Product(lhs, rhs, *detail[0])
         assert isinstance(result, Tensor)
-        return _Node(result, dict(result.shape), made, signature, (kind, choice, index))
+        return _Node(
+            result, dict(result.shape), made, signature, (kind, choice, index), self._plain(nodes, kind, choice)
+        )
+
+    def _plain(self, nodes: Sequence[_Node], kind: str, choice: tuple[tuple[int, ...], tuple]) -> bool:
+        """Whether the step's result has plain groups (see :class:`_Node`)."""
+        args, detail = choice
+        if kind == "group":
+            return detail[0] == "split"
+        if kind == "fc" or (kind in ("reduce", "softmax") and GROUP_WIDTH in detail):
+            return False  # the groups now differ from one another
+        if kind in ("blend", "product"):
+            merged = detail[-1]
+            reduced = detail[0] if kind == "product" else ()
+            grouped = [nodes[a] for a in args if GROUP in nodes[a].dims]
+            return bool(grouped) and not merged and GROUP_WIDTH not in reduced and all(n.plain for n in grouped)
+        return nodes[args[0]].plain
+
+    def _join_sides(self, a: _Node, b: _Node, merge: bool) -> tuple[Tensor, Tensor]:
+        """The two tensors a join reads: as they are, or with a grouped one's groups merged back."""
+        if not merge:
+            return a.tensor, b.tensor
+        sides = []
+        for node in (a, b):
+            grouped = self._merged(node) != set(node.dims)
+            tensor = node.tensor >> Merge(GROUP, GROUP_WIDTH, self.channel) if grouped else node.tensor
+            sides.append(tensor)
+        return sides[0], sides[1]  # type: ignore[return-value]
 
     # -- the end ---------------------------------------------------------------------------------------
-    def _finishable(self, dims: Mapping[str, Size]) -> bool:
-        """The tensor has the output's batch and spatial dims, and channel dims an FC can map."""
+    def _finishable(self, node: _Node) -> bool:
+        """The tensor has the output's batch and spatial dims, and channel dims an FC can map, and
+        no plain groups (the finishing FC of their g and cg would make their Split pointless)."""
+        dims = node.dims
         rest = [d for d in dims if d not in self.batch and d not in self.spatial]
         allowed = {self.channel, GROUP, GROUP_WIDTH, *self.windows}
-        return all(d in dims for d in self.batch + self.spatial) and bool(rest) and set(rest) <= allowed
+        return (
+            all(d in dims for d in self.batch + self.spatial) and bool(rest) and set(rest) <= allowed and not node.plain
+        )
 
     def _finish(self, attempt: _Attempt) -> Operator | Graph | None:
         """The last node made into the spec's output (a Rename, a width matched, or an FC)."""
         last = attempt.nodes[-1]
-        if not self._finishable(last.dims) or sum(1 for count in attempt.readers if count == 0) != 1:
+        if not self._finishable(last) or sum(1 for count in attempt.readers if count == 0) != 1:
             return None
         target = self.output.size
         channels = [d for d in last.dims if d not in self.batch and d not in self.spatial]
