@@ -101,3 +101,8 @@ def test_a_matched_width_that_does_not_divide_names_both_dims_and_the_layer():
         solve.check(op, [layer], {"S": 32})
     # the record is for messages only: the text and JSON need not keep it to be equal
     assert parse(op.to_dsl()) == op and not parse(op.to_dsl()).matches
+
+
+def test_an_fc_output_may_not_take_the_name_of_a_dim_it_maps():
+    with pytest.raises(ShapeError, match="like a dim it maps"):
+        Input(N, Cin) >> FC("Cin", name="Cin", size=2 * Cin) >> Output(N, Cin)

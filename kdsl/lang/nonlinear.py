@@ -280,6 +280,12 @@ class FC(Primitive):
         weight_name = check_name(weight_name or f"{new_name}_w", "weight")
         if weight_name in context.names:
             raise ShapeError(f"{role}: a weight named {weight_name!r} is already shared; give each its own name")
+        if new_name in names:
+            # the weight [o, C, ...] would have two dims of one name
+            raise ShapeError(
+                f"{role}: the output dim is named {new_name}, like a dim it maps; give it a new name "
+                f"(and Rename it back after the FC if a join needs the old one)"
+            )
         first = names[0]
         consumed = [Dim(n, live.size(n)) for n in names]
         for name in names[1:]:
