@@ -110,3 +110,28 @@ def test_killed_run_resumes_without_losing_or_repeating_evaluations(tmp_path):
     repeated = [line for line in resumed.stdout.splitlines() if any(f"evaluated {k}:" in line for k in before)]
     assert not repeated, repeated
     assert "measuring the baseline" not in resumed.stdout
+
+
+def test_discover_evaluates_a_canvas_template_with_its_filled_widths(tmp_path):
+    from kdsl.discover import loop
+    from kdsl.discover.executors import Task, run_task
+    from kdsl.lang.parser import parse
+    from kdsl.search.run import search
+    from kdsl.search.store import Store
+
+    db = str(tmp_path / "runs.sqlite")
+    config = loop.DiscoverConfig(**{**TINY, "db": db, "out": str(tmp_path / "out"), "strategy": "canvas"})
+    search(loop._space(config), "canvas", db=db, seed=0, max_results=60)
+    store = Store(db)
+    try:
+        rows = store.top(k=1000, status="valid")
+    finally:
+        store.close()
+    row = next(r for r in rows if "dynamic(" in r["dsl"])  # a template: its widths are per layer
+    template = parse(row["dsl"])
+    assert template.dynamic_variables
+    result = run_task(Task.of(template, config.evaluators(), loop._widths(row)))
+    assert result["status"] == "ok", result["error"]
+    assert 0.0 <= result["metrics"]["accuracy"] <= 1.0 and result["metrics"]["latency_ratio"] > 0
+    bare = run_task(Task.of(template, config.evaluators()))
+    assert bare["status"] == "error" and "free widths" in bare["error"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
 from kdsl.discover.loop import NETS, DiscoverConfig, discover
+from kdsl.search.run import STRATEGIES
 
 __all__ = ["add_discover_command"]
 
@@ -34,7 +35,7 @@ def add_discover_command(subparsers: Any) -> None:
         help="fewest parameters relative to conv2d (e.g. 0.2x), a count, or none (the default)",
     )
     parser.add_argument("--max-depth", type=positive_int, default=6)
-    parser.add_argument("--strategy", default="mcts", choices=["mcts", "random", "enumerate"])
+    parser.add_argument("--strategy", default="mcts", choices=sorted(STRATEGIES))
     parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--db", default="runs.sqlite")
     parser.add_argument("--out", default="out")

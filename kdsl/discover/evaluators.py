@@ -42,7 +42,7 @@ from kdsl.codegen.tvm import build as tvm_build
 from kdsl.discover.proxy import ProxyConfig, train
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import SearchError
-from kdsl.solve import bind, shapes
+from kdsl.solve import bind, shapes, with_widths
 from kdsl.solve.cost import cost
 from kdsl.solve.layers import load_layers, with_batch
 
@@ -78,6 +78,9 @@ class Context:
     best_history: Sequence[float] | None = None
     latency_slot: Callable[[], contextlib.AbstractContextManager[Any]] = latency_slot
     extra: dict[str, Any] = field(default_factory=dict)
+    #: a template's free widths per layer (layer name -> width -> value), as Canvas's sampler
+    #: stores them (``metrics["widths"]`` of its results)
+    widths: dict[str, dict[str, int]] | None = None
 
     @classmethod
     def of(cls, value: Context | Mapping[str, Any] | None) -> Context:
@@ -86,7 +89,8 @@ class Context:
             return value
         values = dict(value or {})
         best = values.pop("best_history", None)
-        return cls(best_history=list(best) if best else None, extra=values)
+        widths = values.pop("widths", None)
+        return cls(best_history=list(best) if best else None, extra=values, widths=widths)
 
 
 class Evaluator(ABC):
@@ -213,15 +217,15 @@ class AnalyticEvaluator(Evaluator):
         self.layers = _table(layers, batch)
         self.baseline = baseline
 
-    def _costs(self, op: Operator) -> tuple[dict[str, int], dict[str, int]]:
+    def _costs(self, op: Operator, widths: Mapping[str, Any] | None = None) -> tuple[dict[str, int], dict[str, int]]:
         flops, params = {}, {}
-        for layer in self.layers:
+        for layer in with_widths(op, self.layers, widths):
             each = cost(op, layer)
             flops[layer.name], params[layer.name] = int(each["flops"]), int(each["params"])
         return flops, params
 
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
-        flops, params = self._costs(op)
+        flops, params = self._costs(op, Context.of(context).widths)
         base_flops, base_params = _baseline_costs(self.baseline, self.layers)
         total_flops, total_params = sum(flops.values()), sum(params.values())
         return {
@@ -312,10 +316,11 @@ class LatencyEvaluator(Evaluator):
             torch.set_num_threads(self.threads)
         try:
             # compile everything first (may run in parallel with other workers), then time
+            layers = with_widths(op, self.layers, context.widths)
             prepared = {
                 backend: [
                     (layer.name, self._callables(backend, op, layer), self._callables(backend, base, layer))
-                    for layer in self.layers
+                    for layer in layers
                 ]
                 for backend in self.backends
             }
@@ -380,7 +385,7 @@ class AccuracyEvaluator(Evaluator):
         context = Context.of(context)
         base = self.baseline_metrics() if self.compare_baseline else None
         best = context.best_history or (base["accuracy_history"] if base else None)
-        metrics: Metrics = dict(train(op, self.config, best))
+        metrics: Metrics = dict(train(op, self.config, best, widths=context.widths))
         if base is not None:
             metrics["baseline_accuracy"] = base["accuracy"]
             metrics["baseline_accuracy_history"] = base["accuracy_history"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -193,6 +193,12 @@ def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
     return [row for row in rows if row["key"] not in done][:limit]
 
 
+def _widths(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluation context of a stored candidate: a template's per-layer widths, if any."""
+    widths = (row.get("metrics") or {}).get("widths")
+    return {"widths": widths} if widths else {}
+
+
 def _set_reward(db: str, key: str, value: float) -> None:
     store = Store(db)
     try:
@@ -249,7 +255,8 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     break
                 continue
 
-            tasks = [Task.of(parse(row["dsl"]), evaluators) for row in batch]
+            # a template from Canvas's sampler carries its widths, filled per layer of the space
+            tasks = [Task.of(parse(row["dsl"]), evaluators, _widths(row)) for row in batch]
             for task, result in executor.map(tasks):
                 evaluations.add(result)
                 value = reward(

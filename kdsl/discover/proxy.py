@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from kdsl.codegen.torch import build, load_torch
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError
-from kdsl.solve import shapes
+from kdsl.solve import shapes, with_widths
 from kdsl.solve.layers import Layer
 
 __all__ = [
@@ -236,7 +236,9 @@ def _check_fits(op: Operator, layer: Layer) -> None:
         )
 
 
-def proxy_net(op: Operator, config: ProxyConfig | None = None) -> Any:
+def proxy_net(
+    op: Operator, config: ProxyConfig | None = None, widths: Mapping[str, Mapping[str, int]] | None = None
+) -> Any:
     """The proxy network (an ``nn.Module``) with every block convolution replaced by ``op``.
 
     Raises the :class:`KdslError` of :func:`kdsl.codegen.torch.build` when ``op`` does not fit a
@@ -246,7 +248,8 @@ def proxy_net(op: Operator, config: ProxyConfig | None = None) -> Any:
     nn = torch.nn
 
     config = config or ProxyConfig()
-    layers = proxy_layers(config)
+    # a template (free widths) gets each stage's widths: the sampler filled them on these layers
+    layers = with_widths(op, proxy_layers(config), widths)
     for layer in layers:
         _check_fits(op, layer)
 
@@ -319,6 +322,7 @@ def train(
     config: ProxyConfig | None = None,
     best_history: Sequence[float] | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
+    widths: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Train the proxy network with ``op`` and return its metrics.
 
@@ -335,7 +339,7 @@ def train(
     try:
         start = time.perf_counter()
         torch.manual_seed(config.seed)
-        model = proxy_net(op, config)
+        model = proxy_net(op, config, widths)
         candidate_params = sum(
             p.numel() for name, p in model.named_parameters() if ".conv1." in name or ".conv2." in name
         )

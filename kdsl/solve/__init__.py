@@ -32,7 +32,7 @@ from kdsl.solve.constraints import (
     pad_binding,
 )
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
-from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples
+from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples, with_widths
 from kdsl.solve.layers import Layer, load_layers
 from kdsl.solve.padding import DimPad, PaddedVariable, Padding
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
@@ -66,5 +66,6 @@ __all__ = [
     "reference_binding",
     "shapes",
     "total_cost",
+    "with_widths",
     "within_budget",
 ]

@@ -52,7 +52,7 @@ from kdsl.solve.constraints import check, constraints, resolve_binding
 from kdsl.solve.cost import cost
 from kdsl.solve.layers import Layer, as_layers, layer_label
 
-__all__ = ["BudgetError", "Filled", "fill", "freedom", "is_relative", "multiples", "parse_budget"]
+__all__ = ["BudgetError", "Filled", "fill", "freedom", "is_relative", "multiples", "parse_budget", "with_widths"]
 
 #: budgets fill can aim at, each the name of a cost metric
 BUDGETS = ("flops", "params")
@@ -407,3 +407,34 @@ def _widths_text(layers: tuple[Layer, ...], values: list[dict[str, int]]) -> str
         f"{layer_label(layer.name)}: " + ", ".join(f"{k}={v}" for k, v in widths.items())
         for layer, widths in zip(layers, values)
     )
+
+
+def with_widths(
+    op: Operator | Graph, layers: object, widths: Mapping[str, Mapping[str, int]] | None
+) -> tuple[Layer, ...]:
+    """The layers with a template's free widths bound (``widths``: layer name -> width -> value, as
+    :class:`Filled` finds them and the results store keeps them); an operator without free widths
+    gets the layers as they are.
+
+    >>> from kdsl.lang import *
+    >>> N, C = primary("N C"); x1 = dynamic("x1")
+    >>> op = Input(N, C) >> FC(C, name="z", size=x1, weight="w") >> Output(N, "z")
+    >>> with_widths(op, [{"name": "a", "N": 1, "C": 8}], {"a": {"x1": 4}})[0]
+    Layer('a', {'C': 8, 'N': 1, 'x1': 4})
+    """
+    table = as_layers(layers)
+    names = op.dynamic_variables
+    if not names:
+        return table
+    found = []
+    for layer in table:
+        given = dict((widths or {}).get(layer.name) or {})
+        missing = [name for name in names if name not in given and name not in layer]
+        if missing:
+            raise LayerError(
+                f"the template's free widths {', '.join(missing)} have no value on {layer_label(layer.name)}; "
+                f"fill them with kdsl.solve.fill on these layers (the widths given cover "
+                f"{', '.join(sorted(widths or {})) or 'no layer'})"
+            )
+        found.append(Layer(layer.name, {**layer.values, **{k: int(v) for k, v in given.items() if k in names}}))
+    return tuple(found)
