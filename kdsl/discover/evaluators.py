@@ -220,7 +220,7 @@ class AnalyticEvaluator(Evaluator):
     def _costs(self, op: Operator, widths: Mapping[str, Any] | None = None) -> tuple[dict[str, int], dict[str, int]]:
         flops, params = {}, {}
         for layer in with_widths(op, self.layers, widths):
-            each = cost(op, layer)
+            each = cost(op, layer, metrics=("flops", "params"))
             flops[layer.name], params[layer.name] = int(each["flops"]), int(each["params"])
         return flops, params
 

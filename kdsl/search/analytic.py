@@ -20,6 +20,7 @@ from typing import Any
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.solve import check, cost
+from kdsl.solve.dynamic import BUDGETS
 
 __all__ = ["analytic_reward", "evaluate"]
 
@@ -37,9 +38,9 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
         if space.pad:
             padded = [layer.name for layer, padding in zip(report.layers, report.paddings) if padding is not None]
             result["padded"] = padded
-            per_layer = [cost(op, report.padded_binding(layer.name)) for layer in space.layers]
+            per_layer = [cost(op, report.padded_binding(layer.name), metrics=BUDGETS) for layer in space.layers]
         else:
-            per_layer = [cost(op, layer, coefficients) for layer in space.layers]
+            per_layer = [cost(op, layer, coefficients, metrics=BUDGETS) for layer in space.layers]
     except KdslError as error:
         result.update(status="invalid", error=error.message, flops=None, params=None)
         result.update(flops_per_layer=None, params_per_layer=None)

@@ -61,7 +61,7 @@ reference point.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -115,44 +115,66 @@ def cost(
     op: Operator | Graph,
     layer: Layer | Mapping[str, int] | None = None,
     coefficients: Mapping[str, int] | None = None,
+    *,
+    metrics: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Cost formulas of ``op`` (SymPy expressions), or its costs on ``layer`` (ints).
 
     With a layer, coefficients come from ``coefficients``, else the layer, else ``op.defaults``;
     the binding is checked as by :func:`~kdsl.solve.constraints.bind`. Keys: ``flops``,
     ``params``, ``input``, ``output``, ``intermediate``; a branching kernel also has ``memory``
-    and ``peak`` (:data:`GRAPH_METRICS`, see the module doc for the counting rules).
+    and ``peak`` (:data:`GRAPH_METRICS`, see the module doc for the counting rules). ``metrics``
+    asks for some keys only (a budget solver pricing many widths needs ``("flops", "params")``,
+    and the peak of a kernel costs more to find than its FLOPs).
+
+    >>> from kdsl import gallery
+    >>> cost(gallery.load("squeeze_excitation"), {"N": 1, "Cin": 64, "H": 8, "W": 8}, metrics=("params",))
+    {'params': 512}
     """
     import sympy
 
+    wanted = _wanted(op, metrics)
     if isinstance(op, Graph):
-        return _graph_cost(op, layer, coefficients)
+        return _graph_cost(op, layer, coefficients, wanted)
     if layer is None:
         p = plan(op)
         formulas = _formulas(op, p)
         params = formulas["params"]
         assert isinstance(params, list)
-        return {
+        found = {
             "flops": p.flops_formula(),
             "params": sympy.Add(*(size.to_sympy() for size in params)),
             "input": formulas["input"].to_sympy(),  # type: ignore[union-attr]
             "output": formulas["output"].to_sympy(),  # type: ignore[union-attr]
             "intermediate": formulas["intermediate"].to_sympy(),  # type: ignore[union-attr]
         }
+        return {key: value for key, value in found.items() if key in wanted}
     item = as_layer(layer)
     binding = bind(op, item, coefficients)
     p = plan(op, binding)
-    formulas = _formulas(op, p)
     where = layer_label(item.name)
-    params = formulas["params"]
-    assert isinstance(params, list)
-    result = {"flops": p.flops(binding)}
-    result["params"] = sum(_int(size.evaluate(binding), "params", where) for size in params)
-    for key in ("input", "output", "intermediate"):
-        size = formulas[key]
-        assert isinstance(size, Size)
-        result[key] = _int(size.evaluate(binding), key, where)
+    result: dict[str, Any] = {}
+    if "flops" in wanted:
+        result["flops"] = p.flops(binding)
+    if "params" in wanted:
+        result["params"] = sum(_int(_product(list(w.shape)).evaluate(binding), "params", where) for w in op.weights)
+    if wanted & {"input", "output", "intermediate"}:
+        formulas = _formulas(op, p)
+        for key in ("input", "output", "intermediate"):
+            if key in wanted:
+                size = formulas[key]
+                assert isinstance(size, Size)
+                result[key] = _int(size.evaluate(binding), key, where)
     return result
+
+
+def _wanted(op: Operator | Graph, metrics: Sequence[str] | None) -> frozenset[str]:
+    known = GRAPH_METRICS if isinstance(op, Graph) else METRICS
+    if metrics is None:
+        return frozenset(known)
+    if isinstance(metrics, str) or not all(m in known for m in metrics):
+        raise LayerError(f"metrics must be a list of {', '.join(known)}; got {metrics!r:.80}")
+    return frozenset(metrics)
 
 
 def total_cost(op: Operator | Graph, layers: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -304,35 +326,49 @@ def _largest_at(candidates: list[list[Size]], point: Mapping[str, int]) -> list[
     return max(candidates, key=lambda terms: sum((t.evaluate(point) for t in terms), Fraction(0)))
 
 
-def _graph_terms(graph: Graph, point: Mapping[str, int]) -> dict[str, list[list[Size]]]:
-    """Each metric as a list of nodes' terms (sums of monomials) at the plan point ``point``."""
-    owners = storage(graph)
-    tensors: list[list[Size]] = [[dim_elements(node.dims)] for node in graph.nodes]
-    for node in graph.nodes:
-        if isinstance(node.step, Operator):
-            tensors.extend([elements(size for _, size in dims)] for dims in plan(node.step, point).live)
-    return {
-        "flops": [GRAPH_FLOPS[node.kind](graph, index, point) for index, node in enumerate(graph.nodes)],
-        "params": [[elements(w.shape)] for w in graph.weights],
-        "input": [[dim_elements(graph.inputs)]],
-        "output": [[dim_elements(graph.outputs)]],
-        "intermediate": [_largest_at(tensors, point)],
-        "memory": [[dim_elements(node.dims)] for index, node in enumerate(graph.nodes) if owners[index] == index],
-        "peak": [_largest_at(_peak_candidates(graph), point)],
+def _graph_terms(
+    graph: Graph, point: Mapping[str, int], wanted: frozenset[str] = frozenset(GRAPH_METRICS)
+) -> dict[str, list[list[Size]]]:
+    """Each metric in ``wanted`` as a list of nodes' terms (sums of monomials) at the plan point
+    ``point``."""
+
+    def tensors() -> list[list[Size]]:
+        found = [[dim_elements(node.dims)] for node in graph.nodes]
+        for node in graph.nodes:
+            if isinstance(node.step, Operator):
+                found.extend([elements(size for _, size in dims)] for dims in plan(node.step, point).live)
+        return found
+
+    def memory() -> list[list[Size]]:
+        owners = storage(graph)
+        return [[dim_elements(node.dims)] for index, node in enumerate(graph.nodes) if owners[index] == index]
+
+    rules: dict[str, Callable[[], list[list[Size]]]] = {
+        "flops": lambda: [GRAPH_FLOPS[node.kind](graph, index, point) for index, node in enumerate(graph.nodes)],
+        "params": lambda: [[elements(w.shape)] for w in graph.weights],
+        "input": lambda: [[dim_elements(graph.inputs)]],
+        "output": lambda: [[dim_elements(graph.outputs)]],
+        "intermediate": lambda: [_largest_at(tensors(), point)],
+        "memory": memory,
+        "peak": lambda: [_largest_at(_peak_candidates(graph), point)],
     }
+    return {key: rule() for key, rule in rules.items() if key in wanted}
 
 
 def _graph_cost(
-    graph: Graph, layer: Layer | Mapping[str, int] | None, coefficients: Mapping[str, int] | None
+    graph: Graph,
+    layer: Layer | Mapping[str, int] | None,
+    coefficients: Mapping[str, int] | None,
+    wanted: frozenset[str] = frozenset(GRAPH_METRICS),
 ) -> dict[str, Any]:
     import sympy
 
     if layer is None:
-        terms = _graph_terms(graph, reference_binding(graph))
+        terms = _graph_terms(graph, reference_binding(graph), wanted)
         return {key: sympy.Add(*(t.to_sympy() for node in nodes for t in node)) for key, nodes in terms.items()}
     item = as_layer(layer)
     binding = bind(graph, item, coefficients)
-    terms = _graph_terms(graph, binding)
+    terms = _graph_terms(graph, binding, wanted)
     where = layer_label(item.name)
     result: dict[str, Any] = {}
     for key, nodes in terms.items():

@@ -274,7 +274,7 @@ def _baseline_cost(op: Operator | Graph, layers: tuple[Layer, ...]) -> tuple[tup
     """The baseline's FLOPs and parameters over the layers (a search fills many kernels against one)."""
     totals = dict.fromkeys(BUDGETS, 0)
     for layer in layers:
-        each = cost(op, layer)
+        each = cost(op, layer, metrics=BUDGETS)
         for metric in BUDGETS:
             totals[metric] += int(each[metric])
     return tuple(totals.items())
@@ -344,7 +344,7 @@ def fill(
     def layer_cost(i: int, values: Mapping[str, int]) -> dict[str, int]:
         key = (i, tuple(values[name] for name in names))
         if key not in seen:  # a round prices each doubling, then takes some of them: price once
-            each = cost(op, {**bindings[i], **values})
+            each = cost(op, {**bindings[i], **values}, metrics=BUDGETS)
             seen[key] = {metric: int(each[metric]) for metric in BUDGETS}
         return seen[key]
 
