@@ -311,3 +311,22 @@ def test_reference_and_pytorch_agree_on_sampled_kernels(kernel):
     # float64, the same formulas in other orders: rounding only (as in test_graph_differential.py)
     scale = max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
+
+
+TVM_DRAWS = int(os.environ.get("KDSL_CANVAS_TVM_DRAWS", "8"))
+
+
+@settings(max_examples=TVM_DRAWS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kst.canvas_kernels())
+def test_tvm_agrees_with_the_reference_on_sampled_kernels(kernel):
+    """Every kernel search can emit lowers on every backend: TVM too, drawn from the sampler itself."""
+    from kdsl.codegen import tvm as kdsl_tvm
+
+    op, layer = kernel
+    x, weights = reference.random_inputs(op, layer)
+    expected = reference.run(op, layer, x, weights)
+    compiled = kdsl_tvm.build(op, layer, dtype="float64")
+    got = compiled(torch.from_numpy(x), *(torch.from_numpy(w) for w in weights)).numpy()
+    assert got.shape == expected.shape
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
