@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from kdsl.bench.search_throughput import run_bench
+from kdsl.discover import report as discovery
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import Space, parse_budget
@@ -111,7 +112,18 @@ def command_search(args: argparse.Namespace) -> int:
 
 
 def command_results(args: argparse.Namespace) -> int:
-    """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only)."""
+    """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only).
+
+    On a database that ``kdsl discover`` evaluated, the candidates are ranked as its
+    ``results.md`` ranks them (:func:`kdsl.discover.report.rank`), with each one's verdict."""
+    evaluated = None if args.json else discovery.load_records(args.db)
+    if evaluated is not None:
+        records, baseline = evaluated
+        accuracy = baseline.get("accuracy") or 0.0
+        ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=args.margin)
+        print(printable(discovery.summary(records, baseline_accuracy=accuracy, margin=args.margin)))
+        print(discovery.text_table(ranked[: args.top], baseline, margin=args.margin))
+        return 0
     store = Store(args.db, readonly=True)
     try:
         rows = store.top(args.top, status=None if args.all else "valid")
@@ -226,6 +238,9 @@ def add_search_commands(subparsers: Any) -> None:
     results.add_argument("--top", type=positive_int, default=10)
     results.add_argument("--all", action="store_true", help="include invalid and over-budget candidates")
     results.add_argument("--json", action="store_true")
+    results.add_argument(
+        "--margin", type=float, default=0.02, help="accuracy margin of a discovery's ranking (as kdsl discover's)"
+    )
     results.set_defaults(run=command_results)
 
 

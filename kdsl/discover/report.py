@@ -16,13 +16,16 @@ fields for the baseline operator (its ratios are 1).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.render import svg
 from kdsl.gallery.pages import operator_page
+from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
+from kdsl.storage import Database, json_object
 
 Record = Mapping[str, Any]
 
@@ -61,6 +64,95 @@ def rank(records: Sequence[Record], *, baseline_accuracy: float, margin: float =
     return sorted(records, key=key)
 
 
+def verdict(record: Record, *, baseline_accuracy: float, margin: float = 0.02) -> str:
+    """What a user should read from one row, in words.
+
+    >>> verdict({"accuracy": 0.97, "latency_ratio": 0.5}, baseline_accuracy=0.976, margin=0.01)
+    'usable: within 0.6 points, 2.00x faster'
+    >>> verdict({"accuracy": 0.90, "latency_ratio": 0.5}, baseline_accuracy=0.976, margin=0.01)
+    'too inaccurate: 7.6 points below'
+    """
+    accuracy = record.get("accuracy")
+    if accuracy is None:
+        return f"failed: {str(record.get('error') or record.get('status') or 'no accuracy')[:60]}"
+    gap = 100 * (baseline_accuracy - accuracy)
+    if accuracy < baseline_accuracy - margin:
+        return f"too inaccurate: {gap:.1f} points below"
+    ratio = record.get("latency_ratio")
+    near = f"within {max(gap, 0.0):.1f} points" if gap > 0 else f"{-gap:.1f} points above"
+    if ratio is None:
+        return f"accurate enough ({near}), latency not measured"
+    if ratio < 1.0:
+        return f"usable: {near}, {1 / ratio:.2f}x faster"
+    return f"accurate but slower: {near}, {ratio:.2f}x the baseline's latency"
+
+
+def lowering_overhead(records: Sequence[Record]) -> dict[str, float] | None:
+    """Latency ratio divided by FLOPs ratio over the candidates that have both: how much slower a
+    candidate runs than its FLOPs predict (1 = as predicted). ``None`` without such candidates.
+
+    >>> lowering_overhead([{"latency_ratio": 0.5, "flops_ratio": 0.25}, {"latency_ratio": 1.0, "flops_ratio": 0.5}])
+    {'median': 2.0, 'max': 2.0, 'count': 2}
+    """
+    found = [
+        r["latency_ratio"] / r["flops_ratio"]
+        for r in records
+        if isinstance(r.get("latency_ratio"), (int, float)) and isinstance(r.get("flops_ratio"), (int, float))
+        if r["flops_ratio"] > 0
+    ]
+    if not found:
+        return None
+    return {"median": statistics.median(found), "max": max(found), "count": len(found)}
+
+
+def summary(records: Sequence[Record], *, baseline_accuracy: float, margin: float = 0.02) -> str:
+    """The answer of a run in a few plain sentences: what met the margin, what is faster, or that
+    nothing did, and the closest miss.
+
+    >>> rows = [{"key": "a", "accuracy": 0.90, "latency_ratio": 0.5}]
+    >>> for part in summary(rows, baseline_accuracy=0.976, margin=0.01).split("; "):
+    ...     print(part)
+    No candidate came within 1.0 points of the baseline's accuracy (0.976)
+    the closest is a at 0.900 (7.6 points below).
+    """
+    accurate = [r for r in records if r.get("accuracy") is not None and r["accuracy"] >= baseline_accuracy - margin]
+    faster = [r for r in accurate if r.get("latency_ratio") is not None and r["latency_ratio"] < 1.0]
+    lines = []
+    if not accurate:
+        measured = [r for r in records if r.get("accuracy") is not None]
+        line = (
+            f"No candidate came within {100 * margin:.1f} points of the baseline's accuracy ({baseline_accuracy:.3f})"
+        )
+        if measured:
+            best = max(measured, key=lambda r: r["accuracy"])
+            line += (
+                f"; the closest is {best['key']} at {best['accuracy']:.3f} "
+                f"({100 * (baseline_accuracy - best['accuracy']):.1f} points below)"
+            )
+        lines.append(line + ".")
+    else:
+        line = (
+            f"{len(accurate)} of {len(records)} candidates came within {100 * margin:.1f} points of the "
+            f"baseline's accuracy"
+        )
+        if faster:
+            best = min(faster, key=lambda r: r["latency_ratio"])
+            line += (
+                f"; {len(faster)} of them run faster than the baseline, the fastest {best['key']} "
+                f"({1 / best['latency_ratio']:.2f}x faster, accuracy {best['accuracy']:.3f})."
+            )
+        else:
+            line += ", but none of them runs faster than the baseline."
+        lines.append(line)
+    overhead = lowering_overhead(records)
+    if overhead is not None:
+        lines.append(
+            f"Latency ratio / FLOPs ratio over {overhead['count']} candidates: median {overhead['median']:.2f}, "
+            f"max {overhead['max']:.2f} (1 = as fast as the FLOPs predict)."
+        )
+    return "\n".join(lines)
+
+
 def _cell(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -69,23 +161,48 @@ def _cell(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def markdown_table(records: Sequence[Record], baseline: Record, *, links: Mapping[str, str] | None = None) -> str:
-    """The ranked table as Markdown, the baseline in the first row."""
+def markdown_table(
+    records: Sequence[Record],
+    baseline: Record,
+    *,
+    links: Mapping[str, str] | None = None,
+    margin: float = 0.02,
+) -> str:
+    """The ranked table as Markdown, the baseline in the first row, each row with its verdict."""
     links = links or {}
+    base = baseline.get("accuracy") or 0.0
     lines = [
-        "| rank | candidate | accuracy | latency ratio | FLOPs ratio | params | status |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| rank | candidate | accuracy | latency ratio | FLOPs ratio | latency / FLOPs | params | verdict |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         f"| - | baseline ({baseline.get('name', 'conv2d')}) | {_cell(baseline.get('accuracy'))} | 1.000 | 1.000 | "
-        f"{_cell(baseline.get('params'))} | ok |",
+        f"1.000 | {_cell(baseline.get('params'))} | the reference |",
     ]
     for position, record in enumerate(records, start=1):
         name = record["key"]
         label = f"[{name}]({links[name]})" if name in links else f"`{name}`"
+        overhead = lowering_overhead([record])
         lines.append(
             f"| {position} | {label} | {_cell(record.get('accuracy'))} | {_cell(record.get('latency_ratio'))} | "
-            f"{_cell(record.get('flops_ratio'))} | {_cell(record.get('params'))} | {record.get('status', 'ok')} |"
+            f"{_cell(record.get('flops_ratio'))} | {_cell(overhead['median'] if overhead else None, 2)} | "
+            f"{_cell(record.get('params'))} | {verdict(record, baseline_accuracy=base, margin=margin)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def text_table(records: Sequence[Record], baseline: Record, *, margin: float = 0.02) -> str:
+    """The same ranking as plain text for a terminal (``kdsl results`` on a discovery database)."""
+    base = baseline.get("accuracy") or 0.0
+    rows = [f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'FLOPs':>8}  verdict"]
+    rows.append(
+        f"{'-':>4}  {'baseline':<18}{_cell(baseline.get('accuracy')):>9}{'1.000':>9}{'1.000':>8}  the reference"
+    )
+    for position, record in enumerate(records, start=1):
+        rows.append(
+            f"{position:>4}  {printable(record['key'])[:16]:<18}{_cell(record.get('accuracy')):>9}"
+            f"{_cell(record.get('latency_ratio')):>9}{_cell(record.get('flops_ratio'), 2):>8}  "
+            f"{printable(verdict(record, baseline_accuracy=base, margin=margin))}"
+        )
+    return "\n".join(rows)
 
 
 def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path:
@@ -96,21 +213,38 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    usable = [r for r in records if r.get("accuracy") is not None and r.get("latency_ratio") is not None]
-    figure, axes = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    usable = [
+        r
+        for r in records
+        if r.get("accuracy") is not None and r.get("latency_ratio") is not None and r["latency_ratio"] > 0
+    ]
+    figure, axes = plt.subplots(figsize=(7.2, 4.8), dpi=120)
     if usable:
         axes.scatter(
             [r["latency_ratio"] for r in usable], [r["accuracy"] for r in usable], s=18, alpha=0.6, label="candidates"
         )
-        front = pareto(usable)
-        axes.plot(
+        # the front includes the baseline: a candidate on it beats conv2d on speed or on accuracy
+        reference = {"key": "baseline", "accuracy": baseline.get("accuracy"), "latency_ratio": 1.0}
+        front = pareto([*usable, reference] if baseline.get("accuracy") is not None else usable)
+        # as steps: each point is the most accurate one can get at or below its latency
+        axes.step(
             [r["latency_ratio"] for r in front],
             [r["accuracy"] for r in front],
-            "-o",
+            where="post",
             color="tab:green",
-            markersize=4,
             label="Pareto front",
         )
+        axes.plot([r["latency_ratio"] for r in front], [r["accuracy"] for r in front], "o", color="tab:green", ms=4)
+        for record in front:
+            if record["key"] != "baseline":
+                axes.annotate(
+                    str(record["key"])[:8],
+                    (record["latency_ratio"], record["accuracy"]),
+                    textcoords="offset points",
+                    xytext=(4, -10),
+                    fontsize=7,
+                )
+        axes.set_xscale("log")
     if baseline.get("accuracy") is not None:
         axes.scatter(
             [1.0],
@@ -121,7 +255,7 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
             zorder=5,
             label=f"baseline ({baseline.get('name', 'conv2d')})",
         )
-    axes.set_xlabel("latency relative to the baseline (lower is faster)")
+    axes.set_xlabel("latency relative to the baseline (log scale; lower is faster)")
     axes.set_ylabel("validation accuracy (proxy task)")
     axes.set_title("kdsl discover: accuracy vs latency")
     axes.grid(alpha=0.3)
@@ -168,10 +302,53 @@ def write_report(
         links[record["key"]] = f"pages/{record['key']}.md"
     table = out / "results.md"
     header = (
-        f"# kdsl discover: {len(records)} candidates evaluated\n\nRanked: within {margin:.0%} of the baseline's "
-        f"accuracy ({baseline_accuracy:.3f}) first, fastest first.\n\n![Pareto plot](pareto.png)\n\n"
+        f"# kdsl discover: {len(records)} candidates evaluated\n\n"
+        f"{summary(records, baseline_accuracy=baseline_accuracy, margin=margin)}\n\n"
+        f"How the table is ranked: candidates within {100 * margin:.1f} points of the baseline's accuracy "
+        f"({baseline_accuracy:.3f}) come first, fastest first (a latency ratio below 1 is faster than the baseline); "
+        f"then the others, most accurate first; failed evaluations last. *latency / FLOPs* says how much slower "
+        f"a candidate runs than its FLOPs predict.\n\n![Pareto plot](pareto.png)\n\n"
     )
-    table.write_text(header + markdown_table(ranked, baseline, links=links))
+    table.write_text(header + markdown_table(ranked, baseline, links=links, margin=margin))
     (out / "results.json").write_text(json.dumps({"baseline": baseline, "candidates": ranked}, indent=1, default=str))
     plot = pareto_plot(records, baseline, out / "pareto.png")
     return {"table": table, "json": out / "results.json", "plot": plot, "pages": pages}
+
+
+def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The evaluated candidates of a discovery database and its baseline record, read-only, as
+    :func:`write_report` takes them; ``None`` when the database holds no evaluations (a search
+    database that :command:`kdsl discover` never used)."""
+    database = Database(path, readonly=True, what="results database", error=SearchError)
+    try:
+        tables = {row[0] for row in database.rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "evaluations" not in tables or "candidates" not in tables:
+            return None
+        rows = database.rows(
+            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl FROM evaluations e "
+            "LEFT JOIN candidates c ON c.key = e.key"
+        )
+    finally:
+        database.close()
+    baseline: dict[str, Any] | None = None
+    records = []
+    for key, role, status, text, error, dsl in rows:
+        metrics = json_object(text, f"{printable(path)}: evaluations row {printable(repr(key)[:80])}", SearchError)
+        if role == "baseline":
+            baseline = {"name": "conv2d", **{k: metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
+            continue
+        if dsl is None:
+            continue
+        records.append(
+            {
+                "key": key,
+                "dsl": dsl,
+                "status": status,
+                "error": error,
+                **{k: metrics.get(k) for k in ("accuracy", "latency_ratio", "latency_ms", "flops_ratio", "params")},
+                "early_stopped": metrics.get("early_stopped"),
+            }
+        )
+    if baseline is None:
+        return None
+    return records, baseline

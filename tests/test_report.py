@@ -1,0 +1,74 @@
+"""The discovery report a user acts on: a plain verdict, rows that say what each candidate is good
+for, a Pareto plot on a log latency axis, and ``kdsl results`` ranking as ``results.md`` does."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kdsl.cli import main
+from kdsl.discover.loop import Evaluations
+from kdsl.discover.report import load_records, rank, summary, verdict, write_report
+from kdsl.search.run import search
+from kdsl.search.space import Space
+
+pytest.importorskip("matplotlib")
+
+
+def _discovery_db(tmp_path, metrics):
+    """A search database with a few stored operators, evaluated with the given metrics."""
+    db = str(tmp_path / "runs.sqlite")
+    space = Space("conv2d", "resnet18", max_depth=3, coefficients={"K": [3], "G": [32], "s": [2]})
+    search(space, "enumerate", db=db, max_results=len(metrics))
+    evaluations = Evaluations(db)
+    try:
+        evaluations.add({"key": "conv2d-baseline", "status": "ok", "metrics": {"accuracy": 0.976}}, role="baseline")
+        keys = [row[0] for row in evaluations.database.rows("SELECT key FROM candidates ORDER BY key")]
+        assert len(keys) >= len(metrics)
+        for key, values in zip(keys, metrics):
+            evaluations.add({"key": key, "status": "ok", "metrics": values})
+    finally:
+        evaluations.close()
+    return db, keys[: len(metrics)]
+
+
+METRICS = [
+    {"accuracy": 0.970, "latency_ratio": 0.5, "flops_ratio": 0.25, "params": 100},  # usable, 2x faster
+    {"accuracy": 0.900, "latency_ratio": 0.2, "flops_ratio": 0.1, "params": 10},  # too inaccurate
+    {"accuracy": 0.980, "latency_ratio": 1.5, "flops_ratio": 1.0, "params": 400},  # accurate, slower
+]
+
+
+def test_results_md_says_what_met_the_margin_and_kdsl_results_ranks_the_same(tmp_path, capsys):
+    db, keys = _discovery_db(tmp_path, METRICS)
+    records, baseline = load_records(db)
+    assert baseline["accuracy"] == 0.976 and len(records) == 3
+    paths = write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.976, margin=0.01)
+    text = paths["table"].read_text()
+    assert "2 of 3 candidates came within 1.0 points" in text
+    assert f"fastest {keys[0]} (2.00x faster" in text
+    assert "usable: within 0.6 points, 2.00x faster" in text and "too inaccurate: 7.6 points below" in text
+    assert "Latency ratio / FLOPs ratio over 3 candidates: median 2.00, max 2.00" in text
+    table_order = re.findall(r"^\| \d+ \| \[?`?([0-9a-f]+)", text, flags=re.MULTILINE)
+    assert main(["results", "--db", db, "--margin", "0.01"]) == 0
+    out = capsys.readouterr().out
+    cli_order = re.findall(r"^\s+\d+\s+([0-9a-f]+)", out, flags=re.MULTILINE)
+    assert table_order == cli_order == [keys[0], keys[2], keys[1]]
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_where_nothing_met_the_margin_says_so_plainly():
+    rows = [{"key": "a", "accuracy": 0.5, "latency_ratio": 0.1}, {"key": "b", "accuracy": 0.8, "latency_ratio": 3.0}]
+    text = summary(rows, baseline_accuracy=0.976, margin=0.01)
+    assert text.startswith("No candidate came within 1.0 points") and "the closest is b at 0.800" in text
+    assert [r["key"] for r in rank(rows, baseline_accuracy=0.976, margin=0.01)] == ["b", "a"]
+    assert verdict({"status": "error", "error": "LoweringError: boom"}, baseline_accuracy=0.9).startswith("failed")
+
+
+def test_a_plain_search_database_is_listed_by_reward(tmp_path, capsys):
+    db = str(tmp_path / "plain.sqlite")
+    search(Space("matmul", "resnet18", max_depth=2), "enumerate", db=db)
+    assert load_records(db) is None
+    assert main(["results", "--db", db]) == 0
+    assert "reward" in capsys.readouterr().out
