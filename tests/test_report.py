@@ -72,3 +72,27 @@ def test_a_plain_search_database_is_listed_by_reward(tmp_path, capsys):
     assert load_records(db) is None
     assert main(["results", "--db", db]) == 0
     assert "reward" in capsys.readouterr().out
+
+
+def test_kdsl_gallery_add_writes_an_entry_with_its_provenance(tmp_path, capsys):
+    from kdsl import gallery
+    from kdsl.lang.parser import parse
+    from kdsl.search.store import Store
+
+    db, keys = _discovery_db(tmp_path, METRICS)
+    folder = tmp_path / "gallery"
+    folder.mkdir()
+    assert main(["gallery", "add", "found_op", "--db", db, "--key", keys[0][:10], "--out", str(folder)]) == 0
+    text = (folder / "found_op.dsl").read_text()
+    assert text.startswith('"""' + gallery.DISCOVERED)
+    assert "accuracy: 0.97" in text and "latency ratio to conv2d: 0.5" in text and "strategy enumerate" in text
+    store = Store(db, readonly=True)
+    try:
+        stored = parse(store.get(keys[0])["dsl"])
+    finally:
+        store.close()
+    assert parse(text) == stored
+    # never over an existing entry; a bad name is refused
+    assert main(["gallery", "add", "found_op", "--db", db, "--key", keys[0], "--out", str(folder)]) != 0
+    assert main(["gallery", "add", "not a name", "--db", db, "--key", keys[0], "--out", str(folder)]) != 0
+    assert "already has found_op.dsl" in capsys.readouterr().err

@@ -69,7 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument("action", choices=["list", "build", "rediscover"], nargs="?", default="list")
+    gallery.add_argument("action", choices=["list", "build", "rediscover", "add"], nargs="?", default="list")
+    gallery.add_argument("name", nargs="?", help="add: the new entry's name (a Python identifier)")
+    gallery.add_argument("--db", help="add: the discovery database that holds the candidate")
+    gallery.add_argument("--key", help="add: the candidate's key (or a unique prefix)")
     gallery.add_argument("--skip-slow", action="store_true", help="rediscover: skip syno_op1 (minutes)")
     gallery.add_argument("--out", help="folder for README.md and pages/ (default: the gallery folder)")
     gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")

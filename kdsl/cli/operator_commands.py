@@ -16,6 +16,7 @@ from kdsl import gallery, solve
 from kdsl.bench.backends import gallery_latencies
 from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
 from kdsl.codegen.render import loop_nest, svg
+from kdsl.discover import report as discovery
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError, printable
@@ -226,7 +227,43 @@ def _check_template(
     return 0
 
 
+def _gallery_add(args: argparse.Namespace) -> int:
+    """``kdsl gallery add NAME --db RUNS --key HASH``: a discovered operator becomes a gallery file
+    whose docstring records where it came from and what it measured."""
+    if not args.name or not args.db or not args.key:
+        raise KdslError("kdsl gallery add needs a name, --db RUNS and --key HASH (see kdsl results --db RUNS)")
+    store = Store(args.db, readonly=True)
+    try:
+        found = store.find(args.key)
+        if len(found) != 1:
+            what = "no candidate" if not found else f"{len(found)} candidates"
+            raise KdslError(f"{what} in {printable(args.db)} has a key starting with {printable(args.key)!r}")
+        row = store.get(found[0][0]) or {}
+    finally:
+        store.close()
+    op = parse(row["dsl"])
+    evaluated = discovery.load_records(args.db)
+    record = next((r for r in evaluated[0] if r["key"] == row["key"]), {}) if evaluated else {}
+    baseline = evaluated[1] if evaluated else {}
+    provenance = {
+        "key": row["key"],
+        "command": f"kdsl gallery add {args.name} --db {args.db} --key {args.key}",
+        "search": f"strategy {row.get('strategy')}, seed {row.get('seed')}, depth {row.get('depth')}",
+        "accuracy": record.get("accuracy"),
+        "baseline accuracy (conv2d)": baseline.get("accuracy"),
+        "latency ratio to conv2d": record.get("latency_ratio"),
+        "FLOPs ratio to conv2d": record.get("flops_ratio"),
+        "params": record.get("params"),
+    }
+    folder = Path(args.out) if args.out else None
+    written = gallery.add(op, args.name, provenance, folder)
+    print(f"wrote {printable(str(written))}; kdsl gallery build adds its page")
+    return 0
+
+
 def command_gallery(args: argparse.Namespace) -> int:
+    if args.action == "add":
+        return _gallery_add(args)
     if args.action == "rediscover":
         import json
 

@@ -8,11 +8,30 @@ True
 
 from __future__ import annotations
 
-from kdsl import solve
-from kdsl.lang.errors import KdslError
-from kdsl.lang.library import SUFFIX, describe, directory, load, names, path, source
+from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["SUFFIX", "describe", "directory", "layer_table", "load", "names", "path", "source"]
+from kdsl import solve
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
+from kdsl.lang.library import SUFFIX, describe, directory, load, names, path, source
+from kdsl.lang.names import check_identifier
+from kdsl.lang.parser import parse
+
+__all__ = [
+    "DISCOVERED",
+    "SUFFIX",
+    "add",
+    "describe",
+    "directory",
+    "entry_source",
+    "layer_table",
+    "load",
+    "names",
+    "path",
+    "source",
+]
 
 
 def layer_table(name: str) -> str | None:
@@ -32,3 +51,50 @@ def layer_table(name: str) -> str | None:
             continue
         return table
     return None
+
+
+#: how a gallery file says that search found it (the tests check such entries against the NumPy
+#: reference, since no hand-written PyTorch function exists for them)
+DISCOVERED = "Found by kdsl discover"
+
+
+def entry_source(op: Operator | Graph, name: str, provenance: Mapping[str, object]) -> str:
+    """A gallery file for a discovered operator: a docstring with its provenance (where and how
+    it was found, what it measured), then its DSL source bound to ``name``.
+
+    >>> from kdsl.lang import *
+    >>> N, C = primary("N C")
+    >>> op = Input(N, C) >> Reduce(C) >> Output(N)
+    >>> text = entry_source(op, "sum_c", {"key": "abc", "accuracy": 0.5})
+    >>> text.splitlines()[0][3:], text.splitlines()[2]
+    ('Found by kdsl discover: sum_c (key abc).', 'accuracy: 0.5')
+    >>> parse(text) == op
+    True
+    """
+    check_identifier(name, "gallery name")
+    if op.dynamic_variables:
+        raise KdslError(
+            f"{name}: the operator is a template with free widths ({', '.join(op.dynamic_variables)}), whose values "
+            f"differ per layer; a gallery entry needs fixed sizes (write the widths in with op.substituted)"
+        )
+    lines = [f'"""{DISCOVERED}: {name} (key {provenance.get("key", op.key)}).', ""]
+    for field, value in provenance.items():
+        if field == "key" or value is None:
+            continue
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        # the docstring holds plain text: no quote run or backslash can end or escape it
+        lines.append(f"{field}: {text}".replace('"', "'").replace("\\", "/"))
+    lines.append('"""')
+    text = "\n".join(lines) + "\n\n" + op.to_dsl(name)
+    if parse(text) != op:  # the docstring must not change what the file means
+        raise KdslError(f"{name}: the gallery entry does not read back to the operator")
+    return text
+
+
+def add(op: Operator | Graph, name: str, provenance: Mapping[str, object], folder: Path | None = None) -> Path:
+    """Write ``op`` as the gallery entry ``name`` (never over an existing one); return its path."""
+    target = (folder or directory()) / f"{name}{SUFFIX}"
+    if target.exists():
+        raise KdslError(f"the gallery already has {target.name}; choose another name")
+    target.write_text(entry_source(op, name, provenance))
+    return target
