@@ -101,8 +101,14 @@ class Builder(_Joinable):
         if self._live is None or self._context is None:
             live = Live({d.name: d.size for d in self.inputs}, ())
             context = BuildContext()
+            steps = []
             for step in self.steps:
-                step.apply(live, context)
+                resolved = step.apply(live, context)
+                # a step replayed on other dims (a rewrite dropped the Unfold a weight shared) may
+                # resolve differently; an unchanged one stays the same object (chains share steps
+                # by identity)
+                steps.append(step if resolved == step else resolved)
+            self.steps = tuple(steps)
             self._live, self._context = live, context
         return self._live, self._context
 

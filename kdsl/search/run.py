@@ -28,6 +28,7 @@ from kdsl.search.analytic import analytic_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.mcts import MCTS
+from kdsl.search.neighbors import Neighbors
 from kdsl.search.sample import Sampling
 from kdsl.search.space import Space
 from kdsl.search.store import Lease, Store
@@ -40,6 +41,7 @@ STRATEGIES: dict[str, Callable[..., Any]] = {
     "random": Sampling,
     "mcts": MCTS,
     "canvas": CanvasSampler,
+    "neighbors": Neighbors,
 }
 
 
@@ -73,7 +75,7 @@ def search(
     commit_every: float = 2.0,
     evaluator: Callable[[Space, dict], float] = analytic_reward,
 ) -> Report:
-    """Run ``strategy`` (``enumerate``, ``random``, ``mcts`` or ``canvas``) on ``space``; store results in
+    """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on ``space``; store results in
     the SQLite database ``db`` (optional), resuming the run with the same space, strategy and seed
     if the database has one. Stops when the strategy is exhausted, after ``time_limit`` seconds
     or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates.

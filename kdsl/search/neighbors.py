@@ -1,0 +1,179 @@
+"""Search around known designs: the gallery's operators for the space's spec, then their rewrites.
+
+Bottom-up synthesis starts from nothing, so a short run spends its time on shallow operators and
+rarely reaches the designs people use (a grouped conv has 8 steps). This strategy starts where
+they are: every gallery operator whose input and output match the spec (``conv2d``,
+``grouped_conv2d``, ``depthwise_separable_conv2d``, Syno's operators, ...), with its coefficients
+set to each value the space allows, and then walks outwards breadth-first, one rewrite at a time:
+
+* **coefficient**: one coefficient set to another value the space allows (``G = 4 -> 8``);
+* **drop**: one step removed (a Shift or a Stride of a window, an Unfold whose window a Reduce
+  then sums, ...), where the rest still builds and still fits the spec;
+* **shift**: a ``Shift`` of a spatial dim inserted before a step (Syno's cheap spatial mixing);
+* **swap**: two adjacent steps exchanged (the canonical form dedupes the ones that commute).
+
+Every operator is kept only if it builds, fits the spec and is new by content key; the driver
+evaluates it like every search result (validity on the space's layers, budgets). The walk is
+deterministic (the seed only shuffles the order of each operator's rewrites), so a run resumes
+from the number of operators it has given. It ignores the space's depth and primitive caps: it
+explores near designs that are often deeper than enumeration reaches.
+
+>>> from kdsl.search.space import Space
+>>> walk = Neighbors(Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4, 8], "s": [2]}))
+>>> found = [step.op for step, _ in zip(walk.states(), range(40))]
+>>> from kdsl import gallery
+>>> gallery.load("grouped_conv2d").key in {op.key for op in found}
+True
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kdsl import gallery
+from kdsl.lang.build import Builder, Operator
+from kdsl.lang.errors import KdslError
+from kdsl.lang.primitives import Output, Shift
+from kdsl.search.analytic import evaluate
+
+__all__ = ["Found", "Neighbors", "seeds"]
+
+#: how many rewrites away from a gallery design the walk goes at most
+MAX_REWRITES = 3
+
+
+@dataclass
+class Found:
+    """One operator the walk gives, evaluated: what the search driver stores."""
+
+    op: Operator
+    result: dict[str, Any]
+    depth: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _fits(op: Operator, space: Any) -> bool:
+    """Whether ``op`` maps the spec's input sizes to its output sizes (dim names may differ)."""
+    spec = space.spec
+    return [d.size for d in op.inputs] == [d.size for d in spec.inputs] and [d.size for d in op.outputs] == [
+        d.size for d in spec.outputs
+    ]
+
+
+def _coefficient_values(space: Any) -> dict[str, tuple[int, ...]]:
+    return {c.name: tuple(c.values) for c in space.coefficients}
+
+
+def seeds(space: Any) -> list[tuple[str, Operator]]:
+    """The gallery's linear operators that fit the space's spec, each with every assignment of its
+    coefficients to values the space allows (its own defaults where the space says nothing).
+
+    >>> from kdsl.search.space import Space
+    >>> names = [name for name, _ in seeds(Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4]}))]
+    >>> "conv2d" in names and "grouped_conv2d" in names and "depthwise_separable_conv2d" in names
+    True
+    """
+    allowed = _coefficient_values(space)
+    found: list[tuple[str, Operator]] = []
+    for name in gallery.names():
+        op = gallery.load(name)
+        if not isinstance(op, Operator) or not _fits(op, space):
+            continue
+        variants = [op]
+        for coefficient in op.coefficient_variables:
+            values = allowed.get(coefficient)
+            if values:
+                variants = [v.with_defaults(**{coefficient: value}) for v in variants for value in values]
+        found.extend((name, variant) for variant in variants)
+    return found
+
+
+def _rebuilt(op: Operator, steps: tuple[Any, ...]) -> Operator | None:
+    """``op``'s input and output with other steps, or ``None`` where they do not build."""
+    try:
+        built = Builder(op.inputs, steps, None, []).finish(
+            Output(*(d.name for d in op.outputs), defaults=dict(op.defaults) or None)
+        )
+    except KdslError:
+        return None
+    return built if [d.size for d in built.outputs] == [d.size for d in op.outputs] else None
+
+
+def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str, Operator]]:
+    """The operators one rewrite away from ``op`` (see the module doc), in a seeded order."""
+    moves: list[tuple[str, Any]] = []
+    for coefficient, values in _coefficient_values(space).items():
+        if coefficient in op.coefficient_variables:
+            moves.extend(
+                ("coefficient", (coefficient, v)) for v in values if v != op.default_coefficients.get(coefficient)
+            )
+    moves.extend(("drop", i) for i in range(len(op.steps)))
+    moves.extend(("swap", i) for i in range(len(op.steps) - 1))
+    spatial = [d.name for d in op.inputs if d.name in space.spatial or d.size.variable_name in space.spatial]
+    moves.extend(("shift", (i, dim)) for i in range(len(op.steps)) for dim in spatial)
+    rng.shuffle(moves)
+    for kind, move in moves:
+        if kind == "coefficient":
+            coefficient, value = move
+            yield f"{coefficient}={value}", op.with_defaults(**{coefficient: value})
+            continue
+        steps = list(op.steps)
+        if kind == "drop":
+            text = f"drop {steps[move].describe()}"
+            del steps[move]
+        elif kind == "swap":
+            text = f"swap {steps[move].describe()} and {steps[move + 1].describe()}"
+            steps[move], steps[move + 1] = steps[move + 1], steps[move]
+        else:
+            position, dim = move
+            around = steps[max(0, position - 1) : position + 1]
+            if any(isinstance(step, Shift) and step.dim == dim for step in around):
+                continue  # a shift next to a shift of the same dim only moves it further
+            text = f"Shift({dim}) before {steps[position].describe()}"
+            steps.insert(position, Shift(dim))
+        built = _rebuilt(op, tuple(steps))
+        if built is not None:
+            yield text, built
+
+
+class Neighbors:
+    """The strategy ``neighbors`` of :func:`kdsl.search.run.search` (see the module doc)."""
+
+    def __init__(self, space: Any, seed: int = 0, progress: Mapping[str, Any] | None = None) -> None:
+        self.space = space
+        self.seed = seed
+        self.emitted = int((progress or {}).get("emitted", 0))
+        self.nodes = 0
+
+    def progress(self) -> dict[str, Any]:
+        return {"emitted": self.emitted}
+
+    def states(self) -> Generator[Found | None, object, None]:
+        seen: set[str] = set()
+        queue: deque[tuple[Operator, int, str, tuple[str, ...]]] = deque()
+        for name, op in seeds(self.space):
+            if op.key not in seen:
+                seen.add(op.key)
+                queue.append((op, 0, name, ()))
+        given = 0
+        while queue:
+            op, distance, origin, path = queue.popleft()
+            self.nodes += 1
+            if given >= self.emitted:  # operators given before a resume are not given again
+                self.emitted += 1
+                result = evaluate(self.space, op)
+                metrics = {"origin": origin, "rewrites": list(path)}
+                yield Found(op, result, len(op.steps), metrics)
+            given += 1
+            if distance >= MAX_REWRITES:
+                continue
+            rng = random.Random(f"neighbors:{self.seed}:{op.key}")
+            for text, other in rewrites(op, self.space, rng):
+                if other.key in seen or not _fits(other, self.space):
+                    continue
+                seen.add(other.key)
+                queue.append((other, distance + 1, origin, (*path, text)))

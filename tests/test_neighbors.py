@@ -1,0 +1,56 @@
+"""The strategy that searches around known designs (kdsl.search.neighbors)."""
+
+from __future__ import annotations
+
+from kdsl import gallery
+from kdsl.lang.parser import parse
+from kdsl.search.neighbors import Neighbors, rewrites, seeds
+from kdsl.search.run import search
+from kdsl.search.space import Space
+from kdsl.search.store import Store
+
+SPACE = dict(coefficients={"K": [3], "G": [2, 4], "s": [2]}, max_flops="0.5x")
+
+
+def test_seeds_are_the_gallery_designs_that_fit_the_spec_at_each_allowed_coefficient():
+    space = Space("conv2d", "resnet18", **SPACE)
+    found = seeds(space)
+    names = {name for name, _ in found}
+    assert {"conv2d", "grouped_conv2d", "depthwise_separable_conv2d", "pointwise_conv2d"} <= names
+    assert "strided_conv2d" not in names and "max_pool2d" not in names  # other shapes, or branching
+    grouped = [op.default_coefficients["G"] for name, op in found if name == "grouped_conv2d"]
+    assert sorted(grouped) == [2, 4]
+    for _, op in found:
+        assert [d.size for d in op.inputs] == [d.size for d in space.spec.inputs]
+
+
+def test_rewrites_build_and_keep_the_spec():
+    import random
+
+    space = Space("conv2d", "resnet18", **SPACE)
+    op = gallery.load("grouped_conv2d")
+    found = list(rewrites(op, space, random.Random(0)))
+    kinds = {text.split()[0].split("=")[0] for text, _ in found}
+    assert {"G", "drop", "Shift(H)", "Shift(W)", "swap"} <= kinds
+    for _, other in found:
+        assert parse(other.to_dsl()) == other
+        assert [d.size for d in other.outputs] == [d.size for d in op.outputs]
+
+
+def test_search_stores_known_designs_first_with_their_origin_and_resumes(tmp_path):
+    db = str(tmp_path / "n.sqlite")
+    space = Space("conv2d", "resnet18", **SPACE)
+    first = search(space, "neighbors", db=db, max_results=30)
+    assert first.new == 30
+    store = Store(db)
+    try:
+        rows = store.top(k=1000, status=None)
+    finally:
+        store.close()
+    keys = {row["key"] for row in rows}
+    assert gallery.load("grouped_conv2d").with_defaults(G=4).key in keys
+    origins = {row["metrics"]["origin"] for row in rows}
+    assert "grouped_conv2d" in origins
+    second = search(space, "neighbors", db=db, max_results=10)
+    assert second.new == 10 and set(second.found).isdisjoint(first.found)  # resumed: nothing given twice
+    assert Neighbors(space, progress={"emitted": 40}).progress() == {"emitted": 40}
