@@ -54,3 +54,16 @@ def test_search_stores_known_designs_first_with_their_origin_and_resumes(tmp_pat
     second = search(space, "neighbors", db=db, max_results=10)
     assert second.new == 10 and set(second.found).isdisjoint(first.found)  # resumed: nothing given twice
     assert Neighbors(space, progress={"emitted": 40}).progress() == {"emitted": 40}
+
+
+def test_a_step_replayed_on_other_dims_resolves_again():
+    from kdsl.lang.build import Builder
+    from kdsl.lang.primitives import Output
+
+    conv = gallery.load("conv2d")
+    assert conv.steps[0].describe().startswith("Unfold(H")
+    dropped = Builder(conv.inputs, conv.steps[1:], None, []).finish(Output(*(d.name for d in conv.outputs)))
+    weight = dropped.weights[0]
+    # without the window over H, the weight's kh is a dim of its own, which the Reduce then sums
+    assert dict(zip((d.name for d in weight.dims), weight.new))["kh"] is True
+    assert dropped.key != conv.key and parse(dropped.to_dsl()) == dropped
