@@ -330,3 +330,25 @@ def test_tvm_agrees_with_the_reference_on_sampled_kernels(kernel):
     assert got.shape == expected.shape
     scale = max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
+
+
+def test_kdsl_show_prints_a_stored_templates_widths_per_layer(capsys, tmp_path):
+    from kdsl.cli import main
+
+    db = str(tmp_path / "c.sqlite")
+    search(
+        Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4]}, max_flops="0.5x"),
+        "canvas",
+        db=db,
+        max_results=20,
+    )
+    store = Store(db)
+    try:
+        row = next(r for r in store.top(100) if "dynamic(" in r["dsl"])
+    finally:
+        store.close()
+    assert main(["show", "--db", db, row["key"]]) == 0
+    out = capsys.readouterr().out
+    for layer, widths in row["metrics"]["widths"].items():
+        for name, value in widths.items():
+            assert f"widths on {layer}: " in out and f"{name}={value}" in out

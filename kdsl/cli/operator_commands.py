@@ -145,6 +145,16 @@ def command_show(args: argparse.Namespace) -> int:
     for line in loop_nest(op).splitlines():
         print(f"  {line}")
     print(f"key: {op.key}")
+    if args.db and op.dynamic_variables:
+        # a template from Canvas's sampler: its widths were filled per layer and stored with it
+        store = Store(args.db, readonly=True)
+        try:
+            row = store.get(op.key) or {}
+        finally:
+            store.close()
+        for layer, widths in sorted(((row.get("metrics") or {}).get("widths") or {}).items()):
+            values = ", ".join(f"{name}={value}" for name, value in sorted(widths.items()))
+            print(f"widths on {printable(layer)}: {printable(values)}")
     if args.svg:
         Path(args.svg).write_text(svg(op))
         print(f"wrote {args.svg}")
