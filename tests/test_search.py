@@ -1,6 +1,7 @@
 """Search: rediscovery of gallery operators, shape-distance admissibility, validity of results,
 reproducible strategies, resumable runs, and clear errors."""
 
+import itertools
 import os
 import random
 import time
@@ -162,6 +163,21 @@ def test_counts_by_depth_are_exact_and_reproducible():
     assert counts == count_by_depth(space)
     assert counts[2] == 1  # pointwise conv is the only depth-2 operator
     assert sum(counts.values()) > 10
+
+
+def test_enumeration_is_shallow_first_and_a_short_run_returns_the_classics(tmp_path):
+    # iterative deepening: the first results are the shallow classics, not one deep corner
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
+    report = search(space, "enumerate", db=str(tmp_path / "r.db"), max_results=400)
+    assert not report.finished
+    rows = Store(str(tmp_path / "r.db")).top(10**6, status=None)
+    keys = {r["key"] for r in rows}
+    assert gallery.load("conv2d").key in keys
+    assert gallery.load("pointwise_conv2d").key in keys
+    same = Space("conv2d_same_channels", "resnet18", coefficients={"K": [3]}, max_depth=5)
+    assert gallery.load("depthwise_conv2d").key in search(same, "enumerate", max_results=300).found
+    depths = [state.depth for state in itertools.islice(Enumeration(space).states(), 800) if state is not None]
+    assert depths == sorted(depths) and depths[0] == 2 and depths[-1] > 2
 
 
 # -- strategies ------------------------------------------------------------------------------------

@@ -145,13 +145,18 @@ def _candidates(space: Space, state: State) -> Iterator[Candidate]:
         yield from rule.generate(space, state, weight_choices)
 
 
-def children(space: Space, state: State, stats: dict | None = None) -> Iterator[tuple[BStep, State]]:
+def children(
+    space: Space, state: State, stats: dict | None = None, limit: int | None = None
+) -> Iterator[tuple[BStep, State]]:
     """The canonical children of ``state`` in a fixed order, pruned by depth, caps, allowances,
-    validity masks, canonicalization rules, shape distance and budgets."""
+    validity masks, canonicalization rules, shape distance and budgets. ``limit`` (at most the
+    space's depth): the depth the operator must be finished by (iterative deepening walks the
+    space with growing limits; the shape distance prunes against it)."""
 
-    if state.depth >= space.max_depth:
+    limit = space.max_depth if limit is None else min(limit, space.max_depth)
+    if state.depth >= limit:
         return
-    remaining = space.max_depth - state.depth - 1
+    remaining = limit - state.depth - 1
     for step, created, window in _candidates(space, state):
         rule = rejects(space, state, step)  # only the quality rules when canonicalization is off
         if rule is not None:
