@@ -75,10 +75,11 @@ def search(
     commit_every: float = 2.0,
     evaluator: Callable[[Space, dict], float] = analytic_reward,
 ) -> Report:
-    """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on ``space``; store results in
-    the SQLite database ``db`` (optional), resuming the run with the same space, strategy and seed
-    if the database has one. Stops when the strategy is exhausted, after ``time_limit`` seconds
-    or ``max_results`` new distinct operators. ``progress``: a stream for one-line updates.
+    """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on
+    ``space``; store results in the SQLite database ``db`` (optional), resuming the run with the
+    same space, strategy and seed if the database has one. Stops when the strategy is exhausted,
+    after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream
+    for one-line updates.
 
     Only one process at a time runs a given (space, strategy, seed) on one database: a second
     one is refused with a :class:`SearchError` naming the first (see :mod:`kdsl.search.store`).
