@@ -90,7 +90,20 @@ def test_readme_example_runs():
 
 def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path):
     (tmp_path / "rediscovery.json").write_text(
-        json.dumps({"conv2d": {"found": True, "strategy": "enumerate", "depth": 5, "seconds": 1.5, "key": "k"}})
+        json.dumps(
+            {
+                "conv2d": {"found": True, "strategy": "enumerate", "depth": 5, "seconds": 1.5, "key": "k"},
+                "grouped_conv2d": {
+                    "found": True,
+                    "strategy": "enumerate",
+                    "space": "default",
+                    "depth": 8,
+                    "nodes": 9,
+                    "seconds": 2.0,
+                    "key": "g",
+                },
+            }
+        )
     )
     code, _, _ = run(capsys, "gallery", "build", "--out", str(tmp_path), "--no-measure")
     assert code == 0
@@ -99,7 +112,8 @@ def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path)
         assert f"(pages/{name}.md)" in index
         page = (tmp_path / "pages" / f"{name}.md").read_text()
         assert gallery.load(name).key in page and (tmp_path / "pages" / f"{name}.svg").exists()
-    assert "yes: enumerate, depth 5, 1.5 s" in index
+    assert "found by search: enumerate, depth 5, 1.5 s" in index
+    assert "found by search: enumerate, default space, depth 8, 9 nodes, 2.0 s" in index
 
 
 def test_search_results_and_show_from_the_database(capsys, tmp_path):
@@ -132,4 +146,14 @@ def test_gallery_rediscover_writes_records_that_build_reads(capsys, tmp_path):
     records = json.loads((tmp_path / "rediscovery.json").read_text())
     assert records["conv2d"]["found"] and records["conv2d"]["depth"] == 6
     assert records["conv2d"]["key"] == gallery.load("conv2d").key
+    # the classics are looked for in their spec's default space, and each record says so
+    assert records["conv2d"]["space"] == "default" and records["conv2d"]["nodes"] > 0
     assert "syno_op1" not in records
+
+
+def test_gallery_rediscover_says_why_when_the_time_runs_out(capsys, tmp_path):
+    code, out, _ = run(capsys, "gallery", "rediscover", "--skip-slow", "--time-limit", "0.001", "--out", str(tmp_path))
+    records = json.loads((tmp_path / "rediscovery.json").read_text())
+    missed = [r for r in records.values() if not r["found"]]
+    assert code == 0 and missed and all("not reached within" in r["why"] for r in missed)
+    assert "not found: not reached within" in out

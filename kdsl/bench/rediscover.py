@@ -1,12 +1,18 @@
-"""Rediscovery: enumeration finds the gallery's hand-written operators (equal canonical keys).
+"""Rediscovery: search finds the gallery's hand-written operators (equal canonical keys).
 
-Each entry restricts the search space the way a user looking for that kind of operator would
-(coefficient choices, the sizes that may be reduced, primitive caps, depth), so that exhaustive
-enumeration reaches it in seconds (``syno_op1``, at depth 10, takes minutes).
+By default each classic operator is looked for in the *default* search space of its spec
+(``Space(spec, "resnet18", max_depth=d)``, with the space's default coefficients, caps and
+reductions: what ``kdsl search SPEC`` explores), by exhaustive enumeration up to the depth ``d`` at
+which the operator lies, within a time limit; a record says what was found, at which depth, after
+how many nodes and seconds, or why not. Syno's operators (depth 10, grouped and strided
+contractions) are looked for in the space a user after that kind of operator would set: the
+coefficient choices, reducible sizes and caps listed in :data:`REDISCOVERY` (``restricted``), which
+the records say. ``restricted=True`` uses those restricted spaces for every operator (seconds
+instead of minutes).
 
 >>> record = rediscover("pointwise_conv2d")
->>> record["found"], record["depth"], record["strategy"]
-(True, 2, 'enumerate')
+>>> record["found"], record["depth"], record["strategy"], record["space"]
+(True, 2, 'enumerate', 'default')
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from kdsl.search.synthesis import to_operators
 
 NO_VIEWS = {"Merge": 0, "Split": 0, "Shift": 0, "Stride": 0, "Expand": 0}
 
-#: operator -> (spec, space options, depth at which enumeration finds it)
+#: operator -> (spec, the options of a space restricted to its kind, depth at which it lies)
 REDISCOVERY: dict[str, tuple[str, dict[str, Any], int]] = {
     "pointwise_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps=NO_VIEWS), 2),
     "shift_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps={**NO_VIEWS, "Shift": 2}), 4),
@@ -56,30 +62,58 @@ REDISCOVERY: dict[str, tuple[str, dict[str, Any], int]] = {
         10,
     ),
 }
-SLOW = frozenset({"syno_op1"})
+#: looked for in the space a user after such an operator would set, even by default (see above)
+USER_SPACE = frozenset({"syno_op1"})
+#: minutes rather than seconds: skipped by ``kdsl gallery rediscover --skip-slow`` and the tests
+SLOW = frozenset({"syno_op1", "depthwise_separable_conv2d", "grouped_conv2d", "conv2d_kx1_1xk"})
+#: how long one operator is looked for by default (seconds)
+TIME_LIMIT = 600.0
 
 
-def space_for(name: str) -> Any:
-    """The restricted search space in which ``name`` is rediscovered."""
+def space_for(name: str, *, restricted: bool = False) -> Any:
+    """The search space in which ``name`` is looked for: its spec's default space to its depth,
+    or (``restricted``, and always for Syno's operators) the restricted one of :data:`REDISCOVERY`."""
     spec, options, depth = REDISCOVERY[name]
-    return Space(spec, "resnet18", max_depth=depth, **options)
+    if restricted or name in USER_SPACE:
+        return Space(spec, "resnet18", max_depth=depth, **options)
+    return Space(spec, "resnet18", max_depth=depth)
 
 
-def rediscover(name: str, time_limit: float | None = None) -> dict[str, Any]:
+def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: bool = False) -> dict[str, Any]:
     """Enumerate ``name``'s space until an operator with the gallery operator's key appears;
-    return the record (found, strategy, depth, seconds, key, max_depth)."""
-    space = space_for(name)
+    return the record: found, strategy, space (``default`` or ``restricted``), depth, nodes,
+    seconds, key, max_depth, and ``why`` when it was not found."""
+    space = space_for(name, restricted=restricted)
+    kind = "restricted" if restricted or name in USER_SPACE else "default"
     target = gallery.load(name).key
     start = time.perf_counter()
-    record: dict[str, Any] = {"found": False, "strategy": "enumerate", "key": target, "max_depth": space.max_depth}
-    for state in Enumeration(space).states():
+    record: dict[str, Any] = {
+        "found": False,
+        "strategy": "enumerate",
+        "space": kind,
+        "key": target,
+        "max_depth": space.max_depth,
+    }
+    nodes = 0
+    walk = Enumeration(space)
+    for state in walk.states():
+        nodes += 1
         if time_limit is not None and time.perf_counter() - start > time_limit:
+            record["why"] = (
+                f"not reached within {time_limit:.0f} s: enumeration of the {kind} space of {space.spec.name} to "
+                f"depth {space.max_depth} visited {nodes} nodes first"
+            )
             break
         if state is None:
             continue
         for op in to_operators(space, state):
             if op.key == target:
-                record.update(found=True, depth=state.depth, seconds=round(time.perf_counter() - start, 3))
+                record.update(found=True, depth=state.depth, nodes=nodes, seconds=round(time.perf_counter() - start, 3))
                 return record
-    record["seconds"] = round(time.perf_counter() - start, 3)
+    else:
+        record["why"] = (
+            f"the {kind} space of {space.spec.name} to depth {space.max_depth} holds no operator with its key "
+            f"({nodes} nodes enumerated): its caps, reductions or coefficient choices exclude it"
+        )
+    record.update(nodes=nodes, seconds=round(time.perf_counter() - start, 3))
     return record

@@ -73,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     gallery.add_argument("name", nargs="?", help="add: the new entry's name (a Python identifier)")
     gallery.add_argument("--db", help="add: the discovery database that holds the candidate")
     gallery.add_argument("--key", help="add: the candidate's key (or a unique prefix)")
-    gallery.add_argument("--skip-slow", action="store_true", help="rediscover: skip syno_op1 (minutes)")
+    gallery.add_argument(
+        "--skip-slow", action="store_true", help="rediscover: skip the operators that take minutes to reach"
+    )
+    gallery.add_argument(
+        "--restricted", action="store_true", help="rediscover: in spaces restricted to each kind (seconds)"
+    )
+    gallery.add_argument("--time-limit", type=float, default=600.0, help="rediscover: seconds per operator")
     gallery.add_argument("--out", help="folder for README.md and pages/ (default: the gallery folder)")
     gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
     gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")

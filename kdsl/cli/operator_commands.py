@@ -282,10 +282,14 @@ def command_gallery(args: argparse.Namespace) -> int:
         for name in sorted(REDISCOVERY):
             if args.skip_slow and name in SLOW:
                 continue
-            records[name] = rediscover(name)
+            records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
             found = records[name]
-            text = f"depth {found.get('depth')}, {found['seconds']:.2f} s" if found["found"] else "not found"
-            print(f"{name:<28}{text}")
+            text = (
+                f"depth {found.get('depth')}, {found['nodes']} nodes, {found['seconds']:.2f} s ({found['space']} space)"
+                if found["found"]
+                else f"not found: {found['why']}"
+            )
+            print(f"{name:<28}{printable(text)}")
         (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
         print(f"wrote {out / 'rediscovery.json'}")
         return 0

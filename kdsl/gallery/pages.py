@@ -176,9 +176,14 @@ def _ms(value: float | None) -> str:
 def _rediscovery_text(record: Mapping[str, Any] | None) -> str:
     if not record:
         return "not searched yet"
+    space = f"{record['space']} space, " if record.get("space") else ""
     if not record.get("found"):
-        return f"not found ({record.get('strategy', '?')}, depth <= {record.get('max_depth', '?')})"
-    return f"yes: {record.get('strategy')}, depth {record.get('depth')}, {record.get('seconds', 0):.1f} s"
+        return f"not found ({record.get('strategy', '?')}, {space}depth <= {record.get('max_depth', '?')})"
+    nodes = f"{record['nodes']} nodes, " if record.get("nodes") else ""
+    return (
+        f"found by search: {record.get('strategy')}, {space}depth {record.get('depth')}, {nodes}"
+        f"{record.get('seconds', 0):.1f} s"
+    )
 
 
 def load_latencies(path: Path, batch: int) -> dict[str, dict[str, float]]:
