@@ -41,7 +41,7 @@ def replay(op: Operator, p: Plan) -> Live:
 
 def check_structure(op: Operator, p: Plan) -> None:
     """Order is a permutation, stages are Share*/Reduce* runs, segments cover every step once."""
-    assert sorted(p.order) == list(range(len(op.steps)))
+    assert sorted(p.order) == list(range(len(p.source.steps)))
     assert len(p.live) == len(p.steps) + 1
     covered: list[int] = []
     for item in p.segments():

@@ -270,6 +270,21 @@ class _Writer:
         self.merged = {}
         self.append(f'{self.var} = rearrange({self.current}, "{self.pattern(physical)} -> {target}")')
 
+    def reorder(self, axes: list[str]) -> None:
+        """Permute the data's dims to ``axes`` (the same dims), in one copy with any waiting merges
+        (a Merge after the last stage and the output's order are one ``rearrange``, not two)."""
+        if self.merged:
+            source = self.pattern(self.physical)
+            target = " ".join(
+                "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
+                for a in axes
+            )
+            self.merged = {}
+        else:
+            source, target = self.pattern(), self.pattern(axes)
+        self.append(f'{self.var} = rearrange({self.current}, "{source} -> {target}")')
+        self.axes = list(axes)
+
     def merge(self, outer: str, inner: str, name: str) -> None:
         if not self.merged:
             self.physical = list(self.axes)
@@ -318,8 +333,7 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
     if writer.axes != outputs:
-        writer.emit(f'{writer.var} = rearrange({writer.data}, "{writer.pattern()} -> {writer.pattern(outputs)}")')
-        writer.axes = outputs
+        writer.reorder(outputs)
     writer.flush()
 
 

@@ -73,12 +73,17 @@ from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
 from kdsl.lang.primitives import (
     CONTRACTION,
+    DROPS,
     HEAVY,
+    ONE_TO_MANY,
     REDUCTION,
+    VIEW,
+    WINDOWING,
     BuildContext,
     Dim,
     Live,
     Primitive,
+    Reduce,
     Weight,
 )
 from kdsl.lang.sizes import Size
@@ -87,7 +92,7 @@ from kdsl.solve.layers import Layer
 if TYPE_CHECKING:
     import sympy
 
-#: Above this many heavy steps (Share, Unfold, Expand) the planner orders them greedily.
+#: Above this many heavy steps (contractions and one-to-many views) the planner orders them greedily.
 MAX_ENUMERATED = 7
 #: The reference point at which a plan is chosen when no binding is given.
 REFERENCE_PRIMARY = 256
@@ -97,6 +102,10 @@ _VIEW, _SHARE, _REDUCE = 0, 1, 2
 _NONE, _SHARING, _REDUCING = 0, 1, 2
 
 Dims = tuple[tuple[str, Size], ...]
+#: The ready light steps of a scheduler: (Reduces, other steps), each a heap of written indices.
+_Lights = tuple[list[int], list[int]]
+#: Facts of a view that is not a permutation of its elements (it replicates, pads or drops some).
+_NOT_PERMUTATIONS = frozenset({HEAVY, ONE_TO_MANY, WINDOWING, DROPS})
 
 
 def _kind(step: Primitive) -> int:
@@ -193,6 +202,73 @@ def _graph(op: Operator) -> _Graph:
 
 
 # ------------------------------------------------------------------------------------------------
+# Folding views into the reductions that consume them
+# ------------------------------------------------------------------------------------------------
+
+
+def _foldable(graph: _Graph, index: int, reducer: dict[int, int]) -> list[int] | None:
+    """The Reduces that consume every dim step ``index`` makes, if it is a permutation of the data
+    (a view that neither replicates, drops nor pads: a reshape or a cyclic shift) whose outputs
+    are only ever summed (all with one ``mean`` flag), else None."""
+    step = graph.steps[index]
+    if VIEW not in step.facts or step.facts & _NOT_PERMUTATIONS:
+        return None
+    readers = [reducer.get(version) for version in graph.produced[index]]
+    if any(reader is None for reader in readers):
+        return None
+    means = {graph.steps[reader].mean for reader in readers}  # type: ignore[index,attr-defined]
+    return readers if len(means) == 1 else None  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=512)
+def folded(op: Operator) -> Operator:
+    """``op`` with every reshape or cyclic shift whose outputs are only summed folded into the sum.
+
+    Such a view permutes the elements of its dims, and a sum over all of a permutation's outputs
+    is the sum over all of its inputs (a mean likewise, the sizes being equal): summing a merged
+    dim is summing both of its parts, summing the two parts of a split dim is summing the dim,
+    and summing a shifted dim is summing the dim. So ``Merge(a, b, "c") ... Reduce("c")`` becomes
+    ``Reduce(a, b)``; the Reduces take the view's place (nothing between them touches its
+    outputs, and the planner moves them again). This is what keeps a plan from ending a
+    contraction stage at the view: a Merge between a Share and the Reduce of the merged dim would
+    make the Share's whole product (every dim of the weight times every dim of the data) one
+    materialised tensor, summed only afterwards.
+
+    >>> from kdsl.lang import *
+    >>> N, C, D = primary("N C D"); G = coefficient("G")
+    >>> op = (Input(N, C) >> Split(C, G, "c", "g") >> Share(Weight("c", "g", D, name="w"))
+    ...       >> Merge("c", "g", "C2") >> Reduce("C2") >> Output(N, D))
+    >>> [step.describe() for step in folded(op).steps]
+    ['Split(C, G)', 'Share(w)', 'Reduce(c)', 'Reduce(g)']
+    """
+    current = op
+    while True:
+        graph = _graph(current)
+        reducer = {graph.consumed[index][0]: index for index, step in enumerate(graph.steps) if REDUCTION in step.facts}
+        for index in range(len(graph.steps)):
+            readers = _foldable(graph, index, reducer)
+            if readers is not None:
+                break
+        else:
+            return current
+        step = graph.steps[index]
+        mean = graph.steps[readers[0]].mean  # type: ignore[attr-defined]
+        sums = [Reduce(name, mean=mean) for name in step.consumes]  # every dim the view permutes
+        steps: list[Primitive] = []
+        for position, other in enumerate(current.steps):
+            if position == index:
+                steps.extend(sums)
+            elif position not in readers:
+                steps.append(other)
+        live = Live({d.name: d.size for d in current.inputs}, frozenset())
+        context = BuildContext()
+        resolved = tuple(other.apply(live, context) for other in steps)
+        # built directly, not with Output(...): a folded split's block may have been the only use of
+        # a coefficient that the defaults still name
+        current = Operator(current.inputs, resolved, current.outputs, current.defaults)
+
+
+# ------------------------------------------------------------------------------------------------
 # Scheduling
 # ------------------------------------------------------------------------------------------------
 
@@ -247,18 +323,20 @@ class _Scheduler:
         state.closed = Fraction(0)
         state.phase = _NONE
         state.open_cost = Fraction(0)
-        lights = []
+        lights: _Lights = ([], [])
         for index, count in enumerate(state.pending):
             if count == 0:
                 if self.heavy[index]:
                     state.ready_heavy.append(index)
                 else:
-                    lights.append(index)
-        heapq.heapify(lights)
+                    self._ready(lights, index)
         self._drain(state, lights)
         return state
 
-    def _do(self, state: _State, index: int, lights: list[int]) -> None:
+    def _ready(self, lights: _Lights, index: int) -> None:
+        heapq.heappush(lights[0] if self.kind[index] == _REDUCE else lights[1], index)
+
+    def _do(self, state: _State, index: int, lights: _Lights) -> None:
         kind = self.kind[index]
         if kind == _SHARE:
             if state.phase == _REDUCING:
@@ -283,16 +361,23 @@ class _Scheduler:
                 if self.heavy[after]:
                     insort(state.ready_heavy, after)
                 else:
-                    heapq.heappush(lights, after)
+                    self._ready(lights, after)
 
-    def _drain(self, state: _State, lights: list[int]) -> None:
-        while lights:
-            self._do(state, heapq.heappop(lights), lights)
+    def _drain(self, state: _State, lights: _Lights) -> None:
+        """Schedule the ready light steps, in written order, except that while a contraction stage
+        is open its ready Reduces go first: a view there would end the stage and materialise its
+        whole product (the Share's iteration space) before the sum instead of after it."""
+        reduces, views = lights
+        while reduces or views:
+            if reduces and (not views or state.phase != _NONE or reduces[0] < views[0]):
+                self._do(state, heapq.heappop(reduces), lights)
+            else:
+                self._do(state, heapq.heappop(views), lights)
 
     def advance(self, state: _State, heavy: int) -> None:
         """Schedule the ready heavy step ``heavy``, then every light step that becomes ready."""
         state.ready_heavy.remove(heavy)
-        lights: list[int] = []
+        lights: _Lights = ([], [])
         self._do(state, heavy, lights)
         self._drain(state, lights)
 
@@ -383,7 +468,8 @@ class View:
 class Plan:
     """A lowering order of an operator: steps, contraction stages, FLOPs. See the module doc.
 
-    ``steps`` are resolved steps (``order[i]`` is the index in ``op.steps`` of ``steps[i]``);
+    ``steps`` are resolved steps (``order[i]`` is the index in ``source.steps`` of ``steps[i]``;
+    ``source`` is ``op`` with the views that only feed sums folded into them, see :func:`folded`);
     ``live[i]`` are the live dims before ``steps[i]`` (``live[-1]``: after the last step);
     ``outputs`` are the output dims in the operator's output order, with the plan's names;
     ``binding`` is the point at which the plan was chosen.
@@ -397,6 +483,11 @@ class Plan:
     inputs: tuple[Dim, ...]
     outputs: tuple[Dim, ...]
     binding: tuple[tuple[str, int | Fraction], ...]
+    source: Operator = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            object.__setattr__(self, "source", self.op)
 
     def stage_at(self, index: int) -> Stage | None:
         """The stage that ``steps[index]`` belongs to, or ``None`` for a view step."""
@@ -419,6 +510,33 @@ class Plan:
                 items.append(View(index, self.steps[index], self.live[index], self.live[index + 1]))
                 index += 1
         return tuple(items)
+
+    def tensors(self) -> tuple[Dims, ...]:
+        """The dims of every tensor a backend materialises along the plan: the input, each view's
+        result and each stage's result. A stage's iteration space is not one of them (its einsum
+        multiplies and sums without storing the products), which is why a plan that ends a stage
+        before its sum (a Share-only stage) shows here and a fused one does not."""
+        found = [self.live[0]]
+        for item in self.segments():
+            found.append(item.result if isinstance(item, Stage) else item.after)
+        return tuple(found)
+
+    def largest_tensor(self, binding: Mapping[str, int] | None = None) -> int:
+        """The number of elements of the largest of :meth:`tensors` at ``binding`` (default: the
+        binding the plan was chosen at), a proxy for the memory the lowering writes.
+
+        >>> from kdsl.lang import *
+        >>> N, C, D, E = primary("N C D E")
+        >>> op = (Input(N, C) >> Share(Weight(C, D, E, name="w")) >> Merge(D, E, "DE") >> Reduce(C)
+        ...       >> Output(N, "DE"))
+        >>> plan(op).largest_tensor({"N": 2, "C": 3, "D": 4, "E": 5})  # [N, D, E], not [N, C, D, E]
+        40
+        >>> plan(op, reorder=False).largest_tensor({"N": 2, "C": 3, "D": 4, "E": 5})
+        120
+        """
+        values = {**dict(self.binding), **(dict(_as_mapping(binding)) if binding is not None else {})}
+        sizes = [prod((size.evaluate(values) for _, size in dims), start=Fraction(1)) for dims in self.tensors()]
+        return int(max(sizes))
 
     def flops_formula(self) -> sympy.Expr:
         """The FLOPs as a SymPy expression: the sum of the stage costs."""
@@ -516,7 +634,9 @@ def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage
     return tuple(stages)
 
 
-def _build(op: Operator, graph: _Graph, order: list[int], binding: tuple[tuple[str, object], ...]) -> Plan:
+def _build(
+    op: Operator, ordered: Operator, graph: _Graph, order: list[int], binding: tuple[tuple[str, object], ...]
+) -> Plan:
     names: dict[int, str] = {v: graph.names[v] for v in graph.inputs}
     taken = set(names.values())
     renamed: list[Primitive] = []
@@ -554,16 +674,18 @@ def _build(op: Operator, graph: _Graph, order: list[int], binding: tuple[tuple[s
         inputs=op.inputs,
         outputs=outputs,
         binding=binding,  # type: ignore[arg-type]
+        source=ordered,
     )
 
 
 @lru_cache(maxsize=1024)
 def _plan(op: Operator, binding: tuple[tuple[str, int | Fraction], ...], reorder: bool) -> Plan:
-    graph = _graph(op)
+    source = folded(op) if reorder else op
+    graph = _graph(source)
     order = _Scheduler(graph, dict(binding)).best_order() if reorder else list(range(len(graph.steps)))
     if len(order) != len(graph.steps):  # pragma: no cover - the dependency graph is acyclic
         raise AssertionError("the planner lost steps")
-    return _build(op, graph, order, binding)
+    return _build(op, source, graph, order, binding)
 
 
 def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:

@@ -1,0 +1,197 @@
+"""No lowering blow-ups (issue 14): the stage planner never materialises a product that a fused
+reduction avoids.
+
+The case from the issue: search's candidate ``Unfold(H, G) >> Split(Cin, G*s) >> Share(w1) >>
+Merge("d_2", "k") >> Merge("d", "g") >> Reduce("Cin_r")`` was lowered as one einsum producing the
+7-D product ``[N, d_2, k, H, W, g, d]`` (Cin x Cout times the image) and summed afterwards,
+because the Merges ended the contraction stage before its Reduce. The planner now folds a
+reshape whose outputs are only summed into the sum (:func:`kdsl.solve.plan.folded`) and runs a
+stage's ready Reduces before any view.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+
+from kdsl.codegen import reference
+from kdsl.codegen import torch as kdsl_torch
+from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
+from kdsl.lang.build import Operator
+from kdsl.solve import Stage, bind, cost, plan
+from kdsl.solve.plan import folded
+from kdsl.testing import strategies as kst
+
+N, Cin, Cout, H, W, C, D = primary("N Cin Cout H W C D")
+G, s = coefficient("G s")
+
+#: a small layer of the issue's case: G=2 groups of the window, s=2, every size divides
+SMALL = {"N": 2, "Cin": 8, "Cout": 6, "H": 5, "W": 3, "G": 2, "s": 2}
+#: a ResNet-18-like layer (the sizes the issue measured at)
+RESNET = {"N": 1, "Cin": 64, "Cout": 64, "H": 56, "W": 56, "G": 2, "s": 2}
+
+
+def issue_case() -> Operator:
+    """``5a9dd105044a4f31`` of the issue's demo run, as search stored it."""
+    w1 = Weight(Dim("d", Cout / G), "g", "d_2", "k", name="w1")
+    return (
+        Input(N, Cin, H, W)
+        >> Unfold(H, G, "g")
+        >> Split(Cin, G * s, "d_2", "k")
+        >> Share(w1)
+        >> Merge("d_2", "k", "Cin_r")
+        >> Merge("d", "g", "Cout")
+        >> Reduce("Cin_r")
+        >> Output(N, Cout, H, W, defaults={"G": 2, "s": 2})
+    )
+
+
+def elements(dims: tuple[tuple[str, object], ...], binding: dict[str, int]) -> int:
+    return int(prod(size.evaluate(binding) for _, size in dims))  # type: ignore[attr-defined]
+
+
+def assert_same_function(op: Operator, other: Operator, layer: dict[str, int]) -> None:
+    """``other`` computes ``op``'s function (reference interpreter, float64, same weights by name)."""
+    x, weights = reference.random_inputs(op, layer, seed=3)
+    by_name = {w.name: array for w, array in zip(op.weights, weights)}
+    expected = reference.run(op, layer, x, weights)
+    got = reference.run(other, layer, x, [by_name[w.name] for w in other.weights])
+    assert np.allclose(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_the_issue_case_sums_inside_its_einsum() -> None:
+    op = issue_case()
+    binding = bind(op, RESNET)
+    p = plan(op, binding)
+    (stage,) = p.stages
+    assert [type(step).__name__ for step in stage.steps] == ["Share", "Reduce", "Reduce"]
+    assert set(stage.reduced) == {"d_2", "k"}
+    # the only views after the stage are reshapes of its (output-sized) result
+    assert all(not isinstance(item, Stage) for item in p.segments()[p.segments().index(stage) + 1 :])
+    sizes = cost(op, binding)
+    weights = sizes["params"]
+    # every stage result fits in the largest of input, output and weights; the largest tensor of
+    # all is the unfolded input (G copies of each pixel, the operator's own window, as conv2d's
+    # im2col), never a product of data and weight dims
+    bound = max(sizes["input"], sizes["output"], weights)
+    assert all(elements(stage.result, binding) <= bound for stage in p.stages)
+    assert p.largest_tensor(binding) <= max(bound, sizes["input"] * binding["G"])
+    # the written order (no planner) materialises the Share's product: Cin*Cout/G times the image
+    unplanned = plan(op, binding, reorder=False)
+    assert unplanned.largest_tensor(binding) == RESNET["N"] * RESNET["H"] * RESNET["W"] * RESNET["Cin"] * RESNET["Cout"]
+    assert unplanned.largest_tensor(binding) >= 10 * p.largest_tensor(binding)
+    # and it no longer counts the sum of the product as a second pass over it
+    assert p.flops(binding) == unplanned.flops(binding) // 2
+
+
+def test_the_issue_case_generated_module_matches_the_reference() -> None:
+    op = issue_case()
+    text = kdsl_torch.source(op, SMALL)
+    einsums = [line for line in text.splitlines() if "einsum(x" in line]
+    assert len(einsums) == 1 and "-> N H W g d" in einsums[0], einsums
+    assert "reduce(" not in text.split("def forward")[1]  # no separate sum over a materialised product
+    module = kdsl_torch.build(op, SMALL).double()
+    x, weights = reference.random_inputs(op, SMALL, seed=0)
+    with torch.no_grad():
+        for parameter, array in zip(module.weights, weights):
+            parameter.copy_(torch.from_numpy(array))
+        got = module(torch.from_numpy(x)).numpy()
+    assert np.allclose(got, reference.run(op, SMALL, x, weights), rtol=1e-9, atol=1e-9)
+
+
+def test_merge_before_reduce_reduces_first_then_reshapes() -> None:
+    """A Merge written between a Share and the Reduce of another dim moves after the Reduce."""
+    E = coefficient("E")
+    op = (
+        Input(N, C) >> Share(Weight(C, D, Dim("e", E), name="w")) >> Merge(D, "e", "De") >> Reduce(C) >> Output(N, "De")
+    )
+    p = plan(op)
+    assert [type(item).__name__ for item in p.segments()] == ["Stage", "View"]
+    assert p.stages[0].reduced == ("C",)
+    assert plan(op, reorder=False).largest_tensor() > p.largest_tensor()
+    assert_same_function(op, Operator(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2})
+
+
+@pytest.mark.parametrize("mean", [False, True])
+def test_folded_views(mean: bool) -> None:
+    """Merge, Split (both parts) and Shift whose outputs are only summed fold into the sum."""
+    layer = {"N": 2, "C": 6, "D": 3, "G": 2}
+    merged = (
+        Input(N, C)
+        >> Split(C, G, "c", "g")
+        >> Share(Weight("c", "g", D, name="w"))
+        >> Merge("c", "g", "C2")
+        >> Reduce("C2", mean=mean)
+        >> Output(N, D)
+    )
+    split = (
+        Input(N, C)
+        >> Share(Weight(C, D, name="w"))
+        >> Split(C, G, "c", "g")
+        >> Reduce("c", "g", mean=mean)
+        >> Output(N, D)
+    )
+    shifted = Input(N, C) >> Share(Weight(C, D, name="w")) >> Shift(C) >> Reduce(C, mean=mean) >> Output(N, D)
+    expected = {
+        merged: ["Split", "Share", "Reduce", "Reduce"],
+        split: ["Share", "Reduce"],
+        shifted: ["Share", "Reduce"],
+    }
+    for op, kinds in expected.items():
+        result = folded(op)
+        assert [step.kind for step in result.steps] == kinds
+        assert all(step.mean == mean for step in result.steps if isinstance(step, Reduce))
+        assert len(plan(op).stages) == 1
+        assert_same_function(op, result, layer)
+
+
+def test_views_that_are_not_only_summed_stay() -> None:
+    layer = {"N": 2, "C": 6, "D": 3, "G": 2}
+    # one part of the split is kept
+    partly = Input(N, C) >> Share(Weight(C, D, name="w")) >> Split(C, G, "c", "g") >> Reduce("g") >> Output(N, "c", D)
+    # a mean over one part and a sum over the other is not one sum over the whole dim
+    mixed = (
+        Input(N, C)
+        >> Share(Weight(C, D, name="w"))
+        >> Split(C, G, "c", "g")
+        >> Reduce("c", mean=True)
+        >> Reduce("g")
+        >> Output(N, D)
+    )
+    for op in (partly, mixed):
+        assert folded(op) is op
+        assert_same_function(op, Operator(op.inputs, plan(op).steps, plan(op).outputs, op.defaults), layer)
+
+
+def assert_no_stage_ends_before_a_ready_sum(op: Operator, layer: dict[str, int]) -> None:
+    """No Reduce-only stage sums a dim that the stage before it left as is: a stage with a Share
+    runs its ready Reduces itself instead of materialising its product first."""
+    p = plan(op, layer)
+    segments = p.segments()
+    for position, item in enumerate(segments):
+        if not isinstance(item, Stage) or any(step.kind == "Share" for step in item.steps):
+            continue
+        previous = next((s for s in reversed(segments[:position]) if isinstance(s, Stage)), None)
+        if previous is None or not any(step.kind == "Share" for step in previous.steps):
+            continue
+        touched = {
+            name
+            for s in p.steps[previous.stop : item.start]
+            for name in (*s.consumes, *s.produces)  # views between the two stages
+        }
+        result = {name for name, _ in previous.result}
+        untouched = [d for d in item.reduced if d in result and d not in touched]
+        assert not untouched, f"{untouched} could be summed in the stage before:\n{p.describe()}"
+
+
+@given(kst.operators_with_layers(max_steps=7))
+def test_random_operators_fold_soundly_and_sum_inside_stages(op_and_layer: tuple[Operator, dict[str, int]]) -> None:
+    op, layer = op_and_layer
+    assert_same_function(op, folded(op), layer)
+    assert folded(folded(op)) is folded(op)
+    assert_no_stage_ends_before_a_ready_sum(op, layer)
+    assert_no_stage_ends_before_a_ready_sum(issue_case(), SMALL)
