@@ -7,7 +7,11 @@ its holder dies, so a worker killed for a timeout never leaves the slot taken.
 
 :func:`interleaved_medians` times several functions in alternation (a, b, a, b, ...), so that
 machine noise (frequency changes, a noisy neighbour) hits all of them alike, and returns the median
-seconds per call of each; :func:`median_seconds` is the same for one function. Everything in kdsl
+seconds per call of each; :func:`median_seconds` is the same for one function.
+:func:`interleaved_samples` returns every round's times instead, and :func:`ratio_of_pairs` turns
+two functions' rounds into one ratio: the median over rounds of the ratio *within* a round. A
+slow spell of the machine that lasts a round or two then scales both members of those pairs and
+leaves their ratios alone, where it moves each function's median separately (and their ratio). Everything in kdsl
 that times a Python callable uses them (the latency evaluator, ``kdsl bench``); compiled TVM kernels
 in the tuner's measuring worker are timed by TVM's own ``time_evaluator``, inside the slot too.
 Isolated worker processes with hard timeouts are in :mod:`kdsl.codegen.workers`.
@@ -21,6 +25,7 @@ Isolated worker processes with hard timeouts are in :mod:`kdsl.codegen.workers`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import tempfile
 import time
@@ -29,7 +34,16 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-__all__ = ["LOCK_ENV", "interleaved_medians", "latency_lock_path", "latency_slot", "median_seconds"]
+__all__ = [
+    "LOCK_ENV",
+    "interleaved_medians",
+    "interleaved_samples",
+    "latency_lock_path",
+    "latency_slot",
+    "median_seconds",
+    "ratio_of_pairs",
+    "ratio_spread",
+]
 
 #: Environment variable naming the lock file (default: ``kdsl-latency.lock`` in the temp folder).
 LOCK_ENV = "KDSL_LATENCY_LOCK"
@@ -98,6 +112,26 @@ def interleaved_medians(
     >>> fast < slow
     True
     """
+    samples = interleaved_samples(functions, repeats=repeats, target=target, number=number, warmup=warmup)
+    return [median(each) for each in samples]
+
+
+def interleaved_samples(
+    functions: Sequence[Callable[[], Any]],
+    *,
+    repeats: int = 7,
+    target: float = 0.02,
+    number: int | None = None,
+    warmup: int = 1,
+) -> list[list[float]]:
+    """Seconds per call of each function in each round, timed in alternation as
+    :func:`interleaved_medians` times them: ``samples[f][r]`` is function ``f`` in round ``r``
+    (so ``samples[0][r]`` and ``samples[1][r]`` are a pair timed back to back).
+
+    >>> rounds = interleaved_samples([lambda: None, lambda: time.sleep(0.001)], repeats=3, target=0.002)
+    >>> [len(each) for each in rounds], ratio_of_pairs(rounds[1], rounds[0]) > 1
+    ([3, 3], True)
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     if number is not None and number < 1:
@@ -110,13 +144,70 @@ def interleaved_medians(
                 function()
         counts = [number] * len(functions)
     samples: list[list[float]] = [[] for _ in functions]
-    for _ in range(repeats):
-        for index, (function, count) in enumerate(zip(functions, counts)):
-            start = time.perf_counter()
-            for _ in range(count):
-                function()
-            samples[index].append((time.perf_counter() - start) / count)
-    return [median(each) for each in samples]
+    # like timeit: no garbage collection pause inside a timed round (it would land on one member
+    # of a pair only)
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for index, (function, count) in enumerate(zip(functions, counts)):
+                start = time.perf_counter()
+                for _ in range(count):
+                    function()
+                samples[index].append((time.perf_counter() - start) / count)
+    finally:
+        if collecting:
+            gc.enable()
+    return samples
+
+
+def ratio_of_pairs(times_a: Sequence[float], times_b: Sequence[float]) -> float:
+    """The ratio of ``a`` to ``b`` from interleaved rounds: the median of ``a[r] / b[r]``.
+
+    Each pair was timed back to back, so a load that comes and goes scales both of its members;
+    the median then drops the rounds where it did not (a burst that hit only one of the two).
+
+    >>> ratio_of_pairs([2.0, 2.2, 9.0], [1.0, 1.1, 1.0])  # the third round: a burst during a only
+    2.0
+    >>> ratio_of_pairs([4.0, 2.0, 2.0], [2.0, 1.0, 1.0])  # a slow round scales both: still 2
+    2.0
+    """
+    if len(times_a) != len(times_b) or not times_a:
+        raise ValueError(
+            f"ratio_of_pairs needs two equally long, non-empty lists, got {len(times_a)} and {len(times_b)}"
+        )
+    if any(t <= 0 for t in times_b):
+        raise ValueError("ratio_of_pairs: every time of b must be positive")
+    return median(a / b for a, b in zip(times_a, times_b))
+
+
+def ratio_spread(times_a: Sequence[float], times_b: Sequence[float]) -> float:
+    """How far the pairs' ratios scatter around :func:`ratio_of_pairs`: their interquartile range
+    divided by their median (0 when every round agrees). A caller times more rounds while it is
+    large.
+
+    >>> ratio_spread([2.0, 2.0, 2.0, 2.0], [1.0, 1.0, 1.0, 1.0])
+    0.0
+    >>> round(ratio_spread([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 1.0, 1.0, 1.0]), 3)
+    0.667
+    """
+    ratios = sorted(a / b for a, b in zip(times_a, times_b))
+    if not ratios:
+        raise ValueError("ratio_spread needs at least one pair")
+    middle = median(ratios)
+    if len(ratios) < 4:
+        return (ratios[-1] - ratios[0]) / middle
+    lower, upper = _quantile(ratios, 0.25), _quantile(ratios, 0.75)
+    return (upper - lower) / middle
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted values, linearly interpolated (numpy's default)."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def median_seconds(

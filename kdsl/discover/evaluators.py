@@ -33,10 +33,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from statistics import median
 from typing import Any, ClassVar
 
 from kdsl import gallery
-from kdsl.codegen.measure import interleaved_medians, latency_slot
+from kdsl.codegen.measure import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.codegen.torch import build
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.discover.proxy import ProxyConfig, train
@@ -255,14 +256,34 @@ class LatencyEvaluator(Evaluator):
     """Median forward time on every layer of a table, and the ratio to the baseline operator.
 
     For each layer the candidate and the baseline are built side by side and timed in alternation
-    (:func:`~kdsl.codegen.measure.interleaved_medians`), in the same process, while holding the
+    (:func:`~kdsl.codegen.measure.interleaved_samples`), in the same process, while holding the
     machine's latency slot; so noise affects both and only one measurement runs per machine.
     ``backends`` is ``("torch",)`` or also ``"tvm"`` (default TVM schedule; set
     ``TVM_BIND_THREADS=0`` in a process that times both, see TVM.md).
 
+    **Repeatable ratios.** The ratio is what search ranks by, so it must come out the same when a
+    candidate is measured again, in another run, beside other work. It is ensured by:
+
+    * *one thread* (``threads=1``, the default; ``None`` keeps the process's setting): the latency
+      slot keeps other *measurements* off the machine, not the accuracy workers that train beside
+      it, and an intra-op thread pool that competes with them for cores waits on its slowest
+      thread, so a 2-thread time swings with their load while a 1-thread time does not;
+    * *warm-up* (``warmup`` untimed calls per function first: the first calls allocate buffers and
+      pick kernels);
+    * *the median of interleaved pairs* (:func:`~kdsl.codegen.measure.ratio_of_pairs`): each round
+      times the candidate and then the baseline back to back, and the layer's ratio is the median
+      of the rounds' ratios, which a slow spell scales away (the ratio of the two medians moves
+      with it);
+    * *enough rounds*: at least ``repeats``, and more (up to ``max_repeats``) while the rounds'
+      ratios scatter by more than ``spread`` (their interquartile range over their median,
+      :func:`~kdsl.codegen.measure.ratio_spread`).
+
     Metrics per backend ``b`` (``latency`` for torch, ``tvm_latency`` for TVM): ``{b}_ms`` (sum
-    over layers), ``{b}_ratio`` (candidate sum / baseline sum; < 1 is faster), ``baseline_{b}_ms``,
-    ``{b}_ms_by_layer``, ``{b}_ratio_by_layer``.
+    over layers of the candidate's median), ``baseline_{b}_ms``, ``{b}_ms_by_layer``,
+    ``{b}_ratio_by_layer`` (median of the pairs' ratios per layer), ``{b}_ratio`` (the layers'
+    ratios weighted by the baseline's time: the candidate's total time over the baseline's when
+    each layer's ratio holds; < 1 is faster), ``{b}_spread`` (the largest layer's spread) and
+    ``{b}_rounds`` (rounds timed, summed over layers); ``latency_threads``.
     """
 
     name = "latency"
@@ -272,19 +293,28 @@ class LatencyEvaluator(Evaluator):
         layers: object = "resnet18",
         batch: int = 1,
         backends: Sequence[str] = ("torch",),
-        repeats: int = 7,
+        repeats: int = 9,
         target: float = 0.02,
         baseline: str = BASELINE,
-        threads: int | None = None,
+        threads: int | None = 1,
         seed: int = 0,
+        warmup: int = 3,
+        max_repeats: int = 27,
+        spread: float = 0.1,
     ) -> None:
         self.layers = _table(layers, batch)
         unknown = set(backends) - {"torch", "tvm"}
         if unknown or not backends:
             raise SearchError(f"latency backends must be 'torch' and/or 'tvm', got {list(backends)!r}")
+        if repeats < 1 or max_repeats < repeats or warmup < 0 or spread < 0:
+            raise SearchError(
+                f"latency: need 1 <= repeats <= max_repeats, warmup >= 0 and spread >= 0; got repeats={repeats}, "
+                f"max_repeats={max_repeats}, warmup={warmup}, spread={spread}"
+            )
         self.backends = tuple(backends)
         self.repeats, self.target = repeats, target
         self.baseline, self.threads, self.seed = baseline, threads, seed
+        self.warmup, self.max_repeats, self.spread = warmup, max_repeats, spread
 
     def _callables(self, backend: str, op: Operator, layer: Any) -> Callable[[], Any]:
         import torch
@@ -306,6 +336,19 @@ class LatencyEvaluator(Evaluator):
         out = torch.empty(kernel.output_shape)
         return lambda: kernel(x, *weights, out=out)
 
+    def pairs(self, candidate: Callable[[], Any], baseline: Callable[[], Any]) -> tuple[list[float], list[float]]:
+        """Seconds per call of the candidate and the baseline in each interleaved round: at least
+        ``repeats`` rounds, more (``repeats`` at a time, up to ``max_repeats``) while their ratios
+        scatter by more than ``spread``. The caller holds the latency slot."""
+        mine, theirs = interleaved_samples(
+            [candidate, baseline], repeats=self.repeats, target=self.target, warmup=self.warmup
+        )
+        while len(mine) < self.max_repeats and ratio_spread(mine, theirs) > self.spread:
+            more = min(self.repeats, self.max_repeats - len(mine))
+            extra = interleaved_samples([candidate, baseline], repeats=more, target=self.target, warmup=0)
+            mine, theirs = mine + extra[0], theirs + extra[1]
+        return mine, theirs
+
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
         import torch
 
@@ -324,19 +367,25 @@ class LatencyEvaluator(Evaluator):
                 ]
                 for backend in self.backends
             }
-            metrics: Metrics = {}
+            metrics: Metrics = {"latency_threads": torch.get_num_threads()}
             with context.latency_slot():
                 for backend, rows in prepared.items():
                     prefix = "latency" if backend == "torch" else "tvm_latency"
-                    mine, theirs = {}, {}
+                    mine, theirs, ratios, spreads, rounds = {}, {}, {}, [], 0
                     for layer_name, candidate, baseline in rows:
-                        times = interleaved_medians([candidate, baseline], repeats=self.repeats, target=self.target)
-                        mine[layer_name], theirs[layer_name] = times[0] * 1e3, times[1] * 1e3
+                        a, b = self.pairs(candidate, baseline)
+                        mine[layer_name], theirs[layer_name] = median(a) * 1e3, median(b) * 1e3
+                        ratios[layer_name] = ratio_of_pairs(a, b)
+                        spreads.append(ratio_spread(a, b))
+                        rounds += len(a)
                     metrics[f"{prefix}_ms"] = sum(mine.values())
                     metrics[f"baseline_{prefix}_ms"] = sum(theirs.values())
-                    metrics[f"{prefix}_ratio"] = _ratio(sum(mine.values()), sum(theirs.values()))
+                    weighted = sum(theirs[k] * ratios[k] for k in ratios)
+                    metrics[f"{prefix}_ratio"] = _ratio(weighted, sum(theirs.values()))
                     metrics[f"{prefix}_ms_by_layer"] = mine
-                    metrics[f"{prefix}_ratio_by_layer"] = {k: _ratio(mine[k], theirs[k]) for k in mine}
+                    metrics[f"{prefix}_ratio_by_layer"] = ratios
+                    metrics[f"{prefix}_spread"] = max(spreads)
+                    metrics[f"{prefix}_rounds"] = rounds
         finally:
             torch.set_num_threads(threads)
         return metrics
