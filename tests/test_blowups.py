@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import given
 
+from kdsl.bench import lowering
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
@@ -195,3 +196,32 @@ def test_random_operators_fold_soundly_and_sum_inside_stages(op_and_layer: tuple
     assert folded(folded(op)) is folded(op)
     assert_no_stage_ends_before_a_ready_sum(op, layer)
     assert_no_stage_ends_before_a_ready_sum(issue_case(), SMALL)
+
+
+# ------------------------------------------------------------------------------------------------
+# kdsl bench lowering: latency ratio / FLOPs ratio
+
+
+def test_lowering_summary_takes_median_and_max_of_the_measured() -> None:
+    rows = [
+        {"key": "a", "latency_ratio": 1.0, "flops_ratio": 0.5},  # 2
+        {"key": "b", "latency_ratio": 0.3, "flops_ratio": 0.1},  # 3
+        {"key": "c", "latency_ratio": 7.6, "flops_ratio": 0.1},  # 76
+        {"key": "d", "error": "LoweringError: ..."},
+        {"key": "e", "latency_ratio": 0.2, "flops_ratio": 0.0},  # a pure view: no FLOPs
+    ]
+    summary = lowering.summarize(rows)
+    assert summary["median"] == pytest.approx(3.0) and summary["max"] == pytest.approx(76.0)
+    assert (summary["worst"], summary["measured"], summary["failed"], summary["without_flops"]) == ("c", 3, 1, 1)
+    assert lowering.summarize([])["median"] is None
+
+
+def test_lowering_measures_operators_and_reports_failures() -> None:
+    table = [{"name": "tiny", "N": 1, "Cin": 8, "Cout": 8, "H": 4, "W": 4}]
+    items = [("issue", issue_case().to_dsl(), None), ("broken", "op = Input(", None)]
+    rows = lowering.measure(items, layers=table, latency={"repeats": 1, "max_repeats": 1, "warmup": 0})
+    measured, broken = rows
+    # one fused stage of N*Cin*Cout*H*W multiply-adds against conv2d's 3x3 window: 1/9
+    assert measured["key"] == "issue" and measured["flops_ratio"] == pytest.approx(1 / 9)
+    assert measured["overhead"] == pytest.approx(measured["latency_ratio"] / measured["flops_ratio"])
+    assert broken["key"] == "broken" and broken["error"].startswith("ParseError")

@@ -8,6 +8,7 @@
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
+    kdsl bench lowering --db RUNS [--top N]   latency ratio / FLOPs ratio to conv2d (median, max)
     kdsl tune OP --layer NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH
     kdsl bench tune [--trials N] [--quick]
     kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
@@ -25,6 +26,7 @@ import typing
 from collections.abc import Sequence
 
 from kdsl.bench import backends as codegen_bench
+from kdsl.bench import lowering as lowering_bench
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
 from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
@@ -91,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)
     codegen.set_defaults(run=codegen_bench.bench_codegen)
+
+    lowering = bench_kinds.add_parser("lowering", help="latency ratio / FLOPs ratio to conv2d of stored candidates")
+    lowering_bench.add_arguments(lowering)
+    lowering.set_defaults(run=lowering_bench.bench_lowering)
 
     search_bench = bench_kinds.add_parser("search", help="enumeration and sampling rates (conv2d spec)")
     search_bench.add_argument("--max-depth", type=int, default=6)

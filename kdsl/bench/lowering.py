@@ -1,0 +1,202 @@
+"""``kdsl bench lowering``: how far each operator's PyTorch latency strays from what its FLOPs predict.
+
+For each operator (the candidates of a results database, or named operators) it measures the
+latency ratio to the baseline (conv2d) with the latency evaluator of ``kdsl discover``
+(:class:`~kdsl.discover.evaluators.LatencyEvaluator`: interleaved with the baseline, holding the
+machine's latency slot) and the FLOPs ratio with the analytic one, and reports their quotient
+
+    lowering overhead = (latency ratio to conv2d) / (FLOPs ratio to conv2d)
+
+1 means the generated code is exactly as efficient per FLOP as PyTorch's conv2d; 10 means each of
+its FLOPs costs ten times as much (a blow-up in the lowering: a materialised product, a copy per
+step, an einsum that cannot use a matrix product). :func:`summarize` gives the median and the
+maximum over the operators, the numbers issue 14 tracks.
+
+>>> rows = [{"key": "a", "latency_ratio": 0.5, "flops_ratio": 0.25}, {"key": "b", "latency_ratio": 3.0,
+...         "flops_ratio": 0.1}, {"key": "c", "error": "LoweringError: ..."}]
+>>> summary = summarize(rows)
+>>> summary["median"], summary["max"], summary["worst"], summary["measured"], summary["failed"]
+(16.0, 30.0, 'b', 2, 1)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from kdsl import gallery
+from kdsl.discover.evaluators import AnalyticEvaluator, Context, LatencyEvaluator
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError, printable
+from kdsl.lang.graph import Graph
+from kdsl.lang.parser import parse
+from kdsl.search.store import Store
+
+__all__ = ["add_arguments", "bench_lowering", "measure", "overhead", "summarize"]
+
+
+def overhead(latency_ratio: float, flops_ratio: float) -> float:
+    """Latency ratio over FLOPs ratio (both to the baseline); infinite for an operator without FLOPs.
+
+    >>> overhead(0.5, 0.25)
+    2.0
+    """
+    return latency_ratio / flops_ratio if flops_ratio > 0 else math.inf
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Median and maximum :func:`overhead` over the rows that were measured (a row with an
+    ``error`` was not; one without FLOPs is counted apart, its overhead being infinite)."""
+    measured = [row for row in rows if "error" not in row]
+    finite = [(overhead(row["latency_ratio"], row["flops_ratio"]), row) for row in measured]
+    finite = [(value, row) for value, row in finite if math.isfinite(value)]
+    values = [value for value, _ in finite]
+    worst = max(finite, key=lambda item: item[0])[1] if finite else None
+    return {
+        "measured": len(finite),
+        "failed": len(rows) - len(measured),
+        "without_flops": len(measured) - len(finite),
+        "median": median(values) if values else None,
+        "max": max(values) if values else None,
+        "worst": worst["key"] if worst else None,
+    }
+
+
+def _candidates(db: str, top: int, include_all: bool) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(key, DSL text, widths) of the best ``top`` candidates of a results database."""
+    store = Store(db, readonly=True)
+    try:
+        rows = store.top(top, status=None if include_all else "valid")
+    finally:
+        store.close()
+    return [(row["key"], row["dsl"], (row.get("metrics") or {}).get("widths")) for row in rows]
+
+
+def _named(refs: Sequence[str]) -> list[tuple[str, str, None]]:
+    """(name, DSL text, None) of gallery operators or ``.dsl`` files."""
+    found = []
+    for ref in refs:
+        path = Path(ref)
+        if path.suffix == ".dsl":
+            try:
+                found.append((path.stem, path.read_text(), None))
+            except (OSError, UnicodeDecodeError) as error:
+                raise KdslError(f"cannot read {printable(ref)}: {error}") from None
+        else:
+            found.append((ref, gallery.load(ref).to_dsl(), None))
+    return found
+
+
+def measure(
+    items: Sequence[tuple[str, str, dict[str, Any] | None]],
+    *,
+    layers: object = "resnet18",
+    batch: int = 1,
+    latency: Mapping[str, Any] | None = None,
+    progress: Any = None,
+) -> list[dict[str, Any]]:
+    """One row per ``(key, DSL text, widths)``: ``key``, ``flops_ratio``, ``latency_ratio``,
+    ``overhead``, ``latency_ms``, ``baseline_latency_ms``, ``latency_spread``; or ``key`` and
+    ``error`` when the operator does not parse, bind or lower on a layer. ``latency``: more
+    keyword arguments of :class:`LatencyEvaluator` (``repeats``, ``threads``, ...)."""
+    analytic = AnalyticEvaluator(layers=layers)
+    timer = LatencyEvaluator(layers=layers, batch=batch, **dict(latency or {}))
+    rows: list[dict[str, Any]] = []
+    for key, text, widths in items:
+        row: dict[str, Any] = {"key": key}
+        try:
+            op = parse(text)
+            if not isinstance(op, (Operator, Graph)):  # pragma: no cover - parse returns one of them
+                raise KdslError(f"{key}: not an operator")
+            context = Context.of({"widths": widths} if widths else None)
+            flops = analytic.evaluate(op, context)  # type: ignore[arg-type]
+            times = timer.evaluate(op, context)  # type: ignore[arg-type]
+        except Exception as error:  # one operator's failure (a backend's bug) must not hide the others
+            first = str(error).splitlines()[0] if str(error) else ""
+            row["error"] = f"{type(error).__name__}: {first}"[:300]
+        else:
+            row.update(
+                flops_ratio=flops["flops_ratio"],
+                latency_ratio=times["latency_ratio"],
+                overhead=overhead(times["latency_ratio"], flops["flops_ratio"]),
+                latency_ms=times["latency_ms"],
+                baseline_latency_ms=times["baseline_latency_ms"],
+                latency_spread=times["latency_spread"],
+            )
+        rows.append(row)
+        if progress is not None:
+            progress(row)
+    return rows
+
+
+def _line(row: Mapping[str, Any]) -> str:
+    if "error" in row:
+        return f"{printable(row['key']):<18} not measured: {printable(row['error'])}"
+    return (
+        f"{printable(row['key']):<18}{row['flops_ratio']:>8.3f}{row['latency_ratio']:>9.3f}{row['overhead']:>10.2f}"
+        f"{row['latency_ms']:>10.2f}{row['baseline_latency_ms']:>10.2f}{row['latency_spread']:>8.2f}"
+    )
+
+
+def bench_lowering(args: argparse.Namespace) -> int:
+    """``kdsl bench lowering --db RUNS [--top N]`` or ``--ops NAME|FILE.dsl ...``: the table and the
+    median and maximum overhead (latency ratio / FLOPs ratio)."""
+    if bool(args.db) == bool(args.ops):
+        raise KdslError("kdsl bench lowering needs either --db RUNS or --ops NAME|FILE.dsl ... (not both)")
+    items = _candidates(args.db, args.top, args.all) if args.db else _named(args.ops)
+    latency = {"threads": args.threads or None, "repeats": args.repeats, "max_repeats": 3 * args.repeats}
+    if not args.json:
+        print(
+            f"kdsl bench lowering: {len(items)} operators, layers {args.layers}, batch {args.batch}, "
+            f"threads {args.threads or 'as the process has'}; ratios to conv2d (latency: median of interleaved pairs)"
+        )
+        print("overhead = latency ratio / FLOPs ratio (1: as efficient per FLOP as PyTorch's conv2d)\n")
+        print(f"{'operator':<18}{'FLOPs':>8}{'latency':>9}{'overhead':>10}{'ms':>10}{'conv ms':>10}{'spread':>8}")
+    rows = measure(
+        items,
+        layers=args.layers,
+        batch=args.batch,
+        latency=latency,
+        progress=None if args.json else (lambda row: print(_line(row), flush=True)),
+    )
+    summary = summarize(rows)
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary}, sort_keys=True, default=str))
+        return 0
+    if summary["median"] is None:
+        print("\nno operator was measured")
+        return 0
+    print(
+        f"\noverhead over {summary['measured']} operators: median {summary['median']:.2f}, "
+        f"max {summary['max']:.2f} ({printable(summary['worst'])})"
+        + (f"; {summary['failed']} not measured" if summary["failed"] else "")
+        + (f"; {summary['without_flops']} without FLOPs" if summary["without_flops"] else "")
+    )
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", help="results database (read only): measure its best candidates")
+    parser.add_argument("--top", type=_positive, default=30, help="how many candidates of --db (default 30)")
+    parser.add_argument("--all", action="store_true", help="include candidates that are not 'valid'")
+    parser.add_argument("--ops", nargs="*", help="gallery operators or .dsl files to measure instead of --db")
+    parser.add_argument("--layers", default="resnet18", help="layer table (default resnet18)")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size N (default 1, as discover)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1; 0: keep)")
+    parser.add_argument("--repeats", type=_positive, default=9, help="interleaved rounds per layer (at least)")
+    parser.add_argument("--json", action="store_true", help="print rows and summary as JSON")
