@@ -30,9 +30,16 @@ The steps fall into two groups:
 
 FLOPs of a plan = the sum of its stage costs (:meth:`Plan.flops_formula`, :meth:`Plan.flops`).
 
+**No blow-ups.** A plan must not materialise what a fused order avoids. Two rules see to it:
+a reshape or cyclic shift whose outputs are only summed is folded into the sum first
+(:func:`folded`: ``Merge(a, b, "c") ... Reduce("c")`` is ``Reduce(a, b)``), and while a
+contraction stage is open its ready Reduces run before any view (a view there would end the
+stage, and the einsum would write the Share's whole product before a second pass sums it).
+:meth:`Plan.tensors` lists what a lowering writes.
+
 **Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as
-soon as they are ready (in written order among themselves); Reduces thus run as early as
-possible. The order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
+soon as they are ready (in written order among themselves, Reduces first inside a stage); Reduces
+thus run as early as possible. The order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
 binding: every dependency-respecting order is tried (branch and bound) when there are at most
 :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks, at each point, the ready heavy step
 after which (with the light steps it enables) the data is smallest. Ties go to the order closest
