@@ -22,7 +22,8 @@ TINY = {
     "epochs": 1,
     "max_depth": 4,
     "eval_timeout": 120.0,
-    "proxy": {"widths": [8], "image_size": 8},
+    # all clean training images: one epoch of the tiny network must learn something
+    "proxy": {"widths": [8], "image_size": 8, "train_samples": None, "shift": 0, "noise": 0.0},
     "latency_layers": [{"name": "tiny", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}],
     "coefficients": {"K": [3], "G": [2], "s": [2]},
 }
@@ -61,6 +62,9 @@ def test_discover_writes_table_plot_and_pages(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.split("SUMMARY", 1)[1])
     assert summary["evaluated"] >= 1
+    # candidates are pre-screened, and only screened ones are trained
+    assert summary["screened"] >= summary["evaluated"]
+    assert "screened" in result.stdout and "[trained 1, screened" in result.stdout
     out = tmp_path / "out"
     assert (out / "results.md").read_text().startswith("# kdsl discover")
     ranked = json.loads((out / "results.json").read_text())

@@ -5,6 +5,8 @@
     kdsl search SPEC --layers resnet18 --strategy enumerate|random|mcts --max-depth D --db PATH
     kdsl results --db PATH [--top K] [--json]
     kdsl bench search
+    kdsl bench proxy [--seeds 3]     the accuracy proxy's noise against gallery and weak operators
+    kdsl bench prescreen [--db F]    how well zero-cost scores and a 1-epoch run predict the proxy
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering as lowering_bench
+from kdsl.bench import proxy as proxy_bench
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
 from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
@@ -105,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     search_bench.add_argument("--json", action="store_true")
 
     search_bench.set_defaults(run=search_commands.bench_search)
+
+    proxy = bench_kinds.add_parser("proxy", help="the accuracy proxy's seed-to-seed spread against operators' gaps")
+    proxy_bench.add_arguments(proxy)
+    proxy.set_defaults(run=proxy_bench.bench_proxy)
+
+    screen = bench_kinds.add_parser("prescreen", help="how well cheap scores predict the proxy accuracy (Spearman)")
+    proxy_bench.add_prescreen_arguments(screen)
+    screen.set_defaults(run=proxy_bench.bench_prescreen)
     search_commands.add_search_commands(commands)
 
     tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")

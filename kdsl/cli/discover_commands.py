@@ -31,8 +31,9 @@ def add_discover_command(subparsers: Any) -> None:
     parser.add_argument(
         "--min-params",
         type=optional_budget,
-        default=None,
-        help="fewest parameters relative to conv2d (e.g. 0.2x), a count, or none (the default)",
+        default=DiscoverConfig.min_params,
+        help="fewest parameters relative to conv2d (default 0.002x: a depthwise 3x3 conv passes, a per-channel "
+        "scale does not), a count, or none; candidates below it are not trained",
     )
     parser.add_argument("--max-depth", type=positive_int, default=6)
     parser.add_argument("--strategy", default="mcts", choices=sorted(STRATEGIES))
@@ -45,7 +46,13 @@ def add_discover_command(subparsers: Any) -> None:
     parser.add_argument(
         "--eval-timeout", type=positive_float, default=240.0, help="seconds per candidate before it is killed"
     )
-    parser.add_argument("--epochs", type=positive_int, default=6, help="proxy training epochs")
+    parser.add_argument("--epochs", type=positive_int, default=DiscoverConfig.epochs, help="proxy training epochs")
+    parser.add_argument(
+        "--data",
+        default="digits",
+        help="the proxy's data: digits (embedded, the default), cifar10:DIR or cifar100:DIR (torchvision's "
+        "pickled batches), npz:FILE (arrays x [n, c, h, w] or [n, h, w] and y), folder:DIR (a sub-folder per class)",
+    )
     parser.set_defaults(run=_command)
 
 
@@ -65,6 +72,7 @@ def _command(args: Any) -> int:
         seed=args.seed,
         eval_timeout=args.eval_timeout,
         epochs=args.epochs,
+        data=args.data,
     )
     summary = discover(config)
     print(json.dumps(summary, indent=1))

@@ -51,6 +51,12 @@ CREATE TABLE IF NOT EXISTS evaluations (
     seconds REAL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS screens (
+    key TEXT PRIMARY KEY,
+    score REAL,
+    metrics TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
 
 
@@ -61,8 +67,10 @@ class DiscoverConfig:
     net: str = "proxy-resnet"
     spec: str = "conv2d"
     max_flops: str | None = "0.5x"
-    #: fewest parameters, relative to conv2d: operators with almost no weights cannot learn
-    min_params: str | None = None
+    #: fewest parameters, relative to conv2d: operators with almost no weights cannot learn, so
+    #: they are not trained (0.002x keeps a depthwise 3x3 conv, 0.0028x, and drops operators
+    #: whose weights are a per-channel vector, ~0.0004x, or a single small window)
+    min_params: str | None = "0.002x"
     max_depth: int = 6
     strategy: str = "mcts"
     time_limit: float = 300.0
@@ -75,8 +83,15 @@ class DiscoverConfig:
     eval_timeout: float = 240.0
     margin: float = 0.02
     latency_layers: Any = "resnet18"
-    epochs: int = 6
+    epochs: int = ProxyConfig.epochs
     top: int = 5
+    #: the proxy's data (:mod:`kdsl.discover.data`): digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR
+    data: str = "digits"
+    #: the pre-screening score (:mod:`kdsl.discover.prescreen`) that picks which candidates to
+    #: train, or None to train candidates in the search's order
+    prescreen: str | None = "naswot"
+    #: candidates screened for each one trained
+    screen_factor: int = 4
     #: other ProxyConfig fields (e.g. ``{"widths": [8, 16]}`` for a smaller proxy network)
     proxy: dict[str, Any] = field(default_factory=dict)
     coefficients: dict[str, list[int]] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
@@ -85,11 +100,21 @@ class DiscoverConfig:
         return [
             {"name": "analytic", "layers": self.latency_layers},
             {"name": "latency", "layers": self.latency_layers, "batch": 1},
-            {"name": "accuracy", "epochs": self.epochs, **self.proxy},
+            {"name": "accuracy", "epochs": self.epochs, "data": self.data, **self.proxy},
         ]
 
+    def screener(self) -> dict[str, Any]:
+        """The evaluator spec that scores a candidate before it is trained."""
+        return {
+            "class": "kdsl.discover.prescreen:PrescreenEvaluator",
+            "method": self.prescreen,
+            "epochs": self.epochs,
+            "data": self.data,
+            **self.proxy,
+        }
+
     def proxy_config(self) -> Any:
-        fields = {**self.proxy, "epochs": self.epochs}
+        fields = {"data": self.data, **self.proxy, "epochs": self.epochs}
         if "widths" in fields:
             fields["widths"] = tuple(fields["widths"])
         return ProxyConfig(**fields)
@@ -120,6 +145,17 @@ class Evaluations:
                 ),
             )
 
+    def screened(self) -> dict[str, float | None]:
+        """Pre-screening scores by candidate key (None where screening failed)."""
+        return {key: score for key, score in self.database.rows("SELECT key, score FROM screens")}
+
+    def add_screen(self, key: str, score: float | None, metrics: Mapping[str, Any]) -> None:
+        with self.database.write() as connection:
+            connection.execute(
+                "INSERT OR REPLACE INTO screens VALUES (?, ?, ?, ?)",
+                (key, score, json.dumps(dict(metrics)), time.time()),
+            )
+
     def rows(self, role: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT key, role, status, metrics, error, seconds FROM evaluations"
         cursor = self.database.rows(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
@@ -134,6 +170,12 @@ class Evaluations:
 
     def close(self) -> None:
         self.database.close()
+
+
+def discovery_space(config: DiscoverConfig) -> Space:
+    """The search space of a discovery: its spec on the proxy network's layers and the latency
+    table's, with its coefficients, depth and budgets."""
+    return _space(config)
 
 
 def _space(config: DiscoverConfig) -> Any:
@@ -184,13 +226,47 @@ def _say(stream: TextIO | None, text: str) -> None:
 
 
 def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
-    """The best valid candidates of the search store that have not been evaluated yet."""
+    """The best valid candidates of the search store that are not in ``done`` (evaluated or
+    screened)."""
     store = Store(db)
     try:
         rows = store.top(k=limit + len(done), status="valid")
     finally:
         store.close()
     return [row for row in rows if row["key"] not in done][:limit]
+
+
+def _rows(db: str, keys: Sequence[str]) -> list[dict[str, Any]]:
+    store = Store(db)
+    try:
+        return [row for row in (store.get(key) for key in keys) if row is not None]
+    finally:
+        store.close()
+
+
+def _screen(
+    config: DiscoverConfig, executor: Any, evaluations: Evaluations, progress: TextIO | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Screen up to ``batch * screen_factor`` new candidates, then pick the ``batch`` best-scored
+    of all screened candidates not trained yet. Returns ``(to_train, failed)``: rows of the search
+    store to train, and results of candidates whose screening failed (they would fail to train)."""
+    done = evaluations.done()
+    screened = evaluations.screened()
+    fresh = _pending(config.db, done | set(screened), config.batch * config.screen_factor)
+    failed = []
+    tasks = [Task.of(parse(row["dsl"]), [config.screener()], _widths(row)) for row in fresh]
+    for task, result in executor.map(tasks):
+        score = result["metrics"].get("prescreen") if result["status"] == "ok" else None
+        evaluations.add_screen(task.key, score, result["metrics"] | {"status": result["status"]})
+        screened[task.key] = score
+        if score is None:
+            failed.append(result)
+    pool = sorted(
+        ((score, key) for key, score in screened.items() if key not in done and score is not None), reverse=True
+    )
+    if fresh:
+        _say(progress, f"screened {len(fresh)} new candidates ({config.prescreen}); {len(pool)} screened, untrained")
+    return _rows(config.db, [key for _, key in pool[: config.batch]]), failed
 
 
 def _widths(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,6 +310,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 evaluations.add(result, role="baseline")
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
         finished = False
+        trained = 0
         while time.monotonic() - start < config.time_limit:
             remaining = config.time_limit - (time.monotonic() - start)
             if not finished:
@@ -243,12 +320,18 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     db=config.db,
                     seed=config.seed,
                     time_limit=max(1.0, min(30.0, remaining / 4)),
-                    max_results=config.batch * 4,
+                    max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
                 )
                 finished = report.finished
                 _say(progress, f"search: {report.new} new candidates ({report.valid} valid), {report.nodes} nodes")
             done = evaluations.done()
-            batch = _pending(config.db, done, config.batch)
+            if config.prescreen:
+                batch, failed = _screen(config, executor, evaluations, progress)
+                for result in failed:  # a candidate that cannot be scored cannot be trained either
+                    evaluations.add(result)
+                    _set_reward(config.db, result["key"], 0.0)
+            else:
+                batch = _pending(config.db, done, config.batch)
             if not batch:
                 if finished:
                     _say(progress, "the search space is exhausted and every candidate is evaluated")
@@ -265,12 +348,15 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 _set_reward(config.db, task.key, value)
                 accuracy = result["metrics"].get("accuracy")
                 ratio = result["metrics"].get("latency_ratio")
+                trained += 1
+                left = max(0.0, config.time_limit - (time.monotonic() - start))
                 _say(
                     progress,
                     f"evaluated {task.key}: {result['status']}"
                     + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
                     + (f", latency x{ratio:.2f}" if ratio is not None else "")
-                    + (f" ({result['error'][:120]})" if result.get("error") else ""),
+                    + (f" ({result['error'][:120]})" if result.get("error") else "")
+                    + f" [trained {trained}, screened {len(evaluations.screened())}, {left:.0f} s left]",
                 )
                 if time.monotonic() - start > config.time_limit:
                     break
@@ -327,7 +413,12 @@ def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: d
         layers=config.latency_layers,
     )
     _say(progress, f"wrote {paths['table']}, {paths['json']}, {paths['plot']} and pages in {paths['pages']}")
-    return {"evaluated": len(records), "baseline": baseline, **{k: str(v) for k, v in paths.items()}}
+    return {
+        "evaluated": len(records),
+        "screened": len(evaluations.screened()),
+        "baseline": baseline,
+        **{k: str(v) for k, v in paths.items()},
+    }
 
 
-__all__: Sequence[str] = ["NETS", "DiscoverConfig", "discover"]
+__all__: Sequence[str] = ["NETS", "DiscoverConfig", "discover", "discovery_space"]
