@@ -114,3 +114,11 @@ def test_bench_proxy_on_the_command_line(capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["operators"]) == {"pointwise", "shift_1tap"} and result["config"]["train_samples"] == 100
+
+
+def test_discover_refuses_bad_data_before_any_work(tmp_path, capsys):
+    db = tmp_path / "runs.sqlite"
+    assert main(["discover", "--data", "mnist", "--time-limit", "1", "--db", str(db)]) == 2
+    assert "unknown data 'mnist'" in capsys.readouterr().err
+    assert main(["discover", "--data", f"npz:{tmp_path / 'none.npz'}", "--time-limit", "1", "--db", str(db)]) == 2
+    assert "none.npz" in capsys.readouterr().err and not db.exists()

@@ -7,6 +7,7 @@ from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
 from kdsl.discover.loop import NETS, DiscoverConfig, discover
+from kdsl.discover.prescreen import METHODS
 from kdsl.search.run import STRATEGIES
 
 __all__ = ["add_discover_command"]
@@ -53,6 +54,18 @@ def add_discover_command(subparsers: Any) -> None:
         help="the proxy's data: digits (embedded, the default), cifar10:DIR or cifar100:DIR (torchvision's "
         "pickled batches), npz:FILE (arrays x [n, c, h, w] or [n, h, w] and y), folder:DIR (a sub-folder per class)",
     )
+    parser.add_argument(
+        "--prescreen",
+        default=DiscoverConfig.prescreen,
+        choices=[*METHODS, "none"],
+        help="the cheap score that picks which candidates to train (see kdsl bench prescreen), or none",
+    )
+    parser.add_argument(
+        "--screen-factor",
+        type=positive_int,
+        default=DiscoverConfig.screen_factor,
+        help="candidates screened per trained",
+    )
     parser.set_defaults(run=_command)
 
 
@@ -73,6 +86,8 @@ def _command(args: Any) -> int:
         eval_timeout=args.eval_timeout,
         epochs=args.epochs,
         data=args.data,
+        prescreen=None if args.prescreen == "none" else args.prescreen,
+        screen_factor=args.screen_factor,
     )
     summary = discover(config)
     print(json.dumps(summary, indent=1))
