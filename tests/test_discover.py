@@ -139,3 +139,43 @@ def test_discover_evaluates_a_canvas_template_with_its_filled_widths(tmp_path):
     assert 0.0 <= result["metrics"]["accuracy"] <= 1.0 and result["metrics"]["latency_ratio"] > 0
     bare = run_task(Task.of(template, config.evaluators()))
     assert bare["status"] == "error" and "free widths" in bare["error"]
+
+
+def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
+    from kdsl.discover import loop
+    from kdsl.search.run import search
+
+    db = str(tmp_path / "runs.sqlite")
+    config = loop.DiscoverConfig(**{**TINY, "db": db, "out": str(tmp_path / "out"), "batch": 2, "screen_factor": 3})
+    search(loop.discovery_space(config), "enumerate", db=db, seed=0, max_results=30)
+
+    class Scripted:
+        """An executor that scores candidates by their key, failing one of them."""
+
+        def __init__(self):
+            self.seen = []
+
+        def map(self, tasks):
+            for task in tasks:
+                self.seen.append(task.key)
+                assert task.evaluators == (config.screener(),)
+                if len(self.seen) == 2:
+                    yield task, {"key": task.key, "status": "error", "metrics": {}, "error": "boom", "seconds": 0.0}
+                else:
+                    yield task, {"key": task.key, "status": "ok", "metrics": {"prescreen": int(task.key[:6], 16)}}
+
+    executor = Scripted()
+    evaluations = loop.Evaluations(db)
+    try:
+        batch, failed = loop._screen(config, executor, evaluations, None)
+        assert len(executor.seen) == 6 and [r["key"] for r in failed] == [executor.seen[1]]
+        scored = [k for k in executor.seen if k != executor.seen[1]]
+        assert [row["key"] for row in batch] == sorted(scored, key=lambda k: -int(k[:6], 16))[:2]
+        first = list(executor.seen)
+        batch_again, _ = loop._screen(config, executor, evaluations, None)
+        assert not set(executor.seen[6:]) & set(first), "a candidate was screened twice"
+        # untrained candidates screened earlier compete with the new ones
+        pool = {k: s for k, s in evaluations.screened().items() if s is not None}
+        assert [row["key"] for row in batch_again] == sorted(pool, key=lambda k: -pool[k])[:2]
+    finally:
+        evaluations.close()
