@@ -168,7 +168,7 @@ def test_counts_by_depth_are_exact_and_reproducible():
 def test_enumeration_is_shallow_first_and_a_short_run_returns_the_classics(tmp_path):
     # iterative deepening: the first results are the shallow classics, not one deep corner
     space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
-    report = search(space, "enumerate", db=str(tmp_path / "r.db"), max_results=400)
+    report = search(space, "enumerate", db=str(tmp_path / "r.db"), max_results=150)
     assert not report.finished
     rows = Store(str(tmp_path / "r.db")).top(10**6, status=None)
     keys = {r["key"] for r in rows}
@@ -233,7 +233,7 @@ def test_interrupted_enumeration_resumes_without_losing_or_repeating(tmp_path):
         return sorted(r["key"] for r in store.top(10**6, status=None))
 
     assert keys(a) == keys(b)
-    assert len(keys(b)) == len(set(keys(b))) == once.new
+    assert len(keys(b)) == len(set(keys(b))) == once.new + once.duplicates
 
 
 def test_killed_search_resumes(tmp_path):

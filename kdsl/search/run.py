@@ -30,6 +30,7 @@ from kdsl.search.enumerate import Enumeration
 from kdsl.search.mcts import MCTS
 from kdsl.search.neighbors import Neighbors
 from kdsl.search.sample import Sampling
+from kdsl.search.semantic import Families
 from kdsl.search.space import Space
 from kdsl.search.store import Lease, Store
 from kdsl.search.synthesis import State, to_operators
@@ -57,10 +58,14 @@ class Report:
     new: int = 0
     valid: int = 0
     finished: bool = False
+    duplicates: int = 0  # valid operators whose function family was already stored (not counted as new)
     found: dict[str, float] = field(default_factory=dict)  # key -> seconds into this call when first seen
+    families: Families | None = None  # the function families stored (made on the first valid operator)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "found"} | {"distinct": len(self.found)}
+        return {k: v for k, v in self.__dict__.items() if k not in ("found", "families")} | {
+            "distinct": len(self.found)
+        }
 
 
 def search(
@@ -74,12 +79,17 @@ def search(
     progress: TextIO | None = None,
     commit_every: float = 2.0,
     evaluator: Callable[[Space, dict], float] = analytic_reward,
+    dedupe: bool = True,
 ) -> Report:
     """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on
     ``space``; store results in the SQLite database ``db`` (optional), resuming the run with the
     same space, strategy and seed if the database has one. Stops when the strategy is exhausted,
     after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream
     for one-line updates.
+
+    With ``dedupe`` (the default) a valid operator whose function family (its semantic
+    fingerprint, :mod:`kdsl.search.semantic`) is already stored is recorded as a ``duplicate``:
+    not evaluated, not counted as new, reward 0.
 
     Only one process at a time runs a given (space, strategy, seed) on one database: a second
     one is refused with a :class:`SearchError` naming the first (see :mod:`kdsl.search.store`).
@@ -115,7 +125,9 @@ def search(
                 reward = 0.0
                 if state is not None:
                     report.complete += 1
-                    reward = _handle(space, state, strategy, seed, store, rewards, rows, report, evaluator, start)
+                    reward = _handle(
+                        space, state, strategy, seed, store, rewards, rows, report, evaluator, start, dedupe
+                    )
                 now = time.monotonic()
                 if lease is not None and now - last_commit > commit_every and not getattr(walker, "replaying", False):
                     store.commit(lease, rows, walker.progress())
@@ -178,7 +190,7 @@ def _candidates(space, state: Any) -> list[tuple[Any, Any]]:
     return [(state.op, state)]
 
 
-def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, evaluator, start) -> float:
+def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, evaluator, start, dedupe) -> float:
     best = 0.0
     for op, finished in _candidates(space, state):
         key = op.key
@@ -193,17 +205,27 @@ def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, eva
             best = max(best, rewards[key])
             continue
         result = evaluate(space, op) if finished is None else finished.result
-        value = evaluator(space, result)
+        status, duplicate_of = result["status"], None
+        semantic, rank = None, None
+        if status == "valid" and dedupe:
+            # one stored operator per function family: a re-parametrization is recorded, not offered
+            if report.families is None:
+                report.families = Families(store, space.spec.batch)
+            semantic, rank, duplicate_of = report.families.classify(key, op)
+        if duplicate_of is not None:
+            status, value = "duplicate", 0.0
+            report.duplicates += 1
+        else:
+            value = evaluator(space, result)
+            report.new += 1
+            report.valid += status == "valid"
         rewards[key] = value
-        report.new += 1
-        if result["status"] == "valid":
-            report.valid += 1
         rows.append(
             {
                 "key": key,
                 "dsl": op.to_dsl(),
                 "depth": len(op.steps) if finished is None else finished.depth,
-                "status": result["status"],
+                "status": status,
                 "error": result["error"],
                 "flops": result.get("flops"),
                 "params": result.get("params"),
@@ -213,7 +235,10 @@ def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, eva
                 "strategy": strategy,
                 "seed": seed,
                 "metrics": {"coefficients": result["coefficients"], "layers": [layer.name for layer in space.layers]}
-                | (finished.metrics if finished is not None else {}),
+                | (finished.metrics if finished is not None else {})
+                | ({"duplicate_of": duplicate_of} if duplicate_of is not None else {}),
+                "semantic": semantic,
+                "semantic_rank": rank,
             }
         )
         best = max(best, value)
@@ -224,7 +249,7 @@ def _line(stream: TextIO, walker, report: Report, seconds: float) -> None:
     rate = walker.nodes / seconds if seconds > 0 else 0.0
     text = (
         f"\r{report.strategy}: {seconds:6.1f}s  nodes {walker.nodes} ({rate:.0f}/s)  complete {report.complete}  "
-        f"distinct {len(report.found)}  new {report.new}  valid {report.valid}"
+        f"distinct {len(report.found)}  new {report.new}  valid {report.valid}  duplicates {report.duplicates}"
     )
     stream.write(text)
     stream.flush()

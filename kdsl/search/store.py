@@ -1,11 +1,14 @@
 """The results store: one SQLite database (WAL mode), one row per distinct candidate.
 
 ``candidates`` holds each operator once, keyed by its canonical hash ``op.key``: DSL text, depth,
-per-layer FLOPs and parameters, the strategy and seed that found it, status, metrics (JSON) and
-timestamps. ``runs`` holds each search (identified by its space fingerprint, strategy and seed)
-with its progress: the enumeration cursor, or the iteration counter of random sampling and MCTS.
-Results and progress are written in one transaction, so a search killed at any point resumes
-from its last commit without losing or repeating results.
+per-layer FLOPs and parameters, the strategy and seed that found it, status, metrics (JSON),
+timestamps, and the fingerprint of its function family (``semantic``, :mod:`kdsl.search.semantic`).
+A valid candidate whose family is already stored gets the status ``duplicate`` (and
+``metrics["duplicate_of"]``): kept, so that no run evaluates it again, but not a result. ``runs``
+holds each search (identified by its space fingerprint, strategy and seed) with its progress: the
+enumeration cursor, or the iteration counter of random sampling and MCTS. Results and progress are
+written in one transaction, so a search killed at any point resumes from its last commit without
+losing or repeating results.
 
 **One writer per run.** A search *claims* its run (:meth:`Store.claim`) before it starts: the run's
 row records the holder (process id and host), a heartbeat, and a lease number that grows with
@@ -98,6 +101,11 @@ CREATE INDEX IF NOT EXISTS candidates_by_reward ON candidates (status, reward DE
 #: The lease columns, added to databases written before leases existed.
 _LEASE_COLUMNS = {"holder": "TEXT", "lease": "INTEGER NOT NULL DEFAULT 0", "heartbeat": "REAL"}
 
+#: Candidate columns added since the first schema (older databases get them on opening for writing):
+#: ``semantic`` is the hash of the function family's equality pattern and ``semantic_rank`` its
+#: dimension where known (:mod:`kdsl.search.semantic`).
+_CANDIDATE_COLUMNS = {"semantic": "TEXT", "semantic_rank": "INTEGER"}
+
 #: Columns that queries name (WHERE / ORDER BY) or that ``kdsl results`` prints: without them the
 #: file is not a results database kdsl can read.
 _REQUIRED = ("key", "dsl", "depth", "status", "flops", "params", "reward")
@@ -115,6 +123,8 @@ _TYPES: dict[str, tuple[tuple[type, ...], bool, str]] = {
     "strategy": ((str,), True, "text"),
     "seed": ((int,), True, "an integer"),
     "description": ((str,), True, "text"),
+    "semantic": ((str,), True, "text"),
+    "semantic_rank": ((int,), True, "an integer"),
 }
 _JSON_COLUMNS = ("flops_per_layer", "params_per_layer", "metrics", "progress")
 
@@ -246,6 +256,7 @@ class Store:
         try:
             if not readonly:
                 self._add_lease_columns()
+                self._add_candidate_columns()
             self._check_schema()
         except (SearchError, sqlite3.DatabaseError) as error:
             self._close_quietly()
@@ -264,6 +275,26 @@ class Store:
         for name, declaration in _LEASE_COLUMNS.items():
             if name not in have:
                 self.connection.execute(f"ALTER TABLE runs ADD COLUMN {name} {declaration}")
+
+    def _add_candidate_columns(self) -> None:
+        have = self._columns("candidates")
+        for name, declaration in _CANDIDATE_COLUMNS.items():
+            if name not in have:
+                self.connection.execute(f"ALTER TABLE candidates ADD COLUMN {name} {declaration}")
+        self.connection.execute("CREATE INDEX IF NOT EXISTS candidates_by_semantic ON candidates (semantic)")
+
+    def families(self, pattern: str) -> list[tuple[str, int | None, str]]:
+        """``(key, rank or None, dsl)`` of the stored candidates (not themselves duplicates) whose
+        function family has this equality pattern (:func:`kdsl.search.semantic.pattern_key`);
+        empty for a database written before fingerprints."""
+        if "semantic" not in self._columns("candidates"):
+            return []
+        rows = self.connection.execute(
+            "SELECT key, semantic_rank, dsl FROM candidates WHERE semantic = ? AND status != 'duplicate' "
+            "ORDER BY created, key",
+            (pattern,),
+        ).fetchall()
+        return [(str(k), int(r) if isinstance(r, int) else None, str(d)) for k, r, d in rows]
 
     def _check_schema(self) -> None:
         have = self._columns("candidates")
@@ -386,8 +417,9 @@ class Store:
             for row in rows:
                 connection.execute(
                     "INSERT OR IGNORE INTO candidates (key, dsl, depth, status, error, flops, params, flops_per_layer, "
-                    "params_per_layer, reward, strategy, seed, run, metrics, created, updated) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "params_per_layer, reward, strategy, seed, run, metrics, created, updated, semantic, "
+                    "semantic_rank) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         row["key"],
                         row["dsl"],
@@ -405,6 +437,8 @@ class Store:
                         json.dumps(row.get("metrics", {}), sort_keys=True),
                         now,
                         now,
+                        row.get("semantic"),
+                        row.get("semantic_rank"),
                     ),
                 )
             connection.execute(

@@ -1,0 +1,297 @@
+"""Semantic fingerprints: one hash per *function family*, so that search stores an operator once
+however its weights are parametrized.
+
+A linear operator with weights ``w`` computes ``y = M(w) x`` for a matrix ``M(w)`` (outputs by
+inputs, the batch dim aside) whose entries are polynomials in the weights: sums of products of
+weight entries, one factor per weight, each term also a constant from zero padding and repeated
+dims. Learning trains ``w``, so what an operator *is* to a user is its family ``{M(w) : w}``. A
+re-parametrization (``w = P(w')`` onto the same family) changes the DSL text and the canonical hash
+but not the family: a Split the weight absorbs (``Split(Cin, G)`` vs ``Split(Cin, Cin/G)`` with one
+weight over both parts), a window over a weight-only dim that is then reduced (its weight entries
+add up to one free entry per offset), a Shift on a dim a weight contracts (a permuted weight), an
+Expand then reduced (a constant factor).
+
+The fingerprint records two properties of the family itself, found from the reference interpreter
+(:mod:`kdsl.codegen.reference`) on one small layer:
+
+1. **The equality pattern** of ``M``: which entries are identically zero on the family, and which
+   pairs of entries are identically equal (the same polynomial in the weights). Both are statements
+   about the set ``{M(w)}``, so a surjective re-parametrization keeps them. For random weights two
+   different polynomials take different values (with probability one), so one evaluation decides:
+   we call two entries equal when they agree to 1e-11 of the largest entry (equal entries are
+   computed alike, so they agree to the last bits or nearly; two different entries of one draw land
+   within 1e-11 of each other with a probability near 1e-11 per pair). ``M`` comes from one run
+   whose batch dim holds every unit input (the identity), so the pattern covers every (output,
+   input) pair. Entries are labelled in the spec's dim order (which every operator of a space
+   shares) by their class's first occurrence.
+2. **The family's dimension** (the rank of the weight
+   Jacobian at a random point, from random directional derivatives, which the multilinear structure
+   gives exactly: the derivative along ``v`` is the sum over weights of ``M`` with that weight
+   replaced by ``v``). It is what the pattern cannot see: a rank-one product ``w2[o] * w1[i]`` has
+   all entries distinct, like a full ``w[o, i]``, but its family has dimension ``|o| + |i| - 1``,
+   not ``|o| * |i|``. To save runs, an operator with one weight takes the number of nonzero classes
+   as its dimension (exact when each entry is one weight entry, or a sum over weight entries no
+   other entry uses, which is what its views make); only operators with two or more weights are
+   probed, on a tinier layer (:data:`RANK_LAYERS`), and search probes one only when another family
+   has its pattern (:class:`Families`).
+
+What it can confuse (false duplicates): families that differ only where the pattern and the
+dimension agree (entries related by linear relations beyond equality, e.g. ``a, b, a + b`` vs ``a,
+b, c``, which a single weight's windows can make), and operators that coincide on the small layer
+but not on real ones (sizes chosen small: :data:`SMALL_LAYERS`, the first that binds; coefficients
+``K=3, G=2, s=2, others 2``; ``G = s`` there, so operators that differ only by exchanging G and s
+collide, and so may ones whose extents coincide at these sizes). Scale is ignored (entries ``C *
+w`` and ``w`` share a pattern), on purpose: a learned weight absorbs a constant. It does not
+confuse re-parametrizations for different families, except through rounding (two entries within
+1e-11 relative of a rounding boundary: negligible) and through a twin bound on another rank layer
+(a false distinct, never a false duplicate). Branching kernels
+(:class:`kdsl.lang.graph.Graph`) are not linear: they get no fingerprint (None), nor do operators
+no small layer binds.
+
+>>> from kdsl import gallery
+>>> fingerprint(gallery.load("conv2d")) == fingerprint(gallery.load("conv2d"))
+True
+>>> fingerprint(gallery.load("conv2d")) == fingerprint(gallery.load("pointwise_conv2d"))
+False
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kdsl.codegen import reference
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
+from kdsl.lang.parser import parse
+
+__all__ = [
+    "Families",
+    "RANK_LAYERS",
+    "duplicates",
+    "SMALL_LAYERS",
+    "family_rank",
+    "fingerprint",
+    "pattern",
+    "pattern_key",
+    "rank_of",
+]
+
+#: Small layers to evaluate on, tried in order until one binds. Primaries not named take 4,
+#: coefficients not named 2; the batch dim is set to the input's size (the identity batch).
+SMALL_LAYERS: tuple[dict[str, int], ...] = (
+    {"Cin": 4, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 8, "Cout": 12, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 12, "Cout": 8, "H": 6, "W": 6, "M": 6, "K": 3, "G": 2, "s": 2},
+)
+#: Tinier layers for the rank probe of operators with several weights (one probe is one run per
+#: weight, and a family needs about as many probes as its dimension).
+RANK_LAYERS: tuple[dict[str, int], ...] = (
+    {"Cin": 2, "Cout": 3, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 4, "Cout": 4, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 8, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+)
+#: The names a batch dim may have (the specs' ``batch``).
+BATCH = ("N", "M")
+#: Relative rounding before comparing entries.
+TOLERANCE = 1e-11
+#: The most directional derivatives a rank probe takes (bigger families are reported as this).
+MAX_RANK = 192
+
+
+def fingerprint(op: object, batch: Collection[str] = BATCH) -> str | None:
+    """A hash of ``op``'s function family: its pattern key and its dimension, ``"<16 hex>:<rank>"``;
+    equal for re-parametrizations of one family (see the module docstring); None for a branching
+    kernel, an operator without a batch dim among ``batch``, or one no small layer binds."""
+    key = pattern_key(op, batch)
+    if key is None:
+        return None
+    rank = key[1] if key[1] is not None else rank_of(op, batch)  # type: ignore[arg-type]
+    return None if rank is None else f"{key[0]}:{rank}"
+
+
+def pattern_key(op: object, batch: Collection[str] = BATCH) -> tuple[str, int | None] | None:
+    """The cheap half of the fingerprint (one reference run): the equality pattern's hash, and
+    the family's dimension when it comes free (one weight or none), else None (then
+    :func:`rank_of` probes it: search asks only when another family has the same pattern)."""
+    if not isinstance(op, Operator):
+        return None
+    name = _batch(op, batch)
+    if name is None:
+        return None
+    for base in SMALL_LAYERS:
+        try:
+            layer = _layer(op, base, name)
+            labels = pattern(op, layer, name)
+        except KdslError:
+            continue
+        digest = hashlib.sha256(labels.tobytes() + f"|{labels.shape}".encode()).hexdigest()[:16]
+        return digest, (family_rank(op, layer, name, labels) if len(op.weights) <= 1 else None)
+    return None
+
+
+def rank_of(op: Operator, batch: Collection[str] = BATCH) -> int | None:
+    """The family's dimension (see :func:`family_rank`) on the first of :data:`RANK_LAYERS` that
+    binds; None if none does."""
+    name = _batch(op, batch)
+    if name is None:
+        return None
+    for tiny in RANK_LAYERS:
+        try:
+            return family_rank(op, _layer(op, tiny, name), name)
+        except KdslError:
+            continue
+    return None
+
+
+def _batch(op: Operator, batch: Collection[str]) -> str | None:
+    outputs = {d.name for d in op.outputs}
+    return next((d.name for d in op.inputs if d.name in batch and d.name in outputs), None)
+
+
+def _layer(op: Operator, base: Mapping[str, int], batch: str) -> dict[str, int]:
+    layer: dict[str, int] = {}
+    for var in op.variables:
+        layer[var.name] = base.get(var.name, 4 if var.kind != "coefficient" else 2)
+    layer[batch] = 1
+    shape = reference.shapes(op, layer).input
+    layer[batch] = int(np.prod(shape))
+    return layer
+
+
+def _identity(op: Operator, layer: Mapping[str, int], batch: str) -> tuple[np.ndarray, int]:
+    shape = reference.shapes(op, layer).input
+    axis = [d.name for d in op.inputs].index(batch)
+    n = layer[batch]
+    rest = shape[:axis] + shape[axis + 1 :]
+    x = np.moveaxis(np.eye(n).reshape((n, *rest)), 0, axis)
+    return np.ascontiguousarray(x), axis
+
+
+def _matrix(op: Operator, layer: Mapping[str, int], batch: str, x: np.ndarray, weights: Sequence) -> np.ndarray:
+    """``M(w)``: outputs (spec order, batch aside) by inputs."""
+    y = reference.run(op, layer, x, list(weights))
+    axis = [d.name for d in op.outputs].index(batch)
+    y = np.moveaxis(y, axis, -1)
+    return y.reshape(-1, layer[batch])
+
+
+def pattern(op: Operator, layer: Mapping[str, int], batch: str) -> np.ndarray:
+    """The equality pattern of ``M(w)`` at ``layer``: an int label per entry, 0 for entries zero
+    on the family, else 1 + the index of its class in order of first occurrence."""
+    x, _ = _identity(op, layer, batch)
+    shapes = reference.shapes(op, layer).weights
+    rng = np.random.default_rng(1)
+    m = _matrix(op, layer, batch, x, [rng.standard_normal(shape) for shape in shapes])
+    scale = float(np.max(np.abs(m))) or 1.0
+    values = np.round(m.ravel() / scale / TOLERANCE)
+    _, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))  # classes relabelled by first occurrence
+    labels = order[inverse.ravel()] + 1
+    labels[values == 0] = 0
+    return labels.reshape(m.shape).astype(np.int64)
+
+
+def family_rank(op: Operator, layer: Mapping[str, int], batch: str, labels: np.ndarray | None = None) -> int:
+    """The family's dimension: with one weight (or none) the number of nonzero classes of
+    ``labels``; with more, the rank of the weight Jacobian at a random point, probed along random
+    directions until the rank stops growing (at most :data:`MAX_RANK`)."""
+    if len(op.weights) <= 1 and labels is not None:
+        return len(np.unique(labels[labels > 0]))
+    one = dict(layer) | {batch: 1}
+    params = sum(int(np.prod(shape)) for shape in reference.shapes(op, one).weights)
+    per_sample = int(np.prod(reference.shapes(op, one).output))
+    # enough samples that the outputs can hold every direction the weights have (twice over)
+    layer = dict(layer) | {batch: max(1, min(layer[batch], -(-2 * params // per_sample)))}
+    shapes = reference.shapes(op, layer)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shapes.input)
+    point = [rng.standard_normal(shape) for shape in shapes.weights]
+    columns: list[np.ndarray] = []
+    rank = 0
+    while len(columns) < min(params, MAX_RANK):
+        for _ in range(8):
+            derivative = 0.0
+            for k, shape in enumerate(shapes.weights):
+                weights = list(point)
+                weights[k] = rng.standard_normal(shape)
+                derivative = derivative + reference.run(op, layer, x, weights).ravel()
+            columns.append(np.asarray(derivative))
+        rank = int(np.linalg.matrix_rank(np.stack(columns, axis=1)))
+        if rank < len(columns):
+            break
+    return min(rank, MAX_RANK)
+
+
+class Families:
+    """The function families a search has stored, for dedupe at insertion: ``store`` (a
+    :class:`kdsl.search.store.Store` or None) holds those of earlier calls, this object those of
+    this call. The rank of an operator with several weights is probed only when another family
+    has its pattern (the expensive half, paid on a pattern collision only); a stored operator
+    whose rank was not needed then is read back from its DSL text when it is.
+
+    >>> from kdsl import gallery
+    >>> families = Families(None)
+    >>> families.classify("a", gallery.load("conv2d"))[2], families.classify("b", gallery.load("conv2d"))[2]
+    (None, 'a')
+    """
+
+    def __init__(self, store: Any, batch: Collection[str] = BATCH) -> None:
+        self.store = store
+        self.batch = tuple(batch)
+        self.known: dict[str, list[list[Any]]] = {}  # pattern -> [key, rank or None, op or DSL text]
+
+    def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
+        """``(pattern, rank, duplicate_of)`` for a new operator: ``duplicate_of`` is the key of a
+        known operator of the same family, else None (and ``op`` becomes a known family)."""
+        found = pattern_key(op, self.batch)
+        if found is None:
+            return None, None, None
+        pattern, rank = found
+        members = self.known.get(pattern)
+        if members is None:
+            stored = self.store.families(pattern) if self.store is not None else []
+            members = self.known[pattern] = [[k, r, dsl] for k, r, dsl in stored]
+        if members and rank is None:
+            rank = rank_of(op, self.batch)  # type: ignore[arg-type]
+        for member in members:
+            if member[1] is None:
+                member[1] = self._rank(member[2])
+            if member[1] == rank:
+                return pattern, rank, member[0]
+        members.append([key, rank, op])
+        return pattern, rank, None
+
+    def _rank(self, op_or_text: Any) -> int | None:
+        try:
+            op = parse(op_or_text) if isinstance(op_or_text, str) else op_or_text
+        except KdslError:
+            return None
+        if not isinstance(op, Operator):
+            return None
+        found = pattern_key(op, self.batch)
+        if found is not None and found[1] is not None:
+            return found[1]
+        return rank_of(op, self.batch)
+
+
+def duplicates(texts: Sequence[str], batch: Collection[str] = BATCH) -> tuple[int, int]:
+    """``(operators, families)`` among DSL ``texts`` by the full :func:`fingerprint` (pattern and
+    rank for every operator, whatever search skipped); an operator without a fingerprint counts
+    as its own family. ``operators - families`` are re-parametrizations of another.
+
+    >>> from kdsl import gallery
+    >>> duplicates([gallery.load("conv2d").to_dsl()] * 2 + [gallery.load("pointwise_conv2d").to_dsl()])
+    (3, 2)
+    """
+    families: set[str] = set()
+    for i, text in enumerate(texts):
+        try:
+            found = fingerprint(parse(text), batch)
+        except KdslError:
+            found = None
+        families.add(found if found is not None else f"unknown {i}")
+    return len(texts), len(families)

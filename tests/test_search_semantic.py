@@ -1,0 +1,101 @@
+"""Semantic fingerprints: re-parametrizations of one function family collide, different families
+do not; search stores one operator per family."""
+
+import pytest
+
+from kdsl import gallery
+from kdsl.bench.rediscover import NO_VIEWS
+from kdsl.lang import Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
+from kdsl.lang.graph import Graph
+from kdsl.search.run import search
+from kdsl.search.semantic import duplicates, fingerprint
+from kdsl.search.space import Space
+from kdsl.search.store import Store
+
+N, Cin, H, W, Cout = primary("N Cin H W Cout")
+G, K = coefficient("G K")
+
+
+def pointwise_split(block):
+    """A pointwise conv whose input channels are split first (by ``block``), the weight over both parts."""
+    w = Weight(Cout, "g", "c", name="w")
+    return (
+        Input(N, Cin, H, W)
+        >> Split(Cin, block, "g", "c")
+        >> Share(w)
+        >> Reduce("g", "c")
+        >> Output(N, Cout, H, W, defaults={"G": 4})
+    )
+
+
+def pointwise_shifted():
+    w = Weight(Cout, Cin, name="w")
+    return Input(N, Cin, H, W) >> Shift(Cin) >> Share(w) >> Reduce(Cin) >> Output(N, Cout, H, W)
+
+
+def pointwise_windowed():
+    """A window over the channels whose offsets a weight owns, then reduced: still a pointwise conv
+    (each input channel gets the sum of the weights that reach it)."""
+    w = Weight(Cout, Cin, "k", name="w")
+    return (
+        Input(N, Cin, H, W)
+        >> Unfold(Cin, K, "k")
+        >> Share(w)
+        >> Reduce(Cin, "k")
+        >> Output(N, Cout, H, W, defaults={"K": 3})
+    )
+
+
+def rank_one():
+    """out[o] = a[o] * sum_c b[c] x[c]: all entries distinct like a pointwise conv, but rank one."""
+    b = Weight(Cin, name="b")
+    a = Weight(Cout, name="a")
+    return Input(N, Cin, H, W) >> Share(b) >> Reduce(Cin) >> Share(a) >> Output(N, Cout, H, W)
+
+
+def test_reparametrizations_collide():
+    pointwise = fingerprint(gallery.load("pointwise_conv2d"))
+    assert pointwise is not None
+    assert fingerprint(pointwise_split(Cin / G)) == pointwise
+    assert fingerprint(pointwise_split(G)) == pointwise
+    assert fingerprint(pointwise_shifted()) == pointwise
+    assert fingerprint(pointwise_windowed()) == pointwise
+
+
+@pytest.mark.parametrize("name", ["conv2d", "depthwise_separable_conv2d", "grouped_conv2d", "shift_conv2d"])
+def test_different_families_differ(name):
+    pointwise = fingerprint(gallery.load("pointwise_conv2d"))
+    found = fingerprint(gallery.load(name))
+    assert found is not None and found != pointwise
+    assert found == fingerprint(gallery.load(name))  # deterministic
+
+
+def test_rank_tells_products_from_full_weights():
+    # same equality pattern (every entry a different polynomial), different dimension
+    assert fingerprint(rank_one()) != fingerprint(gallery.load("pointwise_conv2d"))
+    # depthwise then pointwise has conv2d's pattern but not its dimension
+    assert fingerprint(gallery.load("depthwise_separable_conv2d")) != fingerprint(gallery.load("conv2d"))
+
+
+def test_no_fingerprint_without_a_batch_dim_or_for_graphs():
+    assert fingerprint(gallery.load("pointwise_conv2d"), batch=()) is None
+    assert fingerprint(object.__new__(Graph)) is None
+
+
+def test_search_stores_one_operator_per_family_across_resumes(tmp_path):
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6, reductions=["Cin", "K"], caps=NO_VIEWS)
+    db = str(tmp_path / "r.db")
+    first = search(space, "enumerate", db=db, max_results=10, commit_every=0.0)
+    rest = search(space, "enumerate", db=db)
+    assert rest.finished and first.duplicates + rest.duplicates > 0
+    store = Store(db)
+    valid = store.top(10**6)
+    duplicate = store.top(10**6, status="duplicate")
+    keys = {r["key"] for r in valid}
+    assert duplicate and all(r["metrics"]["duplicate_of"] in keys for r in duplicate)
+    assert len(valid) == first.new + rest.new
+    operators, families = duplicates([r["dsl"] for r in valid])
+    assert operators == len(valid) and operators - families <= 0.05 * operators
+    # without dedupe the same space stores every re-parametrization
+    plain = search(space, "enumerate", dedupe=False)
+    assert plain.new == len(valid) + len(duplicate)
