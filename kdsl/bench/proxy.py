@@ -34,8 +34,9 @@ from kdsl import gallery
 from kdsl.discover import prescreen
 from kdsl.discover.loop import DiscoverConfig, discovery_space
 from kdsl.discover.prescreen import spearman
-from kdsl.discover.proxy import ProxyConfig, train
+from kdsl.discover.proxy import ProxyConfig, proxy_net, train
 from kdsl.lang.build import Operator
+from kdsl.lang.errors import KdslError
 from kdsl.lang.parser import parse
 from kdsl.search.run import search
 from kdsl.search.store import Store
@@ -47,6 +48,7 @@ __all__ = [
     "add_prescreen_arguments",
     "bench_prescreen",
     "bench_proxy",
+    "fitting_operators",
     "operators",
     "proxy_spread",
     "stored_candidates",
@@ -216,6 +218,11 @@ def add_prescreen_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench prescreen``."""
     parser.add_argument("--db", help="a search or discovery database to draw candidates from (default: search first)")
     parser.add_argument("--count", type=int, default=16, help="candidates to score and train")
+    parser.add_argument(
+        "--gallery",
+        action="store_true",
+        help="score the gallery operators that fit the proxy and the weak ones instead",
+    )
     parser.add_argument("--search-seconds", type=float, default=60.0, help="without --db: seconds of search")
     parser.add_argument("--strategy", default="random", help="without --db: the search strategy")
     parser.add_argument("--seed", type=int, default=0)
@@ -228,6 +235,10 @@ def bench_prescreen(args: argparse.Namespace) -> int:
     """``kdsl bench prescreen``: Spearman's rank correlation of each pre-screening score
     (:mod:`kdsl.discover.prescreen`) with the full proxy accuracy over candidates of a store."""
     config = ProxyConfig(epochs=args.epochs)
+    if args.gallery:
+        candidates = [(name, op, None) for name, op in fitting_operators(config).items()]
+        result = prescreen.correlation(candidates, config, short_epochs=args.short_epochs, stream=sys.stderr)
+        return _print_correlation(result, args.json)
     with tempfile.TemporaryDirectory() as folder:
         db = args.db
         if db is None:
@@ -237,7 +248,24 @@ def bench_prescreen(args: argparse.Namespace) -> int:
             sys.stderr.write(f"searched {report.seconds:.0f} s: {report.valid} valid candidates\n")
         candidates = stored_candidates(db, args.count, args.seed)
     result = prescreen.correlation(candidates, config, short_epochs=args.short_epochs, stream=sys.stderr)
-    if args.json:
+    return _print_correlation(result, args.json)
+
+
+def fitting_operators(config: ProxyConfig) -> dict[str, Operator]:
+    """Every gallery operator that builds in the proxy network, and the weak ones."""
+    ops = {}
+    for name in gallery.names():
+        try:
+            op = gallery.load(name)
+            proxy_net(op, config)
+        except KdslError:
+            continue
+        ops[name] = op
+    return ops | operators(list(WEAK))
+
+
+def _print_correlation(result: Mapping[str, Any], as_json: bool) -> int:
+    if as_json:
         print(json.dumps(result, sort_keys=True))
         return 0
     print(

@@ -88,8 +88,10 @@ class DiscoverConfig:
     #: the proxy's data (:mod:`kdsl.discover.data`): digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR
     data: str = "digits"
     #: the pre-screening score (:mod:`kdsl.discover.prescreen`) that picks which candidates to
-    #: train, or None to train candidates in the search's order
-    prescreen: str | None = "naswot"
+    #: train, or None to train candidates in the search's order. grad_norm: Spearman 0.66 with
+    #: the full proxy over 18 gallery and weak operators at ~1% of a training run's time (a
+    #: 1-epoch run: 0.79 at ~10%; NASWOT 0.47, SynFlow 0.22); see kdsl bench prescreen
+    prescreen: str | None = "grad_norm"
     #: candidates screened for each one trained
     screen_factor: int = 4
     #: other ProxyConfig fields (e.g. ``{"widths": [8, 16]}`` for a smaller proxy network)
