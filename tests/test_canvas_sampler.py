@@ -287,7 +287,7 @@ def test_the_search_bench_prints_the_sampler_beside_the_rollouts():
         assert row["ms_per_legal"] >= row["sample_ms_per_legal"]
     canvas_lines = [line for line in results["lines"] if "canvas sampler" in line]
     rollout_lines = [line for line in results["lines"] if "random rollouts" in line]
-    assert len(canvas_lines) == 2 and len(rollout_lines) == 4
+    assert len(canvas_lines) == 2 and len(rollout_lines) == 5
     assert all("ms per legal kernel" in line and "distinct canonical/min" in line for line in canvas_lines)
 
 

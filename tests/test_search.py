@@ -20,7 +20,7 @@ from kdsl.search.distance import shape_distance, state_distance
 from kdsl.search.enumerate import Enumeration, count_by_depth
 from kdsl.search.mcts import MCTS
 from kdsl.search.run import search
-from kdsl.search.sample import Sampling
+from kdsl.search.sample import Sampling, rollout
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
 from kdsl.search.synthesis import canonical_path, children, is_complete, root, to_operators
@@ -203,6 +203,14 @@ def test_random_sampling_is_seeded():
     for _ in range(3):
         next(states)
     assert [k for k in keys_of(resumed, space, 4)] == [k for k in keys_of(first, space, 4)]
+
+
+def test_steered_rollouts_complete_at_least_one_in_ten():
+    # count-based (no timing): the same seeded rollouts, steered and plain
+    space = Space("conv2d", "resnet18", max_depth=6, coefficients={"K": [3], "G": [32], "s": [2]})
+    steered = sum(rollout(space, random.Random(f"0:{i}")) is not None for i in range(200))
+    plain = sum(rollout(space, random.Random(f"0:{i}"), steer=False) is not None for i in range(200))
+    assert steered >= 20 and steered > 3 * plain
 
 
 def test_mcts_is_seeded_and_finds_operators():

@@ -61,9 +61,10 @@ def enumeration_rates(depth: int, seconds: float) -> dict[str, Any]:
 
 
 def rollout_rates(
-    depth: int, seconds: float, *, canonicalize: bool, use_distance: bool, seed: int = 0
+    depth: int, seconds: float, *, canonicalize: bool, use_distance: bool, seed: int = 0, steer: bool = True
 ) -> dict[str, Any]:
-    """Random rollouts in the conv2d space for ``seconds``."""
+    """Random rollouts in the conv2d space for ``seconds`` (``steer``: backtracking at dead ends and
+    the shape distance steering the last steps, :func:`kdsl.search.sample.rollout`)."""
     space = Space(
         "conv2d", "resnet18", max_depth=depth, canonicalize=canonicalize, use_distance=use_distance, **BENCH_SPACE
     )
@@ -75,7 +76,7 @@ def rollout_rates(
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         trials += 1
-        state = rollout(space, rng)
+        state = rollout(space, rng, steer=steer)
         if state is None:
             continue
         complete += 1
@@ -90,6 +91,7 @@ def rollout_rates(
     return {
         "canonicalize": canonicalize,
         "shape_distance": use_distance,
+        "steer": steer,
         "seconds": round(elapsed, 1),
         "trials": trials,
         "complete": complete,
@@ -157,12 +159,16 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         if not row["finished"]:
             break
     sampling = []
-    for canonicalize, distance in ((True, True), (False, True), (True, False), (False, False)):
-        row = rollout_rates(max_depth, seconds, canonicalize=canonicalize, use_distance=distance, seed=seed)
+    variants = ((True, True, True), (True, True, False), (False, True, True), (True, False, True), (False, False, True))
+    for canonicalize, distance, steer in variants:
+        row = rollout_rates(
+            max_depth, seconds, canonicalize=canonicalize, use_distance=distance, seed=seed, steer=steer
+        )
         sampling.append(row)
         lines.append(
             f"  random rollouts (canonicalization {'on' if canonicalize else 'off'}, shape distance "
-            f"{'on' if distance else 'off'}): {row['trials']} trials in {row['seconds']}s, {row['complete']} complete, "
+            f"{'on' if distance else 'off'}, {'steered' if steer else 'plain'}): {row['trials']} trials in "
+            f"{row['seconds']}s, {row['complete']} complete, "
             f"canonical {row['canonical']} ({row['canonical_rate']}), {row['distinct']} distinct, "
             f"{row['distinct_valid']} distinct valid"
         )
