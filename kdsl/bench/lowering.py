@@ -22,18 +22,21 @@ maximum over the operators, the numbers issue 14 tracks.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from kdsl import gallery
+from kdsl.codegen.measure import latency_slot
+from kdsl.codegen.workers import WorkerPool
 from kdsl.discover.evaluators import AnalyticEvaluator, Context, LatencyEvaluator
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, printable
-from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.search.store import Store
 
@@ -92,45 +95,74 @@ def _named(refs: Sequence[str]) -> list[tuple[str, str, None]]:
     return found
 
 
+def _setup(layers: object, batch: int, latency: Mapping[str, Any]) -> tuple[AnalyticEvaluator, LatencyEvaluator]:
+    return AnalyticEvaluator(layers=layers), LatencyEvaluator(layers=layers, batch=batch, **dict(latency))
+
+
+def _measure_one(
+    state: tuple[AnalyticEvaluator, LatencyEvaluator],
+    item: tuple[str, str, dict[str, Any] | None],
+    slot: Callable[[], AbstractContextManager[Any]] = latency_slot,
+) -> dict[str, Any]:
+    analytic, timer = state
+    key, text, widths = item
+    row: dict[str, Any] = {"key": key}
+    try:
+        op = parse(text)
+        context = Context(widths=widths or None, latency_slot=slot)
+        flops = analytic.evaluate(op, context)  # type: ignore[arg-type]
+        times = timer.evaluate(op, context)  # type: ignore[arg-type]
+    except Exception as error:  # one operator's failure (a backend's bug) must not hide the others
+        first = str(error).splitlines()[0] if str(error) else ""
+        row["error"] = f"{type(error).__name__}: {first}"[:300]
+        return row
+    row.update(
+        flops_ratio=flops["flops_ratio"],
+        latency_ratio=times["latency_ratio"],
+        overhead=overhead(times["latency_ratio"], flops["flops_ratio"]),
+        latency_ms=times["latency_ms"],
+        baseline_latency_ms=times["baseline_latency_ms"],
+        latency_spread=times["latency_spread"],
+    )
+    return row
+
+
 def measure(
     items: Sequence[tuple[str, str, dict[str, Any] | None]],
     *,
     layers: object = "resnet18",
     batch: int = 1,
     latency: Mapping[str, Any] | None = None,
-    progress: Any = None,
+    timeout: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per ``(key, DSL text, widths)``: ``key``, ``flops_ratio``, ``latency_ratio``,
     ``overhead``, ``latency_ms``, ``baseline_latency_ms``, ``latency_spread``; or ``key`` and
     ``error`` when the operator does not parse, bind or lower on a layer. ``latency``: more
-    keyword arguments of :class:`LatencyEvaluator` (``repeats``, ``threads``, ...)."""
-    analytic = AnalyticEvaluator(layers=layers)
-    timer = LatencyEvaluator(layers=layers, batch=batch, **dict(latency or {}))
+    keyword arguments of :class:`LatencyEvaluator` (``repeats``, ``threads``, ...).
+
+    With ``timeout`` (seconds) each operator runs in an isolated worker process that is killed
+    after that long or when it runs out of memory (a blown-up lowering can need gigabytes), and
+    its row says so; without, they run in this process."""
+    setup = functools.partial(_setup, layers, batch, dict(latency or {}))
     rows: list[dict[str, Any]] = []
-    for key, text, widths in items:
-        row: dict[str, Any] = {"key": key}
-        try:
-            op = parse(text)
-            if not isinstance(op, (Operator, Graph)):  # pragma: no cover - parse returns one of them
-                raise KdslError(f"{key}: not an operator")
-            context = Context.of({"widths": widths} if widths else None)
-            flops = analytic.evaluate(op, context)  # type: ignore[arg-type]
-            times = timer.evaluate(op, context)  # type: ignore[arg-type]
-        except Exception as error:  # one operator's failure (a backend's bug) must not hide the others
-            first = str(error).splitlines()[0] if str(error) else ""
-            row["error"] = f"{type(error).__name__}: {first}"[:300]
-        else:
-            row.update(
-                flops_ratio=flops["flops_ratio"],
-                latency_ratio=times["latency_ratio"],
-                overhead=overhead(times["latency_ratio"], flops["flops_ratio"]),
-                latency_ms=times["latency_ms"],
-                baseline_latency_ms=times["baseline_latency_ms"],
-                latency_spread=times["latency_spread"],
-            )
-        rows.append(row)
-        if progress is not None:
-            progress(row)
+    if timeout is None:
+        state = setup()
+        for item in items:
+            rows.append(_measure_one(state, item))
+            if progress is not None:
+                progress(rows[-1])
+        return rows
+    with WorkerPool(_measure_one, setup=setup, timeout=timeout, name="kdsl-bench-lowering") as pool:
+        for item, outcome in pool.map(items, key=lambda item: item):
+            if outcome.ok:
+                row = outcome.value
+            else:
+                reason = outcome.error or outcome.status
+                row = {"key": item[0], "error": f"{outcome.status}: {reason.splitlines()[0] if reason else ''}"[:300]}
+            rows.append(row)
+            if progress is not None:
+                progress(row)
     return rows
 
 
@@ -162,7 +194,8 @@ def bench_lowering(args: argparse.Namespace) -> int:
         layers=args.layers,
         batch=args.batch,
         latency=latency,
-        progress=None if args.json else (lambda row: print(_line(row), flush=True)),
+        timeout=args.timeout,
+        progress=(lambda row: print(_line(row), file=sys.stderr if args.json else sys.stdout, flush=True)),
     )
     summary = summarize(rows)
     if args.json:
@@ -199,4 +232,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=_positive, default=1, help="batch size N (default 1, as discover)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1; 0: keep)")
     parser.add_argument("--repeats", type=_positive, default=9, help="interleaved rounds per layer (at least)")
-    parser.add_argument("--json", action="store_true", help="print rows and summary as JSON")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds per operator before its worker is killed (default 300)"
+    )
+    parser.add_argument("--json", action="store_true", help="print rows and summary as JSON (progress on stderr)")
