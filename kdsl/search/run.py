@@ -204,21 +204,25 @@ def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, eva
             rewards[key] = known["reward"] or 0.0
             best = max(best, rewards[key])
             continue
-        result = evaluate(space, op) if finished is None else finished.result
-        status, duplicate_of = result["status"], None
-        semantic, rank = None, None
-        if status == "valid" and dedupe:
-            # one stored operator per function family: a re-parametrization is recorded, not offered
+        semantic, rank, duplicate_of = None, None, None
+        if dedupe:
+            # one stored operator per function family: a re-parametrization of a stored valid
+            # operator is recorded, not evaluated (most of an enumeration's operators are such)
             if report.families is None:
                 report.families = Families(store, space.spec.batch)
-            semantic, rank, duplicate_of = report.families.classify(key, op)
+            semantic, rank, duplicate_of = report.families.lookup(op)
         if duplicate_of is not None:
+            result = {"status": "duplicate", "error": None, "coefficients": None}
             status, value = "duplicate", 0.0
             report.duplicates += 1
         else:
+            result = evaluate(space, op) if finished is None else finished.result
+            status = result["status"]
             value = evaluator(space, result)
             report.new += 1
             report.valid += status == "valid"
+            if status == "valid" and semantic is not None:
+                report.families.add(key, semantic, rank, op)  # type: ignore[union-attr]
         rewards[key] = value
         rows.append(
             {

@@ -244,9 +244,10 @@ class Families:
         self.batch = tuple(batch)
         self.known: dict[str, list[list[Any]]] = {}  # pattern -> [key, rank or None, op or DSL text]
 
-    def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
-        """``(pattern, rank, duplicate_of)`` for a new operator: ``duplicate_of`` is the key of a
-        known operator of the same family, else None (and ``op`` becomes a known family)."""
+    def lookup(self, op: object) -> tuple[str | None, int | None, str | None]:
+        """``(pattern, rank, duplicate_of)``: ``duplicate_of`` is the key of a known operator of
+        ``op``'s family, else None; ``pattern`` is None when ``op`` has no fingerprint, ``rank``
+        None when it was not needed."""
         found = pattern_key(op, self.batch)
         if found is None:
             return None, None, None
@@ -262,8 +263,18 @@ class Families:
                 member[1] = self._rank(member[2])
             if member[1] == rank:
                 return pattern, rank, member[0]
-        members.append([key, rank, op])
         return pattern, rank, None
+
+    def add(self, key: str, pattern: str, rank: int | None, op: object) -> None:
+        """Make ``op`` (found by :meth:`lookup` to have no known family) a known family."""
+        self.known.setdefault(pattern, []).append([key, rank, op])
+
+    def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
+        """:meth:`lookup`, and :meth:`add` when the family is new."""
+        pattern, rank, duplicate_of = self.lookup(op)
+        if pattern is not None and duplicate_of is None:
+            self.add(key, pattern, rank, op)
+        return pattern, rank, duplicate_of
 
     def _rank(self, op_or_text: Any) -> int | None:
         try:

@@ -284,13 +284,13 @@ class Store:
         self.connection.execute("CREATE INDEX IF NOT EXISTS candidates_by_semantic ON candidates (semantic)")
 
     def families(self, pattern: str) -> list[tuple[str, int | None, str]]:
-        """``(key, rank or None, dsl)`` of the stored candidates (not themselves duplicates) whose
+        """``(key, rank or None, dsl)`` of the stored valid candidates (duplicates are not valid) whose
         function family has this equality pattern (:func:`kdsl.search.semantic.pattern_key`);
         empty for a database written before fingerprints."""
         if "semantic" not in self._columns("candidates"):
             return []
         rows = self.connection.execute(
-            "SELECT key, semantic_rank, dsl FROM candidates WHERE semantic = ? AND status != 'duplicate' "
+            "SELECT key, semantic_rank, dsl FROM candidates WHERE semantic = ? AND status = 'valid' "
             "ORDER BY created, key",
             (pattern,),
         ).fetchall()
