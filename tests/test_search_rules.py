@@ -146,6 +146,27 @@ EXAMPLES = {
         same,
         1,
     ),
+    "split_absorbed_by_weight": (
+        Input(N, C)
+        >> Split(C, B, "a", "b")
+        >> Share(Weight("a", "b", Dim("o", D), name="w"))
+        >> Reduce("a", "b")
+        >> Output(N, "o"),
+        Input(N, C) >> Share(Weight(C, Dim("o", D), name="w")) >> Reduce(C) >> Output(N, "o"),
+        lambda ws, v: [ws[0].reshape(v["C"] // v["B"], v["B"], v["D"])],
+        1,
+    ),
+    "window_absorbed_by_weight": (
+        Input(N, C)
+        >> Unfold(C, K, "k")
+        >> Share(Weight(C, "k", Dim("o", D), name="w"))
+        >> Reduce(C, "k")
+        >> Output(N, "o"),
+        Input(N, C) >> Share(Weight(C, Dim("o", D), name="w")) >> Reduce(C) >> Output(N, "o"),
+        # the canonical weight as the window's centre tap (zero elsewhere)
+        lambda ws, v: [np.stack([ws[0] if k == v["K"] // 2 else 0 * ws[0] for k in range(v["K"])], axis=1)],
+        1,
+    ),
 }
 
 

@@ -284,6 +284,43 @@ def _window_reduced_once(space: Space, state: State, step: BStep) -> bool:
     return main.role == REDUCE and window.role == REDUCE
 
 
+def _absorbed(space: Space, state: State, step: BStep) -> bool:
+    """Both dims the view ``step`` makes (bottom-up: consumes) are shared by one weight and summed
+    right after it, and the view's input (what the step produces) may be reduced in the space."""
+    a, b = step.consumed
+    if a.role != SHARED or b.role != SHARED or a.step != b.step:
+        return False
+    share = state.steps[a.step]
+    lower = {id(up): down for up, down in zip(share.produced, share.shared)}
+    below = (lower.get(id(a)), lower.get(id(b)))
+    if any(d is None or d.role != REDUCE for d in below):
+        return False
+    return step.produced[0].size in space.reduction_index
+
+
+@rule(
+    "split_absorbed_by_weight",
+    "Split",
+    "exact",
+    "Split(C -> a, b) >> Share(w[a, b, ..]) >> Reduce(a, b) == Share(w[C, ..]) >> Reduce(C): the weight "
+    "absorbs the split (reshaped)",
+)
+def _split_absorbed_by_weight(space: Space, state: State, step: BStep) -> bool:
+    return _absorbed(space, state, step)
+
+
+@rule(
+    "window_absorbed_by_weight",
+    "Unfold",
+    "exact",
+    "Unfold(C, K -> k) >> Share(w[C, k, ..]) >> Reduce(C, k) == Share(w'[C, ..]) >> Reduce(C): a window "
+    "whose dims one weight contracts adds up to one weight entry per input position (w' = the sum of "
+    "the taps that reach it; any w' is the window's centre tap alone)",
+)
+def _window_absorbed_by_weight(space: Space, state: State, step: BStep) -> bool:
+    return _absorbed(space, state, step)
+
+
 # -- views against views ---------------------------------------------------------------------------
 
 
