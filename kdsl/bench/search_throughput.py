@@ -9,12 +9,16 @@
   half of conv2d's FLOPs (the budget its free widths are filled to) and without a budget: attempts
   and legal kernels per second, the share of the kernels it finished that are valid after solving
   (filled and checked on every layer, within budget), distinct canonical kernels per minute, and
-  the mean milliseconds per legal kernel (sampling and solving apart).
+  the mean milliseconds per legal kernel (sampling and solving apart);
+* semantic duplicates among the results an enumeration of ``seconds`` stores, with the dedupe at
+  insertion on and off (:func:`semantic_duplicates`).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import tempfile
 import time
 from typing import Any, TextIO
 
@@ -22,11 +26,14 @@ from kdsl.search.analytic import evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.rules import trace
+from kdsl.search.run import search
 from kdsl.search.sample import rollout
+from kdsl.search.semantic import duplicates
 from kdsl.search.space import Space
+from kdsl.search.store import Store
 from kdsl.search.synthesis import to_operators
 
-__all__ = ["canvas_rates", "enumeration_rates", "rollout_rates", "run_bench"]
+__all__ = ["canvas_rates", "enumeration_rates", "rollout_rates", "run_bench", "semantic_duplicates"]
 
 BENCH_SPACE: dict[str, Any] = {"coefficients": {"K": [3], "G": [32], "s": [2]}}
 
@@ -190,4 +197,44 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         )
         if stream is not None:
             stream.write(lines[-1] + "\n")
-    return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "lines": lines}
+    dedupe = semantic_duplicates(seconds, max_depth=max_depth)
+    lines.append(
+        f"  semantic dedupe (enumerate {dedupe['seconds']}s): {dedupe['stored']} results stored, "
+        f"{dedupe['stored'] - dedupe['families']} of them re-parametrizations of another "
+        f"({dedupe['duplicate_share']:.1%}); {dedupe['duplicates']} recorded as duplicates; "
+        f"without dedupe {dedupe['plain_stored']} stored, {dedupe['plain_families']} distinct "
+        f"({dedupe['plain_duplicate_share']:.1%} re-parametrizations)"
+    )
+    if stream is not None:
+        stream.write(lines[-1] + "\n")
+    return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "dedupe": dedupe, "lines": lines}
+
+
+def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]:
+    """Semantic duplicates among a search's stored results: enumerate the conv2d space for
+    ``seconds`` into a temporary database with dedupe on and again off, and count, among the valid
+    results each stored, those whose full fingerprint (:func:`kdsl.search.semantic.duplicates`,
+    pattern and rank for every operator) another stored result has.
+
+    >>> row = semantic_duplicates(0.5, max_depth=2)
+    >>> row["stored"] >= row["families"] >= 1
+    True
+    """
+    space = Space("conv2d", "resnet18", max_depth=max_depth, **BENCH_SPACE)
+    found: dict[str, Any] = {"seconds": seconds}
+    with tempfile.TemporaryDirectory() as folder:
+        for prefix, dedupe in (("", True), ("plain_", False)):
+            db = os.path.join(folder, f"{prefix or 'dedupe'}.db")
+            report = search(space, "enumerate", db=db, time_limit=seconds, dedupe=dedupe)
+            store = Store(db, readonly=True)
+            try:
+                texts = [row["dsl"] for row in store.top(10**9)]
+            finally:
+                store.close()
+            stored, families = duplicates(texts)
+            found[f"{prefix}stored"] = stored
+            found[f"{prefix}families"] = families
+            found[f"{prefix}duplicate_share"] = (stored - families) / stored if stored else 0.0
+            if dedupe:
+                found["duplicates"] = report.duplicates
+    return found
