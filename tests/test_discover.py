@@ -3,6 +3,7 @@ without losing or repeating any finished evaluation."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -179,3 +180,15 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
         assert [row["key"] for row in batch_again] == sorted(pool, key=lambda k: -pool[k])[:2]
     finally:
         evaluations.close()
+
+
+def test_measured_reward_climbs_with_accuracy_below_the_margin_and_keeps_accuracy_first():
+    from kdsl.discover.loop import measured_reward
+
+    base = {"accuracy": 0.9}
+    for ratio in (0.1, 0.5, 1.0, 3.0):
+        below = [measured_reward({"accuracy": a / 100, "latency_ratio": ratio}, "ok", base) for a in range(10, 88)]
+        assert all(0 < x < y for x, y in itertools.pairwise(below)), "no gradient below the margin"
+        within = measured_reward({"accuracy": 0.88, "latency_ratio": ratio}, "ok", base)
+        assert within > below[-1] * 1.9
+    assert measured_reward({"accuracy": 0.5, "latency_ratio": 0.5}, "timeout", base) == 0.0
