@@ -117,6 +117,33 @@ def test_merge_before_reduce_reduces_first_then_reshapes() -> None:
     assert_same_function(op, Operator(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2})
 
 
+def test_folding_is_kept_only_when_it_costs_no_more() -> None:
+    """Search's 87c41f5a: folding ``Merge("d", "k_2") ... Reduce`` lets the planner sum ``k_2``
+    (of size G/s = 1 here) in a pass of its own before the window; the plan as written, which sums
+    ``d`` and ``k_2`` together after it, is cheaper and is the one kept."""
+    K = coefficient("K")
+    op = (
+        Input(N, Cin, H, W)
+        >> Split(Cin, Cin * s / G, "k_2", "d")
+        >> Unfold("d", K, "k")
+        >> Share(Weight(Cout, "k", name="w1"))
+        >> Merge("d", "k_2", "Cin_r")
+        >> Reduce("Cin_r", "k")
+        >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3, "s": 2})
+    )
+    binding = bind(op, RESNET | {"K": 3})
+    p = plan(op, binding)
+    pixels = binding["N"] * binding["H"] * binding["W"]
+    assert p.flops(binding) == pixels * 3 * (binding["Cin"] + binding["Cout"])  # one pass over the window each
+    assert p.source is op
+    more = {**binding, "G": 4, "s": 1}  # k_2 = 4: summing it before the window saves a pass
+    assert plan(op, more).source is folded(op) and plan(op, more).flops(more) < pixels * 3 * (
+        more["Cin"] + more["Cout"]
+    )
+    for point in (binding, more):
+        assert_same_function(op, Operator(op.inputs, plan(op, point).steps, op.outputs, op.defaults), SMALL | {"K": 3})
+
+
 @pytest.mark.parametrize("mean", [False, True])
 def test_folded_views(mean: bool) -> None:
     """Merge, Split (both parts) and Shift whose outputs are only summed fold into the sum."""

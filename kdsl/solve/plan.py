@@ -39,13 +39,15 @@ stage, and the einsum would write the Share's whole product before a second pass
 
 **Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as
 soon as they are ready (in written order among themselves, Reduces first inside a stage); Reduces
-thus run as early as possible. The order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
-binding: every dependency-respecting order is tried (branch and bound) when there are at most
-:data:`MAX_ENUMERATED` heavy steps, else a greedy order picks, at each point, the ready heavy step
-after which (with the light steps it enables) the data is smallest. Ties go to the order closest
-to the written one (lexicographically smallest in the written indices of the heavy steps). With
-no binding the plan is chosen at a reference point: every primary variable 256, every
-coefficient its default or 3.
+thus run as early as possible. The order of the *heavy* steps (contractions, one-to-many views)
+is chosen to minimize FLOPs at a binding: every dependency-respecting order is tried (branch
+and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
+at each point, the ready heavy step after which (with the light steps it enables) the data is
+smallest. Ties go to the order closest to the written one (lexicographically smallest in the
+written indices of the heavy steps). With no binding the plan is chosen at a reference point:
+every primary variable 256, every coefficient its default or 3. Both the operator and its
+:func:`folded` form are planned so, and the plan with fewer FLOPs (then the smaller largest
+tensor; then the folded one) is kept.
 
 **Lowering.** A backend walks :meth:`Plan.segments` in order: a :class:`View` applies one view
 step to the data (``View.before`` -> ``View.after`` live dims), a :class:`Stage` is one einsum.
@@ -685,14 +687,27 @@ def _build(
     )
 
 
+def _cost(p: Plan) -> tuple[Fraction, int]:
+    values = dict(p.binding)
+    return sum((stage.cost.evaluate(values) for stage in p.stages), Fraction(0)), p.largest_tensor()
+
+
 @lru_cache(maxsize=1024)
 def _plan(op: Operator, binding: tuple[tuple[str, int | Fraction], ...], reorder: bool) -> Plan:
-    source = folded(op) if reorder else op
-    graph = _graph(source)
-    order = _Scheduler(graph, dict(binding)).best_order() if reorder else list(range(len(graph.steps)))
-    if len(order) != len(graph.steps):  # pragma: no cover - the dependency graph is acyclic
-        raise AssertionError("the planner lost steps")
-    return _build(op, source, graph, order, binding)
+    if not reorder:
+        graph = _graph(op)
+        return _build(op, op, graph, list(range(len(graph.steps))), binding)
+    plans = []
+    # the folded operator first: on a tie it wins (it writes no larger tensor); the operator as
+    # written stays a candidate because summing a folded view's parts early can cost a pass more
+    # (a part of size 1 at this binding is summed in a pass of its own)
+    for source in dict.fromkeys((folded(op), op)):
+        graph = _graph(source)
+        order = _Scheduler(graph, dict(binding)).best_order()
+        if len(order) != len(graph.steps):  # pragma: no cover - the dependency graph is acyclic
+            raise AssertionError("the planner lost steps")
+        plans.append(_build(op, source, graph, order, binding))
+    return min(plans, key=_cost)
 
 
 def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:
