@@ -97,7 +97,7 @@ def count_by_depth(space: Space) -> dict[int, int]:
 
     >>> from kdsl.search.space import Space
     >>> count_by_depth(Space("matmul", "resnet18", coefficients={"K": [3]}, max_depth=4, caps={"Expand": 0}))
-    {2: 1, 4: 10}
+    {2: 1, 4: 9}
     """
     keys: dict[str, int] = {}
     for state in Enumeration(space).states():
