@@ -176,7 +176,7 @@ def test_enumeration_is_shallow_first_and_a_short_run_returns_the_classics(tmp_p
     assert gallery.load("pointwise_conv2d").key in keys
     same = Space("conv2d_same_channels", "resnet18", coefficients={"K": [3]}, max_depth=5)
     assert gallery.load("depthwise_conv2d").key in search(same, "enumerate", max_results=300).found
-    depths = [state.depth for state in itertools.islice(Enumeration(space).states(), 800) if state is not None]
+    depths = [state.depth for state in itertools.islice(Enumeration(space).states(), 300) if state is not None]
     assert depths == sorted(depths) and depths[0] == 2 and depths[-1] > 2
 
 
