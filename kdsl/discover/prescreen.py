@@ -20,7 +20,8 @@ like the training run, on one batch of the proxy's training data:
 :func:`correlation` measures how well each ranks candidates against the full proxy accuracy
 (Spearman's rank correlation), as ``kdsl bench prescreen`` does on a search store. Measured on
 the default proxy (noisy, 2 shared cores): over the 15 gallery operators that fit the proxy and
-3 weak ones (accuracies 0.31 to 0.96), ``short`` 0.79 (1.3 s a candidate), ``grad_norm`` 0.66,
+3 weak ones (accuracies 0.31 to 0.96), ``short`` 0.79 (1 epoch, 1.3 s a candidate; 2 epochs:
+0.88), ``grad_norm`` 0.66,
 ``naswot`` 0.47, ``synflow`` 0.22 (0.2 s for all three), full training 11.8 s (``kdsl bench
 prescreen --gallery``); over 16 random candidates of a search store (``kdsl bench prescreen``;
 accuracies mostly 0.49 to 0.54) none predicts (-0.27 to -0.10). ``kdsl discover`` screens with
