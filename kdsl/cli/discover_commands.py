@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
-from kdsl.discover.loop import NETS, DiscoverConfig, discover
+from kdsl.discover.loop import NETS, DiscoverConfig, discover, strategy_sequence
 from kdsl.discover.prescreen import METHODS
+from kdsl.lang.errors import KdslError
 from kdsl.search.run import STRATEGIES
 
 __all__ = ["add_discover_command"]
@@ -37,7 +39,13 @@ def add_discover_command(subparsers: Any) -> None:
         "scale does not), a count, or none; candidates below it are not trained",
     )
     parser.add_argument("--max-depth", type=positive_int, default=6)
-    parser.add_argument("--strategy", default="mcts", choices=sorted(STRATEGIES))
+    parser.add_argument(
+        "--strategy",
+        type=_strategies,
+        default=DiscoverConfig.strategy,
+        help=f"strategies in turn, comma-separated ({', '.join(sorted(STRATEGIES))}); default: known designs "
+        f"and their rewrites, then MCTS",
+    )
     parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--db", default="runs.sqlite")
     parser.add_argument("--out", default="out")
@@ -92,3 +100,12 @@ def _command(args: Any) -> int:
     summary = discover(config)
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def _strategies(text: str) -> str:
+    """argparse type of ``--strategy``: a comma-separated list of known strategies."""
+    try:
+        strategy_sequence(text)
+    except KdslError as error:
+        raise argparse.ArgumentTypeError(error.message) from None
+    return text

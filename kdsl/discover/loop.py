@@ -34,7 +34,7 @@ from kdsl.discover.report import write_report
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import reward
-from kdsl.search.run import search
+from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import SPECS, Space, load_spec
 from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers
@@ -73,7 +73,9 @@ class DiscoverConfig:
     #: whose weights are a per-channel vector, ~0.0004x, or a single small window)
     min_params: str | None = "0.002x"
     max_depth: int = 6
-    strategy: str = "mcts"
+    #: search strategies in turn, each until it is exhausted: known designs and their rewrites
+    #: first (they are where good operators are), then MCTS over the whole space
+    strategy: str = "neighbors,mcts"
     time_limit: float = 300.0
     db: str = "runs.sqlite"
     out: str = "out"
@@ -305,6 +307,27 @@ def measured_reward(
     return value
 
 
+def strategy_sequence(text: str) -> list[str]:
+    """The strategies of ``--strategy`` (``"neighbors,mcts"``: one after the other).
+
+    >>> strategy_sequence("neighbors, mcts")
+    ['neighbors', 'mcts']
+    >>> strategy_sequence("greedy")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.SearchError: unknown strategy 'greedy' in --strategy: choose from canvas, enumerate, ...
+    """
+    names = [part.strip() for part in str(text).split(",") if part.strip()]
+    for name in names:
+        if name not in STRATEGIES:
+            raise SearchError(
+                f"unknown strategy {printable(name)!r} in --strategy: choose from {', '.join(sorted(STRATEGIES))}"
+            )
+    if not names:
+        raise SearchError("--strategy names no strategy")
+    return names
+
+
 def _set_reward(db: str, key: str, value: float) -> None:
     store = Store(db)
     try:
@@ -339,6 +362,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     raise SearchError(f"the baseline failed to evaluate: {result['error']}")
                 evaluations.add(result, role="baseline")
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
+        strategies = strategy_sequence(config.strategy)
         finished = False
         trained = 0
         while time.monotonic() - start < config.time_limit:
@@ -346,14 +370,20 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
             if not finished:
                 report = search(
                     space,
-                    config.strategy,
+                    strategies[0],
                     db=config.db,
                     seed=config.seed,
                     time_limit=max(1.0, min(30.0, remaining / 4)),
                     max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
                 )
-                finished = report.finished
-                _say(progress, f"search: {report.new} new candidates ({report.valid} valid), {report.nodes} nodes")
+                _say(
+                    progress,
+                    f"search ({strategies[0]}): {report.new} new candidates ({report.valid} valid), "
+                    f"{report.nodes} nodes",
+                )
+                if report.finished:  # this strategy is exhausted: the next one takes over
+                    strategies = strategies[1:]
+                    finished = not strategies
             done = evaluations.done()
             if config.prescreen:
                 batch, failed = _screen(config, executor, evaluations, progress)
