@@ -104,6 +104,33 @@ def test_the_issue_case_generated_module_matches_the_reference() -> None:
     assert np.allclose(got, reference.run(op, SMALL, x, weights), rtol=1e-9, atol=1e-9)
 
 
+def test_two_weights_are_contracted_with_each_other_first() -> None:
+    """Search's b00aca54: one stage ``x * w1 * w2`` summed over d (in the weights only), k, d_2.
+    torch.einsum goes left to right, so the data would first meet all of w1's dims; the module
+    contracts the weights over d first, then the data once."""
+    w1 = Weight(Cout, Dim("d", Cin / (G * s)), "k", name="w1")
+    w2 = Weight("d", "k", "d_2", name="w2")
+    op = (
+        Input(N, Cin, H, W)
+        >> Split(Cin, Cin * G / s, "k", "d_2")
+        >> Share(w1)
+        >> Share(w2)
+        >> Merge("k", "d_2", "Cin_r")
+        >> Reduce("d", "Cin_r")
+        >> Output(N, Cout, H, W, defaults={"G": 2, "s": 2})
+    )
+    layer = {"N": 2, "Cin": 8, "Cout": 3, "H": 3, "W": 2, "G": 2, "s": 2}
+    text = kdsl_torch.source(op, layer)
+    assert '"Cout d k, d k d_2 -> Cout k d_2"' in text and '"N k d_2 H W, Cout k d_2 -> N H W Cout"' in text
+    module = kdsl_torch.build(op, layer).double()
+    x, weights = reference.random_inputs(op, layer, seed=0)
+    with torch.no_grad():
+        for parameter, array in zip(module.weights, weights):
+            parameter.copy_(torch.from_numpy(array))
+        got = module(torch.from_numpy(x)).numpy()
+    assert np.allclose(got, reference.run(op, layer, x, weights), rtol=1e-9, atol=1e-9)
+
+
 def test_merge_before_reduce_reduces_first_then_reshapes() -> None:
     """A Merge written between a Share and the Reduce of another dim moves after the Reduce."""
     E = coefficient("E")

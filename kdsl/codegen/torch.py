@@ -28,6 +28,8 @@ import keyword
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
+from math import prod
 from typing import Any
 
 from kdsl import solve
@@ -329,7 +331,7 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
         for step in _reshapes_last(views):
             _emit_view(writer, step)
         if stage is not None:
-            _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index)
+            _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index, dict(plan.binding))
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
     if writer.axes != outputs:
@@ -717,15 +719,64 @@ def _native_matmul(
     return True
 
 
+def _weights_first(
+    writer: _Writer,
+    weights: list[Weight],
+    reduced: set[str],
+    before: dict[str, Size],
+    weight_index: dict[str, int],
+    binding: Mapping[str, int],
+) -> list[str] | None:
+    """Contract a stage's weights with each other first, over the dims that only they carry and
+    the stage sums, when that costs less than one pass over the whole iteration space: emit
+    ``w = einsum(weights..., -> kept dims)`` and return the kept dims, else None. torch.einsum
+    (without opt_einsum) contracts its operands left to right, so ``x * w1 * w2`` would first
+    write the product of the data with all of ``w1``'s dims (search's b00aca54: a 7-D tensor
+    Cin/(G*s) times larger than the output) before ``w2`` sums any of them away."""
+    if len(weights) < 2:
+        return None
+    data = set(writer.axes)
+    sizes = {**before, **{d.name: d.size for w in weights for d in w.dims}}
+    names = list(dict.fromkeys(d.name for w in weights for d in w.dims))
+    inner = [n for n in names if n in reduced and n not in data]
+    if not inner:
+        return None
+    kept = [n for n in names if n not in inner]
+
+    def elements(dims: set[str]) -> Fraction:
+        return prod((sizes[n].evaluate(binding) for n in dims), start=Fraction(1))
+
+    direct = elements(data | set(names))
+    first = elements(set(names)) + elements(data | set(kept))
+    if first >= direct:
+        return None
+    operands = ", ".join(writer.weight(weight_index[w.name]) for w in weights)
+    patterns = ", ".join(writer.pattern([d.name for d in w.dims]) for w in weights)
+    writer.emit(
+        f'w = einsum({operands}, "{patterns} -> {writer.pattern(kept)}")  # the weights first: sums {", ".join(inner)}'
+    )
+    return kept
+
+
 def _emit_stage(
-    writer: _Writer, block: list[Primitive], before: dict[str, Size], result: list[str], weight_index: dict[str, int]
+    writer: _Writer,
+    block: list[Primitive],
+    before: dict[str, Size],
+    result: list[str],
+    weight_index: dict[str, int],
+    binding: Mapping[str, int] | None = None,
 ) -> None:
     if _native_matmul(writer, block, before, weight_index):
         return
     shares = [step.weight for step in block if isinstance(step, Share)]
     reduces = [step for step in block if isinstance(step, Reduce)]
-    operands = [writer.data] + [writer.weight(weight_index[w.name]) for w in shares if isinstance(w, Weight)]
-    patterns = [writer.pattern()] + [writer.pattern([d.name for d in w.dims]) for w in shares if isinstance(w, Weight)]
+    weights = [w for w in shares if isinstance(w, Weight)]
+    kept = _weights_first(writer, weights, {r.dim for r in reduces}, before, weight_index, binding or {})
+    if kept is not None:
+        operands, patterns = [writer.data, "w"], [writer.pattern(), writer.pattern(kept)]
+    else:
+        operands = [writer.data] + [writer.weight(weight_index[w.name]) for w in weights]
+        patterns = [writer.pattern()] + [writer.pattern([d.name for d in w.dims]) for w in weights]
     comment = ", ".join(f"Share({w.name})" for w in shares if isinstance(w, Weight))
     if reduces:
         comment += (", " if comment else "") + "Reduce(" + ", ".join(r.dim for r in reduces) + ")"
