@@ -219,7 +219,7 @@ def search_operators(spec, coefficients, depth, count, seed):
         if state is not None:
             for op in to_operators(space, state):
                 found.setdefault(op.key, op)
-        if len(found) >= count or attempt > 20 * count:
+        if len(found) >= count or attempt > 400 * count:
             break
     assert found, f"no operator from the {spec} space"
     return [found[key] for key in sorted(found)][:count]
