@@ -417,12 +417,7 @@ class AccuracyEvaluator(Evaluator):
     name = "accuracy"
 
     def __init__(self, baseline: str = BASELINE, compare_baseline: bool = True, **config: Any) -> None:
-        if "widths" in config:
-            config["widths"] = tuple(config["widths"])
-        try:
-            self.config = ProxyConfig(**config)
-        except TypeError as error:
-            raise SearchError(f"bad proxy-task parameter: {error}") from None
+        self.config = ProxyConfig.of(config)
         self.baseline = baseline
         self.compare_baseline = compare_baseline
 

@@ -172,12 +172,7 @@ class PrescreenEvaluator(Evaluator):
     def __init__(self, method: str = "grad_norm", short_epochs: int = 1, **config: Any) -> None:
         if method not in METHODS:
             raise SearchError(f"unknown pre-screening method {method!r}; use one of {', '.join(METHODS)}")
-        if "widths" in config:
-            config["widths"] = tuple(config["widths"])
-        try:
-            self.config = ProxyConfig(**config)
-        except TypeError as error:
-            raise SearchError(f"bad proxy-task parameter: {error}") from None
+        self.config = ProxyConfig.of(config)
         self.method, self.short_epochs = method, short_epochs
 
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:

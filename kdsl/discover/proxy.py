@@ -38,7 +38,7 @@ from kdsl.codegen.torch import build, load_torch
 from kdsl.discover.data import load as load_dataset
 from kdsl.discover.data import parse_spec
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError, ShapeError
+from kdsl.lang.errors import KdslError, SearchError, ShapeError
 from kdsl.solve import shapes, with_widths
 from kdsl.solve.layers import Layer
 
@@ -119,6 +119,22 @@ class ProxyConfig:
         values = asdict(self)
         values["widths"] = list(self.widths)
         return values
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> ProxyConfig:
+        """A config from an evaluator spec's options (``widths`` may be a JSON list); an unknown
+        option is a SearchError that names it.
+
+        >>> ProxyConfig.of({"widths": [8], "epochs": 1}).widths
+        (8,)
+        """
+        values = dict(options)
+        if "widths" in values:
+            values["widths"] = tuple(values["widths"])
+        try:
+            return cls(**values)
+        except TypeError as error:
+            raise SearchError(f"bad proxy-task parameter: {error}") from None
 
 
 def proxy_layers(config: ProxyConfig | None = None) -> tuple[Layer, ...]:
