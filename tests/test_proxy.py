@@ -122,3 +122,22 @@ def test_discover_refuses_bad_data_before_any_work(tmp_path, capsys):
     assert "unknown data 'mnist'" in capsys.readouterr().err
     assert main(["discover", "--data", f"npz:{tmp_path / 'none.npz'}", "--time-limit", "1", "--db", str(db)]) == 2
     assert "none.npz" in capsys.readouterr().err and not db.exists()
+
+
+def test_the_vgg_proxy_puts_the_candidate_in_every_convolution_the_widening_ones_too():
+    torch = pytest.importorskip("torch")
+    from kdsl.discover.loop import DiscoverConfig, _space
+    from kdsl.lang.errors import SearchError
+
+    config = ProxyConfig(backbone="vgg", widths=(8, 16), epochs=1)
+    layers = proxy_layers(config)
+    assert [layer.name for layer in layers] == ["stage1", "stage2_in", "stage2"]
+    assert (layers[1]["Cin"], layers[1]["Cout"]) == (8, 16)
+    net = proxy_net(gallery.load("conv2d"), config)
+    candidates = [m for m in net.modules() if type(m).__name__.startswith("Stage")]
+    assert len(candidates) == 3  # one per layer: stage1, the widening stage2_in, stage2
+    assert tuple(net(torch.randn(2, 1, 16, 16)).shape) == (2, 10)
+    # an operator that keeps the channels cannot widen a stage: refused before any work
+    with pytest.raises(SearchError, match="Cin != Cout"):
+        _space(DiscoverConfig(net="proxy-vgg", spec="conv2d_same_channels"))
+    assert DiscoverConfig(net="proxy-vgg").proxy_config().backbone == "vgg"

@@ -40,7 +40,8 @@ from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers
 from kdsl.storage import Database, json_object
 
-NETS = ("proxy-resnet",)
+#: ``--net`` -> the proxy backbone (:data:`kdsl.discover.proxy.BACKBONES`)
+NETS = {"proxy-resnet": "resnet", "proxy-vgg": "vgg"}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS evaluations (
@@ -105,7 +106,7 @@ class DiscoverConfig:
         return [
             {"name": "analytic", "layers": self.latency_layers},
             {"name": "latency", "layers": self.latency_layers, "batch": 1},
-            {"name": "accuracy", "epochs": self.epochs, "data": self.data, **self.proxy},
+            {"name": "accuracy", "epochs": self.epochs, "data": self.data, "backbone": self.backbone, **self.proxy},
         ]
 
     def screener(self) -> dict[str, Any]:
@@ -115,11 +116,17 @@ class DiscoverConfig:
             "method": self.prescreen,
             "epochs": self.epochs,
             "data": self.data,
+            "backbone": self.backbone,
             **self.proxy,
         }
 
+    @property
+    def backbone(self) -> str:
+        """The proxy backbone that ``net`` names (checked when the run starts)."""
+        return NETS.get(self.net, "resnet")
+
     def proxy_config(self) -> Any:
-        fields = {"data": self.data, **self.proxy, "epochs": self.epochs}
+        fields = {"data": self.data, "backbone": self.backbone, **self.proxy, "epochs": self.epochs}
         if "widths" in fields:
             fields["widths"] = tuple(fields["widths"])
         return ProxyConfig(**fields)
@@ -186,7 +193,7 @@ def discovery_space(config: DiscoverConfig) -> Space:
 def _space(config: DiscoverConfig) -> Any:
     if config.net not in NETS:
         raise SearchError(f"unknown network {printable(config.net)!r}; kdsl knows {', '.join(NETS)}")
-    _check_spec(config.spec)
+    _check_spec(config.spec, config.backbone)
     layers = list(proxy_layers(config.proxy_config())) + list(load_layers(config.latency_layers))
     return Space(
         config.spec,
@@ -203,23 +210,26 @@ _PROXY_INPUT = ("N", "Cin", "H", "W")
 _PROXY_OUTPUTS = (("N", "Cout", "H", "W"), ("N", "Cin", "H", "W"))
 
 
-def _check_spec(spec: Any) -> None:
+def _check_spec(spec: Any, backbone: str = "resnet") -> None:
     """Refuse, before any work, a spec whose operators cannot stand in the proxy network's
     convolutions: every candidate would fail to build there and the run would find nothing."""
     loaded = load_spec(spec)
     inputs = tuple(str(d.size) for d in loaded.inputs)
     outputs = tuple(str(d.size) for d in loaded.outputs)
-    if inputs == _PROXY_INPUT and outputs in _PROXY_OUTPUTS:
+    # the VGG proxy's first convolution of a stage widens the channels: Cout must be free there
+    allowed = _PROXY_OUTPUTS if backbone == "resnet" else _PROXY_OUTPUTS[:1]
+    if inputs == _PROXY_INPUT and outputs in allowed:
         return
     fitting = [
         name
         for name, known in SPECS.items()
         if tuple(str(d.size) for d in known.inputs) == _PROXY_INPUT
-        and tuple(str(d.size) for d in known.outputs) in _PROXY_OUTPUTS
+        and tuple(str(d.size) for d in known.outputs) in allowed
     ]
+    same = " (Cin = Cout)" if backbone == "resnet" else " (Cin != Cout where a stage widens)"
     raise SearchError(
         f"the spec {printable(loaded.name)!r} maps [{', '.join(inputs)}] -> [{', '.join(outputs)}], but the proxy "
-        f"network's convolutions map [N, Cin, H, W] -> [N, Cout, H, W] (Cin = Cout); use --spec "
+        f"network's convolutions map [N, Cin, H, W] -> [N, Cout, H, W]{same}; use --spec "
         f"{' or '.join(fitting)}, or a JSON spec of that shape"
     )
 

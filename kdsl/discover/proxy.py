@@ -58,6 +58,10 @@ __all__ = [
 DIGITS_SIZE = 16
 
 
+#: the proxy networks' backbones (``kdsl discover --net proxy-resnet | proxy-vgg``)
+BACKBONES = ("resnet", "vgg")
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     """Everything that defines a proxy run; equal configs give bit-identical results on one machine.
@@ -68,6 +72,10 @@ class ProxyConfig:
 
     widths: tuple[int, ...] = (16, 32)
     blocks: int = 1
+    #: the backbone (:data:`BACKBONES`): ``resnet`` (residual blocks; its 1x1 transitions stay
+    #: native) or ``vgg`` (a plain stack in which every convolution, the channel-changing first
+    #: one of each stage too, is the candidate)
+    backbone: str = "resnet"
     #: the network's input size; None: the data's own (digits: upsampled from 8 to 16)
     image_size: int | None = None
     epochs: int = 12
@@ -111,6 +119,8 @@ class ProxyConfig:
         if self.shift < 0 or self.noise < 0:
             raise KdslError(f"proxy shift and noise must not be negative, got {self.shift!r} and {self.noise!r}")
         parse_spec(self.data)
+        if self.backbone not in BACKBONES:
+            raise KdslError(f"unknown proxy backbone {self.backbone!r}; use one of {', '.join(BACKBONES)}")
         if not 0 < self.validation_fraction < 1:
             raise KdslError(f"validation_fraction must lie in (0, 1), got {self.validation_fraction!r}")
 
@@ -141,7 +151,8 @@ def proxy_layers(config: ProxyConfig | None = None) -> tuple[Layer, ...]:
     """The proxy network's layer table: one layer per stage, the sizes the candidate must fit.
 
     Each layer binds ``N`` (the training batch), ``Cin = Cout`` (the stage width), ``H = W`` and,
-    like the built-in tables, ``M = N*H*W`` and ``L = H*W``. Check a candidate with
+    like the built-in tables, ``M = N*H*W`` and ``L = H*W``; the ``vgg`` backbone adds, before each
+    stage that widens, a layer ``stageK_in`` with the previous width as ``Cin``. Check a candidate with
     ``kdsl.solve.check(op, proxy_layers())`` before training it.
 
     >>> proxy_layers(ProxyConfig(widths=(8, 16, 32), image_size=16))[2]
@@ -150,11 +161,15 @@ def proxy_layers(config: ProxyConfig | None = None) -> tuple[Layer, ...]:
     config = config or ProxyConfig()
     _, image_size, _ = data_info(config)
     layers = []
+    previous = config.widths[0]
     for index, width in enumerate(config.widths):
         size = image_size // 2**index
-        values = {"N": config.batch_size, "Cin": width, "Cout": width, "H": size, "W": size}
-        values.update(M=config.batch_size * size * size, L=size * size)
-        layers.append(Layer(f"stage{index + 1}", values))
+        base = {"N": config.batch_size, "H": size, "W": size, "M": config.batch_size * size * size, "L": size * size}
+        if config.backbone == "vgg" and width != previous:
+            # the stage's first convolution changes the channels: the candidate serves it too
+            layers.append(Layer(f"stage{index + 1}_in", {**base, "Cin": previous, "Cout": width}))
+        layers.append(Layer(f"stage{index + 1}", {**base, "Cin": width, "Cout": width}))
+        previous = width
     return tuple(layers)
 
 
@@ -339,6 +354,9 @@ def proxy_net(
             y = torch.relu(self.bn1(self.conv1(x)))
             return torch.relu(x + self.bn2(self.conv2(y)))
 
+    if config.backbone == "vgg":
+        return _vgg(op, config, layers, channels, classes)
+
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -362,6 +380,39 @@ def proxy_net(
         def forward(self, x: Any) -> Any:
             x = self.stages(self.stem(x))
             return self.head(x.mean(dim=(2, 3)))
+
+    return Net()
+
+
+def _vgg(op: Operator, config: ProxyConfig, layers: Sequence[Layer], channels: int, classes: int) -> Any:
+    """The VGG-like proxy: a native stem, then per stage (max-pooled after the first) the candidate
+    in every convolution, each followed by batch norm and ReLU; global pooling and a linear head."""
+    torch = _torch()
+    nn = torch.nn
+    first = config.widths[0]
+    parts: list[Any] = [nn.Conv2d(channels, first, 3, padding=1, bias=False), nn.BatchNorm2d(first), nn.ReLU()]
+    stage = None
+    for layer in layers:
+        name = layer.name.removesuffix("_in")
+        if stage is not None and name != stage:
+            parts.append(nn.MaxPool2d(2))
+        stage = name
+        repeats = 1 if layer.name.endswith("_in") else config.blocks
+        for index in range(repeats):
+            parts += [
+                build(op, layer.values, name=f"{layer.name}_conv{index}"),
+                nn.BatchNorm2d(layer["Cout"]),
+                nn.ReLU(),
+            ]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = nn.Sequential(*parts)
+            self.head = nn.Linear(layers[-1]["Cout"], classes)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.features(x).mean(dim=(2, 3)))
 
     return Net()
 
