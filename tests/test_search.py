@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kdsl import gallery
-from kdsl.bench.rediscover import NO_VIEWS, REDISCOVERY, SLOW
+from kdsl.bench.rediscover import NO_VIEWS, REDISCOVERY, SLOW_RESTRICTED
 from kdsl.codegen import reference
 from kdsl.lang.errors import KdslError
 from kdsl.lang.sizes import coefficient, primary
@@ -43,7 +43,7 @@ def find(name):
 
 @pytest.mark.parametrize("name", sorted(REDISCOVERY))
 def test_enumeration_rediscovers_gallery_operator(name):
-    if name in SLOW and not os.environ.get("KDSL_SLOW_TESTS"):
+    if name in SLOW_RESTRICTED and not os.environ.get("KDSL_SLOW_TESTS"):
         pytest.skip("slow rediscovery; set KDSL_SLOW_TESTS=1")
     op, depth, _ = find(name)
     assert depth == REDISCOVERY[name][2]

@@ -64,8 +64,10 @@ REDISCOVERY: dict[str, tuple[str, dict[str, Any], int]] = {
 }
 #: looked for in the space a user after such an operator would set, even by default (see above)
 USER_SPACE = frozenset({"syno_op1"})
-#: minutes rather than seconds: skipped by ``kdsl gallery rediscover --skip-slow`` and the tests
+#: minutes rather than seconds in their default spaces: skipped by ``kdsl gallery rediscover --skip-slow``
 SLOW = frozenset({"syno_op1", "depthwise_separable_conv2d", "grouped_conv2d", "conv2d_kx1_1xk"})
+#: minutes even in their restricted spaces (``--restricted --skip-slow`` and the tests skip these)
+SLOW_RESTRICTED = frozenset({"syno_op1"})
 #: how long one operator is looked for by default (seconds)
 TIME_LIMIT = 600.0
 

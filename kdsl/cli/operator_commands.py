@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kdsl import gallery, solve
 from kdsl.bench.backends import gallery_latencies
-from kdsl.bench.rediscover import REDISCOVERY, SLOW, rediscover
+from kdsl.bench.rediscover import REDISCOVERY, SLOW, SLOW_RESTRICTED, rediscover
 from kdsl.codegen.render import loop_nest, svg
 from kdsl.discover import report as discovery
 from kdsl.gallery.pages import build_gallery, load_rediscovery
@@ -280,7 +280,7 @@ def command_gallery(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else gallery.directory()
         records = {}
         for name in sorted(REDISCOVERY):
-            if args.skip_slow and name in SLOW:
+            if args.skip_slow and name in (SLOW_RESTRICTED if args.restricted else SLOW):
                 continue
             records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
             found = records[name]
