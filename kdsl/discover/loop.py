@@ -30,7 +30,7 @@ from typing import Any, TextIO
 from kdsl import gallery
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
-from kdsl.discover.report import write_report
+from kdsl.discover.report import load_records, write_report
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import reward
@@ -443,36 +443,11 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
 
 
 def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
-    store = Store(config.db)
-    try:
-        records = []
-        for row in evaluations.rows("candidate"):
-            candidate = store.get(row["key"])
-            if candidate is None:
-                continue
-            metrics = row["metrics"]
-            records.append(
-                {
-                    "key": row["key"],
-                    "dsl": candidate["dsl"],
-                    "status": row["status"] if row["status"] != "ok" else "ok",
-                    "error": row["error"],
-                    "accuracy": metrics.get("accuracy"),
-                    "latency_ratio": metrics.get("latency_ratio"),
-                    "latency_ms": metrics.get("latency_ms"),
-                    "flops_ratio": metrics.get("flops_ratio"),
-                    "params": metrics.get("params"),
-                    "early_stopped": metrics.get("early_stopped"),
-                }
-            )
-    finally:
-        store.close()
-    baseline = {
-        "name": "conv2d",
-        "accuracy": baseline_metrics.get("accuracy"),
-        "params": baseline_metrics.get("params"),
-        "latency_ms": baseline_metrics.get("latency_ms"),
-    }
+    # the same records `kdsl results --db` ranks: one reader of the evaluations for both
+    loaded = load_records(config.db)
+    if loaded is None:  # no evaluation stored yet besides what this process holds
+        loaded = [], {"name": "conv2d", **{k: baseline_metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
+    records, baseline = loaded
     paths = write_report(
         records,
         baseline,
