@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from test_fill import involution
 
 from kdsl import from_json, parse, solve
 from kdsl.lang import (
     FC,
     Input,
-    Map,
     Merge,
     Output,
-    Product,
     Rename,
     SizeError,
     Split,
-    Unfold,
     coefficient,
     dynamic,
     primary,
@@ -30,19 +28,7 @@ x1, x2 = dynamic("x1 x2")
 
 def free_involution():
     """Involution with both of its FC widths free: span's output x2 is matched at the Product."""
-    x = Input(N, Cin, H, W)
-    window = x >> Split(Cin, S, "g", "ci") >> Unfold(H, K, "kh") >> Unfold(W, K, "kw")
-    kernel = (
-        x
-        >> FC(Cin, name="z", size=x1, weight="reduce")
-        >> Map("relu")
-        >> FC("z", name="q", size=x2, weight="span")
-        >> Split("q", K**2, "g", "kk")
-        >> Split("kk", K, "kh", "kw")
-    )
-    return (
-        Product(window, kernel, "kh", "kw") >> Merge("g", "ci", "C") >> Output(N, "C", H, W, defaults={"K": 3, "S": 16})
-    )
+    return involution(hidden=x1, span=x2)
 
 
 def test_shape_matching_solves_the_span_width_at_the_product():
