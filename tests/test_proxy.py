@@ -43,11 +43,16 @@ def test_train_samples_are_a_stratified_subset():
     full = load_data(ProxyConfig(train_samples=None, noise=0.0))
     few = load_data(ProxyConfig(train_samples=200, noise=0.0))
     assert len(few[1]) == 200 and few[1].bincount().min() >= 19
-    # the same images (a subset), and the validation set untouched
+    # the same images (a subset); the validation set keeps its images and gains the unused ones
     rows = {tuple(x.flatten().tolist()) for x in full[0]}
     assert all(tuple(x.flatten().tolist()) in rows for x in few[0][:20])
-    assert few[2].equal(full[2])
-    noisy = load_data(ProxyConfig(noise=0.5))[2]
+    assert few[2][: len(full[2])].equal(full[2]) and few[3][: len(full[3])].equal(full[3])
+    assert len(few[3]) == len(full[3]) + len(full[1]) - 200
+    kept = {tuple(x.flatten().tolist()) for x in few[0]}
+    assert not any(tuple(x.flatten().tolist()) in kept for x in few[2][len(full[2]) :])
+    alone = load_data(ProxyConfig(train_samples=200, noise=0.0, validate_on_unused=False))
+    assert alone[2].equal(full[2])
+    noisy = load_data(ProxyConfig(noise=0.5, validate_on_unused=False))[2]
     assert not noisy.equal(full[2]) and float((noisy - full[2]).std()) == pytest.approx(0.5, rel=0.05)
 
 
