@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kdsl
-from kdsl.lang import Dim, Expand, Input, Output, Reduce, Share, Split, Unfold, Weight, coefficient, primary
+from kdsl.lang import Dim, Expand, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.primitives import BuildContext, Live
@@ -147,6 +147,36 @@ def test_reduce_is_hoisted_before_an_unrelated_unfold() -> None:
     assert [stage.cost for stage in p.stages] == [N * C * L, N * L * K]
     layer = {"N": 1, "C": 64, "L": 100, "K": 3}
     assert p.flops(layer) < plan(op, reorder=False).flops(layer)
+
+
+def test_a_shift_that_only_the_output_reads_runs_last_on_the_output() -> None:
+    # a depthwise-separable conv whose W is rolled right after it is unfolded (search emits it):
+    # written order rolls the K**2-times unfolded data and ends the first stage there
+    depthwise, pointwise = Weight(Cin, "kh", "kw", name="depthwise"), Weight(Cout, Cin, name="pointwise")
+    op = (
+        Input(N, Cin, H, W)
+        >> Unfold(H, K, "kh")
+        >> Unfold(W, K, "kw")
+        >> Shift(W)
+        >> Shift(H)
+        >> Share(depthwise)
+        >> Reduce("kh", "kw")
+        >> Share(pointwise)
+        >> Reduce(Cin)
+        >> Output(N, Cout, H, W)
+    )
+    p = plan(op)
+    check_structure(op, p)
+    assert [type(step) for step in p.steps[-2:]] == [Shift, Shift]
+    # the rolls permute the output [N, Cout, H, W], not the unfolded [N, Cin, H, W, kh, kw]
+    rolls = [segment for segment in p.segments() if isinstance(segment, View) and isinstance(segment.step, Shift)]
+    assert [sorted(name for name, _ in roll.before) for roll in rolls] == [sorted("N Cout H W".split())] * 2
+    layer = {"N": 1, "Cin": 8, "Cout": 4, "H": 6, "W": 5, "K": 3}
+    reference = pytest.importorskip("kdsl.codegen.reference")
+    np = pytest.importorskip("numpy")
+    reordered = Operator(op.inputs, p.steps, p.outputs, op.defaults)
+    x, weights = reference.random_inputs(op, layer, seed=3)
+    assert np.allclose(reference.run(reordered, layer, x, weights), reference.run(op, layer, x, weights))
 
 
 def test_heavy_order_depends_on_the_binding() -> None:

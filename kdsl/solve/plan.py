@@ -39,7 +39,8 @@ stage, and the einsum would write the Share's whole product before a second pass
 
 **Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as
 soon as they are ready (in written order among themselves, Reduces first inside a stage); Reduces
-thus run as early as possible. The order of the *heavy* steps (contractions, one-to-many views)
+thus run as early as possible. A permutation view whose dims only the output reads (a Shift of an
+output dim, say) runs last, on the output, instead of on the larger data where it was written. The order of the *heavy* steps (contractions, one-to-many views)
 is chosen to minimize FLOPs at a binding: every dependency-respecting order is tried (branch
 and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
 at each point, the ready heavy step after which (with the light steps it enables) the data is
@@ -321,6 +322,20 @@ class _Scheduler:
         ]
         self.kind = [_kind(step) for step in graph.steps]
         self.heavy = [_heavy(step) for step in graph.steps]
+        # A permutation (a reshape or cyclic shift) whose dims only the output (or another such
+        # permutation) reads runs last, on the output: run when ready it would permute the largest
+        # tensor instead (a Shift(W) right after Unfold(W) rolls the K**2-times unfolded data) and
+        # end a contraction stage.
+        deferred: set[int] = set()
+        for index in reversed(range(len(graph.steps))):  # a step's successors come after it
+            step = graph.steps[index]
+            if (
+                VIEW in step.facts
+                and not step.facts & _NOT_PERMUTATIONS
+                and deferred.issuperset(graph.successors[index])
+            ):
+                deferred.add(index)
+        self.deferred = sorted(deferred)
         self.input_size = Fraction(prod(values[v] for v in graph.inputs))
 
     def start(self) -> _State:
@@ -343,6 +358,8 @@ class _Scheduler:
         return state
 
     def _ready(self, lights: _Lights, index: int) -> None:
+        if index in self.deferred:
+            return  # appended by best_order
         heapq.heappush(lights[0] if self.kind[index] == _REDUCE else lights[1], index)
 
     def _do(self, state: _State, index: int, lights: _Lights) -> None:
@@ -391,6 +408,9 @@ class _Scheduler:
         self._drain(state, lights)
 
     def best_order(self) -> list[int]:
+        return self._best_order() + self.deferred
+
+    def _best_order(self) -> list[int]:
         root = self.start()
         count = sum(self.heavy)
         if count > MAX_ENUMERATED:
