@@ -157,3 +157,13 @@ def test_gallery_rediscover_says_why_when_the_time_runs_out(capsys, tmp_path):
     missed = [r for r in records.values() if not r["found"]]
     assert code == 0 and missed and all("not reached within" in r["why"] for r in missed)
     assert "not found: not reached within" in out
+
+
+def test_gallery_rediscover_one_operator_keeps_the_other_records(capsys, tmp_path):
+    (tmp_path / "rediscovery.json").write_text(json.dumps({"conv2d": {"found": True, "kept": 1}}))
+    code, out, _ = run(capsys, "gallery", "rediscover", "pointwise_conv2d", "--out", str(tmp_path))
+    records = json.loads((tmp_path / "rediscovery.json").read_text())
+    assert code == 0 and records["conv2d"] == {"found": True, "kept": 1}
+    assert records["pointwise_conv2d"]["found"] and records["pointwise_conv2d"]["depth"] == 2
+    code, _, err = run(capsys, "gallery", "rediscover", "no_such_op", "--out", str(tmp_path))
+    assert code != 0 and "no_such_op" in err and "pointwise_conv2d" in err

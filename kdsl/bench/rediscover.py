@@ -83,8 +83,9 @@ def space_for(name: str, *, restricted: bool = False) -> Any:
 
 def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: bool = False) -> dict[str, Any]:
     """Enumerate ``name``'s space until an operator with the gallery operator's key appears;
-    return the record: found, strategy, space (``default`` or ``restricted``), depth, nodes,
-    seconds, key, max_depth, and ``why`` when it was not found."""
+    return the record: found, strategy, space (``default`` or ``restricted``), depth, nodes (the
+    search tree's nodes visited, every walk of the iterative deepening counted), seconds, key,
+    max_depth, and ``why`` when it was not found."""
     space = space_for(name, restricted=restricted)
     kind = "restricted" if restricted or name in USER_SPACE else "default"
     target = gallery.load(name).key
@@ -96,26 +97,25 @@ def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: 
         "key": target,
         "max_depth": space.max_depth,
     }
-    nodes = 0
     walk = Enumeration(space)
     for state in walk.states():
-        nodes += 1
         if time_limit is not None and time.perf_counter() - start > time_limit:
             record["why"] = (
                 f"not reached within {time_limit:.0f} s: enumeration of the {kind} space of {space.spec.name} to "
-                f"depth {space.max_depth} visited {nodes} nodes first"
+                f"depth {space.max_depth} visited {walk.nodes} nodes first (walking depth {walk.limit})"
             )
             break
         if state is None:
             continue
         for op in to_operators(space, state):
             if op.key == target:
-                record.update(found=True, depth=state.depth, nodes=nodes, seconds=round(time.perf_counter() - start, 3))
+                seconds = round(time.perf_counter() - start, 3)
+                record.update(found=True, depth=state.depth, nodes=walk.nodes, seconds=seconds)
                 return record
     else:
         record["why"] = (
             f"the {kind} space of {space.spec.name} to depth {space.max_depth} holds no operator with its key "
-            f"({nodes} nodes enumerated): its caps, reductions or coefficient choices exclude it"
+            f"({walk.nodes} nodes enumerated): its caps, reductions or coefficient choices exclude it"
         )
-    record.update(nodes=nodes, seconds=round(time.perf_counter() - start, 3))
+    record.update(nodes=walk.nodes, seconds=round(time.perf_counter() - start, 3))
     return record

@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
     gallery.add_argument("action", choices=["list", "build", "rediscover", "add"], nargs="?", default="list")
-    gallery.add_argument("name", nargs="?", help="add: the new entry's name (a Python identifier)")
+    gallery.add_argument(
+        "name", nargs="?", help="add: the new entry's name (a Python identifier); rediscover: only this operator"
+    )
     gallery.add_argument("--db", help="add: the discovery database that holds the candidate")
     gallery.add_argument("--key", help="add: the candidate's key (or a unique prefix)")
     gallery.add_argument(

@@ -8,6 +8,7 @@ or an element-wise operation is one) and the peak of live elements per layer."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -275,12 +276,16 @@ def command_gallery(args: argparse.Namespace) -> int:
     if args.action == "add":
         return _gallery_add(args)
     if args.action == "rediscover":
-        import json
-
         out = Path(args.out) if args.out else gallery.directory()
+        if args.name is not None and args.name not in REDISCOVERY:
+            raise KdslError(
+                f"kdsl gallery rediscover: no rediscovery target {printable(args.name)!r}; "
+                f"choose from {', '.join(sorted(REDISCOVERY))}"
+            )
+        names = [args.name] if args.name is not None else sorted(REDISCOVERY)
         records = {}
-        for name in sorted(REDISCOVERY):
-            if args.skip_slow and name in (SLOW_RESTRICTED if args.restricted else SLOW):
+        for name in names:
+            if args.skip_slow and args.name is None and name in (SLOW_RESTRICTED if args.restricted else SLOW):
                 continue
             records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
             found = records[name]
@@ -290,6 +295,8 @@ def command_gallery(args: argparse.Namespace) -> int:
                 else f"not found: {found['why']}"
             )
             print(f"{name:<28}{printable(text)}")
+        if args.name is not None:  # one operator: its record replaces its old one, the others stay
+            records = load_rediscovery(out / "rediscovery.json") | records
         (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
         print(f"wrote {out / 'rediscovery.json'}")
         return 0
