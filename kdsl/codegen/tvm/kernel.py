@@ -1,5 +1,7 @@
 """Compiled TVM kernels: an operator lowered (:mod:`.lowering`), scheduled (:mod:`.default_schedule`
-or a function of the caller's), compiled, and called on torch tensors through DLPack.
+or a function of the caller's), compiled, and called on torch tensors through DLPack. A call takes
+part in autograd when an input requires grad: forward by TVM, backward by the PyTorch lowering's
+vector-Jacobian product (see :func:`_autograd_function`).
 
 >>> import numpy as np, torch
 >>> from kdsl.lang import *
@@ -13,8 +15,11 @@ or a function of the caller's), compiled, and called on torch tensors through DL
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
+from kdsl.codegen.torch import build as build_torch
+from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.graph_lowering import lower
 from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm
@@ -87,6 +92,8 @@ class Kernel:
         return x, checked
 
     def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
+        """``out = op(x, *weights)``. Differentiable: when grad mode is on and ``x`` or a weight
+        requires grad, the result takes part in autograd (see :func:`_autograd_function`)."""
         import torch
 
         x, weights = self._tensors(x, weights)
@@ -94,6 +101,15 @@ class Kernel:
             not isinstance(out, torch.Tensor) or tuple(out.shape) != self.output_shape or out.dtype != x.dtype
         ):
             raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
+        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
+            if out is not None:
+                raise LoweringError("out= writes in place and cannot take part in autograd: call without out=")
+            return _autograd_function().apply(self, x, *weights)
+        return self._forward(x, weights, out)
+
+    def _forward(self, x: Any, weights: Sequence[Any], out: Any | None = None) -> Any:
+        import torch
+
         dtype = x.dtype
         args = [_aligned(x.contiguous())] + [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
         result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)
@@ -112,6 +128,51 @@ class Kernel:
         out = torch.empty(self.output_shape, dtype=x.dtype)
         timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
         return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
+
+    def torch_module(self) -> Any:
+        """The PyTorch lowering of the same operator at the same binding and dtype (built once): what
+        the backward pass differentiates."""
+        module = self.__dict__.get("_torch_module")
+        if module is None:
+            torch = load_torch()
+            module = build_torch(self.lowered.op, self.lowered.binding).to(getattr(torch, self.dtype))
+            self.__dict__["_torch_module"] = module
+        return module
+
+
+@lru_cache(maxsize=1)
+def _autograd_function() -> Any:
+    """The ``torch.autograd.Function`` behind a differentiable kernel call.
+
+    Forward runs the compiled TVM kernel. Backward is the vector-Jacobian product of the PyTorch
+    lowering of the same operator (:func:`kdsl.codegen.torch.build`, same binding and dtype),
+    re-run on the saved input and weights: the operator is linear in ``x`` and multilinear in its
+    weights, so its gradients are plain einsums that torch's autograd already derives, and the
+    two lowerings compute the same function (the property tests hold them to the reference).
+    """
+    torch = load_torch()
+
+    class KernelFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, kernel: Kernel, x: Any, *weights: Any) -> Any:
+            ctx.kernel = kernel
+            ctx.save_for_backward(x, *weights)
+            return kernel._forward(x.detach(), [w.detach() for w in weights])
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            x, *weights = ctx.saved_tensors
+            module = ctx.kernel.torch_module()
+            needs = ctx.needs_input_grad[1:]
+            with torch.enable_grad():
+                leaves = [t.detach().to(x.dtype).requires_grad_(need) for t, need in zip([x, *weights], needs)]
+                names = [name for name, _ in module.named_parameters()][: len(weights)]
+                y = torch.func.functional_call(module, dict(zip(names, leaves[1:])), (leaves[0],))
+                wanted = [leaf for leaf in leaves if leaf.requires_grad]
+                grads = iter(torch.autograd.grad(y, wanted, grad) if wanted else ())
+            return (None, *(next(grads).to(t.dtype) if need else None for t, need in zip([x, *weights], needs)))
+
+    return KernelFunction
 
 
 class PaddedKernel:
