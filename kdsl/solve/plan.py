@@ -37,10 +37,11 @@ contraction stage is open its ready Reduces run before any view (a view there wo
 stage, and the einsum would write the Share's whole product before a second pass sums it).
 :meth:`Plan.tensors` lists what a lowering writes.
 
-**Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as
-soon as they are ready (in written order among themselves, Reduces first inside a stage); Reduces
-thus run as early as possible. A permutation view whose dims only the output reads (a Shift of an
-output dim, say) runs last, on the output, instead of on the larger data where it was written. The order of the *heavy* steps (contractions, one-to-many views)
+**Planner.** Steps without the ``HEAVY`` fact never grow the data, so they are scheduled as soon as
+they are ready (in written order among themselves, Reduces first inside a stage); Reduces thus run
+as early as possible. A permutation view whose dims only the output reads (a cyclic shift of an
+output dim, say) runs last, on the output, instead of on the larger data where it was written. The
+order of the *heavy* steps (contractions, one-to-many views)
 is chosen to minimize FLOPs at a binding: every dependency-respecting order is tried (branch
 and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
 at each point, the ready heavy step after which (with the light steps it enables) the data is
@@ -324,8 +325,8 @@ class _Scheduler:
         self.heavy = [_heavy(step) for step in graph.steps]
         # A permutation (a reshape or cyclic shift) whose dims only the output (or another such
         # permutation) reads runs last, on the output: run when ready it would permute the largest
-        # tensor instead (a Shift(W) right after Unfold(W) rolls the K**2-times unfolded data) and
-        # end a contraction stage.
+        # tensor instead (a cyclic shift of W right after a window over W rolls the K**2-times
+        # unfolded data) and end a contraction stage.
         deferred: set[int] = set()
         for index in reversed(range(len(graph.steps))):  # a step's successors come after it
             step = graph.steps[index]
