@@ -41,9 +41,8 @@ stage, and the einsum would write the Share's whole product before a second pass
 they are ready (in written order among themselves, Reduces first inside a stage); Reduces thus run
 as early as possible. A permutation view whose dims only the output reads (a cyclic shift of an
 output dim, say) runs last, on the output, instead of on the larger data where it was written. The
-order of the *heavy* steps (contractions, one-to-many views)
-is chosen to minimize FLOPs at a binding: every dependency-respecting order is tried (branch
-and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
+order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
+binding: every dependency-respecting order is tried (branch and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
 at each point, the ready heavy step after which (with the light steps it enables) the data is
 smallest. Ties go to the order closest to the written one (lexicographically smallest in the
 written indices of the heavy steps). With no binding the plan is chosen at a reference point:
