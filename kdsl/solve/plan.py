@@ -42,13 +42,13 @@ they are ready (in written order among themselves, Reduces first inside a stage)
 as early as possible. A permutation view whose dims only the output reads (a cyclic shift of an
 output dim, say) runs last, on the output, instead of on the larger data where it was written. The
 order of the *heavy* steps (contractions, one-to-many views) is chosen to minimize FLOPs at a
-binding: every dependency-respecting order is tried (branch and bound) when there are at most :data:`MAX_ENUMERATED` heavy steps, else a greedy order picks,
-at each point, the ready heavy step after which (with the light steps it enables) the data is
-smallest. Ties go to the order closest to the written one (lexicographically smallest in the
-written indices of the heavy steps). With no binding the plan is chosen at a reference point:
-every primary variable 256, every coefficient its default or 3. Both the operator and its
-:func:`folded` form are planned so, and the plan with fewer FLOPs (then the smaller largest
-tensor; then the folded one) is kept.
+binding: every dependency-respecting order is tried (branch and bound) when there are at most
+:data:`MAX_ENUMERATED` heavy steps, else a greedy order picks, at each point, the ready heavy step
+after which (with the light steps it enables) the data is smallest. Ties go to the order closest to
+the written one (lexicographically smallest in the written indices of the heavy steps). With no
+binding the plan is chosen at a reference point: every primary variable 256, every coefficient its
+default or 3. Both the operator and its :func:`folded` form are planned so, and the plan with fewer
+FLOPs (then the smaller largest tensor; then the folded one) is kept.
 
 **Lowering.** A backend walks :meth:`Plan.segments` in order: a :class:`View` applies one view
 step to the data (``View.before`` -> ``View.after`` live dims), a :class:`Stage` is one einsum.
