@@ -12,6 +12,8 @@ True
 ``import kdsl`` loads neither torch nor tvm; the backends load them on first use.
 """
 
+import importlib
+
 from kdsl.lang import (
     FC,
     Blend,
@@ -43,6 +45,25 @@ from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 
 __version__ = "0.1.0"
+
+#: subpackages that ``kdsl.<name>`` loads on first use (PEP 562), so ``import kdsl`` stays light
+#: (no torch, no tvm) and ``kdsl.gallery.load("conv2d")`` still works without importing them first
+_SUBPACKAGES = frozenset(
+    {"bench", "cli", "codegen", "discover", "gallery", "lang", "search", "solve", "testing", "tune"}
+)
+
+
+def __getattr__(name: str) -> object:
+    """Load a subpackage on first access: ``kdsl.gallery``, ``kdsl.solve``, ...
+
+    >>> import kdsl
+    >>> kdsl.gallery.load("conv2d").key == kdsl.parse(kdsl.gallery.load("conv2d").to_dsl()).key
+    True
+    """
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"kdsl.{name}")
+    raise AttributeError(f"module 'kdsl' has no attribute {name!r}")
+
 
 __all__ = [
     "FC",

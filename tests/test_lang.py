@@ -380,6 +380,18 @@ def test_import_kdsl_loads_no_backend():
     assert result.stdout.split() == ["False", "False"]
 
 
+def test_subpackages_load_on_first_access_without_a_backend():
+    # the README's `import kdsl` then `kdsl.gallery.load(...)`, with no `import kdsl.gallery` first
+    code = (
+        "import sys, kdsl; op = kdsl.gallery.load('conv2d'); report = kdsl.solve.check(op, 'resnet18'); "
+        "print(len(report), 'torch' in sys.modules, 'tvm' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["4", "False", "False"]
+    with pytest.raises(AttributeError, match="no attribute 'galery'"):
+        kdsl.galery  # noqa: B018
+
+
 def test_an_operator_pickles_after_its_derived_values_are_cached():
     """Worker processes receive operators by pickle; cached live dims (read-only mappings) must not
     stop that (kdsl bench tune failed so)."""
