@@ -444,3 +444,16 @@ def test_every_solver_error_is_a_kdsl_error() -> None:
         with pytest.raises(KdslError):
             call()
     assert len(calls) == 6
+
+
+def test_a_check_report_prints_as_the_cli_table():
+    report = kdsl.solve.check(kdsl.gallery.load("grouped_conv2d"), "resnet18", {"G": 3}, pad=True)
+    lines = str(report).splitlines()
+    assert lines[0] == "valid on 4 layers (padded where the paddings say)"
+    assert lines[1].split() == ["layer", "G", "K", "input", "output", "M", "MACs", "params"]
+    # the caller's shapes (64 channels), the padded operator's costs (66 channels: G=3 divides 66)
+    conv2 = lines[2].split()
+    assert conv2[:5] == ["conv2_x", "3", "3", "1x64x56x56", "1x64x56x56"]
+    padded = report.padded_binding("conv2_x")
+    assert int(conv2[6]) == kdsl.solve.cost(kdsl.gallery.load("grouped_conv2d"), padded)["params"]
+    assert report.binding("conv2_x")["Cin"] == 64 and isinstance(report, kdsl.solve.CheckReport)

@@ -26,7 +26,6 @@ from kdsl.solve.constraints import (
     Constraint,
     assignments,
     bind,
-    check,
     constraints,
     graph_constraints,
     pad_binding,
@@ -36,10 +35,12 @@ from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples, wi
 from kdsl.solve.layers import Layer, load_layers
 from kdsl.solve.padding import DimPad, PaddedVariable, Padding
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
+from kdsl.solve.summary import CheckSummary, check
 
 __all__ = [
     "BudgetError",
     "CheckReport",
+    "CheckSummary",
     "Constraint",
     "DimPad",
     "Filled",
