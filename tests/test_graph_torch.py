@@ -447,7 +447,7 @@ def forward_names(code: str) -> set[str]:
     tree = ast.parse(code)
     (forward,) = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "forward"]
     names = {node.id for stmt in forward.body for node in ast.walk(stmt) if isinstance(node, ast.Name)}
-    assert "x" in names and "weights" in names
+    assert "x" in names and "self" in names
     return names
 
 

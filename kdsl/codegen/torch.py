@@ -24,8 +24,12 @@ torch.Size([2, 4])
 
 from __future__ import annotations
 
+import hashlib
 import keyword
+import linecache
 import re
+import sys
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -36,9 +40,10 @@ from kdsl import solve
 from kdsl.codegen import torch_graph
 from kdsl.codegen.torch_graph import GRAPH_HELPERS
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import LoweringError
+from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import FC
+from kdsl.lang.parser import parse
 from kdsl.lang.primitives import (
     Expand,
     Merge,
@@ -52,6 +57,8 @@ from kdsl.lang.primitives import (
     Weight,
 )
 from kdsl.lang.sizes import Size
+from kdsl.solve.constraints import resolve_binding
+from kdsl.solve.layers import Layer, as_layer, layer_label
 from kdsl.solve.padding import Padding
 
 HELPERS = """
@@ -110,6 +117,7 @@ OWN_NAMES = frozenset(
         "rearrange",
         "reduce",
         "ShapeError",
+        "bias",
         "_conv",
         "_unfold",
         "_check_input",
@@ -121,6 +129,31 @@ OWN_NAMES = frozenset(
         "w",
     }
 )
+#: The public attributes of ``torch.nn.Module`` (torch 2.13; a test compares them with the installed
+#: torch's). A weight named like one gets another attribute (:func:`weight_attributes`).
+NN_MODULE_ATTRIBUTES = frozenset(
+    """T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda double
+    dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter get_submodule half
+    ipu load_state_dict modules mtia named_buffers named_children named_modules named_parameters parameters
+    register_backward_hook register_buffer register_forward_hook register_forward_pre_hook
+    register_full_backward_hook register_full_backward_pre_hook register_load_state_dict_post_hook
+    register_load_state_dict_pre_hook register_module register_parameter register_state_dict_post_hook
+    register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
+    to_empty train training type xpu zero_grad""".split()
+)
+#: The attributes a weight's parameter must not take: ``nn.Module``'s and the generated module's own.
+RESERVED_ATTRIBUTES = NN_MODULE_ATTRIBUTES | {
+    "bias",
+    "fan_ins",
+    "kdsl_source",
+    "masks",
+    "operator",
+    "padded_forward",
+    "padding",
+    "reset_parameters",
+    "sizes",
+    "weights",
+}
 #: Module-level names of the generated source (a class name must not hide one of them).
 MODULE_NAMES = OWN_NAMES | {"math", "HELPERS"}
 
@@ -235,7 +268,7 @@ class _Writer:
     physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
     current: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
     var: str = "x"  # the variable this chain writes
-    weights: str = "weights"  # the list its weights are read from
+    weights: list[str] = field(default_factory=list)  # the code of each weight (``self.depthwise``)
 
     @property
     def data(self) -> str:
@@ -244,7 +277,7 @@ class _Writer:
         return self.current
 
     def weight(self, index: int) -> str:
-        return f"{self.weights}[{index}]"
+        return self.weights[index]
 
     def size(self, size: Size) -> str:
         return _size_code(size, self.identifiers)
@@ -301,9 +334,9 @@ class _Writer:
         return " ".join(self.axis(a) for a in (self.axes if axes is None else axes))
 
 
-def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str]) -> list[str]:
-    """The forward's lines (indented by the caller)."""
-    writer = _Writer([], [d.name for d in op.inputs], axis, identifiers)
+def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str], weights: list[str]) -> list[str]:
+    """The forward's lines (indented by the caller); ``weights``: the code of each weight."""
+    writer = _Writer([], [d.name for d in op.inputs], axis, identifiers, weights=weights)
     _chain_body(writer, op, plan, {w.name: i for i, w in enumerate(op.weights)})
     writer.emit(f"return {writer.data}")
     return writer.lines
@@ -311,8 +344,8 @@ def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, s
 
 def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int]) -> None:
     """Emit the lines computing the linear ``op`` (by ``plan``) from ``writer.data``, whose dims are
-    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order; each weight is
-    ``writer.weights[weight_index[name]]``."""
+    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order; each weight's code
+    is ``writer.weights[weight_index[name]]``."""
     steps = list(plan.steps)
     position = 0
     for stage in [*plan.stages, None]:
@@ -821,6 +854,172 @@ def _free_inputs(op: Operator) -> set[int]:
     return free
 
 
+def weight_attributes(op: Operator | Graph) -> list[str]:
+    """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order: the
+    weight's own name, unless ``nn.Module`` or the generated module uses that name itself
+    (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``, ``bias``, ...), then the name with ``_``
+    appended until it is free (the generated source lists these renamings).
+
+    >>> from kdsl import gallery
+    >>> weight_attributes(gallery.load("depthwise_separable_conv2d"))
+    ['depthwise', 'pointwise']
+    """
+    names = [w.name or f"w{i}" for i, w in enumerate(op.weights)]
+    taken = set(names) | RESERVED_ATTRIBUTES
+    attributes = []
+    for name in names:
+        attribute = name
+        if name in RESERVED_ATTRIBUTES or name in attributes:
+            while attribute in taken or attribute in attributes:
+                attribute += "_"
+            taken.add(attribute)
+        attributes.append(attribute)
+    return attributes
+
+
+def _summed_dims(op: Operator | Graph) -> list[list[tuple[str, Size]]]:
+    """Per weight of ``op``: the dims (name, size) it sums over. A ``Reduce`` (a sum, not a mean)
+    of dim ``d`` counts for the weight shared last on ``d`` or on a dim ``d`` was made from
+    (through Merge, Split and the other views) before the Reduce. An FC sums its input dims."""
+    if isinstance(op, Graph):
+        found: list[list[tuple[str, Size]]] = []
+        for node in op.nodes:
+            if node.kind == "Chain":
+                found += _summed_dims(node.chain)
+            else:
+                found += [[(d.name, d.size) for d, new in zip(w.dims, w.new) if not new] for w in node.weights()]
+        return found
+    summed: list[list[tuple[str, Size]]] = [[] for _ in op.weights]
+    last: dict[str, int] = {}  # live dim -> the weight shared last on it (its position in op.weights)
+    count = 0
+    for position, step in enumerate(op.steps):
+        if isinstance(step, Share):
+            if isinstance(step.weight, Weight):
+                for dim in step.weight.dims:
+                    last[dim.name] = count
+                count += 1
+            continue
+        if isinstance(step, Reduce):
+            owner = last.pop(step.dim, None)  # type: ignore[arg-type]
+            if owner is not None and not step.mean:
+                summed[owner].append((str(step.dim), op.live[position][str(step.dim)]))
+            continue
+        owners = [last[name] for name in step.consumes if name in last]
+        for name in step.consumes:
+            last.pop(name, None)
+        for name in step.produces:
+            if owners:
+                last[name] = max(owners)
+    return summed
+
+
+def fan_ins(op: Operator | Graph) -> list[Size]:
+    """The fan-in of each weight of ``op`` (in ``op.weights`` order) that PyTorch would use for the
+    equivalent layer: the product of the sizes of the dims the weight sums over.
+
+    A dim counts for the weight shared last on it before a ``Reduce`` sums it (a mean does not
+    count: it already divides by the size). So a conv2d weight ``[Cout, Cin, kh, kw]`` has fan-in
+    ``Cin*K^2`` (``nn.Conv2d``); a dim the operator does not sum but keeps in the output, like the
+    channel of a depthwise conv or the group of a grouped one, does not count: the depthwise
+    weight ``[Cin, kh, kw]`` has fan-in ``K^2`` (``nn.Conv2d(groups=Cin)``), and in a depthwise
+    separable conv the later ``Reduce(Cin)`` counts for the pointwise weight ``[Cout, Cin]``, shared
+    after it. A weight that sums nothing (a per-element scale) has fan-in 1. An FC weight of a
+    branching kernel sums its input dims (``nn.Linear``).
+
+    >>> from kdsl import gallery
+    >>> [str(f) for f in fan_ins(gallery.load("depthwise_separable_conv2d"))]
+    ['K**2', 'Cin']
+    >>> [str(f) for f in fan_ins(gallery.load("grouped_conv2d"))]
+    ['Cin*K**2/G']
+    """
+    return [prod((size for _, size in dims), start=Size.of(1)) for dims in _summed_dims(op)]
+
+
+def _needed_variables(op: Operator | Graph) -> dict[str, str]:
+    """Variable -> the first weight whose shape or fan-in needs it (so it must be known when the
+    module is built), as text for messages."""
+    needed: dict[str, str] = {}
+    for weight, fan_in in zip(op.weights, fan_ins(op)):
+        text = f"the weight {weight.name}[{', '.join(d.name for d in weight.dims)}]"
+        for size in [d.size for d in weight.dims] + [fan_in]:
+            for var in size.variables:
+                needed.setdefault(var.name, text)
+    return needed
+
+
+def lazy_variables(op: Operator | Graph) -> dict[str, int]:
+    """The size variables a module of ``op`` can leave unbound until it is called, like the
+    ``nn.Lazy*`` modules (variable -> the position of the input dim it is read from): primaries
+    that no weight's shape or fan-in mentions and that are exactly the size of an input dim (N, H,
+    W of a convolution; the first such dim).
+
+    >>> from kdsl import gallery
+    >>> lazy_variables(gallery.load("conv2d"))
+    {'H': 2, 'N': 0, 'W': 3}
+    """
+    needed = _needed_variables(op)
+    positions = {}
+    for position, dim in enumerate(op.inputs):
+        var = dim.size.variable_name
+        if var is not None and var not in needed and var not in positions and var in op.primary_variables:
+            positions[var] = position
+    return dict(sorted(positions.items(), key=lambda item: [v.name for v in op.variables].index(item[0])))
+
+
+def _known_binding(op: Operator | Graph, layer: object) -> dict[str, int]:
+    """The binding of ``op``'s variables that ``layer`` gives (with the coefficients' defaults),
+    checked like :func:`kdsl.solve.bind` where it binds everything. A primary the layer omits is
+    left out when :func:`lazy_variables` allows it (the module reads it from its input); else
+    :class:`LayerError` names it and what needs it. The constraints whose variables are all bound
+    are checked (:class:`DivisibilityError`); the forward checks the others on its input."""
+    item = as_layer(layer)
+    missing = [v.name for v in op.variables if v.kind == "primary" and item.get(v.name) is None]
+    if not missing:
+        return solve.bind(op, item)
+    lazy, needed = lazy_variables(op), _needed_variables(op)
+    for name in missing:
+        if name not in lazy:
+            why = (
+                f"{needed[name]} needs it (weights have their shapes when the module is built)"
+                if name in needed
+                else "the forward needs it and no input dim has exactly that size to read it from"
+            )
+            raise LayerError(f"{layer_label(item.name)} does not give the size {name}: {why}; add {name} to the layer")
+    filled = Layer(item.name, {**item.values, **{name: 1 for name in missing}})
+    binding = {k: v for k, v in resolve_binding(op, filled).items() if k not in missing}
+    for constraint in solve.constraints(op):
+        known = constraint.kind != "window" and set(constraint.variables) <= set(binding)
+        if known and not constraint.holds(binding):
+            raise DivisibilityError(constraint.failure(item.name, binding))
+    return binding
+
+
+def _fraction_code(size: Size, identifiers: Mapping[str, str]) -> tuple[str, str]:
+    """Python code of a size's numerator and denominator (``"1"`` when it has none)."""
+    numerator = [str(size.constant.numerator)] if size.constant.numerator != 1 else []
+    denominator = [str(size.constant.denominator)] if size.constant.denominator != 1 else []
+    for var, exponent in size.exponents:
+        (numerator if exponent > 0 else denominator).extend([identifiers[var.name]] * abs(exponent))
+    return " * ".join(numerator) or "1", " * ".join(denominator) or "1"
+
+
+def _one_line(op: Operator | Graph) -> str:
+    """The operator in one line, for the module's repr."""
+    inputs = ", ".join(d.name for d in op.inputs)
+    outputs = ", ".join(d.name for d in op.outputs)
+    if isinstance(op, Graph):
+        nodes = "; ".join(f"node {i}: {node.describe()}" for i, node in enumerate(op.nodes) if i)
+        return f"Input({inputs}) -> {nodes} -> Output({outputs})"
+    return " >> ".join([f"Input({inputs})", *(step.describe() for step in op.steps), f"Output({outputs})"])
+
+
+def _bias_dim(op: Operator | Graph) -> int:
+    """The output dim a bias runs along: the one named ``Cout``, else the second (the channels of
+    ``[N, C, ...]``), else the only one."""
+    names = [d.name for d in op.outputs]
+    return names.index("Cout") if "Cout" in names else min(1, len(names) - 1)
+
+
 def source(
     op: Operator | Graph, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator", pad: bool = False
 ) -> str:
@@ -834,27 +1033,39 @@ def source(
 
     The module's constructor takes every size variable (as a keyword argument of the variable's
     name, unless the module uses that name itself: then the source says which name it takes
-    instead); the plan (the order of contraction stages) of each linear chain is the one that is
-    cheapest at ``layer`` (at a reference size if not given). The forward checks its input's shape
-    (``ShapeError``). A branching kernel's forward computes one variable per node (``x3`` is node
-    3) with one rule per node kind (:data:`GRAPH_RULES`).
+    instead) and ``bias`` (``bias=True`` adds a parameter ``bias`` with one value per output
+    channel: the output dim named ``Cout``, else the second one). The sizes of
+    :func:`lazy_variables` (N, H, W of a convolution) may be ``None``: the forward then reads them
+    from its input at each call (like ``nn.Lazy*`` modules, and any size where no weight depends on
+    it) and checks that they divide as the operator needs (``ShapeError``). Each weight is a
+    parameter named after the DSL's weight (:func:`weight_attributes`), initialised like PyTorch's
+    layers, uniform in ±1/sqrt(fan-in) (``kaiming_uniform_(a=sqrt(5))``) with the fan-in of
+    :func:`fan_ins`; ``module.weights`` lists them in ``op.weights`` order.
+
+    The plan (the order of contraction stages) of each linear chain is the one that is cheapest at
+    ``layer`` (at a reference size for the variables it does not give). The forward checks its
+    input's shape (``ShapeError``). A branching kernel's forward computes one variable per node
+    (``x3`` is node 3) with one rule per node kind (:data:`GRAPH_RULES`).
 
     >>> from kdsl.lang import *
     >>> N, C, L = primary("N C L")
     >>> x = Input(N, C, L)
     >>> kernel = (x + (x >> Map("relu"))) >> Output(N, C, L)
-    >>> print(source(kernel).split("weights = list(self.weights)")[1].strip())
+    >>> text = source(kernel)
+    >>> print(text[text.index("# node 1") :].strip())
     # node 1: Map(relu) of node 0 -> [N, C, L]
     x1 = torch.relu(x)
     # node 2: Blend(add) of node 0, node 1 -> [N, C, L]
     x2 = x + x1
+    if self.bias is not None:
+        x2 = x2 + self.bias[:, None]  # one per C
     return x2
     """
     if pad:
         if layer is None:
             raise LoweringError("source(..., pad=True) pads the sizes of one layer: pass the layer")
         return padded_source(op, solve.pad_binding(op, layer), name=name)
-    binding = solve.bind(op, layer) if layer is not None else None
+    binding = _known_binding(op, layer) if layer is not None else None
     variables = [v.name for v in op.variables]
     if isinstance(op, Graph):
         ids = _identifiers(variables, torch_graph.own_names(op))
@@ -867,22 +1078,72 @@ def source(
     axis = _Axes(set(dims))
     for dim in sorted(dims, key=lambda d: not _einops_ok(d)):  # names einops takes keep themselves
         axis(dim)
+    attributes = weight_attributes(op)
+    codes = [f"self.{a}" for a in attributes]
     if isinstance(op, Graph):
-        body = _graph_body(op, binding, axis, ids)
+        body = _graph_body(op, binding, axis, ids, codes)
     else:
-        body = _forward_body(op, solve.plan(op, binding), axis, ids)
+        body = _forward_body(op, solve.plan(op, binding), axis, ids, codes)
     defaults = op.default_coefficients
-    required = [v for v in variables if v not in defaults]
-    optional = [v for v in variables if v in defaults]
-    signature = ", ".join([f"{ids[v]}: int" for v in required] + [f"{ids[v]}: int = {defaults[v]}" for v in optional])
+    lazy = lazy_variables(op)
+    required = [v for v in variables if v not in defaults and v not in lazy]
+    signature = ", ".join(
+        [f"{ids[v]}: int" for v in required]
+        + [f"{ids[v]}: int | None = None" for v in variables if v in lazy]
+        + [f"{ids[v]}: int = {defaults[v]}" for v in variables if v in defaults]
+        + ["bias: bool = False"]
+    )
     weight_lines = []
-    for weight in op.weights:
+    fan_codes = {}
+    for weight, attribute, sums in zip(op.weights, attributes, _summed_dims(op)):
         shape = ", ".join(_size_code(d.size, ids) for d in weight.dims)
-        fan_in = " * ".join(_atom(_size_code(d.size, ids)) for d, new in zip(weight.dims, weight.new) if not new) or "1"
-        weight_lines.append(f"        # {weight.name}[{', '.join(d.name for d in weight.dims)}], fan-in {fan_in}")
-        weight_lines.append(f"        shapes.append(({shape},))")
-        weight_lines.append(f"        fan_ins.append({fan_in})")
-    expected = ["None" if i in free else _size_code(d.size, ids) for i, d in enumerate(op.inputs)]
+        fan_code = " * ".join(_atom(_size_code(size, ids)) for _, size in sums) or "1"
+        what = f"sums {', '.join(d for d, _ in sums)}" if sums else "sums nothing"
+        dims_text = ", ".join(d.name for d in weight.dims)
+        weight_lines.append(f"        # {weight.name}[{dims_text}]: {what}, fan-in {fan_code}")
+        weight_lines.append(f"        self.{attribute} = nn.Parameter(torch.empty({shape}))")
+        fan_codes[attribute] = fan_code
+    position = _bias_dim(op)
+    channel = op.outputs[position]
+    owners = [a for w, a in zip(op.weights, attributes) if channel.name in {d.name for d in w.dims}]
+    bias_fan_in = fan_codes[owners[-1]] if owners else fan_codes[attributes[-1]] if attributes else "1"
+    fan_codes["bias"] = bias_fan_in
+    expected = []
+    late = False  # an input dim whose size mentions a lazy variable without being it
+    for i, d in enumerate(op.inputs):
+        mentions = {v.name for v in d.size.variables} & set(lazy)
+        if i in free:
+            expected.append("None")
+        elif mentions and d.size.variable_name not in lazy:
+            expected.append("None")
+            late = True
+        else:
+            expected.append(_size_code(d.size, ids))
+    dim_list = "[" + ", ".join(f'"{d.name}"' for d in op.inputs) + "]"
+    read = [v for v in lazy if lazy[v] not in free]
+    lazy_lines = []
+    if read:
+        lazy_lines.append(
+            f"        if {' or '.join(f'{ids[v]} is None' for v in read)}:  "
+            "# not given when built: the input's sizes (no weight depends on them)"
+        )
+        targets = ", ".join(ids[v] for v in read)
+        lazy_lines.append(f"            {targets} = {', '.join(f'x.shape[{lazy[v]}]' for v in read)}")
+        if late:
+            full = ["None" if i in free else _size_code(d.size, ids) for i, d in enumerate(op.inputs)]
+            lazy_lines.append(f"            _check_input(x, {dim_list}, [{', '.join(full)}])")
+        for constraint in solve.constraints(op):
+            if constraint.kind != "integral" or not set(constraint.variables) & set(read):
+                continue
+            numerator, denominator = _fraction_code(constraint.sizes[0], ids)
+            if denominator == "1":
+                continue
+            values = ", ".join(f"{v}={{{ids[v]}}}" for v in constraint.variables)
+            lazy_lines.append(f"            if ({numerator}) % ({denominator}):")
+            lazy_lines.append(
+                f"                raise ShapeError({constraint.description!r} + "
+                f'f" ({values}), for the input of shape {{list(x.shape)}}")'
+            )
     notes = []
     renamed_axes = axis.renamed()
     if renamed_axes:
@@ -892,8 +1153,25 @@ def source(
     if renamed_ids:
         pairs = ", ".join(f"{v} -> {i}" for v, i in renamed_ids.items())
         notes.append(f"# constructor arguments of the size variables whose names this module uses itself: {pairs}")
+    renamed_weights = {w.name: a for w, a in zip(op.weights, attributes) if w.name != a}
+    if renamed_weights:
+        pairs = ", ".join(f"{w} -> {a}" for w, a in renamed_weights.items())
+        notes.append(f"# attributes of the weights whose names nn.Module or this module uses itself: {pairs}")
     dsl = op.to_dsl().rstrip().replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
     class_name = _class_name(name)
+    *body, last = body
+    result = last.removeprefix("return ")
+    if not re.fullmatch(r"\w+", result):
+        body.append(f"x = {result}")
+        result = "x"
+    trailing = len(op.outputs) - 1 - position
+    index = "[:, " + ", ".join(["None"] * trailing) + "]" if trailing else ""
+    body += [
+        "if self.bias is not None:",
+        f"    {result} = {result} + self.bias{index}  # one per {channel.name}",
+        f"return {result}",
+    ]
+    weight_list = ", ".join(codes)
     text = [
         '"""Generated by kdsl from this operator:',
         "",
@@ -911,13 +1189,18 @@ def source(
         "",
         *notes,
         f"class {class_name}(nn.Module):",
+        f"    operator = {_one_line(op)!r}",
+        "",
         f"    def __init__(self, {signature}):",
         "        super().__init__()",
         "        self.sizes = {" + ", ".join(f'"{v}": {ids[v]}' for v in variables) + "}",
-        "        shapes, fan_ins = [], []",
         *weight_lines,
-        "        self.weights = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)",
-        "        self.fan_ins = fan_ins",
+        f"        # bias: one per {channel.name} (output dim {position}), fan-in {bias_fan_in} like its weight's",
+        "        if bias:",
+        f"            self.bias = nn.Parameter(torch.empty({_size_code(channel.size, ids)}))",
+        "        else:",
+        '            self.register_parameter("bias", None)',
+        "        self.fan_ins = {" + ", ".join(f'"{a}": {code}' for a, code in fan_codes.items()) + "}",
         *(
             ["        self.masks = {}  # node -> the padding mask of its max/min fold (they depend on shapes only)"]
             if isinstance(op, Graph) and torch_graph.masked_folds(op)
@@ -926,43 +1209,55 @@ def source(
         "        self.reset_parameters()",
         "",
         "    def reset_parameters(self):",
-        "        # like PyTorch's convolutions: uniform in +-1/sqrt(fan-in)",
-        "        for weight, fan_in in zip(self.weights, self.fan_ins):",
-        "            bound = 1.0 / math.sqrt(fan_in)",
-        "            nn.init.uniform_(weight, -bound, bound)",
+        "        # PyTorch's default for its layers, kaiming_uniform_(a=sqrt(5)): uniform in +-1/sqrt(fan-in)",
+        "        for name, fan_in in self.fan_ins.items():",
+        "            if getattr(self, name) is not None:",
+        "                bound = 1.0 / math.sqrt(fan_in)",
+        "                nn.init.uniform_(getattr(self, name), -bound, bound)",
+        "",
+        "    @property",
+        "    def weights(self):",
+        '        """The weights in the operator\'s order."""',
+        f"        return [{weight_list}]",
+        "",
+        "    def extra_repr(self):",
+        "        given = [f'{name}={size}' for name, size in self.sizes.items() if size is not None]",
+        "        lazy = [name for name, size in self.sizes.items() if size is None]",
+        "        text = ', '.join([self.operator, *given] + (['(' + ', '.join(lazy) + ' from the input)'] if lazy else []))",
+        "        return text + (', bias=True' if self.bias is not None else '')",
         "",
         "    def forward(self, x):",
         f"        {', '.join(ids[v] for v in variables)}{',' if len(variables) == 1 else ''} = self.sizes.values()"
         if variables
         else "",
-        "        _check_input(x, [" + ", ".join(f'"{d.name}"' for d in op.inputs) + f"], [{', '.join(expected)}])",
+        f"        _check_input(x, {dim_list}, [{', '.join(expected)}])",
         *(
             f"        {ids[d.size.variable_name]} = x.shape[{i}]  # any size (like a batch)"
             for i, d in enumerate(op.inputs)
             if i in free and d.size.variable_name is not None
         ),
-        "        weights = list(self.weights)",
+        *lazy_lines,
         *("        " + line for line in body),
     ]
     return "\n".join(text) + "\n"
 
 
-def _graph_body(graph: Graph, binding: Mapping[str, int] | None, axis: _Axes, ids: dict[str, str]) -> list[str]:
+def _graph_body(
+    graph: Graph, binding: Mapping[str, int] | None, axis: _Axes, ids: dict[str, str], weights: list[str]
+) -> list[str]:
     """A branching kernel's forward lines (:func:`kdsl.codegen.torch_graph.forward_lines`), each
     linear chain lowered like an operator (its own plan at ``binding``) on its argument's variable."""
 
-    def emit_chain(
-        chain: Operator, data: str, dims: list[str], var: str, weights: str, first: int
-    ) -> tuple[list[str], str]:
-        writer = _Writer([], dims, axis, ids, current=data, var=var, weights=weights)
+    def emit_chain(chain: Operator, data: str, dims: list[str], var: str, own: list[str]) -> tuple[list[str], str]:
+        writer = _Writer([], dims, axis, ids, current=data, var=var, weights=own)
         inputs = [d.name for d in chain.inputs]
         if writer.axes != inputs:
             writer.emit(f'{var} = rearrange({data}, "{writer.pattern()} -> {writer.pattern(inputs)}")')
             writer.axes = inputs
-        _chain_body(writer, chain, solve.plan(chain, binding), {w.name: first + i for i, w in enumerate(chain.weights)})
+        _chain_body(writer, chain, solve.plan(chain, binding), {w.name: i for i, w in enumerate(chain.weights)})
         return writer.lines, writer.data
 
-    return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain)
+    return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain, weights)
 
 
 def _graph_dim_names(graph: Graph) -> list[str]:
@@ -977,13 +1272,35 @@ def _graph_dim_names(graph: Graph) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def build(op: Operator | Graph, layer: Mapping[str, int], *, name: str = "KdslOperator", pad: bool = False) -> Any:
+def build(
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    *,
+    name: str = "KdslOperator",
+    pad: bool = False,
+    bias: bool = False,
+) -> Any:
     """A ``torch.nn.Module`` computing ``op`` (an operator or a branching kernel) at the sizes of
-    ``layer`` (weights in ``.weights``, in ``op.weights`` order).
+    ``layer``: the class :func:`source` writes, with one parameter per weight named after it
+    (``module.depthwise``; ``module.weights`` lists them in ``op.weights`` order) and, with
+    ``bias=True``, a ``bias`` per output channel.
+
+    Sizes the layer does not give are read from the input at each call where no weight depends on
+    them (:func:`lazy_variables`: N, H, W of a convolution); a size a weight needs raises
+    :class:`LayerError` naming it.
 
     With ``pad=True`` a size that does not divide the layer is padded (:mod:`kdsl.solve.padding`):
     the weights have the padded shapes, the forward takes and returns the layer's shapes (it
     zero-pads its input and crops its output), and ``module.padding`` records the padding.
+
+    The module is an instance of a real class: its source is compiled into a module object
+    registered in ``sys.modules`` as ``kdsl_generated_<key>_<hash of the source>`` (one per source,
+    so ``torch.compile`` and tracebacks find it), and it pickles as data, not as a reference to that
+    class: the operator's DSL text, the layer, ``name`` and ``pad``, plus the module's state (its
+    ``__dict__``: parameters, hooks, training flag). Unpickling (``pickle``, ``copy.deepcopy``,
+    ``torch.load(..., weights_only=False)``, in this process or a fresh one with kdsl installed)
+    parses the DSL with :func:`kdsl.lang.parse` (which never runs code), regenerates the class and
+    restores the state without initialising anything.
 
     >>> import torch
     >>> from kdsl.lang import library
@@ -994,21 +1311,73 @@ def build(op: Operator | Graph, layer: Mapping[str, int], *, name: str = "KdslOp
     >>> print(module.padding.describe())
     Cin 64 -> 66 (Split(Cin, Cin/G))
     Cout 64 -> 66 (Share(w): the weight dim co: Cout/G)
+    >>> module = build(library.load("depthwise_separable_conv2d"), {"Cin": 8, "Cout": 16}, bias=True)
+    >>> list(module.state_dict())
+    ['depthwise', 'pointwise', 'bias']
+    >>> tuple(module(torch.ones(2, 8, 5, 9)).shape)
+    (2, 16, 5, 9)
     """
     load_torch()
-
-    padding = solve.pad_binding(op, layer) if pad else None
-    binding = padding.padded_binding if padding is not None else solve.bind(op, layer)
-    code = padded_source(op, padding, name=name) if padding is not None else source(op, binding, name=name)
-    namespace: dict[str, Any] = {"__name__": f"kdsl_generated_{op.key}"}
-    # The code is generated by kdsl from a validated operator (names are identifiers, sizes are
-    # integers), never user text, so compiling it is safe.
-    exec(compile(code, f"<kdsl {op.key}>", "exec"), namespace)
+    item = as_layer(layer)
+    recipe = (op.to_dsl(), item.name, tuple(item.items), name, pad)
+    code, padding, binding, cls = _generated(op, recipe)
     variables = [v.name for v in op.variables]
     ids = _identifiers(variables, torch_graph.own_names(op)) if isinstance(op, Graph) else _identifiers(variables)
-    module = namespace[_class_name(name)](**{ids[v]: binding[v] for v in variables})
+    module = cls(**{ids[v]: binding[v] for v in variables if v in binding}, bias=bias)
     module.kdsl_source = code
     module.padding = padding
+    module._kdsl_recipe = recipe
+    return module
+
+
+#: (DSL text, layer name, layer items, class name, pad) -> what :func:`build` made of it.
+_GENERATED: dict[tuple[Any, ...], tuple[str, Padding | None, dict[str, int], type]] = {}
+
+#: Attributes :func:`_restore` sets again, so a pickled module's state leaves them out.
+_DERIVED = ("kdsl_source", "padding", "_kdsl_recipe")
+
+
+def _generated(op: Operator | Graph, recipe: tuple[Any, ...]) -> tuple[str, Padding | None, dict[str, int], type]:
+    """The source, padding, binding and class of ``op`` built by ``recipe`` (cached)."""
+    found = _GENERATED.get(recipe)
+    if found is not None:
+        return found
+    _, layer_name, items, name, pad = recipe
+    layer = Layer(layer_name, items)
+    padding = solve.pad_binding(op, layer) if pad else None
+    binding = padding.padded_binding if padding is not None else _known_binding(op, layer)
+    code = padded_source(op, padding, name=name) if padding is not None else source(op, binding, name=name)
+    digest = hashlib.sha256(code.encode()).hexdigest()[:16]
+    module_name = f"kdsl_generated_{op.key}_{digest}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        module = types.ModuleType(module_name)
+        filename = f"<{module_name}>"
+        # The code is generated by kdsl from a validated operator (names are identifiers, sizes are
+        # integers), never user text, so compiling it is safe.
+        exec(compile(code, filename, "exec"), module.__dict__)
+        linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)  # tracebacks
+        module.__dict__[_class_name(name)].__reduce_ex__ = _reduce_ex
+        sys.modules[module_name] = module  # importable by name: torch.compile looks classes up there
+    found = (code, padding, dict(binding), getattr(module, _class_name(name)))
+    _GENERATED[recipe] = found
+    return found
+
+
+def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:
+    """Pickle a built module as the recipe that regenerates its class and its state (see :func:`build`)."""
+    state = {key: value for key, value in module.__dict__.items() if key not in _DERIVED}
+    return (_restore, (module._kdsl_recipe,), state)
+
+
+def _restore(recipe: tuple[Any, ...]) -> Any:
+    """A module of ``recipe``'s class, not initialised: unpickling then sets its state."""
+    if recipe not in _GENERATED:
+        load_torch()
+        _generated(parse(recipe[0]), recipe)
+    code, padding, _, cls = _GENERATED[recipe]
+    module = cls.__new__(cls)
+    module.__dict__.update(kdsl_source=code, padding=padding, _kdsl_recipe=recipe)
     return module
 
 

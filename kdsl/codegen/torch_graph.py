@@ -14,13 +14,13 @@ chain run on ones (with weights of ones) is positive exactly where an element re
 >>> from kdsl.codegen.torch import source
 >>> N, C, H, W = primary("N C H W")
 >>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
->>> print(source(pool).split("weights = list(self.weights)")[1].strip())
+>>> text = source(pool)
+>>> print(text[text.index("# node 1") : text.rindex("if self.bias")].strip())
 # node 1: chain Unfold(H, 3) >> Unfold(W, 3) of node 0 -> [N, C, H, W, kh, kw] (pooled natively below, never computed)
 # node 2: Fold(kh, kw, how=max) of node 1 -> [N, C, H, W]
 x2 = rearrange(x, "N C H W -> (N C) H W")  # as a pooling input
 x2 = _pool(x2, "max", (3, 3), (1, 1), ((1, 1), (1, 1)))
 x2 = rearrange(x2, "(N C) H W -> N C H W", N=N, C=C)
-return x2
 """
 
 from __future__ import annotations
@@ -138,9 +138,9 @@ def _pooling(graph: Graph, index: int) -> _Pooling | None:
 
 
 #: Emits a linear chain: (chain, the variable holding its input, the input's dims in order, the
-#: variable to write, the name of the weight list, the chain's first weight in it) -> (the lines,
-#: the variable holding the result, whose dims are in ``chain.outputs`` order).
-ChainEmitter = Callable[[Operator, str, list[str], str, str, int], tuple[list[str], str]]
+#: variable to write, the code of each of the chain's weights) -> (the lines, the variable holding
+#: the result, whose dims are in ``chain.outputs`` order).
+ChainEmitter = Callable[[Operator, str, list[str], str, list[str]], tuple[list[str], str]]
 
 
 @dataclass
@@ -149,12 +149,14 @@ class _GraphWriter:
     each node (``x`` the input, ``x3`` node 3; a Rename shares its argument's), each node's first
     weight, and the chains whose only readers pool them natively (they are never computed).
     ``axis`` gives a dim's einops axis name, ``size`` a size's Python code, ``emit_chain`` a linear
-    chain's lines (the operator machinery of :mod:`kdsl.codegen.torch`)."""
+    chain's lines (the operator machinery of :mod:`kdsl.codegen.torch`), ``weights`` the code of
+    each weight of the graph, in :attr:`Graph.weights` order (``self.wq``)."""
 
     graph: Graph
     axis: Callable[[str], str]
     size: Callable[[Size], str]
     emit_chain: ChainEmitter
+    weights: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     first_weight: list[int] = field(default_factory=list)
@@ -167,10 +169,10 @@ class _GraphWriter:
     def dims(self, index: int) -> list[str]:
         return [d.name for d in self.graph.nodes[index].dims]
 
-    def chain(self, chain: Operator, arg: int, var: str, weights: str, first: int, indent: str = "") -> str:
-        """Emit the lines computing the linear ``chain`` on node ``arg`` into ``var`` (weights
-        ``weights[first:]``); return the variable that holds its result."""
-        lines, result = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights, first)
+    def chain(self, chain: Operator, arg: int, var: str, weights: list[str], indent: str = "") -> str:
+        """Emit the lines computing the linear ``chain`` on node ``arg`` into ``var`` (``weights``:
+        the code of each of its weights); return the variable that holds its result."""
+        lines, result = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights)
         self.lines += [indent + line for line in lines]
         return result
 
@@ -192,7 +194,8 @@ def _chain_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
         writer.lines[-1] += " (pooled natively below, never computed)"
         return writer.dims(index)
     first = writer.first_weight[index]
-    writer.names[index] = writer.chain(node.chain, node.args[0], f"x{index}", "weights", first)
+    weights = writer.weights[first : first + len(node.chain.weights)]
+    writer.names[index] = writer.chain(node.chain, node.args[0], f"x{index}", weights)
     return [d.name for d in node.chain.outputs]
 
 
@@ -261,15 +264,16 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
         current = f"torch.ones_like({writer.names[writer.graph.nodes[region[0]].args[0]]})"
         for made in region:  # the chains in order; a Rename between two of them only renames
             chain, source = writer.graph.nodes[made].chain, writer.graph.nodes[made].args[0]
+            ones = []
             if chain.weights:
                 first = writer.first_weight[made]
-                writer.lines.append(
-                    f"        ones = [torch.ones_like(w) for w in weights[{first}:{first + len(chain.weights)}]]"
-                )
+                own = writer.weights[first : first + len(chain.weights)]
+                writer.lines.append(f"        ones = [torch.ones_like(w) for w in [{', '.join(own)}]]")
+                ones = [f"ones[{i}]" for i in range(len(own))]
             if current != mask:
                 writer.lines.append(f"        {mask} = {current}")
             saved, writer.names[source] = writer.names[source], mask  # the chain runs on the mask
-            current = writer.chain(chain, source, mask, "ones", 0, indent="        ")
+            current = writer.chain(chain, source, mask, ones, indent="        ")
             writer.names[source] = saved
         writer.lines.append(f"        self.masks[{index}] = {mask} = {current} > 0")
         writer.lines.append(f'{var} = _masked_fold({data}, {mask}, {axes}, "{step.how}")')
@@ -306,7 +310,7 @@ def _fc_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     assert isinstance(step, FC)
     arg, dims = writer.names[node.args[0]], writer.dims(node.args[0])
     listed = list(step.dims)  # type: ignore[arg-type]
-    weight = f"weights[{writer.first_weight[index]}]"
+    weight = writer.weights[writer.first_weight[index]]
     count = len(listed)
     if dims[-count:] == listed:  # the channels come last: a matrix product with no copy
         data = arg if count == 1 else f"{arg}.flatten({-count})"
@@ -368,11 +372,15 @@ GRAPH_RULES: dict[str, Callable[[_GraphWriter, int, Node], list[str]]] = {
 
 
 def forward_lines(
-    graph: Graph, axis: Callable[[str], str], size: Callable[[Size], str], emit_chain: ChainEmitter
+    graph: Graph,
+    axis: Callable[[str], str],
+    size: Callable[[Size], str],
+    emit_chain: ChainEmitter,
+    weights: list[str],
 ) -> list[str]:
-    """The forward's lines after the input check (the input is ``x``, the weights ``weights``),
-    ending in ``return``; the caller indents them."""
-    writer = _GraphWriter(graph, axis, size, emit_chain, names=["x"] * len(graph.nodes))
+    """The forward's lines after the input check (the input is ``x``, ``weights`` the code of each
+    weight in :attr:`Graph.weights` order), ending in ``return``; the caller indents them."""
+    writer = _GraphWriter(graph, axis, size, emit_chain, list(weights), names=["x"] * len(graph.nodes))
     count = 0
     for node in graph.nodes:
         writer.first_weight.append(count)
