@@ -438,8 +438,9 @@ def test_torch_gradients_match_finite_differences(kernel):
     assert len(module.weights) == len(weights)
 
     def forward(x_tensor, *weight_tensors):
-        # the module's weights replaced by the tensors gradcheck perturbs (a ParameterList)
-        replaced = {f"weights.{i}": w for i, w in enumerate(weight_tensors)}
+        # the module's weights (named after the DSL's, in graph order) replaced by the tensors gradcheck perturbs
+        names = [name for name, _ in module.named_parameters()]
+        replaced = dict(zip(names, weight_tensors, strict=True))
         return torch.func.functional_call(module, replaced, (x_tensor,))
 
     tensors = [torch.from_numpy(x).requires_grad_()] + [torch.from_numpy(w).requires_grad_() for w in weights]
