@@ -6,6 +6,7 @@ fan-in PyTorch uses for the equivalent layer; sizes no weight needs are read fro
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 import subprocess
 import sys
@@ -265,3 +266,20 @@ def test_reserved_attributes_cover_every_nn_module_attribute():
         n for n in vars(nn.Module()) if not n.startswith("_")
     }
     assert public <= kdsl_torch.NN_MODULE_ATTRIBUTES
+
+
+def test_generated_classes_do_not_pile_up_in_sys_modules(monkeypatch):
+    monkeypatch.setattr(kdsl_torch, "CACHED_CLASSES", 2)
+    op = gallery.load("pointwise_conv2d")
+    kept = kdsl_torch.build(op, {"Cin": 2, "Cout": 3})
+    names = set()
+    for cout in range(4, 9):  # five more classes: the cache holds two
+        module = kdsl_torch.build(op, {"Cin": 2, "Cout": cout})
+        names.add(type(module).__module__)
+        del module
+    gc.collect()
+    kdsl_torch.build(op, {"Cin": 2, "Cout": 9})  # past the limit: unused ones are unregistered
+    assert type(kept).__module__ in sys.modules, "a live module's class must stay importable"
+    assert sum(name in sys.modules for name in names) <= 2
+    restored = pickle.loads(pickle.dumps(kept))  # an unregistered class is made again on demand
+    assert restored.weights[0].shape == (3, 2) and type(restored).__module__ in sys.modules

@@ -30,6 +30,8 @@ import linecache
 import re
 import sys
 import types
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -1223,8 +1225,9 @@ def source(
         "    def extra_repr(self):",
         "        given = [f'{name}={size}' for name, size in self.sizes.items() if size is not None]",
         "        lazy = [name for name, size in self.sizes.items() if size is None]",
-        "        text = ', '.join([self.operator, *given] + (['(' + ', '.join(lazy) + ' from the input)'] if lazy else []))",
-        "        return text + (', bias=True' if self.bias is not None else '')",
+        "        read = ['(' + ', '.join(lazy) + ' from the input)'] if lazy else []",
+        "        biased = ['bias=True'] if self.bias is not None else []",
+        "        return ', '.join([self.operator, *given, *read, *biased])",
         "",
         "    def forward(self, x):",
         f"        {', '.join(ids[v] for v in variables)}{',' if len(variables) == 1 else ''} = self.sizes.values()"
@@ -1327,11 +1330,21 @@ def build(
     module.kdsl_source = code
     module.padding = padding
     module._kdsl_recipe = recipe
+    _INSTANCES[cls.__module__].add(module)
     return module
 
 
-#: (DSL text, layer name, layer items, class name, pad) -> what :func:`build` made of it.
-_GENERATED: dict[tuple[Any, ...], tuple[str, Padding | None, dict[str, int], type]] = {}
+#: (DSL text, layer name, layer items, class name, pad) -> what :func:`build` made of it, the most
+#: recently used last; at most :data:`CACHED_CLASSES` of them.
+_GENERATED: OrderedDict[tuple[Any, ...], tuple[str, Padding | None, dict[str, int], type]] = OrderedDict()
+
+#: How many generated classes stay cached (and registered) while no module of theirs is alive.
+#: A search builds thousands of candidates: their classes must not pile up in ``sys.modules``.
+CACHED_CLASSES = 256
+
+#: The name of each generated module registered in ``sys.modules`` -> the live modules of its class
+#: (built or unpickled ones): it stays registered while one lives, for ``torch.compile``.
+_INSTANCES: dict[str, weakref.WeakSet[Any]] = {}
 
 #: Attributes :func:`_restore` sets again, so a pickled module's state leaves them out.
 _DERIVED = ("kdsl_source", "padding", "_kdsl_recipe")
@@ -1341,6 +1354,7 @@ def _generated(op: Operator | Graph, recipe: tuple[Any, ...]) -> tuple[str, Padd
     """The source, padding, binding and class of ``op`` built by ``recipe`` (cached)."""
     found = _GENERATED.get(recipe)
     if found is not None:
+        _GENERATED.move_to_end(recipe)
         return found
     _, layer_name, items, name, pad = recipe
     layer = Layer(layer_name, items)
@@ -1359,9 +1373,25 @@ def _generated(op: Operator | Graph, recipe: tuple[Any, ...]) -> tuple[str, Padd
         linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)  # tracebacks
         module.__dict__[_class_name(name)].__reduce_ex__ = _reduce_ex
         sys.modules[module_name] = module  # importable by name: torch.compile looks classes up there
+        _INSTANCES[module_name] = weakref.WeakSet()
     found = (code, padding, dict(binding), getattr(module, _class_name(name)))
     _GENERATED[recipe] = found
+    if len(_GENERATED) > CACHED_CLASSES:
+        _forget_unused()
     return found
+
+
+def _forget_unused() -> None:
+    """Drop the least recently used classes past :data:`CACHED_CLASSES`, and unregister every
+    generated module that neither the cache nor a live module uses (they are made again on demand)."""
+    while len(_GENERATED) > CACHED_CLASSES:
+        _GENERATED.popitem(last=False)
+    cached = {cls.__module__ for *_, cls in _GENERATED.values()}
+    for module_name, instances in list(_INSTANCES.items()):
+        if module_name not in cached and not instances:
+            del _INSTANCES[module_name]
+            sys.modules.pop(module_name, None)
+            linecache.cache.pop(f"<{module_name}>", None)
 
 
 def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:
@@ -1372,12 +1402,12 @@ def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:
 
 def _restore(recipe: tuple[Any, ...]) -> Any:
     """A module of ``recipe``'s class, not initialised: unpickling then sets its state."""
-    if recipe not in _GENERATED:
-        load_torch()
-        _generated(parse(recipe[0]), recipe)
-    code, padding, _, cls = _GENERATED[recipe]
+    load_torch()
+    found = _GENERATED.get(recipe)
+    code, padding, _, cls = found if found is not None else _generated(parse(recipe[0]), recipe)
     module = cls.__new__(cls)
     module.__dict__.update(kdsl_source=code, padding=padding, _kdsl_recipe=recipe)
+    _INSTANCES[cls.__module__].add(module)
     return module
 
 
