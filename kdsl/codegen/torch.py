@@ -5,7 +5,11 @@ code reads like the DSL: each view is an einops ``rearrange`` or a small torch c
 DSL's own dim names, and each contraction stage of the operator's plan (:func:`kdsl.solve.plan`,
 Syno's rfactor) is one ``einsum``. A stage that is exactly a native op (a convolution of any
 kind: grouped, depthwise, strided, dilated; 1-D to 3-D) is lowered to ``F.conv*d`` instead —
-same numerics, faster. :func:`build` compiles that source into a module for one layer.
+same numerics, faster. :func:`build` compiles that source into a module for one layer that
+behaves like a ``torch.nn`` one: its parameters carry the DSL's weight names, are initialised with
+the fan-in PyTorch uses for the equivalent layer (:func:`fan_ins`), sizes no weight needs are read
+from the input (:func:`lazy_variables`), ``bias=True`` adds a bias, and the module pickles,
+deep-copies, saves whole with ``torch.save`` and compiles with ``torch.compile`` (see :func:`build`).
 
 Both take a branching kernel (:class:`kdsl.lang.graph.Graph`) as well: its forward computes one
 variable per node, each linear chain lowered as above on its argument's variable and each Canvas
@@ -15,11 +19,11 @@ step by its rule in :data:`GRAPH_RULES` (:mod:`kdsl.codegen.torch_graph`).
 >>> from kdsl.lang import *
 >>> N, Cin, Cout = primary("N Cin Cout")
 >>> linear = Input(N, Cin) >> Share(Weight(Cout, Cin, name="w")) >> Reduce(Cin) >> Output(N, Cout)
->>> module = build(linear, {"N": 2, "Cin": 3, "Cout": 4})
+>>> module = build(linear, {"Cin": 3, "Cout": 4})
 >>> module(torch.ones(2, 3)).shape
 torch.Size([2, 4])
->>> [tuple(w.shape) for w in module.weights]
-[(4, 3)]
+>>> [(name, tuple(p.shape)) for name, p in module.named_parameters()]
+[('w', (4, 3))]
 """
 
 from __future__ import annotations
@@ -1141,11 +1145,12 @@ def source(
             if denominator == "1":
                 continue
             values = ", ".join(f"{v}={{{ids[v]}}}" for v in constraint.variables)
+            text = constraint.description.replace("{", "{{").replace("}", "}}")
+            message = f"{text} ({values}), for the input of shape {{list(x.shape)}}"
             lazy_lines.append(f"            if ({numerator}) % ({denominator}):")
             lazy_lines.append(
-                f"                raise ShapeError({constraint.description!r} + "
-                f'f" ({values}), for the input of shape {{list(x.shape)}}")'
-            )
+                f"                raise ShapeError(f{message!r})"
+            )  # one f-string: torch.compile traces it
     notes = []
     renamed_axes = axis.renamed()
     if renamed_axes:
