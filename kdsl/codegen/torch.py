@@ -1291,7 +1291,9 @@ def build(
     """A ``torch.nn.Module`` computing ``op`` (an operator or a branching kernel) at the sizes of
     ``layer``: the class :func:`source` writes, with one parameter per weight named after it
     (``module.depthwise``; ``module.weights`` lists them in ``op.weights`` order) and, with
-    ``bias=True``, a ``bias`` per output channel.
+    ``bias=True``, a ``bias`` per output channel (the output dim named ``Cout``, else the second),
+    initialised like ``nn.Conv2d``'s: with the fan-in of the last weight that has that dim (else of
+    the last weight).
 
     Sizes the layer does not give are read from the input at each call where no weight depends on
     them (:func:`lazy_variables`: N, H, W of a convolution); a size a weight needs raises
