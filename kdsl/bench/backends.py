@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.codegen.measure import interleaved_medians, latency_slot, median_seconds
 from kdsl.codegen.native import NATIVE
 from kdsl.lang.errors import KdslError
+from kdsl.lang.library import load_operator
+from kdsl.progress import Progress
 from kdsl.solve.layers import load_layers, with_batch
 
 
@@ -51,7 +54,7 @@ def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[st
     """(operator, layer name, binding, MACs) for every operator valid on the layer."""
     cases = []
     for name in names or gallery.names():
-        op = gallery.load(name)
+        op = load_operator(name)  # a gallery name or a .dsl/.json file, as every command takes
         for layer_name, values in _layers(table, batch):
             try:
                 binding = solve.bind(op, values)
@@ -59,13 +62,15 @@ def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[st
             except KdslError:
                 continue
             cases.append((name, layer_name, binding, macs))
+        if names and not any(case[0] == name for case in cases):
+            raise KdslError(f"{name} is valid on no layer of {table} (see kdsl check {name} --layers {table})")
     return cases
 
 
 def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
     import torch
 
-    op = gallery.load(name)
+    op = load_operator(name)
     module = kdsl_torch.build(op, binding)
     x = torch.randn(tuple(int(d.size.evaluate(binding)) for d in op.inputs))
     x_grad = x.clone().requires_grad_(True)
@@ -103,24 +108,42 @@ def _torch_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str
 def _tvm_case(name: str, layer_name: str, binding: dict[str, int]) -> dict[str, Any]:
     import torch
 
-    kernel = kdsl_tvm.build(gallery.load(name), binding)
+    kernel = kdsl_tvm.build(load_operator(name), binding)
     x = torch.randn(kernel.input_shape)
     weights = [torch.randn(shape) for shape in kernel.weight_shapes]
     with latency_slot():
         return {"op": name, "layer": layer_name, "tvm_fwd": _time(lambda: kernel(x, *weights))}
 
 
-def _run_worker(kind: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+#: the line a worker writes on stderr after each case, for the parent's progress bar
+_DONE = "kdsl-bench-case-done"
+
+
+def _run_worker(kind: str, args: argparse.Namespace, bar: Progress | None = None) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "kdsl.bench.backends", "--worker", kind, "--layers", args.layers]
     command += ["--batch", str(args.batch)]
     if args.ops:
         command += ["--ops", *args.ops]
     environment = dict(os.environ)
     environment.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    result = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if result.returncode != 0:
-        raise KdslError(f"the {kind} benchmark worker failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    # stderr is read line by line: each finished case moves the bar, the rest is kept for an error
+    # (stdout goes to a file: a full stdout pipe would block the worker while stderr is being read)
+    with tempfile.TemporaryFile("w+") as out:
+        with subprocess.Popen(command, stdout=out, stderr=subprocess.PIPE, text=True, env=environment) as worker:
+            assert worker.stderr is not None
+            kept: list[str] = []
+            for line in worker.stderr:
+                if line.startswith(_DONE):
+                    if bar is not None:
+                        bar.update(1, last=f"{kind} {line[len(_DONE) :].strip()}")
+                else:
+                    kept = (kept + [line])[-200:]
+            code = worker.wait()
+        out.seek(0)
+        stdout = out.read()
+    if code != 0:
+        raise KdslError(f"the {kind} benchmark worker failed:\n{''.join(kept)[-3000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _ms(value: float | None) -> str:
@@ -135,9 +158,10 @@ def bench_codegen(args: argparse.Namespace) -> int:
     """Print the side-by-side table (and return 0)."""
     cases = _cases(args.ops, args.layers, args.batch)
     merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for kind in ("torch", "tvm"):
-        for row in _run_worker(kind, args):
-            merged.setdefault((row["op"], row["layer"]), {}).update(row)
+    with Progress("bench codegen", total=2 * len(cases), unit="cases", stream=sys.stderr) as bar:
+        for kind in ("torch", "tvm"):
+            for row in _run_worker(kind, args, bar):
+                merged.setdefault((row["op"], row["layer"]), {}).update(row)
     macs = {(name, layer): m for name, layer, _, m in cases}
     rows = []
     for key, row in merged.items():
@@ -176,7 +200,12 @@ def bench_codegen(args: argparse.Namespace) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", default="resnet18", help="layer table (resnet18, resnet18_stride2, or a JSON file)")
     parser.add_argument("--batch", type=int, default=8, help="batch size N (default 8)")
-    parser.add_argument("--ops", nargs="*", help="gallery operators to measure (default: all)")
+    parser.add_argument(
+        "--ops",
+        nargs="*",
+        metavar="OP",
+        help="gallery names or .dsl/.json files to measure (default: the whole gallery)",
+    )
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
 
 
@@ -197,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as error:  # one case's failure (a backend's bug) must not hide the others
             message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             rows.append({"op": name, "layer": layer_name, f"{args.worker}_error": message[:300]})
+        print(f"{_DONE} {name} {layer_name}", file=sys.stderr, flush=True)
     print(json.dumps(rows))
     return 0
 

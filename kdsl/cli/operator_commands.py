@@ -19,11 +19,11 @@ from kdsl.bench.rediscover import REDISCOVERY, SLOW, SLOW_RESTRICTED, rediscover
 from kdsl.codegen.render import loop_nest, svg
 from kdsl.discover import report as discovery
 from kdsl.gallery.pages import build_gallery, load_rediscovery
+from kdsl.lang import library
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError, ParseError, printable
+from kdsl.lang.errors import KdslError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
-from kdsl.lang.serialize import from_json
 from kdsl.search.store import Store
 
 
@@ -32,16 +32,7 @@ def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
     hash (or a unique prefix of it) of a candidate in a search results database."""
     if db is not None:
         return _from_results(ref, db)
-    path = Path(ref)
-    if path.suffix in (".dsl", ".py", ".json") or path.exists():
-        if not path.is_file():
-            raise ParseError(f"no such file: {ref}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ParseError(f"cannot read {ref}: {error}") from None
-        return from_json(text) if path.suffix == ".json" else parse(text)
-    return gallery.load(ref)
+    return library.load_operator(ref)
 
 
 def _from_results(key: str, db: str) -> Operator | Graph:

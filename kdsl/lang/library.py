@@ -19,11 +19,12 @@ import ast
 from pathlib import Path
 
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError
+from kdsl.lang.errors import KdslError, ParseError
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
+from kdsl.lang.serialize import from_json
 
-__all__ = ["SUFFIX", "describe", "directory", "load", "names", "path", "source"]
+__all__ = ["SUFFIX", "describe", "directory", "load", "load_operator", "names", "path", "source"]
 
 SUFFIX = ".dsl"
 
@@ -108,6 +109,29 @@ def load(name: str) -> Operator | Graph:
     except KdslError as error:
         where = f"the gallery file {file}"
         raise error.with_context(f"{where}\n{error.context}" if error.context else where) from None
+
+
+def load_operator(ref: str) -> Operator | Graph:
+    """An operator named the way every ``kdsl`` command takes one: a gallery name, a ``.dsl`` (or
+    ``.py``) file of DSL source, or a ``.json`` file of its JSON form.
+
+    >>> load_operator("matmul").key == load("matmul").key
+    True
+    >>> load_operator("missing.dsl")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.ParseError: no such file: missing.dsl
+    """
+    file = Path(ref)
+    if file.suffix in (".dsl", ".py", ".json") or file.exists():
+        if not file.is_file():
+            raise ParseError(f"no such file: {ref}")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ParseError(f"cannot read {ref}: {error}") from None
+        return from_json(text) if file.suffix == ".json" else parse(text)
+    return load(ref)
 
 
 def describe(name: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kdsl.lang.errors import SearchError
+from kdsl.progress import Progress
 from kdsl.search.analytic import analytic_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
@@ -84,8 +85,8 @@ def search(
     """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on
     ``space``; store results in the SQLite database ``db`` (optional), resuming the run with the
     same space, strategy and seed if the database has one. Stops when the strategy is exhausted,
-    after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream
-    for one-line updates.
+    after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream for
+    progress (a bar on a terminal, a plain line every few seconds elsewhere; :mod:`kdsl.progress`).
 
     With ``dedupe`` (the default) a valid operator whose function family (its semantic
     fingerprint, :mod:`kdsl.search.semantic`) is already stored is recorded as a ``duplicate``:
@@ -112,6 +113,8 @@ def search(
     rewards: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     start = last_commit = last_line = time.monotonic()
+    # a bar on a terminal, a plain line every few seconds in a log (kdsl.progress)
+    bar = Progress(f"search ({strategy})", unit="nodes", stream=progress) if progress is not None else None
     states = walker.states()
     reward: float | None = None
     with _ctrl_c_stops() as interrupted:
@@ -133,8 +136,8 @@ def search(
                     store.commit(lease, rows, walker.progress())
                     rows.clear()
                     last_commit = now
-                if progress is not None and now - last_line > 0.5:
-                    _line(progress, walker, report, now - start)
+                if bar is not None and now - last_line > 0.5:
+                    _line(bar, walker, report)
                     last_line = now
                 if time_limit is not None and now - start > time_limit:
                     break
@@ -148,9 +151,9 @@ def search(
                     store.commit(lease, rows, walker.progress(), finished=report.finished, release=True)
                 finally:
                     store.close()
-            if progress is not None:
-                _line(progress, walker, report, report.seconds)
-                progress.write("\n")
+            if bar is not None:
+                _line(bar, walker, report)
+                bar.close()
     if interrupted():
         # everything up to the last finished step is committed; the caller (kdsl's main) says so
         raise KeyboardInterrupt
@@ -249,14 +252,15 @@ def _handle(space, state: Any, strategy, seed, store, rewards, rows, report, eva
     return best
 
 
-def _line(stream: TextIO, walker, report: Report, seconds: float) -> None:
-    rate = walker.nodes / seconds if seconds > 0 else 0.0
-    text = (
-        f"\r{report.strategy}: {seconds:6.1f}s  nodes {walker.nodes} ({rate:.0f}/s)  complete {report.complete}  "
-        f"distinct {len(report.found)}  new {report.new}  valid {report.valid}  duplicates {report.duplicates}"
+def _line(bar: Progress, walker, report: Report) -> None:
+    bar.set(
+        walker.nodes,
+        complete=report.complete,
+        distinct=len(report.found),
+        new=report.new,
+        valid=report.valid,
+        duplicates=report.duplicates,
     )
-    stream.write(text)
-    stream.flush()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,148 @@
+"""Progress of long commands (search, discover, tune, bench): a tqdm bar on a terminal, plain
+periodic lines anywhere else.
+
+A ``\\r``-rewritten line looks fine on a terminal and turns into one huge line (or a wall of text)
+in a log file or a CI job, so the stream decides: when it is a terminal and tqdm is installed, a
+live bar; otherwise one complete line when the task starts, one every ``every`` seconds while it
+runs, and one when it ends. ``KDSL_PROGRESS=plain`` forces the lines, ``KDSL_PROGRESS=off`` turns
+both off (notes still print).
+
+>>> import io
+>>> stream = io.StringIO()
+>>> with Progress("search", unit="nodes", stream=stream, every=3600) as bar:
+...     bar.update(120, new=4, valid=3)
+...     bar.note("a line of its own")
+>>> print(stream.getvalue(), end="")
+search: started
+a line of its own
+search: 120 nodes, new 4, valid 3 (done in ... s)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+try:  # optional: without it, a terminal gets the plain lines too
+    import tqdm as _tqdm
+except ImportError:  # pragma: no cover - tqdm is a dependency, but kdsl works without it
+    _tqdm = None
+
+__all__ = ["Progress", "progress"]
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):  # a closed stream
+        return False
+
+
+class Progress:
+    """One task's progress: ``update`` advances a count (and sets named fields shown beside it),
+    ``note`` prints a line of its own without breaking the bar, ``close`` ends it.
+
+    ``total``: the count at which the task is done, if known (the bar then shows a percentage);
+    ``unit``: what is counted (``nodes``, ``trials``, ``cases``); ``stream``: where it goes
+    (``None``: nowhere); ``every``: seconds between plain lines."""
+
+    def __init__(
+        self,
+        description: str,
+        *,
+        total: float | None = None,
+        unit: str = "steps",
+        stream: TextIO | None = sys.stderr,
+        every: float = 10.0,
+    ) -> None:
+        self.description = description
+        self.total = total
+        self.unit = unit
+        self.stream = stream
+        self.every = every
+        self.count: float = 0
+        self.fields: dict[str, Any] = {}
+        self.started = time.monotonic()
+        self._last_line = self.started
+        self._closed = False
+        mode = os.environ.get("KDSL_PROGRESS", "auto").strip().lower()
+        self._quiet = stream is None or mode == "off"
+        use_bar = not self._quiet and mode != "plain" and _tqdm is not None and _is_terminal(stream)
+        self._bar = (
+            _tqdm.tqdm(total=total, desc=description, unit=f" {unit}", file=stream, dynamic_ncols=True, leave=True)
+            if use_bar
+            else None
+        )
+        if self._bar is None and not self._quiet:
+            self._write(f"{description}: started")
+
+    def _write(self, text: str) -> None:
+        assert self.stream is not None
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _status(self) -> str:
+        count = f"{self.count:g}" if self.total is None else f"{self.count:g}/{self.total:g}"
+        parts = [f"{count} {self.unit}"] + [f"{key} {value}" for key, value in self.fields.items()]
+        return ", ".join(parts)
+
+    def update(self, advance: float = 1, **fields: Any) -> None:
+        """Add ``advance`` to the count and set ``fields`` (shown as ``name value``)."""
+        self.count += advance
+        self.fields.update(fields)
+        if self._quiet:
+            return
+        if self._bar is not None:
+            if fields:
+                self._bar.set_postfix({k: v for k, v in self.fields.items()}, refresh=False)
+            self._bar.update(advance)
+            return
+        now = time.monotonic()
+        if now - self._last_line >= self.every:
+            self._last_line = now
+            self._write(f"{self.description}: {self._status()} ({now - self.started:.0f} s)")
+
+    def set(self, count: float, **fields: Any) -> None:
+        """Set the count to ``count`` (for callers that know the total so far, not the step)."""
+        self.update(count - self.count, **fields)
+
+    def note(self, text: str) -> None:
+        """A line of its own (an event worth keeping in a log), printed above a live bar."""
+        if self.stream is None:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            self._write(text)
+
+    def close(self) -> None:
+        """End the task: the bar's last state stays on screen, or a last plain line says where it got."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            self._bar.close()
+        elif not self._quiet:
+            self._write(f"{self.description}: {self._status()} (done in {time.monotonic() - self.started:.1f} s)")
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def progress(description: str, **options: Any) -> Iterator[Progress]:
+    """``with progress("tune", total=64, unit="trials") as bar: ...``: a :class:`Progress` that is
+    closed at the end of the block, also on an error."""
+    bar = Progress(description, **options)
+    try:
+        yield bar
+    finally:
+        bar.close()
