@@ -199,14 +199,14 @@ def bench_codegen(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", default="resnet18", help="layer table (resnet18, resnet18_stride2, or a JSON file)")
-    parser.add_argument("--batch", type=int, default=8, help="batch size N (default 8)")
+    parser.add_argument("--batch", type=int, default=8, help="batch size N")
     parser.add_argument(
         "--ops",
         nargs="*",
         metavar="OP",
         help="gallery names or .dsl/.json files to measure (default: the whole gallery)",
     )
-    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,11 +32,11 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kdsl import gallery
 from kdsl.codegen.measure import latency_slot
 from kdsl.codegen.workers import WorkerPool
 from kdsl.discover.evaluators import AnalyticEvaluator, Context, LatencyEvaluator
 from kdsl.lang.errors import KdslError, printable
+from kdsl.lang.library import load_operator
 from kdsl.lang.parser import parse
 from kdsl.search.store import Store
 
@@ -81,18 +81,8 @@ def _candidates(db: str, top: int, include_all: bool) -> list[tuple[str, str, di
 
 
 def _named(refs: Sequence[str]) -> list[tuple[str, str, None]]:
-    """(name, DSL text, None) of gallery operators or ``.dsl`` files."""
-    found = []
-    for ref in refs:
-        path = Path(ref)
-        if path.suffix == ".dsl":
-            try:
-                found.append((path.stem, path.read_text(), None))
-            except (OSError, UnicodeDecodeError) as error:
-                raise KdslError(f"cannot read {printable(ref)}: {error}") from None
-        else:
-            found.append((ref, gallery.load(ref).to_dsl(), None))
-    return found
+    """(name, DSL text, None) of gallery operators or ``.dsl``/``.json`` files."""
+    return [(Path(ref).stem if Path(ref).suffix else ref, load_operator(ref).to_dsl(), None) for ref in refs]
 
 
 def _setup(layers: object, batch: int, latency: Mapping[str, Any]) -> tuple[AnalyticEvaluator, LatencyEvaluator]:
@@ -225,14 +215,16 @@ def _positive(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="results database (read only): measure its best candidates")
-    parser.add_argument("--top", type=_positive, default=30, help="how many candidates of --db (default 30)")
+    parser.add_argument("--top", type=_positive, default=30, help="how many candidates of --db")
     parser.add_argument("--all", action="store_true", help="include candidates that are not 'valid'")
-    parser.add_argument("--ops", nargs="*", help="gallery operators or .dsl files to measure instead of --db")
-    parser.add_argument("--layers", default="resnet18", help="layer table (default resnet18)")
-    parser.add_argument("--batch", type=_positive, default=1, help="batch size N (default 1, as discover)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1; 0: keep)")
+    parser.add_argument("--ops", nargs="*", help="gallery names or .dsl/.json files to measure instead of --db")
+    parser.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size N (1, as discover)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads while timing (0: keep)")
     parser.add_argument("--repeats", type=_positive, default=9, help="interleaved rounds per layer (at least)")
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per operator before its worker is killed (default 300)"
     )
-    parser.add_argument("--json", action="store_true", help="print rows and summary as JSON (progress on stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="print rows and summary as JSON instead of a table (progress on stderr)"
+    )

@@ -37,6 +37,7 @@ from kdsl.discover.prescreen import spearman
 from kdsl.discover.proxy import ProxyConfig, proxy_net, train
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.library import load_operator
 from kdsl.lang.parser import parse
 from kdsl.search.run import search
 from kdsl.search.store import Store
@@ -82,9 +83,9 @@ channel_sum = Input(N, Cin, H, W) >> Reduce(Cin) >> Expand("Cout", Cout) >> Outp
 
 
 def operators(names: Sequence[str] | None = None) -> dict[str, Operator]:
-    """The benchmark's operators by name (gallery names or keys of :data:`WEAK`)."""
+    """The benchmark's operators by name (gallery names, .dsl/.json files, or keys of :data:`WEAK`)."""
     names = list(names) if names else [*GALLERY, *WEAK]
-    return {name: parse(WEAK[name]) if name in WEAK else gallery.load(name) for name in names}
+    return {name: parse(WEAK[name]) if name in WEAK else load_operator(name) for name in names}
 
 
 def proxy_spread(
@@ -171,13 +172,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench proxy``."""
     defaults = ProxyConfig()
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
-    parser.add_argument("--epochs", type=int, default=defaults.epochs)
+    parser.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")
     parser.add_argument("--data", default=defaults.data, help="digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR")
-    parser.add_argument("--train-samples", type=int, default=defaults.train_samples)
+    parser.add_argument(
+        "--train-samples", type=int, default=defaults.train_samples, help="training images drawn from the data"
+    )
     parser.add_argument("--shift", type=int, default=defaults.shift, help="augmentation: random shifts up to this")
     parser.add_argument("--noise", type=float, default=defaults.noise, help="Gaussian noise on the images")
-    parser.add_argument("--ops", nargs="+", help="operators (gallery names or weak ones: " + ", ".join(WEAK) + ")")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        help="operators: gallery names, .dsl/.json files, or weak ones (" + ", ".join(WEAK) + "); default: a fixed set",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
 def bench_proxy(args: argparse.Namespace) -> int:
@@ -225,10 +232,10 @@ def add_prescreen_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--search-seconds", type=float, default=60.0, help="without --db: seconds of search")
     parser.add_argument("--strategy", default="random", help="without --db: the search strategy")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the training runs")
     parser.add_argument("--epochs", type=int, default=ProxyConfig.epochs, help="epochs of the full proxy run")
     parser.add_argument("--short-epochs", type=int, default=1, help="epochs of the 'short' score's run")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
 def bench_prescreen(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
     kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
     kdsl show --db PATH HASH       the same for a candidate of a search results database
-    kdsl search SPEC --layers resnet18 --strategy enumerate|random|mcts --max-depth D --db PATH
+    kdsl search SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D --db PATH
     kdsl results --db PATH [--top K] [--json]
     kdsl bench search
     kdsl bench proxy [--seeds 3]     the accuracy proxy's noise against gallery and weak operators
@@ -11,7 +11,8 @@
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
     kdsl bench lowering --db RUNS [--top N]   latency ratio / FLOPs ratio to conv2d (median, max)
-    kdsl tune OP --layer NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH
+    kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
+    kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
     kdsl bench tune [--trials N] [--quick]
     kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
@@ -27,6 +28,7 @@ import sys
 import typing
 from collections.abc import Sequence
 
+from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering as lowering_bench
 from kdsl.bench import proxy as proxy_bench
@@ -38,20 +40,66 @@ from kdsl.lang.errors import KdslError, printable
 __all__ = ["build_parser", "load_operator", "main"]
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (``(default: resnet18)``) where it has one that says
+    something: not for flags (False) or options that are off unless given (None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" not in text
+            and default not in (None, False, argparse.SUPPRESS)
+            and not isinstance(action, argparse._VersionAction)
+            and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
+        ):
+            shown = " ".join(map(str, default)) if isinstance(default, list) else "%(default)s"
+            text += f" (default: {shown})"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit code 2) like every other error;
-    subcommands' parsers are of this class too (argparse gives them the parent's class)."""
+    subcommands' parsers are of this class too (argparse gives them the parent's class), and all
+    show defaults in their help."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"error: {printable(message)} (see `{self.prog} --help`)\n")
 
 
+def _describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Give every command's own ``--help`` a description: its one-line help from the list above it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, subparser in action.choices.items():
+                if subparser.description is None and helps.get(name):
+                    subparser.description = helps[name]
+                _describe_commands(subparser)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kdsl", description="kdsl: a DSL for neural tensor operators")
-    commands = parser.add_subparsers(dest="command", required=True)
+    """The ``kdsl`` argument parser: one vocabulary across commands (``--layers``, ``--set``,
+    ``--db``, ``--out``, ``--seed``, ``--json``), defaults shown in every ``--help``.
+
+    >>> args = build_parser().parse_args(["search", "conv2d", "--set", "K=3", "--db", "r.db"])
+    >>> args.coefficient, args.layers
+    (['K=3'], 'resnet18')
+    """
+    parser = _Parser(
+        prog="kdsl",
+        description="kdsl: a DSL for neural tensor operators. An operator is named by a gallery name "
+        "(conv2d), a .dsl file or a .json file; costs are counted in multiply-accumulates (MACs).",
+    )
+    parser.add_argument("--version", action="version", version=f"kdsl {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
-    show.add_argument("operator", help="gallery name, .dsl file or .json file")
+    show.add_argument("operator", help="gallery name, .dsl file or .json file (with --db: a candidate's hash)")
     show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
     show.add_argument("--db", help="read the operator from this search results database (give its hash)")
     show.set_defaults(run=command_show)
@@ -59,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="check an operator on a table of layers")
     check.add_argument("operator", help="gallery name, .dsl file or .json file")
     check.add_argument("--layers", default="resnet18", help="built-in table (resnet18, resnet18_stride2) or JSON file")
-    check.add_argument("--set", action="append", metavar="NAME=INT", help="coefficient values, e.g. --set K=3,G=32")
+    check.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=INT",
+        help="coefficient values, e.g. --set K=3,G=32 (default: the layer's, else the operator's)",
+    )
     check.add_argument(
         "--max-flops",
         type=search_commands.budget,
@@ -74,7 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument("action", choices=["list", "build", "rediscover", "add"], nargs="?", default="list")
+    gallery.add_argument(
+        "action",
+        choices=["list", "build", "rediscover", "add"],
+        nargs="?",
+        default="list",
+        help="list the operators, build their pages, rediscover them by search, or add a discovered one",
+    )
     gallery.add_argument(
         "name", nargs="?", help="add: the new entry's name (a Python identifier); rediscover: only this operator"
     )
@@ -104,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     lowering.set_defaults(run=lowering_bench.bench_lowering)
 
     search_bench = bench_kinds.add_parser("search", help="enumeration and sampling rates (conv2d spec)")
-    search_bench.add_argument("--max-depth", type=int, default=6)
+    search_bench.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
     search_bench.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
-    search_bench.add_argument("--seed", type=int, default=0)
-    search_bench.add_argument("--json", action="store_true")
+    search_bench.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies")
+    search_bench.add_argument("--json", action="store_true", help="print the rates as JSON instead of lines")
 
     search_bench.set_defaults(run=search_commands.bench_search)
 
@@ -129,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a tour of kdsl")
     demo.set_defaults(run=command_demo)
+    _describe_commands(parser)
     return parser
 
 

@@ -48,11 +48,11 @@ def _coefficients(items: list[str] | None) -> dict[str, Any] | None:
         if ":" in values:
             values, _, text = values.partition(":")
             if not text.strip().isdigit():
-                raise SearchError(f"--coefficient {item!r}: the allowance after ':' must be an integer")
+                raise SearchError(f"--set {item!r}: the allowance after ':' must be an integer")
             allowance = int(text)
         parts = [v.strip() for v in values.split(",") if v.strip()]
         if not sep or not name.strip() or not parts or not all(p.isdigit() for p in parts):
-            raise SearchError(f"--coefficient expects NAME=V1,V2[:ALLOWANCE] (like K=3 or G=2,4:3), got {item!r}")
+            raise SearchError(f"--set expects NAME=V1,V2[:ALLOWANCE] (like K=3 or G=2,4:3), got {item!r}")
         ints = [int(p) for p in parts]
         found[name.strip()] = (ints, allowance) if allowance is not None else ints
     return found
@@ -207,7 +207,7 @@ def add_search_commands(subparsers: Any) -> None:
     search = subparsers.add_parser("search", help="synthesize operators for a spec (resumable)")
     search.add_argument("spec", help="conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file")
     search.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
-    search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate")
+    search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate", help="how the space is walked")
     search.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
     search.add_argument(
         "--max-flops",
@@ -217,27 +217,35 @@ def add_search_commands(subparsers: Any) -> None:
     )
     search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
     search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
-    search.add_argument("--coefficient", action="append", metavar="NAME=V1,V2[:ALLOWANCE]", help="e.g. K=3 or G=2,4:3")
+    search.add_argument(
+        "--set",
+        action="append",
+        dest="coefficient",
+        metavar="NAME=V1,V2[:ALLOWANCE]",
+        help="coefficient values the search may use, e.g. K=3 or G=2,4:3 (as kdsl check's --set, with a list)",
+    )
+    # the old spelling, kept working for scripts that use it
+    search.add_argument("--coefficient", action="append", dest="coefficient", help=argparse.SUPPRESS)
     search.add_argument("--cap", action="append", metavar="KIND=INT", help="per-primitive caps, e.g. Share=2,Expand=0")
     search.add_argument("--reduction", action="append", metavar="SIZE", help="allowed reduced sizes, e.g. Cin/G")
     search.add_argument("--time-limit", type=positive_float, help="seconds before stopping (resume later)")
     search.add_argument("--max-results", type=positive_int, help="stop after this many new operators")
-    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies (a run resumes per seed)")
     search.add_argument(
         "--db",
         required=True,
         help="SQLite results database (created if missing); one process at a time runs a given spec, "
         "strategy and seed on it, a second one is refused",
     )
-    search.add_argument("--json", action="store_true", help="print a JSON summary")
-    search.add_argument("--quiet", action="store_true", help="no progress line")
+    search.add_argument("--json", action="store_true", help="print a JSON summary instead of lines")
+    search.add_argument("--quiet", action="store_true", help="no progress on stderr")
     search.set_defaults(run=command_search)
 
     results = subparsers.add_parser("results", help="the best operators in a results database")
     results.add_argument("--db", required=True, help="results database (only read, never written)")
-    results.add_argument("--top", type=positive_int, default=10)
+    results.add_argument("--top", type=positive_int, default=10, help="how many candidates to list")
     results.add_argument("--all", action="store_true", help="include invalid and over-budget candidates")
-    results.add_argument("--json", action="store_true")
+    results.add_argument("--json", action="store_true", help="print the counts and rows as JSON instead of a table")
     results.add_argument(
         "--margin", type=float, default=0.02, help="accuracy margin of a discovery's ranking (as kdsl discover's)"
     )

@@ -18,6 +18,7 @@ from typing import Any
 from kdsl.codegen.tvm.schedule_space import Space, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.progress import Progress
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
@@ -58,6 +59,7 @@ def tune(
     measurer: Measurer | None = None,
     options: Mapping[str, Any] | None = None,
     confirm: int = 3,
+    progress: Progress | None = None,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -68,7 +70,8 @@ def tune(
     VMs a kernel runs up to 1.8x slower for seconds to minutes at a time (interference only ever slows a
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
-    (:func:`kdsl.tune.metaschedule.tune_metaschedule`)."""
+    (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.progress.Progress`)
+    is set to the trials measured so far after each batch."""
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer)
     started = time.time()
@@ -120,6 +123,8 @@ def tune(
             for record in records:
                 store.add(key, record)
             search.update(records)
+            if progress is not None:
+                progress.set(measured, rejected=rejected, best=f"{best * 1e3:.3f} ms")
             if log:
                 log(
                     f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {best * 1e3:.3f} ms "

@@ -1,0 +1,128 @@
+"""Using what a tuning run found: the best record of a task, its schedule as readable lines, and a kernel
+(or a shared library) built with it.
+
+``kdsl tune`` stores every measured configuration in a records database (:mod:`kdsl.tune.records`);
+:func:`apply` turns the best one for an operator at a layer into a compiled kernel, called like
+:func:`kdsl.codegen.tvm.build`'s::
+
+    kernel = kdsl.tune.apply("tune.db", op, {"N": 1, "Cin": 64, "Cout": 64, "H": 56, "W": 56})
+    y = kernel(x, w)
+
+The schedule of a record is a plain dict of named parameters (``conv.tile.h: [7, 2, 4]``,
+``conv.order: [...]``); :func:`schedule_lines` prints it one parameter a line.
+
+>>> schedule_lines({"y.tile.i": [2, 4, 1], "y.unroll": 16, "x.inline": True})
+['x.inline     True', 'y.tile.i     2 x 4 x 1', 'y.unroll     16']
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kdsl import solve
+from kdsl.codegen.tvm import build, lower
+from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.lang.build import Operator
+from kdsl.lang.graph import Graph
+from kdsl.tune.measurer import compile_module
+from kdsl.tune.records import Record, TuneError, open_task
+
+__all__ = ["apply", "best_record", "export", "schedule_lines"]
+
+
+def _applicable(record: Record) -> bool:
+    """A configuration of kdsl's schedule space (MetaSchedule's records hold a trace of its own instead)."""
+    return "trace" not in record.config
+
+
+def best_record(
+    db: str | os.PathLike[str], op: Operator | Graph, layer: Mapping[str, int], tuner: str | None = None
+) -> Record:
+    """The fastest measured record of ``op`` at ``layer`` in the records database ``db`` (of one
+    ``tuner`` if given) whose schedule kdsl can apply; :class:`TuneError` if there is none, saying why."""
+    if not Path(db).is_file():
+        raise TuneError(f"no tuning records database at {db}; run kdsl tune first")
+    _, task, store = open_task(op, layer, db)
+    try:
+        records = [r for r in store.records(task, tuner) if r.latency is not None]
+    finally:
+        store.database.close()
+    usable = [r for r in records if _applicable(r)]
+    if not usable:
+        which = f" by {tuner}" if tuner else ""
+        layer_text = ", ".join(f"{k}={v}" for k, v in sorted(layer.items()))
+        if records:  # only MetaSchedule's: its best kernel is the library it kept, not a record
+            raise TuneError(
+                f"{db} holds only MetaSchedule records{which} for this operator at {layer_text}; tune with "
+                f"opevo, gensor, alt or random to get a schedule kdsl can apply"
+            )
+        raise TuneError(
+            f"{db} has no measured schedule{which} for this operator at {layer_text} on this machine; "
+            f"run kdsl tune with the same operator and --layers first"
+        )
+    return min(usable, key=lambda r: r.latency or 0.0)
+
+
+def _record(
+    source: str | os.PathLike[str] | Record | Mapping[str, Any],
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    tuner: str | None,
+) -> Record:
+    if isinstance(source, Record):
+        return source
+    if isinstance(source, Mapping):  # a configuration, as `kdsl tune --json` prints it
+        return Record(dict(source), None, None, tuner or "given")
+    return best_record(source, op, layer, tuner)
+
+
+def apply(
+    source: str | os.PathLike[str] | Record | Mapping[str, Any],
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    *,
+    tuner: str | None = None,
+    dtype: str = "float32",
+) -> Any:
+    """A compiled TVM kernel of ``op`` at ``layer`` with a tuned schedule: the best record of a records
+    database (a path), a :class:`~kdsl.tune.records.Record`, or a configuration dict. The kernel is
+    the one :func:`kdsl.codegen.tvm.build` returns (callable on torch tensors, autograd included),
+    only scheduled differently; a schedule never changes what the kernel computes."""
+    record = _record(source, op, layer, tuner)
+    if not _applicable(record):
+        raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
+    return build(op, layer, dtype=dtype, schedule=lambda lowered: Space(lowered).apply(record.config))
+
+
+def export(
+    source: str | os.PathLike[str] | Record | Mapping[str, Any],
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    path: str | os.PathLike[str],
+    *,
+    tuner: str | None = None,
+) -> Path:
+    """Compile the tuned schedule (as :func:`apply` finds it) into a shared library at ``path``
+    (``tvm.runtime.load_module`` loads it; its function takes the input, the weights and the output)."""
+    record = _record(source, op, layer, tuner)
+    if not _applicable(record):
+        raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
+    binding = solve.bind(op, layer)
+    compile_module(Space(lower(op, binding)).apply(record.config).mod, str(path))
+    return Path(path)
+
+
+def schedule_lines(config: Mapping[str, Any]) -> list[str]:
+    """One line per schedule parameter, sorted: tile factors as ``a x b x c``, the rest as they are."""
+    width = max((len(name) for name in config), default=0) + 5
+    lines = []
+    for name in sorted(config):
+        value = config[name]
+        shown = " x ".join(map(str, value)) if isinstance(value, list | tuple) and ".tile." in name else value
+        if isinstance(shown, list | tuple):
+            shown = ", ".join(map(str, shown))
+        lines.append(f"{name:<{width}}{shown}")
+    return lines

@@ -1,0 +1,67 @@
+"""``kdsl tune`` end to end on a tiny matmul: tune, read the schedule, build it with ``--apply`` (a
+shared library) and with ``kdsl.tune.apply`` (a kernel that computes the matmul)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kdsl
+from kdsl import gallery
+from kdsl.cli import main
+
+pytest.importorskip("tvm")
+
+TINY = '{"M": 4, "Cin": 8, "Cout": 8}'
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> str:
+    """A records database holding two measured schedules of the tiny matmul."""
+    db = tmp_path_factory.mktemp("tune") / "t.db"
+    assert main(["tune", "matmul", "--layers", TINY, "--trials", "2", "--batch", "2", "--db", str(db), "--json"]) == 0
+    assert db.is_file()
+    return str(db)
+
+
+def test_tune_prints_the_schedule_as_lines_and_json_only_when_asked(capsys, tuned):
+    code, out, _ = run(capsys, "tune", "matmul", "--layers", TINY, "--db", tuned, "--apply")
+    assert code == 0 and "GMAC/s" in out and "schedule (one parameter a line" in out
+    assert "stage0.tile.M" in out and '"config"' not in out and '"stage0' not in out  # lines, not JSON
+    code, out, _ = run(capsys, "tune", "matmul", "--layers", TINY, "--db", tuned, "--apply", "--json")
+    record = json.loads(out)
+    assert code == 0 and record["latency_ms"] > 0 and "stage0.tile.M" in record["config"]
+
+
+def test_tune_apply_writes_a_library_and_the_old_layer_spelling_still_works(capsys, tuned, tmp_path):
+    library = tmp_path / "kernel.so"
+    code, out, _ = run(capsys, "tune", "matmul", "--layer", TINY, "--db", tuned, "--apply", "--out", str(library))
+    assert code == 0 and library.stat().st_size > 0 and f"wrote {library}" in out
+
+
+def test_the_python_api_builds_a_kernel_that_computes_the_operator(tuned):
+    torch = pytest.importorskip("torch")
+    op = gallery.load("matmul")
+    layer = json.loads(TINY)
+    kernel = kdsl.tune.apply(tuned, op, layer)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    np.testing.assert_allclose(kernel(x, w).numpy(), (x @ w).numpy(), rtol=1e-5, atol=1e-5)
+    record = kdsl.tune.best_record(tuned, op, layer)
+    assert record.latency is not None and record.latency > 0
+
+
+def test_apply_without_a_record_says_what_to_run(capsys, tuned, tmp_path):
+    code, _, err = run(capsys, "tune", "matmul", "--layers", '{"M": 4, "Cin": 8, "Cout": 16}', "--db", tuned, "--apply")
+    assert code == 2 and "no measured schedule" in err and "kdsl tune" in err
+    code, _, err = run(capsys, "tune", "matmul", "--layers", TINY, "--db", str(tmp_path / "none.db"), "--apply")
+    assert code == 2 and "no tuning records database" in err
+    code, _, err = run(capsys, "tune", "matmul", "--db", tuned)
+    assert code == 2 and "--layers" in err
