@@ -24,7 +24,7 @@ def test_show_prints_dsl_shapes_constraints_cost_and_loop_nest(capsys, tmp_path)
     svg = tmp_path / "op1.svg"
     code, out, _ = run(capsys, "show", "syno_op1", "--svg", str(svg))
     assert code == 0
-    for expected in ["Share(W2)", "weight W1", "Split(Cin, Cin/G): Cin/G must be a positive integer", "flops", "for "]:
+    for expected in ["Share(W2)", "weight W1", "Split(Cin, Cin/G): Cin/G must be a positive integer", "MACs", "for "]:
         assert expected in out
     assert svg.read_text().startswith("<svg") and "Share W2" in svg.read_text()
 

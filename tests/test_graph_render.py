@@ -154,7 +154,7 @@ def test_check_prints_a_row_per_layer(kernel_file: Path, tmp_path: Path) -> None
     result = kdsl("check", str(kernel_file), "--layers", str(table))
     assert result.returncode == 0, result.stderr
     assert f"{kernel_file}: valid on all 2 layers of {table} with G=4" in result.stdout
-    assert "M FLOPs" in result.stdout and "peak elems" in result.stdout
+    assert "M MACs" in result.stdout and "peak elems" in result.stdout
     # layer a by hand (N=1): the mean and the product, 2*C*H*W; two FCs, 2*C*C/G; sigmoid C; relu C/G
     flops_a = 2 * 64 * 8 * 8 + 2 * 64 * 64 // 4 + 64 + 64 // 4
     assert re.search(rf"^  a\s+\[1, 64, 8, 8\]\s+\[1, 64, 8, 8\]\s+{flops_a / 1e6:.2f}\s+2048\s+", result.stdout, re.M)

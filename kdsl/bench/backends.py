@@ -172,15 +172,15 @@ def bench_codegen(args: argparse.Namespace) -> int:
         return 0
     print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
     print("native: PyTorch's own function, or hand-written PyTorch for a branching kernel (kdsl.codegen.native).")
-    print("GFLOP/s count 2 FLOPs per multiply-accumulate. PyTorch and TVM ran in separate processes.\n")
+    print("MMAC: millions of multiply-accumulates, GMAC/s: billions a second. PyTorch and TVM in separate processes.\n")
     header = (
         f"{'operator':<27}{'layer':<9}{'MMAC':>9} | {'torch fwd':>9}{'native':>9}{'ratio':>6} | "
-        f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GFLOP/s':>8}"
+        f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GMAC/s':>8}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
-        tvm_rate = 2 * row["macs"] / row["tvm_fwd"] / 1e9 if row.get("tvm_fwd") and row["macs"] else None
+        tvm_rate = row["macs"] / row["tvm_fwd"] / 1e9 if row.get("tvm_fwd") and row["macs"] else None
         print(
             f"{row['op']:<27}{row['layer']:<9}{row['macs'] / 1e6:9.1f} | {_ms(row.get('kdsl_fwd'))}"
             f"{_ms(row.get('native_fwd'))}{_ratio(row.get('kdsl_fwd'), row.get('native_fwd'))} | "

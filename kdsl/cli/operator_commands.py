@@ -2,8 +2,9 @@
 gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line.
 
 An operator may be a branching kernel (a :class:`~kdsl.lang.graph.Graph`): ``show`` then also lists its
-nodes (step, arguments, dims, FLOPs) and its memory, and ``check`` counts FLOPs (a multiply-accumulate
-or an element-wise operation is one) and the peak of live elements per layer."""
+nodes (step, arguments, dims, MACs) and its memory, and ``check`` counts MACs (a multiply-accumulate,
+or an element-wise operation counted as one) and the peak of live elements per layer. Every count kdsl
+prints is in MACs (multiply-accumulates), as :func:`kdsl.solve.cost` counts."""
 
 from __future__ import annotations
 
@@ -90,17 +91,18 @@ def _unknown_variable(variable: str, op: Operator | Graph, name: str) -> str:
 def _formula_lines(op: Operator | Graph) -> list[str]:
     formulas = solve.cost(op)
     keys = ("flops", "params", "input", "output", "memory", "peak")
-    return [f"  {key:<13}{formulas[key]}" for key in keys if key in formulas]
+    # solve.cost's "flops" counts multiply-accumulates: printed as MACs, the one unit of every command
+    return [f"  {'MACs' if key == 'flops' else key:<13}{formulas[key]}" for key in keys if key in formulas]
 
 
 def _node_lines(graph: Graph) -> list[str]:
-    """One line per node: its number, its step, the nodes it reads, its dims and its FLOPs."""
+    """One line per node: its number, its step, the nodes it reads, its dims and its MACs."""
     flops = solve.node_flops(graph)
     lines = []
     for index, node in enumerate(graph.nodes):
         reads = f" of {', '.join(map(str, node.args))}" if node.args else ""
         dims = ", ".join(f"{d.name}: {d.size}" for d in node.dims)
-        lines.append(f"  {index:<3}{node.describe()}{reads} -> [{dims}]    flops {flops[index]}")
+        lines.append(f"  {index:<3}{node.describe()}{reads} -> [{dims}]    MACs {flops[index]}")
     return lines
 
 
@@ -115,7 +117,7 @@ def command_show(args: argparse.Namespace) -> int:
         dims = ", ".join(f"{d.name}: {d.size}" for d in weight.dims)
         print(f"  weight {weight.name:<6}[{dims}]")
     if isinstance(op, Graph):
-        print("nodes (number, step, the nodes it reads, result dims, FLOPs):")
+        print("nodes (number, step, the nodes it reads, result dims, MACs):")
         for line in _node_lines(op):
             print(line)
     constraints = solve.constraints(op)
@@ -124,9 +126,9 @@ def command_show(args: argparse.Namespace) -> int:
         for constraint in constraints:
             print(f"  {constraint.description}")
     if isinstance(op, Graph):
-        print("cost (FLOPs: a multiply-accumulate or an element-wise op is 1; weights' elements; memory in elements):")
+        print("cost (MACs: multiply-accumulates, an element-wise op counted as one; weights' and memory's elements):")
     else:
-        print("cost (multiply-accumulates, weights' elements):")
+        print("cost (MACs: multiply-accumulates; params: weights' elements):")
     for line in _formula_lines(op):
         print(line)
     if isinstance(op, Graph):
@@ -183,8 +185,8 @@ def command_check(args: argparse.Namespace) -> int:
         for layer_name, padding in paddings.items():
             print(f"  {printable(layer_name)}: {', '.join(str(v) for v in padding.variables)}")
     branching = isinstance(op, Graph)
-    # a branching kernel's FLOPs count element-wise ops too, so they are not all MACs
-    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M FLOPs' if branching else 'M MACs':>12}{'params':>12}"
+    # one unit everywhere: a branching kernel's element-wise ops count as one MAC each (see kdsl show)
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
     print(header + (f"{'peak elems':>14}" if branching else ""))
     for layer, binding in bindings:
         padding = paddings.get(layer.name)
@@ -322,7 +324,7 @@ def command_demo(args: argparse.Namespace) -> int:
             defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
             print(
                 f"   valid on the {len(layers)} layers of {table} ({defaults}): "
-                f"{macs / 1e6:.1f} M {'FLOPs' if isinstance(op, Graph) else 'MACs'}, {params} params"
+                f"{macs / 1e6:.1f} M MACs, {params} params"
             )
         for line in _formula_lines(op)[:2]:
             print(f" {line}")

@@ -138,10 +138,11 @@ def command_results(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {printable(s)}" for s, n in sorted(counts.items()))
     print(f"{sum(counts.values())} candidates: {summary}")
     for rank, row in enumerate(rows, 1):
-        flops = f"{row['flops'] / 1e6:.1f} MFLOPs" if row["flops"] is not None else "-"
+        # the store's "flops" column counts multiply-accumulates (kdsl.solve.cost): M MACs, as kdsl check prints
+        macs = f"{row['flops'] / 1e6:.1f} M MACs" if row["flops"] is not None else "-"
         reward = row["reward"] or 0.0
         print(
-            f"\n#{rank}  key {printable(row['key'])}  depth {row['depth']}  {flops}  params {row['params']}  "
+            f"\n#{rank}  key {printable(row['key'])}  depth {row['depth']}  {macs}  params {row['params']}  "
             f"reward {reward:.3f}"
         )
         print(printable(row["dsl"].rstrip(), keep_newlines=True))
@@ -212,8 +213,8 @@ def add_search_commands(subparsers: Any) -> None:
     search.add_argument(
         "--max-flops",
         type=budget,
-        help="FLOPs budget over all layers: a count (150M, 2G) or a multiple of the spec's baseline operator "
-        "(0.5x); a plain number below 1 is refused (write 0.5x)",
+        help="budget of MACs (multiply-accumulates) over all layers: a count (150M, 2G) or a multiple of the "
+        "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x)",
     )
     search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
     search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")

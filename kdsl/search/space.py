@@ -32,7 +32,7 @@ from pathlib import Path
 from kdsl.lang import library
 from kdsl.lang.errors import KdslError, SearchError
 from kdsl.lang.parser import parse_size
-from kdsl.lang.primitives import Dim
+from kdsl.lang.primitives import REDUCTION, Dim
 from kdsl.lang.sizes import Size, Var
 from kdsl.search.kinds import DEFAULT_CAPS, KINDS
 from kdsl.search.state import div, mul, size_order
@@ -326,10 +326,10 @@ class Space:
                 f"({', '.join(str(s) for s in every)})"
             )
         self.coefficient_monomials = self._monomials()
+        self.baseline_name = baseline or self.spec.baseline
         self.reductions = self._reductions(reductions)
         self.reduction_index = {size: i for i, size in enumerate(self.reductions)}
         self.positive_monomials = tuple(m for m in self.coefficient_monomials if all(e > 0 for _, e in m.exponents))
-        self.baseline_name = baseline or self.spec.baseline
         self._baseline_cost: dict[str, int] | None = None
         self.max_flops = parse_budget(max_flops, self._baseline("flops") if is_relative(max_flops) else None)
         self.max_params = parse_budget(max_params, self._baseline("params") if is_relative(max_params) else None)
@@ -405,7 +405,28 @@ class Space:
                 size = base * monomial
                 if size != 1 and self.mask(size):
                     sizes.append(size)
-        return tuple(dict.fromkeys(sorted(sizes, key=size_order)))
+        # The sizes the spec's baseline reduces come first (conv2d: K, Cin; then G, Cin/G, ...).
+        # Reduces are generated, and made canonical, in this order, so it decides which subtree
+        # enumeration walks first: with the alphabetical order G came before K, and a 20-second
+        # enumeration reached conv2d after 17,933 nodes instead of 7,252.
+        first = self._baseline_reductions()
+        return tuple(dict.fromkeys(sorted(sizes, key=lambda size: (size not in first, size_order(size)))))
+
+    def _baseline_reductions(self) -> frozenset[Size]:
+        """The sizes of the dims the spec's baseline operator reduces (none without a baseline)."""
+        if not self.baseline_name:
+            return frozenset()
+        try:
+            op = library.load(self.baseline_name)
+        except KdslError:
+            return frozenset()
+        steps = getattr(op, "steps", ())  # a branching baseline has no linear steps to read
+        return frozenset(
+            op.live[index][name]
+            for index, step in enumerate(steps)
+            if REDUCTION in step.facts
+            for name in step.consumes
+        )
 
     def _baseline(self, metric: str) -> int:
         if self._baseline_cost is None:

@@ -257,7 +257,7 @@ class Filled:
         for name in names:
             lines.append(f"  {name}: {' '.join(str(m[name]) for m in self.multiples)} (multiples per layer)")
         header = f"  {'layer':<12}" + "".join(f"{name + ' base':>12}{name:>8}" for name in names)
-        lines.append(header + f"{'M FLOPs':>12}{'params':>12}")
+        lines.append(header + f"{'M MACs':>12}{'params':>12}")
         for layer, base, values, each in zip(self.layers, self.base, self.values, self.costs):
             row = f"  {layer.name:<12}" + "".join(f"{base[n]:>12}{values[n]:>8}" for n in names)
             lines.append(row + f"{each['flops'] / 1e6:>12.2f}{each['params']:>12}")

@@ -22,16 +22,15 @@ __all__ = ["CheckSummary", "check"]
 @dataclass(frozen=True)
 class CheckSummary(CheckReport):
     """A :class:`~kdsl.solve.constraints.CheckReport` that knows its operator: ``str(report)`` is a
-    table of the layers (cost in MACs, multiply-accumulates, for an operator; in FLOPs, MACs plus
-    element-wise operations, for a branching kernel)."""
+    table of the layers (cost in MACs, multiply-accumulates; a branching kernel's element-wise operations
+    count as one MAC each, so that every count kdsl prints has the one unit)."""
 
     op: Operator | Graph | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         if self.op is None:
             return repr(self)
-        branching = isinstance(self.op, Graph)
-        unit = "M FLOPs" if branching else "M MACs"
+        unit = "M MACs"
         coefficients = list(self.op.coefficient_variables)
         rows = [["layer", *coefficients, "input", "output", unit, "params"]]
         for index, (layer, binding) in enumerate(self):
