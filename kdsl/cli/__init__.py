@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(conv2d), a .dsl file or a .json file; costs are counted in multiply-accumulates (MACs).",
     )
     parser.add_argument("--version", action="version", version=f"kdsl {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="(kdsl COMMAND --help)")
 
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
     show.add_argument("operator", help="gallery name, .dsl file or .json file (with --db: a candidate's hash)")
@@ -146,13 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--restricted", action="store_true", help="rediscover: in spaces restricted to each kind (seconds)"
     )
     gallery.add_argument("--time-limit", type=float, default=600.0, help="rediscover: seconds per operator")
-    gallery.add_argument("--out", help="folder for README.md and pages/ (default: the gallery folder)")
+    gallery.add_argument(
+        "--out", help="folder for README.md, pages/ and the website site/ (default: the gallery folder)"
+    )
     gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
     gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")
     gallery.set_defaults(run=command_gallery)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
-    bench_kinds = bench.add_subparsers(dest="bench", required=True)
+    bench_kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH", help="(kdsl bench BENCH --help)")
 
     codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
     codegen_bench.add_arguments(codegen)

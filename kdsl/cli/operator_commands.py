@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from kdsl.bench.backends import gallery_latencies
 from kdsl.bench.rediscover import REDISCOVERY, SLOW, SLOW_RESTRICTED, rediscover
 from kdsl.codegen.render import loop_nest, svg
 from kdsl.discover import report as discovery
+from kdsl.gallery.content import first_sentence
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
 from kdsl.lang.build import Operator
@@ -299,10 +301,13 @@ def command_gallery(args: argparse.Namespace) -> int:
         latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
         written = build_gallery(out, latencies=latencies, batch=args.batch, rediscovery=records)
         print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
+        print(f"wrote the website {written / 'site' / 'index.html'} (open it in a browser)")
         return 0
-    for name in gallery.names():
-        summary = gallery.describe(name).strip().splitlines()
-        print(f"{name:<28}{summary[0] if summary else ''}")
+    for name in gallery.names():  # the whole first sentence, wrapped under the name
+        lines = textwrap.wrap(first_sentence(gallery.describe(name)), 90) or [""]
+        print(f"{name:<28}{lines[0]}")
+        for line in lines[1:]:
+            print(" " * 28 + line)
     return 0
 
 

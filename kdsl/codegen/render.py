@@ -50,6 +50,28 @@ def _iterator(name: str, size: Size) -> str:
     return name.lower() if str(size) == name else name
 
 
+def _chain_iterators(plan: solve.Plan, reserved: set[str]) -> Callable[[str, Size], str]:
+    """The loop variable of each dim of a chain (:func:`_iterator`), made unique: a lowered name
+    that is also a weight's, a tensor's or an upper-case dim's takes a trailing ``_`` (``W`` with a
+    weight ``w`` loops over ``w_``, so ``w_ + kw`` never reads as the weight)."""
+    taken = reserved | {s.weight.name for s in plan.steps if isinstance(s, Share) and isinstance(s.weight, Weight)}
+    taken |= {name for live in plan.live for name, size in dict(live).items() if _iterator(name, size) == name}
+    chosen: dict[tuple[str, str], str] = {}
+
+    def iterator(name: str, size: Size) -> str:
+        key = (name, str(size))
+        if key not in chosen:
+            var = _iterator(name, size)
+            if var != name:
+                while var in taken:
+                    var += "_"
+                taken.add(var)
+            chosen[key] = var
+        return chosen[key]
+
+    return iterator
+
+
 def loop_nest(op: Operator | Graph, binding: Mapping[str, int] | None = None) -> str:
     """The operator's stage plan as loops over symbolic extents, one loop nest per stage.
 
@@ -69,6 +91,7 @@ def _chain_lines(
     ``k`` writes ``stage_names[k]``, the result is ``target`` (an alias line when the last stage
     already is the result, unless the last stage is named ``target`` itself)."""
     sizes: list[dict[str, Size]] = [dict(live) for live in plan.live]  # before each step, then after
+    iterator = _chain_iterators(plan, {source, target, *stage_names})
     lines: list[str] = []
     start = source
     pending: list[tuple[Primitive, dict[str, Size]]] = []
@@ -85,8 +108,8 @@ def _chain_lines(
         reduced = [(s.dim, sizes[i][s.dim]) for i, s in enumerate(block, stage.start) if isinstance(s, Reduce)]
         shares = [s.weight for s in block if isinstance(s, Share)]
         new = {d.name for w in shares if isinstance(w, Weight) for d, n in zip(w.dims, w.new) if n}
-        coords = {name: _iterator(name, size) for name, size in stage.result}
-        coords |= {name: _iterator(name, size) for name, size in reduced}
+        coords = {name: iterator(name, size) for name, size in stage.result}
+        coords |= {name: iterator(name, size) for name, size in reduced}
         up, guards = _walk_up(pending, {k: v for k, v in coords.items() if k not in new})
         read = f"{source}[{', '.join(up[d] for d in source_dims)}]"
         factors = [read] + [
@@ -110,7 +133,7 @@ def _chain_lines(
         index = stage.stop
     outputs = [d.name for d in plan.outputs]
     if pending or source_dims != outputs or source == start:
-        coords = {name: _iterator(name, sizes[-1][name]) for name in outputs}
+        coords = {name: iterator(name, sizes[-1][name]) for name in outputs}
         up, guards = _walk_up(pending, coords)
         note = f"    # 0 unless {' and '.join(guards)}" if guards else ""
         lines.append("for " + ", ".join(f"{coords[n]} < {sizes[-1][n]}" for n in outputs) + ":")
@@ -344,6 +367,28 @@ def graph_loop_nest(graph: Graph, binding: Mapping[str, int] | None = None) -> s
 
 _ROW, _COLUMN, _MARGIN = 64, 120, 30
 
+#: box colours (fill, stroke), so drawings of different operators look different at a glance:
+#: windows and moves blue, reshapes violet, weights orange, reductions green, input/output grey
+_BOX_COLOURS = {
+    "end": ("#eef0f4", "#6b7385"),
+    "window": ("#e3edfc", "#3a5a9a"),
+    "reshape": ("#efe6fb", "#6a45a8"),
+    "weight": ("#fdebd9", "#b8621b"),
+    "reduce": ("#e2f4e5", "#2f7d3e"),
+}
+
+
+def _box_kind(step: Primitive) -> str:
+    """The colour of a step's box: by what it does to the dims (a window creates one beside its
+    dim, a move keeps one dim; reshapes change how many there are)."""
+    if isinstance(step, Share):
+        return "weight"
+    if isinstance(step, Reduce):
+        return "reduce"
+    if hasattr(step, "window") or len(step.consumes) == len(step.produces) == 1:
+        return "window"
+    return "reshape"
+
 
 def svg(op: Operator | Graph) -> str:
     """An SVG drawing of the primitive graph: each dim is a vertical lane from the primitive that
@@ -356,7 +401,7 @@ def svg(op: Operator | Graph) -> str:
     next_column = 0
     lanes: list[tuple[int, int, int, str]] = []  # (column, top row, bottom row, label)
     started: dict[str, tuple[int, str]] = {}
-    boxes: list[tuple[int, int, int, str]] = []  # (row, first column, last column, label)
+    boxes: list[tuple[int, int, int, str, str]] = []  # (row, first column, last column, label, colour)
 
     def open_lane(name: str, row: int, size: Size) -> None:
         nonlocal next_column
@@ -365,7 +410,7 @@ def svg(op: Operator | Graph) -> str:
         else:
             col, next_column = next_column, next_column + 1
         column[name] = col
-        started[name] = (row, f"{name}: {size}")
+        started[name] = (row, name if str(size) == name else f"{name}: {size}")  # "H", "kh: K"
 
     def close_lane(name: str, row: int) -> None:
         top, label = started.pop(name)
@@ -375,7 +420,7 @@ def svg(op: Operator | Graph) -> str:
 
     for d in op.inputs:
         open_lane(d.name, 0, d.size)
-    boxes.append((0, 0, max(0, len(op.inputs) - 1), "input x"))
+    boxes.append((0, 0, max(0, len(op.inputs) - 1), "input x", "end"))
     for row, step in enumerate(op.steps, start=1):
         consumed = list(step.consumes)
         cols = [column[n] for n in consumed]
@@ -384,17 +429,18 @@ def svg(op: Operator | Graph) -> str:
         for name in step.produces:
             open_lane(name, row, op.live[row][name])  # the live dims after this step
             cols.append(column[name])
-        label = type(step).__name__
+        # the label names the dims it acts on (Unfold(H, K)); a Share shows its weight's shape
+        label = step.describe()
         if isinstance(step, Share) and isinstance(step.weight, Weight):
-            label += f" {step.weight.name}[{', '.join(str(d.size) for d in step.weight.dims)}]"
+            label = f"Share {step.weight.name}[{', '.join(str(d.size) for d in step.weight.dims)}]"
         elif isinstance(step, Reduce) and step.mean:
-            label += " (mean)"
+            label = label[:-1] + ", mean)"
         cols = cols or [0]
-        boxes.append((row, min(cols), max(cols), label))
+        boxes.append((row, min(cols), max(cols), label, _box_kind(step)))
     last = len(op.steps) + 1
     for d in op.outputs:
         close_lane(d.name, last)
-    boxes.append((last, 0, max(0, next_column - 1), "output [" + ", ".join(d.name for d in op.outputs) + "]"))
+    boxes.append((last, 0, max(0, next_column - 1), "output [" + ", ".join(d.name for d in op.outputs) + "]", "end"))
     width = _MARGIN * 2 + max(next_column, 1) * _COLUMN
     height = _MARGIN * 2 + (last + 1) * _ROW
     parts = [
@@ -412,14 +458,23 @@ def svg(op: Operator | Graph) -> str:
     for col, top, bottom, label in lanes:
         parts.append(f'<line x1="{x_of(col)}" y1="{y_of(top)}" x2="{x_of(col)}" y2="{y_of(bottom)}" stroke="#555"/>')
         parts.append(f'<text x="{x_of(col) + 4}" y="{y_of(top) + 26}" fill="#225">{escape(label)}</text>')
-    for row, first, last_col, label in boxes:
+    for row, first, last_col, label, kind in boxes:
         left = x_of(first) - _COLUMN // 2 + 8
         right = x_of(last_col) + _COLUMN // 2 - 8
+        fill, stroke = _BOX_COLOURS[kind]
         parts.append(
             f'<rect x="{left}" y="{y_of(row) - 12}" width="{right - left}" height="24" rx="6" '
-            f'fill="#eef3fb" stroke="#3a5a9a"/>'
+            f'fill="{fill}" stroke="{stroke}"/>'
         )
-        parts.append(f'<text x="{(left + right) // 2}" y="{y_of(row) + 4}" text-anchor="middle">{escape(label)}</text>')
+        # a label wider than its box is squeezed into it rather than drawn over the next lane
+        fit = (
+            f' textLength="{right - left - 8}" lengthAdjust="spacingAndGlyphs"'
+            if len(label) * 6.7 > right - left - 8
+            else ""
+        )
+        parts.append(
+            f'<text x="{(left + right) // 2}" y="{y_of(row) + 4}" text-anchor="middle"{fit}>{escape(label)}</text>'
+        )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -18,6 +18,7 @@ True
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,19 @@ from typing import Any
 from kdsl import gallery, solve
 from kdsl.codegen.render import loop_nest, svg
 from kdsl.codegen.torch import source
+from kdsl.gallery.content import (
+    CATEGORIES,
+    Entry,
+    category,
+    description_blocks,
+    first_sentence,
+    markdown_prose,
+    metric_label,
+    search_badge,
+    search_rows,
+    use_it,
+)
+from kdsl.gallery.site import write_site
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.lang.graph import Graph
@@ -60,13 +74,22 @@ def operator_page(
     table: object = "resnet18",
     metrics: Mapping[str, Any] | None = None,
     torch_source: bool = False,
+    search: Mapping[str, Any] | None = None,
+    nav: str = "",
+    usage: str = "",
 ) -> str:
-    """The Markdown page of one operator."""
+    """The Markdown page of one operator: ``nav`` (links to the index and neighbours) on top, the
+    description (formulas in code blocks, prose escaped so no ``*`` turns into emphasis),
+    ``usage`` (Python that builds it), its DSL, drawing, costs, loop nest, measured numbers (with
+    their labels, :func:`~kdsl.gallery.content.metric_label`) and search's rediscovery record."""
     formulas = solve.cost(op)
-    lines = [f"# {title}", ""]
-    if description:
-        lines += [description.strip(), ""]
-    lines += ["```python", op.to_dsl().rstrip(), "```", ""]
+    lines = [nav, ""] if nav else []
+    lines += [f"# {title}", ""]
+    for kind, text in description_blocks(description) if description.strip() else []:
+        lines += (["```text", text, "```"] if kind == "formula" else [markdown_prose(text)]) + [""]
+    if usage:
+        lines += ["## Use it", "", "```python", usage, "```", ""]
+    lines += ["## DSL", "", "```python", op.to_dsl().rstrip(), "```", ""]
     if svg_name:
         lines += [f"![the primitive graph of {title}]({svg_name})", ""]
     lines += [
@@ -84,7 +107,11 @@ def operator_page(
     lines += ["## Loop nest", "", "```", loop_nest(op), "```", ""]
     if metrics:
         lines += ["## Measured", "", "| metric | value |", "| --- | --- |"]
-        lines += [f"| {key} | {_format(value)} |" for key, value in metrics.items()]
+        lines += [f"| {markdown_prose(metric_label(key))} | {_format(value)} |" for key, value in metrics.items()]
+        lines.append("")
+    if search:
+        lines += ["## Rediscovery by search", "", f"Search: {search_badge(search)[1]}.", "", "| | |", "| --- | --- |"]
+        lines += [f"| {label} | {markdown_prose(value)} |" for label, value in search_rows(search)]
         lines.append("")
     if torch_source:
         lines += ["## PyTorch source", "", "```python", source(op).rstrip(), "```", ""]
@@ -97,6 +124,44 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+def gallery_entries(
+    latencies: Mapping[str, Mapping[str, float]],
+    rediscovery: Mapping[str, Mapping[str, Any]],
+    discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
+) -> list[Entry]:
+    """Every gallery operator (then search's discoveries) with what its pages show, in index order
+    (by category, then name)."""
+    entries = []
+    for name in gallery.names():
+        op = gallery.load(name)
+        description = gallery.describe(name)
+        table = gallery.layer_table(name)
+        macs = params = 0.0
+        if table is not None:
+            for layer in solve.load_layers(table):
+                cost = solve.cost(op, layer)
+                macs += cost["flops"]
+                params += cost["params"]
+        entries.append(
+            Entry(
+                name,
+                op,
+                description,
+                table,
+                category(name, op, description),
+                macs,
+                params,
+                dict(latencies.get(name, {})),
+                rediscovery.get(name),
+                new=description.startswith(gallery.DISCOVERED),
+            )
+        )
+    for title, op, metrics in discoveries:
+        entries.append(Entry(title, op, category="discoveries", metrics=dict(metrics), new=True))
+    order = {slug: number for number, (slug, _, _) in enumerate(CATEGORIES)}
+    return sorted(entries, key=lambda entry: (order[entry.category], entry.name))
+
+
 def build_gallery(
     out: Path | None = None,
     *,
@@ -104,12 +169,14 @@ def build_gallery(
     batch: int = 1,
     rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
     discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
+    site: bool = True,
 ) -> Path:
-    """Write ``README.md`` (an index with thumbnails) and one page per gallery operator, plus pages
-    for search's discoveries (marked new). ``latencies`` (per operator, from
-    :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's layer table; they
-    join the ones recorded in ``out/latencies.json`` at the same batch (new measurements win), and
-    the pages show the recorded ones of operators not measured this time."""
+    """Write ``README.md`` (an index by category with thumbnails) and one page per gallery
+    operator, plus pages for search's discoveries (marked new), and with ``site`` the same as a
+    static HTML site in ``out/site`` (:func:`kdsl.gallery.site.write_site`). ``latencies`` (per
+    operator, from :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's
+    layer table; they join the ones recorded in ``out/latencies.json`` at the same batch (new
+    measurements win), and the pages show the recorded ones of operators not measured this time."""
     out = Path(out) if out is not None else gallery.directory()
     pages = out / "pages"
     pages.mkdir(parents=True, exist_ok=True)
@@ -118,72 +185,86 @@ def build_gallery(
     if latencies:
         recorded.update({name: dict(values) for name, values in latencies.items()})
         _save_latencies(out / LATENCIES, batch, {name: recorded[name] for name in names if name in recorded})
-    latencies = recorded
-    rediscovery = rediscovery or {}
+    entries = gallery_entries(recorded, rediscovery or {}, discoveries)
     index = [
         "# The kdsl gallery",
         "",
-        "Operators written in the DSL (one `.dsl` file each in this folder) and operators that search found.",
-        f"Latencies: forward, batch {batch}, milliseconds summed over the operator's ResNet-18 layer table,",
-        "kdsl->PyTorch, native PyTorch, kdsl->TVM (default schedule), measured by `kdsl gallery build`.",
+        "Operators written in the DSL (one `.dsl` file each in this folder) and operators that search found,",
+        "by category. Each page has the operator's formula, a drawing of its primitive graph, Python that",
+        "builds it as a PyTorch module, its cost formulas, its loop nest and its measured latencies.",
+        "The same pages as a website: `site/index.html` (built by `kdsl gallery build`; open it in a browser).",
         "",
-        "| operator | graph | layers | M MACs | params | torch ms | native ms | TVM ms | rediscovered by search |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"Latencies: forward, batch {batch}, milliseconds summed over the operator's ResNet-18 layer table:",
+        "kdsl's PyTorch code, the native PyTorch function, kdsl's TVM kernel (default schedule), measured by",
+        "`kdsl gallery build`. M MACs: millions of multiply-accumulates, summed over the same layers.",
+        "",
     ]
-
-    for name in names:
-        op = gallery.load(name)
-        table = gallery.layer_table(name)
-        (pages / f"{name}.svg").write_text(svg(op))
-        metrics: dict[str, Any] = dict(latencies.get(name, {}))
-        record = rediscovery.get(name)
-        if record:
-            metrics.update({f"search {k}": v for k, v in record.items()})
+    present = [c for c in CATEGORIES if any(e.category == c[0] for e in entries)]
+    index += [" · ".join(f"[{title}](#{_anchor(title)})" for _, title, _ in present), ""]
+    for number, entry in enumerate(entries):
+        previous = entries[number - 1] if number else None
+        following = entries[number + 1] if number + 1 < len(entries) else None
+        title = dict((slug, title) for slug, title, _ in CATEGORIES)[entry.category]
+        nav = f"[← the gallery](../README.md) · [{title}](../README.md#{_anchor(title)})"
+        if previous:
+            nav += f" · previous: [{previous.name}]({previous.name}.md)"
+        if following:
+            nav += f" · next: [{following.name}]({following.name}.md)"
+        (pages / f"{entry.name}.svg").write_text(svg(entry.op))
+        usage = use_it(entry.name, entry.op, entry.table) if not entry.new or entry.table else ""
         page = operator_page(
-            name, op, description=gallery.describe(name), svg_name=f"{name}.svg", table=table, metrics=metrics
+            entry.name + (" (new)" if entry.new else ""),
+            entry.op,
+            description=entry.description,
+            svg_name=f"{entry.name}.svg",
+            table=entry.table,
+            metrics=entry.metrics,
+            search=entry.search,
+            nav=nav,
+            usage=usage,
+            torch_source=entry.new,
         )
-        (pages / f"{name}.md").write_text(page)
-        macs = params = 0
-        if table is not None:
-            for layer in solve.load_layers(table):
-                cost = solve.cost(op, layer)
-                macs += cost["flops"]
-                params += cost["params"]
-        found = _rediscovery_text(record)
-        timing = latencies.get(name, {})
-        index.append(
-            f"| [{name}](pages/{name}.md) | <img src='pages/{name}.svg' width='120'> | {table or '-'} | "
-            f"{macs / 1e6:.1f} | {params} | {_ms(timing.get('kdsl_fwd_ms'))} | {_ms(timing.get('native_fwd_ms'))} | "
-            f"{_ms(timing.get('tvm_fwd_ms'))} | {found} |"
-        )
-    for title, op, metrics in discoveries:
-        (pages / f"{title}.svg").write_text(svg(op))
-        (pages / f"{title}.md").write_text(
-            operator_page(f"{title} (new)", op, svg_name=f"{title}.svg", metrics=metrics, torch_source=True)
-        )
-        index.append(
-            f"| [{title}](pages/{title}.md) **new** | <img src='pages/{title}.svg' width='120'> "
-            "| - | - | - | - | - | - | found by search |"
-        )
-    (out / "README.md").write_text("\n".join(index) + "\n")
+        (pages / f"{entry.name}.md").write_text(page)
+    for slug, title, blurb in present:
+        index += [
+            f"## {title}",
+            "",
+            markdown_prose(blurb[0].upper() + blurb[1:]) + ".",
+            "",
+            "| operator | graph | what it is | layers | M MACs | params | kdsl → PyTorch ms | native PyTorch ms "
+            "| kdsl → TVM ms | search |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
+        for entry in (e for e in entries if e.category == slug):
+            timing = entry.metrics
+            badge = "new: found by search" if entry.new else search_badge(entry.search)[1]
+            index.append(
+                f"| [{entry.name}](pages/{entry.name}.md) | <img src='pages/{entry.name}.svg' width='220'> | "
+                f"{markdown_prose(first_sentence(entry.description))} | {entry.table or '-'} | "
+                f"{_number(entry.macs, 1e6)} | {_number(entry.params)} | {_ms(timing.get('kdsl_fwd_ms'))} | "
+                f"{_ms(timing.get('native_fwd_ms'))} | {_ms(timing.get('tvm_fwd_ms'))} | {badge} |"
+            )
+        index.append("")
+    (out / "README.md").write_text("\n".join(index))
+    if site:
+        write_site(out / "site", entries, batch=batch)
     return out
+
+
+def _anchor(title: str) -> str:
+    """The anchor a code host gives a ``## title`` heading (lower case, spaces to ``-``, most
+    punctuation dropped)."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def _number(value: float | None, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return f"{value / scale:.1f}" if scale != 1.0 else f"{value:.0f}"
 
 
 def _ms(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "-"
-
-
-def _rediscovery_text(record: Mapping[str, Any] | None) -> str:
-    if not record:
-        return "not searched yet"
-    space = f"{record['space']} space, " if record.get("space") else ""
-    if not record.get("found"):
-        return f"not found ({record.get('strategy', '?')}, {space}depth <= {record.get('max_depth', '?')})"
-    nodes = f"{record['nodes']} nodes, " if record.get("nodes") else ""
-    return (
-        f"found by search: {record.get('strategy')}, {space}depth {record.get('depth')}, {nodes}"
-        f"{record.get('seconds', 0):.1f} s"
-    )
 
 
 def load_latencies(path: Path, batch: int) -> dict[str, dict[str, float]]:
