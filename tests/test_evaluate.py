@@ -80,8 +80,8 @@ def test_training_stops_early_against_a_strong_curve():
 def test_proxy_layers_fit_the_gallery_convolutions():
     layers = proxy_layers()
     assert [(layer["Cin"], layer["Cout"], layer["H"], layer["W"]) for layer in layers] == [
-        (16, 16, 16, 16),
-        (32, 32, 8, 8),
+        (32, 32, 16, 16),
+        (64, 64, 8, 8),
     ]
     for name in ("conv2d", "depthwise_conv2d", "grouped_conv2d", "pointwise_conv2d"):
         assert len(solve.check(gallery.load(name), layers)) == 2
