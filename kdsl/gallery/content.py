@@ -153,6 +153,21 @@ def markdown_prose(text: str) -> str:
     return "".join(parts)
 
 
+#: how to read a drawing of a linear chain (:func:`kdsl.codegen.render.svg`)
+LEGEND = (
+    "In the drawing each dim is a vertical line, labelled with its name and size where it starts; a box is a "
+    "primitive across the dims it reads and makes: blue a window or a move, violet a split, "
+    "merge or broadcast, orange a weight, green a reduction."
+)
+
+
+#: how to read a drawing of a branching kernel (:func:`kdsl.codegen.render.graph_svg`)
+GRAPH_LEGEND = (
+    "In the drawing each box is a node of the branching kernel (a chain lists its steps) with its result's dims; "
+    "arrows run from a node's arguments, and a join (orange) marks its two as lhs and rhs."
+)
+
+
 #: what each measured number is, for people (the records keep short keys)
 METRIC_LABELS: dict[str, str] = {
     "kdsl_fwd_ms": "kdsl → PyTorch, forward (ms)",

@@ -28,6 +28,8 @@ from kdsl.codegen.render import loop_nest, svg
 from kdsl.codegen.torch import source
 from kdsl.gallery.content import (
     CATEGORIES,
+    GRAPH_LEGEND,
+    LEGEND,
     Entry,
     category,
     description_blocks,
@@ -91,7 +93,12 @@ def operator_page(
         lines += ["## Use it", "", "```python", usage, "```", ""]
     lines += ["## DSL", "", "```python", op.to_dsl().rstrip(), "```", ""]
     if svg_name:
-        lines += [f"![the primitive graph of {title}]({svg_name})", ""]
+        lines += [
+            f"![the primitive graph of {title}]({svg_name})",
+            "",
+            GRAPH_LEGEND if isinstance(op, Graph) else LEGEND,
+            "",
+        ]
     lines += [
         "## Cost",
         "",
@@ -194,8 +201,9 @@ def build_gallery(
         "builds it as a PyTorch module, its cost formulas, its loop nest and its measured latencies.",
         "The same pages as a website: `site/index.html` (built by `kdsl gallery build`; open it in a browser).",
         "",
-        f"Latencies: forward, batch {batch}, milliseconds summed over the operator's ResNet-18 layer table:",
-        "kdsl's PyTorch code, the native PyTorch function, kdsl's TVM kernel (default schedule), measured by",
+        f"Latencies: forward, batch {batch}, milliseconds summed over the operator's ResNet-18 layer table",
+        "(`resnet18`, the stride-1 3x3 layers, unless a row says `resnet18_stride2`): PyTorch is kdsl's PyTorch",
+        "code, native the PyTorch function, TVM kdsl's TVM kernel (default schedule); measured by",
         "`kdsl gallery build`. M MACs: millions of multiply-accumulates, summed over the same layers.",
         "",
     ]
@@ -231,16 +239,18 @@ def build_gallery(
             "",
             markdown_prose(blurb[0].upper() + blurb[1:]) + ".",
             "",
-            "| operator | graph | what it is | layers | M MACs | params | kdsl → PyTorch ms | native PyTorch ms "
-            "| kdsl → TVM ms | search |",
-            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            "| operator | graph | M MACs | params | PyTorch ms | native ms | TVM ms | search |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         for entry in (e for e in entries if e.category == slug):
             timing = entry.metrics
             badge = "new: found by search" if entry.new else search_badge(entry.search)[1]
+            layers = (
+                "" if entry.table == "resnet18" else f" (on `{entry.table}`)" if entry.table else " (no valid table)"
+            )
             index.append(
-                f"| [{entry.name}](pages/{entry.name}.md) | <img src='pages/{entry.name}.svg' width='220'> | "
-                f"{markdown_prose(first_sentence(entry.description))} | {entry.table or '-'} | "
+                f"| [{entry.name}](pages/{entry.name}.md)<br>{markdown_prose(first_sentence(entry.description))}"
+                f"{layers} | <img src='pages/{entry.name}.svg' width='200'> | "
                 f"{_number(entry.macs, 1e6)} | {_number(entry.params)} | {_ms(timing.get('kdsl_fwd_ms'))} | "
                 f"{_ms(timing.get('native_fwd_ms'))} | {_ms(timing.get('tvm_fwd_ms'))} | {badge} |"
             )

@@ -26,6 +26,8 @@ from kdsl.codegen.render import loop_nest, svg
 from kdsl.codegen.torch import source
 from kdsl.gallery.content import (
     CATEGORIES,
+    GRAPH_LEGEND,
+    LEGEND,
     Entry,
     description_blocks,
     first_sentence,
@@ -35,6 +37,7 @@ from kdsl.gallery.content import (
     use_it,
 )
 from kdsl.lang.errors import KdslError
+from kdsl.lang.graph import Graph
 
 STYLE = """\
 :root { --ink: #1d2433; --muted: #5b6475; --line: #d8dee9; --accent: #3a5a9a; --paper: #fbfcfe; }
@@ -68,6 +71,9 @@ nav.crumbs { font-size: 0.95rem; color: var(--muted); display: flex; gap: 14px; 
          border-radius: 8px; overflow: hidden; }
 .thumb img { max-width: 100%; max-height: 100%; }
 .card p { margin: 0; font-size: 0.92rem; }
+.card code.formula { font-size: 12px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+                     background: #fffdf4; border: 1px solid #eadfb8; border-radius: 6px; padding: 3px 6px; }
+figcaption { color: var(--muted); font-size: 0.88rem; margin-top: 6px; text-align: left; }
 .numbers { color: var(--muted); font-size: 0.85rem; }
 .badge { display: inline-block; font-size: 0.78rem; padding: 1px 9px; border-radius: 999px; white-space: nowrap; }
 .badge.found { background: #e3f5e6; color: #1d6b2c; border: 1px solid #9fd3a9; }
@@ -83,11 +89,12 @@ footer { margin: 40px auto; color: var(--muted); font-size: 0.9rem; }
 .hidden { display: none; }
 """
 
-# the index's filter: hides the cards (and then empty sections) whose text does not hold the query
+# the index's filter: hides the cards (and then empty sections) whose text does not hold the query;
+# ``index.html?q=word`` opens the index filtered
 _FILTER = """\
 <script>
 const box = document.getElementById("filter");
-box.addEventListener("input", () => {
+function filter() {
   const query = box.value.trim().toLowerCase();
   for (const card of document.querySelectorAll(".card")) {
     card.classList.toggle("hidden", !card.dataset.text.includes(query));
@@ -95,7 +102,10 @@ box.addEventListener("input", () => {
   for (const section of document.querySelectorAll("section.category")) {
     section.classList.toggle("hidden", !section.querySelector(".card:not(.hidden)"));
   }
-});
+}
+box.addEventListener("input", filter);
+box.value = new URLSearchParams(location.search).get("q") || "";  // index.html?q=pool opens filtered
+filter();
 </script>
 """
 
@@ -131,6 +141,15 @@ def _badges(entry: Entry) -> str:
     return badges
 
 
+def _formula_line(entry: Entry) -> str:
+    """The first line of the operator's first formula (cards of look-alike drawings differ here)."""
+    formulas = [text for kind, text in description_blocks(entry.description) if kind == "formula"]
+    if not formulas:
+        return ""
+    line = formulas[0].splitlines()[0]
+    return f'<code class="formula" title="{escape(line)}">{escape(line)}</code>\n'
+
+
 def _numbers(entry: Entry) -> str:
     """The card's numbers: cost on its layer table, then forward latencies (HTML)."""
     lines = []
@@ -160,7 +179,8 @@ def _index(entries: Sequence[Entry], batch: int) -> str:
                 f"<h3>{escape(entry.name)}</h3>\n<div>{_badges(entry)}</div>\n"
                 f'<div class="thumb"><img src="{entry.name}.svg" alt="the primitive graph of {escape(entry.name)}" '
                 'loading="lazy"></div>\n'
-                f'<p>{prose_html(summary)}</p>\n<div class="numbers">{_numbers(entry)}</div>\n</a>'
+                f"<p>{prose_html(summary)}</p>\n{_formula_line(entry)}"
+                f'<div class="numbers">{_numbers(entry)}</div>\n</a>'
             )
         sections.append(
             f'<section class="category" id="{slug}">\n<h2>{escape(title)}</h2>\n'
@@ -232,7 +252,7 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
     parts += [
         "<h2>Primitive graph</h2>",
         f'<figure class="diagram"><img src="{entry.name}.svg" alt="the primitive graph of {escape(entry.name)}">'
-        "</figure>",
+        f"<figcaption>{escape(GRAPH_LEGEND if isinstance(entry.op, Graph) else LEGEND)}</figcaption></figure>",
         "<h2>DSL</h2>",
         f"<pre><code>{escape(entry.op.to_dsl().rstrip())}</code></pre>",
         "<h2>Cost</h2>",
