@@ -136,10 +136,10 @@ def test_show_prints_nodes_constraints_formulas_loop_nest_and_svg(kernel_file: P
     for expected in [
         'Blend("mul", x, t2)',
         "weight squeeze[r: C/G, C: C]",
-        "  2  FC(C -> r: C/G) of 1 -> [N: N, r: C/G]    flops C**2*N/G",
-        "  7  Blend(mul) of 0, 6 -> [N: N, C: C, H: H, W: W]    flops C*H*N*W",
+        "  2  FC(C -> r: C/G) of 1 -> [N: N, r: C/G]    MACs C**2*N/G",
+        "  7  Blend(mul) of 0, 6 -> [N: N, C: C, H: H, W: W]    MACs C*H*N*W",
         "node 2 FC(C -> r: C/G): the FC output dim r: C/G must be a positive integer",
-        "  flops        2*C**2*N/G + 2*C*H*N*W + C*N + C*N/G",
+        "  MACs         2*C**2*N/G + 2*C*H*N*W + C*N + C*N/G",
         "  peak         2*C*H*N*W + C*N",
         "  # node 7  Blend(mul)  x, t6 -> out[N, C, H, W]",
         f"key: {squeeze_excitation().key}",
