@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,7 +50,9 @@ class Progress:
 
     ``total``: the count at which the task is done, if known (the bar then shows a percentage);
     ``unit``: what is counted (``nodes``, ``trials``, ``cases``); ``stream``: where it goes
-    (``None``: nowhere); ``every``: seconds between plain lines."""
+    (``None``: nowhere); ``every``: seconds between plain lines; ``clock``: the count is the seconds
+    elapsed (``unit="s"``, ``total`` a time limit), kept current by a thread, so that a task that waits
+    a long time on one step (measuring a baseline) still shows it is alive."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Progress:
         unit: str = "steps",
         stream: TextIO | None = sys.stderr,
         every: float = 10.0,
+        clock: bool = False,
     ) -> None:
         self.description = description
         self.total = total
@@ -70,6 +74,7 @@ class Progress:
         self.started = time.monotonic()
         self._last_line = self.started
         self._closed = False
+        self._lock = threading.Lock()  # a heartbeat thread may update while the task's own thread notes
         mode = os.environ.get("KDSL_PROGRESS", "auto").strip().lower()
         self._quiet = stream is None or mode == "off"
         use_bar = not self._quiet and mode != "plain" and _tqdm is not None and _is_terminal(stream)
@@ -80,6 +85,14 @@ class Progress:
         )
         if self._bar is None and not self._quiet:
             self._write(f"{description}: started")
+        self._stop = threading.Event()
+        if clock and not self._quiet:
+            threading.Thread(target=self._tick, name="kdsl-progress-clock", daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            elapsed = time.monotonic() - self.started
+            self.set(min(elapsed, self.total) if self.total is not None else elapsed)
 
     def _write(self, text: str) -> None:
         assert self.stream is not None
@@ -87,12 +100,18 @@ class Progress:
         self.stream.flush()
 
     def _status(self) -> str:
-        count = f"{self.count:g}" if self.total is None else f"{self.count:g}/{self.total:g}"
+        count = f"{self.count:.0f}" if self.total is None else f"{self.count:.0f}/{self.total:.0f}"
         parts = [f"{count} {self.unit}"] + [f"{key} {value}" for key, value in self.fields.items()]
         return ", ".join(parts)
 
     def update(self, advance: float = 1, **fields: Any) -> None:
         """Add ``advance`` to the count and set ``fields`` (shown as ``name value``)."""
+        with self._lock:
+            self._update(advance, fields)
+
+    def _update(self, advance: float, fields: dict[str, Any]) -> None:
+        if self._closed:
+            return
         self.count += advance
         self.fields.update(fields)
         if self._quiet:
@@ -101,6 +120,8 @@ class Progress:
             if fields:
                 self._bar.set_postfix({k: v for k, v in self.fields.items()}, refresh=False)
             self._bar.update(advance)
+            if not advance:
+                self._bar.refresh()  # new fields only: tqdm redraws on a step, not on a postfix
             return
         now = time.monotonic()
         if now - self._last_line >= self.every:
@@ -109,40 +130,43 @@ class Progress:
 
     def set(self, count: float, **fields: Any) -> None:
         """Set the count to ``count`` (for callers that know the total so far, not the step)."""
-        self.update(count - self.count, **fields)
+        with self._lock:
+            self._update(count - self.count, fields)
 
     def note(self, text: str) -> None:
         """A line of its own (an event worth keeping in a log), printed above a live bar."""
         if self.stream is None:
             return
-        if self._bar is not None:
-            self._bar.write(text, file=self.stream)
-        else:
-            self._write(text)
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(text, file=self.stream)
+            else:
+                self._write(text)
 
-    def close(self) -> None:
-        """End the task: the bar's last state stays on screen, or a last plain line says where it got."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._bar is not None:
-            self._bar.close()
-        elif not self._quiet:
-            self._write(f"{self.description}: {self._status()} (done in {time.monotonic() - self.started:.1f} s)")
+    def close(self, stopped: bool = False) -> None:
+        """End the task: the bar's last state stays on screen, or a last plain line says where it got
+        (``stopped``: it ended early, by an error or Ctrl-C, and says so instead of "done")."""
+        self._stop.set()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._bar is not None:
+                self._bar.close()
+            elif not self._quiet:
+                ended = "stopped after" if stopped else "done in"
+                self._write(f"{self.description}: {self._status()} ({ended} {time.monotonic() - self.started:.1f} s)")
 
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self.close(stopped=kind is not None)
 
 
 @contextmanager
 def progress(description: str, **options: Any) -> Iterator[Progress]:
     """``with progress("tune", total=64, unit="trials") as bar: ...``: a :class:`Progress` that is
     closed at the end of the block, also on an error."""
-    bar = Progress(description, **options)
-    try:
+    with Progress(description, **options) as bar:
         yield bar
-    finally:
-        bar.close()

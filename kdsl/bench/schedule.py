@@ -57,7 +57,7 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
     for label, name, layer in cases:
         op = gallery.load(name)
         binding = solve.bind(op, layer)
-        flops = 2 * solve.cost(op, binding)["flops"]  # a branching kernel has no single plan; cost takes both
+        macs = solve.cost(op, binding)["flops"]  # a branching kernel has no single plan; cost takes both
         kernel = build(op, layer)
         x = torch.randn(kernel.input_shape)
         ws = [torch.randn(shape) for shape in kernel.weight_shapes]
@@ -74,7 +74,7 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
                 best["torch"] = min(best["torch"], median_seconds(torch_call, **timing))
                 tvm_call = lambda kernel=kernel, args=(x, *ws, out): kernel.executable(*args)
                 best["tvm"] = min(best["tvm"], median_seconds(tvm_call, **timing))
-        print(json.dumps({"label": label, "flops": flops, **best}), flush=True)
+        print(json.dumps({"label": label, "macs": macs, **best}), flush=True)
 
 
 def measure(
@@ -89,7 +89,7 @@ def measure(
     ``TVM_BIND_THREADS=0`` (else TVM pins its threads and slows PyTorch, ``TVM.md``), timed in
     alternation ``rounds`` times per case, keeping each one's best median: on a shared machine the
     background load comes and goes, and alternating exposes both frameworks to it alike.
-    Returns one row per case: label, tvm_ms, torch_ms, tvm_gflops, torch_gflops, ratio (tvm / torch time)."""
+    Returns one row per case: label, tvm_ms, torch_ms, tvm_gmacs, torch_gmacs (GMAC/s), ratio (tvm / torch time)."""
     cases = list(cases if cases is not None else measure_cases())
     code = (
         "import json, sys\nfrom kdsl.bench.schedule import _measure_worker\n"
@@ -114,8 +114,8 @@ def measure(
                 "label": label,
                 "tvm_ms": r["tvm"] * 1e3,
                 "torch_ms": r["torch"] * 1e3,
-                "tvm_gflops": r["flops"] / r["tvm"] / 1e9,
-                "torch_gflops": r["flops"] / r["torch"] / 1e9,
+                "tvm_gmacs": r["macs"] / r["tvm"] / 1e9,
+                "torch_gmacs": r["macs"] / r["torch"] / 1e9,
                 "ratio": r["tvm"] / r["torch"],
             }
         )
@@ -125,13 +125,13 @@ def measure(
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of :func:`measure`'s rows."""
     lines = [
-        "| case | TVM default ms | PyTorch ms | TVM GFLOP/s | PyTorch GFLOP/s | TVM / PyTorch time |",
+        "| case | TVM default ms | PyTorch ms | TVM GMAC/s | PyTorch GMAC/s | TVM / PyTorch time |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['label']} | {r['tvm_ms']:.3f} | {r['torch_ms']:.3f} | {r['tvm_gflops']:.1f} | "
-            f"{r['torch_gflops']:.1f} | {r['ratio']:.2f} |"
+            f"| {r['label']} | {r['tvm_ms']:.3f} | {r['torch_ms']:.3f} | {r['tvm_gmacs']:.1f} | "
+            f"{r['torch_gmacs']:.1f} | {r['ratio']:.2f} |"
         )
     return "\n".join(lines)
 

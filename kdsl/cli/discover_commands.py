@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
-from kdsl.discover.loop import NETS, DiscoverConfig, discover, strategy_sequence
+from kdsl.discover import report as discovery
+from kdsl.discover.loop import NETS, DiscoverConfig, discover, discovery_space, strategy_sequence
 from kdsl.discover.prescreen import METHODS
-from kdsl.lang.errors import KdslError
+from kdsl.lang.errors import KdslError, printable
+from kdsl.progress import Progress
 from kdsl.search.run import STRATEGIES
 
 __all__ = ["add_discover_command"]
@@ -18,7 +22,9 @@ __all__ = ["add_discover_command"]
 def add_discover_command(subparsers: Any) -> None:
     """Register ``kdsl discover``."""
     parser = subparsers.add_parser("discover", help="search, evaluate and rank replacements for a network's convs")
-    parser.add_argument("--net", default="proxy-resnet", choices=NETS)
+    parser.add_argument(
+        "--net", default="proxy-resnet", choices=NETS, help="the proxy network whose convs are replaced"
+    )
     parser.add_argument(
         "--spec",
         default="conv2d",
@@ -38,7 +44,7 @@ def add_discover_command(subparsers: Any) -> None:
         help="fewest parameters relative to conv2d (default 0.002x: a depthwise 3x3 conv passes, a per-channel "
         "scale does not), a count, or none; candidates below it are not trained",
     )
-    parser.add_argument("--max-depth", type=positive_int, default=6)
+    parser.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
     parser.add_argument(
         "--strategy",
         type=_strategies,
@@ -47,11 +53,12 @@ def add_discover_command(subparsers: Any) -> None:
         f"and their rewrites, then MCTS",
     )
     parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
-    parser.add_argument("--db", default="runs.sqlite")
-    parser.add_argument("--out", default="out")
+    parser.add_argument("--db", default="runs.sqlite", help="SQLite database of the run (a run resumes from it)")
+    parser.add_argument("--out", default="out", help="folder for results.md, results.json, pareto.png and pages/")
     parser.add_argument("--executor", default="local", help="local, ray or ray:ADDRESS")
-    parser.add_argument("--workers", type=positive_int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=positive_int, default=1, help="candidates evaluated in parallel")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the proxy training")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary instead of a table")
     parser.add_argument(
         "--eval-timeout", type=positive_float, default=240.0, help="seconds per candidate before it is killed"
     )
@@ -97,9 +104,51 @@ def _command(args: Any) -> int:
         prescreen=None if args.prescreen == "none" else args.prescreen,
         screen_factor=args.screen_factor,
     )
-    summary = discover(config)
-    print(json.dumps(summary, indent=1))
+    discovery_space(config)  # a spec the network cannot use is one error line, before any progress
+    # progress goes to stderr either way; stdout gets the answer: a table, or JSON with --json
+    with Progress("discover", total=config.time_limit, unit="s", stream=sys.stderr, clock=True) as bar:
+        summary = discover(config, progress=_Lines(bar))
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+    else:
+        _print_summary(summary, config)
     return 0
+
+
+class _Lines:
+    """The stream :func:`kdsl.discover.loop.discover` writes its events to, turned into notes above
+    the bar, with the latest as the bar's ``doing`` field (so a plain periodic line says what the run is
+    busy with: measuring the baseline, searching, training a candidate)."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.evaluated = 0
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.strip():
+                self.evaluated += line.startswith("evaluated ")
+                self.bar.note(line)
+                self.bar.update(0, evaluated=self.evaluated, doing=line.split(":")[0][:40])
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered here (the bar writes its own stream)."""
+
+
+def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
+    """The run's answer at a glance: the summary sentences, the top of the ranking, the files."""
+    loaded = discovery.load_records(config.db) if Path(config.db).is_file() else None
+    print(f"kdsl discover: {summary['evaluated']} candidates evaluated, {summary['screened']} screened")
+    if loaded is not None:
+        records, baseline = loaded
+        accuracy = baseline.get("accuracy") or 0.0
+        ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=config.margin)
+        print(printable(discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)))
+        print(discovery.text_table(ranked[: config.top], baseline, margin=config.margin))
+    where = f"pages in {printable(summary['pages'])}, plot {printable(summary['plot'])}"
+    print(f"report: {printable(summary['table'])} ({where})")
+    print(f"all results: kdsl results --db {printable(config.db)}")
 
 
 def _strategies(text: str) -> str:

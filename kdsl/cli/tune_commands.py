@@ -203,8 +203,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench tune``."""
     parser.add_argument("--trials", type=positive_int, default=None, help="trials per tuner (default 64, --quick 12)")
     parser.add_argument("--quick", action="store_true", help="small budgets (a few minutes)")
-    parser.add_argument("--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS))
-    parser.add_argument("--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], default=None)
+    parser.add_argument(
+        "--tuners", nargs="+", choices=[*TUNERS, "random"], default=list(TUNERS), help="the tuners to compare"
+    )
+    parser.add_argument(
+        "--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], help="the operators to tune (default: all)"
+    )
     parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
     parser.add_argument("--rounds", type=positive_int, default=5, help="alternating re-measurement rounds")
 
@@ -297,7 +301,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     for label, name, layer in cases:
         op = gallery.load(name)
         binding = solve.bind(op, layer)
-        flops = 2 * solve.cost(op, binding)["flops"]
+        macs = solve.cost(op, binding)["flops"]  # multiply-accumulates, the unit of every kdsl command
         results = {}
         libraries: dict[str, str] = {}
         with Measurer(op, binding) as measurer, torch_pool() as torch_worker:
@@ -330,11 +334,10 @@ def bench_tune(args: argparse.Namespace) -> int:
                         print(f"  {tuner}: re-measurement failed: {error}")
                 torch_s = min(torch_s, torch_seconds(name, binding, 1, torch_worker))
         print(
-            f"\n### {label} ({flops / 1e9:.2f} GFLOP); "
-            f"PyTorch {torch_s * 1e3:.3f} ms, {flops / torch_s / 1e9:.1f} GFLOP/s"
+            f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {torch_s * 1e3:.3f} ms, {macs / torch_s / 1e9:.1f} GMAC/s"
         )
         head = " | ".join(f"best ms @{n}" for n in checkpoints)
-        print(f"| tuner | trials | {head} | final ms | GFLOP/s | vs PyTorch (speed) | tuning s |")
+        print(f"| tuner | trials | {head} | final ms | GMAC/s | vs PyTorch (speed) | tuning s |")
         print("| --- | ---: | " + " | ".join("---:" for _ in checkpoints) + " | ---: | ---: | ---: | ---: |")
         for tuner in [*args.tuners, "default schedule"]:
             result = results.get(tuner)
@@ -346,7 +349,7 @@ def bench_tune(args: argparse.Namespace) -> int:
                 print(f"| {tuner} | {measured} | {curve} | - | - | - | {spent} |")
                 continue
             print(
-                f"| {tuner} | {measured} | {curve} | {seconds * 1e3:.3f} | {flops / seconds / 1e9:.1f} | "
+                f"| {tuner} | {measured} | {curve} | {seconds * 1e3:.3f} | {macs / seconds / 1e9:.1f} | "
                 f"{torch_s / seconds:.2f}x | {spent} |"
             )
         print(flush=True)

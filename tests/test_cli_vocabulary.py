@@ -1,0 +1,139 @@
+"""One command line: the same option names everywhere (old spellings still accepted), ``--version``,
+help with defaults and a text for every option, one cost unit (MACs), operator files wherever a
+gallery name goes, progress that stays readable in a log, and answers as tables unless ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import kdsl
+from kdsl import gallery
+from kdsl.cli import build_parser, discover_commands, main
+from kdsl.progress import Progress
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def parsers(parser: argparse.ArgumentParser, name: str = "kdsl"):
+    """Every (command name, parser) of the ``kdsl`` tree, the top one included."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, subparser in action.choices.items():
+                yield from parsers(subparser, f"{name} {sub}")
+
+
+def test_version_is_the_package_version():
+    result = subprocess.run([sys.executable, "-m", "kdsl.cli", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == f"kdsl {kdsl.__version__}"
+
+
+def test_every_command_has_a_description_and_every_option_a_help_text():
+    missing = []
+    for name, parser in parsers(build_parser()):
+        if name != "kdsl" and not parser.description:
+            missing.append(f"{name}: no description")
+        for action in parser._actions:
+            if action.help is None:  # argparse.SUPPRESS marks the hidden old spellings
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}: no help")
+    assert not missing, missing
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: resnet18)" in out and "(default: enumerate)" in out and "(default: 6)" in out
+    assert "--coefficient" not in out  # the old spelling works but is not advertised
+
+
+@pytest.mark.parametrize("spelling", ["--set", "--coefficient"])
+def test_search_takes_set_like_check_and_the_old_spelling(spelling, capsys, tmp_path):
+    db = str(tmp_path / "r.db")
+    argv = ["search", "conv2d", "--max-depth", "3", spelling, "K=3", "--db", db, "--quiet", "--json"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "K in (3,)" in json.loads(out)["space"]
+    code, _, err = run(capsys, "search", "conv2d", spelling, "K", "--db", db)
+    assert code == 2 and err.startswith("error: --set expects NAME=V1,V2")
+
+
+def test_every_count_is_in_macs(capsys, tmp_path):
+    code, out, _ = run(capsys, "check", "conv2d", "--layers", "resnet18")
+    assert code == 0 and "M MACs" in out and "FLOP" not in out
+    # conv2d on conv2_x at batch 1: 64*64*9*56*56 MACs
+    assert re.search(rf"conv2_x.*\s{64 * 64 * 9 * 56 * 56 / 1e6:.2f}\s", out)
+    code, out, _ = run(capsys, "show", "squeeze_excitation")
+    assert code == 0 and "MACs" in out and "flops" not in out.lower().replace("kdsl", "")
+    db = str(tmp_path / "r.db")
+    assert main(["search", "conv2d", "--max-depth", "3", "--set", "K=3", "--db", db, "--quiet"]) == 0
+    code, out, _ = run(capsys, "results", "--db", db, "--top", "2")
+    assert code == 0 and " M MACs " in out and "FLOP" not in out
+
+
+def test_bench_codegen_takes_an_operator_file_and_counts_macs(capsys, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("tvm")
+    op = tmp_path / "mine.dsl"
+    op.write_text(gallery.source("pointwise_conv2d"))
+    layers = tmp_path / "tiny.json"
+    layers.write_text(json.dumps([{"name": "tiny", "N": 1, "Cin": 4, "Cout": 4, "H": 4, "W": 4}]))
+    code, out, err = run(capsys, "bench", "codegen", "--ops", str(op), "--layers", str(layers), "--batch", "1")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith(str(op)[:27]))
+    assert "GMAC/s" in out and "GFLOP" not in out and "tiny" in row
+    assert "\r" not in err and "bench codegen: 2/2 cases" in err  # a plain progress line, not a \r bar
+
+
+def test_progress_in_a_log_is_whole_lines_and_a_terminal_gets_a_bar(tmp_path):
+    log = tmp_path / "log.txt"
+    with open(log, "w") as stream, Progress("search", unit="nodes", stream=stream, every=0) as bar:
+        for step in range(3):
+            bar.update(10, new=step)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "search: started" and lines[-1].startswith("search: 30 nodes, new 2 (done in")
+    assert len(lines) == 5 and "\r" not in log.read_text()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    pytest.importorskip("tqdm")
+    terminal = Terminal()
+    with Progress("tune", total=4, unit="trials", stream=terminal) as bar:
+        bar.update(4)
+    assert "\r" in terminal.getvalue() and "4/4" in terminal.getvalue() and "100%" in terminal.getvalue()
+
+
+def test_discover_says_what_it_is_doing_and_ends_with_a_table(capsys, tmp_path, monkeypatch):
+    def fake_discover(config, progress):
+        progress.write("measuring the baseline (conv2d): proxy accuracy and latency\n")
+        progress.write("evaluated abc: ok, accuracy 0.900\n")
+        return {
+            "evaluated": 1,
+            "screened": 2,
+            "baseline": {},
+            "table": "out/results.md",
+            "json": "j",
+            "plot": "p",
+            "pages": "out/pages",
+        }
+
+    monkeypatch.setattr(discover_commands, "discover", fake_discover)
+    db = tmp_path / "runs.sqlite"
+    code, out, err = run(capsys, "discover", "--db", str(db), "--out", str(tmp_path / "out"))
+    assert code == 0 and "measuring the baseline" in err and err.startswith("discover: started")
+    assert out.startswith("kdsl discover: 1 candidates evaluated, 2 screened") and "report: out/results.md" in out
+    assert "{" not in out
+    code, out, _ = run(capsys, "discover", "--db", str(db), "--json")
+    assert code == 0 and json.loads(out)["evaluated"] == 1
