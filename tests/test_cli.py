@@ -112,8 +112,11 @@ def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path)
         assert f"(pages/{name}.md)" in index
         page = (tmp_path / "pages" / f"{name}.md").read_text()
         assert gallery.load(name).key in page and (tmp_path / "pages" / f"{name}.svg").exists()
-    assert "found by search: enumerate, depth 5, 1.5 s" in index
-    assert "found by search: enumerate, default space, depth 8, 9 nodes, 2.0 s" in index
+    assert "found by search at depth 5" in index and "found by search at depth 8" in index
+    page = (tmp_path / "pages" / "grouped_conv2d.md").read_text()  # the page has the whole record
+    for row in ["| strategy | enumerate |", "| search space | default |", "| nodes visited | 9 |", "| seconds | 2.0 |"]:
+        assert row in page, row
+    assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "grouped_conv2d.html").exists()
 
 
 def test_search_results_and_show_from_the_database(capsys, tmp_path):
