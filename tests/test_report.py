@@ -49,7 +49,8 @@ def test_results_md_says_what_met_the_margin_and_kdsl_results_ranks_the_same(tmp
     assert "2 of 3 candidates came within 1.0 points" in text
     assert f"fastest {keys[0]} (2.00x faster" in text
     assert "usable: within 0.6 points, 2.00x faster" in text and "too inaccurate: 7.6 points below" in text
-    assert "Latency ratio / FLOPs ratio over 3 candidates: median 2.00, max 2.00" in text
+    assert "Latency ratio / MACs ratio over 3 candidates: median 2.00, max 2.00" in text
+    assert "| latency ratio | MACs ratio | latency / MACs |" in text and "FLOP" not in text
     table_order = re.findall(r"^\| \d+ \| \[?`?([0-9a-f]+)", text, flags=re.MULTILINE)
     assert main(["results", "--db", db, "--margin", "0.01"]) == 0
     out = capsys.readouterr().out

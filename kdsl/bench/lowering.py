@@ -177,8 +177,8 @@ def bench_lowering(args: argparse.Namespace) -> int:
             f"kdsl bench lowering: {len(items)} operators, layers {args.layers}, batch {args.batch}, "
             f"threads {args.threads or 'as the process has'}; ratios to conv2d (latency: median of interleaved pairs)"
         )
-        print("overhead = latency ratio / FLOPs ratio (1: as efficient per FLOP as PyTorch's conv2d)\n")
-        print(f"{'operator':<18}{'FLOPs':>8}{'latency':>9}{'overhead':>10}{'ms':>10}{'conv ms':>10}{'spread':>8}")
+        print("overhead = latency ratio / MACs ratio (1: as efficient per MAC as PyTorch's conv2d)\n")
+        print(f"{'operator':<18}{'MACs':>8}{'latency':>9}{'overhead':>10}{'ms':>10}{'conv ms':>10}{'spread':>8}")
     rows = measure(
         items,
         layers=args.layers,
@@ -198,7 +198,7 @@ def bench_lowering(args: argparse.Namespace) -> int:
         f"\noverhead over {summary['measured']} operators: median {summary['median']:.2f}, "
         f"max {summary['max']:.2f} ({printable(summary['worst'])})"
         + (f"; {summary['failed']} not measured" if summary["failed"] else "")
-        + (f"; {summary['without_flops']} without FLOPs" if summary["without_flops"] else "")
+        + (f"; {summary['without_flops']} without MACs" if summary["without_flops"] else "")
     )
     return 0
 

@@ -1,6 +1,6 @@
 """The ``kdsl`` command.
 
-    kdsl show NAME|FILE            DSL text, shapes, constraints, FLOPs/params formulas
+    kdsl show NAME|FILE            DSL text, shapes, constraints, MACs/params formulas
     kdsl show --db PATH HASH       the same for a candidate of a search results database
     kdsl search SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D --db PATH
     kdsl results --db PATH [--top K] [--json]
@@ -10,14 +10,16 @@
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
-    kdsl bench lowering --db RUNS [--top N]   latency ratio / FLOPs ratio to conv2d (median, max)
+    kdsl bench lowering --db RUNS [--top N]   latency ratio / MACs ratio to conv2d (median, max)
     kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
     kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
     kdsl bench tune [--trials N] [--quick]
     kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
-An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file.
+An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file. Every count is
+in MACs (multiply-accumulates, as :func:`kdsl.solve.cost` counts; a branching kernel's element-wise
+operations count one each); ``--max-flops`` budgets are in the same unit.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-flops",
         type=search_commands.budget,
         metavar="BUDGET",
-        help="fill free widths to this FLOPs budget (1e9, 150M, 0.5x)",
+        help="fill free widths to this budget of MACs (1e9, 150M, 0.5x)",
     )
     check.add_argument(
         "--max-params", type=search_commands.budget, metavar="BUDGET", help="fill free widths to this parameter budget"
@@ -160,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     codegen_bench.add_arguments(codegen)
     codegen.set_defaults(run=codegen_bench.bench_codegen)
 
-    lowering = bench_kinds.add_parser("lowering", help="latency ratio / FLOPs ratio to conv2d of stored candidates")
+    lowering = bench_kinds.add_parser("lowering", help="latency ratio / MACs ratio to conv2d of stored candidates")
     lowering_bench.add_arguments(lowering)
     lowering.set_defaults(run=lowering_bench.bench_lowering)
 

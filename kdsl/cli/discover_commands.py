@@ -35,7 +35,7 @@ def add_discover_command(subparsers: Any) -> None:
         "--max-flops",
         type=optional_budget,
         default="0.5x",
-        help="FLOPs budget: a multiple of conv2d's (0.5x), a count (150M), or none; a plain 0.5 is refused",
+        help="budget of MACs: a multiple of conv2d's (0.5x), a count (150M), or none; a plain 0.5 is refused",
     )
     parser.add_argument(
         "--min-params",

@@ -89,8 +89,8 @@ def verdict(record: Record, *, baseline_accuracy: float, margin: float = 0.02) -
 
 
 def lowering_overhead(records: Sequence[Record]) -> dict[str, float] | None:
-    """Latency ratio divided by FLOPs ratio over the candidates that have both: how much slower a
-    candidate runs than its FLOPs predict (1 = as predicted). ``None`` without such candidates.
+    """Latency ratio divided by MACs ratio over the candidates that have both: how much slower a
+    candidate runs than its MACs (multiply-accumulates) predict (1 = as predicted). ``None`` without such candidates.
 
     >>> lowering_overhead([{"latency_ratio": 0.5, "flops_ratio": 0.25}, {"latency_ratio": 1.0, "flops_ratio": 0.5}])
     {'median': 2.0, 'max': 2.0, 'count': 2}
@@ -148,8 +148,8 @@ def summary(records: Sequence[Record], *, baseline_accuracy: float, margin: floa
     overhead = lowering_overhead(records)
     if overhead is not None:
         lines.append(
-            f"Latency ratio / FLOPs ratio over {overhead['count']} candidates: median {overhead['median']:.2f}, "
-            f"max {overhead['max']:.2f} (1 = as fast as the FLOPs predict)."
+            f"Latency ratio / MACs ratio over {overhead['count']} candidates: median {overhead['median']:.2f}, "
+            f"max {overhead['max']:.2f} (1 = as fast as the MACs predict)."
         )
     return "\n".join(lines)
 
@@ -173,7 +173,7 @@ def markdown_table(
     links = links or {}
     base = baseline.get("accuracy") or 0.0
     lines = [
-        "| rank | candidate | accuracy | latency ratio | FLOPs ratio | latency / FLOPs | params | verdict |",
+        "| rank | candidate | accuracy | latency ratio | MACs ratio | latency / MACs | params | verdict |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         f"| - | baseline ({baseline.get('name', 'conv2d')}) | {_cell(baseline.get('accuracy'))} | 1.000 | 1.000 | "
         f"1.000 | {_cell(baseline.get('params'))} | the reference |",
@@ -193,7 +193,7 @@ def markdown_table(
 def text_table(records: Sequence[Record], baseline: Record, *, margin: float = 0.02) -> str:
     """The same ranking as plain text for a terminal (``kdsl results`` on a discovery database)."""
     base = baseline.get("accuracy") or 0.0
-    rows = [f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'FLOPs':>8}  verdict"]
+    rows = [f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'MACs':>8}  verdict"]
     rows.append(
         f"{'-':>4}  {'baseline':<18}{_cell(baseline.get('accuracy')):>9}{'1.000':>9}{'1.000':>8}  the reference"
     )
@@ -319,8 +319,8 @@ def write_report(
         f"{summary(records, baseline_accuracy=baseline_accuracy, margin=margin)}\n\n"
         f"How the table is ranked: candidates within {100 * margin:.1f} points of the baseline's accuracy "
         f"({baseline_accuracy:.3f}) come first, fastest first (a latency ratio below 1 is faster than the baseline); "
-        f"then the others, most accurate first; failed evaluations last. *latency / FLOPs* says how much slower "
-        f"a candidate runs than its FLOPs predict.\n\n![Pareto plot](pareto.png)\n\n"
+        f"then the others, most accurate first; failed evaluations last. *latency / MACs* says how much slower "
+        f"a candidate runs than its MACs (multiply-accumulates) predict.\n\n![Pareto plot](pareto.png)\n\n"
     )
     table.write_text(header + markdown_table(ranked, baseline, links=links, margin=margin))
     (out / "results.json").write_text(json.dumps({"baseline": baseline, "candidates": ranked}, indent=1, default=str))
