@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kdsl import gallery
+from kdsl.gallery import pages
 from kdsl.gallery.content import description_blocks, first_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +61,8 @@ def _anchors(path: Path) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', text))
 
 
-def test_every_local_link_and_image_resolves(built: Path) -> None:
+def _check_links(built: Path) -> int:
+    """Check every link and image of a built gallery; return how many there are."""
     files = [built / "README.md", *(built / "pages").glob("*.md"), *(built / "site").glob("*.html")]
     checked = 0
     for path in files:
@@ -72,7 +74,24 @@ def test_every_local_link_and_image_resolves(built: Path) -> None:
             if fragment:
                 assert fragment in _anchors(resolved), f"{path.name}: no #{fragment} in {resolved.name}"
             checked += 1
-    assert checked >= 10 * len(gallery.names())
+    assert checked > 0
+    return checked
+
+
+def test_every_local_link_and_image_resolves(built: Path) -> None:
+    assert _check_links(built) >= 10 * len(gallery.names())
+
+
+def test_discoveries_get_pages_marked_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gallery, "names", lambda: ["conv2d"])
+    found = gallery.load("depthwise_conv2d")
+    pages.build_gallery(tmp_path, discoveries=[("cand_1f2e", found, {"accuracy": 0.91, "latency_ms": None})])
+    assert _check_links(tmp_path) >= 10
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert 'id="discoveries"' in index and 'class="badge new"' in index
+    page = (tmp_path / "pages" / "cand_1f2e.md").read_text()
+    assert page.startswith("[← the gallery](../README.md)") and "# cand_1f2e (new)" in page
+    assert "## PyTorch source" in page and "| latency (ms) | - |" in page
 
 
 def test_every_operator_has_pages_linked_both_ways(built: Path) -> None:

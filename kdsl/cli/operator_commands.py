@@ -178,18 +178,9 @@ def command_check(args: argparse.Namespace) -> int:
             used.append(
                 ", ".join(f"{variable}={binding[variable]} on {printable(layer.name)}" for layer, binding in bindings)
             )
-    print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
-    print(f" with {', '.join(used)}" if used else "")
     paddings = {layer.name: padding for layer, padding in zip(report.layers, report.paddings) if padding is not None}
-    if paddings:
-        # kdsl.solve.padding: zeros appended to the input, the output cropped, costs at the padded sizes
-        print("padded (zeros appended to the input, the output cropped; costs at the padded sizes):")
-        for layer_name, padding in paddings.items():
-            print(f"  {printable(layer_name)}: {', '.join(str(v) for v in padding.variables)}")
     branching = isinstance(op, Graph)
-    # one unit everywhere: a branching kernel's element-wise ops count as one MAC each (see kdsl show)
-    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
-    print(header + (f"{'peak elems':>14}" if branching else ""))
+    rows = []
     for layer, binding in bindings:
         padding = paddings.get(layer.name)
         if padding is not None:
@@ -199,10 +190,31 @@ def command_check(args: argparse.Namespace) -> int:
         else:
             shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
-        peak = f"{costs['peak']:>14}" if branching else ""
+        rows.append(
+            {"layer": layer.name, "input": list(shapes["input"]), "output": list(shapes["output"]), "macs": costs["flops"]}
+            | {"params": costs["params"]}
+            | ({"peak": costs["peak"]} if branching else {})
+            | ({"padded": [str(v) for v in padding.variables]} if padding is not None else {})
+        )
+    if getattr(args, "json", False):
+        coefficients = {v: sorted({b[v] for _, b in bindings}) for v in op.coefficient_variables}
+        print(json.dumps({"operator": args.operator, "layers": args.layers, "coefficients": coefficients, "rows": rows}))
+        return 0
+    print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
+    print(f" with {', '.join(used)}" if used else "")
+    if paddings:
+        # kdsl.solve.padding: zeros appended to the input, the output cropped, costs at the padded sizes
+        print("padded (zeros appended to the input, the output cropped; costs at the padded sizes):")
+        for layer_name, padding in paddings.items():
+            print(f"  {printable(layer_name)}: {', '.join(str(v) for v in padding.variables)}")
+    # one unit everywhere: a branching kernel's element-wise ops count as one MAC each (see kdsl show)
+    header = f"  {'layer':<12}{'input':>22}{'output':>22}{'M MACs':>12}{'params':>12}"
+    print(header + (f"{'peak elems':>14}" if branching else ""))
+    for row in rows:
+        peak = f"{row['peak']:>14}" if branching else ""
         print(
-            f"  {printable(layer.name):<12}{list(shapes['input'])!s:>22}{list(shapes['output'])!s:>22}"
-            f"{costs['flops'] / 1e6:>12.2f}{costs['params']:>12}{peak}"
+            f"  {printable(row['layer']):<12}{row['input']!s:>22}{row['output']!s:>22}"
+            f"{row['macs'] / 1e6:>12.2f}{row['params']:>12}{peak}"
         )
     return 0
 

@@ -52,7 +52,7 @@ CATEGORIES: tuple[tuple[str, str, str], ...] = (
     ("reshuffles", "Reshuffles", "data moved, nothing computed: pixel (un)shuffle, im2col"),
     ("branching", "Attention-like and branching", "kernels that branch, gate or multiply two data paths"),
     ("papers", "Papers' operators", "operators published by Syno and Canvas"),
-    ("discoveries", "Search discoveries", "operators that `kdsl discover` found and added"),
+    ("discoveries", "Search discoveries", "operators that kdsl discover found and added to the gallery"),
     ("other", "Other operators", "gallery files not in any category above"),
 )
 

@@ -128,7 +128,7 @@ def operator_page(
 def _format(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return "-" if value is None else str(value)
 
 
 def gallery_entries(
@@ -245,11 +245,10 @@ def build_gallery(
         for entry in (e for e in entries if e.category == slug):
             timing = entry.metrics
             badge = "new: found by search" if entry.new else search_badge(entry.search)[1]
-            layers = (
-                "" if entry.table == "resnet18" else f" (on `{entry.table}`)" if entry.table else " (no valid table)"
-            )
+            layers = f" (on `{entry.table}`)" if entry.table not in ("resnet18", None) else ""
+            summary = first_sentence(entry.description) if entry.description else "Found by search."
             index.append(
-                f"| [{entry.name}](pages/{entry.name}.md)<br>{markdown_prose(first_sentence(entry.description))}"
+                f"| [{entry.name}](pages/{entry.name}.md)<br>{markdown_prose(summary)}"
                 f"{layers} | <img src='pages/{entry.name}.svg' width='200'> | "
                 f"{_number(entry.macs, 1e6)} | {_number(entry.params)} | {_ms(timing.get('kdsl_fwd_ms'))} | "
                 f"{_ms(timing.get('native_fwd_ms'))} | {_ms(timing.get('tvm_fwd_ms'))} | {badge} |"

@@ -278,7 +278,7 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
 
 
 def _format(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
 def write_site(folder: Path, entries: Sequence[Entry], *, batch: int = 1) -> Path:
