@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
     check.add_argument("--pad", action="store_true", help="round sizes that do not divide up (zero padding), per layer")
+    check.add_argument("--json", action="store_true", help="print the shapes and costs as JSON instead of a table")
     check.set_defaults(run=command_check)
 
     gallery = commands.add_parser("gallery", help="the gallery of named operators")

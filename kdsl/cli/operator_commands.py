@@ -191,14 +191,20 @@ def command_check(args: argparse.Namespace) -> int:
             shapes = solve.shapes(op, binding)
         costs = solve.cost(op, binding)
         rows.append(
-            {"layer": layer.name, "input": list(shapes["input"]), "output": list(shapes["output"]), "macs": costs["flops"]}
-            | {"params": costs["params"]}
+            {
+                "layer": layer.name,
+                "input": list(shapes["input"]),
+                "output": list(shapes["output"]),
+                "macs": costs["flops"],
+                "params": costs["params"],
+            }
             | ({"peak": costs["peak"]} if branching else {})
             | ({"padded": [str(v) for v in padding.variables]} if padding is not None else {})
         )
     if getattr(args, "json", False):
         coefficients = {v: sorted({b[v] for _, b in bindings}) for v in op.coefficient_variables}
-        print(json.dumps({"operator": args.operator, "layers": args.layers, "coefficients": coefficients, "rows": rows}))
+        summary = {"operator": args.operator, "layers": args.layers, "coefficients": coefficients, "rows": rows}
+        print(json.dumps(summary))  # json escapes control characters: the output stays inert
         return 0
     print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
     print(f" with {', '.join(used)}" if used else "")
