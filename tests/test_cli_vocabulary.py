@@ -137,3 +137,13 @@ def test_discover_says_what_it_is_doing_and_ends_with_a_table(capsys, tmp_path, 
     assert "{" not in out
     code, out, _ = run(capsys, "discover", "--db", str(db), "--json")
     assert code == 0 and json.loads(out)["evaluated"] == 1
+
+
+def test_check_prints_a_table_and_json_only_when_asked(capsys):
+    code, table, _ = run(capsys, "check", "conv2d", "--layers", "resnet18")
+    code_json, out, _ = run(capsys, "check", "conv2d", "--layers", "resnet18", "--json")
+    report = json.loads(out)
+    assert code == code_json == 0 and "{" not in table
+    first = report["rows"][0]
+    assert report["coefficients"] == {"K": [3]} and first["layer"] == "conv2_x" and len(report["rows"]) == 4
+    assert first["macs"] == 64 * 64 * 9 * 56 * 56 and f"{first['macs'] / 1e6:.2f}" in table
