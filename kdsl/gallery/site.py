@@ -73,6 +73,7 @@ nav.crumbs { font-size: 0.95rem; color: var(--muted); display: flex; gap: 14px; 
 .card p { margin: 0; font-size: 0.92rem; }
 .card code.formula { font-size: 12px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
                      background: #fffdf4; border: 1px solid #eadfb8; border-radius: 6px; padding: 3px 6px; }
+figure.diagram img { max-width: 100%; height: auto; }
 figcaption { color: var(--muted); font-size: 0.88rem; margin-top: 6px; text-align: left; }
 .numbers { color: var(--muted); font-size: 0.85rem; }
 .badge { display: inline-block; font-size: 0.78rem; padding: 1px 9px; border-radius: 999px; white-space: nowrap; }
@@ -225,8 +226,10 @@ def _cost_table(entry: Entry) -> str:
     return f"<p>On the <code>{escape(entry.table)}</code> layers:</p>\n<table>{head}{''.join(rows)}</table>"
 
 
-def _rows(pairs: Sequence[tuple[str, str]]) -> str:
-    return "<table>" + "".join(f"<tr><th>{escape(a)}</th><td>{escape(b)}</td></tr>" for a, b in pairs) + "</table>"
+def _rows(pairs: Sequence[tuple[str, str]], *, code: bool = False) -> str:
+    """A two-column table of labels and values (``code``: the values in monospace)."""
+    cell = "<td><code>{}</code></td>" if code else "<td>{}</td>"
+    return "<table>" + "".join(f"<tr><th>{escape(a)}</th>{cell.format(escape(b))}</tr>" for a, b in pairs) + "</table>"
 
 
 def _operator(entry: Entry, previous: Entry | None, following: Entry | None, titles: Mapping[str, str]) -> str:
@@ -261,7 +264,8 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
                 ("multiply-accumulates", str(formulas["flops"])),
                 ("parameters", str(formulas["params"])),
                 ("canonical key", entry.op.key),
-            ]
+            ],
+            code=True,
         ),
         _cost_table(entry),
         "<h2>Loop nest</h2>",
