@@ -175,7 +175,7 @@ METRIC_LABELS: dict[str, str] = {
     "tvm_fwd_ms": "kdsl → TVM default schedule, forward (ms)",
     "latency_ms": "latency (ms)",
     "latency_ratio": "latency / baseline's",
-    "flops_ratio": "FLOPs / baseline's",
+    "flops_ratio": "MACs / baseline's",  # the key says flops; it counts multiply-accumulates
 }
 
 
