@@ -137,14 +137,20 @@ def command_results(args: argparse.Namespace) -> int:
     # anything may have written the database: every text from it is escaped before printing
     summary = ", ".join(f"{n} {printable(s)}" for s, n in sorted(counts.items()))
     print(f"{sum(counts.values())} candidates: {summary}")
+    if not rows:
+        return 0
+    # a table first (the store's "flops" column counts multiply-accumulates, as kdsl check prints),
+    # then each operator's DSL under its rank
+    print(f"\n{'rank':>4}  {'key':<18}{'depth':>6}{'M MACs':>12}{'params':>12}{'reward':>9}  status")
     for rank, row in enumerate(rows, 1):
-        # the store's "flops" column counts multiply-accumulates (kdsl.solve.cost): M MACs, as kdsl check prints
-        macs = f"{row['flops'] / 1e6:.1f} M MACs" if row["flops"] is not None else "-"
-        reward = row["reward"] or 0.0
+        macs = f"{row['flops'] / 1e6:.2f}" if row["flops"] is not None else "-"
+        params = row["params"] if row["params"] is not None else "-"
         print(
-            f"\n#{rank}  key {printable(row['key'])}  depth {row['depth']}  {macs}  params {row['params']}  "
-            f"reward {reward:.3f}"
+            f"{rank:>4}  {printable(row['key'])[:16]:<18}{row['depth']!s:>6}{macs:>12}{params!s:>12}"
+            f"{row['reward'] or 0.0:>9.3f}  {printable(str(row.get('status', '')))}"
         )
+    for rank, row in enumerate(rows, 1):
+        print(f"\n#{rank}  key {printable(row['key'])}")
         print(printable(row["dsl"].rstrip(), keep_newlines=True))
     return 0
 
