@@ -307,7 +307,9 @@ def bench_tune(args: argparse.Namespace) -> int:
         with Measurer(op, binding) as measurer, torch_pool() as torch_worker:
             space = None
             for tuner in args.tuners:
-                result = tune(op, binding, tuner, trials, db, measurer=measurer, log=lambda m: print("  " + m))
+                with Progress(f"{label}: {tuner}", total=trials, unit="trials", stream=sys.stderr) as bar:
+                    # a bar per tuner on stderr (plain lines in a log), each round's line above it
+                    result = tune(op, binding, tuner, trials, db, measurer=measurer, log=bar.note, progress=bar)
                 results[tuner] = result
                 if tuner == "metaschedule":
                     if result.library:
