@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("operator", help="gallery name, .dsl file or .json file (with --db: a candidate's hash)")
     show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
     show.add_argument("--db", help="read the operator from this search results database (give its hash)")
+    show.add_argument("--json", action="store_true", help="print the operator, constraints and cost formulas as JSON")
     show.set_defaults(run=command_show)
 
     check = commands.add_parser("check", help="check an operator on a table of layers")

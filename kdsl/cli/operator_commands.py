@@ -110,6 +110,13 @@ def _node_lines(graph: Graph) -> list[str]:
 
 def command_show(args: argparse.Namespace) -> int:
     op = load_operator(args.operator, args.db)
+    if getattr(args, "json", False):
+        # the operator's own JSON form (kdsl.lang.serialize) with its checks and its cost formulas in MACs
+        formulas = {("macs" if k == "flops" else k): str(v) for k, v in solve.cost(op).items()}
+        constraints = [c.description for c in solve.constraints(op)]
+        extra = {"key": op.key, "dsl": op.to_dsl(), "constraints": constraints, "cost": formulas}
+        print(json.dumps({"operator": json.loads(op.to_json()), **extra}))
+        return 0
     print(op.to_dsl(), end="")
     print()
     print("shapes:")
