@@ -147,3 +147,27 @@ def test_check_prints_a_table_and_json_only_when_asked(capsys):
     first = report["rows"][0]
     assert report["coefficients"] == {"K": [3]} and first["layer"] == "conv2_x" and len(report["rows"]) == 4
     assert first["macs"] == 64 * 64 * 9 * 56 * 56 and f"{first['macs'] / 1e6:.2f}" in table
+
+
+def test_one_vocabulary_across_commands():
+    commands = dict(parsers(build_parser()))
+    visible = {
+        name: {
+            option for action in parser._actions if action.help != argparse.SUPPRESS for option in action.option_strings
+        }
+        for name, parser in commands.items()
+    }
+    # the old spellings are accepted but no command shows them
+    assert not [name for name, options in visible.items() if {"--layer", "--coefficient"} & options]
+    for name in ("search", "results", "check", "show", "tune", "discover", "bench codegen", "bench lowering"):
+        assert "--json" in visible[f"kdsl {name}"], name
+    for name in ("search", "check", "tune", "bench codegen", "bench lowering"):
+        assert "--layers" in visible[f"kdsl {name}"], name
+    assert "--set" in visible["kdsl search"] and "--set" in visible["kdsl check"]
+
+
+def test_show_json_has_the_cost_formulas_in_macs(capsys):
+    code, out, _ = run(capsys, "show", "conv2d", "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["key"] == gallery.load("conv2d").key
+    assert shown["cost"]["macs"] == "Cin*Cout*H*K**2*N*W" and "flops" not in shown["cost"]
