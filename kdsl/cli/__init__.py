@@ -51,7 +51,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if (
             "%(default)" not in text
-            and default not in (None, False, argparse.SUPPRESS)
+            and default is not None
+            and default is not False  # identity: a default of 0 (--seed) is shown, a flag's False is not
+            and default != argparse.SUPPRESS
             and not isinstance(action, argparse._VersionAction)
             and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
         ):
