@@ -50,7 +50,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         text = action.help or ""
         default = action.default
         if (
-            "%(default)" not in text
+            "default" not in text  # a help that already says its default (in its own words) is left alone
             and default is not None
             and default is not False  # identity: a default of 0 (--seed) is shown, a flag's False is not
             and default != argparse.SUPPRESS
