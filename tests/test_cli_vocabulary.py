@@ -55,6 +55,8 @@ def test_help_shows_defaults(capsys):
         main(["search", "--help"])
     out = capsys.readouterr().out
     assert "(default: resnet18)" in out and "(default: enumerate)" in out and "(default: 6)" in out
+    assert "seed of the sampling strategies (a run resumes per seed) (default: 0)" in " ".join(out.split())
+    assert "(default: None)" not in out and "(default: False)" not in out
     assert "--coefficient" not in out  # the old spelling works but is not advertised
 
 
