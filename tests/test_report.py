@@ -67,6 +67,14 @@ def test_a_run_where_nothing_met_the_margin_says_so_plainly():
     assert verdict({"status": "error", "error": "LoweringError: boom"}, baseline_accuracy=0.9).startswith("failed")
 
 
+def test_a_verdict_says_as_accurate_when_the_gap_rounds_to_zero():
+    def says(accuracy: float) -> str:
+        return verdict({"accuracy": accuracy, "latency_ratio": 0.5}, baseline_accuracy=0.962)
+
+    assert says(0.962) == says(0.9619) == "usable: as accurate, 2.00x faster"
+    assert says(0.963).startswith("usable: 0.1 points above") and says(0.961).startswith("usable: within 0.1 points")
+
+
 def test_a_plain_search_database_is_listed_by_reward(tmp_path, capsys):
     db = str(tmp_path / "plain.sqlite")
     search(Space("matmul", "resnet18", max_depth=2), "enumerate", db=db)

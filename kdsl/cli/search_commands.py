@@ -121,7 +121,9 @@ def command_results(args: argparse.Namespace) -> int:
         records, baseline = evaluated
         accuracy = baseline.get("accuracy") or 0.0
         ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=args.margin)
-        print(printable(discovery.summary(records, baseline_accuracy=accuracy, margin=args.margin)))
+        # escaped line by line: the summary's own line breaks stay line breaks
+        for line in discovery.summary(records, baseline_accuracy=accuracy, margin=args.margin).splitlines():
+            print(printable(line))
         print(discovery.text_table(ranked[: args.top], baseline, margin=args.margin))
         return 0
     store = Store(args.db, readonly=True)

@@ -80,7 +80,8 @@ def verdict(record: Record, *, baseline_accuracy: float, margin: float = 0.02) -
     if accuracy < baseline_accuracy - margin:
         return f"too inaccurate: {gap:.1f} points below"
     ratio = record.get("latency_ratio")
-    near = f"within {max(gap, 0.0):.1f} points" if gap > 0 else f"{-gap:.1f} points above"
+    # a gap that rounds to 0.0 points reads "as accurate", never "-0.0 points above"
+    near = f"within {gap:.1f} points" if gap >= 0.05 else f"{-gap:.1f} points above" if gap <= -0.05 else "as accurate"
     if ratio is None:
         return f"accurate enough ({near}), latency not measured"
     if ratio < 1.0:
