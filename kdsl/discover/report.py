@@ -246,8 +246,16 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
             label="Pareto front",
         )
         axes.plot([r["latency_ratio"] for r in front], [r["accuracy"] for r in front], "o", color="tab:green", ms=4)
+        # label a front point only where it does not sit on a label already placed (a dense front
+        # of near-equal candidates became one unreadable smear of keys)
+        placed: list[tuple[float, float]] = []
+        low, high = axes.get_ylim()
         for record in front:
-            if record["key"] != "baseline":
+            x = math.log10(max(record["latency_ratio"], 1e-9))
+            y = (record["accuracy"] - low) / ((high - low) or 1.0)
+            crowded = any(abs(x - px) < 0.2 and abs(y - py) < 0.06 for px, py in placed)
+            if record["key"] != "baseline" and not crowded:
+                placed.append((x, y))
                 axes.annotate(
                     str(record["key"])[:8],
                     (record["latency_ratio"], record["accuracy"]),
