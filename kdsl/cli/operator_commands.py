@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
+from kdsl.progress import Progress
 from kdsl.search.store import Store
 
 
@@ -303,18 +305,23 @@ def command_gallery(args: argparse.Namespace) -> int:
                 f"choose from {', '.join(sorted(REDISCOVERY))}"
             )
         names = [args.name] if args.name is not None else sorted(REDISCOVERY)
+        if args.skip_slow and args.name is None:
+            names = [n for n in names if n not in (SLOW_RESTRICTED if args.restricted else SLOW)]
         records = {}
-        for name in names:
-            if args.skip_slow and args.name is None and name in (SLOW_RESTRICTED if args.restricted else SLOW):
-                continue
-            records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
-            found = records[name]
-            text = (
-                f"depth {found.get('depth')}, {found['nodes']} nodes, {found['seconds']:.2f} s ({found['space']} space)"
-                if found["found"]
-                else f"not found: {found['why']}"
-            )
-            print(f"{name:<28}{printable(text)}")
+        # a bar over the operators (a slow one searches for up to --time-limit CPU seconds)
+        with Progress("rediscover", total=len(names), unit="operators", stream=sys.stderr) as bar:
+            for name in names:
+                bar.update(0, searching=name)
+                records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
+                found = records[name]
+                text = (
+                    f"depth {found.get('depth')}, {found['nodes']} nodes, {found['seconds']:.2f} s "
+                    f"({found['space']} space)"
+                    if found["found"]
+                    else f"not found: {found['why']}"
+                )
+                print(f"{name:<28}{printable(text)}", flush=True)
+                bar.update(1, searching="-")
         if args.name is not None:  # one operator: its record replaces its old one, the others stay
             records = load_rediscovery(out / "rediscovery.json") | records
         (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
