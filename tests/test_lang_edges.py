@@ -81,6 +81,12 @@ def wide_json(count: int) -> str:
     return json.dumps(document)
 
 
+#: Seconds these size tests allow: they guard against the quadratic scans they were written for
+#: (3.5 s for 4,000 dims then; ~0.3 s now on a quiet machine), not a benchmark: a loaded 2-core
+#: machine took 1.3 s, so the guard leaves room for load while still catching a regression.
+GUARD = 2.0
+
+
 def seconds(function, *args):  # -> (result, seconds)
     start = time.perf_counter()
     result = function(*args)
@@ -90,7 +96,7 @@ def seconds(function, *args):  # -> (result, seconds)
 def test_from_json_with_thousands_of_dims_is_fast():
     # was 13 s for 1,000 dims and 57 s for 2,000: every size string rebuilt every variable
     op, elapsed = seconds(kdsl.from_json, wide_json(2000))
-    assert len(op.inputs) == 2000 and elapsed < 1.0
+    assert len(op.inputs) == 2000 and elapsed < GUARD
     assert kdsl.from_json(op.to_json()) == op
 
 
@@ -102,9 +108,9 @@ def test_dsl_input_with_thousands_of_dims_is_fast():
         f"op = Input({', '.join(names)}) >> Output({', '.join(names)})\n"
     )
     op, elapsed = seconds(kdsl.parse, source)
-    assert len(op.outputs) == 4000 and elapsed < 1.0
+    assert len(op.outputs) == 4000 and elapsed < GUARD
     text, elapsed = seconds(op.to_dsl)
-    assert elapsed < 1.0 and kdsl.parse(text) == op
+    assert elapsed < GUARD and kdsl.parse(text) == op
 
 
 def test_many_steps_over_many_dims_build_print_and_read_back_fast():
@@ -120,13 +126,13 @@ def test_many_steps_over_many_dims_build_print_and_read_back_fast():
     outputs = [name for i in range(0, count, 2) for name in (f"i{i}", f"o{i + 1}", f"m{i}")]
     pipeline = kdsl.Pipeline(tuple(steps), Output(*outputs))
     op, elapsed = seconds(lambda: Input(*dims) >> pipeline)
-    assert len(op.steps) == 3500 and elapsed < 1.0
+    assert len(op.steps) == 3500 and elapsed < GUARD
     text, elapsed = seconds(op.to_dsl)
-    assert elapsed < 1.0
+    assert elapsed < GUARD
     read, elapsed = seconds(kdsl.parse, text)
-    assert read == op and elapsed < 1.0
+    assert read == op and elapsed < GUARD
     read, elapsed = seconds(kdsl.from_json, op.to_json())
-    assert read == op and elapsed < 1.0
+    assert read == op and elapsed < GUARD
 
 
 def test_a_long_pipeline_prints_as_several_statements_that_read_back():
