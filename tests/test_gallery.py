@@ -138,6 +138,16 @@ def numpy_syno_op2(x, ws, v):
     return out
 
 
+def torch_grouped_conv2d_shifted_window(x, ws, v):
+    """grouped_conv2d read two columns to the right, cyclically: out[..., w] = grouped(x)[..., (w + 2) mod W]."""
+    return torch.roll(torch_grouped_conv2d(x, ws, v), shifts=-2, dims=3)
+
+
+def numpy_syno_op2_input_shift(x, ws, v):
+    """syno_op2 of the input rolled one row up: x'[:, :, h] = x[:, :, (h + 1) mod H]."""
+    return numpy_syno_op2(np.roll(x, -1, axis=2), ws, v)
+
+
 def hand_written(name):
     """The branching kernel's hand-written PyTorch (the one copy, in kdsl.codegen.native), called with
     the kernel's weights, which its ``prepare`` lays out as PyTorch's functions take them."""
@@ -235,6 +245,20 @@ CASES = {
             {"N": 1, "Cin": 4, "Cout": 8, "H": 5, "W": 6, "G": 2, "s": 2},
             {"N": 2, "Cin": 6, "Cout": 6, "H": 2, "W": 3, "G": 3, "s": 1, "K": 5},
             {"N": 1, "Cin": 64, "Cout": 128, "H": 4, "W": 3},  # the ResNet-18 defaults K=3, G=32, s=2
+        ],
+    ),
+    "grouped_conv2d_shifted_window": (
+        torch_grouped_conv2d_shifted_window,
+        [
+            {"N": 1, "Cin": 8, "Cout": 4, "H": 5, "W": 5},
+            {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
+        ],
+    ),
+    "syno_op2_input_shift": (
+        numpy_syno_op2_input_shift,
+        [
+            {"N": 1, "Cin": 4, "Cout": 8, "H": 5, "W": 6},
+            {"N": 2, "Cin": 6, "Cout": 6, "H": 2, "W": 3, "G": 3, "s": 1, "K": 5},
         ],
     ),
     "syno_op2": (

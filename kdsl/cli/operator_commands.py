@@ -285,7 +285,7 @@ def _gallery_add(args: argparse.Namespace) -> int:
         "accuracy": record.get("accuracy"),
         "baseline accuracy (conv2d)": baseline.get("accuracy"),
         "latency ratio to conv2d": record.get("latency_ratio"),
-        "FLOPs ratio to conv2d": record.get("flops_ratio"),
+        "MACs ratio to conv2d": record.get("flops_ratio"),
         "params": record.get("params"),
     }
     folder = Path(args.out) if args.out else None
@@ -335,11 +335,13 @@ def command_gallery(args: argparse.Namespace) -> int:
         print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
         print(f"wrote the website {written / 'site' / 'index.html'} (open it in a browser)")
         return 0
-    for name in gallery.names():  # the whole first sentence, wrapped under the name
+    names = gallery.names()
+    column = max([28, *(len(name) + 2 for name in names)])  # a long name never runs into its text
+    for name in names:  # the whole first sentence, wrapped under the name
         lines = textwrap.wrap(first_sentence(gallery.describe(name)), 90) or [""]
-        print(f"{name:<28}{lines[0]}")
+        print(f"{name:<{column}}{lines[0]}")
         for line in lines[1:]:
-            print(" " * 28 + line)
+            print(" " * column + line)
     return 0
 
 

@@ -207,7 +207,8 @@ def search_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
         "depth": "depth of the operator",
         "max_depth": "depth searched",
         "nodes": "nodes visited",
-        "seconds": "seconds",
+        "seconds": "CPU seconds",
+        "wall_seconds": "wall seconds",
         "key": "canonical key",
         "why": "why not found",
     }
@@ -217,7 +218,13 @@ def search_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
             continue
         value = record[key]
         text = (
-            "yes" if value is True else "no" if value is False else f"{value:.1f}" if key == "seconds" else str(value)
+            "yes"
+            if value is True
+            else "no"
+            if value is False
+            else f"{value:.1f}"
+            if key in ("seconds", "wall_seconds")
+            else str(value)
         )
         rows.append((label, text))
     rows += [(key.replace("_", " "), str(value)) for key, value in record.items() if key not in labels]
