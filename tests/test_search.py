@@ -341,3 +341,18 @@ def test_the_baselines_reductions_come_first_so_enumeration_reaches_conv2d_early
             break
     # 17,933 nodes with the alphabetical order (G before K), 7,252 with the baseline's first
     assert walk.nodes <= 8000
+
+
+def test_no_step_creates_a_dim_of_size_one():
+    # discover's space (G in 2, 4, 8; s = 2): bottom-up Split(G/s, s/G) joined G/s and s/G into a
+    # dim of size 1, the Unfold over it became Unfold(Cout, 1), and converting the state raised a
+    # SizeError that ended a 30-minute discover run
+    from kdsl.discover.loop import DiscoverConfig, discovery_space
+
+    space = discovery_space(DiscoverConfig())
+    state = root(space)
+    for want in ["Reduce(Cin)", "Merge(H; H*s/G)", "Merge(H*s/G; s/G)"]:
+        state = {str(step): child for step, child in children(space, state)}[want]
+    kids = list(children(space, state))
+    assert "Split(G/s, s/G)" not in {str(step) for step, _ in kids} and kids
+    assert all(d.size != 1 for _, child in kids for d in child.frontier)

@@ -68,6 +68,10 @@ def _apply(
     kind_index = KIND_INDEX[step.kind]
     if state.counts[kind_index] >= space.cap_tuple[kind_index]:
         return None
+    if any(size == 1 for size in created):
+        # a dim of size 1 (Split(G/s, s/G) joins G/s and s/G into one): the language refuses it,
+        # and converting such a state to an operator raised in the middle of a discover run
+        return None
     mask = state.mask
     for size in created:
         mask &= space.mask(size)
