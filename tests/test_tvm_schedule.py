@@ -46,6 +46,14 @@ LAYERS = {
         {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
         {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
     ],
+    "grouped_conv2d_shifted_window": [
+        {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
+        {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
+    ],
+    "syno_op2_input_shift": [
+        {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
+        {"N": 2, "Cin": 6, "Cout": 6, "H": 2, "W": 3, "G": 3, "s": 1, "K": 5},
+    ],
     "linear": [{"N": 24, "Cin": 40, "Cout": 48}, {"N": 3, "Cin": 5, "Cout": 7}],
     "matmul": [{"M": 56, "Cin": 24, "Cout": 64}, {"M": 49, "Cin": 13, "Cout": 17}, {"M": 1, "Cin": 3, "Cout": 1}],
     "pixel_shuffle": [{"N": 1, "Cin": 16, "H": 8, "W": 16}, {"N": 2, "Cin": 27, "H": 3, "W": 5, "r": 3}],
