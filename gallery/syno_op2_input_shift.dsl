@@ -1,7 +1,7 @@
 """Found by kdsl discover: syno_op2_input_shift (key be16ae65fba7be67).
 
-Syno's Operator 2 (G=2, s=2) applied to the input rolled one row up (syno_op2 of
-x'[n, c, h, w] = x[n, c, (h + 1) mod H, w]):
+Syno's Operator 2 (G=2, s=2) applied to the input rolled one row up, that is to the input
+whose row h is the row (h + 1) mod H:
 
 out[n, o, h, w] = sum_{g, ci, kh, kw, c} x[n, g*Cin/G + ci, (h + kh - K//2 + 2) mod H, w + kw - K//2] * W1[g, kh, o, c] * W2[g*Cin/G + ci, kw, c]
 

@@ -168,3 +168,12 @@ def test_gallery_list_prints_whole_first_sentences() -> None:
     for name in gallery.names():
         assert f"{name} {first_sentence(gallery.describe(name))}" in printed, name
     assert "plus a light depth-wise branch. conv1d" in printed  # the sentence that spans three lines
+
+
+def test_a_discoverys_provenance_is_one_item_per_line(built: Path) -> None:
+    # seen in a screenshot: the provenance lines (command, search, accuracy, ...) ran together
+    name = "syno_op2_input_shift"
+    page = (built / "pages" / f"{name}.md").read_text()
+    html = (built / "site" / f"{name}.html").read_text()
+    assert "\n- accuracy: 0.9557\n" in page and "\n- MACs ratio to conv2d: 0.25\n" in page
+    assert '<ul class="record">' in html and "<li>params: 783360</li>" in html

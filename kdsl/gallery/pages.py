@@ -88,6 +88,9 @@ def operator_page(
     lines = [nav, ""] if nav else []
     lines += [f"# {title}", ""]
     for kind, text in description_blocks(description) if description.strip() else []:
+        if kind == "record":
+            lines += [f"- {markdown_prose(row)}" for row in text.splitlines()] + [""]
+            continue
         lines += (["```text", text, "```"] if kind == "formula" else [markdown_prose(text)]) + [""]
     if usage:
         lines += ["## Use it", "", "```python", usage, "```", ""]

@@ -244,6 +244,10 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
     nav = f'<nav class="crumbs">{"".join(crumbs)}</nav>'
     described = []
     for kind, text in description_blocks(entry.description) if entry.description.strip() else []:
+        if kind == "record":
+            items = "".join(f"<li>{prose_html(row)}</li>" for row in text.splitlines())
+            described.append(f'<ul class="record">{items}</ul>')
+            continue
         described.append(
             f'<pre class="formula">{escape(text)}</pre>' if kind == "formula" else f"<p>{prose_html(text)}</p>"
         )
