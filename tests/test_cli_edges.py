@@ -32,10 +32,22 @@ def kdsl(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
+def _default_sigint() -> None:
+    # an ignored SIGINT is inherited across exec, and Python then keeps ignoring it: a process
+    # started while the test process ignores SIGINT (as it does after some earlier tests in a full
+    # run) would never see the Ctrl-C these tests send
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*argv: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "KDSL_DEBUG"}
     return subprocess.Popen(
-        [sys.executable, "-m", "kdsl.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "kdsl.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
     )
 
 
@@ -218,6 +230,7 @@ def test_ctrl_c_in_discover_is_one_line_130(tmp_path):
         text=True,
         env=env,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     # progress on a pipe is whole lines: "discover: started", then the run says it is measuring the
     # baseline (its worker is up)
