@@ -237,7 +237,6 @@ def test_metaschedule_gets_the_program_with_its_pads_inlined():
 def test_packing_copies_vectorize_at_most_two_vectors():
     import re
 
-    from kdsl.codegen.tvm.schedule_space import LANES
     from kdsl.lang.errors import LoweringError
 
     space = _space("matmul", {"M": 64, "Cin": 256, "Cout": 128})
@@ -252,6 +251,6 @@ def test_packing_copies_vectorize_at_most_two_vectors():
         except LoweringError:
             continue
         widths = [int(w) for w in re.findall(r"T\.vectorized\((\d+)\)", script)]
-        assert all(w <= 2 * LANES for w in widths), widths  # wider vectors take LLVM minutes
+        assert all(w <= 2 * space.lanes for w in widths), widths  # wider vectors take LLVM minutes
         checked += 1
     assert checked > 1

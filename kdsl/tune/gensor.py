@@ -13,8 +13,10 @@ without measuring anything; :class:`Gensor` then proposes the rule-based start a
 best-estimated distinct schedules in turn, so that measuring its top few is optional (``kdsl tune --tuner
 gensor --trials 1`` measures just the first; :func:`construct` returns the best estimate of all).
 
->>> CPU.cores, CPU.lanes
-(2, 16)
+>>> from kdsl.codegen.tvm.machine import from_features
+>>> model = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
+>>> model.lanes, model.registers, model.fma_per_cycle
+(8, 16, 2)
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
+from kdsl.codegen.tvm.machine import Machine
 from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, Space, config_key, neighbours
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record
 
 
 @dataclass(frozen=True)
-class Machine:
-    """The analytic model's CPU: AVX-512 cores, cache capacities (bytes) and bandwidths (bytes/s)."""
+class Model:
+    """The analytic model's CPU: cores, vector lanes, FMA units, clock, cache capacities (bytes) and
+    bandwidths (bytes/s). :meth:`of` derives it from the target machine
+    (:class:`~kdsl.codegen.tvm.machine.Machine`); the bandwidths are per-cycle rates of a current
+    x86 core times its clock (L2 -> L1: a 64-byte line per cycle)."""
 
     cores: int = 2
     lanes: int = 16
@@ -46,12 +52,28 @@ class Machine:
     bw_mem: float = 15e9  # DRAM, shared
     registers: int = 32
 
+    @classmethod
+    def of(cls, machine: Machine) -> Model:
+        """The model of ``machine``: its lanes, registers, FMA units, cores, clock and caches."""
+        hz = machine.ghz * 1e9
+        return cls(
+            cores=machine.cores,
+            lanes=machine.lanes(),
+            fma_per_cycle=machine.fma_units,
+            hz=hz,
+            l1=machine.l1d,
+            l2=machine.l2,
+            bw_l2=64 * hz,
+            bw_l3=24e9,
+            bw_mem=15e9,
+            registers=machine.vector_registers,
+        )
 
-CPU = Machine()
 
-
-def estimate(space: Space, config: Mapping[str, Any], machine: Machine = CPU) -> float:
-    """Estimated seconds of ``config`` (a model for ranking, not a prediction of absolute time)."""
+def estimate(space: Space, config: Mapping[str, Any], machine: Model | None = None) -> float:
+    """Estimated seconds of ``config`` (a model for ranking, not a prediction of absolute time) on
+    ``machine`` (default: the model of the space's target machine)."""
+    machine = machine or _model(space)
     total = 0.0
     for stage in space.stages:
         s = stage.name
@@ -68,7 +90,7 @@ def estimate(space: Space, config: Mapping[str, Any], machine: Machine = CPU) ->
     return total
 
 
-def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Machine) -> float:
+def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -> float:
     s = stage.name
     axes = stage.spatial + stage.reduced
     nspatial = len(stage.spatial)
@@ -155,6 +177,13 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Machine)
         traffic.append(f * o)
     memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores))
     return max(compute, memory)
+
+
+def _model(space: Space) -> Model:
+    model = space.__dict__.get("_gensor_model")
+    if model is None:
+        model = space.__dict__["_gensor_model"] = Model.of(space.machine)
+    return model
 
 
 def plausible(space: Space, config: Mapping[str, Any]) -> bool:

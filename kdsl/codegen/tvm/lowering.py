@@ -99,14 +99,23 @@ def invertible_copy(block: Any) -> bool:
     return every_var and same_count
 
 
-def default_target() -> Any:
-    """An LLVM target for this CPU (naming ``mcpu``, else LLVM emits SSE2 code) and its cores."""
+def default_target(mcpu: str | None = None) -> Any:
+    """An LLVM target naming ``mcpu`` (else LLVM emits SSE2 code) and the cores ``TVM_NUM_THREADS`` gives.
+
+    ``mcpu``: an LLVM CPU name (``haswell``, ``znver3``, ``skylake-avx512``); by default the one that
+    ``KDSL_MCPU`` names, else this machine's. Code for an older CPU runs here (an AVX-512 machine runs
+    ``haswell``'s AVX2 code), so the option measures another ISA's case on one machine; a name LLVM
+    does not know is a :class:`~kdsl.lang.errors.LoweringError` naming it."""
     tvm = load_tvm()
     from tvm.target import codegen
 
-    return tvm.target.Target(
-        {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu(), "num-cores": int(os.environ["TVM_NUM_THREADS"])}
-    )
+    mcpu = mcpu or os.environ.get("KDSL_MCPU") or str(codegen.llvm_get_system_cpu())
+    if not codegen.llvm_is_valid_cpu(mcpu, str(codegen.llvm_get_system_triple())):
+        raise LoweringError(
+            f"mcpu {mcpu!r} is not a CPU LLVM knows for {codegen.llvm_get_system_triple()} "
+            f"(e.g. haswell, znver3, skylake-avx512, sapphirerapids; this machine is {codegen.llvm_get_system_cpu()})"
+        )
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": int(os.environ["TVM_NUM_THREADS"])})
 
 
 @dataclass

@@ -68,17 +68,14 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze
 from kdsl.codegen.tvm.lowering import error_reason, load_tvm
+from kdsl.codegen.tvm.machine import Machine, current_machine
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
 VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
-#: Vector register width in bits (AVX-512). On narrower machines LLVM splits the vectors: still correct.
-VECTOR_BITS = 512
-#: Vector lanes of fp32 on AVX-512 (a space uses :func:`lanes` of its operator's dtype).
-LANES = VECTOR_BITS // 32
-#: Most vector accumulators a register tile holds (of 32 zmm registers; the rest hold weights).
-MAX_ACCUMULATORS = 16
+# The vector width, the register file and the caches are the target machine's
+# (:mod:`kdsl.codegen.tvm.machine`): ``Space.lanes`` and ``Space.accumulators``.
 #: Most vectors along the vector axis in one register tile (and in any vectorized loop).
 MAX_VECTORS = 2
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -93,16 +90,6 @@ MAX_UNROLLED_TILE = 64
 MAX_GATHER_STRIDE = 4
 #: Bounds on the product of unrolled inner reduction loops.
 UNROLL_LIMITS = (1, 4, 16, 64, 256)
-
-
-def lanes(dtype: str) -> int:
-    """Vector lanes of ``dtype`` in a :data:`VECTOR_BITS` register.
-
-    >>> lanes("float32"), lanes("float64")
-    (16, 8)
-    """
-    bits = int("".join(c for c in dtype if c.isdigit()) or 32)
-    return max(1, VECTOR_BITS // bits)
 
 
 def largest_divisor(extent: int, limit: int) -> int:
@@ -343,11 +330,16 @@ class _Tensor:
 class Space:
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
 
-    def __init__(self, lowered: Any) -> None:
+    def __init__(self, lowered: Any, machine: Machine | None = None) -> None:
         tvm = load_tvm()
         self.lowered = lowered
         self.tvm = tvm
-        self.lanes = lanes(str(lowered.out.dtype))
+        #: the CPU the schedules are for (default: the target's, :func:`~kdsl.codegen.tvm.machine.current_machine`)
+        self.machine = machine or current_machine()
+        self.lanes = self.machine.lanes(str(lowered.out.dtype))
+        #: most vector accumulators one register tile keeps live (the rest of the register file holds
+        #: the step's weight vectors and broadcast)
+        self.accumulators = self.machine.accumulators()
         self.stages: list[StageBlock] = analyze(lowered)
         self.tensors: list[_Tensor] = []
         params = [w.name for w in lowered.weights]
@@ -508,9 +500,10 @@ class Space:
         * *The vector axis* (:meth:`_vector_axis`): a spatial axis along which every data read is
           contiguous or a broadcast, tiled by one or two whole vectors (a divisor: no predicates).
         * *The register axis* (:meth:`_register_axis`): another spatial axis (a data axis if possible),
-          tiled by the largest divisor that keeps at most :data:`MAX_ACCUMULATORS` vectors live; in a
-          branching kernel, none where the vector tile is a ragged short axis (28 = 16 + 8 + 4 lanes) under a
-          rolled reduction (the tile's rows would start off vector boundaries and stay in memory).
+          tiled by the largest divisor that keeps at most ``accumulators`` vectors live (the machine's
+          register file); in a branching kernel, none where the vector tile is a ragged short axis
+          (28 = 16 + 8 + 4 lanes) under a rolled reduction (the tile's rows would start off vector
+          boundaries and stay in memory).
         * Reductions stay outside the tile in the block's order (``S.reductions = "whole"``), windows of
           at most :data:`UNROLL_REDUCTION` unrolled into straight-line FMAs where they are (a longer
           reduction after them stays inside them: syno_op1 at conv5_x, whose ``c`` of 8 follows the
@@ -539,7 +532,7 @@ class Space:
                 vectors[s] = vector.label
                 config[f"{s}.vector"] = vector.label
                 config[f"{s}.tile.{vector.label}"] = (vector.extent // vf, 1, vf)
-            budget = MAX_ACCUMULATORS // max(1, vf // self.lanes)
+            budget = self.accumulators // max(1, vf // self.lanes)
             rolled = any(e > UNROLL_REDUCTION for _, e in stage.reduced)
             if isinstance(self.lowered.op, Graph) and vf % self.lanes and self.lanes % vf and rolled:
                 # a short axis whole that is no multiple of a vector (28 = 16 + 8 + 4 lanes) under a reduction
