@@ -26,10 +26,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kdsl import gallery, solve
+from kdsl.bench.target import add_mcpu_argument, machine_line, percent_of_peak, pytorch_note, select_mcpu
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.codegen.measure import interleaved_medians, latency_slot, median_seconds
 from kdsl.codegen.native import NATIVE
+from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError
 from kdsl.lang.library import load_operator
 from kdsl.progress import Progress
@@ -154,8 +156,15 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:6.2f}" if a is not None and b else f"{'-':>6}"
 
 
+def _percent(macs: int, seconds: float | None, peak: float) -> str:
+    """``macs`` in ``seconds`` as percent of ``peak`` GFLOP/s, or ``-``."""
+    return f"{percent_of_peak(macs, seconds, peak):.0f}" if seconds and macs else "-"
+
+
 def bench_codegen(args: argparse.Namespace) -> int:
     """Print the side-by-side table (and return 0)."""
+    # before the workers start: they inherit KDSL_MCPU, which every TVM compile reads
+    select_mcpu(getattr(args, "mcpu", None))
     cases = _cases(args.ops, args.layers, args.batch)
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     with Progress("bench codegen", total=2 * len(cases), unit="cases", stream=sys.stderr) as bar:
@@ -170,30 +179,40 @@ def bench_codegen(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
+    machine = current_machine()  # what the TVM worker compiled for (the same KDSL_MCPU)
+    peak = machine.peak_gflops()
     print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
+    print(machine_line(machine))
     print("native: PyTorch's own function, or hand-written PyTorch for a branching kernel (kdsl.codegen.native).")
-    print("MMAC: millions of multiply-accumulates, GMAC/s: billions a second. PyTorch and TVM in separate processes.\n")
+    print("MMAC: millions of multiply-accumulates, GMAC/s: billions a second. PyTorch and TVM in separate processes.")
+    print("%pk: GFLOP/s (2 per MAC) as percent of the machine's assumed peak: native PyTorch's forward and TVM's.\n")
     header = (
         f"{'operator':<27}{'layer':<9}{'MMAC':>9} | {'torch fwd':>9}{'native':>9}{'ratio':>6} | "
-        f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GMAC/s':>8}"
+        f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GMAC/s':>8}{'%pk':>5}"
+        f"{'nat %pk':>8}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         tvm_rate = row["macs"] / row["tvm_fwd"] / 1e9 if row.get("tvm_fwd") and row["macs"] else None
+        tvm_peak = _percent(row["macs"], row.get("tvm_fwd"), peak)
+        native_peak = _percent(row["macs"], row.get("native_fwd"), peak)
         print(
             f"{row['op']:<27}{row['layer']:<9}{row['macs'] / 1e6:9.1f} | {_ms(row.get('kdsl_fwd'))}"
             f"{_ms(row.get('native_fwd'))}{_ratio(row.get('kdsl_fwd'), row.get('native_fwd'))} | "
             f"{_ms(row.get('kdsl_fwdbwd'))}{_ms(row.get('native_fwdbwd'))}"
             f"{_ratio(row.get('kdsl_fwdbwd'), row.get('native_fwdbwd'))} | {_ms(row.get('tvm_fwd'))}"
             f"{_ratio(row.get('tvm_fwd'), row.get('native_fwd')):>7}"
-            f"{(f'{tvm_rate:8.1f}' if tvm_rate else f'{chr(45):>8}')}"
+            f"{(f'{tvm_rate:8.1f}' if tvm_rate else f'{chr(45):>8}')}{tvm_peak:>5}{native_peak:>8}"
         )
     failures = [(row, kind) for row in rows for kind in ("torch", "tvm") if row.get(f"{kind}_error")]
     if failures:
         print("\nNot measured (the backend failed on the case):")
     for row, kind in failures:
         print(f"  {row['op']} {row['layer']} {kind}: {row[f'{kind}_error']}")
+    note = pytorch_note(machine)
+    if note:
+        print(f"\n({note})")
     return 0
 
 
@@ -207,6 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gallery names or .dsl/.json files to measure (default: the whole gallery)",
     )
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON instead of a table")
+    add_mcpu_argument(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,11 +31,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kdsl import gallery, solve
+from kdsl.bench.target import add_mcpu_argument, machine_line, percent_of_peak, pytorch_note, select_mcpu
 from kdsl.cli.operator_commands import load_operator
 from kdsl.cli.search_commands import positive_int
 from kdsl.codegen.measure import median_seconds
 from kdsl.codegen.native import native_function
 from kdsl.codegen.tvm.default_schedule import default_schedule
+from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError, printable
@@ -118,6 +120,7 @@ def add_tune_commands(subparsers: Any) -> None:
     )
     tune.add_argument("--out", metavar="FILE.so", help="also compile the best schedule into this shared library")
     tune.add_argument("--json", action="store_true", help="print the best record as JSON instead of lines")
+    add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
     tune.set_defaults(run=command_tune)
 
 
@@ -145,7 +148,10 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
         }
         print(json.dumps(summary, sort_keys=True))
         return
-    rate = f", {macs / record.latency / 1e9:.1f} GMAC/s" if record.latency else ""
+    rate = ""
+    if record.latency:
+        percent = percent_of_peak(macs, record.latency, current_machine().peak_gflops())
+        rate = f", {macs / record.latency / 1e9:.1f} GMAC/s ({percent:.0f}% of peak)"
     print(f"{what}: {_duration(record.latency)}{rate} ({record.tuner}, records in {printable(args.db)})")
     print("schedule (one parameter a line; kdsl.tune.apply builds it):")
     for line in schedule_lines(record.config):
@@ -159,6 +165,7 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
 
 def command_tune(args: argparse.Namespace) -> int:
     """``kdsl tune OP --layers L``: tune (resumably), or with ``--apply`` use the best stored record."""
+    select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: one layer's name (conv3_x), JSON sizes, or a layer file")
     op = load_operator(args.operator)
@@ -211,6 +218,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
     parser.add_argument("--rounds", type=positive_int, default=5, help="alternating re-measurement rounds")
+    add_mcpu_argument(parser)
 
 
 def bench_cases() -> list[tuple[str, str, dict[str, int]]]:
@@ -289,6 +297,7 @@ def _at(curve: list[float], n: int) -> str:
 
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
+    select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
     trials = args.trials or (12 if args.quick else 64)
     rounds = 1 if args.quick else args.rounds
     folder = tempfile.mkdtemp(prefix="kdsl-bench-tune-")
@@ -296,6 +305,9 @@ def bench_tune(args: argparse.Namespace) -> int:
     cases = [c for c in bench_cases() if args.cases is None or c[1] in args.cases]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"kdsl bench tune: {trials} trials per tuner, records in {db}; load average {load:.2f} at start")
+    machine = current_machine()  # the --mcpu one: what every kernel below is compiled for
+    print(machine_line(machine))
+    peak = machine.peak_gflops()
     checkpoints = [n for n in (8, 16, 32, 64, 128, 256) if n < trials] + [trials]
     started = time.time()
     for label, name, layer in cases:
@@ -336,11 +348,12 @@ def bench_tune(args: argparse.Namespace) -> int:
                         print(f"  {tuner}: re-measurement failed: {error}")
                 torch_s = min(torch_s, torch_seconds(name, binding, 1, torch_worker))
         print(
-            f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {torch_s * 1e3:.3f} ms, {macs / torch_s / 1e9:.1f} GMAC/s"
+            f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {torch_s * 1e3:.3f} ms, {macs / torch_s / 1e9:.1f} GMAC/s "
+            f"({percent_of_peak(macs, torch_s, peak):.0f}% of peak)"
         )
         head = " | ".join(f"best ms @{n}" for n in checkpoints)
-        print(f"| tuner | trials | {head} | final ms | GMAC/s | vs PyTorch (speed) | tuning s |")
-        print("| --- | ---: | " + " | ".join("---:" for _ in checkpoints) + " | ---: | ---: | ---: | ---: |")
+        print(f"| tuner | trials | {head} | final ms | GMAC/s | % of peak | vs PyTorch (speed) | tuning s |")
+        print("| --- | ---: | " + " | ".join("---:" for _ in checkpoints) + " | ---: | ---: | ---: | ---: | ---: |")
         for tuner in [*args.tuners, "default schedule"]:
             result = results.get(tuner)
             seconds = final.get(tuner)
@@ -348,18 +361,22 @@ def bench_tune(args: argparse.Namespace) -> int:
             measured = str(result.measured) if result else "-"
             spent = f"{result.seconds:.0f}" if result else "-"
             if seconds is None:
-                print(f"| {tuner} | {measured} | {curve} | - | - | - | {spent} |")
+                print(f"| {tuner} | {measured} | {curve} | - | - | - | - | {spent} |")
                 continue
             print(
                 f"| {tuner} | {measured} | {curve} | {seconds * 1e3:.3f} | {macs / seconds / 1e9:.1f} | "
-                f"{torch_s / seconds:.2f}x | {spent} |"
+                f"{percent_of_peak(macs, seconds, peak):.0f}% | {torch_s / seconds:.2f}x | {spent} |"
             )
         print(flush=True)
     print(
         f"(metaschedule's curve is its own reported times; final columns: every best schedule recompiled and "
         f"re-measured in one process, alternating with PyTorch for {rounds} rounds, best median of each; "
+        f"% of peak: GFLOP/s (2 per MAC) against the assumed peak of the machine line; "
         f"{time.time() - started:.0f} s in all)"
     )
+    note = pytorch_note(machine)
+    if note:
+        print(f"({note})")
     return 0
 
 

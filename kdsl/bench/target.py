@@ -1,0 +1,93 @@
+"""The target option (``--mcpu``) of ``kdsl bench codegen``, ``kdsl bench tune`` and ``kdsl tune``, and
+the lines that name the machine a benchmark's kernels were compiled for.
+
+Every TVM compile goes through :func:`~kdsl.codegen.tvm.default_target`, which reads ``KDSL_MCPU``;
+:func:`select_mcpu` checks the name and sets that variable in the command's process before any worker
+starts, and the workers (spawned processes and subprocesses) inherit it. So ``--mcpu haswell`` on an
+AVX-512 machine measures AVX2 code end to end: the default schedule, every tuner, the re-measurements.
+
+Speeds are reported as percent of the assumed peak of that machine
+(:meth:`~kdsl.codegen.tvm.machine.Machine.peak_gflops`); a multiply-accumulate is two flops:
+
+>>> percent_of_peak(macs=1e9, seconds=0.01, peak_gflops=400.0)  # 1 GMAC in 10 ms: 200 GFLOP/s
+50.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kdsl.codegen.tvm import default_target, load_tvm
+from kdsl.codegen.tvm.machine import Machine, current_machine
+
+__all__ = [
+    "MCPU_HELP",
+    "add_mcpu_argument",
+    "host_mcpu",
+    "machine_line",
+    "percent_of_peak",
+    "pytorch_note",
+    "select_mcpu",
+]
+
+MCPU_HELP = (
+    "compile for this LLVM CPU (haswell, znver3: AVX2; skylake-avx512: AVX-512); default: this machine's "
+    "(an AVX-512 machine runs AVX2 code, so an AVX2 mcpu measures the AVX2 case here)"
+)
+
+
+def add_mcpu_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--mcpu NAME`` (:data:`MCPU_HELP`); the command calls :func:`select_mcpu` with it.
+
+    >>> parser = argparse.ArgumentParser(); add_mcpu_argument(parser)
+    >>> parser.parse_args(["--mcpu", "haswell"]).mcpu
+    'haswell'
+    """
+    parser.add_argument("--mcpu", metavar="NAME", help=MCPU_HELP)
+
+
+def select_mcpu(mcpu: str | None) -> None:
+    """Compile for ``mcpu`` from now on, in this process and in every worker it starts afterwards.
+
+    A name LLVM does not know raises :class:`~kdsl.lang.errors.LoweringError` naming it, before anything
+    is set (so a command refuses it before it tunes or measures anything); ``None`` changes nothing.
+    """
+    if mcpu is None:
+        return
+    default_target(mcpu)  # raises on an unknown name
+    os.environ["KDSL_MCPU"] = mcpu
+
+
+def host_mcpu() -> str:
+    """LLVM's name for this machine's CPU (what the kernels are compiled for without ``--mcpu``)."""
+    load_tvm()
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def percent_of_peak(macs: float, seconds: float, peak_gflops: float) -> float:
+    """``macs`` multiply-accumulates in ``seconds``, as percent of ``peak_gflops`` (two flops per MAC)."""
+    return 100.0 * 2.0 * macs / seconds / 1e9 / peak_gflops
+
+
+def machine_line(machine: Machine | None = None) -> str:
+    """A benchmark's header line: the machine its kernels are compiled for (by default
+    :func:`~kdsl.codegen.tvm.machine.current_machine`'s, which honours ``--mcpu``) and the assumed peak
+    that its "% of peak" columns refer to."""
+    return f"machine: {(machine or current_machine()).describe()}"
+
+
+def pytorch_note(machine: Machine | None = None) -> str | None:
+    """When the kernels are compiled for another CPU than this machine's: why PyTorch's "% of peak" is not
+    like for like (PyTorch dispatches on the host's ISA and ignores ``--mcpu``); else ``None``."""
+    machine = machine or current_machine()
+    host = host_mcpu()
+    if machine.mcpu == host:
+        return None
+    return (
+        f"kdsl's kernels are compiled for mcpu {machine.mcpu} on this {host} machine; PyTorch picks its own "
+        f"kernels for this machine's ISA whatever --mcpu says, so its % of peak (against the same "
+        f"{machine.mcpu} peak) may exceed what {machine.mcpu}'s ISA allows"
+    )
