@@ -1,0 +1,148 @@
+"""The machine description (:mod:`kdsl.codegen.tvm.machine`) and the target option (``--mcpu``): LLVM's
+features of an AVX2 and an AVX-512 mcpu, the host's caches, model and clock from given sysfs and
+cpuinfo text, and an unknown mcpu refused before anything compiles. No timing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kdsl.bench.target import percent_of_peak, select_mcpu
+from kdsl.cli import main
+from kdsl.codegen.tvm import default_target
+from kdsl.codegen.tvm import machine as machine_module
+from kdsl.codegen.tvm.machine import current_machine, from_features, host_caches, host_ghz, host_model
+from kdsl.codegen.workers import WorkerPool
+from kdsl.lang.errors import LoweringError
+
+tvm = pytest.importorskip("tvm")
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13  64-Core Processor
+cpu MHz\t\t: 2450.000
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13  64-Core Processor
+cpu MHz\t\t: 3049.500
+"""
+
+
+@pytest.mark.parametrize(
+    ("mcpu", "isa", "lanes", "registers"),
+    [("haswell", "avx2", 8, 16), ("znver3", "avx2", 8, 16), ("skylake-avx512", "avx512", 16, 32)],
+)
+def test_the_machine_of_an_mcpu_comes_from_llvm_features(mcpu, isa, lanes, registers):
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    machine = current_machine(target)
+    assert (machine.mcpu, machine.isa, machine.lanes("float32"), machine.vector_registers) == (
+        mcpu,
+        isa,
+        lanes,
+        registers,
+    )
+    assert machine.lanes("float64") == lanes // 2 and machine.cores == 2
+    assert machine.accumulators() < registers  # a register tile leaves room for weights and a broadcast
+    assert f"mcpu {mcpu}" in machine.describe() and isa.upper() in machine.describe()
+    # peak: cores x FMA units x lanes x 2 flops x GHz (both are FMA machines)
+    assert machine.peak_gflops() == pytest.approx(2 * machine.fma_units * lanes * 2 * machine.ghz)
+
+
+def test_an_unknown_mcpu_is_refused_by_name():
+    with pytest.raises(LoweringError, match="nonsense"):
+        default_target("nonsense")
+
+
+def test_kdsl_mcpu_retargets_default_target_and_the_machine(monkeypatch):
+    monkeypatch.setenv("KDSL_MCPU", "haswell")
+    assert str(default_target().attrs["mcpu"]) == "haswell"
+    assert current_machine().isa == "avx2" and current_machine().mcpu == "haswell"
+    monkeypatch.setenv("KDSL_MCPU", "skylake-avx512")
+    assert current_machine().isa == "avx512"
+
+
+def test_select_mcpu_checks_before_it_sets(monkeypatch):
+    monkeypatch.delenv("KDSL_MCPU", raising=False)  # restored after the test
+    with pytest.raises(LoweringError, match="not-a-cpu"):
+        select_mcpu("not-a-cpu")
+    assert "KDSL_MCPU" not in os.environ
+    select_mcpu(None)
+    assert "KDSL_MCPU" not in os.environ
+    select_mcpu("znver3")
+    assert os.environ["KDSL_MCPU"] == "znver3" and current_machine().mcpu == "znver3"
+
+
+def _environment_job(state: None, name: str, slot: object) -> str | None:
+    return os.environ.get(name)
+
+
+def test_spawned_workers_inherit_the_mcpu_next_to_their_own_environment(monkeypatch):
+    # the measurer's pool sets TVM_NUM_THREADS in its workers: KDSL_MCPU must survive beside it
+    monkeypatch.setenv("KDSL_MCPU", "haswell")
+    with WorkerPool(_environment_job, environment={"TVM_NUM_THREADS": "1"}, name="kdsl-test-env") as pool:
+        outcomes = pool.run(["KDSL_MCPU", "TVM_NUM_THREADS"])
+    assert [outcome.value for outcome in outcomes] == ["haswell", "1"]
+
+
+def _write_cache(root, index: str, level: str, kind: str, size: str) -> None:
+    folder = root / index
+    folder.mkdir()
+    (folder / "level").write_text(level + "\n")
+    (folder / "type").write_text(kind + "\n")
+    (folder / "size").write_text(size + "\n")
+    assert (folder / "size").read_text().strip() == size
+
+
+def test_host_caches_reads_a_sysfs_tree(tmp_path):
+    _write_cache(tmp_path, "index0", "1", "Data", "48K")
+    _write_cache(tmp_path, "index1", "1", "Instruction", "32K")
+    _write_cache(tmp_path, "index2", "2", "Unified", "2048K")
+    _write_cache(tmp_path, "index3", "3", "Unified", "480M")
+    assert host_caches(str(tmp_path)) == {"l1d": 48 * 1024, "l2": 2048 * 1024, "l3": 480 * 1024 * 1024}
+    assert host_caches(str(tmp_path / "missing")) == {}
+
+
+def test_host_model_and_clock_from_cpuinfo_text(monkeypatch):
+    assert host_model(CPUINFO) == "AMD EPYC 7B13 64-Core Processor"
+    assert host_model("processor : 0\n") == ""
+    # hide any cpufreq in sysfs (which host_ghz prefers) so that the given text is what is read
+    real_read = machine_module._read
+    monkeypatch.setattr(machine_module, "_read", lambda path: "" if "cpufreq" in path else real_read(path))
+    assert host_ghz(CPUINFO) == pytest.approx(3.0495)
+    assert host_ghz("processor : 0\n") == 2.0  # nothing to read: the stated default
+
+
+def test_fma_units_of_a_server_part_named_like_a_client_core():
+    features = {"avx2", "fma", "avx512f"}
+    # a cloud VM reports a Sapphire Rapids Xeon as rocketlake (a client core with one 512-bit FMA unit)
+    server = from_features("rocketlake", features, cores=2, ghz=2.6, model="Intel(R) Xeon(R) Platinum 8481C")
+    client = from_features("rocketlake", features, cores=2, ghz=2.6, model="11th Gen Intel(R) Core(TM) i7-11700")
+    unnamed = from_features("rocketlake", features, cores=2, ghz=2.6)
+    assert (server.fma_units, client.fma_units, unnamed.fma_units) == (2, 1, 1)
+    assert server.peak_gflops() == pytest.approx(2 * client.peak_gflops())
+
+
+def test_percent_of_peak_counts_two_flops_per_mac():
+    machine = from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0)  # 2 x 2 x 8 x 2 x 3 = 192 GFLOP/s
+    assert percent_of_peak(macs=96e9, seconds=1.0, peak_gflops=machine.peak_gflops()) == pytest.approx(100.0)
+    assert percent_of_peak(macs=1e9, seconds=0.1, peak_gflops=machine.peak_gflops()) == pytest.approx(100 * 20 / 192)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "tune", "--mcpu", "nonsense"],
+        ["bench", "codegen", "--ops", "conv2d", "--mcpu", "nonsense"],
+        ["tune", "matmul", "--layers", '{"M": 4, "Cin": 8, "Cout": 8}', "--trials", "1", "--mcpu", "nonsense"],
+    ],
+)
+def test_the_cli_refuses_an_unknown_mcpu_before_it_measures(capsys, monkeypatch, tmp_path, argv):
+    monkeypatch.delenv("KDSL_MCPU", raising=False)
+    monkeypatch.chdir(tmp_path)  # kdsl tune would write tune.db here
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "nonsense" in captured.err and "Traceback" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+    assert "KDSL_MCPU" not in os.environ and list(tmp_path.iterdir()) == []  # nothing set, nothing tuned
