@@ -9,11 +9,11 @@
     kdsl bench prescreen [--db F]    how well zero-cost scores and a 1-epoch run predict the proxy
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
-    kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...]
+    kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...] [--mcpu NAME]
     kdsl bench lowering --db RUNS [--top N]   latency ratio / MACs ratio to conv2d (median, max)
     kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
     kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
-    kdsl bench tune [--trials N] [--quick]
+    kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
     kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
