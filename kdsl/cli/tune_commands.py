@@ -42,7 +42,7 @@ from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError, printable
 from kdsl.progress import Progress
-from kdsl.tune.driver import tune
+from kdsl.tune.driver import parse_option, tune
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
 from kdsl.tune.tuned import apply, best_record, export, schedule_lines
 
@@ -111,6 +111,16 @@ def add_tune_commands(subparsers: Any) -> None:
     tune.add_argument("--trials", type=positive_int, default=64, help="new measurements in this run")
     tune.add_argument("--db", default="tune.db", help="SQLite tuning records (a run resumes from them)")
     tune.add_argument("--seed", type=int, default=0, help="seed of the tuner")
+    tune.add_argument(
+        "--tuner-option",
+        action="append",
+        default=[],
+        type=parse_option,
+        metavar="KEY=VALUE",
+        help="an option of the tuner (repeatable): opevo q=0.5, lambda=8 (parents), rho=8 (offspring), walks=all, "
+        "init=random, or setting=paper (OpEvo's paper: lambda=rho=8, q=0.5, every parameter walked, random start); "
+        "alt per_layout=4, layouts=6",
+    )
     tune.add_argument("--batch", type=positive_int, default=8, help="configurations compiled in parallel per round")
     tune.add_argument(
         "--apply",
@@ -186,7 +196,16 @@ def command_tune(args: argparse.Namespace) -> int:
     ) as bar:
         log = bar.note if args.tuner == "metaschedule" else None
         result = tune(
-            op, layer, args.tuner, args.trials, args.db, batch=args.batch, seed=args.seed, log=log, progress=bar
+            op,
+            layer,
+            args.tuner,
+            args.trials,
+            args.db,
+            batch=args.batch,
+            seed=args.seed,
+            log=log,
+            progress=bar,
+            options=dict(args.tuner_option),
         )
     best = result.best
     if best is None or best.latency is None:

@@ -9,6 +9,7 @@ same database continues from the stored records.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +24,7 @@ from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
-from kdsl.tune.opevo import OpEvo, RandomTuner
+from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
 
 
@@ -36,14 +37,55 @@ def make_tuner(name: str, space: Space, history: Sequence[Record], seed: int = 0
     kdsl.tune.records.TuneError: unknown tuner 'nope'; choose one of alt, gensor, metaschedule, opevo, random
     """
     if name == "opevo":
-        return OpEvo(space, history, seed=seed, **options)
+        return OpEvo(space, history, seed=seed, **_known(OpEvo, name, opevo_options(options)))
     if name == "gensor":
         return Gensor(space, history, seed=seed, **options)
     if name == "alt":
-        return Alt(space, history, seed=seed, **options)
+        return Alt(space, history, seed=seed, **_known(Alt, name, options))
     if name == "random":
         return RandomTuner(space, history, seed=seed)
     raise TuneError(f"unknown tuner {name!r}; choose one of alt, gensor, metaschedule, opevo, random")
+
+
+def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` if ``cls`` takes every one of them (``--tuner-option`` names), else a :class:`TuneError`
+    listing what it takes (its internal ``fixed``, ``start``, ``seen`` are not offered).
+
+    >>> _known(OpEvo, "opevo", {"wings": 2})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes parents, q, walks, explore, ...
+    """
+    taken = [p for p in inspect.signature(cls).parameters if p not in ("space", "history", "seed", *_INTERNAL)]
+    for option in options:
+        if option not in taken:
+            raise TuneError(f"{name} has no option {option!r}; it takes {', '.join(taken)}")
+    return options
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--tuner-option``: the value an int, a float, ``true``/``false``, ``none``, or text.
+
+    >>> parse_option("q=0.3"), parse_option("lambda=4"), parse_option("model=false"), parse_option("init=random")
+    (('q', 0.3), ('lambda', 4), ('model', False), ('init', 'random'))
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise TuneError(f"--tuner-option: expected KEY=VALUE (e.g. q=0.5), got {text!r}")
+    value = value.strip()
+    words = {"true": True, "false": False, "none": None}
+    if value.lower() in words:
+        return key.strip(), words[value.lower()]
+    for kind in (int, float):
+        try:
+            return key.strip(), kind(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+#: Constructor arguments that tuners pass each other (ALT's inner OpEvo), not options for users.
+_INTERNAL = ("fixed", "start", "seen")
 
 
 def tune(
@@ -73,6 +115,8 @@ def tune(
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.progress.Progress`)
     is set to the trials measured so far after each batch."""
     if tuner == "metaschedule":
+        if options:
+            raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer)
     started = time.time()
     run_started = started

@@ -14,6 +14,18 @@ space's heuristic configuration, its mutations and a share (``explore``) of rand
 space accepts (a cheap check that the schedule applies), so that no trial is spent on a configuration the
 space rejects outright.
 
+The paper's parameters are constructor options (and ``kdsl tune --tuner opevo --tuner-option KEY=VALUE``):
+``q`` (the mutation rate of §4.3, in [0, 1): 0 never mutates, near 1 walks far), ``parents`` (λ, the
+parent size of §4.2: the top λ configurations are the parents), ``offspring`` (rho, the children bred from
+one selection of parents, Algorithm 1 of §4.4: at most rho proposed per round; default the driver's batch),
+``walks`` (parameters walked per child; ``None``: every parameter, as in §4.3) and ``init``
+(``"heuristic"``: the first population described above; ``"random"``: λ random accepted configurations,
+Algorithm 1's first step). :data:`PAPER` is the paper's setting (Appendix B: λ = rho = 8, q = 0.5), reached
+with ``setting="paper"`` (``--tuner-option setting=paper``):
+
+>>> sorted(PAPER.items())
+[('init', 'random'), ('offspring', 8), ('parents', 8), ('q', 0.5), ('walks', None)]
+
 >>> import random
 >>> from kdsl.codegen.tvm.schedule_space import Factorization
 >>> params = {"t": Factorization("t", 8, 2)}
@@ -30,7 +42,11 @@ from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Parameter, Space, config_key, q_random_walk
 from kdsl.lang.errors import LoweringError
-from kdsl.tune.records import Record
+from kdsl.tune.records import Record, TuneError
+
+#: OpEvo's setting in its paper's experiments (Appendix B): λ = rho = 8 parents and offspring, mutation
+#: rate q = 0.5, every parameter walked (§4.3), a first population of λ random configurations (§4.4).
+PAPER: dict[str, Any] = {"parents": 8, "offspring": 8, "q": 0.5, "walks": None, "init": "random"}
 
 
 def recombine(
@@ -77,7 +93,10 @@ def random_valid(space: Space, rng: random.Random, seen: set[str], tries: int = 
 
 
 class OpEvo:
-    """OpEvo over ``space``; ``fixed`` pins some parameters (ALT tunes loops under a fixed layout)."""
+    """OpEvo over ``space``; ``fixed`` pins some parameters (ALT tunes loops under a fixed layout).
+
+    ``parents`` is the paper's λ, ``offspring`` its rho, ``q`` its mutation rate (see the module's text;
+    ``setting="paper"`` in :func:`kdsl.tune.driver.make_tuner` gives :data:`PAPER`)."""
 
     name = "opevo"
 
@@ -89,19 +108,25 @@ class OpEvo:
         seed: int = 0,
         parents: int = 8,
         q: float = 0.5,
-        walks: float = 2.0,
+        walks: float | None = 2.0,
         explore: float = 0.25,
+        offspring: int | None = None,
+        init: str = "heuristic",
         fixed: Mapping[str, Any] | None = None,
         start: Mapping[str, Any] | None = None,
         seen: set[str] | None = None,
     ) -> None:
+        _check_options(parents, q, walks, explore, offspring, init)
         self.space = space
         self.rng = random.Random(seed)
         self.parents = parents
         self.q = q
+        self.offspring = offspring
+        self.init = init
         self.fixed = dict(fixed or {})
         self.free = {n: p for n, p in space.parameters.items() if n not in self.fixed}
-        self.rate = min(1.0, walks / max(1, len(self.free)))  # expected parameters walked per mutation
+        # expected parameters walked per mutation (walks=None: all of them, the paper's mutation)
+        self.rate = 1.0 if walks is None else min(1.0, walks / max(1, len(self.free)))
         self.explore = explore  # share of random configurations in the first population
         self.seen: set[str] = seen if seen is not None else set()
         self.population: list[tuple[dict[str, Any], float]] = []
@@ -123,24 +148,13 @@ class OpEvo:
         return True
 
     def propose(self, n: int) -> list[dict[str, Any]]:
+        if self.offspring is not None:
+            n = min(n, self.offspring)  # rho children per selection of parents (the next round selects again)
         out: list[dict[str, Any]] = []
         keys: set[str] = set()
         valid = [(c, f) for c, f in self.population if f > 0]
         if len(valid) < self.parents:
-            # the first population: the heuristic start, its mutations, and random accepted configurations
-            start = self.start
-            if self._new(dict(start), keys):
-                out.append(dict(start))
-            while len(out) < n:
-                if self.rng.random() >= self.explore:
-                    config = {**mutate(self.free, start, self.q, self.rng, self.rate), **self.fixed}
-                else:
-                    config = random_valid(self.space, self.rng, self.seen | keys) or {}
-                    config = {**config, **self.fixed} if config else {}
-                if config and self._new(config, keys):
-                    out.append(config)
-                elif not config:
-                    break
+            out = self._first(n, keys)
             self.seen |= keys
             return out
         parents = sorted(valid, key=lambda cf: -cf[1])[: self.parents]
@@ -157,10 +171,47 @@ class OpEvo:
         self.seen |= keys
         return out
 
+    def _first(self, n: int, keys: set[str]) -> list[dict[str, Any]]:
+        """The first population: random accepted configurations (``init="random"``), or the heuristic
+        start, its mutations and a share ``explore`` of random accepted configurations."""
+        out: list[dict[str, Any]] = []
+        start = self.start
+        if self.init == "heuristic" and self._new(dict(start), keys):
+            out.append(dict(start))
+        while len(out) < n:
+            if self.init == "heuristic" and self.rng.random() >= self.explore:
+                config = {**mutate(self.free, start, self.q, self.rng, self.rate), **self.fixed}
+            else:
+                config = random_valid(self.space, self.rng, self.seen | keys) or {}
+                config = {**config, **self.fixed} if config else {}
+            if config and self._new(config, keys):
+                out.append(config)
+            elif not config:
+                break
+        return out
+
     def update(self, records: Sequence[Record]) -> None:
         for record in records:
             self.seen.add(record.key)
             self.population.append((self._tuple(record.config), record.fitness))
+
+
+def _check_options(
+    parents: int, q: float, walks: float | None, explore: float, offspring: int | None, init: str
+) -> None:
+    """Refuse OpEvo options out of range (a :class:`TuneError` naming the option)."""
+    if not isinstance(parents, int) or isinstance(parents, bool) or parents < 1:
+        raise TuneError(f"opevo: parents (λ) must be a positive integer, got {parents!r}")
+    if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0 <= q < 1:
+        raise TuneError(f"opevo: q must be in [0, 1) (q = 1 walks forever), got {q!r}")
+    if walks is not None and (not isinstance(walks, (int, float)) or isinstance(walks, bool) or walks <= 0):
+        raise TuneError(f"opevo: walks must be a positive number or None (every parameter), got {walks!r}")
+    if not isinstance(explore, (int, float)) or isinstance(explore, bool) or not 0 <= explore <= 1:
+        raise TuneError(f"opevo: explore must be in [0, 1], got {explore!r}")
+    if offspring is not None and (not isinstance(offspring, int) or isinstance(offspring, bool) or offspring < 1):
+        raise TuneError(f"opevo: offspring (rho) must be a positive integer or None (the batch), got {offspring!r}")
+    if init not in ("heuristic", "random"):
+        raise TuneError(f"opevo: init must be 'heuristic' or 'random', got {init!r}")
 
 
 class RandomTuner:
@@ -189,3 +240,25 @@ class RandomTuner:
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
+
+
+def opevo_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """OpEvo's constructor options from the names a user types (``--tuner-option KEY=VALUE``):
+    ``setting="paper"`` is :data:`PAPER` (options given beside it win), ``lambda`` is ``parents`` (λ),
+    ``rho`` is ``offspring``, ``walks="all"`` is ``None`` (every parameter walks).
+
+    >>> opevo_options({"setting": "paper", "q": 0.3, "lambda": 4}) == {**PAPER, "q": 0.3, "parents": 4}
+    True
+    """
+    options = dict(given)
+    setting = options.pop("setting", None)
+    if setting not in (None, "paper"):
+        raise TuneError(f"opevo: unknown setting {setting!r}; the one setting is 'paper' (λ = rho = 8, q = 0.5)")
+    for alias, name in (("lambda", "parents"), ("rho", "offspring")):
+        if alias in options:
+            if name in options:
+                raise TuneError(f"opevo: {alias} and {name} are the same option; give one")
+            options[name] = options.pop(alias)
+    if options.get("walks") == "all":
+        options["walks"] = None
+    return {**(PAPER if setting == "paper" else {}), **options}
