@@ -1,26 +1,51 @@
-"""Gensor-style measurement-free construction (Gensor, 2025): an annealed Markov walk over schedules.
+"""Gensor (2025): construction by a Markov walk over schedules, level by level of the memory hierarchy.
 
-States are configurations of the schedule space; actions are its single-parameter steps (tile or untile: a
-prime factor moves between tile levels; cache or not; which axis is vectorized; unroll more or less; loop
-order swaps; layout packing). Each action's transition probability comes from an analytic benefit model
-of this CPU (:func:`estimate`): the time of a stage is the largest of its compute time (FMA peak scaled
-by vector, register-tile and parallel efficiency) and its data traffic at each cache level (footprints of
-the loop nest below each loop against L1/L2 capacity, times the iterations outside), and the walk moves
-to ``s'`` with probability ∝ ``exp(-(log t(s') - log t(s)) / T)``, ``T`` annealed towards 0. Walks start
-from the unscheduled program (everything at root, nothing tiled) and from the space's rule-based
-configuration (:meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic`), and construct a schedule in seconds,
-without measuring anything; :class:`Gensor` then proposes the rule-based start and the walks'
-best-estimated distinct schedules in turn, so that measuring its top few is optional (``kdsl tune --tuner
-gensor --trials 1`` measures just the first; :func:`construct` returns the best estimate of all).
+States are configurations of the schedule space; actions are its single-parameter steps. Gensor's
+three kinds of action each have a benefit formula of the paper's (§ IV-B), normalized into transition
+probabilities and drawn by roulette (§ IV-C):
+
+* **tiling** (and inverse tiling): a prime factor moves between two levels of one axis's tile;
+  benefit (formula 1) = the decrease in the traffic into the current memory level over the increase in
+  the tile's footprint there (:func:`tiling_benefit`); a move whose footprint exceeds the level's
+  capacity has probability 0 (the paper's memory check);
+* **caching**: move on to the next memory level (at the register level: accumulate in a ``local``
+  tile); benefit (formula 2) = the time to exchange the tile's data with the next level over the time
+  with the current one, from latency and bandwidth (:func:`caching_benefit`); its probability is
+  multiplied by ``1 / T`` and ``T`` halves at every step, so the walk moves on and terminates;
+* **thread-level** (the paper's virtual threads, formula 3: bank conflicts of a GPU tile): a CPU has no
+  shared-memory banks; its analogue is the balance of the parallel chunks over the cores
+  (:func:`parallel_benefit`), a factor of every tiling move (growing a tile takes chunks away).
+
+The levels, in the order the construction visits them (:data:`LEVELS`), and where each lives in the
+space's ``S.tile.<axis>`` factorizations ((outer, middle, inner) for a spatial axis, (outer, inner) for a
+reduction): ``register`` -- the inner spatial tiles, capacity the machine's accumulator registers
+(:meth:`~kdsl.codegen.tvm.machine.Machine.accumulators`), the vector axis counted in vectors;
+``L1`` -- the inner reduction tiles (the slice of the reduction streamed through the register tile),
+capacity half the L1 data cache; ``L2`` -- the middle spatial tiles (one core's block of the output,
+the fused outer tiles being the parallel chunks), capacity half the L2 cache.
+
+The paper's text builds from the unscheduled program and moves towards "higher level memory"; our
+space nests its levels so that an L1 slice is only known once the register tile is, so the walk fills
+the register tile first, then L1, then L2 (Roller's bottom-up growth of a tile from the hardware's
+smallest aligned unit). The temperature restarts at each level (in the paper it halves across the
+whole walk; with three levels a single schedule left the last level no step).
+
+The constructions rank by :func:`estimate`, an analytic time of this CPU: per reduction stage the
+largest of its compute time (FMA peak scaled by vector, register-tile and parallel efficiency) and its
+traffic at each cache level, with the peak, cache sizes and bandwidths of the target machine
+(:meth:`Model.of`); measurements, as they arrive, scale its compute and memory terms
+(:func:`calibrate`). :class:`Gensor` proposes the rule-based start, then the constructions and the
+annealed walks' best-estimated distinct schedules, and walks again from each new best measured one.
 
 >>> from kdsl.codegen.tvm.machine import from_features
 >>> model = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
->>> model.lanes, model.registers, model.fma_per_cycle
-(8, 16, 2)
+>>> model.lanes, model.registers, model.accumulators, model.fma_per_cycle
+(8, 16, 12, 2)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -29,17 +54,33 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.machine import Machine
-from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, Space, config_key, neighbours
+from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, MAX_VECTORS, Space, config_key, neighbours
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record
+
+#: The memory levels of the construction, in the order it visits them.
+LEVELS = ("register", "L1", "L2")
+#: Load latencies in cycles (typical of current x86 cores; LLVM's features do not give them).
+LATENCY_CYCLES = {"register": 0.0, "L1": 5.0, "L2": 14.0, "L3": 50.0}
+#: DRAM latency in seconds (no cycle count fits every machine).
+DRAM_LATENCY = 90e-9
+#: Benefit of a move that reduces traffic at no footprint cost (filling the lanes of a vector already
+#: held) and of one that does not reduce it at all (kept possible: the inverse moves make the chain
+#: irreducible, § IV-D).
+FREE_BENEFIT, FLOOR_BENEFIT = 4.0, 0.02
+#: The caching action's weight at the first step of a level: ``2**-12`` of its benefit, doubled per step
+#: (a level gets about a dozen steps: an AVX2 register tile of 4 x 16 is 6 moves of a factor 2 from 1 x 1).
+CACHE_START = 2.0**-12
+#: Cycles of an FMA's latency: ``fma_per_cycle x FMA_LATENCY`` independent accumulators keep the units busy.
+FMA_LATENCY = 4
 
 
 @dataclass(frozen=True)
 class Model:
-    """The analytic model's CPU: cores, vector lanes, FMA units, clock, cache capacities (bytes) and
-    bandwidths (bytes/s). :meth:`of` derives it from the target machine
-    (:class:`~kdsl.codegen.tvm.machine.Machine`); the bandwidths are per-cycle rates of a current
-    x86 core times its clock (L2 -> L1: a 64-byte line per cycle)."""
+    """The analytic model's CPU: cores, vector lanes, registers, FMA units, clock, cache capacities (bytes)
+    and per-core bandwidths (bytes/s). :meth:`of` derives it from the target machine
+    (:class:`~kdsl.codegen.tvm.machine.Machine`); ``compute_scale`` and ``memory_scale`` are fitted to
+    measurements by :func:`calibrate` (1 before any)."""
 
     cores: int = 2
     lanes: int = 16
@@ -47,14 +88,27 @@ class Model:
     hz: float = 2.1e9
     l1: int = 48 * 1024
     l2: int = 2 * 1024 * 1024
-    bw_l2: float = 64 * 2.1e9  # L2 -> L1, per core
-    bw_l3: float = 24e9  # beyond L2, per core
-    bw_mem: float = 15e9  # DRAM, shared
+    bw_l1: float = 128 * 2.1e9  # L1 -> registers
+    bw_l2: float = 32 * 2.1e9  # L2 -> L1
+    bw_l3: float = 16 * 2.1e9  # beyond L2
+    bw_mem: float = 15e9  # DRAM, shared by the cores
     registers: int = 32
+    accumulators: int = 28
+    compute_scale: float = 1.0
+    memory_scale: float = 1.0
 
     @classmethod
     def of(cls, machine: Machine) -> Model:
-        """The model of ``machine``: its lanes, registers, FMA units, cores, clock and caches."""
+        """The model of ``machine``: its lanes, registers, FMA units, cores, clock and caches; bandwidths
+        are per-cycle widths times its clock (two vector loads per cycle from L1, 32 bytes from L2 -- half
+        a line, what current cores sustain -- and 16 beyond). DRAM bandwidth is not in the description:
+        15 GB/s, which calibration scales.
+
+        >>> from kdsl.codegen.tvm.machine import from_features
+        >>> m = Model.of(from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0))
+        >>> m.lanes, m.accumulators, m.bw_l1 / 2e9, m.peak / 1e9
+        (16, 28, 128.0, 128.0)
+        """
         hz = machine.ghz * 1e9
         return cls(
             cores=machine.cores,
@@ -63,41 +117,318 @@ class Model:
             hz=hz,
             l1=machine.l1d,
             l2=machine.l2,
-            bw_l2=64 * hz,
-            bw_l3=24e9,
+            bw_l1=2 * machine.vector_bits / 8 * hz,
+            bw_l2=32 * hz,
+            bw_l3=16 * hz,
             bw_mem=15e9,
             registers=machine.vector_registers,
+            accumulators=machine.accumulators(),
         )
+
+    @property
+    def peak(self) -> float:
+        """Multiply-accumulates per second of all cores."""
+        return self.cores * self.fma_per_cycle * self.lanes * self.hz
+
+    def access(self, level: str, nbytes: float) -> float:
+        """Seconds for one core to exchange ``nbytes`` with memory ``level`` (``register``, ``L1``,
+        ``L2``, ``L3`` or ``DRAM``): its latency plus the bytes over its bandwidth."""
+        if level == "DRAM":
+            return DRAM_LATENCY + nbytes * self.cores / self.bw_mem
+        bandwidth = {"register": 3 * self.bw_l1, "L1": self.bw_l1, "L2": self.bw_l2, "L3": self.bw_l3}[level]
+        return LATENCY_CYCLES[level] / self.hz + nbytes / bandwidth
+
+
+# ------------------------------------------------------------------------------------------------
+# The benefit formulas (§ IV-B)
+# ------------------------------------------------------------------------------------------------
+
+
+def tiling_benefit(
+    traffic_before: float, traffic_after: float, footprint_before: float, footprint_after: float
+) -> float:
+    """Formula 1: the decrease in traffic over the increase in footprint, both relative to the current
+    state (so that benefits of different levels and units normalize together). Higher means more reuse
+    per byte of cache; a move that reduces traffic without growing the footprint gets
+    :data:`FREE_BENEFIT`, one that does not reduce traffic :data:`FLOOR_BENEFIT`.
+
+    >>> tiling_benefit(100, 50, 10, 20), tiling_benefit(100, 50, 10, 40) < tiling_benefit(100, 50, 10, 20)
+    (0.5, True)
+    >>> tiling_benefit(100, 120, 10, 5) == FLOOR_BENEFIT, tiling_benefit(100, 90, 10, 10) == FREE_BENEFIT
+    (True, True)
+    """
+    saved = traffic_before - traffic_after
+    if saved <= 0 or traffic_before <= 0:
+        return FLOOR_BENEFIT
+    grown = footprint_after - footprint_before
+    if grown <= 0:
+        return FREE_BENEFIT
+    return max(FLOOR_BENEFIT, min(FREE_BENEFIT, (saved / traffic_before) / (grown / max(footprint_before, 1e-30))))
+
+
+def caching_benefit(model: Model, level: str, nbytes: float) -> float:
+    """Formula 2 for the caching action at ``level``: the time to exchange the tile's ``nbytes`` with
+    the next level over the time with this one (latency plus bytes over bandwidth), as the fraction of
+    that time saved, ``1 - t_this / t_next`` in [0, 1).
+
+    >>> from kdsl.codegen.tvm.machine import from_features
+    >>> m = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
+    >>> [round(caching_benefit(m, level, 4096), 2) for level in ("L1", "L2")]
+    [0.51, 0.54]
+    """
+    nxt = {"register": "L1", "L1": "L2", "L2": "L3"}[level]
+    slow = model.access(nxt, nbytes)
+    return max(0.0, 1.0 - model.access(level, nbytes) / slow) if slow > 0 else 0.0
+
+
+def balance(chunks: int, cores: int) -> float:
+    """The fraction of the cores' time that ``chunks`` equal parallel chunks keep busy.
+
+    >>> balance(4, 2), balance(3, 2), balance(1, 2)
+    (1.0, 0.75, 0.5)
+    """
+    return chunks / (math.ceil(chunks / cores) * cores)
+
+
+def parallel_benefit(chunks_before: int, chunks_after: int, cores: int) -> float:
+    """The thread-level factor (the analogue of the paper's formula 3, which counts a GPU tile's bank
+    conflicts with and without virtual threads; the ceilings play the same part): the balance of the
+    parallel chunks after the move over before; 0 when fewer chunks than cores remain.
+
+    >>> parallel_benefit(8, 4, 2), parallel_benefit(8, 3, 2), parallel_benefit(2, 1, 2)
+    (1.0, 0.75, 0.0)
+    """
+    if chunks_after < min(cores, chunks_before):
+        return 0.0
+    return balance(chunks_after, cores) / balance(chunks_before, cores)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiles, footprints and traffic of one reduction stage at one level
+# ------------------------------------------------------------------------------------------------
+
+
+def _tiles(stage: Any, config: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    nspatial = len(stage.spatial)
+    out = []
+    for k, (axis, extent) in enumerate(stage.spatial + stage.reduced):
+        levels = 3 if k < nspatial else 2
+        out.append(tuple(config.get(f"{stage.name}.tile.{axis}", (extent,) + (1,) * (levels - 1))))
+    return out
+
+
+def level_tile(stage: Any, config: Mapping[str, Any], level: str) -> list[int]:
+    """The extent of each axis (spatial, then reduced) of ``stage``'s tile at ``level``."""
+    tiles = _tiles(stage, config)
+    nspatial = len(stage.spatial)
+    if level == "register":
+        return [t[2] if k < nspatial else 1 for k, t in enumerate(tiles)]
+    if level == "L1":
+        return [t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
+    return [t[1] * t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
+
+
+def _footprint(dims: Sequence[set[int]], tile: Sequence[int]) -> int:
+    """Elements of a buffer that a tile touches (a window's axes add up along one dim)."""
+    return prod(sum(tile[i] - 1 for i in used) + 1 for used in dims)
+
+
+def _register_footprint(stage: Any, tile: Sequence[int], vector: int | None, lanes: int) -> int:
+    """Vector registers the register tile's accumulators hold (the vector axis in whole vectors)."""
+    return prod(math.ceil(t / lanes) if k == vector else t for k, t in enumerate(tile[: len(stage.spatial)]))
+
+
+def _register_loads(stage: Any, tile: Sequence[int], vector: int | None, lanes: int) -> int:
+    """Loads of one reduction step of the register tile: a vector per ``lanes`` elements of a read that
+    the vector axis walks along its last dim, else one broadcast per element."""
+    loads = 0
+    for _, dims in stage.reads:
+        if vector is not None and vector in dims[-1] and len(dims[-1]) == 1:
+            loads += _footprint(dims[:-1], tile) * math.ceil(tile[vector] / lanes)
+        else:
+            loads += _footprint(dims, tile)
+    return loads
+
+
+def level_cost(space: Space, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> tuple[float, float]:
+    """``(traffic, footprint)`` of ``stage`` at ``level``: the data moved into that level over the whole
+    stage and the data one tile holds there. At the register level in loads and vector registers, else
+    in bytes; the output tile is reloaded once per reduction slice outside it (once in all where the
+    register tile accumulates in a ``local`` cache)."""
+    tile = level_tile(stage, config, level)
+    axes = stage.spatial + stage.reduced
+    nspatial = len(stage.spatial)
+    labels = [a for a, _ in axes]
+    vector = config.get(f"{stage.name}.vector")
+    vi = labels.index(vector) if vector in labels else None
+    tiles = prod(e for _, e in axes) / prod(tile)
+    size = prod(e for _, e in stage.spatial)
+    slices = prod(e for _, e in stage.reduced) / prod(tile[nspatial:])
+    if level == "register":
+        footprint = _register_footprint(stage, tile, vi, model.lanes)
+        cached = config.get(f"{stage.name}.cache") == "local"
+        out = size / model.lanes * (1 if cached else 2 * slices)
+        return tiles * _register_loads(stage, tile, vi, model.lanes) + out, footprint
+    out_dims = [{k} for k in range(nspatial)]
+    footprint = sum(_footprint(dims, tile) for _, dims in stage.reads) + _footprint(out_dims, tile)
+    traffic = tiles * sum(_footprint(dims, tile) for _, dims in stage.reads) + size * slices
+    return 4.0 * traffic, 4.0 * footprint
+
+
+def capacity(space: Space, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
+    """The paper's memory check: the tile fits ``level`` (the register tile: accumulator registers and at
+    most :data:`~kdsl.codegen.tvm.schedule_space.MAX_VECTORS` vectors along the vector axis; L1 and L2:
+    half their capacity, the other half for what other loops keep there)."""
+    if level == "register":
+        tile = level_tile(stage, config, level)
+        labels = [a for a, _ in stage.spatial]
+        vector = config.get(f"{stage.name}.vector")
+        vi = labels.index(vector) if vector in labels else None
+        if vi is not None and tile[vi] > MAX_VECTORS * model.lanes:
+            return False
+        return _register_footprint(stage, tile, vi, model.lanes) <= model.accumulators
+    _, footprint = level_cost(space, stage, config, level, model)
+    return footprint <= (model.l1 if level == "L1" else model.l2) // 2
+
+
+def _chunks(stage: Any, config: Mapping[str, Any]) -> int:
+    return prod(t[0] for t in _tiles(stage, config)[: len(stage.spatial)])
+
+
+def _aligned(stage: Any, config: Mapping[str, Any], model: Model) -> bool:
+    """The register tile's vector axis holds whole vectors (or the whole axis, or no whole vector fits)."""
+    vector = config.get(f"{stage.name}.vector")
+    extents = dict(stage.spatial)
+    if vector not in extents:
+        return True
+    inner = config.get(f"{stage.name}.tile.{vector}", (extents[vector], 1, 1))[2]
+    return inner % model.lanes == 0 or inner == extents[vector] or extents[vector] % model.lanes != 0
+
+
+def _moves(stage: Any, config: Mapping[str, Any], level: str) -> list[dict[str, Any]]:
+    """The tiling and inverse tiling actions of ``level``: a prime factor moved between its two slots
+    (register: spatial outer <-> inner; L1: reduction outer <-> inner; L2: spatial outer <-> middle)."""
+    nspatial = len(stage.spatial)
+    pairs = {"register": (0, 2), "L1": (0, 1), "L2": (0, 1)}[level]
+    out = []
+    for k, (axis, extent) in enumerate(stage.spatial + stage.reduced):
+        name = f"{stage.name}.tile.{axis}"
+        if extent <= 1 or name not in config or (level == "L1") == (k < nspatial):
+            continue
+        value = config[name]
+        for src, dst in (pairs, pairs[::-1]):
+            for p in sorted(set(_primes(value[src]))):
+                moved = list(value)
+                moved[src] //= p
+                moved[dst] *= p
+                out.append({**config, name: tuple(moved)})
+    return out
+
+
+def _primes(n: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def transitions(
+    space: Space, stage: Any, config: Mapping[str, Any], level: str, temperature: float, model: Model
+) -> list[tuple[float, dict[str, Any] | None]]:
+    """The actions at ``level`` with their unnormalized probabilities: every tiling move (formula 1,
+    times the thread-level factor; 0 where the tile outgrows the level) and the caching action
+    (``None``: formula 2, times ``CACHE_START / temperature``; 0 while the vector tile is ragged)."""
+    traffic, footprint = level_cost(space, stage, config, level, model)
+    chunks = _chunks(stage, config)
+    out: list[tuple[float, dict[str, Any] | None]] = []
+    for move in _moves(stage, config, level):
+        if not capacity(space, stage, move, level, model):
+            out.append((0.0, move))
+            continue
+        after, grown = level_cost(space, stage, move, level, model)
+        benefit = tiling_benefit(traffic, after, footprint, grown)
+        benefit *= parallel_benefit(chunks, _chunks(stage, move), model.cores)
+        out.append((benefit, move))
+    cache = 0.0
+    if level != "register" or _aligned(stage, config, model):
+        nbytes = footprint * model.lanes * 4 if level == "register" else footprint
+        cache = caching_benefit(model, level, nbytes) * CACHE_START / temperature
+    out.append((cache, None))
+    return out
+
+
+def build(
+    space: Space, start: Mapping[str, Any], rng: random.Random, model: Model | None = None, steps: int = 24
+) -> dict[str, Any]:
+    """One construction (Algorithm 1): from ``start``, each reduction stage's tile grown level by level
+    (:data:`LEVELS`) by roulette over :func:`transitions`, the temperature halving at every step; the
+    caching action moves on to the next level (at the register level it sets ``S.cache = "local"``)."""
+    model = model or _model(space)
+    state = dict(start)
+    for stage in space.stages:
+        if stage.kind != "reduce" or f"{stage.name}.cache" not in space.parameters:
+            continue
+        if state.get(f"{stage.name}.lanes") is True or state.get(f"{stage.name}.rfactor") is True:
+            continue  # row reductions in lanes, split reductions: not tiled
+        for level in LEVELS:
+            temperature = 1.0
+            for _ in range(steps):
+                actions = transitions(space, stage, state, level, temperature, model)
+                weights = [w for w, _ in actions]
+                if sum(weights) <= 0:
+                    break
+                _, chosen = actions[rng.choices(range(len(actions)), weights=weights)[0]]
+                if chosen is None:
+                    break
+                state = chosen
+                temperature /= 2
+            if level == "register":
+                state[f"{stage.name}.cache"] = "local"
+    return state
+
+
+# ------------------------------------------------------------------------------------------------
+# The analytic time of a schedule (ranks constructions and walks)
+# ------------------------------------------------------------------------------------------------
+
+
+def stage_terms(space: Space, config: Mapping[str, Any], model: Model | None = None) -> list[tuple[float, float]]:
+    """``(compute, memory)`` seconds of each stage and packing pass of ``config`` (unscaled): a stage
+    takes the larger of the two."""
+    model = model or _model(space)
+    terms: list[tuple[float, float]] = []
+    for stage in space.stages:
+        if stage.kind != "reduce":
+            if config.get(f"{stage.name}.inline") is True:
+                continue
+            terms.append((0.0, prod(e for _, e in stage.spatial) * 8 / (model.bw_l3 * model.cores)))
+            continue
+        terms.append(_stage_time(space, stage, config, model))
+    for tensor in space.tensors:
+        if tensor.kind != "intermediate" and config.get(f"layout.{tensor.name}.tile", "none") != "none":
+            terms.append((0.0, prod(tensor.shape) * 8 / (model.bw_l3 * model.cores)))  # a packing pass
+    return terms
+
+
+def _combine(terms: Sequence[tuple[float, float]], compute_scale: float, memory_scale: float) -> float:
+    return sum(max(compute_scale * c, memory_scale * m) for c, m in terms)
 
 
 def estimate(space: Space, config: Mapping[str, Any], machine: Model | None = None) -> float:
     """Estimated seconds of ``config`` (a model for ranking, not a prediction of absolute time) on
     ``machine`` (default: the model of the space's target machine)."""
-    machine = machine or _model(space)
-    total = 0.0
-    for stage in space.stages:
-        s = stage.name
-        if stage.kind != "reduce":
-            size = prod(e for _, e in stage.spatial)
-            if config.get(f"{s}.inline") is True:
-                continue
-            total += size * 8 / machine.bw_l3
-            continue
-        total += _stage_time(space, stage, config, machine)
-    for tensor in space.tensors:
-        if tensor.kind != "intermediate" and config.get(f"layout.{tensor.name}.tile", "none") != "none":
-            total += prod(tensor.shape) * 8 / machine.bw_l3  # a packing pass
-    return total
+    model = machine or _model(space)
+    return _combine(stage_terms(space, config, model), model.compute_scale, model.memory_scale)
 
 
-def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -> float:
+def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
     s = stage.name
     axes = stage.spatial + stage.reduced
     nspatial = len(stage.spatial)
-    tiles = []
-    for k, (axis, extent) in enumerate(axes):
-        levels = 3 if k < nspatial else 2
-        tiles.append(tuple(config.get(f"{s}.tile.{axis}", (extent,) + (1,) * (levels - 1))))
+    tiles = _tiles(stage, config)
     labels = [a for a, _ in axes]
     vector = config.get(f"{s}.vector")
     vi = labels.index(vector) if vector in labels else None
@@ -144,20 +475,19 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -
             last = (list(perm)[-1] if perm is not None else len(dims) - 1) if not packed else uses[0] if uses else -1
             if uses and (len(uses) > 1 or uses[0] != last):
                 vec_eff *= 0.05  # a gather along the vector axis
-    tile_elems = prod(e for _, e in s_inner + v_inner)
-    accumulators = max(1, tile_elems // lanes)
+    accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
     if config.get(f"{s}.cache") == "local":
-        reg_eff = min(1.0, accumulators / 8.0)
-        if accumulators > m.registers - 4:
-            reg_eff *= 0.5
+        # independent accumulators hide the FMA latency: fma units x latency of them keep the units busy
+        reg_eff = min(1.0, accumulators / (m.fma_per_cycle * FMA_LATENCY))
+        if accumulators > m.accumulators:
+            reg_eff *= 0.5  # spills
     else:
         reg_eff = 0.3
     parallel = prod(e for _, e in outer)
-    par_eff = parallel / (math.ceil(parallel / m.cores) * m.cores) if parallel >= m.cores else parallel / m.cores
+    par_eff = balance(parallel, m.cores) if parallel >= m.cores else parallel / m.cores
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
-    peak = m.cores * m.fma_per_cycle * lanes * m.hz
-    compute = guards * macs / (peak * vec_eff * reg_eff * par_eff * min(unroll, 1.0) + 1e-9) / unroll
+    compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
     # memory: footprint of the nest below each loop, against each cache level
     buffers = [dims for _, dims in stage.reads] + [[{k} for k in range(nspatial)]]
     extents_below = [1] * len(axes)
@@ -165,18 +495,16 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -
     for position in range(len(nest) - 1, -1, -1):
         k, e = nest[position]
         extents_below[k] *= e
-        footprint = 0
-        for dims in buffers:
-            footprint += prod(sum(extents_below[i] - 1 for i in used) + 1 for used in dims)
+        footprint = sum(_footprint(dims, extents_below) for dims in buffers)
         outside = prod(ee for _, ee in nest[:position])
         footprints.append((footprint * 4, outside))
     traffic = []
-    for capacity in (m.l1, m.l2):
-        fits = [(f, o) for f, o in footprints if f <= capacity // 2]
+    for cap in (m.l1, m.l2):
+        fits = [(f, o) for f, o in footprints if f <= cap // 2]
         f, o = max(fits, key=lambda fo: fo[0]) if fits else (footprints[0][0], prod(e for _, e in nest))
         traffic.append(f * o)
     memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores))
-    return max(compute, memory)
+    return compute, memory
 
 
 def _model(space: Space) -> Model:
@@ -184,6 +512,33 @@ def _model(space: Space) -> Model:
     if model is None:
         model = space.__dict__["_gensor_model"] = Model.of(space.machine)
     return model
+
+
+#: The scales :func:`calibrate` tries for the compute and the memory terms (factors of sqrt(2)).
+SCALES = tuple(2.0 ** (k / 2) for k in range(-8, 9))
+
+
+def calibrate(space: Space, model: Model, records: Sequence[Record], minimum: int = 4) -> Model:
+    """``model`` with its compute and memory terms scaled to fit the measured ``records`` (least squares
+    of the log time over a grid of :data:`SCALES`; ties go to the scales nearest 1): the peak and the
+    bandwidths as this machine reaches them in these kernels. Unchanged with fewer than ``minimum``
+    measured records."""
+    measured = [(r.latency, stage_terms(space, r.config, model)) for r in records if r.latency]
+    if len(measured) < minimum:
+        return model
+    best, best_error = (1.0, 1.0), float("inf")
+    for a in SCALES:
+        for b in SCALES:
+            error = sum((math.log(t) - math.log(max(_combine(terms, a, b), 1e-30))) ** 2 for t, terms in measured)
+            error += 1e-9 * (abs(math.log(a)) + abs(math.log(b)))
+            if error < best_error:
+                best, best_error = (a, b), error
+    return dataclasses.replace(model, compute_scale=best[0], memory_scale=best[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# The walks and the tuner
+# ------------------------------------------------------------------------------------------------
 
 
 def plausible(space: Space, config: Mapping[str, Any]) -> bool:
@@ -209,10 +564,13 @@ def walk(
     t0: float = 0.5,
     t1: float = 0.02,
     sample: int = 48,
+    model: Model | None = None,
 ) -> list[tuple[float, dict[str, Any]]]:
-    """An annealed Markov walk from ``start``: every visited state with its estimated time."""
+    """An annealed Markov walk from ``start`` over every parameter of the space (not only the tiles):
+    every visited state with its estimated time."""
+    model = model or _model(space)
     state = dict(start)
-    cost = estimate(space, state)
+    cost = estimate(space, state, model)
     visited = [(cost, dict(state))]
     for step in range(steps):
         temperature = t0 * (t1 / t0) ** (step / max(1, steps - 1))
@@ -222,7 +580,7 @@ def walk(
         options = [o for o in options if plausible(space, o)]
         if not options:
             break
-        costs = [estimate(space, o) for o in options]
+        costs = [estimate(space, o, model) for o in options]
         logits = [-(math.log(c) - math.log(cost)) / temperature for c in costs]
         top = max(logits)
         weights = [math.exp(v - top) for v in logits]
@@ -243,19 +601,68 @@ def identity(space: Space) -> dict[str, Any]:
     return config
 
 
+def untiled(space: Space, config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with every reduction stage's tiles and cache as in the unscheduled program: the start of
+    a construction, keeping the other choices (vector axis, layouts, unrolling, ...)."""
+    base = identity(space)
+    out = dict(config)
+    for stage in space.stages:
+        if stage.kind != "reduce":
+            continue
+        for name in space.parameters:
+            if name.startswith(f"{stage.name}.tile.") or name == f"{stage.name}.cache":
+                out[name] = base[name]
+    return out
+
+
+def signature(space: Space, config: Mapping[str, Any]) -> str:
+    """What tells two proposals apart beyond a near-copy: the reduction stages' register tiles, inner
+    reduction tiles, vector axes and caches, and the layouts (not the outer/middle split nor the order)."""
+    kept = {}
+    for name, value in config.items():
+        if ".tile." in name and name.split(".tile.")[0] in {s.name for s in space.stages if s.kind == "reduce"}:
+            kept[name] = tuple(value)[1:]
+        elif name.endswith((".vector", ".cache")) or name.startswith("layout."):
+            kept[name] = value
+    return config_key(kept)
+
+
+def _diverse(space: Space, ranked: Sequence[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
+    """``ranked`` with one state per :func:`signature` first (in order), then the rest: a walk's best
+    states are near-copies of one, and a batch of them measures one schedule several times over."""
+    first, rest, seen = [], [], set()
+    for cost, config in ranked:
+        sig = signature(space, config)
+        (rest if sig in seen else first).append((cost, config))
+        seen.add(sig)
+    return first + rest
+
+
 class Gensor:
-    """Proposes the best-estimated schedules of annealed walks, no measurement needed to choose them."""
+    """Proposes the rule-based start, then the best-estimated distinct schedules of the level-by-level
+    constructions and of annealed walks; walks again from each new best measured schedule, with the
+    model calibrated on the measurements so far."""
 
     name = "gensor"
 
     def __init__(
-        self, space: Space, history: Sequence[Record] = (), *, seed: int = 0, walks: int = 3, steps: int = 300
+        self,
+        space: Space,
+        history: Sequence[Record] = (),
+        *,
+        seed: int = 0,
+        walks: int = 3,
+        steps: int = 300,
+        constructions: int = 24,
     ) -> None:
         self.space = space
         self.rng = random.Random(seed)
         self.seen = {r.key for r in history}
         self.walks = walks
         self.steps = steps
+        self.constructions = constructions
+        self.records: list[Record] = list(history)
+        self.model = calibrate(space, _model(space), self.records)
         self.pool: list[tuple[float, dict[str, Any]]] = []
         self.best_measured: tuple[float, dict[str, Any]] | None = None
         for record in history:
@@ -263,19 +670,32 @@ class Gensor:
                 self.best_measured = (record.latency, record.config)
 
     def construct(self) -> None:
-        """Run the walks: from the unscheduled program, from the space's rule-based schedule (Gensor
-        builds from rules too; the model decides where to go from there), and from the best measured
-        schedule if any."""
-        starts = [identity(self.space)] * self.walks + [self.space.heuristic()]
+        """Fill the pool: the rule-based schedule first (the model ranks it below states that measure up
+        to 2x slower: conv2d conv3_x, 2.1 ms picks against 1.1 ms), then, in the order of their
+        estimates, one per :func:`signature` first: the level-by-level constructions (from the rule-based
+        schedule's choices -- vector axis, layouts, unrolling -- with its tiles undone: the paper's
+        actions do not choose those, and a construction from the unscheduled program vectorizes the
+        first axis, a gather in both bench cases), then annealed walks
+        from the best construction, the rule-based schedule, and the best measured schedule if any."""
+        space, model = self.space, self.model
+        heuristic = space.heuristic()
+        start = untiled(space, heuristic)
+        built = [build(space, start, self.rng, model) for _ in range(self.constructions)]
+        ranked = sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+        walk_starts = [ranked[0][1]] * max(1, self.walks - 1) + [heuristic]
         if self.best_measured is not None:
-            starts.append({k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()})
-        # the walks' best states in turn (each walk's best first): the global top few are near-copies
-        # of one state, and the model is not exact enough to bet a whole batch on one walk
-        walks = [sorted(walk(self.space, start, self.rng, steps=self.steps), key=lambda cc: cc[0]) for start in starts]
-        self.pool = [walk_[i] for i in range(max(len(w) for w in walks)) for walk_ in walks if i < len(walk_)]
-        # the rule-based start first: the model ranks it below states that measure up to 2x slower
-        # (conv2d conv3_x: its picks ran 2.1 ms, the rule-based configuration 1.1 ms)
-        self.pool.insert(0, (estimate(self.space, starts[self.walks]), starts[self.walks]))
+            walk_starts.append({k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()})
+        walked = [
+            sorted(walk(space, start, self.rng, steps=self.steps, model=model), key=lambda cc: cc[0])
+            for start in walk_starts
+        ]
+        # after a new best, its walk's states first: they are what the measurements point to
+        walked_pool = [w[i] for i in range(max(len(w) for w in walked)) for w in walked[::-1] if i < len(w)]
+        if self.best_measured is None:
+            merged = _diverse(space, ranked) + _diverse(space, walked_pool)
+        else:
+            merged = _diverse(space, walked_pool) + _diverse(space, ranked)
+        self.pool = [(estimate(space, heuristic, model), heuristic), *merged]
 
     def propose(self, n: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -298,18 +718,24 @@ class Gensor:
         return out
 
     def update(self, records: Sequence[Record]) -> None:
+        improved = False
         for record in records:
             self.seen.add(record.key)
+            self.records.append(record)
             if record.latency is not None and (self.best_measured is None or record.latency < self.best_measured[0]):
                 self.best_measured = (record.latency, record.config)
-                self.pool = []  # walk again from the new best
+                improved = True
+        if improved:
+            self.model = calibrate(self.space, _model(self.space), self.records)
+            self.pool = []  # walk again from the new best
 
 
 def construct(space: Space, seed: int = 0, walks: int = 3, steps: int = 300) -> dict[str, Any]:
-    """Gensor's schedule without any measurement: the best-estimated valid configuration of the walks."""
+    """Gensor's schedule without any measurement: the best-estimated valid configuration of the
+    constructions and walks."""
     tuner = Gensor(space, seed=seed, walks=walks, steps=steps)
     tuner.construct()
-    tuner.pool.sort(key=lambda cc: cc[0])  # no measurement to come: the best estimate of all walks
+    tuner.pool.sort(key=lambda cc: cc[0])  # no measurement to come: the best estimate of all
     picks = tuner.propose(1)
     if not picks:
         raise LoweringError("the walks found no valid schedule")
