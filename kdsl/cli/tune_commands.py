@@ -119,7 +119,8 @@ def add_tune_commands(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="an option of the tuner (repeatable): opevo q=0.5, lambda=8 (parents), rho=8 (offspring), walks=all, "
         "init=random, or setting=paper (OpEvo's paper: lambda=rho=8, q=0.5, every parameter walked, random start); "
-        "alt per_layout=4, layouts=6",
+        "alt per_layout=4, layouts=6, pool=512 (candidates its cost model ranks per round), explore=0.125, "
+        "min_records=8, model=false (no cost model)",
     )
     tune.add_argument("--batch", type=positive_int, default=8, help="configurations compiled in parallel per round")
     tune.add_argument(

@@ -7,22 +7,43 @@ loop tuning (OpEvo with the layout pinned, ``per_layout`` trials) measures what 
 best latency is fed back to the layout search, whose next candidates are one-tensor changes of the best
 layouts so far. Then *loop-only tuning*: OpEvo on the best layout for the rest of the budget.
 
+*The cost model* (ALT §5.2.3; :class:`~kdsl.tune.cost_model.CostModel`, boosted trees refitted on the
+measured records every round): once ``min_records`` configurations have a latency, every round ranks a
+pool of ``pool`` candidates and measures the top of it. For the layout search the candidates are the
+one-tensor changes of the three best layouts, each scored by the model with the best measured loop
+configurations under it; for loop tuning (under the current layout) they are every one-step neighbour
+of the best configuration, q-random-walk mutations of the best few, and random ones. A share ``explore``
+of each round is drawn at random from the rest of the pool (a model trained on tens of points is wrong
+in places it has not seen). Every proposed configuration is checked to apply first. ALT measures the top
+8 of 128-point batches (§7); the pool here is larger because a candidate costs a model evaluation, not
+a measurement.
+
 >>> pruned_choices(("none", "0:4", "0:8", "1:16", "1:128"))
 ['none', '0:8', '1:16']
 """
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Categorical, Space, config_key
-from kdsl.tune.opevo import OpEvo
-from kdsl.tune.records import Record
+from kdsl.lang.errors import LoweringError
+from kdsl.tune.cost_model import CostModel, have_sklearn
+from kdsl.tune.gensor import plausible
+from kdsl.tune.opevo import OpEvo, mutate
+from kdsl.tune.records import Record, TuneError
 
 #: Tile factors of ALT's pruned layout template.
 TEMPLATE_FACTORS = (8, 16, 32)
+#: Measured configurations the cost model needs before it ranks candidates (fewer: the search without it).
+MIN_RECORDS = 8
+#: Candidates the cost model ranks per round.
+POOL = 512
+#: Best measured configurations whose mutations fill the pool (ALT's loop actors walk from the best points).
+BASES = 4
 
 
 def pruned_choices(choices: Sequence[str]) -> list[str]:
@@ -31,7 +52,8 @@ def pruned_choices(choices: Sequence[str]) -> list[str]:
 
 
 class Alt:
-    """Cross exploration of layouts with short loop tunings, then loop tuning on the best layout."""
+    """Cross exploration of layouts with short loop tunings, then loop tuning on the best layout; candidates
+    ranked by a learned cost model once ``min_records`` configurations are measured (``model=False``: never)."""
 
     name = "alt"
 
@@ -44,18 +66,39 @@ class Alt:
         per_layout: int = 4,
         layouts: int = 6,
         q: float = 0.5,
+        model: bool = True,
+        min_records: int = MIN_RECORDS,
+        pool: int = POOL,
+        explore: float = 0.125,
     ) -> None:
+        if model and not have_sklearn():
+            raise TuneError("alt's cost model needs scikit-learn: pip install 'kdsl[search]' (or model=false)")
+        for option, value, least in (("per_layout", per_layout, 1), ("layouts", layouts, 1), ("pool", pool, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise TuneError(f"alt: {option} must be a positive integer, got {value!r}")
+        if not isinstance(min_records, int) or isinstance(min_records, bool) or min_records < 2:
+            raise TuneError(f"alt: min_records must be an integer of at least 2 (a model needs 2), got {min_records!r}")
+        if not isinstance(explore, (int, float)) or isinstance(explore, bool) or not 0 <= explore <= 1:
+            raise TuneError(f"alt: explore must be in [0, 1], got {explore!r}")
+        if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0 <= q < 1:
+            raise TuneError(f"alt: q must be in [0, 1), got {q!r}")
         self.space = space
         self.rng = random.Random(seed)
         self.seed = seed
         self.per_layout = per_layout
         self.layouts = layouts
         self.q = q
+        self.min_records = min_records
+        self.pool = pool
+        self.explore = explore
+        self.cost = CostModel(space, seed) if model else None
+        self.fitted = -1  # records the model was last fitted on
         self.history = list(history)
         self.seen = {r.key for r in history}
         heuristic = space.heuristic()
         self.start = heuristic
         self.layout_names = [n for n in space.parameters if n.startswith("layout.")]
+        self.loops = {n: p for n, p in space.parameters.items() if n not in self.layout_names}
         self.template: dict[str, list[Any]] = {}
         for name in self.layout_names:
             param = space.parameters[name]
@@ -75,7 +118,7 @@ class Alt:
         self.inner: OpEvo | None = None
         self.final = False
 
-    def _layout_of(self, config: dict[str, Any]) -> dict[str, Any]:
+    def _layout_of(self, config: Mapping[str, Any]) -> dict[str, Any]:
         return {n: tuple(v) if isinstance(v, list) else v for n, v in config.items() if n in self.layout_names}
 
     def _next_layout(self) -> dict[str, Any] | None:
@@ -104,6 +147,8 @@ class Alt:
         )
 
     def propose(self, n: int) -> list[dict[str, Any]]:
+        if self._model_ready():
+            return self._propose_ranked(n)
         if self.final:
             assert self.inner is not None
             return self.inner.propose(n)
@@ -135,3 +180,136 @@ class Alt:
             self.tried[key] = (layout, best)
         if self.inner is not None:
             self.inner.update(records)
+
+    # -- the cost model ------------------------------------------------------------------------------
+
+    def _measured(self) -> list[Record]:
+        """The records with a latency, fastest first (ties in the order they were measured)."""
+        return sorted((r for r in self.history if r.latency is not None), key=lambda r: r.latency or 0.0)
+
+    def _model_ready(self) -> bool:
+        """Whether the cost model ranks this round's candidates: enough measured records (refitted on
+        every new record, as ALT trains its model online)."""
+        if self.cost is None or len(self._measured()) < self.min_records:
+            return False
+        if self.fitted != len(self.history):
+            self.cost.fit(self.history)
+            self.fitted = len(self.history)
+        return self.cost.trained
+
+    def _propose_ranked(self, n: int) -> list[dict[str, Any]]:
+        """``n`` configurations ranked by the model, across layouts as the cross exploration moves on
+        (``per_layout`` each), then under the best layout."""
+        out: list[dict[str, Any]] = []
+        while len(out) < n:
+            if not self.final and (self.current is None or self.used >= self.per_layout):
+                layout = self._ranked_layout() if len(self.tried) < self.layouts else None
+                if layout is None:  # loop-only tuning on the best layout
+                    layout = min(self.tried.values(), key=lambda lb: lb[1])[0]
+                    self.final = True
+                self.current, self.used, self.inner = layout, 0, None
+                self.tried.setdefault(config_key(layout), (layout, float("inf")))
+            assert self.current is not None
+            room = n - len(out) if self.final else min(n - len(out), self.per_layout - self.used)
+            batch = self._ranked_configs(self.current, room, out)
+            out += batch
+            self.used += len(batch)
+            if len(batch) < room:
+                if self.final:
+                    break
+                self.used = self.per_layout  # this layout yields no more: the next one
+        return out
+
+    def _ranked_layout(self) -> dict[str, Any] | None:
+        """The untried one-tensor change of the three best layouts that the model expects fastest with the
+        best measured loop configurations (at random with probability ``explore``)."""
+        ranked = sorted(self.tried.values(), key=lambda lb: lb[1])[:3]
+        candidates: dict[str, dict[str, Any]] = {}
+        for layout, _ in ranked:
+            for name, choices in self.template.items():
+                for choice in choices:
+                    changed = {**layout, name: choice}
+                    key = config_key(changed)
+                    if key not in self.tried:
+                        candidates.setdefault(key, changed)
+        if not candidates:
+            return None
+        layouts = list(candidates.values())
+        if self.rng.random() < self.explore:
+            return self.rng.choice(layouts)
+        loops = [self._loops_of(r.config) for r in self._measured()[:3]]
+        assert self.cost is not None
+        scores = self.cost.predict([{**loop, **layout} for layout in layouts for loop in loops])
+        best = [min(scores[i * len(loops) : (i + 1) * len(loops)]) for i in range(len(layouts))]
+        return layouts[min(range(len(layouts)), key=lambda i: (best[i], i))]
+
+    def _loops_of(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        return {n: tuple(v) if isinstance(v, list) else v for n, v in config.items() if n in self.loops}
+
+    def _ranked_configs(
+        self, layout: Mapping[str, Any], k: int, taken: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Up to ``k`` new configurations under ``layout`` that apply: the model's top of a pool of
+        candidates, and a share ``explore`` drawn at random from the rest of it."""
+        measured = self._measured()
+        bases = [self._loops_of(r.config) for r in measured if self._layout_of(r.config) == layout][:BASES]
+        for record in measured:  # a layout with few measurements borrows the best loops measured elsewhere
+            if len(bases) >= BASES:
+                break
+            loops = self._loops_of(record.config)
+            if loops not in bases:
+                bases.append(loops)
+        bases = [{**b, **layout} for b in bases] or [{**self.start, **layout}]
+        skip = self.seen | {config_key(c) for c in taken}
+        pool: dict[str, dict[str, Any]] = {}
+
+        def add(config: dict[str, Any]) -> None:
+            key = config_key(config)
+            if key not in skip and key not in pool and plausible(self.space, config):
+                pool[key] = config
+
+        for name, param in self.loops.items():  # every one-step neighbour of the best
+            for value in param.neighbours(bases[0][name]):
+                add({**bases[0], name: value})
+        rate = min(1.0, 2.0 / max(1, len(self.loops)))  # about two parameters walked per mutation, as OpEvo's
+        for _ in range(4 * self.pool):
+            if len(pool) >= self.pool * 3 // 4:
+                break
+            add({**mutate(self.loops, self.rng.choice(bases), self.q, self.rng, rate), **layout})
+        for _ in range(2 * self.pool):
+            if len(pool) >= self.pool:
+                break
+            add({**self.space.random(self.rng), **layout})
+        configs = list(pool.values())
+        if not configs:
+            return []
+        assert self.cost is not None
+        scores = self.cost.predict(configs)
+        order = sorted(range(len(configs)), key=lambda i: (scores[i], i))
+        explore = math.floor(k * self.explore + self.rng.random())  # the share, rounded at random
+        chosen: list[int] = []
+        checked: set[int] = set()
+        for i in order:  # the model's top
+            if len(chosen) >= k - explore or len(checked) >= 6 * k:
+                break
+            checked.add(i)
+            if self._applies(configs[i]):
+                chosen.append(i)
+        rest = [i for i in order if i not in checked]
+        self.rng.shuffle(rest)
+        for i in rest:  # exploration, and the places the space rejected in the model's top
+            if len(chosen) >= k or len(checked) >= 12 * k:
+                break
+            checked.add(i)
+            if self._applies(configs[i]):
+                chosen.append(i)
+        out = [configs[i] for i in chosen]
+        self.seen |= {config_key(c) for c in out}
+        return out
+
+    def _applies(self, config: Mapping[str, Any]) -> bool:
+        try:
+            self.space.apply(dict(config))
+        except LoweringError:
+            return False
+        return True
