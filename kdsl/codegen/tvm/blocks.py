@@ -30,6 +30,9 @@ class Axis:
     gathers: int = 0  # reads along which a vector on this axis would gather (not the stride-1 last dim)
     gather_stride: int | None = 0  # the largest element stride of those gathers (None: not affine, or not the last dim)
     packs: list[tuple[str, int]] = field(default_factory=list)  # (weight, dim) a packing copy makes contiguous
+    # (weight, dim) read contiguously along this axis in its last dim, with other dims in front: a tile's
+    # slab of it is a strided panel (rows a whole last dim apart) that a packing copy makes one block
+    panels: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +120,8 @@ def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
                     continue
                 coeff = None if strides[d] is None else strides[d].get(axis.index)
                 if d == len(dims) - 1 and coeff == 1:
+                    if name in weight_names and len(used) == 1 and len(dims) > 1:
+                        axis.panels.append((name, d))
                     continue  # contiguous
                 if name in weight_names and len(used) == 1 and coeff == 1:
                     axis.packs.append((name, d))

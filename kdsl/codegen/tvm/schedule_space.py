@@ -437,6 +437,9 @@ class Space:
             factors.append(extent)
         return factors
 
+    def _tensor(self, name: str) -> _Tensor:
+        return next(t for t in self.tensors if t.name == name)
+
     def _stage(self, name: str) -> StageBlock:
         return next(s for s in self.stages if s.name == name)
 
@@ -511,6 +514,10 @@ class Space:
           is a ``local`` tile written back once.
         * Weights that the vector axis indexes in another dim than their last are packed once per call
           to ``[v // f, <other dims>, v % f]`` (ALT-style): one tile's weights form one contiguous block.
+          So are weights it indexes in their last dim when that dim is longer than the vector tile: a
+          tile's slab is then a panel of rows a whole dim apart (matmul 512x1024x1024: 1024 rows 4 KiB
+          apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
+          unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
@@ -562,8 +569,9 @@ class Space:
                 continue
             if isinstance(self.lowered.op, Graph):
                 self._vector_last(stage, vector, config)
-            for weight, dim in dict.fromkeys(vector.packs):
-                tensor = next(t for t in self.tensors if t.name == weight)
+            panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
+            for weight, dim in dict.fromkeys([*vector.packs, *panels]):
+                tensor = self._tensor(weight)
                 tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
                 if tensor.reader == s and tile in self.parameters[f"layout.{weight}.tile"].choices:
                     config[f"layout.{weight}.tile"] = tile
