@@ -135,7 +135,7 @@ def test_the_model_reads_the_machine():
     from kdsl.tune.gensor import Model
 
     two, four = Model.of(AVX2), Model.of(dataclasses.replace(AVX2, cores=4, ghz=1.5))
-    assert (two.lanes, two.accumulators, two.l1, two.l2) == (8, 12, 32 << 10, 1 << 20)
+    assert (two.lanes, two.accumulators, two.l1, two.l2) == (8, AVX2.accumulators(), 32 << 10, 1 << 20)
     assert four.peak == two.peak  # twice the cores at half the clock
     assert four.bw_l2 == two.bw_l2 / 2  # per core, per cycle times the clock
     assert Model.of(AVX512).peak == 2 * 2 * 16 * 2.6e9
@@ -193,3 +193,20 @@ def test_the_tuner_proposes_distinct_register_tiles_first():
     assert batch[0] == space.heuristic()  # the rule-based start is measured first
     signatures = [gensor.signature(space, c) for c in batch]
     assert len(set(signatures)) == len(signatures)  # no near-copies in the first batch
+
+
+def test_after_a_new_best_it_proposes_the_next_states_of_the_best():
+    from kdsl.codegen.tvm.schedule_space import normalize
+    from kdsl.tune.gensor import Gensor
+    from kdsl.tune.records import Record
+
+    space = _space(MATMUL, AVX2)
+    tuner = Gensor(space, seed=0, walks=2, steps=40, constructions=8)
+    batch = tuner.propose(4)
+    best = normalize(batch[2])
+    tuner.update([Record(c, 1e-4 if normalize(c) == best else 1e-3, None, "gensor") for c in batch])
+    following = [normalize(c) for c in tuner.propose(4)]
+    assert len(following) == 4
+    for config in following:
+        changed = [name for name in config if config[name] != best[name]]
+        assert len(changed) == 1 and ".tile." in changed[0], changed  # one tiling action from the best

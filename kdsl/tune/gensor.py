@@ -24,11 +24,14 @@ reduction): ``register`` -- the inner spatial tiles, capacity the machine's accu
 capacity half the L1 data cache; ``L2`` -- the middle spatial tiles (one core's block of the output,
 the fused outer tiles being the parallel chunks), capacity half the L2 cache.
 
-The paper's text builds from the unscheduled program and moves towards "higher level memory"; our
-space nests its levels so that an L1 slice is only known once the register tile is, so the walk fills
-the register tile first, then L1, then L2 (Roller's bottom-up growth of a tile from the hardware's
-smallest aligned unit). The temperature restarts at each level (in the paper it halves across the
-whole walk; with three levels a single schedule left the last level no step).
+The paper's walk starts from the unscheduled program and its caching action moves the data "into faster,
+higher-level memory, closer to the computing units": it tiles for the slowest level first and ends at
+the fastest. This one goes the other way, register tile first: in our space's nest an L1 slice's
+footprint depends on the register tile below it, and the register file is the one capacity known
+exactly. The temperature restarts at each level (the paper halves it across the whole walk; as the
+caching weight doubles per step, the later levels would get almost no step). Our copy of the paper
+lost its formulas' symbols: the forms above follow its prose. Half the constructions also take the
+loop order that the levels describe (:func:`blocked_order`), the others keep the start's.
 
 The constructions rank by :func:`estimate`, an analytic time of this CPU: per reduction stage the
 largest of its compute time (FMA peak scaled by vector, register-tile and parallel efficiency) and its
@@ -38,9 +41,10 @@ traffic at each cache level, with the peak, cache sizes and bandwidths of the ta
 annealed walks' best-estimated distinct schedules, and walks again from each new best measured one.
 
 >>> from kdsl.codegen.tvm.machine import from_features
->>> model = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
->>> model.lanes, model.registers, model.accumulators, model.fma_per_cycle
-(8, 16, 12, 2)
+>>> machine = from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0)
+>>> model = Model.of(machine)
+>>> model.lanes, model.registers, model.fma_per_cycle, model.accumulators == machine.accumulators()
+(8, 16, 2, True)
 """
 
 from __future__ import annotations
@@ -106,8 +110,8 @@ class Model:
 
         >>> from kdsl.codegen.tvm.machine import from_features
         >>> m = Model.of(from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0))
-        >>> m.lanes, m.accumulators, m.bw_l1 / 2e9, m.peak / 1e9
-        (16, 28, 128.0, 128.0)
+        >>> m.lanes, m.registers, m.bw_l1 / 2e9, m.peak / 1e9
+        (16, 32, 128.0, 128.0)
         """
         hz = machine.ghz * 1e9
         return cls(
@@ -661,15 +665,39 @@ def untiled(space: Space, config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def signature(space: Space, config: Mapping[str, Any]) -> str:
-    """What tells two proposals apart beyond a near-copy: the reduction stages' register tiles, inner
-    reduction tiles, vector axes and caches, and the layouts (not the outer/middle split nor the order)."""
-    kept = {}
+    """What tells two proposals apart beyond a near-copy: the reduction stages' L2 and register tiles
+    (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches and ``S.reductions``,
+    and which tensors are packed (not the outer tiles, the loop order, unrolling, nor the layout tile's
+    factor and order: matmul's walks proposed the same schedule with its input packed by 4, 8, 16 and 32,
+    all within noise of each other)."""
+    reduce = {s.name for s in space.stages if s.kind == "reduce"}
+    kept: dict[str, Any] = {}
     for name, value in config.items():
-        if ".tile." in name and name.split(".tile.")[0] in {s.name for s in space.stages if s.kind == "reduce"}:
+        if ".tile." in name and name.split(".tile.")[0] in reduce:
             kept[name] = tuple(value)[1:]
-        elif name.endswith((".vector", ".cache")) or name.startswith("layout."):
+        elif name.endswith((".vector", ".cache", ".reductions")):
             kept[name] = value
+        elif name.startswith("layout.") and name.endswith(".tile"):
+            kept[name] = value != "none"
     return config_key(kept)
+
+
+def steps_from(space: Space, config: Mapping[str, Any], model: Model | None = None) -> list[dict[str, Any]]:
+    """The construction's tiling moves from ``config`` at every level of every reduction stage that pass
+    the memory check (:func:`capacity`) and keep a chunk per core: the states one step of the Markov
+    chain away from it."""
+    model = model or _model(space)
+    out = []
+    for stage in space.stages:
+        if stage.kind != "reduce" or config.get(f"{stage.name}.cache") != "local":
+            continue
+        chunks = _chunks(stage, config)
+        for level in LEVELS:
+            for move in _moves(stage, config, level):
+                fits = all(capacity(space, stage, move, lv, model) for lv in LEVELS)
+                if fits and parallel_benefit(chunks, _chunks(stage, move), model.cores) > 0:
+                    out.append(move)
+    return out
 
 
 def _diverse(space: Space, ranked: Sequence[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
@@ -715,32 +743,38 @@ class Gensor:
                 self.best_measured = (record.latency, record.config)
 
     def construct(self) -> None:
-        """Fill the pool: the rule-based schedule first (the model ranks it below states that measure up
-        to 2x slower: conv2d conv3_x, 2.1 ms picks against 1.1 ms), then, in the order of their
-        estimates, one per :func:`signature` first: the level-by-level constructions (from the rule-based
-        schedule's choices -- vector axis, layouts, unrolling -- with its tiles undone: the paper's
-        actions do not choose those, and a construction from the unscheduled program vectorizes the
-        first axis, a gather in both bench cases), then annealed walks
-        from the best construction, the rule-based schedule, and the best measured schedule if any."""
+        """Fill the pool. Before any measurement: the rule-based schedule first (the model ranks it below
+        states that measure up to 2x slower: conv2d conv3_x, 2.1 ms picks against 1.1 ms), then, in the
+        order of their estimates and one per :func:`signature` first, the level-by-level constructions
+        from the rule-based schedule's choices (vector axis, layouts, unrolling: the paper's actions do
+        not choose those, and a construction from the unscheduled program vectorizes the first axis, a
+        gather in both bench cases) with its tiles undone, then annealed walks from the best
+        construction and from the rule-based schedule. After a measurement: the Markov chain's next
+        states from the best measured schedule (:func:`steps_from`: every tiling move at every level that
+        passes the memory check), constructions from its choices, and a walk from it."""
         space, model = self.space, self.model
         heuristic = space.heuristic()
-        start = untiled(space, heuristic)
-        built = [build(space, start, self.rng, model, blocked=i % 2 == 1) for i in range(self.constructions)]
-        ranked = sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
-        walk_starts = [ranked[0][1]] * max(1, self.walks - 1) + [heuristic]
+        best = None
         if self.best_measured is not None:
-            walk_starts.append({k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()})
+            best = {k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()}
+        base = best or heuristic
+        start = untiled(space, base)
+        blocked = [best is None and i % 2 == 1 for i in range(self.constructions)]
+        built = [build(space, start, self.rng, model, blocked=b) for b in blocked]
+        ranked = sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+        walk_starts = [base] if best is not None else [ranked[0][1]] * max(1, self.walks - 1) + [heuristic]
         walked = [
-            sorted(walk(space, start, self.rng, steps=self.steps, model=model), key=lambda cc: cc[0])
-            for start in walk_starts
+            sorted(walk(space, s, self.rng, steps=self.steps, model=model), key=lambda cc: cc[0]) for s in walk_starts
         ]
-        # after a new best, its walk's states first: they are what the measurements point to
-        walked_pool = [w[i] for i in range(max(len(w) for w in walked)) for w in walked[::-1] if i < len(w)]
-        if self.best_measured is None:
-            merged = _diverse(space, ranked) + _diverse(space, walked_pool)
+        walked_pool = [w[i] for i in range(max(len(w) for w in walked)) for w in walked if i < len(w)]
+        if best is None:
+            self.pool = [(estimate(space, heuristic, model), heuristic), *_diverse(space, ranked)]
         else:
-            merged = _diverse(space, walked_pool) + _diverse(space, ranked)
-        self.pool = [(estimate(space, heuristic, model), heuristic), *merged]
+            nearby = sorted(
+                ((estimate(space, c, model), c) for c in steps_from(space, best, model)), key=lambda cc: cc[0]
+            )
+            self.pool = [*nearby, *_diverse(space, ranked)]
+        self.pool += _diverse(space, walked_pool)
 
     def propose(self, n: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
