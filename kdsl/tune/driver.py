@@ -39,7 +39,7 @@ def make_tuner(name: str, space: Space, history: Sequence[Record], seed: int = 0
     if name == "opevo":
         return OpEvo(space, history, seed=seed, **_known(OpEvo, name, opevo_options(options)))
     if name == "gensor":
-        return Gensor(space, history, seed=seed, **options)
+        return Gensor(space, history, seed=seed, **_known(Gensor, name, options))
     if name == "alt":
         return Alt(space, history, seed=seed, **_known(Alt, name, options))
     if name == "random":
