@@ -26,7 +26,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kdsl import gallery, solve
-from kdsl.bench.target import add_mcpu_argument, machine_line, percent_of_peak, pytorch_note, select_mcpu
+from kdsl.bench.target import (
+    add_mcpu_argument,
+    machine_line,
+    percent_of_peak,
+    pytorch_environment,
+    pytorch_note,
+    select_mcpu,
+)
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.codegen.measure import interleaved_medians, latency_slot, median_seconds
@@ -128,6 +135,8 @@ def _run_worker(kind: str, args: argparse.Namespace, bar: Progress | None = None
         command += ["--ops", *args.ops]
     environment = dict(os.environ)
     environment.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    if kind == "torch":  # native PyTorch held to the ISA the TVM kernels are compiled for (--mcpu)
+        environment.update(pytorch_environment())
     # stderr is read line by line: each finished case moves the bar, the rest is kept for an error
     # (stdout goes to a file: a full stdout pipe would block the worker while stderr is being read)
     with tempfile.TemporaryFile("w+") as out:

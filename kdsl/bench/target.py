@@ -27,6 +27,7 @@ __all__ = [
     "host_mcpu",
     "machine_line",
     "percent_of_peak",
+    "pytorch_environment",
     "pytorch_note",
     "select_mcpu",
 ]
@@ -79,13 +80,44 @@ def machine_line(machine: Machine | None = None) -> str:
     return f"machine: {(machine or current_machine()).describe()}"
 
 
+#: what PyTorch's libraries are told to use at most, per kdsl ISA: oneDNN (convolutions), MKL (matmul)
+#: and ATen's own vectorized kernels each read their own variable
+PYTORCH_ISA = {
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "avx": {"ONEDNN_MAX_CPU_ISA": "AVX", "MKL_ENABLE_INSTRUCTIONS": "AVX", "ATEN_CPU_CAPABILITY": "default"},
+    "sse": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+def pytorch_environment(machine: Machine | None = None) -> dict[str, str]:
+    """Environment variables that hold PyTorch's baseline to the ISA the kernels are compiled for, when
+    that is narrower than this machine's (``--mcpu haswell`` on an AVX-512 machine: PyTorch runs its
+    AVX2 kernels too, so the ratio compares like with like); empty otherwise.
+
+    >>> from kdsl.codegen.tvm.machine import from_features
+    >>> pytorch_environment(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))["ONEDNN_MAX_CPU_ISA"]
+    'AVX2'
+    """
+    machine = machine or current_machine()
+    if machine.isa == "avx512":
+        return {}
+    return dict(PYTORCH_ISA.get(machine.isa, {}))
+
+
 def pytorch_note(machine: Machine | None = None) -> str | None:
-    """When the kernels are compiled for another CPU than this machine's: why PyTorch's "% of peak" is not
-    like for like (PyTorch dispatches on the host's ISA and ignores ``--mcpu``); else ``None``."""
+    """When the kernels are compiled for another CPU than this machine's: how PyTorch's baseline was held
+    to the same ISA (:func:`pytorch_environment`), or why it could not be; else ``None``."""
     machine = machine or current_machine()
     host = host_mcpu()
     if machine.mcpu == host:
         return None
+    capped = pytorch_environment(machine)
+    if capped:
+        told = ", ".join(f"{k}={v}" for k, v in capped.items())
+        return (
+            f"kdsl's kernels are compiled for mcpu {machine.mcpu} on this {host} machine; PyTorch's baseline "
+            f"ran with {told}, so it too uses {machine.isa.upper()} kernels"
+        )
     return (
         f"kdsl's kernels are compiled for mcpu {machine.mcpu} on this {host} machine; PyTorch picks its own "
         f"kernels for this machine's ISA whatever --mcpu says, so its % of peak (against the same "

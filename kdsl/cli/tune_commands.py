@@ -31,7 +31,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kdsl import gallery, solve
-from kdsl.bench.target import add_mcpu_argument, machine_line, percent_of_peak, pytorch_note, select_mcpu
+from kdsl.bench.target import (
+    add_mcpu_argument,
+    machine_line,
+    percent_of_peak,
+    pytorch_environment,
+    pytorch_note,
+    select_mcpu,
+)
 from kdsl.cli.operator_commands import load_operator
 from kdsl.cli.search_commands import positive_int
 from kdsl.codegen.measure import median_seconds
@@ -280,12 +287,13 @@ def _torch_job(state: None, job: tuple[str, dict[str, Any], dict[str, int], int]
 
 def torch_pool() -> WorkerPool:
     """A worker process for :func:`torch_seconds`: PyTorch timed apart from TVM, whose pinned threads
-    would slow it down in the same process (TVM.md), with as many threads as the TVM kernels."""
+    would slow it down in the same process (TVM.md), with as many threads as the TVM kernels, held to
+    the ISA they are compiled for (:func:`~kdsl.bench.target.pytorch_environment`)."""
     threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     return WorkerPool(
         _torch_job,
         setup=functools.partial(_torch_setup, int(threads)),
-        environment={"OMP_NUM_THREADS": threads},
+        environment={"OMP_NUM_THREADS": threads, **pytorch_environment()},
         name="kdsl-torch-baseline",
     )
 
