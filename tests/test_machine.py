@@ -4,6 +4,7 @@ cpuinfo text, and an unknown mcpu refused before anything compiles. No timing.""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -146,3 +147,57 @@ def test_the_cli_refuses_an_unknown_mcpu_before_it_measures(capsys, monkeypatch,
     assert "nonsense" in captured.err and "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
     assert "KDSL_MCPU" not in os.environ and list(tmp_path.iterdir()) == []  # nothing set, nothing tuned
+
+
+AVX2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+AVX512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0)
+
+
+def _register_tile(name, layer, machine):
+    """The default schedule's register tile of ``name``'s contraction stage on ``machine``: its inner
+    spatial tiles, the vector axis and the layout choices."""
+    from kdsl import gallery
+    from kdsl.codegen.tvm import lower
+    from kdsl.codegen.tvm.schedule_space import Space
+
+    space = Space(lower(gallery.load(name), layer), machine=machine)
+    config = space.heuristic()
+    stage = next(s for s in space.stages if s.kind == "reduce")
+    inner = {axis: config[f"{stage.name}.tile.{axis}"][2] for axis, e in stage.spatial if e > 1}
+    vector = config[f"{stage.name}.vector"]
+    assert space.lanes == machine.lanes() and inner[vector] > 1
+    return inner, vector, config
+
+
+@pytest.mark.parametrize("machine", [AVX2, AVX512], ids=["avx2", "avx512"])
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("matmul", {"M": 512, "Cin": 1024, "Cout": 1024}),
+        ("conv2d", {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28}),
+        ("conv2d", {"N": 8, "Cin": 64, "Cout": 64, "H": 56, "W": 56}),
+    ],
+)
+def test_the_register_tile_fits_the_vector_width_and_the_register_file(name, layer, machine):
+    inner, vector, _ = _register_tile(name, layer, machine)
+    lanes = machine.lanes()
+    assert inner[vector] % lanes == 0, (inner, lanes)  # whole vectors along the vector axis
+    accumulators = (inner[vector] // lanes) * math.prod(f for axis, f in inner.items() if axis != vector)
+    assert accumulators <= machine.accumulators(), (inner, accumulators)
+    # and it uses the register file: at least half the accumulators a tile may hold
+    assert 2 * accumulators >= machine.accumulators(), (inner, accumulators)
+
+
+def test_the_register_tile_differs_between_avx2_and_avx512():
+    layer = {"M": 512, "Cin": 1024, "Cout": 1024}
+    narrow, vector, _ = _register_tile("matmul", layer, AVX2)
+    wide, _, _ = _register_tile("matmul", layer, AVX512)
+    assert narrow[vector] == 2 * AVX2.lanes() and wide[vector] == 2 * AVX512.lanes()
+    assert math.prod(narrow.values()) < math.prod(wide.values())
+
+
+@pytest.mark.parametrize("machine", [AVX2, AVX512], ids=["avx2", "avx512"])
+def test_a_matmul_weight_is_packed_into_panels_of_the_vector_tile(machine):
+    inner, vector, config = _register_tile("matmul", {"M": 64, "Cin": 256, "Cout": 128}, machine)
+    assert vector == "Cout"
+    assert config["layout.w.tile"] == f"1:{inner['Cout']}" and tuple(config["layout.w.perm"]) == (1, 0)
