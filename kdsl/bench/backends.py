@@ -29,6 +29,7 @@ from kdsl import gallery, solve
 from kdsl.bench.target import (
     add_mcpu_argument,
     machine_line,
+    measured_peak_gflops,
     percent_of_peak,
     pytorch_environment,
     pytorch_note,
@@ -189,12 +190,14 @@ def bench_codegen(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     machine = current_machine()  # what the TVM worker compiled for (the same KDSL_MCPU)
-    peak = machine.peak_gflops()
+    peak = measured_peak_gflops(machine)  # after the workers: nothing else runs while it is timed
     print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
-    print(machine_line(machine))
+    print(machine_line(machine, measured=peak))
     print("native: PyTorch's own function, or hand-written PyTorch for a branching kernel (kdsl.codegen.native).")
     print("MMAC: millions of multiply-accumulates, GMAC/s: billions a second. PyTorch and TVM in separate processes.")
-    print("%pk: GFLOP/s (2 per MAC) as percent of the machine's assumed peak: native PyTorch's forward and TVM's.\n")
+    print(
+        "%pk: GFLOP/s (2 per MAC) as percent of the machine's measured FMA peak: native PyTorch's forward and TVM's.\n"
+    )
     header = (
         f"{'operator':<27}{'layer':<9}{'MMAC':>9} | {'torch fwd':>9}{'native':>9}{'ratio':>6} | "
         f"{'torch f+b':>9}{'native':>9}{'ratio':>6} | {'tvm fwd':>9}{'vs nat':>7}{'GMAC/s':>8}{'%pk':>5}"

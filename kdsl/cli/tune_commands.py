@@ -34,6 +34,7 @@ from kdsl import gallery, solve
 from kdsl.bench.target import (
     add_mcpu_argument,
     machine_line,
+    measured_peak_gflops,
     percent_of_peak,
     pytorch_environment,
     pytorch_note,
@@ -334,8 +335,8 @@ def bench_tune(args: argparse.Namespace) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"kdsl bench tune: {trials} trials per tuner, records in {db}; load average {load:.2f} at start")
     machine = current_machine()  # the --mcpu one: what every kernel below is compiled for
-    print(machine_line(machine))
-    peak = machine.peak_gflops()
+    peak = measured_peak_gflops(machine)
+    print(machine_line(machine, measured=peak))
     checkpoints = [n for n in (8, 16, 32, 64, 128, 256) if n < trials] + [trials]
     started = time.time()
     for label, name, layer in cases:
@@ -399,7 +400,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     print(
         f"(metaschedule's curve is its own reported times; final columns: every best schedule recompiled and "
         f"re-measured in one process, alternating with PyTorch for {rounds} rounds, best median of each; "
-        f"% of peak: GFLOP/s (2 per MAC) against the assumed peak of the machine line; "
+        f"% of peak: GFLOP/s (2 per MAC) against the measured FMA peak of the machine line; "
         f"{time.time() - started:.0f} s in all)"
     )
     note = pytorch_note(machine)
