@@ -225,14 +225,22 @@ def _alt_rounds(seed: int, rounds: int, spy: list | None = None, **options) -> l
     space = _space()
     alt = Alt(space, seed=seed, **options)
     if spy is not None:
-        predict = alt.cost.predict
+        predict, choose_layout = alt.cost.predict, alt._ranked_layout
+        ranking = ["configs"]  # what the model scores now: loop configurations, or layouts (with a few loops)
 
         def recording(configs):
             scores = predict(configs)
-            spy.append((list(configs), scores))
+            spy.append((ranking[0], list(configs), scores))
             return scores
 
-        alt.cost.predict = recording
+        def layout():
+            ranking[0] = "layout"
+            try:
+                return choose_layout()
+            finally:
+                ranking[0] = "configs"
+
+        alt.cost.predict, alt._ranked_layout = recording, layout
     proposed = []
     for _ in range(rounds):
         batch = alt.propose(8)
@@ -260,8 +268,8 @@ def test_alt_proposes_the_models_top_once_enough_records_exist():
             continue
         _, batch, space = entry
         keys = {config_key(c) for c in batch}
-        for configs, scores in pending:
-            if len(configs) < 20:  # the layout choice, scored with a few loop configurations
+        for what, configs, scores in pending:
+            if what == "layout":  # the layout choice, scored with a few loop configurations
                 continue
             mine = [s for c, s in zip(configs, scores) if config_key(c) in keys]
             if not mine:
