@@ -271,10 +271,13 @@ class Alt:
         for name, param in self.loops.items():  # every one-step neighbour of the best
             for value in param.neighbours(bases[0][name]):
                 add({**bases[0], name: value})
-        rate = min(1.0, 2.0 / max(1, len(self.loops)))  # about two parameters walked per mutation, as OpEvo's
-        for _ in range(4 * self.pool):
+        # about one, two or four parameters walked per mutation (OpEvo walks two): the better configurations
+        # are often several changes away (conv2d's best at conv3_x changed four parameters of the start)
+        rates = [min(1.0, walks / max(1, len(self.loops))) for walks in (1.0, 2.0, 4.0)]
+        for attempt in range(4 * self.pool):
             if len(pool) >= self.pool * 3 // 4:
                 break
+            rate = rates[attempt % len(rates)]
             add({**mutate(self.loops, self.rng.choice(bases), self.q, self.rng, rate), **layout})
         for _ in range(2 * self.pool):
             if len(pool) >= self.pool:
