@@ -7,7 +7,10 @@ naive scalar loop nests, ~100x slower than PyTorch. The default schedule is
 ``Space(lowered).apply(space.heuristic())`` (:mod:`kdsl.codegen.tvm.schedule_space`): one set of rules,
 built from each stage's block analysis (:mod:`kdsl.codegen.tvm.blocks`: which block axes index which
 buffer dim, with which stride), never from the operator's name, so it applies to operators that search
-invents. :meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic` documents the rules: a register-tiled
+invents, and from the target machine's description (:mod:`kdsl.codegen.tvm.machine`: vector lanes, the
+register file that bounds the register tile, caches), never from constants: the same operator gets a
+16-lane tile of 16 accumulators for AVX-512 and an 8-lane tile of 8 for AVX2 (``--mcpu haswell``).
+:meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic` documents the rules: a register-tiled
 micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile in the
 block's order with the short ones unrolled, a local accumulator laid out tile-last, weights packed along
 the vector axis), copies folded into the write-back, zero-padded copies materialized only where bounds
