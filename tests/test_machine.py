@@ -65,7 +65,11 @@ def test_kdsl_mcpu_retargets_default_target_and_the_machine(monkeypatch):
 
 
 def test_select_mcpu_checks_before_it_sets(monkeypatch):
-    monkeypatch.delenv("KDSL_MCPU", raising=False)  # restored after the test
+    # set, then removed: monkeypatch records the variable either way and restores it (unset) after the
+    # test; a bare delenv of an unset variable records nothing, and select_mcpu's znver3 below then
+    # leaked into every later test (their schedules were AVX2's)
+    monkeypatch.setenv("KDSL_MCPU", "haswell")
+    monkeypatch.delenv("KDSL_MCPU")
     with pytest.raises(LoweringError, match="not-a-cpu"):
         select_mcpu("not-a-cpu")
     assert "KDSL_MCPU" not in os.environ
@@ -140,7 +144,8 @@ def test_percent_of_peak_counts_two_flops_per_mac():
     ],
 )
 def test_the_cli_refuses_an_unknown_mcpu_before_it_measures(capsys, monkeypatch, tmp_path, argv):
-    monkeypatch.delenv("KDSL_MCPU", raising=False)
+    monkeypatch.setenv("KDSL_MCPU", "haswell")
+    monkeypatch.delenv("KDSL_MCPU")  # restored (unset) after the test, whatever the command sets
     monkeypatch.chdir(tmp_path)  # kdsl tune would write tune.db here
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -201,3 +206,11 @@ def test_a_matmul_weight_is_packed_into_panels_of_the_vector_tile(machine):
     inner, vector, config = _register_tile("matmul", {"M": 64, "Cin": 256, "Cout": 128}, machine)
     assert vector == "Cout"
     assert config["layout.w.tile"] == f"1:{inner['Cout']}" and tuple(config["layout.w.perm"]) == (1, 0)
+
+
+def test_a_second_axis_fills_the_accumulators_the_first_leaves():
+    # W = 14 takes 2 rows of AVX2's budget of 4 (2 vectors each): H fills the rest (2 x 2 x 2 vectors)
+    inner, vector, _ = _register_tile("conv2d", {"N": 8, "Cin": 256, "Cout": 256, "H": 14, "W": 14}, AVX2)
+    accumulators = (inner[vector] // AVX2.lanes()) * math.prod(f for axis, f in inner.items() if axis != vector)
+    assert accumulators == AVX2.accumulators(), inner
+    assert sum(1 for axis, f in inner.items() if axis != vector and f > 1) == 2, inner
