@@ -58,7 +58,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.machine import Machine
-from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, MAX_VECTORS, Space, config_key, neighbours
+from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, MAX_VECTORS, Space, config_key, neighbours, primes
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record
 
@@ -321,22 +321,12 @@ def _moves(stage: Any, config: Mapping[str, Any], level: str) -> list[dict[str, 
             continue
         value = config[name]
         for src, dst in (pairs, pairs[::-1]):
-            for p in sorted(set(_primes(value[src]))):
+            for p in sorted(set(primes(value[src]))):
                 moved = list(value)
                 moved[src] //= p
                 moved[dst] *= p
                 out.append({**config, name: tuple(moved)})
     return out
-
-
-def _primes(n: int) -> list[int]:
-    out, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
 
 
 def transitions(
