@@ -162,7 +162,9 @@ def children(
         return
     remaining = limit - state.depth - 1
     for step, created, window in _candidates(space, state):
-        rule = rejects(space, state, step)  # only the quality rules when canonicalization is off
+        # only the quality rules when canonicalization is off; a weight's dims were chosen by
+        # weight_choices, which applied the weight rules already
+        rule = rejects(space, state, step, chosen=step.kind in CONTRACTIONS)
         if rule is not None:
             if stats is not None:
                 stats[rule] = stats.get(rule, 0) + 1
