@@ -34,6 +34,7 @@ from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering as lowering_bench
 from kdsl.bench import proxy as proxy_bench
+from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
 from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
@@ -151,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     gallery.add_argument(
         "--restricted", action="store_true", help="rediscover: in spaces restricted to each kind (seconds)"
     )
-    gallery.add_argument("--time-limit", type=float, default=600.0, help="rediscover: seconds per operator")
+    gallery.add_argument(
+        "--time-limit", type=float, default=REDISCOVERY_TIME_LIMIT, help="rediscover: CPU seconds per operator"
+    )
     gallery.add_argument(
         "--out", help="folder for README.md, pages/ and the website site/ (default: the gallery folder)"
     )
