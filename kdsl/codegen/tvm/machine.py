@@ -84,8 +84,8 @@ class Machine:
 
     def peak_gflops(self, dtype: str = "float32") -> float:
         """Peak GFLOP/s of all cores: cores x FMA units x lanes x 2 flops (a multiply and an add) x GHz."""
-        per_cycle = self.fma_units * 2 if "fma" in self.features or self.isa == "avx512" else self.fma_units
-        return self.cores * per_cycle * self.lanes(dtype) * self.ghz
+        # a machine without FMA counts one unit of a multiply and an add per cycle (from_features)
+        return self.cores * self.fma_units * 2 * self.lanes(dtype) * self.ghz
 
     def describe(self) -> str:
         """One line for benchmark headers: model, mcpu, ISA, registers, cores, clock, caches, peak."""
