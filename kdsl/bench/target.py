@@ -160,10 +160,7 @@ def pytorch_environment(machine: Machine | None = None) -> dict[str, str]:
     >>> pytorch_environment(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))["ONEDNN_MAX_CPU_ISA"]
     'AVX2'
     """
-    machine = machine or current_machine()
-    if machine.isa == "avx512":
-        return {}
-    return dict(PYTORCH_ISA.get(machine.isa, {}))
+    return dict(PYTORCH_ISA.get((machine or current_machine()).isa, {}))  # AVX-512: not capped
 
 
 def pytorch_note(machine: Machine | None = None) -> str | None:
