@@ -34,7 +34,7 @@ from kdsl.lang.errors import LoweringError
 from kdsl.tune.cost_model import CostModel, have_sklearn
 from kdsl.tune.gensor import plausible
 from kdsl.tune.opevo import OpEvo, mutate
-from kdsl.tune.records import Record, TuneError
+from kdsl.tune.records import Record, TuneError, is_integer, is_number
 
 #: Tile factors of ALT's pruned layout template.
 TEMPLATE_FACTORS = (8, 16, 32)
@@ -74,13 +74,13 @@ class Alt:
         if model and not have_sklearn():
             raise TuneError("alt's cost model needs scikit-learn: pip install 'kdsl[search]' (or model=false)")
         for option, value, least in (("per_layout", per_layout, 1), ("layouts", layouts, 1), ("pool", pool, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            if not is_integer(value) or value < least:
                 raise TuneError(f"alt: {option} must be a positive integer, got {value!r}")
-        if not isinstance(min_records, int) or isinstance(min_records, bool) or min_records < 2:
+        if not is_integer(min_records) or min_records < 2:
             raise TuneError(f"alt: min_records must be an integer of at least 2 (a model needs 2), got {min_records!r}")
-        if not isinstance(explore, (int, float)) or isinstance(explore, bool) or not 0 <= explore <= 1:
+        if not is_number(explore) or not 0 <= explore <= 1:
             raise TuneError(f"alt: explore must be in [0, 1], got {explore!r}")
-        if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0 <= q < 1:
+        if not is_number(q) or not 0 <= q < 1:
             raise TuneError(f"alt: q must be in [0, 1), got {q!r}")
         self.space = space
         self.rng = random.Random(seed)

@@ -51,7 +51,7 @@ from kdsl.codegen.tvm.schedule_space import (
     config_key,
 )
 from kdsl.tune import gensor
-from kdsl.tune.records import Record, TuneError
+from kdsl.tune.records import Record, TuneError, is_number
 
 #: Boosting rounds, tree depth and learning rate of the model: with tens of records, shallow trees and a
 #: small rate generalize; more rounds than records would only memorize them.
@@ -88,7 +88,7 @@ def parameter_features(params: Mapping[str, Parameter], config: Mapping[str, Any
             order = list(value)
             out.extend(float(order.index(item)) for item in range(param.n))
         elif isinstance(param, Discrete):
-            numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 for c in param.choices)
+            numeric = all(is_number(c) and c > 0 for c in param.choices)
             out.append(math.log2(value) if numeric else float(param.choices.index(value)))
         elif isinstance(param, Categorical):
             out.extend(1.0 if value == choice else 0.0 for choice in param.choices)

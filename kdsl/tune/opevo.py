@@ -42,7 +42,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.schedule_space import Parameter, Space, config_key, q_random_walk
 from kdsl.lang.errors import LoweringError
-from kdsl.tune.records import Record, TuneError
+from kdsl.tune.records import Record, TuneError, is_integer, is_number
 
 #: OpEvo's setting in its paper's experiments (Appendix B): λ = rho = 8 parents and offspring, mutation
 #: rate q = 0.5, every parameter walked (§4.3), a first population of λ random configurations (§4.4).
@@ -200,15 +200,15 @@ def _check_options(
     parents: int, q: float, walks: float | None, explore: float, offspring: int | None, init: str
 ) -> None:
     """Refuse OpEvo options out of range (a :class:`TuneError` naming the option)."""
-    if not isinstance(parents, int) or isinstance(parents, bool) or parents < 1:
+    if not is_integer(parents) or parents < 1:
         raise TuneError(f"opevo: parents (λ) must be a positive integer, got {parents!r}")
-    if not isinstance(q, (int, float)) or isinstance(q, bool) or not 0 <= q < 1:
+    if not is_number(q) or not 0 <= q < 1:
         raise TuneError(f"opevo: q must be in [0, 1) (q = 1 walks forever), got {q!r}")
-    if walks is not None and (not isinstance(walks, (int, float)) or isinstance(walks, bool) or walks <= 0):
+    if walks is not None and (not is_number(walks) or walks <= 0):
         raise TuneError(f"opevo: walks must be a positive number or None (every parameter), got {walks!r}")
-    if not isinstance(explore, (int, float)) or isinstance(explore, bool) or not 0 <= explore <= 1:
+    if not is_number(explore) or not 0 <= explore <= 1:
         raise TuneError(f"opevo: explore must be in [0, 1], got {explore!r}")
-    if offspring is not None and (not isinstance(offspring, int) or isinstance(offspring, bool) or offspring < 1):
+    if offspring is not None and (not is_integer(offspring) or offspring < 1):
         raise TuneError(f"opevo: offspring (rho) must be a positive integer or None (the batch), got {offspring!r}")
     if init not in ("heuristic", "random"):
         raise TuneError(f"opevo: init must be 'heuristic' or 'random', got {init!r}")

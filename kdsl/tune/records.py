@@ -33,6 +33,24 @@ class TuneError(KdslError):
     """A tuning run that cannot go on (an unknown tuner, a broken records database, ...)."""
 
 
+def is_integer(value: object) -> bool:
+    """Whether a tuner option is an integer (``True`` is not: a flag given where a count was meant).
+
+    >>> is_integer(8), is_integer(True), is_integer(0.5)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether a tuner option is an int or a float (not a bool).
+
+    >>> is_number(0.5), is_number(False)
+    (True, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class Record:
     """One tried configuration: its latency in seconds, or the reason it is invalid."""
