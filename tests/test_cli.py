@@ -10,6 +10,7 @@ import pytest
 
 from kdsl import gallery
 from kdsl.cli import main
+from kdsl.search.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,6 +147,19 @@ def test_search_results_and_show_from_the_database(capsys, tmp_path):
     best = json.loads(out)["top"][0]
     code, out, _ = run(capsys, "show", "--db", db, best["key"][:10])
     assert code == 0 and f"key: {best['key']}" in out
+
+
+def test_search_walks_cin_to_cin_operators_unless_told_the_spec_outputs_only(capsys, tmp_path):
+    depthwise = gallery.load("depthwise_conv2d").key
+    found = {}
+    for flag in ([], ["--spec-outputs-only"]):
+        db = str(tmp_path / f"r{len(flag)}.db")
+        argv = ["search", "conv2d", "--max-depth", "5", "--set", "K=3", "--reduction", "K", "--cap", "Share=1"]
+        code, out, _ = run(capsys, *argv, *flag, "--db", db, "--json")
+        assert code == 0
+        found[bool(flag)] = (json.loads(out)["space"], {row["key"] for row in Store(db).top(10**6, status=None)})
+    assert "Cout = Cin on every layer" in found[False][0] and depthwise in found[False][1]
+    assert "Cout = Cin" not in found[True][0] and depthwise not in found[True][1]
 
 
 def test_gallery_rediscover_writes_records_that_build_reads(capsys, tmp_path):

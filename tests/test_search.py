@@ -23,7 +23,7 @@ from kdsl.search.run import search
 from kdsl.search.sample import Sampling, rollout
 from kdsl.search.space import Space, parse_budget
 from kdsl.search.store import Store
-from kdsl.search.synthesis import canonical_path, children, is_complete, root, to_operators
+from kdsl.search.synthesis import canonical_path, children, is_complete, root, spec_twin, to_operators
 from kdsl.solve.constraints import check
 
 
@@ -166,18 +166,32 @@ def test_counts_by_depth_are_exact_and_reproducible():
 
 
 def test_enumeration_is_shallow_first_and_a_short_run_returns_the_classics(tmp_path):
-    # iterative deepening: the first results are the shallow classics, not one deep corner
+    # iterative deepening of each output goal: the first results are the shallow classics, not one
+    # deep corner; every ResNet layer has Cout = Cin, so the depthwise conv is among them
     space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
-    report = search(space, "enumerate", db=str(tmp_path / "r.db"), max_results=150)
+    report = search(space, "enumerate", db=str(tmp_path / "r.db"), max_results=800)
     assert not report.finished
     rows = Store(str(tmp_path / "r.db")).top(10**6, status=None)
     keys = {r["key"] for r in rows}
-    assert gallery.load("conv2d").key in keys
-    assert gallery.load("pointwise_conv2d").key in keys
+    for name in ("conv2d", "pointwise_conv2d", "depthwise_conv2d"):
+        assert gallery.load(name).key in keys, name
     same = Space("conv2d_same_channels", "resnet18", coefficients={"K": [3]}, max_depth=5)
     assert gallery.load("depthwise_conv2d").key in search(same, "enumerate", max_results=300).found
-    depths = [state.depth for state in itertools.islice(Enumeration(space).states(), 300) if state is not None]
-    assert depths == sorted(depths) and depths[0] == 2 and depths[-1] > 2
+    by_goal: dict[int, list[int]] = {0: [], 1: []}
+    for state in itertools.islice(Enumeration(space).states(), 600):
+        if state is not None:
+            by_goal[_goal(space, state)].append(state.depth)
+    for depths in by_goal.values():
+        assert depths == sorted(depths) and depths[-1] > depths[0]
+    assert by_goal[0][0] == 2  # the pointwise conv
+
+
+def _goal(space: Space, state) -> int:
+    """Which output goal a state started from: the size of its first output dim says."""
+    first = next(d for d in (*[d for step in state.steps for d in step.consumed], *state.frontier) if d.id == 0)
+    goals = [goal[0] for goal in space.output_goals]
+    assert first.size in goals
+    return goals.index(first.size)
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -339,8 +353,9 @@ def test_the_baselines_reductions_come_first_so_enumeration_reaches_conv2d_early
     for state in walk.states():
         if state is not None and any(op.key == target for op in to_operators(space, state)):
             break
-    # 17,933 nodes with the alphabetical order (G before K), 7,252 with the baseline's first
-    assert walk.nodes <= 8000
+    # 17,933 nodes with the alphabetical order (G before K), 7,252 with the baseline's first (in
+    # the walk of the spec's own output goal; the Cin -> Cin goal's walk takes turns with it)
+    assert walk.walks[0].nodes <= 8000
 
 
 def test_no_step_creates_a_dim_of_size_one():
@@ -356,3 +371,63 @@ def test_no_step_creates_a_dim_of_size_one():
     kids = list(children(space, state))
     assert "Split(G/s, s/G)" not in {str(step) for step, _ in kids} and kids
     assert all(d.size != 1 for _, child in kids for d in child.frontier)
+
+
+# -- output goals: Cin -> Cin operators where every layer has Cout = Cin ---------------------------
+
+
+def test_layers_with_equal_channels_add_the_same_channels_goal():
+    space = Space("conv2d", "resnet18")
+    assert space.equalities == (("Cout", "Cin"),)
+    assert [str(size) for size in space.output_goals[1]] == ["Cin", "H", "W"]
+    assert "Cout = Cin on every layer" in space.describe()
+    # a table with a channel-changing layer has no such goal, and the switch turns it off
+    layers = [{"name": "a", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}, {"name": "b", "N": 1, "Cin": 8, "Cout": 16}]
+    layers[1] |= {"H": 8, "W": 8}
+    assert Space("conv2d", layers).output_goals == (Space("conv2d", layers).output_sizes,)
+    assert len(Space("conv2d", "resnet18", equal_variables=False).output_goals) == 1
+    assert Space("conv2d", "resnet18").fingerprint() != Space("conv2d", "resnet18", equal_variables=False).fingerprint()
+
+
+def _goal_one_complete(space, depth):
+    """Every complete state of the space's second output goal up to ``depth`` (no twin filter)."""
+    found, stack = [], [root(space, 1)]
+    while stack:
+        state = stack.pop()
+        if state.depth and is_complete(space, state):
+            found.append(state)
+        if state.depth < depth:
+            stack.extend(child for _, child in children(space, state, limit=depth))
+    assert found
+    return found
+
+
+def test_a_twin_computes_what_its_state_computes_and_the_rest_need_the_equality():
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2]}, max_depth=4, canonicalize=False)
+    layer = {"N": 1, "Cin": 4, "Cout": 4, "H": 5, "W": 5, "K": 3, "G": 2}
+    twins = kept = 0
+    for state in _goal_one_complete(space, 4):
+        twin = spec_twin(space, state)
+        op = to_operators(space, state)[0]
+        if twin is None:
+            kept += 1
+            assert [str(d.size) for d in op.outputs] == ["N", "Cin", "H", "W"]
+            continue
+        twins += 1
+        other = to_operators(space, twin)[0]
+        assert [str(d.size) for d in other.outputs] == ["N", "Cout", "H", "W"]
+        x, weights = reference.random_inputs(op, layer, seed=1)
+        np.testing.assert_allclose(reference.run(other, layer, x, weights), reference.run(op, layer, x, weights))
+    assert twins > 10 and kept > 10
+
+
+def test_the_enumeration_yields_no_twin_and_finds_depthwise_in_the_conv2d_spec():
+    space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=5)
+    walk = Enumeration(space)
+    keys = set()
+    for state in walk.states():
+        if state is not None:
+            assert spec_twin(space, state) is None
+            keys.update(op.key for op in to_operators(space, state))
+    assert gallery.load("depthwise_conv2d").key in keys and gallery.load("pointwise_conv2d").key in keys
+    assert walk.stats["twin"] > 0 and walk.finished

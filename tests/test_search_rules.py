@@ -25,9 +25,10 @@ from kdsl.search.rules import RULES, trace
 from kdsl.search.space import Space
 from kdsl.search.synthesis import canonical_path
 
-N, C, D, H, A = primary("N C D H A")
+N, C, D, H, A, E = primary("N C D H A E")
 B, K = coefficient("B K")
-VALUES = {"N": 2, "C": 12, "D": 3, "H": 7, "A": 2, "B": 2, "K": 3}
+# E = C: a layer where an output variable equals an input one (an extra output goal)
+VALUES = {"N": 2, "C": 12, "D": 3, "H": 7, "A": 2, "B": 2, "K": 3, "E": 12}
 
 
 def same(ws, v):
@@ -167,6 +168,31 @@ EXAMPLES = {
         lambda ws, v: [np.stack([ws[0] if k == v["K"] // 2 else 0 * ws[0] for k in range(v["K"])], axis=1)],
         1,
     ),
+    "split_undoes_merge": (
+        Input(N, C) >> Split(C, B, "a", "b") >> Merge("a", "b", "c") >> Output(N, "c"),
+        Input(N, C) >> Shift(C) >> Shift(C, -1) >> Output(N, C),  # the identity
+        same,
+        1,
+    ),
+    "expand_meets_data": (
+        Input(N, C)
+        >> Expand("e", K * B)
+        >> Split("e", B, "a", "b")
+        >> Share(Weight(C, "a", Dim("o", D), name="w"))
+        >> Reduce(C, "a", "b")
+        >> Output(N, "o"),
+        Input(N, C) >> Share(Weight(C, Dim("o", D), name="w")) >> Reduce(C) >> Output(N, "o"),
+        # each window entry a K-th of the canonical weight; the B copies of "b" make the factor
+        lambda ws, v: [np.repeat(ws[0][:, None, :], v["K"], 1) / v["K"]],
+        "B",
+    ),
+    "goal_dim_not_owned": (
+        # [N, C] -> [N, E] on a layer with E = C: the weight's own output dim may be sized C or E
+        Input(N, C) >> Share(Weight(C, Dim("o", C), name="w")) >> Reduce(C) >> Output(N, "o"),
+        Input(N, C) >> Share(Weight(C, Dim("o", E), name="w")) >> Reduce(C) >> Output(N, "o"),
+        same,
+        1,
+    ),
 }
 
 
@@ -199,7 +225,8 @@ def _space_for(op, twin):
         "primary": [n for n, k in kinds.items() if k == "primary"],
         "coefficients": [n for n, k in kinds.items() if k == "coefficient"],
         "input": [[d.name, str(d.size)] for d in op.inputs],
-        "output": [[d.name, str(d.size)] for d in op.outputs],
+        # the canonical form's output: the spec's (an uncanonical form may end at an extra goal)
+        "output": [[d.name, str(d.size)] for d in twin.outputs],
         "batch": ["N"],
     }
     layer = {k: v for k, v in VALUES.items() if kinds.get(k) == "primary"} | {"name": "l"}

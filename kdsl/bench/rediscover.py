@@ -27,29 +27,46 @@ from kdsl.search.synthesis import to_operators
 
 NO_VIEWS = {"Merge": 0, "Split": 0, "Shift": 0, "Stride": 0, "Expand": 0}
 
+#: Cin -> Cout operators: a restricted space leaves out the Cin -> Cin goal (``equal_variables``)
+CIN_COUT = {"equal_variables": False}
+
 #: operator -> (spec, the options of a space restricted to its kind, depth at which it lies)
 REDISCOVERY: dict[str, tuple[str, dict[str, Any], int]] = {
-    "pointwise_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps=NO_VIEWS), 2),
-    "shift_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps={**NO_VIEWS, "Shift": 2}), 4),
+    "pointwise_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin"], caps=NO_VIEWS, **CIN_COUT), 2),
+    "shift_conv2d": (
+        "conv2d",
+        dict(coefficients={"K": [3]}, reductions=["Cin"], caps={**NO_VIEWS, "Shift": 2}, **CIN_COUT),
+        4,
+    ),
+    # Cin -> Cin: found in conv2d's space, whose layers all have Cout = Cin (an extra output goal)
     "depthwise_conv2d": (
-        "conv2d_same_channels",
+        "conv2d",
         dict(coefficients={"K": [3]}, reductions=["K"], caps={**NO_VIEWS, "Share": 1}),
         5,
     ),
-    "conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps={**NO_VIEWS, "Share": 1}), 6),
-    "depthwise_separable_conv2d": ("conv2d", dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps=NO_VIEWS), 7),
+    "conv2d": (
+        "conv2d",
+        dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps={**NO_VIEWS, "Share": 1}, **CIN_COUT),
+        6,
+    ),
+    "depthwise_separable_conv2d": (
+        "conv2d",
+        dict(coefficients={"K": [3]}, reductions=["Cin", "K"], caps=NO_VIEWS, **CIN_COUT),
+        7,
+    ),
     "grouped_conv2d": (
         "conv2d",
         dict(
             coefficients={"K": [3], "G": [4]},
             reductions=["Cin/G", "K"],
             caps={**NO_VIEWS, "Merge": 1, "Split": 1, "Share": 1},
+            **CIN_COUT,
         ),
         8,
     ),
     "conv2d_kx1_1xk": (
         "conv2d",
-        dict(coefficients={"K": [3]}, reductions=["Cin", "Cout", "K"], caps={**NO_VIEWS, "Reduce": 4}),
+        dict(coefficients={"K": [3]}, reductions=["Cin", "Cout", "K"], caps={**NO_VIEWS, "Reduce": 4}, **CIN_COUT),
         8,
     ),
     "syno_op1": (
@@ -58,6 +75,7 @@ REDISCOVERY: dict[str, tuple[str, dict[str, Any], int]] = {
             coefficients={"K": [3], "G": ([32], 3), "s": [2]},
             reductions=["G", "Cin/G", "K", "Cout/(G*s)"],
             caps={**NO_VIEWS, "Split": 1, "Reduce": 5},
+            **CIN_COUT,
         ),
         10,
     ),
@@ -115,6 +133,8 @@ def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: 
         for op in to_operators(space, state):
             if op.key == target:
                 record.update(found=True, depth=state.depth, nodes=walk.nodes, **_seconds(start, wall))
+                if len(walk.walks) > 1:  # the walks of the goals take turns: the nodes of each
+                    record["goal_nodes"] = [w.nodes for w in walk.walks]
                 return record
     else:
         record["why"] = (

@@ -83,6 +83,7 @@ def space_from_args(args: argparse.Namespace):
         max_params=args.max_params,
         min_params=args.min_params,
         reductions=args.reduction or None,
+        equal_variables=not args.spec_outputs_only,
     )
 
 
@@ -237,6 +238,13 @@ def add_search_commands(subparsers: Any) -> None:
     search.add_argument("--coefficient", action="append", dest="coefficient", help=argparse.SUPPRESS)
     search.add_argument("--cap", action="append", metavar="KIND=INT", help="per-primitive caps, e.g. Share=2,Expand=0")
     search.add_argument("--reduction", action="append", metavar="SIZE", help="allowed reduced sizes, e.g. Cin/G")
+    search.add_argument(
+        "--spec-outputs-only",
+        action="store_true",
+        help="only operators that end at the spec's output as written: by default, where every layer binds an "
+        "output variable to an input one's value (ResNet's Cout = Cin), operators may also map Cin to Cin "
+        "(a depthwise conv for conv2d)",
+    )
     search.add_argument("--time-limit", type=positive_float, help="seconds before stopping (resume later)")
     search.add_argument("--max-results", type=positive_int, help="stop after this many new operators")
     search.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies (a run resumes per seed)")

@@ -21,7 +21,7 @@ a step; :func:`rejects` (synthesis, the quality check with canonicalization off,
 bottom-up path with it.
 
 >>> sorted(RULES)[:4]
-['expand_not_shared', 'independent_order', 'merge_above_split', 'merge_after_share']
+['expand_meets_data', 'expand_not_shared', 'goal_dim_not_owned', 'independent_order']
 >>> RULES["merge_unfold_approximate"].exactness
 'approximate'
 """
@@ -39,7 +39,9 @@ from kdsl.search.kinds import LEAVE, OWN, SHARE, merge_block_ok
 from kdsl.search.space import Space
 from kdsl.search.state import (
     CONTRACTIONS,
+    MERGE_INNER,
     MERGE_OUTER,
+    OUT,
     REDUCE,
     REDUCTIONS,
     SHARED,
@@ -273,6 +275,32 @@ def _expand_not_shared(space: Space, state: State, step: BStep) -> bool:
 
 
 @rule(
+    "expand_meets_data",
+    "Expand",
+    "exact",
+    "Expand(d) >> Split(d -> a, b) >> Share(w[.., a]) >> Reduce(a, b) == Share(sum_a,b w[.., a]): a dim that "
+    "only reaches reductions (through Splits and weights) sums weights the weights absorb, or is a constant factor",
+)
+def _expand_meets_data(space: Space, state: State, step: BStep) -> bool:
+    return _only_reduced(state, step.consumed[0])
+
+
+def _only_reduced(state: State, d: FDim) -> bool:
+    """Whether every top-down path from ``d`` ends in a reduction, through Splits and as a dim a
+    weight shares (never reaching the output or meeting another dim in a view)."""
+    if d.role == REDUCE:
+        return True
+    below = _producer(state, d)
+    if below is None:
+        return False
+    if d.role == SPLIT:  # top-down, d was split into the two dims this step consumed
+        return all(_only_reduced(state, part) for part in below.consumed)
+    if d.role == SHARED:  # top-down, d passed through the weight as the matching shared dim
+        return _only_reduced(state, below.shared[below.produced.index(d)])
+    return False
+
+
+@rule(
     "window_reduced_once",
     "Unfold",
     "approximate",
@@ -348,6 +376,12 @@ def _merge_above_split(space: Space, state: State, step: BStep) -> bool:
     return False
 
 
+@rule("split_undoes_merge", "Split", "exact", "Split(x -> a, b) >> Merge(a, b -> x) == x: the identity")
+def _split_undoes_merge(space: Space, state: State, step: BStep) -> bool:
+    outer, inner = step.consumed
+    return outer.role == MERGE_OUTER and inner.role == MERGE_INNER and outer.step == inner.step
+
+
 @rule(
     "right_leaning_splits",
     "Split",
@@ -414,6 +448,16 @@ def _weight_dims_direct(space: Space, d: FDim, use: int) -> bool:
 @weight_dim_rule("weight_dim_not_summed", "exact", "Share(w[.., c]) >> Reduce(c) == Share(sum_c w[.., c])")
 def _weight_dim_not_summed(space: Space, d: FDim, use: int) -> bool:
     return use == OWN and d.role == REDUCE
+
+
+@weight_dim_rule(
+    "goal_dim_not_owned",
+    "exact",
+    "Share(w[.., Cin]) >> Output(.., Cin) == Share(w[.., Cout]) >> Output(.., Cout) where Cout = Cin on every layer: "
+    "the spec's own output goal holds it (see Space.output_goals)",
+)
+def _goal_dim_not_owned(space: Space, d: FDim, use: int) -> bool:
+    return use == OWN and d.role == OUT and d.size != space.output_sizes[d.id]
 
 
 @rule(

@@ -254,6 +254,18 @@ class Space:
     (:mod:`kdsl.solve.padding`; costs at the padded sizes) where candidates are checked on the
     layers (:func:`kdsl.search.analytic.evaluate`, and samplers that read ``space.pad``).
     Synthesis still builds only sizes that divide every layer.
+    ``equal_variables``: where every layer binds a variable of the output alone to the value of a
+    variable of the input (ResNet's stage convolutions have ``Cout = Cin``), an operator may end
+    at the output with the first replaced by the second (``[N, Cin, H, W]``, the shape of
+    ``[N, Cout, H, W]`` on every layer): so depthwise operators serve the conv2d spec. These are
+    the extra :attr:`output_goals` that enumeration walks after the spec's own; off, only the
+    spec's.
+
+    >>> space = Space("conv2d", "resnet18")
+    >>> [[str(s) for s in goal] for goal in space.output_goals], space.equalities
+    ([['Cout', 'H', 'W'], ['Cin', 'H', 'W']], (('Cout', 'Cin'),))
+    >>> len(Space("conv2d", "resnet18", equal_variables=False).output_goals)
+    1
     """
 
     def __init__(
@@ -274,6 +286,7 @@ class Space:
         weight_only_primary: bool = True,
         baseline: str | None = None,
         pad: bool = False,
+        equal_variables: bool = True,
     ) -> None:
         self.spec = load_spec(spec)
         self.pad = bool(pad)
@@ -325,6 +338,13 @@ class Space:
                 f"the spec's input/output sizes are not integers on the layers for any coefficient values "
                 f"({', '.join(str(s) for s in every)})"
             )
+        #: output variable -> the input variable every layer binds to the same value (when allowed)
+        self.equalities = self._equalities() if equal_variables else ()
+        #: the output sizes search may end at: the spec's first, then with ``equalities`` applied
+        self.output_goals = (self.output_sizes,)
+        if self.equalities:
+            replaced = {name: Size.variable(source, "primary") for name, source in self.equalities}
+            self.output_goals += (tuple(size.substitute(replaced) for size in self.output_sizes),)
         self.coefficient_monomials = self._monomials()
         self.baseline_name = baseline or self.spec.baseline
         self.reductions = self._reductions(reductions)
@@ -366,6 +386,19 @@ class Space:
                 raise SearchError(f"coefficient name {name!r} is not an identifier")
             made.append(Coefficient(str(name), values, allowance))
         return tuple(made)
+
+    def _equalities(self) -> tuple[tuple[str, str], ...]:
+        """Each primary of the output alone paired with the first primary of the input (by name)
+        that every layer binds to the same value."""
+        inputs = {v.name for size in self.input_sizes for v in size.variables if v.kind == "primary"}
+        outputs = {v.name for size in self.output_sizes for v in size.variables if v.kind == "primary"}
+        found = []
+        for name in sorted(outputs - inputs):
+            for source in sorted(inputs):
+                if all(name in values and values.get(source) == values[name] for values in self.layer_values):
+                    found.append((name, source))
+                    break
+        return tuple(found)
 
     def _monomials(self) -> tuple[Size, ...]:
         """Coefficient monomials (constant 1) within each allowance and the total degree."""
@@ -496,7 +529,7 @@ class Space:
         """A one-line summary of the space, for logs and the results store.
 
         >>> Space("matmul", "resnet18", max_depth=3).describe()
-        'matmul [M, Cin] -> [M, Cout] on 4 layers, depth <= 3, G in (32,), K in (3,)'
+        'matmul [M, Cin] -> [M, Cout] on 4 layers, depth <= 3, G in (32,), K in (3,), Cout = Cin on every layer'
         """
         ins = ", ".join(d.name if str(d.size) == d.name else f"{d.name}: {d.size}" for d in self.spec.inputs)
         outs = ", ".join(d.name if str(d.size) == d.name else f"{d.name}: {d.size}" for d in self.spec.outputs)
@@ -508,6 +541,8 @@ class Space:
             text += f", FLOPs <= {self.max_flops}"
         if self.max_params is not None:
             text += f", params <= {self.max_params}"
+        for name, source in self.equalities:
+            text += f", {name} = {source} on every layer"
         if self.pad:
             text += ", padded"
         return text
@@ -526,6 +561,8 @@ class Space:
                 "layers": [list(layer.items) for layer in self.layers],
                 "coefficients": [[c.name, list(c.values), c.allowance] for c in self.coefficients],
                 "depth": self.max_depth,
+                # only where a goal was added, so that the fingerprints of other stores stay
+                **({"goals": [[str(s) for s in goal] for goal in self.output_goals]} if self.equalities else {}),
                 "caps": [self.caps[k] for k in KINDS],
                 "reductions": [str(s) for s in self.reductions],
                 "budgets": [self.max_flops, self.max_params, self.min_params],

@@ -19,8 +19,10 @@ budgets. :func:`to_operators` turns a finished state into kdsl operators, and
 
 from __future__ import annotations
 
+import copy
 import itertools
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Collection, Iterable, Iterator
 
 from kdsl.lang.build import Input, Operator, Output, Pipeline
 from kdsl.lang.errors import KdslError
@@ -32,7 +34,17 @@ from kdsl.search.rules import RULES, order_key_with_reduce, rejects, weight_choi
 from kdsl.search.space import Space
 from kdsl.search.state import CONTRACTIONS, OUT, BStep, FDim, State, mul
 
-__all__ = ["BStep", "FDim", "State", "canonical_path", "children", "is_complete", "root", "to_operators"]
+__all__ = [
+    "BStep",
+    "FDim",
+    "State",
+    "canonical_path",
+    "children",
+    "is_complete",
+    "root",
+    "spec_twin",
+    "to_operators",
+]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -40,11 +52,13 @@ __all__ = ["BStep", "FDim", "State", "canonical_path", "children", "is_complete"
 # ------------------------------------------------------------------------------------------------
 
 
-def root(space: Space) -> State:
-    """The empty partial graph: the frontier is the output."""
-    frontier = tuple(FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(space.output_sizes))
+def root(space: Space, goal: int = 0) -> State:
+    """The empty partial graph: the frontier is the output, the ``goal``-th of the space's
+    :attr:`~kdsl.search.space.Space.output_goals` (0: the spec's own)."""
+    sizes = space.output_goals[goal]
+    frontier = tuple(FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(sizes))
     zeros = tuple(0.0 for _ in space.assignments)
-    mask = space.mask_all(space.output_sizes + space.input_sizes)
+    mask = space.mask_all(sizes + space.input_sizes)
     return State(frontier, (), len(frontier), mask, (0,) * len(KINDS), (0,) * len(space.coefficients), zeros, zeros)
 
 
@@ -142,26 +156,33 @@ def _value(size: Size, layer: dict, assignment: dict) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
-def _candidates(space: Space, state: State) -> Iterator[Candidate]:
+def _candidates(space: Space, state: State, kinds: Collection[str] | None = None) -> Iterator[Candidate]:
     """Every bottom-up step applicable to ``state`` before pruning, in a fixed order (kind by
-    kind, in the table's order), with the sizes it creates and, for a window, its mask."""
-    for rule in SEARCH_RULES.values():
-        yield from rule.generate(space, state, weight_choices)
+    kind, in the table's order), with the sizes it creates and, for a window, its mask; only
+    steps of ``kinds`` when given."""
+    for kind, rule in SEARCH_RULES.items():
+        if kinds is None or kind in kinds:
+            yield from rule.generate(space, state, weight_choices)
 
 
 def children(
-    space: Space, state: State, stats: dict | None = None, limit: int | None = None
+    space: Space,
+    state: State,
+    stats: dict | None = None,
+    limit: int | None = None,
+    kinds: Collection[str] | None = None,
 ) -> Iterator[tuple[BStep, State]]:
     """The canonical children of ``state`` in a fixed order, pruned by depth, caps, allowances,
     validity masks, canonicalization rules, shape distance and budgets. ``limit`` (at most the
     space's depth): the depth the operator must be finished by (iterative deepening walks the
-    space with growing limits; the shape distance prunes against it)."""
+    space with growing limits; the shape distance prunes against it). ``kinds``: only steps of
+    these kinds."""
 
     limit = space.max_depth if limit is None else min(limit, space.max_depth)
     if state.depth >= limit:
         return
     remaining = limit - state.depth - 1
-    for step, created, window in _candidates(space, state):
+    for step, created, window in _candidates(space, state, kinds):
         # only the quality rules when canonicalization is off; a weight's dims were chosen by
         # weight_choices, which applied the weight rules already
         rule = rejects(space, state, step, chosen=step.kind in CONTRACTIONS)
@@ -180,6 +201,90 @@ def children(
         elif len(child.frontier) - len(space.input_sizes) > remaining * 4 + 4:
             continue  # without shape distance, still refuse frontiers that can never shrink in time
         yield step, child
+
+
+# ------------------------------------------------------------------------------------------------
+# Operators of an extra output goal that the spec's own goal holds already
+# ------------------------------------------------------------------------------------------------
+
+#: per space: the same space without canonicalization and shape distance (for :func:`spec_twin`)
+_UNRULED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def spec_twin(space: Space, state: State) -> State | None:
+    """For a complete state that starts from an extra output goal (``[N, Cin, H, W]`` where the
+    spec says ``[N, Cout, H, W]`` and every layer has ``Cout = Cin``): the state of the spec's own
+    goal with the same steps, each with a size of the equal variable (``Cout``) where this one has
+    the input's (``Cin``) as far as the steps allow, or None when there is none. A twin computes the
+    same function on every layer of the space, so the state is a re-parametrization of an operator
+    the spec's goal holds (a matmul whose weight is ``[Cin, Cin]`` instead of ``[Cout, Cin]``);
+    without one, the operator needs the equality (a depthwise conv: its output channel *is* its
+    input channel). None too for a state of the spec's own goal.
+
+    The twin is looked for among every valid child (canonicalization and shape distance off, so
+    that a twin that is not canonical still counts: its canonical form is in the spec's goal).
+
+    >>> from kdsl.search.space import Space
+    >>> from kdsl import gallery
+    >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
+    >>> depthwise = canonical_path(space, gallery.load("depthwise_conv2d"))
+    >>> spec_twin(space, depthwise) is None
+    True
+    >>> square = Space("matmul", "resnet18", max_depth=2, caps={"Shift": 0, "Expand": 0}, canonicalize=False)
+    >>> reduced = next(child for step, child in children(square, root(square, goal=1)) if str(step) == "Reduce(Cin)")
+    >>> matmul = next(child for step, child in children(square, reduced) if step.kind == "Share")
+    >>> matmul.steps[-1], spec_twin(square, matmul).steps[-1]  # (the rule goal_dim_not_owned prunes it early)
+    (Share(weight-only [Cin], shared [Cin]), Share(weight-only [Cout], shared [Cin]))
+    """
+    sizes = [d.size for d in _root_dims(space, state)]
+    if sizes == list(space.output_goals[0]):
+        return None
+    unruled = _UNRULED.get(space)
+    if unruled is None:
+        unruled = copy.copy(space)
+        unruled.canonicalize = False
+        unruled.use_distance = False
+        _UNRULED[space] = unruled
+    renamed = {name: Size.variable(source, "primary") for name, source in space.equalities}
+    return _replay(unruled, state.steps, 0, root(unruled), renamed)
+
+
+def _root_dims(space: Space, state: State) -> list[FDim]:
+    """The root's dims (ids 0..n-1) of a state: each is consumed by a step or still on the frontier."""
+    n = len(space.output_sizes)
+    found: dict[int, FDim] = {d.id: d for d in state.frontier if d.id < n}
+    for step in state.steps:
+        for d in step.consumed:
+            if d.id < n:
+                found[d.id] = d
+    return [found[i] for i in range(n)]
+
+
+def _replay(space: Space, steps: tuple[BStep, ...], index: int, state: State, renamed: dict) -> State | None:
+    if index == len(steps):
+        return state if is_complete(space, state) else None
+    want = steps[index]
+    for step, child in children(space, state, kinds=(want.kind,)):
+        if _matches(step, want, renamed):
+            found = _replay(space, steps, index + 1, child, renamed)
+            if found is not None:
+                return found
+    return None
+
+
+def _matches(step: BStep, want: BStep, renamed: dict) -> bool:
+    """``step`` is ``want`` with the equal variables renamed back (same kind, same dims)."""
+    if step.kind != want.kind or len(step.produced) != len(want.produced):
+        return False
+    if [d.id for d in step.consumed] != [d.id for d in want.consumed]:
+        return False
+    if [d.id for d in step.weight_only] != [d.id for d in want.weight_only]:
+        return False
+    if (step.param is None) != (want.param is None):
+        return False
+    if step.param is not None and step.param.substitute(renamed) != want.param:
+        return False
+    return all(a.size.substitute(renamed) == b.size for a, b in zip(step.produced, want.produced))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,9 +337,13 @@ def to_operators(space: Space, state: State) -> list[Operator]:
 def _build(space: Space, state: State, matching: dict[int, int]) -> Operator:
     chains = _Names()
     dims: dict[int, FDim] = {}
-    outputs = [FDim(i, size, OUT, -1, i, False, False) for i, size in enumerate(space.output_sizes)]
-    for d in outputs:
+    for step in state.steps:
+        for d in step.consumed:
+            dims[d.id] = d
+    for d in state.frontier:
         dims[d.id] = d
+    # the root's dims: their sizes say which of the space's output goals the state started from
+    outputs = _root_dims(space, state)
     for step in state.steps:
         for d in step.produced:
             dims[d.id] = d
@@ -309,11 +418,12 @@ def canonical_path(space: Space, op: Operator, *, check: bool = True) -> State:
     ['Reduce', 'Reduce', 'Reduce', 'Share', 'Unfold', 'Unfold']
     """
     consumers = _consumers(op)
-    state = root(space)
     batch = set(space.spec.batch)
     outputs = [d for d in op.outputs if d.name not in batch]
-    if [d.size for d in state.frontier] != [d.size for d in outputs] or len(outputs) + len(batch) != len(op.outputs):
+    goals = [i for i, goal in enumerate(space.output_goals) if list(goal) == [d.size for d in outputs]]
+    if not goals or len(outputs) + len(batch) != len(op.outputs):
         raise KdslError("the operator's output does not match the space's spec")
+    state = root(space, goals[0])
     by_name = {d.name: f for d, f in zip(outputs, state.frontier)}
     done: set[int] = set()
     remaining = list(range(len(op.steps)))
