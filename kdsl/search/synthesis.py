@@ -230,7 +230,7 @@ def spec_twin(space: Space, state: State) -> State | None:
     >>> depthwise = canonical_path(space, gallery.load("depthwise_conv2d"))
     >>> spec_twin(space, depthwise) is None
     True
-    >>> square = Space("matmul", "resnet18", max_depth=2, caps={"Shift": 0, "Expand": 0}, canonicalize=False)
+    >>> square = Space("matmul", "resnet18", max_depth=2, canonicalize=False)
     >>> reduced = next(child for step, child in children(square, root(square, goal=1)) if str(step) == "Reduce(Cin)")
     >>> matmul = next(child for step, child in children(square, reduced) if step.kind == "Share")
     >>> matmul.steps[-1], spec_twin(square, matmul).steps[-1]  # (the rule goal_dim_not_owned prunes it early)
