@@ -5,10 +5,10 @@ import pytest
 
 from kdsl import gallery
 from kdsl.bench.rediscover import NO_VIEWS
-from kdsl.lang import Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
+from kdsl.lang import Dim, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
 from kdsl.lang.graph import Graph
 from kdsl.search.run import search
-from kdsl.search.semantic import duplicates, fingerprint
+from kdsl.search.semantic import EQUAL_CHANNEL_LAYERS, EQUAL_CHANNEL_RANK_LAYERS, duplicates, fingerprint
 from kdsl.search.space import Space
 from kdsl.search.store import Store
 
@@ -75,6 +75,19 @@ def test_rank_tells_products_from_full_weights():
     assert fingerprint(rank_one()) != fingerprint(gallery.load("pointwise_conv2d"))
     # depthwise then pointwise has conv2d's pattern but not its dimension
     assert fingerprint(gallery.load("depthwise_separable_conv2d")) != fingerprint(gallery.load("conv2d"))
+
+
+def test_equal_channel_layers_join_families_that_differ_only_where_cout_is_not_cin():
+    # a pointwise conv whose weight is [Cin, Cin] (a Cin -> Cin operator) re-parametrizes the
+    # [Cout, Cin] one where Cout = Cin, and only there
+    w = Weight(Dim("o", Cin), Cin, name="w")
+    square = Input(N, Cin, H, W) >> Share(w) >> Reduce(Cin) >> Output(N, "o", H, W)
+    pointwise = gallery.load("pointwise_conv2d")
+    assert fingerprint(square) != fingerprint(pointwise)
+    equal = {"layers": EQUAL_CHANNEL_LAYERS, "rank_layers": EQUAL_CHANNEL_RANK_LAYERS}
+    assert fingerprint(square, **equal) == fingerprint(pointwise, **equal) is not None
+    texts = [square.to_dsl(), pointwise.to_dsl(), gallery.load("conv2d").to_dsl()]
+    assert duplicates(texts) == (3, 3) and duplicates(texts, **equal) == (3, 2)
 
 
 def test_no_fingerprint_without_a_batch_dim_or_for_graphs():

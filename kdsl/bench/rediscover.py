@@ -103,8 +103,9 @@ def space_for(name: str, *, restricted: bool = False) -> Any:
 
 def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: bool = False) -> dict[str, Any]:
     """Enumerate ``name``'s space until an operator with the gallery operator's key appears;
-    return the record: found, strategy, space (``default`` or ``restricted``), depth, nodes (the
-    search tree's nodes visited, every walk of the iterative deepening counted), seconds (CPU
+    return the record: found, strategy, space (``default`` or ``restricted``), spec, depth, nodes
+    (the search tree's nodes visited, every walk of the iterative deepening counted; ``goal_nodes``
+    splits them by output goal where the space has several), seconds (CPU
     seconds of the search: the time limit counts them too, so a busy machine neither cuts a search
     short nor inflates its record), wall_seconds, key, max_depth, and ``why`` when it was not
     found."""
@@ -116,6 +117,7 @@ def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: 
         "found": False,
         "strategy": "enumerate",
         "space": kind,
+        "spec": space.spec.name,
         "key": target,
         "max_depth": space.max_depth,
     }

@@ -28,7 +28,7 @@ from kdsl.search.enumerate import Enumeration
 from kdsl.search.rules import trace
 from kdsl.search.run import search
 from kdsl.search.sample import rollout
-from kdsl.search.semantic import duplicates
+from kdsl.search.semantic import EQUAL_CHANNEL_LAYERS, EQUAL_CHANNEL_RANK_LAYERS, duplicates
 from kdsl.search.space import Space
 from kdsl.search.store import Store
 from kdsl.search.synthesis import to_operators
@@ -203,7 +203,9 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         f"{dedupe['stored'] - dedupe['families']} of them re-parametrizations of another "
         f"({dedupe['duplicate_share']:.1%}); {dedupe['duplicates']} recorded as duplicates; "
         f"without dedupe {dedupe['plain_stored']} stored, {dedupe['plain_families']} distinct "
-        f"({dedupe['plain_duplicate_share']:.1%} re-parametrizations)"
+        f"({dedupe['plain_duplicate_share']:.1%} re-parametrizations); where Cout = Cin (every layer of "
+        f"the space) {dedupe['stored'] - dedupe['equal_channel_families']} "
+        f"({dedupe['equal_channel_duplicate_share']:.1%})"
     )
     if stream is not None:
         stream.write(lines[-1] + "\n")
@@ -237,4 +239,8 @@ def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]
             found[f"{prefix}duplicate_share"] = (stored - families) / stored if stored else 0.0
             if dedupe:
                 found["duplicates"] = report.duplicates
+                # the same results fingerprinted where Cout = Cin, as on every layer of the space
+                _, equal = duplicates(texts, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
+                found["equal_channel_families"] = equal
+                found["equal_channel_duplicate_share"] = (stored - equal) / stored if stored else 0.0
     return found

@@ -216,10 +216,12 @@ def search_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     labels = {
         "found": "found",
         "strategy": "strategy",
+        "spec": "spec",
         "space": "search space",
         "depth": "depth of the operator",
         "max_depth": "depth searched",
         "nodes": "nodes visited",
+        "goal_nodes": "nodes per output goal (the spec's, then Cin -> Cin)",
         "seconds": "CPU seconds",
         "wall_seconds": "wall seconds",
         "key": "canonical key",

@@ -69,6 +69,8 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.parser import parse
 
 __all__ = [
+    "EQUAL_CHANNEL_LAYERS",
+    "EQUAL_CHANNEL_RANK_LAYERS",
     "Families",
     "RANK_LAYERS",
     "duplicates",
@@ -94,6 +96,11 @@ RANK_LAYERS: tuple[dict[str, int], ...] = (
     {"Cin": 4, "Cout": 4, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
     {"Cin": 8, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
 )
+#: Layers with ``Cout = Cin`` (and their rank layers), for the families of a space whose every
+#: layer has it: there a Cin -> Cin operator can re-parametrize a Cin -> Cout one, and two Cin -> Cout
+#: operators that differ by exchanging Cin and Cout compute the same maps.
+EQUAL_CHANNEL_LAYERS: tuple[dict[str, int], ...] = tuple(dict(layer, Cout=layer["Cin"]) for layer in SMALL_LAYERS)
+EQUAL_CHANNEL_RANK_LAYERS: tuple[dict[str, int], ...] = tuple(dict(layer, Cout=layer["Cin"]) for layer in RANK_LAYERS)
 #: The names a batch dim may have (the specs' ``batch``).
 BATCH = ("N", "M")
 #: Relative rounding before comparing entries.
@@ -102,18 +109,25 @@ TOLERANCE = 1e-11
 MAX_RANK = 192
 
 
-def fingerprint(op: object, batch: Collection[str] = BATCH) -> str | None:
+def fingerprint(
+    op: object,
+    batch: Collection[str] = BATCH,
+    layers: Sequence[Mapping[str, int]] = SMALL_LAYERS,
+    rank_layers: Sequence[Mapping[str, int]] = RANK_LAYERS,
+) -> str | None:
     """A hash of ``op``'s function family: its pattern key and its dimension, ``"<16 hex>:<rank>"``;
     equal for re-parametrizations of one family (see the module docstring); None for a branching
     kernel, an operator without a batch dim among ``batch``, or one no small layer binds."""
-    key = pattern_key(op, batch)
+    key = pattern_key(op, batch, layers)
     if key is None:
         return None
-    rank = key[1] if key[1] is not None else rank_of(op, batch)  # type: ignore[arg-type]
+    rank = key[1] if key[1] is not None else rank_of(op, batch, rank_layers)  # type: ignore[arg-type]
     return None if rank is None else f"{key[0]}:{rank}"
 
 
-def pattern_key(op: object, batch: Collection[str] = BATCH) -> tuple[str, int | None] | None:
+def pattern_key(
+    op: object, batch: Collection[str] = BATCH, layers: Sequence[Mapping[str, int]] = SMALL_LAYERS
+) -> tuple[str, int | None] | None:
     """The cheap half of the fingerprint (one reference run): the equality pattern's hash, and
     the family's dimension when it comes free (one weight or none), else None (then
     :func:`rank_of` probes it: search asks only when another family has the same pattern)."""
@@ -122,7 +136,7 @@ def pattern_key(op: object, batch: Collection[str] = BATCH) -> tuple[str, int | 
     name = _batch(op, batch)
     if name is None:
         return None
-    for base in SMALL_LAYERS:
+    for base in layers:
         try:
             layer = _layer(op, base, name)
             labels = pattern(op, layer, name)
@@ -133,13 +147,15 @@ def pattern_key(op: object, batch: Collection[str] = BATCH) -> tuple[str, int | 
     return None
 
 
-def rank_of(op: Operator, batch: Collection[str] = BATCH) -> int | None:
+def rank_of(
+    op: Operator, batch: Collection[str] = BATCH, layers: Sequence[Mapping[str, int]] = RANK_LAYERS
+) -> int | None:
     """The family's dimension (see :func:`family_rank`) on the first of :data:`RANK_LAYERS` that
     binds; None if none does."""
     name = _batch(op, batch)
     if name is None:
         return None
-    for tiny in RANK_LAYERS:
+    for tiny in layers:
         try:
             return family_rank(op, _layer(op, tiny, name), name)
         except KdslError:
@@ -289,10 +305,17 @@ class Families:
         return rank_of(op, self.batch)
 
 
-def duplicates(texts: Sequence[str], batch: Collection[str] = BATCH) -> tuple[int, int]:
+def duplicates(
+    texts: Sequence[str],
+    batch: Collection[str] = BATCH,
+    layers: Sequence[Mapping[str, int]] = SMALL_LAYERS,
+    rank_layers: Sequence[Mapping[str, int]] = RANK_LAYERS,
+) -> tuple[int, int]:
     """``(operators, families)`` among DSL ``texts`` by the full :func:`fingerprint` (pattern and
     rank for every operator, whatever search skipped); an operator without a fingerprint counts
-    as its own family. ``operators - families`` are re-parametrizations of another.
+    as its own family. ``operators - families`` are re-parametrizations of another. ``layers`` and
+    ``rank_layers``: where the fingerprints are taken (:data:`EQUAL_CHANNEL_LAYERS` for families
+    equal where ``Cout = Cin``, as on ResNet's stage convolutions).
 
     >>> from kdsl import gallery
     >>> duplicates([gallery.load("conv2d").to_dsl()] * 2 + [gallery.load("pointwise_conv2d").to_dsl()])
@@ -301,7 +324,7 @@ def duplicates(texts: Sequence[str], batch: Collection[str] = BATCH) -> tuple[in
     families: set[str] = set()
     for i, text in enumerate(texts):
         try:
-            found = fingerprint(parse(text), batch)
+            found = fingerprint(parse(text), batch, layers, rank_layers)
         except KdslError:
             found = None
         families.add(found if found is not None else f"unknown {i}")
