@@ -22,13 +22,14 @@ import tempfile
 import time
 from typing import Any, TextIO
 
+from kdsl.lang.parser import parse
 from kdsl.search.analytic import evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
 from kdsl.search.rules import trace
 from kdsl.search.run import search
 from kdsl.search.sample import rollout
-from kdsl.search.semantic import EQUAL_CHANNEL_LAYERS, EQUAL_CHANNEL_RANK_LAYERS, duplicates
+from kdsl.search.semantic import EQUAL_CHANNEL_LAYERS, EQUAL_CHANNEL_RANK_LAYERS, duplicates, fingerprint
 from kdsl.search.space import Space
 from kdsl.search.store import Store
 from kdsl.search.synthesis import to_operators
@@ -205,11 +206,27 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         f"without dedupe {dedupe['plain_stored']} stored, {dedupe['plain_families']} distinct "
         f"({dedupe['plain_duplicate_share']:.1%} re-parametrizations); where Cout = Cin (every layer of "
         f"the space) {dedupe['stored'] - dedupe['equal_channel_families']} "
-        f"({dedupe['equal_channel_duplicate_share']:.1%})"
+        f"({dedupe['equal_channel_duplicate_share']:.1%}), {dedupe['across_goals']} of them Cin -> Cin results "
+        f"that re-parametrize a Cin -> Cout one"
     )
     if stream is not None:
         stream.write(lines[-1] + "\n")
     return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "dedupe": dedupe, "lines": lines}
+
+
+def _across_goals(space: Space, texts: list[str]) -> int:
+    """How many of ``texts`` end at an extra output goal (Cin -> Cin) and share their family where
+    Cout = Cin with an operator of the spec's own goal (what :func:`spec_twin` is to prevent)."""
+    spec_goal = [str(size) for size in space.output_sizes]
+    families: dict[str | None, set[bool]] = {}
+    members: list[tuple[str | None, bool]] = []
+    for text in texts:
+        op = parse(text)
+        extra = [str(d.size) for d in op.outputs if d.name not in space.spec.batch] != spec_goal
+        found = fingerprint(op, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
+        families.setdefault(found, set()).add(extra)
+        members.append((found, extra))
+    return sum(1 for found, extra in members if extra and found is not None and False in families[found])
 
 
 def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]:
@@ -239,8 +256,10 @@ def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]
             found[f"{prefix}duplicate_share"] = (stored - families) / stored if stored else 0.0
             if dedupe:
                 found["duplicates"] = report.duplicates
-                # the same results fingerprinted where Cout = Cin, as on every layer of the space
+                # the same results fingerprinted where Cout = Cin, as on every layer of the space, and
+                # how many of those re-parametrize a result of the other output goal
                 _, equal = duplicates(texts, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
                 found["equal_channel_families"] = equal
                 found["equal_channel_duplicate_share"] = (stored - equal) / stored if stored else 0.0
+                found["across_goals"] = _across_goals(space, texts)
     return found

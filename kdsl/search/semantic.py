@@ -98,9 +98,17 @@ RANK_LAYERS: tuple[dict[str, int], ...] = (
 )
 #: Layers with ``Cout = Cin`` (and their rank layers), for the families of a space whose every
 #: layer has it: there a Cin -> Cin operator can re-parametrize a Cin -> Cout one, and two Cin -> Cout
-#: operators that differ by exchanging Cin and Cout compute the same maps.
-EQUAL_CHANNEL_LAYERS: tuple[dict[str, int], ...] = tuple(dict(layer, Cout=layer["Cin"]) for layer in SMALL_LAYERS)
-EQUAL_CHANNEL_RANK_LAYERS: tuple[dict[str, int], ...] = tuple(dict(layer, Cout=layer["Cin"]) for layer in RANK_LAYERS)
+#: operators that differ by exchanging Cin and Cout compute the same maps. Larger than
+#: :data:`SMALL_LAYERS` and with ``G != s``, so that fewer extents coincide (at Cin = Cout = 4, G =
+#: s = 2 many do, and operators that differ on every real layer collide).
+EQUAL_CHANNEL_LAYERS: tuple[dict[str, int], ...] = (
+    {"Cin": 16, "Cout": 16, "H": 4, "W": 4, "M": 4, "K": 3, "G": 4, "s": 2},
+    {"Cin": 24, "Cout": 24, "H": 6, "W": 6, "M": 6, "K": 3, "G": 4, "s": 2},
+)
+EQUAL_CHANNEL_RANK_LAYERS: tuple[dict[str, int], ...] = (
+    {"Cin": 8, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 4, "s": 2},
+    {"Cin": 16, "Cout": 16, "H": 4, "W": 4, "M": 4, "K": 3, "G": 4, "s": 2},
+)
 #: The names a batch dim may have (the specs' ``batch``).
 BATCH = ("N", "M")
 #: Relative rounding before comparing entries.
