@@ -5,6 +5,7 @@ import pytest
 
 from kdsl import gallery
 from kdsl.bench.rediscover import NO_VIEWS
+from kdsl.bench.search_throughput import equal_channel_families
 from kdsl.lang import Dim, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
 from kdsl.lang.graph import Graph
 from kdsl.search.run import search
@@ -80,14 +81,25 @@ def test_rank_tells_products_from_full_weights():
 def test_equal_channel_layers_join_families_that_differ_only_where_cout_is_not_cin():
     # a pointwise conv whose weight is [Cin, Cin] (a Cin -> Cin operator) re-parametrizes the
     # [Cout, Cin] one where Cout = Cin, and only there
-    w = Weight(Dim("o", Cin), Cin, name="w")
-    square = Input(N, Cin, H, W) >> Share(w) >> Reduce(Cin) >> Output(N, "o", H, W)
+    square = square_pointwise()
     pointwise = gallery.load("pointwise_conv2d")
     assert fingerprint(square) != fingerprint(pointwise)
     equal = {"layers": EQUAL_CHANNEL_LAYERS, "rank_layers": EQUAL_CHANNEL_RANK_LAYERS}
     assert fingerprint(square, **equal) == fingerprint(pointwise, **equal) is not None
     texts = [square.to_dsl(), pointwise.to_dsl(), gallery.load("conv2d").to_dsl()]
     assert duplicates(texts) == (3, 3) and duplicates(texts, **equal) == (3, 2)
+
+
+def square_pointwise():
+    """A pointwise conv from Cin to Cin channels (its weight is [Cin, Cin])."""
+    w = Weight(Dim("o", Cin), Cin, name="w")
+    return Input(N, Cin, H, W) >> Share(w) >> Reduce(Cin) >> Output(N, "o", H, W)
+
+
+def test_the_bench_counts_cin_to_cin_results_that_reparametrize_a_spec_result():
+    texts = [square_pointwise().to_dsl(), gallery.load("pointwise_conv2d").to_dsl(), gallery.load("conv2d").to_dsl()]
+    assert equal_channel_families(Space("conv2d", "resnet18"), texts) == (2, 1)
+    assert equal_channel_families(Space("conv2d", "resnet18"), texts[1:]) == (2, 0)
 
 
 def test_no_fingerprint_without_a_batch_dim_or_for_graphs():

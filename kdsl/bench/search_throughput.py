@@ -34,7 +34,14 @@ from kdsl.search.space import Space
 from kdsl.search.store import Store
 from kdsl.search.synthesis import to_operators
 
-__all__ = ["canvas_rates", "enumeration_rates", "rollout_rates", "run_bench", "semantic_duplicates"]
+__all__ = [
+    "canvas_rates",
+    "enumeration_rates",
+    "equal_channel_families",
+    "rollout_rates",
+    "run_bench",
+    "semantic_duplicates",
+]
 
 BENCH_SPACE: dict[str, Any] = {"coefficients": {"K": [3], "G": [32], "s": [2]}}
 
@@ -214,19 +221,32 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
     return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "dedupe": dedupe, "lines": lines}
 
 
-def _across_goals(space: Space, texts: list[str]) -> int:
-    """How many of ``texts`` end at an extra output goal (Cin -> Cin) and share their family where
-    Cout = Cin with an operator of the spec's own goal (what :func:`spec_twin` is to prevent)."""
+#: A second pair of layers with Cout = Cin whose coinciding extents differ from
+#: :data:`~kdsl.search.semantic.EQUAL_CHANNEL_LAYERS`' (there Cin/G = G; here G/s = K): two results
+#: count as one family where Cout = Cin only when their fingerprints agree on both.
+CHECK_LAYERS = ({"Cin": 12, "Cout": 12, "H": 6, "W": 6, "M": 6, "K": 3, "G": 6, "s": 2},)
+CHECK_RANK_LAYERS = ({"Cin": 6, "Cout": 6, "H": 4, "W": 4, "M": 4, "K": 3, "G": 6, "s": 2},)
+
+
+def equal_channel_families(space: Space, texts: list[str]) -> tuple[int, int]:
+    """``(families, across_goals)`` of DSL ``texts`` where Cout = Cin, as on every layer of a space
+    with that equality: a family is a pair of fingerprints, at :data:`EQUAL_CHANNEL_LAYERS` and at
+    :data:`CHECK_LAYERS` (an operator without one is its own family); ``across_goals`` counts the
+    texts that end at an extra output goal (Cin -> Cin) and share their family with one of the
+    spec's own goal (what :func:`kdsl.search.synthesis.spec_twin` is to prevent)."""
     spec_goal = [str(size) for size in space.output_sizes]
-    families: dict[str | None, set[bool]] = {}
-    members: list[tuple[str | None, bool]] = []
-    for text in texts:
+    families: dict[object, set[bool]] = {}
+    members: list[tuple[object, bool]] = []
+    for i, text in enumerate(texts):
         op = parse(text)
         extra = [str(d.size) for d in op.outputs if d.name not in space.spec.batch] != spec_goal
-        found = fingerprint(op, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
-        families.setdefault(found, set()).add(extra)
-        members.append((found, extra))
-    return sum(1 for found, extra in members if extra and found is not None and False in families[found])
+        first = fingerprint(op, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
+        second = fingerprint(op, layers=CHECK_LAYERS, rank_layers=CHECK_RANK_LAYERS)
+        family = (first, second) if first is not None and second is not None else f"unknown {i}"
+        families.setdefault(family, set()).add(extra)
+        members.append((family, extra))
+    across = sum(1 for family, extra in members if extra and False in families[family])
+    return len(families), across
 
 
 def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]:
@@ -258,8 +278,7 @@ def semantic_duplicates(seconds: float, *, max_depth: int = 6) -> dict[str, Any]
                 found["duplicates"] = report.duplicates
                 # the same results fingerprinted where Cout = Cin, as on every layer of the space, and
                 # how many of those re-parametrize a result of the other output goal
-                _, equal = duplicates(texts, layers=EQUAL_CHANNEL_LAYERS, rank_layers=EQUAL_CHANNEL_RANK_LAYERS)
+                equal, found["across_goals"] = equal_channel_families(space, texts)
                 found["equal_channel_families"] = equal
                 found["equal_channel_duplicate_share"] = (stored - equal) / stored if stored else 0.0
-                found["across_goals"] = _across_goals(space, texts)
     return found

@@ -258,8 +258,8 @@ class Space:
     variable of the input (ResNet's stage convolutions have ``Cout = Cin``), an operator may end
     at the output with the first replaced by the second (``[N, Cin, H, W]``, the shape of
     ``[N, Cout, H, W]`` on every layer): so depthwise operators serve the conv2d spec. These are
-    the extra :attr:`output_goals` that enumeration walks after the spec's own; off, only the
-    spec's.
+    the extra :attr:`output_goals`, which enumeration walks alongside the spec's own (sampling,
+    MCTS and the gallery's neighbors keep to the spec's); off, only the spec's.
 
     >>> space = Space("conv2d", "resnet18")
     >>> [[str(s) for s in goal] for goal in space.output_goals], space.equalities
