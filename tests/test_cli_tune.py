@@ -14,6 +14,8 @@ from kdsl.cli import main
 
 pytest.importorskip("tvm")
 
+from kdsl.tune.records import target_mcpu  # after the skip: it reads TVM's target
+
 TINY = '{"M": 4, "Cin": 8, "Cout": 8}'
 
 
@@ -65,3 +67,11 @@ def test_apply_without_a_record_says_what_to_run(capsys, tuned, tmp_path):
     assert code == 2 and "no tuning records database" in err
     code, _, err = run(capsys, "tune", "matmul", "--db", tuned)
     assert code == 2 and "--layers" in err
+
+
+def test_apply_for_another_target_names_the_mcpu_the_records_were_tuned_for(capsys, tuned, monkeypatch):
+    host = target_mcpu()  # the records of the fixture were tuned for it
+    other = "haswell" if host != "haswell" else "skylake"
+    monkeypatch.setenv("KDSL_MCPU", other)
+    code, _, err = run(capsys, "tune", "matmul", "--layers", TINY, "--db", tuned, "--apply")
+    assert code == 2 and f"only for mcpu {host}" in err and f"add --mcpu {host}" in err

@@ -111,6 +111,22 @@ class RecordStore:
             "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
         )
 
+    def other_targets(self, task: str) -> list[str]:
+        """The targets (mcpu names) of the tasks with measured records for the operator and sizes of
+        ``task`` on other targets (records are kept per target)."""
+        row = self.db.execute("SELECT description FROM tasks WHERE task = ?", (task,)).fetchone()
+        if row is None:
+            return []
+        mine = json.loads(row[0])
+        found = set()
+        query = "SELECT t.description FROM tasks t WHERE t.task != ? AND EXISTS "
+        query += "(SELECT 1 FROM records r WHERE r.task = t.task AND r.latency IS NOT NULL)"
+        for (text,) in self.db.execute(query, (task,)).fetchall():
+            other = json.loads(text)
+            if other.get("op") == mine.get("op") and other.get("binding") == mine.get("binding"):
+                found.add(str(other.get("target", "")))
+        return sorted(found - {str(mine.get("target", ""))})
+
     def records(self, task: str, tuner: str | None = None) -> list[Record]:
         """The task's records in the order they were added (of one tuner, if given)."""
         query = "SELECT config, latency, error, tuner, key, at FROM records WHERE task = ?"
@@ -176,13 +192,18 @@ class TuneResult:
     library: str | None = None  # a compiled library of the best schedule, when the tuner kept one
 
 
+def target_mcpu() -> str:
+    """The mcpu of the target tuning records are kept for (``--mcpu`` / ``KDSL_MCPU``, else the host's)."""
+    return str(default_target().attrs.get("mcpu", ""))
+
+
 def open_task(
     op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str]
 ) -> tuple[dict[str, int], str, RecordStore]:
     """The binding of ``op`` at ``layer``, its task key on this machine, and the records store (the task
     described in it)."""
     binding = solve.bind(op, layer)
-    mcpu = str(default_target().attrs.get("mcpu", ""))
+    mcpu = target_mcpu()
     key = task_key(op, binding, mcpu)
     store = RecordStore(db)
     store.describe(key, {"op": op.key, "binding": binding, "target": mcpu})

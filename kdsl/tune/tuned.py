@@ -28,7 +28,7 @@ from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph
 from kdsl.tune.measurer import compile_module
-from kdsl.tune.records import Record, TuneError, open_task
+from kdsl.tune.records import Record, TuneError, open_task, target_mcpu
 
 __all__ = ["apply", "best_record", "export", "schedule_lines"]
 
@@ -48,6 +48,7 @@ def best_record(
     _, task, store = open_task(op, layer, db)
     try:
         records = [r for r in store.records(task, tuner) if r.latency is not None]
+        elsewhere = store.other_targets(task) if not records else []
     finally:
         store.database.close()
     usable = [r for r in records if _applicable(r)]
@@ -58,6 +59,12 @@ def best_record(
             raise TuneError(
                 f"{db} holds only MetaSchedule records{which} for this operator at {layer_text}; tune with "
                 f"opevo, gensor, alt or random to get a schedule kdsl can apply"
+            )
+        if elsewhere:  # tuned for another target: records are kept per mcpu
+            raise TuneError(
+                f"{db} has no measured schedule{which} for this operator at {layer_text} for this target "
+                f"(mcpu {target_mcpu()}), only for mcpu {', '.join(elsewhere)}: add --mcpu {elsewhere[0]} "
+                f"(records are kept per target)"
             )
         raise TuneError(
             f"{db} has no measured schedule{which} for this operator at {layer_text} on this machine; "
