@@ -85,18 +85,23 @@ def search_drawn(spec: str, layers: str, count: int, seed: int) -> list[Operator
     """``count`` distinct operators (by content key) that random rollouts of search emit in the
     ``spec`` space. Most plain rollouts from the root die in a dead end in these deep spaces, so
     three of four start from a state on the path of an earlier successful rollout: still search's
-    own moves, at a rate a test can afford."""
+    own moves, at a rate a test can afford. Rollouts start from the root of every output goal (the
+    spec's output and, where every layer has Cout = Cin, the Cin -> Cin one that enumeration walks
+    too), so the Cin -> Cin operators are drawn as well."""
     space = Space(spec, layers, max_depth=DEPTH)
     rng = random.Random(f"{spec}:{seed}")
     found: dict[str, Operator] = {}
     productive: list[State] = []
     expanded: dict[int, tuple] = {}
-    start = root(space)
+    starts = [root(space, goal) for goal in range(len(space.output_goals))]
     for _ in range(max(400 * count, 200_000)):  # a bound, reached only in an exhausted space
         if len(found) >= count:
             break
         state, path = _rollout(
-            space, rng, start if not productive or rng.random() < 0.25 else rng.choice(productive), expanded
+            space,
+            rng,
+            rng.choice(starts) if not productive or rng.random() < 0.25 else rng.choice(productive),
+            expanded,
         )
         if state is None:
             continue
