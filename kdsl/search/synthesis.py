@@ -337,13 +337,10 @@ def to_operators(space: Space, state: State) -> list[Operator]:
 def _build(space: Space, state: State, matching: dict[int, int]) -> Operator:
     chains = _Names()
     dims: dict[int, FDim] = {}
-    for step in state.steps:
-        for d in step.consumed:
-            dims[d.id] = d
-    for d in state.frontier:
-        dims[d.id] = d
     # the root's dims: their sizes say which of the space's output goals the state started from
     outputs = _root_dims(space, state)
+    for d in outputs:
+        dims[d.id] = d
     for step in state.steps:
         for d in step.produced:
             dims[d.id] = d
