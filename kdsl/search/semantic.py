@@ -48,6 +48,15 @@ confuse re-parametrizations for different families, except through rounding (two
 (:class:`kdsl.lang.graph.Graph`) are not linear: they get no fingerprint (None), nor do operators
 no small layer binds.
 
+**Spatial rolls and flips.** A convolutional network is translation-equivariant: rolling an
+operator's output cyclically along H or W (or flipping it) only moves the seam, so such an
+operator is the same design (the gallery's ``grouped_conv2d_shifted_window`` is ``grouped_conv2d``
+with its output rolled by 2 along W). The pattern is therefore taken *modulo* the rolls and flips
+of the output's spatial dims (:data:`SPATIAL`): of the patterns of every rolled and flipped output,
+relabelled by first occurrence, the least one is hashed (:func:`canonical_pattern`). The family's
+dimension does not change under a permutation of outputs. A Shift inside the operator (of the
+input, or of a window) is *not* folded: it changes what is computed near the image's border.
+
 >>> from kdsl import gallery
 >>> fingerprint(gallery.load("conv2d")) == fingerprint(gallery.load("conv2d"))
 True
@@ -70,6 +79,9 @@ from kdsl.lang.parser import parse
 
 __all__ = [
     "EQUAL_CHANNEL_LAYERS",
+    "SPATIAL",
+    "canonical_pattern",
+    "output_transforms",
     "EQUAL_CHANNEL_RANK_LAYERS",
     "Families",
     "RANK_LAYERS",
@@ -111,6 +123,8 @@ EQUAL_CHANNEL_RANK_LAYERS: tuple[dict[str, int], ...] = (
 )
 #: The names a batch dim may have (the specs' ``batch``).
 BATCH = ("N", "M")
+#: The output dims along which a roll or flip is the same design (see the module docstring).
+SPATIAL = ("H", "W")
 #: Relative rounding before comparing entries.
 TOLERANCE = 1e-11
 #: The most directional derivatives a rank probe takes (bigger families are reported as this).
@@ -148,11 +162,82 @@ def pattern_key(
         try:
             layer = _layer(op, base, name)
             labels = pattern(op, layer, name)
+            canonical = canonical_pattern(labels, output_axes(op, layer, name))
         except KdslError:
             continue
-        digest = hashlib.sha256(labels.tobytes() + f"|{labels.shape}".encode()).hexdigest()[:16]
-        return digest, (family_rank(op, layer, name, labels) if len(op.weights) <= 1 else None)
+        return _digest(canonical), (family_rank(op, layer, name, labels) if len(op.weights) <= 1 else None)
     return None
+
+
+def _digest(labels: np.ndarray) -> str:
+    return hashlib.sha256(labels.tobytes() + f"|{labels.shape}".encode()).hexdigest()[:16]
+
+
+def output_axes(op: Operator, layer: Mapping[str, int], batch: str) -> list[tuple[str, int]]:
+    """The ``(name, size)`` of each output dim but the batch, in the order of the rows of the
+    pattern (:func:`pattern`)."""
+    sizes = reference.shapes(op, layer).output
+    return [(d.name, n) for d, n in zip(op.outputs, sizes) if d.name != batch]
+
+
+def _relabel(labels: np.ndarray) -> np.ndarray:
+    """``labels`` with its nonzero classes renumbered 1, 2, ... in order of first occurrence."""
+    flat = labels.ravel()
+    values, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(np.where(values == 0, -1, first)))  # 0 keeps rank 0 when present
+    if values[0] != 0:
+        rank = rank + 1
+    return rank[inverse.ravel()].reshape(labels.shape).astype(np.int64)
+
+
+def output_transforms(axes: Sequence[tuple[str, int]]) -> list[tuple[tuple[int, ...], tuple[bool, ...]]]:
+    """Every roll and flip of the spatial axes among ``axes`` (see :data:`SPATIAL`): pairs of the
+    roll of each spatial axis and whether it is flipped, the identity first.
+
+    >>> output_transforms([("Cout", 8), ("W", 2)])
+    [((0,), (False,)), ((0,), (True,)), ((1,), (False,)), ((1,), (True,))]
+    """
+    spatial = [n for name, n in axes if name in SPATIAL]
+    rolls: list[tuple[int, ...]] = [()]
+    flips: list[tuple[bool, ...]] = [()]
+    for n in spatial:
+        rolls = [(*r, k) for r in rolls for k in range(n)]
+        flips = [(*f, b) for f in flips for b in (False, True)]
+    return [(r, f) for r in rolls for f in flips]
+
+
+def transformed(
+    labels: np.ndarray, axes: Sequence[tuple[str, int]], roll: Sequence[int], flip: Sequence[bool]
+) -> np.ndarray:
+    """The pattern of the operator whose output is this one's flipped (where ``flip``) and then
+    rolled by ``roll`` (``out'[i] = out[(i - r) mod n]``) along each spatial axis, relabelled."""
+    grid = labels.reshape(*(n for _, n in axes), labels.shape[-1])
+    spatial = [i for i, (name, _) in enumerate(axes) if name in SPATIAL]
+    for axis, r, f in zip(spatial, roll, flip):
+        if f:
+            grid = np.flip(grid, axis=axis)
+        if r:
+            grid = np.roll(grid, r, axis=axis)
+    return _relabel(np.ascontiguousarray(grid).reshape(labels.shape))
+
+
+def canonical_pattern(labels: np.ndarray, axes: Sequence[tuple[str, int]]) -> np.ndarray:
+    """The least (by bytes) of the patterns of every roll and flip of the output (see the module
+    docstring): equal for two operators whose outputs differ by a roll or flip along H or W.
+
+    >>> labels = np.array([[1], [2], [3], [0]])  # one input, outputs W = 0..3
+    >>> rolled = np.array([[3], [0], [1], [2]])  # the same output rolled by 2
+    >>> bool((canonical_pattern(labels, [("W", 4)]) == canonical_pattern(rolled, [("W", 4)])).all())
+    True
+    """
+    best = _relabel(labels)
+    best_bytes = best.tobytes()
+    for roll, flip in output_transforms(axes)[1:]:  # the first is the identity
+        candidate = transformed(labels, axes, roll, flip)
+        data = candidate.tobytes()
+        if data < best_bytes:
+            best, best_bytes = candidate, data
+    return best
 
 
 def rank_of(

@@ -1,0 +1,327 @@
+"""What a candidate *is*: its function family, and one line that says so, computed, not guessed.
+
+Search and discover name candidates by content hash; a hash does not tell a user that a candidate
+is the gallery's grouped convolution with its output rolled along W. :func:`describe` does, from two
+comparisons with every gallery operator (:mod:`kdsl.lang.library`):
+
+1. **Semantics.** The candidate's function family (:func:`kdsl.search.semantic.pattern_key`: the
+   equality pattern of its matrix, taken modulo rolls and flips of the spatial output, and the
+   family's dimension) against each gallery operator's. Equal families are one design up to a
+   re-parametrization of the weights; then the exact (unrolled) patterns say whether the
+   candidate *is* that operator or that operator with its output rolled or flipped (by how much
+   in ``torch.roll``'s sense, found at the fingerprint's small layer, where W = 4: a roll by 2 and
+   by -2 are one there).
+2. **Steps.** Failing that, the candidate with its ``Shift`` steps removed is compared the same
+   way: a gallery operator with only shifts inserted is a known design, cheaply varied. Failing
+   that too, the candidate is **new**; its line says what it is made of (weights, windows,
+   groups, shifts), the rewrites that led to it when search recorded them (gallery neighbours),
+   and the gallery operator nearest by steps.
+
+Kinds: :data:`KNOWN` (a gallery operator up to re-parametrization and spatial roll or flip),
+:data:`VARIANT` (a gallery operator with only ``Shift`` steps inserted), :data:`NEW`, and
+:data:`UNCOMPARED` (no fingerprint: a branching kernel, or one no small layer binds; compared by
+content key only). A family is the fingerprint ``pattern:rank``; coefficient values (``G = 2`` or
+``4``) are not part of it (the fingerprint's layers fix them), so one design at two group counts is
+one family, and the line says which values the candidate uses.
+
+>>> from kdsl import gallery
+>>> describe(gallery.load("grouped_conv2d").with_defaults(G=2)).line
+'is `grouped_conv2d` (G=2, K=3)'
+>>> found = describe(gallery.load("grouped_conv2d_shifted_window"), names=["grouped_conv2d"])
+>>> found.kind, found.line
+('known', '`grouped_conv2d` (G=2, K=3) with its output rolled by 2 along W')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from kdsl.lang import library
+from kdsl.lang.build import Builder, Operator
+from kdsl.lang.errors import KdslError
+from kdsl.lang.primitives import Expand, Merge, Output, Shift, Split, Stride, Unfold
+from kdsl.search import semantic
+
+__all__ = ["KNOWN", "NEW", "UNCOMPARED", "VARIANT", "Provenance", "References", "describe", "without_shifts"]
+
+KNOWN = "known"
+VARIANT = "variant"
+NEW = "new"
+UNCOMPARED = "uncompared"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """One candidate's provenance: ``kind`` (see the module doc), the one-line ``line``, its
+    ``family`` (``pattern:rank``, or ``key:<content key>`` without a fingerprint), ``base``
+    (the family of the candidate with its Shift steps removed: what discover trains once),
+    ``design`` (the gallery operator it is or varies) and the ``coefficients`` it uses."""
+
+    kind: str
+    line: str
+    family: str
+    base: str
+    design: str | None = None
+    coefficients: tuple[tuple[str, int], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        fields = asdict(self)
+        fields["coefficients"] = dict(self.coefficients)
+        return fields
+
+
+@dataclass
+class _Semantics:
+    """What the comparison needs of one operator: its roll-invariant pattern digest and rank (None
+    until asked, for several weights), and its unrolled pattern at the layer it was taken on."""
+
+    op: Operator
+    digest: str
+    rank: int | None
+    layer: int
+    labels: np.ndarray
+    axes: list[tuple[str, int]]
+
+    def family_rank(self) -> int | None:
+        if self.rank is None:
+            self.rank = semantic.rank_of(self.op)
+        return self.rank
+
+    @property
+    def family(self) -> str:
+        return f"{self.digest}:{self.family_rank()}"
+
+
+def _semantics(op: object) -> _Semantics | None:
+    if not isinstance(op, Operator):
+        return None
+    batch = semantic._batch(op, semantic.BATCH)
+    if batch is None:
+        return None
+    for index, base in enumerate(semantic.SMALL_LAYERS):
+        try:
+            layer = semantic._layer(op, base, batch)
+            labels = semantic.pattern(op, layer, batch)
+            axes = semantic.output_axes(op, layer, batch)
+        except KdslError:
+            continue
+        digest = semantic._digest(semantic.canonical_pattern(labels, axes))
+        rank = semantic.family_rank(op, layer, batch, labels) if len(op.weights) <= 1 else None
+        return _Semantics(op, f"{index}:{digest}", rank, index, labels, axes)
+    return None
+
+
+class References:
+    """The gallery's operators, fingerprinted once (ranks of several-weight ones on demand).
+
+    ``names``: the gallery operators to compare with (default: all of them); branching kernels
+    and operators without a fingerprint are kept for the comparison by content key only.
+    """
+
+    def __init__(self, names: Iterable[str] | None = None) -> None:
+        self.names = sorted(library.names() if names is None else names)
+        self.keys: dict[str, str] = {}
+        self.semantics: list[tuple[str, _Semantics]] = []
+        self.steps: dict[str, list[str]] = {}
+        for name in self.names:
+            op = library.load(name)
+            self.keys[op.key] = name
+            found = _semantics(op)
+            if found is not None:
+                self.semantics.append((name, found))
+                self.steps[name] = _step_words(found.op)
+
+    def matches(self, mine: _Semantics) -> list[tuple[str, _Semantics]]:
+        """The gallery operators of ``mine``'s family (pattern and rank)."""
+        same = [(name, other) for name, other in self.semantics if other.digest == mine.digest]
+        return [(name, other) for name, other in same if other.family_rank() == mine.family_rank()]
+
+
+@lru_cache(maxsize=4)
+def _references(names: tuple[str, ...] | None) -> References:
+    return References(names)
+
+
+def without_shifts(op: Operator) -> Operator | None:
+    """``op`` with every ``Shift`` step removed, or None when it has none or no longer builds.
+
+    >>> from kdsl import gallery
+    >>> without_shifts(gallery.load("grouped_conv2d_shifted_window")) == gallery.load("grouped_conv2d").with_defaults(G=2)
+    True
+    """
+    steps = tuple(step for step in op.steps if not isinstance(step, Shift))
+    if len(steps) == len(op.steps):
+        return None
+    try:
+        built = Builder(op.inputs, steps, None, []).finish(
+            Output(*(d.name for d in op.outputs), defaults=dict(op.defaults) or None)
+        )
+    except KdslError:
+        return None
+    return built if [d.size for d in built.outputs] == [d.size for d in op.outputs] else None
+
+
+def _coefficients(op: Any) -> tuple[tuple[str, int], ...]:
+    used = set(getattr(op, "coefficient_variables", ()))
+    defaults = dict(getattr(op, "default_coefficients", {}) or {})
+    return tuple(sorted((name, int(value)) for name, value in defaults.items() if name in used))
+
+
+def _named(name: str, coefficients: Sequence[tuple[str, int]]) -> str:
+    values = ", ".join(f"{k}={v}" for k, v in coefficients)
+    return f"`{name}`" + (f" ({values})" if values else "")
+
+
+def _transform_words(mine: _Semantics, theirs: _Semantics) -> str | None:
+    """How ``mine``'s output differs from ``theirs``: ``""`` when it does not, ``"with its output
+    rolled by 2 along W"`` and the like, or None when no roll or flip maps one onto the other."""
+    if mine.layer != theirs.layer or mine.labels.shape != theirs.labels.shape:
+        return None
+    target = semantic._relabel(theirs.labels)
+    spatial = [(name, n) for name, n in mine.axes if name in semantic.SPATIAL]
+    for roll, flip in semantic.output_transforms(mine.axes):
+        if not np.array_equal(semantic.transformed(mine.labels, mine.axes, roll, flip), target):
+            continue
+        words = []
+        for (name, n), r, f in zip(spatial, roll, flip):
+            if f:
+                words.append(f"flipped along {name}")
+            # transformed rolled mine by r onto theirs: mine[i] = theirs[i + r], torch.roll(theirs, -r)
+            shift = (-r) % n
+            shift = shift - n if shift > n // 2 else shift
+            if shift:
+                words.append(f"rolled by {shift} along {name}")
+        return "with its output " + " and ".join(words) if words else ""
+    return None
+
+
+def _known(mine: _Semantics, references: References) -> tuple[str, str] | None:
+    """``(gallery name, transform words)`` of the best gallery match of ``mine``'s family: an
+    exact one first (same unrolled pattern), else one that a roll or flip maps onto it."""
+    matches = references.matches(mine)
+    described = [(name, _transform_words(mine, other)) for name, other in matches]
+    exact = [(name, words) for name, words in described if words == ""]
+    rolled = [(name, words) for name, words in described if words]
+    for name, words in exact + rolled:
+        return name, words or ""
+    return (matches[0][0], "up to a roll or flip of its output") if matches else None
+
+
+def _step_words(op: Operator) -> list[str]:
+    return [type(step).__name__ + "(" + ", ".join(map(str, _refs(step))) + ")" for step in op.steps]
+
+
+def _refs(step: Any) -> list[str]:
+    words = step.describe()
+    inside = words[words.index("(") + 1 : words.rindex(")")] if "(" in words else ""
+    # dims only: sizes and names of fresh dims vary between spellings of one step
+    return [part.strip() for part in inside.split(",")][:1]
+
+
+def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+def structure(op: Any) -> str:
+    """A short description of what ``op`` is made of: its weights, windows, groups and views.
+
+    >>> from kdsl import gallery
+    >>> structure(gallery.load("grouped_conv2d"))
+    '1 weight w[g, co, ci, kh, kw]; windows over H, W; Cin split; channels merged'
+    """
+    steps = list(getattr(op, "steps", ()))
+    weights = list(getattr(op, "weights", ()))
+    parts = [
+        f"{len(weights)} weight{'s' if len(weights) != 1 else ''} "
+        + ", ".join(f"{w.name}[{', '.join(d.name for d in w.dims)}]" for w in weights)
+    ]
+
+    def dims_of(kind: type) -> list[str]:
+        found: list[str] = []
+        for step in steps:
+            if isinstance(step, kind):
+                dim = _refs(step)[0]
+                if dim and dim not in found:
+                    found.append(dim)
+        return found
+
+    for kind, words in (
+        (Unfold, "windows over"),
+        (Split, "split"),
+        (Stride, "strided"),
+        (Shift, "shifted along"),
+        (Expand, "expanded"),
+    ):
+        dims = dims_of(kind)
+        if dims and kind is Split:
+            parts.append(f"{', '.join(dims)} split")
+        elif dims:
+            parts.append(f"{words} {', '.join(dims)}")
+    if any(isinstance(step, Merge) for step in steps):
+        parts.append("channels merged")
+    if not steps:  # a branching kernel: its nodes
+        parts = [f"branching kernel of {len(getattr(op, 'nodes', ()))} nodes"]
+    return "; ".join(parts)
+
+
+def describe(
+    op: Any,
+    *,
+    origin: Mapping[str, Any] | None = None,
+    names: Iterable[str] | None = None,
+    references: References | None = None,
+) -> Provenance:
+    """The provenance of ``op`` (see the module doc). ``origin``: what search recorded of where
+    it came from (a gallery neighbour's ``{"origin": name, "rewrites": [...]}``); ``names``: the
+    gallery operators to compare with (default all); ``references``: a prepared comparison."""
+    refs = references or _references(tuple(sorted(names)) if names is not None else None)
+    coefficients = _coefficients(op)
+    mine = _semantics(op)
+    if mine is None:
+        key = getattr(op, "key", "")
+        family = f"key:{key}"
+        if key in refs.keys:
+            return Provenance(KNOWN, f"is {_named(refs.keys[key], coefficients)}", family, family, refs.keys[key])
+        line = f"new (not compared semantically: no fingerprint): {structure(op)}"
+        return Provenance(UNCOMPARED, line, family, family, None, coefficients)
+    family = mine.family
+    known = _known(mine, refs)
+    if known is not None:
+        name, words = known
+        line = ("is " if not words else "") + _named(name, coefficients) + (f" {words}" if words else "")
+        return Provenance(KNOWN, line, family, family, name, coefficients)
+    stripped = without_shifts(op)
+    base_semantics = _semantics(stripped) if stripped is not None else None
+    base = base_semantics.family if base_semantics is not None else family
+    if base_semantics is not None:
+        known = _known(base_semantics, refs)
+        if known is not None:
+            name, words = known
+            shifts = [
+                f"{step.describe()} at step {i + 1}" for i, step in enumerate(op.steps) if isinstance(step, Shift)
+            ]
+            line = _named(name, coefficients) + (f" {words}" if words else "") + " with " + ", ".join(shifts)
+            return Provenance(VARIANT, line, family, base, name, coefficients)
+    line = f"new: {structure(op)}"
+    rewrites = list((origin or {}).get("rewrites") or [])
+    if (origin or {}).get("origin") and rewrites:
+        line += f"; from `{origin['origin']}` by {'; '.join(map(str, rewrites))}"  # type: ignore[index]
+    else:
+        words = _step_words(op)
+        nearest = min(refs.steps, key=lambda name: (_edit_distance(words, refs.steps[name]), name), default=None)
+        if nearest is not None:
+            line += (
+                f"; nearest gallery design by steps: `{nearest}` ({_edit_distance(words, refs.steps[nearest])} edits)"
+            )
+    return Provenance(NEW, line, family, base, None, coefficients)
