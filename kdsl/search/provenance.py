@@ -151,7 +151,8 @@ def without_shifts(op: Operator) -> Operator | None:
     """``op`` with every ``Shift`` step removed, or None when it has none or no longer builds.
 
     >>> from kdsl import gallery
-    >>> without_shifts(gallery.load("grouped_conv2d_shifted_window")) == gallery.load("grouped_conv2d").with_defaults(G=2)
+    >>> shifted = gallery.load("grouped_conv2d_shifted_window")
+    >>> without_shifts(shifted) == gallery.load("grouped_conv2d").with_defaults(G=2)
     True
     """
     steps = tuple(step for step in op.steps if not isinstance(step, Shift))
