@@ -116,12 +116,28 @@ def command_results(args: argparse.Namespace) -> int:
     """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only).
 
     On a database that ``kdsl discover`` evaluated, the candidates are ranked as its
-    ``results.md`` ranks them (:func:`kdsl.discover.report.rank`), with each one's verdict."""
-    evaluated = None if args.json else discovery.load_records(args.db)
+    ``results.md`` ranks them (:func:`kdsl.discover.report.rank`), with each one's verdict and what
+    it is; ``--json`` prints the same rows with the same fields (:func:`kdsl.discover.report.table_rows`)."""
+    evaluated = discovery.load_records(args.db)
     if evaluated is not None:
         records, baseline = evaluated
         accuracy = baseline.get("accuracy") or 0.0
         ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=args.margin)
+        if args.json:  # the table's rows and fields (discovery.COLUMNS), as JSON
+            counts = discovery.family_counts(records, baseline_accuracy=accuracy, margin=args.margin)
+            print(
+                json.dumps(
+                    {
+                        "baseline": baseline,
+                        "columns": list(discovery.COLUMNS),
+                        "families": counts,
+                        "table": discovery.table_rows(ranked[: args.top], baseline, margin=args.margin),
+                    },
+                    sort_keys=True,
+                    default=str,
+                )
+            )
+            return 0
         # escaped line by line: the summary's own line breaks stay line breaks
         for line in discovery.summary(records, baseline_accuracy=accuracy, margin=args.margin).splitlines():
             print(printable(line))

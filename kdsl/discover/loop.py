@@ -10,7 +10,10 @@
    the proxy network with the candidate in every convolution and times it against the baseline;
    each result (or failure) is stored in the ``evaluations`` table, and the candidate's reward in
    the search store becomes the measured one (Syno §7.2: accuracy first, then speed), so the
-   MCTS tree that the next search phase rebuilds follows measured rewards.
+   MCTS tree that the next search phase rebuilds follows measured rewards. Before that, each
+   candidate is classified (:mod:`kdsl.discover.families`): what it is (a gallery design, one
+   with its output rolled, one with shifts inserted, or new) is stored, and one that repeats the
+   design and coefficients of a candidate already screened or trained is not trained again.
 
 Re-running the same command resumes: finished evaluations are neither lost nor repeated. At the
 end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:`.report`).
@@ -29,6 +32,7 @@ from typing import Any, TextIO
 
 from kdsl import gallery
 from kdsl.discover.executors import Task, make_executor
+from kdsl.discover.families import FamilyTable, training_key
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
 from kdsl.discover.report import load_records, write_report
 from kdsl.lang.errors import SearchError, printable
@@ -259,15 +263,47 @@ def _rows(db: str, keys: Sequence[str]) -> list[dict[str, Any]]:
         store.close()
 
 
+def _fresh(
+    config: DiscoverConfig, evaluations: Evaluations, families: FamilyTable, exclude: set[str], limit: int
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` of the best stored candidates not in ``exclude``, one per design: each is
+    classified (:mod:`kdsl.discover.families`) and one whose base family and coefficients repeat
+    those of a candidate screened or trained before is recorded as a repeat (a screen without a
+    score) instead of returned."""
+    exclude = set(exclude)
+    taken = families.training_keys(exclude)
+    picked: list[dict[str, Any]] = []
+    while len(picked) < limit:
+        rows = _pending(config.db, exclude, limit - len(picked))
+        if not rows:
+            break
+        for row in rows:
+            exclude.add(row["key"])
+            design = training_key(families.classify(row))
+            if design in taken:
+                families.mark_repeat(row["key"], taken[design])
+                evaluations.add_screen(row["key"], None, {"status": "repeat", "repeat_of": taken[design]})
+            else:
+                taken[design] = row["key"]
+                picked.append(row)
+    return picked
+
+
 def _screen(
-    config: DiscoverConfig, executor: Any, evaluations: Evaluations, progress: TextIO | None
+    config: DiscoverConfig,
+    executor: Any,
+    evaluations: Evaluations,
+    families: FamilyTable,
+    progress: TextIO | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Screen up to ``batch * screen_factor`` new candidates, then pick the ``batch`` best-scored
-    of all screened candidates not trained yet. Returns ``(to_train, failed)``: rows of the search
-    store to train, and results of candidates whose screening failed (they would fail to train)."""
+    """Screen up to ``batch * screen_factor`` new candidates (one per design, :func:`_fresh`), then
+    pick the ``batch`` best-scored of all screened candidates not trained yet. Returns
+    ``(to_train, failed)``: rows of the search store to train, and results of candidates whose
+    screening failed (they would fail to train)."""
     done = evaluations.done()
     screened = evaluations.screened()
-    fresh = _pending(config.db, done | set(screened), config.batch * config.screen_factor)
+    fresh = _fresh(config, evaluations, families, done | set(screened), config.batch * config.screen_factor)
+    screened = evaluations.screened()  # with the repeats _fresh recorded
     failed = []
     tasks = [Task.of(parse(row["dsl"]), [config.screener()], _widths(row)) for row in fresh]
     for task, result in executor.map(tasks):
@@ -360,6 +396,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         guard.close()
         raise
     evaluations = Evaluations(config.db)
+    families = FamilyTable(config.db)
     executor = make_executor(config.executor, workers=config.workers, timeout=config.eval_timeout)
     evaluators = config.evaluators()
     baseline_op = gallery.load("conv2d")
@@ -396,12 +433,12 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     finished = not strategies
             done = evaluations.done()
             if config.prescreen:
-                batch, failed = _screen(config, executor, evaluations, progress)
+                batch, failed = _screen(config, executor, evaluations, families, progress)
                 for result in failed:  # a candidate that cannot be scored cannot be trained either
                     evaluations.add(result)
                     _set_reward(config.db, result["key"], 0.0)
             else:
-                batch = _pending(config.db, done, config.batch)
+                batch = _fresh(config, evaluations, families, done | set(evaluations.screened()), config.batch)
             if trained and time.monotonic() - start > config.time_limit:
                 break  # screening took the rest of the time: no more training past the limit
             if not batch:
@@ -420,12 +457,14 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 ratio = result["metrics"].get("latency_ratio")
                 trained += 1
                 left = max(0.0, config.time_limit - (time.monotonic() - start))
+                what = families.get([task.key]).get(task.key, {}).get("line")
                 _say(
                     progress,
                     f"evaluated {task.key}: {result['status']}"
                     + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
                     + (f", latency x{ratio:.2f}" if ratio is not None else "")
                     + (f" ({result['error'][:120]})" if result.get("error") else "")
+                    + (f"; {what}" if what else "")
                     + f" [trained {trained}, screened {len(evaluations.screened())}, {left:.0f} s left]",
                 )
                 if time.monotonic() - start > config.time_limit:
@@ -436,6 +475,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         if executor_close is not None:
             executor_close()
         evaluations.close()
+        families.close()
         try:
             guard.release(lease)
         finally:

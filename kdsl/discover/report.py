@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.render import svg
+from kdsl.discover.families import FIELDS, annotate
 from kdsl.gallery.pages import operator_page
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
@@ -139,13 +140,16 @@ def summary(records: Sequence[Record], *, baseline_accuracy: float, margin: floa
         )
         if faster:
             best = min(faster, key=lambda r: r["latency_ratio"])
+            what = f": {best['provenance']}" if best.get("provenance") else ""
             line += (
                 f"; {len(faster)} of them run faster than the baseline, the fastest {best['key']} "
-                f"({1 / best['latency_ratio']:.2f}x faster, accuracy {best['accuracy']:.3f})."
+                f"({1 / best['latency_ratio']:.2f}x faster, accuracy {best['accuracy']:.3f}{what})."
             )
         else:
             line += ", but none of them runs faster than the baseline."
         lines.append(line)
+    if any(r.get("kind") for r in records):
+        lines.append(families_text(records, baseline_accuracy=baseline_accuracy, margin=margin))
     overhead = lowering_overhead(records)
     if overhead is not None:
         lines.append(
@@ -163,6 +167,57 @@ def _cell(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+#: The columns of the ranked table, in order: ``results.md``, the terminal and ``kdsl results
+#: --json`` show the same rows with these fields (:func:`table_rows`).
+COLUMNS = (
+    "rank",
+    "key",
+    "what it is",
+    "found by",
+    "accuracy",
+    "latency ratio",
+    "MACs ratio",
+    "latency / MACs",
+    "params",
+    "verdict",
+)
+
+
+def table_rows(records: Sequence[Record], baseline: Record, *, margin: float = 0.02) -> list[dict[str, Any]]:
+    """The ranked table's rows (records in their ranked order), one dict each with the fields of
+    :data:`COLUMNS`: what every view of the ranking shows.
+
+    >>> rows = table_rows([{"key": "a", "accuracy": 0.95, "latency_ratio": 0.5, "flops_ratio": 0.25,
+    ...                     "provenance": "is `grouped_conv2d` (G=2)", "strategy": "neighbors"}],
+    ...                   {"accuracy": 0.96}, margin=0.02)
+    >>> rows[0]["what it is"], rows[0]["latency / MACs"], rows[0]["verdict"]
+    ('is `grouped_conv2d` (G=2)', 2.0, 'usable: within 1.0 points, 2.00x faster')
+    """
+    base = baseline.get("accuracy") or 0.0
+    rows = []
+    for position, record in enumerate(records, start=1):
+        overhead = lowering_overhead([record])
+        rows.append(
+            {
+                "rank": position,
+                "key": record["key"],
+                "what it is": record.get("provenance"),
+                "found by": record.get("strategy"),
+                "accuracy": record.get("accuracy"),
+                "latency ratio": record.get("latency_ratio"),
+                "MACs ratio": record.get("flops_ratio"),
+                "latency / MACs": overhead["median"] if overhead else None,
+                "params": record.get("params"),
+                "verdict": verdict(record, baseline_accuracy=base, margin=margin),
+            }
+        )
+    return rows
+
+
+def _markdown_cell(text: Any) -> str:
+    return _cell(text).replace("|", "\\|").replace("\n", " ")
+
+
 def markdown_table(
     records: Sequence[Record],
     baseline: Record,
@@ -170,41 +225,119 @@ def markdown_table(
     links: Mapping[str, str] | None = None,
     margin: float = 0.02,
 ) -> str:
-    """The ranked table as Markdown, the baseline in the first row, each row with its verdict."""
+    """The ranked table as Markdown, the baseline in the first row, each row with what the
+    candidate is (its provenance) and its verdict."""
     links = links or {}
-    base = baseline.get("accuracy") or 0.0
     lines = [
-        "| rank | candidate | accuracy | latency ratio | MACs ratio | latency / MACs | params | verdict |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
-        f"| - | baseline ({baseline.get('name', 'conv2d')}) | {_cell(baseline.get('accuracy'))} | 1.000 | 1.000 | "
-        f"1.000 | {_cell(baseline.get('params'))} | the reference |",
+        "| " + " | ".join(COLUMNS) + " |",
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| - | baseline | {baseline.get('name', 'conv2d')} | - | {_cell(baseline.get('accuracy'))} | 1.000 | "
+        f"1.000 | 1.000 | {_cell(baseline.get('params'))} | the reference |",
     ]
-    for position, record in enumerate(records, start=1):
-        name = record["key"]
+    for row in table_rows(records, baseline, margin=margin):
+        name = row["key"]
         label = f"[{name}]({links[name]})" if name in links else f"`{name}`"
-        overhead = lowering_overhead([record])
         lines.append(
-            f"| {position} | {label} | {_cell(record.get('accuracy'))} | {_cell(record.get('latency_ratio'))} | "
-            f"{_cell(record.get('flops_ratio'))} | {_cell(overhead['median'] if overhead else None, 2)} | "
-            f"{_cell(record.get('params'))} | {verdict(record, baseline_accuracy=base, margin=margin)} |"
+            f"| {row['rank']} | {label} | {_markdown_cell(row['what it is'])} | {_markdown_cell(row['found by'])} | "
+            f"{_cell(row['accuracy'])} | {_cell(row['latency ratio'])} | {_cell(row['MACs ratio'])} | "
+            f"{_cell(row['latency / MACs'], 2)} | {_cell(row['params'])} | {_markdown_cell(row['verdict'])} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def text_table(records: Sequence[Record], baseline: Record, *, margin: float = 0.02) -> str:
-    """The same ranking as plain text for a terminal (``kdsl results`` on a discovery database)."""
-    base = baseline.get("accuracy") or 0.0
+    """The same ranking as plain text for a terminal (``kdsl results`` on a discovery database):
+    a row per candidate, and under it what the candidate is and which strategy found it."""
     rows = [f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'MACs':>8}  verdict"]
     rows.append(
         f"{'-':>4}  {'baseline':<18}{_cell(baseline.get('accuracy')):>9}{'1.000':>9}{'1.000':>8}  the reference"
     )
-    for position, record in enumerate(records, start=1):
+    for row in table_rows(records, baseline, margin=margin):
         rows.append(
-            f"{position:>4}  {printable(record['key'])[:16]:<18}{_cell(record.get('accuracy')):>9}"
-            f"{_cell(record.get('latency_ratio')):>9}{_cell(record.get('flops_ratio'), 2):>8}  "
-            f"{printable(verdict(record, baseline_accuracy=base, margin=margin))}"
+            f"{row['rank']:>4}  {printable(row['key'])[:16]:<18}{_cell(row['accuracy']):>9}"
+            f"{_cell(row['latency ratio']):>9}{_cell(row['MACs ratio'], 2):>8}  {printable(row['verdict'])}"
         )
+        if row["what it is"] or row["found by"]:
+            found_by = f" [{printable(str(row['found by']))}]" if row["found by"] else ""
+            rows.append(f"{'':>6}{printable(str(row['what it is'] or '-'))}{found_by}")
     return "\n".join(rows)
+
+
+def _usable(record: Record, baseline_accuracy: float, margin: float) -> bool:
+    accuracy, ratio = record.get("accuracy"), record.get("latency_ratio")
+    return accuracy is not None and accuracy >= baseline_accuracy - margin and ratio is not None and ratio < 1.0
+
+
+def family_counts(records: Sequence[Record], *, baseline_accuracy: float, margin: float = 0.02) -> dict[str, Any]:
+    """How many trained candidates are known designs (``known``), known designs with shifts
+    inserted (``variant``) and new (``new``, ``uncompared``), in all and among the usable ones
+    (within ``margin`` of the baseline's accuracy and faster); and how many distinct new families.
+
+    >>> rows = [{"key": "a", "kind": "new", "family": "f", "accuracy": 0.95, "latency_ratio": 0.5},
+    ...         {"key": "b", "kind": "new", "family": "f", "accuracy": 0.95, "latency_ratio": 0.6},
+    ...         {"key": "c", "kind": "known", "family": "g", "accuracy": 0.95, "latency_ratio": 0.5}]
+    >>> counts = family_counts(rows, baseline_accuracy=0.96)
+    >>> counts["usable"], counts["new families"], counts["usable new families"]
+    ({'known': 1, 'new': 2}, 1, 1)
+    """
+    trained = [r for r in records if r.get("accuracy") is not None]
+    usable = [r for r in trained if _usable(r, baseline_accuracy, margin)]
+
+    def kinds(rows: Sequence[Record]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for row in rows:
+            kind = str(row.get("kind") or "unclassified")
+            found[kind] = found.get(kind, 0) + 1
+        return dict(sorted(found.items()))
+
+    def families(rows: Sequence[Record]) -> int:
+        return len({r.get("family") for r in rows if r.get("kind") in ("new", "uncompared")})
+
+    return {
+        "trained": kinds(trained),
+        "usable": kinds(usable),
+        "new families": families(trained),
+        "usable new families": families(usable),
+    }
+
+
+def strategy_counts(
+    records: Sequence[Record], *, baseline_accuracy: float, margin: float = 0.02
+) -> dict[str, dict[str, int]]:
+    """Per search strategy: candidates trained, usable (within ``margin`` and faster), and the
+    distinct new families among each.
+
+    >>> rows = [{"key": "a", "strategy": "mcts", "kind": "new", "family": "f", "accuracy": 0.95, "latency_ratio": 0.5}]
+    >>> strategy_counts(rows, baseline_accuracy=0.96)
+    {'mcts': {'trained': 1, 'usable': 1, 'new families': 1, 'usable new families': 1}}
+    """
+    found: dict[str, dict[str, int]] = {}
+    for strategy in sorted({str(r.get("strategy") or "unknown") for r in records}):
+        mine = [r for r in records if str(r.get("strategy") or "unknown") == strategy]
+        counts = family_counts(mine, baseline_accuracy=baseline_accuracy, margin=margin)
+        found[strategy] = {
+            "trained": sum(counts["trained"].values()),
+            "usable": sum(counts["usable"].values()),
+            "new families": counts["new families"],
+            "usable new families": counts["usable new families"],
+        }
+    return found
+
+
+def families_text(records: Sequence[Record], *, baseline_accuracy: float, margin: float = 0.02) -> str:
+    """The report's sentence on what the candidates are: known designs and new families apart."""
+    counts = family_counts(records, baseline_accuracy=baseline_accuracy, margin=margin)
+
+    def words(kinds: Mapping[str, int]) -> str:
+        names = {"known": "known designs", "variant": "known designs with shifts inserted", "new": "new"}
+        parts = [f"{n} {names.get(kind, kind)}" for kind, n in kinds.items()]
+        return ", ".join(parts) if parts else "none"
+
+    return (
+        f"What they are: of the trained, {words(counts['trained'])} ({counts['new families']} distinct new "
+        f"families); of the usable (within {100 * margin:.1f} points and faster), {words(counts['usable'])} "
+        f"({counts['usable new families']} distinct new families)."
+    )
 
 
 def _minor_ratio(value: float, _: object) -> str:
@@ -289,6 +422,30 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
     return path
 
 
+def strategy_table(counts: Mapping[str, Mapping[str, int]]) -> str:
+    """Per strategy, what it produced (Markdown), from :func:`strategy_counts`."""
+    lines = [
+        "## By strategy\n",
+        "| strategy | trained | usable | new families | usable new families |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in counts.items():
+        lines.append(
+            f"| {_markdown_cell(name)} | {row['trained']} | {row['usable']} | {row['new families']} | "
+            f"{row['usable new families']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _families_note() -> str:
+    return (
+        "\n*What it is* is computed (kdsl.search.provenance): a candidate is a known design when its function "
+        "family (equal up to a re-parametrization of its weights and a roll or flip of its spatial output) is a "
+        "gallery operator's; a variant when only its Shift steps tell it from one; new otherwise. Discover trains "
+        "one candidate per design and coefficients (repeats are recorded, not trained).\n"
+    )
+
+
 def write_report(
     records: Sequence[Record],
     baseline: Record,
@@ -309,7 +466,8 @@ def write_report(
 
     for record in [r for r in ranked if r.get("accuracy") is not None][:top]:
         op = parse(record["dsl"])
-        metrics = {k: record.get(k) for k in ("accuracy", "latency_ratio", "flops_ratio", "params", "latency_ms")}
+        metrics = {"what it is": record.get("provenance"), "found by": record.get("strategy")}
+        metrics |= {k: record.get(k) for k in ("accuracy", "latency_ratio", "flops_ratio", "params", "latency_ms")}
         metrics["baseline accuracy"] = baseline.get("accuracy")
         (pages / f"{record['key']}.svg").write_text(svg(op))
         page = operator_page(
@@ -331,8 +489,22 @@ def write_report(
         f"then the others, most accurate first; failed evaluations last. *latency / MACs* says how much slower "
         f"a candidate runs than its MACs (multiply-accumulates) predict.\n\n![Pareto plot](pareto.png)\n\n"
     )
-    table.write_text(header + markdown_table(ranked, baseline, links=links, margin=margin))
-    (out / "results.json").write_text(json.dumps({"baseline": baseline, "candidates": ranked}, indent=1, default=str))
+    strategies = strategy_counts(records, baseline_accuracy=baseline_accuracy, margin=margin)
+    table.write_text(
+        header
+        + markdown_table(ranked, baseline, links=links, margin=margin)
+        + "\n"
+        + strategy_table(strategies)
+        + _families_note()
+    )
+    results = {
+        "baseline": baseline,
+        "families": family_counts(records, baseline_accuracy=baseline_accuracy, margin=margin),
+        "strategies": strategies,
+        "table": table_rows(ranked, baseline, margin=margin),
+        "candidates": ranked,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     plot = pareto_plot(records, baseline, out / "pareto.png")
     return {"table": table, "json": out / "results.json", "plot": plot, "pages": pages}
 
@@ -347,15 +519,17 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
         if "evaluations" not in tables or "candidates" not in tables:
             return None
         rows = database.rows(
-            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl FROM evaluations e "
+            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl, c.strategy, c.metrics FROM evaluations e "
             "LEFT JOIN candidates c ON c.key = e.key"
         )
+        stored = _stored_provenance(database) if "provenance" in tables else {}
     finally:
         database.close()
     baseline: dict[str, Any] | None = None
     records = []
-    for key, role, status, text, error, dsl in rows:
-        metrics = json_object(text, f"{printable(path)}: evaluations row {printable(repr(key)[:80])}", SearchError)
+    for key, role, status, text, error, dsl, strategy, search_text in rows:
+        where = f"{printable(path)}: evaluations row {printable(repr(key)[:80])}"
+        metrics = json_object(text, where, SearchError)
         if role == "baseline":
             baseline = {"name": "conv2d", **{k: metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
             continue
@@ -369,8 +543,16 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
                 "error": error,
                 **{k: metrics.get(k) for k in ("accuracy", "latency_ratio", "latency_ms", "flops_ratio", "params")},
                 "early_stopped": metrics.get("early_stopped"),
+                "strategy": strategy,
+                "search_metrics": json_object(search_text or "{}", where + " (candidates.metrics)", SearchError),
             }
         )
     if baseline is None:
         return None
+    annotate(records, stored)
     return records, baseline
+
+
+def _stored_provenance(database: Database) -> dict[str, dict[str, Any]]:
+    query = f"SELECT key, {', '.join(FIELDS)} FROM provenance"
+    return {key: dict(zip(FIELDS, values)) for key, *values in database.rows(query)}
