@@ -135,3 +135,19 @@ def test_structure_names_weights_and_windows():
 def test_every_gallery_operator_is_itself(name):
     found = describe(gallery.load(name))
     assert found.kind == KNOWN and found.line.startswith("is `")
+
+
+def test_a_gallery_design_with_its_shifts_moved_or_removed_is_a_variant():
+    syno_op2 = gallery.load("syno_op2").with_defaults(G=2)
+    moved = list(syno_op2.steps)
+    moved[1], moved[2] = moved[2], moved[1]  # Shift(H) after the window over H instead of before it
+    from kdsl.lang.build import Builder
+
+    output = Output("N", "Cout", "H", "W", defaults=dict(syno_op2.defaults))
+    swapped = Builder(syno_op2.inputs, tuple(moved), None, []).finish(output)
+    names = ["syno_op2", "syno_op1", "conv2d"]
+    found = describe(swapped, names=names)
+    assert found.kind == VARIANT and found.design == "syno_op2"
+    assert found.line == "`syno_op2` (G=2, K=3, s=2) with its Shift steps changed: Shift(H, 1) at step 3"
+    removed = describe(without_shifts(syno_op2), names=names)
+    assert removed.kind == VARIANT and removed.line.endswith("with its Shift steps removed")

@@ -11,14 +11,14 @@ comparisons with every gallery operator (:mod:`kdsl.lang.library`):
    candidate *is* that operator or that operator with its output rolled or flipped (by how much
    in ``torch.roll``'s sense, found at the fingerprint's small layer, where W = 4: a roll by 2 and
    by -2 are one there).
-2. **Steps.** Failing that, the candidate with its ``Shift`` steps removed is compared the same
-   way: a gallery operator with only shifts inserted is a known design, cheaply varied. Failing
-   that too, the candidate is **new**; its line says what it is made of (weights, windows,
-   groups, shifts), the rewrites that led to it when search recorded them (gallery neighbours),
-   and the gallery operator nearest by steps.
+2. **Steps.** Failing that, the candidate and every gallery operator are compared the same way
+   with their ``Shift`` steps removed: a gallery operator with shifts inserted, moved or removed
+   is a known design, cheaply varied (a variant). Failing that too, the candidate is **new**; its
+   line says what it is made of (weights, windows, groups, shifts), the rewrites that led to it
+   when search recorded them (gallery neighbours), and the gallery operator nearest by steps.
 
 Kinds: :data:`KNOWN` (a gallery operator up to re-parametrization and spatial roll or flip),
-:data:`VARIANT` (a gallery operator with only ``Shift`` steps inserted), :data:`NEW`, and
+:data:`VARIANT` (a gallery operator with only its ``Shift`` steps changed), :data:`NEW`, and
 :data:`UNCOMPARED` (no fingerprint: a branching kernel, or one no small layer binds; compared by
 content key only). A family is the fingerprint ``pattern:rank``; coefficient values (``G = 2`` or
 ``4``) are not part of it (the fingerprint's layers fix them), so one design at two group counts is
@@ -127,18 +127,29 @@ class References:
         self.names = sorted(library.names() if names is None else names)
         self.keys: dict[str, str] = {}
         self.semantics: list[tuple[str, _Semantics]] = []
+        self.bases: list[tuple[str, _Semantics]] = []  # without their Shift steps
+        self.shifted: set[str] = set()  # the names of those that have Shift steps
         self.steps: dict[str, list[str]] = {}
         for name in self.names:
             op = library.load(name)
             self.keys[op.key] = name
             found = _semantics(op)
-            if found is not None:
-                self.semantics.append((name, found))
-                self.steps[name] = _step_words(found.op)
+            if found is None:
+                continue
+            self.semantics.append((name, found))
+            self.steps[name] = _step_words(found.op)
+            stripped = without_shifts(found.op)
+            base = _semantics(stripped) if stripped is not None else found
+            if base is not None:
+                self.bases.append((name, base))
+            if stripped is not None:
+                self.shifted.add(name)
 
-    def matches(self, mine: _Semantics) -> list[tuple[str, _Semantics]]:
-        """The gallery operators of ``mine``'s family (pattern and rank)."""
-        same = [(name, other) for name, other in self.semantics if other.digest == mine.digest]
+    def matches(self, mine: _Semantics, bases: bool = False) -> list[tuple[str, _Semantics]]:
+        """The gallery operators of ``mine``'s family (pattern and rank); with ``bases``, those
+        whose family once their Shift steps are removed is ``mine``'s."""
+        pool = self.bases if bases else self.semantics
+        same = [(name, other) for name, other in pool if other.digest == mine.digest]
         return [(name, other) for name, other in same if other.family_rank() == mine.family_rank()]
 
 
@@ -201,10 +212,11 @@ def _transform_words(mine: _Semantics, theirs: _Semantics) -> str | None:
     return None
 
 
-def _known(mine: _Semantics, references: References) -> tuple[str, str] | None:
+def _known(mine: _Semantics, references: References, bases: bool = False) -> tuple[str, str] | None:
     """``(gallery name, transform words)`` of the best gallery match of ``mine``'s family: an
-    exact one first (same unrolled pattern), else one that a roll or flip maps onto it."""
-    matches = references.matches(mine)
+    exact one first (same unrolled pattern), else one that a roll or flip maps onto it. With
+    ``bases``: matches of the gallery operators without their Shift steps."""
+    matches = references.matches(mine, bases)
     described = [(name, _transform_words(mine, other)) for name, other in matches]
     exact = [(name, words) for name, words in described if words == ""]
     rolled = [(name, words) for name, words in described if words]
@@ -303,17 +315,18 @@ def describe(
         line = ("is " if not words else "") + _named(name, coefficients) + (f" {words}" if words else "")
         return Provenance(KNOWN, line, family, family, name, coefficients)
     stripped = without_shifts(op)
-    base_semantics = _semantics(stripped) if stripped is not None else None
+    base_semantics = _semantics(stripped) if stripped is not None else mine
     base = base_semantics.family if base_semantics is not None else family
-    if base_semantics is not None:
-        known = _known(base_semantics, refs)
-        if known is not None:
-            name, words = known
-            shifts = [
-                f"{step.describe()} at step {i + 1}" for i, step in enumerate(op.steps) if isinstance(step, Shift)
-            ]
-            line = _named(name, coefficients) + (f" {words}" if words else "") + " with " + ", ".join(shifts)
-            return Provenance(VARIANT, line, family, base, name, coefficients)
+    known = _known(base_semantics, refs, bases=True) if base_semantics is not None else None
+    if known is not None:
+        name, words = known
+        shifts = [f"{step.describe()} at step {i + 1}" for i, step in enumerate(op.steps) if isinstance(step, Shift)]
+        if name not in refs.shifted:
+            change = "with " + ", ".join(shifts)
+        else:
+            change = "with its Shift steps " + ("changed: " + ", ".join(shifts) if shifts else "removed")
+        line = _named(name, coefficients) + (f" {words}" if words else "") + " " + change
+        return Provenance(VARIANT, line, family, base, name, coefficients)
     line = f"new: {structure(op)}"
     rewrites = list((origin or {}).get("rewrites") or [])
     if (origin or {}).get("origin") and rewrites:
