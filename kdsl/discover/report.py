@@ -333,10 +333,18 @@ def families_text(records: Sequence[Record], *, baseline_accuracy: float, margin
         parts = [f"{n} {names.get(kind, kind)}" for kind, n in kinds.items()]
         return ", ".join(parts) if parts else "none"
 
-    return (
+    text = (
         f"What they are: of the trained, {words(counts['trained'])} ({counts['new families']} distinct new "
         f"families); of the usable (within {100 * margin:.1f} points and faster), {words(counts['usable'])} "
         f"({counts['usable new families']} distinct new families)."
+    )
+    new = [r for r in records if r.get("kind") in ("new", "uncompared") and _usable(r, baseline_accuracy, margin)]
+    if not new:
+        return text + f" No new family came within {100 * margin:.1f} points of the baseline and ran faster."
+    best = min(new, key=lambda r: r["latency_ratio"])
+    return text + (
+        f" The fastest usable new one: {best['key']} ({1 / best['latency_ratio']:.2f}x faster, accuracy "
+        f"{best['accuracy']:.3f}): {best['provenance']}."
     )
 
 
