@@ -386,9 +386,22 @@ def _time_batch(
     x = torch.randn(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
     names = list(networks)
     functions = [lambda net=networks[name]: net(x) for name in names]
-    with torch.no_grad(), latency_slot():
-        samples = dict(zip(names, interleaved_samples(functions, repeats=config["repeats"], target=config["target"])))
     base_name = "baseline" if backend == "tvm" else "native"
+    base_index = names.index(base_name)
+
+    def widest(rounds: list[list[float]]) -> float:
+        others = [index for index in range(len(names)) if index != base_index]
+        return max((ratio_spread(rounds[i], rounds[base_index]) for i in others), default=0.0)
+
+    repeats, most = config["repeats"], max(config["repeats"], config["max_repeats"])
+    with torch.no_grad(), latency_slot():
+        rounds = interleaved_samples(functions, repeats=repeats, target=config["target"], warmup=2)
+        # more rounds while a ratio's rounds scatter (a shared machine's load comes and goes)
+        while len(rounds[0]) < most and widest(rounds) > config["spread"]:
+            more = min(repeats, most - len(rounds[0]))
+            extra = interleaved_samples(functions, repeats=more, target=config["target"], warmup=0)
+            rounds = [mine + theirs for mine, theirs in zip(rounds, extra)]
+    samples = dict(zip(names, rounds))
     rows = []
 
     def row(label: str, name: str) -> dict[str, Any]:
@@ -435,6 +448,8 @@ def network_latency(
     classes: int = 1000,
     threads: int = 2,
     repeats: int = 5,
+    max_repeats: int = 15,
+    spread: float = 0.15,
     target: float = 0.3,
     seed: int = 0,
     progress: Any | None = None,
@@ -446,7 +461,9 @@ def network_latency(
     ``torch``, kdsl's TVM ``conv2d`` for ``tvm``), ``vs_native`` (to PyTorch's native original
     network), ``spread`` (:func:`~kdsl.codegen.measure.ratio_spread` of ``ratio``), ``rounds``,
     ``threads`` and ``build_s``. Each backend is timed in its own worker process with ``threads``
-    threads; ``target`` is about how many seconds each network runs per round. ``progress`` is
+    threads; ``target`` is about how many seconds each network runs per round; after ``repeats``
+    rounds, ``repeats`` more are timed (up to ``max_repeats``) while a ratio's spread exceeds
+    ``spread``. ``progress`` is
     called with a line before each backend's worker starts.
     """
     unknown = [b for b in backends if b not in BACKENDS]
@@ -454,11 +471,11 @@ def network_latency(
         raise KdslError(f"backends must be some of {', '.join(BACKENDS)}, got {list(backends)!r}")
     if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
         raise KdslError(f"batch sizes must be positive integers, got {list(batches)!r}")
-    for name, value, least in (("threads", threads, 1), ("repeats", repeats, 1)):
+    for name, value, least in (("threads", threads, 1), ("repeats", repeats, 1), ("max_repeats", max_repeats, 1)):
         if not isinstance(value, int) or value < least:
             raise KdslError(f"{name} must be a positive integer, got {value!r}")
-    if not target > 0:
-        raise KdslError(f"target must be a positive number of seconds, got {target!r}")
+    if not target > 0 or not spread >= 0:
+        raise KdslError(f"target must be a positive number of seconds and spread >= 0, got {target!r} and {spread!r}")
     items = resolve_ops(ops, db, resolution)
     payload = {
         "ops": [item.to_dict() for item in items],
@@ -467,6 +484,8 @@ def network_latency(
         "classes": classes,
         "threads": threads,
         "repeats": repeats,
+        "max_repeats": max_repeats,
+        "spread": spread,
         "target": target,
         "seed": seed,
     }
@@ -499,17 +518,20 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The rows of :func:`network_latency` as a text table.
 
     >>> print(format_table([{"op": "conv2d", "backend": "torch", "batch": 1, "ms": 20.0, "ratio": 1.0,
-    ...     "vs_native": 1.0, "spread": 0.01}]))
-    operator                                 backend  batch         ms   ratio  vs torch  spread
-    --------------------------------------------------------------------------------------------
-    conv2d                                   torch        1     20.000    1.00      1.00    0.01
+    ...     "vs_native": 1.0, "spread": 0.01, "rounds": 5}]))
+    operator                                 backend  batch         ms   ratio  vs torch  spread rounds
+    ---------------------------------------------------------------------------------------------------
+    conv2d                                   torch        1     20.000    1.00      1.00    0.01      5
     """
-    header = f"{'operator':<40} {'backend':<8} {'batch':>5} {'ms':>10} {'ratio':>7} {'vs torch':>9} {'spread':>7}"
+    header = (
+        f"{'operator':<40} {'backend':<8} {'batch':>5} {'ms':>10} {'ratio':>7} {'vs torch':>9} {'spread':>7} "
+        f"{'rounds':>6}"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         lines.append(
             f"{printable(str(row['op'])):<40} {row['backend']:<8} {row['batch']:>5} {row['ms']:10.3f} "
-            f"{row['ratio']:7.2f} {row['vs_native']:9.2f} {row['spread']:7.2f}"
+            f"{row['ratio']:7.2f} {row['vs_native']:9.2f} {row['spread']:7.2f} {row['rounds']:>6}"
         )
     return "\n".join(lines)
 
@@ -526,6 +548,7 @@ def bench_network(args: argparse.Namespace) -> int:
         classes=args.classes,
         threads=args.threads,
         repeats=args.repeats,
+        max_repeats=args.max_repeats,
         target=args.target,
         seed=args.seed,
         progress=lambda line: print(f"bench network: {line}", file=sys.stderr, flush=True),
@@ -547,7 +570,8 @@ def bench_network(args: argparse.Namespace) -> int:
         "tvm: kdsl's TVM kernels (default schedule), the rest PyTorch; ratio to the same network with conv2d "
         "lowered through kdsl's TVM.\n"
         "vs torch: to PyTorch's native original network, timed in the same rounds. ms: median over "
-        f"{args.repeats} interleaved rounds; ratio: median of the rounds' ratios; spread: their IQR / median.\n"
+        "the interleaved rounds; ratio: median of the rounds' ratios; spread: their IQR / median; rounds: "
+        f"{args.repeats}, more (up to {max(args.repeats, args.max_repeats)}) while a spread exceeds 0.15.\n"
         "Each backend in its own process (TVM_BIND_THREADS=0 in the TVM one).\n"
     )
     print(format_table(rows))
@@ -570,7 +594,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads of PyTorch and TVM (this machine: 2 cores)")
     parser.add_argument("--resolution", type=int, default=224, help="input size (224: ImageNet; a multiple of 32)")
     parser.add_argument("--classes", type=int, default=1000, help="classes of the classifier")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per batch size")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per batch size (at least)")
+    parser.add_argument(
+        "--max-repeats", type=int, default=15, help="more rounds, up to this many, while a ratio's spread exceeds 0.15"
+    )
     parser.add_argument("--target", type=float, default=0.3, help="seconds each network runs per round (about)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and input")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
