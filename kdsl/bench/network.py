@@ -539,6 +539,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
 def bench_network(args: argparse.Namespace) -> int:
     """Print the table (or JSON) of :func:`network_latency` for the command's arguments."""
     start = time.perf_counter()
+    load_before = _load_average()
     rows = network_latency(
         args.ops,
         args.batch,
@@ -576,7 +577,28 @@ def bench_network(args: argparse.Namespace) -> int:
     )
     print(format_table(rows))
     print(f"\nwall time {wall:.0f} s")
+    loads = [load for load in (load_before, _load_average()) if load is not None]
+    cores = os.cpu_count() or 1
+    if loads:
+        print(
+            f"load average {' and '.join(f'{load:.1f}' for load in loads)} (before and after) on {cores} cores", end=""
+        )
+        if max(loads) > cores:
+            print(
+                f": other processes competed for the cores, which slows {args.threads}-thread runs (their threads "
+                "wait for each other) and makes times and ratios noisy; compare with --threads 1",
+                end="",
+            )
+        print()
     return 0
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average (None where the OS does not tell)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
