@@ -583,12 +583,14 @@ def bench_network(args: argparse.Namespace) -> int:
         print(
             f"load average {' and '.join(f'{load:.1f}' for load in loads)} (before and after) on {cores} cores", end=""
         )
-        if max(loads) > cores:
+        if max(loads) > cores and args.threads > 1:
             print(
                 f": other processes competed for the cores, which slows {args.threads}-thread runs (their threads "
                 "wait for each other) and makes times and ratios noisy; compare with --threads 1",
                 end="",
             )
+        elif max(loads) > cores:
+            print(": other processes competed for the cores (times are inflated and noisier)", end="")
         print()
     return 0
 
