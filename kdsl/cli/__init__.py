@@ -10,6 +10,7 @@
     kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
     kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
     kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...] [--mcpu NAME]
+    kdsl bench network [--ops conv2d grouped_conv2d OP[:G=2]] [--batch 1 8] [--db PATH]   ResNet-18 end to end
     kdsl bench lowering --db RUNS [--top N]   latency ratio / MACs ratio to conv2d (median, max)
     kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
     kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering as lowering_bench
+from kdsl.bench import network as network_bench
 from kdsl.bench import proxy as proxy_bench
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
@@ -172,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     lowering = bench_kinds.add_parser("lowering", help="latency ratio / MACs ratio to conv2d of stored candidates")
     lowering_bench.add_arguments(lowering)
     lowering.set_defaults(run=lowering_bench.bench_lowering)
+
+    network = bench_kinds.add_parser(
+        "network", help="ResNet-18 end to end with its stage 3x3 convs replaced: PyTorch and TVM, against conv2d"
+    )
+    network_bench.add_arguments(network)
+    network.set_defaults(run=network_bench.bench_network)
 
     search_bench = bench_kinds.add_parser("search", help="enumeration and sampling rates (conv2d spec)")
     search_bench.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
