@@ -144,7 +144,9 @@ def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
         records, baseline = loaded
         accuracy = baseline.get("accuracy") or 0.0
         ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=config.margin)
-        print(printable(discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)))
+        # the summary's sentences are lines of their own: printable() alone shows each break as a literal \\n
+        summary_text = discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)
+        print(printable(summary_text, keep_newlines=True))
         print(discovery.text_table(ranked[: config.top], baseline, margin=config.margin))
     where = f"pages in {printable(summary['pages'])}, plot {printable(summary['plot'])}"
     print(f"report: {printable(summary['table'])} ({where})")
