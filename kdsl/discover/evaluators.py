@@ -396,6 +396,7 @@ class LatencyEvaluator(Evaluator):
         self.repeats, self.target = repeats, target
         self.baseline, self.threads, self.seed = baseline, threads, seed
         self.warmup, self.max_repeats, self.spread = warmup, max_repeats, spread
+        self._baselines: dict[tuple[str, Any], tuple[Callable[[], Any], bool]] = {}
 
     def _schedule(self, op: Operator, binding: Mapping[str, int]) -> Any:
         """The tuned schedule of ``op`` at ``layer`` (a ``Lowered -> Schedule`` function), or
@@ -442,6 +443,14 @@ class LatencyEvaluator(Evaluator):
 
         return synchronized, False
 
+    def _base_lane(self, lane: str, layer: Any) -> tuple[Callable[[], Any], bool]:
+        """:meth:`_lane` of the baseline, built once per layer in a process (a worker evaluates
+        many candidates on the same layers: conv2d's kernels need not be compiled for each)."""
+        key = (lane, layer)
+        if key not in self._baselines:
+            self._baselines[key] = self._lane(lane, _baseline(self.baseline), layer)
+        return self._baselines[key]
+
     def pairs(self, candidate: Callable[[], Any], baseline: Callable[[], Any]) -> tuple[list[float], list[float]]:
         """Seconds per call of the candidate and the baseline in each interleaved round (see
         :meth:`rounds`). The caller holds the latency slot."""
@@ -467,11 +476,10 @@ class LatencyEvaluator(Evaluator):
     def _prepare(self, op: Operator, layers: Sequence[Any]) -> tuple[dict[str, list[Callable[[], Any]]], Metrics]:
         """Every lane's call per layer (compiling everything before any timing), and what went
         wrong or was tuned, as metrics."""
-        base = _baseline(self.baseline)
-        wanted = (["torch"] if "torch" in self.backends else []) + ["native"]
-        lanes: dict[str, list[Callable[[], Any]]] = {
-            lane: [self._lane(lane, base if lane == "native" else op, layer)[0] for layer in layers] for lane in wanted
-        }
+        lanes: dict[str, list[Callable[[], Any]]] = {}
+        if "torch" in self.backends:
+            lanes["torch"] = [self._lane("torch", op, layer)[0] for layer in layers]
+        lanes["native"] = [self._base_lane("native", layer)[0] for layer in layers]
         notes: Metrics = {}
         if "tvm" in self.backends:
             notes["tvm_threads"] = int(os.environ.get("TVM_NUM_THREADS", "0") or 0) or None
@@ -481,7 +489,7 @@ class LatencyEvaluator(Evaluator):
                 first = (str(error).strip().splitlines() or [""])[0]
                 notes["tvm_error"] = f"the TVM kernel failed to build: {type(error).__name__}: {first[:300]}"
                 return lanes, notes
-            base_built = [self._lane("tvm_base", base, layer) for layer in layers]
+            base_built = [self._base_lane("tvm_base", layer) for layer in layers]
             lanes["tvm"], lanes["tvm_base"] = [f for f, _ in built], [f for f, _ in base_built]
             tuned = sum(t for _, t in built)
             notes["tvm_schedule"] = (
