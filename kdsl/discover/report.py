@@ -221,7 +221,7 @@ def markdown_table(
         f"params | verdict |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         f"| - | baseline ({baseline.get('name', 'conv2d')}) | {_cell(baseline.get('accuracy'))} | 1.000 | "
-        f"{_cell(own, 2)} (alone) | {_cell(baseline.get('tvm_vs_torch_conv2d'))} | "
+        f"{_cell(own, 2)} (own evaluation) | {_cell(baseline.get('tvm_vs_torch_conv2d'))} | "
         f"{_cell(baseline.get('torch_ratio'))} | {_cell(baseline.get('latency_ms'), 2)} | 1.000 | "
         f"1.000 | {_cell(baseline.get('params'))} | the reference |",
     ]
@@ -439,9 +439,9 @@ def latency_note(records: Sequence[Record], baseline: Record) -> str:
         ", each layer's candidate and conv2d timed in the same interleaved rounds at one thread (the median of "
         "the rounds' ratios, weighted over the layers by conv2d's time). *ms: candidate / paired conv2d* are "
         "those rounds' summed medians, so each ratio is relative to the conv2d time on its own row; the "
-        "baseline row's time was measured alone, in the baseline's own evaluation, and differs from the paired "
-        "times as the machine's load does. *TVM / PyTorch conv2d* and *eager PyTorch / PyTorch conv2d* compare "
-        "with PyTorch's own conv2d timed in the same rounds."
+        "baseline row's time is from the baseline's own evaluation (conv2d against itself, at the start of the "
+        "run or from the cache) and differs from the paired times as the machine's load does. *TVM / PyTorch "
+        "conv2d* and *eager PyTorch / PyTorch conv2d* compare with PyTorch's own conv2d timed in the same rounds."
     )
     cache = baseline.get("baseline_cache")
     if isinstance(cache, Mapping):
