@@ -182,3 +182,17 @@ def test_the_report_says_when_the_baseline_came_from_the_cache(tmp_path):
     assert "read from this machine's cache (/c/baseline-x.json, measured T)" in text and "--no-baseline-cache" in text
     plain = write_report([], {"accuracy": 0.9}, tmp_path / "plain", baseline_accuracy=0.9, margin=0.01)
     assert "read from this machine's cache" not in plain["table"].read_text()
+
+
+def test_the_terminal_summary_prints_its_sentences_on_lines_of_their_own(tmp_path, capsys):
+    from kdsl.cli.discover_commands import _print_summary
+    from kdsl.discover.loop import DiscoverConfig
+
+    db, _ = _discovery_db(tmp_path, METRICS)
+    paths = {"table": "out/results.md", "pages": "out/pages", "plot": "out/pareto.png"}
+    _print_summary({"evaluated": 3, "screened": 3, **paths}, DiscoverConfig(db=db, margin=0.01))
+    out = capsys.readouterr().out
+    assert "\\n" not in out  # the summary's line break was once printed as a literal backslash-n
+    lines = out.splitlines()
+    assert any(line.startswith("2 of 3 candidates came within") for line in lines)
+    assert any(line.startswith("Latency ratio / MACs ratio over 3 candidates") for line in lines)
