@@ -125,6 +125,19 @@ def test_gallery_build_writes_an_index_and_a_page_per_operator(capsys, tmp_path)
     assert (tmp_path / "site" / "index.html").exists() and (tmp_path / "site" / "grouped_conv2d.html").exists()
 
 
+def test_gallery_build_out_reads_the_gallerys_records_and_writes_them_to_out(capsys, tmp_path):
+    recorded = json.loads((gallery.directory() / "latencies.json").read_text())
+    found = json.loads((gallery.directory() / "rediscovery.json").read_text())
+    code, _, _ = run(capsys, "gallery", "build", "--out", str(tmp_path), "--no-measure")
+    assert code == 0
+    # the measured and rediscovery sections come from the gallery, and the measurements go to --out
+    assert json.loads((tmp_path / "latencies.json").read_text()) == recorded
+    conv2d = recorded["operators"]["conv2d"]
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if "[conv2d](pages/" in line)
+    assert f"{conv2d['tvm_fwd_ms']:.3f}" in row and f"found by search at depth {found['conv2d']['depth']}" in row
+    assert json.loads((gallery.directory() / "latencies.json").read_text()) == recorded  # the gallery's unchanged
+
+
 def test_search_results_and_show_from_the_database(capsys, tmp_path):
     db = str(tmp_path / "r.db")
     code, _, _ = run(

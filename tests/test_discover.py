@@ -72,6 +72,25 @@ def test_discover_writes_table_plot_and_pages(tmp_path):
     assert ranked["baseline"]["accuracy"] > 0.2
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "pages").glob("*.md"))
+    # ranked by the deployable (TVM) kernel, with eager PyTorch and PyTorch's conv2d beside it
+    measured = [row for row in ranked["candidates"] if row.get("latency_ratio") is not None]
+    assert measured and all(row["latency_backend"] == "tvm" for row in measured)
+    for row in measured:
+        assert row["latency_ratio"] > 0 and row["torch_ratio"] > 0 and row["tvm_vs_torch_conv2d"] > 0
+        assert row["latency_baseline_ms"] == pytest.approx(row["baseline_tvm_latency_ms"])
+    assert "measuring the baseline" in result.stdout and ranked["baseline"].get("baseline_cache") is None
+    # a second run on this machine with the same settings reuses the baseline (a fresh database)
+    again = subprocess.run(
+        [sys.executable, "-c", _script(tmp_path / "again.sqlite", tmp_path / "again", time_limit=5.0)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "using the cached baseline" in again.stdout and "measuring the baseline" not in again.stdout
+    reused = json.loads((tmp_path / "again" / "results.json").read_text())["baseline"]
+    assert reused["accuracy"] == ranked["baseline"]["accuracy"] and reused["baseline_cache"]["file"]
+    assert "read from this machine's cache" in (tmp_path / "again" / "results.md").read_text()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="uses SIGKILL on a process group")

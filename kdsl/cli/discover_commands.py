@@ -10,6 +10,7 @@ from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
 from kdsl.discover import report as discovery
+from kdsl.discover.evaluators import check_device
 from kdsl.discover.loop import NETS, DiscoverConfig, discover, discovery_space, strategy_sequence
 from kdsl.discover.prescreen import METHODS
 from kdsl.lang.errors import KdslError, printable
@@ -81,7 +82,46 @@ def add_discover_command(subparsers: Any) -> None:
         default=DiscoverConfig.screen_factor,
         help="candidates screened per trained",
     )
+    parser.add_argument(
+        "--latency-backend",
+        choices=("tvm", "torch"),
+        default=None,
+        help="what the ranking's latency ratio divides: tvm (default on the CPU) = the TVM kernel kdsl would "
+        "deploy over conv2d's TVM kernel, with eager PyTorch and PyTorch's conv2d timed beside it; torch = "
+        "kdsl's eager PyTorch module over PyTorch's conv2d (the default with --device cuda)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where candidates are timed: cpu, or cuda (PyTorch on the GPU; fails at once without one)",
+    )
+    parser.add_argument(
+        "--tuned",
+        default=None,
+        metavar="DB",
+        help="a kdsl tune records database: time TVM kernels with its best schedule where it has one for the "
+        "operator at the layer (default: tune.db when it exists here; none: the default schedule)",
+    )
+    parser.add_argument(
+        "--no-baseline-cache",
+        action="store_true",
+        help="measure the baseline again instead of reusing this machine's cached one ($KDSL_CACHE_DIR or "
+        "~/.cache/kdsl)",
+    )
     parser.set_defaults(run=_command)
+
+
+def _tuned(path: str | None) -> dict[str, str] | None:
+    """The latency evaluator's tuned-schedule source of ``--tuned``: a records database and the
+    function of :mod:`kdsl.tune.tuned` that finds a schedule in it."""
+    if path is None:
+        path = "tune.db" if Path("tune.db").is_file() else "none"
+    if path == "none":
+        return None
+    if not Path(path).is_file():
+        raise KdslError(f"--tuned {printable(path)}: no such records database; run kdsl tune --db {printable(path)}")
+    return {"db": str(Path(path).resolve()), "lookup": "kdsl.tune.tuned:tuned_schedule"}
 
 
 def _command(args: Any) -> int:
@@ -103,7 +143,12 @@ def _command(args: Any) -> int:
         data=args.data,
         prescreen=None if args.prescreen == "none" else args.prescreen,
         screen_factor=args.screen_factor,
+        latency_backend=args.latency_backend or ("torch" if args.device == "cuda" else "tvm"),
+        device=args.device,
+        tuned=_tuned(args.tuned),
+        use_cache=not args.no_baseline_cache,
     )
+    check_device(config.device)  # no GPU: one error line at once, before the search space is built
     discovery_space(config)  # a spec the network cannot use is one error line, before any progress
     # progress goes to stderr either way; stdout gets the answer: a table, or JSON with --json
     with Progress("discover", total=config.time_limit, unit="s", stream=sys.stderr, clock=True) as bar:
@@ -144,7 +189,9 @@ def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
         records, baseline = loaded
         accuracy = baseline.get("accuracy") or 0.0
         ranked = discovery.rank(records, baseline_accuracy=accuracy, margin=config.margin)
-        print(printable(discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)))
+        # the summary's sentences are lines of their own: printable() alone shows each break as a literal \\n
+        summary_text = discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)
+        print(printable(summary_text, keep_newlines=True))
         print(discovery.text_table(ranked[: config.top], baseline, margin=config.margin))
     where = f"pages in {printable(summary['pages'])}, plot {printable(summary['plot'])}"
     print(f"report: {printable(summary['table'])} ({where})")

@@ -329,9 +329,15 @@ def command_gallery(args: argparse.Namespace) -> int:
         return 0
     if args.action == "build":
         out = Path(args.out) if args.out else gallery.directory()
-        records = load_rediscovery(out / "rediscovery.json")
+        # the gallery's own records are the source; a record kept in --out DIR (an earlier build or
+        # `gallery rediscover --out DIR`) overrides the gallery's for the same operator
+        records = load_rediscovery(gallery.directory() / "rediscovery.json")
+        if out.resolve() != gallery.directory().resolve():
+            records |= load_rediscovery(out / "rediscovery.json")
         latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
-        written = build_gallery(out, latencies=latencies, batch=args.batch, rediscovery=records)
+        written = build_gallery(
+            out, latencies=latencies, batch=args.batch, rediscovery=records, recorded=gallery.directory()
+        )
         print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
         print(f"wrote the website {written / 'site' / 'index.html'} (open it in a browser)")
         return 0

@@ -7,8 +7,9 @@ metrics of several evaluators merge into one dict. Three are built in:
 
 - :class:`AnalyticEvaluator` (``"analytic"``): FLOPs (multiply-accumulates) and parameters per
   layer and in total, and their ratios to the baseline operator (the gallery's ``conv2d``).
-- :class:`LatencyEvaluator` (``"latency"``): median PyTorch (optionally TVM) time per layer and
-  the ratio to the baseline, both measured in the same process, interleaved, holding the
+- :class:`LatencyEvaluator` (``"latency"``): median time per layer of the candidate's eager
+  PyTorch module and (optionally) its TVM kernel, and their ratios to conv2d compiled the same way
+  and to PyTorch's own ``F.conv2d``, all measured in the same process, interleaved, holding the
   machine's latency slot.
 - :class:`AccuracyEvaluator` (``"accuracy"``): the proxy task of :mod:`kdsl.discover.proxy` with
   Canvas's early-stop rule, and the baseline's accuracy from the same code.
@@ -29,6 +30,7 @@ import contextlib
 import importlib
 import json
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from typing import Any, ClassVar
 
 from kdsl import gallery
 from kdsl.codegen.measure import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
+from kdsl.codegen.native import native_function
 from kdsl.codegen.torch import build
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.discover.proxy import ProxyConfig, train
@@ -51,6 +54,7 @@ __all__ = [
     "AccuracyEvaluator",
     "AnalyticEvaluator",
     "Context",
+    "check_device",
     "Evaluator",
     "LatencyEvaluator",
     "Metrics",
@@ -251,15 +255,74 @@ def _baseline_costs(baseline: str, layers: tuple[Any, ...]) -> tuple[int, int]:
 # Latency
 
 
+#: What each latency ratio divides: (the candidate's lane, the baseline's lane). Lanes: ``torch`` is
+#: kdsl's eager PyTorch module, ``native`` PyTorch's own ``F.conv2d`` (:data:`kdsl.codegen.native.NATIVE`),
+#: ``tvm`` the candidate's TVM kernel and ``tvm_base`` conv2d's, compiled the same way.
+RATIOS = {
+    "torch_ratio": ("torch", "native"),
+    "tvm_latency_ratio": ("tvm", "tvm_base"),
+    "tvm_vs_torch_conv2d": ("tvm", "native"),
+}
+#: The metric of a lane's summed median time, as the report shows it.
+LANE_MS = {
+    "torch": "latency_ms",
+    "native": "baseline_latency_ms",
+    "tvm": "tvm_latency_ms",
+    "tvm_base": "baseline_tvm_latency_ms",
+}
+
+
+def check_device(device: str) -> None:
+    """Refuse, before any work, a latency device that is not there: ``"cpu"`` always is; ``"cuda"``
+    needs a CUDA device that PyTorch sees.
+
+    >>> check_device("cpu")
+    >>> check_device("tpu")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.SearchError: unknown latency device 'tpu': use cpu or cuda
+    """
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise SearchError(f"unknown latency device {device!r}: use cpu or cuda")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SearchError(
+            "--device cuda: no CUDA device is visible to PyTorch (torch.cuda.is_available() is False; "
+            f"torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); time on the CPU "
+            "with --device cpu, or run where a GPU and a CUDA build of torch are present"
+        )
+
+
+@lru_cache(maxsize=8)
+def _schedule_lookup(path: str) -> Callable[..., Any]:
+    module_name, _, attribute = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise SearchError(f"cannot load the tuned-schedule lookup {path!r}: {error}") from None
+
+
 @register
 class LatencyEvaluator(Evaluator):
-    """Median forward time on every layer of a table, and the ratio to the baseline operator.
+    """Median forward time on every layer of a table, and the ratios to the baseline operator.
 
     For each layer the candidate and the baseline are built side by side and timed in alternation
     (:func:`~kdsl.codegen.measure.interleaved_samples`), in the same process, while holding the
     machine's latency slot; so noise affects both and only one measurement runs per machine.
-    ``backends`` is ``("torch",)`` or also ``"tvm"`` (default TVM schedule; set
-    ``TVM_BIND_THREADS=0`` in a process that times both, see TVM.md).
+
+    **What is timed** (*lanes*, all timed in the same interleaved rounds): with ``"torch"`` in
+    ``backends``, kdsl's eager PyTorch module of the candidate; with ``"tvm"``, the candidate's TVM
+    kernel, the kernel kdsl would deploy on a CPU (default schedule, or the best tuned record of
+    that operator at that layer when ``tuned`` finds one), and conv2d's TVM kernel compiled the same
+    way; always PyTorch's own ``F.conv2d`` at the layer. ``rank`` says which ratio becomes
+    ``latency_ratio``, the one search ranks by: ``"tvm"`` (the default when TVM is timed: the TVM
+    kernel over TVM conv2d) or ``"torch"`` (eager PyTorch over ``F.conv2d``). ``device="cuda"``
+    times the PyTorch lanes on a GPU (TVM's CUDA kernels are not measured yet). A candidate whose TVM
+    kernel fails to build gets ``tvm_error`` and no TVM ratios (its ``latency_ratio`` is None when
+    ranked by TVM) instead of failing the whole evaluation.
 
     **Repeatable ratios.** The ratio is what search ranks by, so it must come out the same when a
     candidate is measured again, in another run, beside other work. It is ensured by:
@@ -271,19 +334,22 @@ class LatencyEvaluator(Evaluator):
     * *warm-up* (``warmup`` untimed calls per function first: the first calls allocate buffers and
       pick kernels);
     * *the median of interleaved pairs* (:func:`~kdsl.codegen.measure.ratio_of_pairs`): each round
-      times the candidate and then the baseline back to back, and the layer's ratio is the median
-      of the rounds' ratios, which a slow spell scales away (the ratio of the two medians moves
-      with it);
-    * *enough rounds*: at least ``repeats``, and more (up to ``max_repeats``) while the rounds'
-      ratios scatter by more than ``spread`` (their interquartile range over their median,
+      times every lane back to back, and a layer's ratio is the median of the rounds' ratios, which
+      a slow spell scales away (the ratio of the two medians moves with it);
+    * *enough rounds*: at least ``repeats``, and more (up to ``max_repeats``) while some ratio's
+      rounds scatter by more than ``spread`` (their interquartile range over their median,
       :func:`~kdsl.codegen.measure.ratio_spread`).
 
-    Metrics per backend ``b`` (``latency`` for torch, ``tvm_latency`` for TVM): ``{b}_ms`` (sum
-    over layers of the candidate's median), ``baseline_{b}_ms``, ``{b}_ms_by_layer``,
-    ``{b}_ratio_by_layer`` (median of the pairs' ratios per layer), ``{b}_ratio`` (the layers'
-    ratios weighted by the baseline's time: the candidate's total time over the baseline's when
-    each layer's ratio holds; < 1 is faster), ``{b}_spread`` (the largest layer's spread) and
-    ``{b}_rounds`` (rounds timed, summed over layers); ``latency_threads``.
+    Metrics: per lane its summed medians (:data:`LANE_MS`: ``latency_ms`` eager PyTorch,
+    ``baseline_latency_ms`` ``F.conv2d``, ``tvm_latency_ms``, ``baseline_tvm_latency_ms``; the
+    baselines' are the *paired* times, measured in the same rounds as this candidate) and
+    ``{lane}_ms_by_layer`` forms of them (``latency_ms_by_layer``, ...); per ratio of
+    :data:`RATIOS` the layers' ratios weighted by the baseline lane's time (the candidate's total
+    time over the baseline's when each layer's ratio holds; < 1 is faster) and ``{ratio}_by_layer``;
+    ``latency_ratio``, ``latency_ratio_by_layer`` (the ranked one), ``latency_backend``,
+    ``latency_baseline_ms`` (the paired baseline time ``latency_ratio`` is relative to),
+    ``latency_spread`` (the largest spread), ``latency_rounds`` (summed over layers),
+    ``latency_threads``, ``latency_device``, and with TVM ``tvm_schedule`` and ``tvm_threads``.
     """
 
     name = "latency"
@@ -301,6 +367,9 @@ class LatencyEvaluator(Evaluator):
         warmup: int = 3,
         max_repeats: int = 27,
         spread: float = 0.1,
+        rank: str | None = None,
+        device: str = "cpu",
+        tuned: Mapping[str, str] | None = None,
     ) -> None:
         self.layers = _table(layers, batch)
         unknown = set(backends) - {"torch", "tvm"}
@@ -311,83 +380,168 @@ class LatencyEvaluator(Evaluator):
                 f"latency: need 1 <= repeats <= max_repeats, warmup >= 0 and spread >= 0; got repeats={repeats}, "
                 f"max_repeats={max_repeats}, warmup={warmup}, spread={spread}"
             )
-        self.backends = tuple(backends)
+        rank = rank or ("tvm" if "tvm" in backends else "torch")
+        if rank not in backends:
+            raise SearchError(f"latency: ranking by {rank!r} needs it among the backends {list(backends)!r}")
+        if device not in ("cpu", "cuda"):
+            raise SearchError(f"unknown latency device {device!r}: use cpu or cuda")
+        if device == "cuda" and "tvm" in backends:
+            raise SearchError(
+                "latency on cuda times PyTorch only (kdsl's TVM kernels run on the CPU): use the torch backend"
+            )
+        if tuned is not None and not {"db", "lookup"} <= set(tuned):
+            raise SearchError(f"latency: tuned must be {{'db': PATH, 'lookup': 'module:function'}}, got {tuned!r}")
+        self.backends, self.rank, self.device = tuple(backends), rank, device
+        self.tuned = dict(tuned) if tuned is not None else None
         self.repeats, self.target = repeats, target
         self.baseline, self.threads, self.seed = baseline, threads, seed
         self.warmup, self.max_repeats, self.spread = warmup, max_repeats, spread
+        self._baselines: dict[tuple[str, Any], tuple[Callable[[], Any], bool]] = {}
 
-    def _callables(self, backend: str, op: Operator, layer: Any) -> Callable[[], Any]:
+    def _schedule(self, op: Operator, binding: Mapping[str, int]) -> Any:
+        """The tuned schedule of ``op`` at ``layer`` (a ``Lowered -> Schedule`` function), or
+        ``"default"`` when there is no usable record."""
+        if self.tuned is None:
+            return "default"
+        found = _schedule_lookup(self.tuned["lookup"])(self.tuned["db"], op, dict(binding))
+        return "default" if found is None else found
+
+    def _lane(self, lane: str, op: Operator, layer: Any) -> tuple[Callable[[], Any], bool]:
+        """A call without arguments that runs ``lane`` of ``op`` at ``layer`` once (on the device,
+        synchronized there), and whether it runs a tuned schedule."""
         import torch
 
         binding = bind(op, layer)
         generator = torch.Generator().manual_seed(self.seed)
         x = torch.randn(shapes(op, binding)["input"], generator=generator)
-        if backend == "torch":
-            module = build(op, binding).eval()
+        if lane in ("tvm", "tvm_base"):
+            schedule = self._schedule(op, binding)
+            kernel = tvm_build(op, binding, schedule=schedule)
+            weights = [torch.randn(shape, generator=generator) for shape in kernel.weight_shapes]
+            out = torch.empty(kernel.output_shape)
+            return (lambda: kernel(x, *weights, out=out)), schedule != "default"
+        device = torch.device(self.device)
+        x = x.to(device)
+        if lane == "native":
+            module = build(op, binding)
+            weights = [weight.detach().to(device) for weight in module.weights]
+            function = native_function(self.baseline, x, weights, dict(binding))
+        else:
+            module = build(op, binding).eval().to(device)
 
-            def run() -> Any:
+            def function() -> Any:
                 with torch.no_grad():
                     return module(x)
 
-            return run
+        if device.type != "cuda":
+            return function, False
 
-        kernel = tvm_build(op, binding)
-        weights = [torch.randn(shape, generator=generator) for shape in kernel.weight_shapes]
-        out = torch.empty(kernel.output_shape)
-        return lambda: kernel(x, *weights, out=out)
+        def synchronized() -> Any:  # a CUDA call returns before the kernel ends: wait for it
+            result = function()
+            torch.cuda.synchronize(device)
+            return result
+
+        return synchronized, False
+
+    def _base_lane(self, lane: str, layer: Any) -> tuple[Callable[[], Any], bool]:
+        """:meth:`_lane` of the baseline, built once per layer in a process (a worker evaluates
+        many candidates on the same layers: conv2d's kernels need not be compiled for each)."""
+        key = (lane, layer)
+        if key not in self._baselines:
+            self._baselines[key] = self._lane(lane, _baseline(self.baseline), layer)
+        return self._baselines[key]
 
     def pairs(self, candidate: Callable[[], Any], baseline: Callable[[], Any]) -> tuple[list[float], list[float]]:
-        """Seconds per call of the candidate and the baseline in each interleaved round: at least
-        ``repeats`` rounds, more (``repeats`` at a time, up to ``max_repeats``) while their ratios
-        scatter by more than ``spread``. The caller holds the latency slot."""
-        mine, theirs = interleaved_samples(
-            [candidate, baseline], repeats=self.repeats, target=self.target, warmup=self.warmup
-        )
-        while len(mine) < self.max_repeats and ratio_spread(mine, theirs) > self.spread:
-            more = min(self.repeats, self.max_repeats - len(mine))
-            extra = interleaved_samples([candidate, baseline], repeats=more, target=self.target, warmup=0)
-            mine, theirs = mine + extra[0], theirs + extra[1]
+        """Seconds per call of the candidate and the baseline in each interleaved round (see
+        :meth:`rounds`). The caller holds the latency slot."""
+        mine, theirs = self.rounds([candidate, baseline], [(0, 1)])
         return mine, theirs
+
+    def rounds(self, functions: Sequence[Callable[[], Any]], ratios: Sequence[tuple[int, int]]) -> list[list[float]]:
+        """Seconds per call of each function in each interleaved round: at least ``repeats`` rounds,
+        more (``repeats`` at a time, up to ``max_repeats``) while the rounds' ratios of some pair of
+        ``ratios`` (indexes into ``functions``) scatter by more than ``spread``. The caller holds the
+        latency slot."""
+        samples = interleaved_samples(functions, repeats=self.repeats, target=self.target, warmup=self.warmup)
+
+        def scatter() -> float:
+            return max(ratio_spread(samples[a], samples[b]) for a, b in ratios)
+
+        while len(samples[0]) < self.max_repeats and scatter() > self.spread:
+            more = min(self.repeats, self.max_repeats - len(samples[0]))
+            extra = interleaved_samples(functions, repeats=more, target=self.target, warmup=0)
+            samples = [have + new for have, new in zip(samples, extra)]
+        return samples
+
+    def _prepare(self, op: Operator, layers: Sequence[Any]) -> tuple[dict[str, list[Callable[[], Any]]], Metrics]:
+        """Every lane's call per layer (compiling everything before any timing), and what went
+        wrong or was tuned, as metrics."""
+        lanes: dict[str, list[Callable[[], Any]]] = {}
+        if "torch" in self.backends:
+            lanes["torch"] = [self._lane("torch", op, layer)[0] for layer in layers]
+        lanes["native"] = [self._base_lane("native", layer)[0] for layer in layers]
+        notes: Metrics = {}
+        if "tvm" in self.backends:
+            notes["tvm_threads"] = int(os.environ.get("TVM_NUM_THREADS", "0") or 0) or None
+            try:
+                built = [self._lane("tvm", op, layer) for layer in layers]
+            except Exception as error:  # any failure to lower or compile: recorded, the rest still measured
+                first = (str(error).strip().splitlines() or [""])[0]
+                notes["tvm_error"] = f"the TVM kernel failed to build: {type(error).__name__}: {first[:300]}"
+                return lanes, notes
+            base_built = [self._base_lane("tvm_base", layer) for layer in layers]
+            lanes["tvm"], lanes["tvm_base"] = [f for f, _ in built], [f for f, _ in base_built]
+            tuned = sum(t for _, t in built)
+            notes["tvm_schedule"] = (
+                "default" if not tuned else f"tuned on {tuned} of {len(layers)} layers, default elsewhere"
+            )
+            if any(t for _, t in base_built):
+                notes["tvm_schedule"] += "; conv2d tuned where it has records"
+        return lanes, notes
 
     def evaluate(self, op: Operator, context: Context | Mapping[str, Any] | None = None) -> Metrics:
         import torch
 
         context = Context.of(context)
-        base = _baseline(self.baseline)
         threads = torch.get_num_threads()
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
             # compile everything first (may run in parallel with other workers), then time
             layers = with_widths(op, self.layers, context.widths)
-            prepared = {
-                backend: [
-                    (layer.name, self._callables(backend, op, layer), self._callables(backend, base, layer))
-                    for layer in layers
-                ]
-                for backend in self.backends
-            }
-            metrics: Metrics = {"latency_threads": torch.get_num_threads()}
+            lanes, notes = self._prepare(op, layers)
+            names = list(lanes)
+            ratios = {name: pair for name, pair in RATIOS.items() if pair[0] in lanes and pair[1] in lanes}
+            indexes = [(names.index(a), names.index(b)) for a, b in ratios.values()]
+            metrics: Metrics = {"latency_threads": torch.get_num_threads(), "latency_device": self.device, **notes}
+            times: dict[str, dict[str, float]] = {lane: {} for lane in names}
+            by_layer: dict[str, dict[str, float]] = {name: {} for name in ratios}
+            spreads, rounds = [], 0
             with context.latency_slot():
-                for backend, rows in prepared.items():
-                    prefix = "latency" if backend == "torch" else "tvm_latency"
-                    mine, theirs, ratios, spreads, rounds = {}, {}, {}, [], 0
-                    for layer_name, candidate, baseline in rows:
-                        a, b = self.pairs(candidate, baseline)
-                        mine[layer_name], theirs[layer_name] = median(a) * 1e3, median(b) * 1e3
-                        ratios[layer_name] = ratio_of_pairs(a, b)
-                        spreads.append(ratio_spread(a, b))
-                        rounds += len(a)
-                    metrics[f"{prefix}_ms"] = sum(mine.values())
-                    metrics[f"baseline_{prefix}_ms"] = sum(theirs.values())
-                    weighted = sum(theirs[k] * ratios[k] for k in ratios)
-                    metrics[f"{prefix}_ratio"] = _ratio(weighted, sum(theirs.values()))
-                    metrics[f"{prefix}_ms_by_layer"] = mine
-                    metrics[f"{prefix}_ratio_by_layer"] = ratios
-                    metrics[f"{prefix}_spread"] = max(spreads)
-                    metrics[f"{prefix}_rounds"] = rounds
+                for number, layer in enumerate(layers):
+                    samples = self.rounds([lanes[lane][number] for lane in names], indexes)
+                    for lane, each in zip(names, samples):
+                        times[lane][layer.name] = median(each) * 1e3
+                    for name, (i, j) in zip(ratios, indexes):
+                        by_layer[name][layer.name] = ratio_of_pairs(samples[i], samples[j])
+                        spreads.append(ratio_spread(samples[i], samples[j]))
+                    rounds += len(samples[0])
         finally:
             torch.set_num_threads(threads)
+        for lane in names:
+            metrics[LANE_MS[lane]] = sum(times[lane].values())
+            metrics[f"{LANE_MS[lane]}_by_layer"] = times[lane]
+        for name, (_, denominator) in ratios.items():
+            weighted = sum(times[denominator][k] * r for k, r in by_layer[name].items())
+            metrics[name] = _ratio(weighted, sum(times[denominator].values()))
+            metrics[f"{name}_by_layer"] = by_layer[name]
+        ranked = "tvm_latency_ratio" if self.rank == "tvm" else "torch_ratio"
+        metrics["latency_backend"] = self.rank
+        metrics["latency_ratio"] = metrics.get(ranked)
+        metrics["latency_ratio_by_layer"] = metrics.get(f"{ranked}_by_layer")
+        metrics["latency_baseline_ms"] = metrics.get(LANE_MS[RATIOS[ranked][1]]) if ranked in metrics else None
+        metrics["latency_spread"] = max(spreads)
+        metrics["latency_rounds"] = rounds
         return metrics
 
 

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kdsl import gallery
+from kdsl.discover.baseline_cache import baseline_key_parts, cache_directory, load_baseline, store_baseline
+from kdsl.discover.evaluators import check_device
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
@@ -105,11 +107,37 @@ class DiscoverConfig:
     #: other ProxyConfig fields (e.g. ``{"widths": [8, 16]}`` for a smaller proxy network)
     proxy: dict[str, Any] = field(default_factory=dict)
     coefficients: dict[str, list[int]] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
+    #: what ``latency_ratio`` (the ranking) divides: ``tvm``, the TVM kernel kdsl would deploy over
+    #: conv2d's TVM kernel (eager PyTorch and PyTorch's conv2d are timed beside it), or ``torch``,
+    #: kdsl's eager PyTorch module over PyTorch's conv2d
+    latency_backend: str = "tvm"
+    #: where candidates are timed: ``cpu``, or ``cuda`` (PyTorch on the GPU; needs latency_backend torch)
+    device: str = "cpu"
+    #: tuned schedules for the TVM kernels: ``{"db": records database, "lookup": "module:function"}``
+    #: (``kdsl discover --tuned DB`` sets :func:`kdsl.tune.tuned.tuned_schedule`), or None for the
+    #: default schedule
+    tuned: dict[str, str] | None = None
+    #: folder of the per-user baseline cache (None: ``$KDSL_CACHE_DIR`` or ``~/.cache/kdsl``);
+    #: ``use_cache=False`` measures the baseline again
+    cache_dir: str | None = None
+    use_cache: bool = True
 
     def evaluators(self) -> list[Any]:
+        if self.latency_backend not in ("tvm", "torch"):
+            raise SearchError(f"unknown latency backend {printable(self.latency_backend)!r}: use tvm or torch")
+        if self.device == "cuda" and self.latency_backend == "tvm":
+            raise SearchError(
+                "--device cuda times candidates with PyTorch on the GPU (kdsl's TVM kernels are CPU kernels "
+                "for now): use --latency-backend torch with it"
+            )
+        backends = ["torch", "tvm"] if self.latency_backend == "tvm" else ["torch"]
+        latency: dict[str, Any] = {"name": "latency", "layers": self.latency_layers, "batch": 1}
+        latency.update(backends=backends, rank=self.latency_backend, device=self.device)
+        if self.tuned is not None:
+            latency["tuned"] = dict(self.tuned)
         return [
             {"name": "analytic", "layers": self.latency_layers},
-            {"name": "latency", "layers": self.latency_layers, "batch": 1},
+            latency,
             {"name": "accuracy", "epochs": self.epochs, "data": self.data, "backbone": self.backbone, **self.proxy},
         ]
 
@@ -386,6 +414,8 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
     """Run (or resume) a discovery; return a summary with the paths of what it wrote."""
     start = time.monotonic()
     space = _space(config)
+    config.evaluators()  # a latency backend or device that cannot work fails here, before any work
+    check_device(config.device)
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     # one discovery per (space, strategy, seed) at a time: a second one would evaluate the same
     # candidates again; it is refused with a message naming this process (see kdsl.search.store)
@@ -403,11 +433,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
     try:
         done = evaluations.done()
         if baseline_op.key not in done:
-            _say(progress, "measuring the baseline (conv2d): proxy accuracy and latency")
-            for _, result in executor.map([Task.of(baseline_op, evaluators)]):
-                if result["status"] != "ok":
-                    raise SearchError(f"the baseline failed to evaluate: {result['error']}")
-                evaluations.add(result, role="baseline")
+            _baseline(config, executor, evaluations, baseline_op, evaluators, progress)
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
         strategies = strategy_sequence(config.strategy)
         finished = False
@@ -480,6 +506,36 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
             guard.release(lease)
         finally:
             guard.close()
+
+
+def _baseline(
+    config: DiscoverConfig,
+    executor: Any,
+    evaluations: Evaluations,
+    baseline_op: Any,
+    evaluators: list[Any],
+    progress: TextIO | None,
+) -> None:
+    """Store the baseline's evaluation: from the per-user cache when this machine measured it with
+    the same settings before (:mod:`.baseline_cache`), else measured now (and cached)."""
+    parts = baseline_key_parts(evaluators, proxy=config.proxy_config(), seed=config.seed, workers=config.workers)
+    directory = cache_directory(config.cache_dir)
+    cached = load_baseline(directory, parts) if config.use_cache else None
+    if cached is not None:
+        where = cached["metrics"]["baseline_cache"]
+        _say(progress, f"using the cached baseline (conv2d) measured {where['measured']} ({where['file']})")
+        evaluations.add(cached, role="baseline")
+        return
+    _say(progress, "measuring the baseline (conv2d): proxy accuracy and latency")
+    for _, result in executor.map([Task.of(baseline_op, evaluators)]):
+        if result["status"] != "ok":
+            raise SearchError(f"the baseline failed to evaluate: {result['error']}")
+        evaluations.add(result, role="baseline")
+        if config.use_cache:
+            try:
+                store_baseline(directory, parts, result)
+            except OSError as error:  # a read-only home costs the next run the measurement, nothing else
+                _say(progress, f"could not cache the baseline in {directory}: {error}")
 
 
 def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:

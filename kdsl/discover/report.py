@@ -5,6 +5,26 @@ A *record* is a dict with at least ``key``, ``dsl``, ``accuracy``, ``latency_rat
 ``flops_ratio``, ``params`` (as the evaluators return them); the baseline record has the same
 fields for the baseline operator (its ratios are 1).
 
+Latency fields (:class:`~kdsl.discover.evaluators.LatencyEvaluator`; every ratio is the median of
+per-round ratios, the candidate and its denominator timed in the same interleaved rounds, weighted
+over the layer table by the denominator's time; < 1 is faster):
+
+- ``latency_ratio``: **what the ranking uses**: with ``latency_backend`` ``"tvm"`` (the default)
+  the TVM kernel kdsl would deploy (default schedule, or tuned records where present) over conv2d's
+  TVM kernel compiled the same way (= ``tvm_latency_ratio``); with ``"torch"`` = ``torch_ratio``;
+- ``latency_baseline_ms``: the paired baseline time ``latency_ratio`` is relative to (summed medians
+  over the layers, measured beside this candidate; the baseline record's own ``latency_ms`` /
+  ``tvm_latency_ms`` were measured in its own evaluation and differ with the machine's load);
+- ``torch_ratio``: kdsl's eager PyTorch module over PyTorch's ``F.conv2d``;
+- ``tvm_vs_torch_conv2d``: the TVM kernel over PyTorch's ``F.conv2d``;
+- ``latency_ms`` (eager PyTorch), ``tvm_latency_ms`` (TVM kernel), ``baseline_latency_ms``
+  (``F.conv2d``, paired), ``baseline_tvm_latency_ms`` (conv2d's TVM kernel, paired): summed medians;
+- ``tvm_schedule`` (default or tuned), ``tvm_error`` (why the TVM kernel did not build; the
+  candidate then has no TVM ratios and, ranked by TVM, no ``latency_ratio``).
+
+The baseline record says in ``baseline_cache`` when its evaluation came from this machine's cache
+(:mod:`kdsl.discover.baseline_cache`).
+
 >>> rows = [{"key": "a", "accuracy": 0.9, "latency_ratio": 0.5}, {"key": "b", "accuracy": 0.8, "latency_ratio": 0.6},
 ...         {"key": "c", "accuracy": 0.95, "latency_ratio": 0.9}]
 >>> [r["key"] for r in pareto(rows)]
@@ -30,6 +50,25 @@ from kdsl.lang.parser import parse
 from kdsl.storage import Database, json_object
 
 Record = Mapping[str, Any]
+
+#: The latency metrics a record carries (see the module's docstring).
+LATENCY_FIELDS = (
+    "latency_ratio",
+    "latency_backend",
+    "latency_baseline_ms",
+    "torch_ratio",
+    "tvm_vs_torch_conv2d",
+    "latency_ms",
+    "tvm_latency_ms",
+    "baseline_latency_ms",
+    "baseline_tvm_latency_ms",
+    "tvm_schedule",
+    "tvm_error",
+)
+#: What a record of a discovery database carries.
+RECORD_FIELDS = ("accuracy", *LATENCY_FIELDS, "flops_ratio", "params")
+#: What the baseline record carries.
+BASELINE_FIELDS = ("accuracy", "params", *LATENCY_FIELDS, "baseline_cache")
 
 
 def pareto(records: Sequence[Record]) -> list[Record]:
@@ -84,7 +123,8 @@ def verdict(record: Record, *, baseline_accuracy: float, margin: float = 0.02) -
     # a gap that rounds to 0.0 points reads "as accurate", never "-0.0 points above"
     near = f"within {gap:.1f} points" if gap >= 0.05 else f"{-gap:.1f} points above" if gap <= -0.05 else "as accurate"
     if ratio is None:
-        return f"accurate enough ({near}), latency not measured"
+        failed = record.get("tvm_error")
+        return f"accurate enough ({near}), " + (f"no TVM kernel: {failed[:80]}" if failed else "latency not measured")
     if ratio < 1.0:
         return f"usable: {near}, {1 / ratio:.2f}x faster"
     return f"accurate but slower: {near}, {ratio:.2f}x the baseline's latency"
@@ -176,6 +216,10 @@ COLUMNS = (
     "found by",
     "accuracy",
     "latency ratio",
+    "ms: candidate / paired conv2d",
+    "TVM / PyTorch conv2d",
+    "eager PyTorch / PyTorch conv2d",
+    "eager PyTorch ms",
     "MACs ratio",
     "latency / MACs",
     "params",
@@ -205,6 +249,10 @@ def table_rows(records: Sequence[Record], baseline: Record, *, margin: float = 0
                 "found by": record.get("strategy"),
                 "accuracy": record.get("accuracy"),
                 "latency ratio": record.get("latency_ratio"),
+                "ms: candidate / paired conv2d": _paired_ms(record),
+                "TVM / PyTorch conv2d": record.get("tvm_vs_torch_conv2d"),
+                "eager PyTorch / PyTorch conv2d": record.get("torch_ratio"),
+                "eager PyTorch ms": record.get("latency_ms"),
                 "MACs ratio": record.get("flops_ratio"),
                 "latency / MACs": overhead["median"] if overhead else None,
                 "params": record.get("params"),
@@ -228,34 +276,74 @@ def markdown_table(
     """The ranked table as Markdown, the baseline in the first row, each row with what the
     candidate is (its provenance) and its verdict."""
     links = links or {}
+    backend = _backend(records, baseline)
+    own = baseline.get("tvm_latency_ms" if backend == "tvm" else "latency_ms")
+    titles = [f"latency ratio ({RANKED[backend]})" if c == "latency ratio" else c for c in COLUMNS]
     lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| " + " | ".join(titles) + " |",
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         f"| - | baseline | {baseline.get('name', 'conv2d')} | - | {_cell(baseline.get('accuracy'))} | 1.000 | "
-        f"1.000 | 1.000 | {_cell(baseline.get('params'))} | the reference |",
+        f"{_cell(own, 2)} (own evaluation) | {_cell(baseline.get('tvm_vs_torch_conv2d'))} | "
+        f"{_cell(baseline.get('torch_ratio'))} | {_cell(baseline.get('latency_ms'), 2)} | 1.000 | "
+        f"1.000 | {_cell(baseline.get('params'))} | the reference |",
     ]
     for row in table_rows(records, baseline, margin=margin):
         name = row["key"]
         label = f"[{name}]({links[name]})" if name in links else f"`{name}`"
         lines.append(
             f"| {row['rank']} | {label} | {_markdown_cell(row['what it is'])} | {_markdown_cell(row['found by'])} | "
-            f"{_cell(row['accuracy'])} | {_cell(row['latency ratio'])} | {_cell(row['MACs ratio'])} | "
+            f"{_cell(row['accuracy'])} | {_cell(row['latency ratio'])} | {row['ms: candidate / paired conv2d']} | "
+            f"{_cell(row['TVM / PyTorch conv2d'])} | {_cell(row['eager PyTorch / PyTorch conv2d'])} | "
+            f"{_cell(row['eager PyTorch ms'], 2)} | {_cell(row['MACs ratio'])} | "
             f"{_cell(row['latency / MACs'], 2)} | {_cell(row['params'])} | {_markdown_cell(row['verdict'])} |"
         )
     return "\n".join(lines) + "\n"
 
 
+#: What ``latency_ratio`` divides, per ``latency_backend``, in a table header's words.
+RANKED = {"tvm": "TVM kernel / TVM conv2d", "torch": "eager PyTorch / PyTorch conv2d"}
+
+
+def _backend(records: Sequence[Record], baseline: Record) -> str:
+    """The backend ``latency_ratio`` was measured with (records before it was recorded: torch)."""
+    for record in [baseline, *records]:
+        if record.get("latency_backend") in RANKED:
+            return str(record["latency_backend"])
+    return "torch"
+
+
+def _paired_ms(record: Record) -> str:
+    """The ranked kernel's time and the baseline time measured beside it (what the ratio divides).
+
+    >>> _paired_ms({"latency_backend": "tvm", "tvm_latency_ms": 3.0, "latency_baseline_ms": 11.8})
+    '3.00 / 11.80'
+    """
+    mine = record.get("tvm_latency_ms" if record.get("latency_backend") == "tvm" else "latency_ms")
+    paired = record.get("latency_baseline_ms")
+    return "-" if mine is None or paired is None else f"{mine:.2f} / {paired:.2f}"
+
+
 def text_table(records: Sequence[Record], baseline: Record, *, margin: float = 0.02) -> str:
     """The same ranking as plain text for a terminal (``kdsl results`` on a discovery database):
-    a row per candidate, and under it what the candidate is and which strategy found it."""
-    rows = [f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'MACs':>8}  verdict"]
+    a row per candidate, and under it what the candidate is and which strategy found it.
+    ``latency`` is the ranked ratio (``latency_ratio``), ``vs torch`` the TVM kernel over PyTorch's
+    conv2d, ``eager`` kdsl's eager PyTorch over PyTorch's conv2d."""
+    rows = [
+        f"latency = {RANKED[_backend(records, baseline)]} (conv2d timed beside each candidate); "
+        f"vs torch = TVM kernel / PyTorch conv2d; eager = eager PyTorch / PyTorch conv2d",
+        f"{'rank':>4}  {'candidate':<18}{'accuracy':>9}{'latency':>9}{'vs torch':>9}{'eager':>8}{'MACs':>8}  verdict",
+    ]
     rows.append(
-        f"{'-':>4}  {'baseline':<18}{_cell(baseline.get('accuracy')):>9}{'1.000':>9}{'1.000':>8}  the reference"
+        f"{'-':>4}  {'baseline':<18}{_cell(baseline.get('accuracy')):>9}{'1.000':>9}"
+        f"{_cell(baseline.get('tvm_vs_torch_conv2d')):>9}{_cell(baseline.get('torch_ratio')):>8}{'1.000':>8}  "
+        f"the reference"
     )
     for row in table_rows(records, baseline, margin=margin):
         rows.append(
             f"{row['rank']:>4}  {printable(row['key'])[:16]:<18}{_cell(row['accuracy']):>9}"
-            f"{_cell(row['latency ratio']):>9}{_cell(row['MACs ratio'], 2):>8}  {printable(row['verdict'])}"
+            f"{_cell(row['latency ratio']):>9}{_cell(row['TVM / PyTorch conv2d']):>9}"
+            f"{_cell(row['eager PyTorch / PyTorch conv2d']):>8}{_cell(row['MACs ratio'], 2):>8}  "
+            f"{printable(row['verdict'])}"
         )
         if row["what it is"] or row["found by"]:
             found_by = f" [{printable(str(row['found by']))}]" if row["found by"] else ""
@@ -475,7 +563,8 @@ def write_report(
     for record in [r for r in ranked if r.get("accuracy") is not None][:top]:
         op = parse(record["dsl"])
         metrics = {"what it is": record.get("provenance"), "found by": record.get("strategy")}
-        metrics |= {k: record.get(k) for k in ("accuracy", "latency_ratio", "flops_ratio", "params", "latency_ms")}
+        shown = ("accuracy", "latency_ratio", "latency_baseline_ms", "tvm_latency_ms", "tvm_vs_torch_conv2d")
+        metrics |= {k: record.get(k) for k in (*shown, "torch_ratio", "latency_ms", "flops_ratio", "params")}
         metrics["baseline accuracy"] = baseline.get("accuracy")
         (pages / f"{record['key']}.svg").write_text(svg(op))
         page = operator_page(
@@ -495,7 +584,8 @@ def write_report(
         f"How the table is ranked: candidates within {100 * margin:.1f} points of the baseline's accuracy "
         f"({baseline_accuracy:.3f}) come first, fastest first (a latency ratio below 1 is faster than the baseline); "
         f"then the others, most accurate first; failed evaluations last. *latency / MACs* says how much slower "
-        f"a candidate runs than its MACs (multiply-accumulates) predict.\n\n![Pareto plot](pareto.png)\n\n"
+        f"a candidate runs than its MACs (multiply-accumulates) predict.\n\n{latency_note(records, baseline)}\n\n"
+        f"![Pareto plot](pareto.png)\n\n"
     )
     strategies = strategy_counts(records, baseline_accuracy=baseline_accuracy, margin=margin)
     table.write_text(
@@ -515,6 +605,40 @@ def write_report(
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     plot = pareto_plot(records, baseline, out / "pareto.png")
     return {"table": table, "json": out / "results.json", "plot": plot, "pages": pages}
+
+
+def latency_note(records: Sequence[Record], baseline: Record) -> str:
+    """What the table's latency columns are relative to, and where the baseline came from.
+
+    >>> print(latency_note([], {"latency_backend": "tvm", "baseline_cache": {"file": "f.json", "measured": "then"}}))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    Latency: the ranking's *latency ratio* is the TVM kernel kdsl would deploy ...
+    The baseline's evaluation was read from this machine's cache (f.json, measured then) ...
+    """
+    backend = _backend(records, baseline)
+    if backend == "tvm":
+        line = (
+            "Latency: the ranking's *latency ratio* is the TVM kernel kdsl would deploy (default schedule, tuned "
+            "records where present) over conv2d's TVM kernel compiled the same way"
+        )
+    else:
+        line = "Latency: the ranking's *latency ratio* is kdsl's eager PyTorch module over PyTorch's conv2d (F.conv2d)"
+    line += (
+        ", each layer's candidate and conv2d timed in the same interleaved rounds at one thread (the median of "
+        "the rounds' ratios, weighted over the layers by conv2d's time). *ms: candidate / paired conv2d* are "
+        "those rounds' summed medians, so each ratio is relative to the conv2d time on its own row; the "
+        "baseline row's time is from the baseline's own evaluation (conv2d against itself, at the start of the "
+        "run or from the cache) and differs from the paired times as the machine's load does. *TVM / PyTorch "
+        "conv2d* and *eager PyTorch / PyTorch conv2d* compare with PyTorch's own conv2d timed in the same rounds."
+    )
+    cache = baseline.get("baseline_cache")
+    if isinstance(cache, Mapping):
+        line += (
+            f"\n\nThe baseline's evaluation was read from this machine's cache ({cache.get('file')}, measured "
+            f"{cache.get('measured')}) for the same machine, layer table, evaluators, proxy and seed; "
+            f"`kdsl discover --no-baseline-cache` measures it again."
+        )
+    return line
 
 
 def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
@@ -539,7 +663,7 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
         where = f"{printable(path)}: evaluations row {printable(repr(key)[:80])}"
         metrics = json_object(text, where, SearchError)
         if role == "baseline":
-            baseline = {"name": "conv2d", **{k: metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
+            baseline = {"name": "conv2d", **{k: metrics.get(k) for k in BASELINE_FIELDS}}
             continue
         if dsl is None:
             continue
@@ -549,7 +673,7 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
                 "dsl": dsl,
                 "status": status,
                 "error": error,
-                **{k: metrics.get(k) for k in ("accuracy", "latency_ratio", "latency_ms", "flops_ratio", "params")},
+                **{k: metrics.get(k) for k in RECORD_FIELDS},
                 "early_stopped": metrics.get("early_stopped"),
                 "strategy": strategy,
                 "search_metrics": json_object(search_text or "{}", where + " (candidates.metrics)", SearchError),

@@ -180,22 +180,28 @@ def build_gallery(
     rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
     discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
     site: bool = True,
+    recorded: Path | None = None,
 ) -> Path:
     """Write ``README.md`` (an index by category with thumbnails) and one page per gallery
     operator, plus pages for search's discoveries (marked new), and with ``site`` the same as a
     static HTML site in ``out/site`` (:func:`kdsl.gallery.site.write_site`). ``latencies`` (per
     operator, from :func:`kdsl.bench.backends.gallery_latencies`) are summed over the operator's
     layer table; they join the ones recorded in ``out/latencies.json`` at the same batch (new
-    measurements win), and the pages show the recorded ones of operators not measured this time."""
+    measurements win), and the pages show the recorded ones of operators not measured this time.
+    ``recorded``: a folder whose ``latencies.json`` to start from (the gallery's own, when the site
+    is built elsewhere; those in ``out`` win over them); the merged records are written to ``out``."""
     out = Path(out) if out is not None else gallery.directory()
     pages = out / "pages"
     pages.mkdir(parents=True, exist_ok=True)
     names = gallery.names()
-    recorded = load_latencies(out / LATENCIES, batch)
+    known = load_latencies(Path(recorded) / LATENCIES, batch) if recorded is not None else {}
+    elsewhere = recorded is not None and Path(recorded).resolve() != out.resolve()
+    known.update(load_latencies(out / LATENCIES, batch))
     if latencies:
-        recorded.update({name: dict(values) for name, values in latencies.items()})
-        _save_latencies(out / LATENCIES, batch, {name: recorded[name] for name in names if name in recorded})
-    entries = gallery_entries(recorded, rediscovery or {}, discoveries)
+        known.update({name: dict(values) for name, values in latencies.items()})
+    if latencies or (elsewhere and known):
+        _save_latencies(out / LATENCIES, batch, {name: known[name] for name in names if name in known})
+    entries = gallery_entries(known, rediscovery or {}, discoveries)
     index = [
         "# The kdsl gallery",
         "",

@@ -18,7 +18,7 @@ The schedule of a record is a plain dict of named parameters (``conv.tile.h: [7,
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from kdsl.lang.graph import Graph
 from kdsl.tune.measurer import compile_module
 from kdsl.tune.records import Record, TuneError, open_task, target_mcpu
 
-__all__ = ["apply", "best_record", "export", "schedule_lines"]
+__all__ = ["apply", "best_record", "export", "schedule_lines", "tuned_schedule"]
 
 
 def _applicable(record: Record) -> bool:
@@ -133,3 +133,22 @@ def schedule_lines(config: Mapping[str, Any]) -> list[str]:
             shown = ", ".join(map(str, shown))
         lines.append(f"{name:<{width}}{shown}")
     return lines
+
+
+def tuned_schedule(
+    db: str | os.PathLike[str], op: Operator | Graph, layer: Mapping[str, int]
+) -> Callable[[Any], Any] | None:
+    """The schedule (a ``Lowered -> Schedule`` function, as :func:`kdsl.codegen.tvm.build` takes it)
+    of the best applicable record of ``op`` at ``layer`` in ``db``, or ``None`` when ``db`` holds
+    none for this target: what ``kdsl discover`` times a candidate with when tuned records exist.
+
+    >>> tuned_schedule("no-such-records.db", None, {}) is None
+    True
+    """
+    if not Path(db).is_file():
+        return None
+    try:
+        record = best_record(db, op, layer)
+    except TuneError:
+        return None
+    return lambda lowered: Space(lowered).apply(record.config)
