@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from kdsl.discover.families import FamilyTable
+
 TINY = {
     "time_limit": 40.0,
     "batch": 2,
@@ -185,20 +187,21 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
                     yield task, {"key": task.key, "status": "ok", "metrics": {"prescreen": int(task.key[:6], 16)}}
 
     executor = Scripted()
-    evaluations = loop.Evaluations(db)
+    evaluations, families = loop.Evaluations(db), FamilyTable(db)
     try:
-        batch, failed = loop._screen(config, executor, evaluations, None)
+        batch, failed = loop._screen(config, executor, evaluations, families, None)
         assert len(executor.seen) == 6 and [r["key"] for r in failed] == [executor.seen[1]]
         scored = [k for k in executor.seen if k != executor.seen[1]]
         assert [row["key"] for row in batch] == sorted(scored, key=lambda k: -int(k[:6], 16))[:2]
         first = list(executor.seen)
-        batch_again, _ = loop._screen(config, executor, evaluations, None)
+        batch_again, _ = loop._screen(config, executor, evaluations, families, None)
         assert not set(executor.seen[6:]) & set(first), "a candidate was screened twice"
         # untrained candidates screened earlier compete with the new ones
         pool = {k: s for k, s in evaluations.screened().items() if s is not None}
         assert [row["key"] for row in batch_again] == sorted(pool, key=lambda k: -pool[k])[:2]
     finally:
         evaluations.close()
+        families.close()
 
 
 def test_measured_reward_climbs_with_accuracy_below_the_margin_and_keeps_accuracy_first():
