@@ -347,14 +347,14 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
         if "evaluations" not in tables or "candidates" not in tables:
             return None
         rows = database.rows(
-            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl FROM evaluations e "
+            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl, c.strategy FROM evaluations e "
             "LEFT JOIN candidates c ON c.key = e.key"
         )
     finally:
         database.close()
     baseline: dict[str, Any] | None = None
     records = []
-    for key, role, status, text, error, dsl in rows:
+    for key, role, status, text, error, dsl, strategy in rows:
         metrics = json_object(text, f"{printable(path)}: evaluations row {printable(repr(key)[:80])}", SearchError)
         if role == "baseline":
             baseline = {"name": "conv2d", **{k: metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
@@ -369,6 +369,7 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
                 "error": error,
                 **{k: metrics.get(k) for k in ("accuracy", "latency_ratio", "latency_ms", "flops_ratio", "params")},
                 "early_stopped": metrics.get("early_stopped"),
+                "strategy": strategy,  # the search strategy that found it (kdsl.discover.strategies)
             }
         )
     if baseline is None:

@@ -195,8 +195,16 @@ class CanvasSampler:
         weights: Mapping[str, float] | None = None,
         maps: Sequence[str] = DEFAULT_MAPS,
         blends: Sequence[str] = DEFAULT_BLENDS,
+        keep_width: bool = True,
+        min_fill: float = 0.4,
     ) -> None:
         progress = dict(progress or {})
+        self.keep_width = bool(keep_width)
+        if isinstance(min_fill, bool) or not isinstance(min_fill, (int, float)) or not 0 <= min_fill <= 1:
+            raise SearchError(
+                f"canvas: min_fill is the least fraction of the FLOPs budget, from 0 to 1; got {min_fill!r}"
+            )
+        self.min_fill = float(min_fill)
         self.space = space
         self.seed = seed
         self.iteration = int(progress.get("iteration", 0))
@@ -223,7 +231,18 @@ class CanvasSampler:
         self._kinds: list[str] = []  # the last attempt's kinds and step count
         self._steps = 0
         self.stats: dict[str, int] = dict.fromkeys(
-            ("attempts", "legal", "steps", "errors", "dead_ends", "unfinished", "duplicates", "over_budget", "invalid"),
+            (
+                "attempts",
+                "legal",
+                "steps",
+                "errors",
+                "dead_ends",
+                "unfinished",
+                "duplicates",
+                "over_budget",
+                "underfilled",
+                "invalid",
+            ),
             0,
         )
         #: seconds spent growing and finishing kernels, and filling and checking them
@@ -294,6 +313,10 @@ class CanvasSampler:
         if found is None:
             return None
         widths, result = found
+        ceiling = self.space.max_flops
+        if ceiling is not None and result["flops"] < self.min_fill * ceiling:
+            self.stats["underfilled"] += 1  # its structure cannot use the budget (no free width to fill)
+            return None
         self.stats["legal"] += 1
         return Sample(op, key, widths, result, self._steps, tuple(self._kinds))
 
@@ -635,11 +658,16 @@ class CanvasSampler:
                     tensor = tensor >> Rename(self.channel, self.output.name)  # type: ignore[assignment]
                 channels = []
         try:
-            if channels:
-                tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)  # type: ignore[assignment]
-            op = tensor >> Output(*(d.name for d in self.space.spec.outputs))
+            op = self._output(tensor, channels, target)
             if solved is not None:
-                op = op.substituted({solved[0]: solved[1]})
+                free = op.dynamic_variables
+                if self.keep_width and set(free) == {solved[0]}:
+                    # matching the last free width to the output would leave the budget solver
+                    # nothing to fill (a kernel at its least width, ~0.1x conv2d's MACs): the
+                    # finishing FC keeps it free instead (Canvas §6.3 fills what FCs leave)
+                    op = self._output(last.tensor, [self.channel], target)
+                else:
+                    op = op.substituted({solved[0]: solved[1]})
             used = set(op.coefficient_variables)
             op = op.with_defaults(**{k: v for k, v in attempt.assignment.items() if k in used})
         except KdslError:
@@ -648,6 +676,13 @@ class CanvasSampler:
         if [(d.name, d.size) for d in op.outputs] != [(d.name, d.size) for d in self.space.spec.outputs]:
             return None
         return op
+
+    def _output(self, tensor: Any, channels: Sequence[str], target: Size) -> Operator | Graph:
+        """``tensor`` (after its Rename, if any) made the output: an FC of ``channels`` to the
+        output's channel when there are any."""
+        if channels:
+            tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)
+        return tensor >> Output(*(d.name for d in self.space.spec.outputs))
 
     def _solve(self, op: Operator | Graph) -> tuple[dict[str, dict[str, int]], dict] | None:
         """Fill the free widths to the budgets on every layer and check the result there: the
@@ -679,6 +714,9 @@ class CanvasSampler:
         params = [int(c["params"]) for c in filled.costs]
         if space.min_params is not None and sum(params) < space.min_params:
             self.stats["over_budget"] += 1  # (fill fills up to the budgets; a floor it does not know)
+            return None
+        if space.min_flops is not None and sum(flops) < space.min_flops:
+            self.stats["over_budget"] += 1  # filled as far as the ceilings allow and still below the floor
             return None
         result = {
             "status": "valid",
