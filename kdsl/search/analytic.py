@@ -83,9 +83,10 @@ def budget_reward(space, result: Mapping[str, Any]) -> float:
 
     :func:`analytic_reward` favours few FLOPs, so MCTS steered by it finds operators far below
     the budget, which rarely learn what the baseline learns. This one favours operators that use
-    the budget (more work and weights, more capacity), and stays at most 0.25: below what an
-    accurate trained candidate earns (:func:`kdsl.discover.loop.measured_reward`, at least
-    ``0.5 / (1 + r)`` at the accuracy margin), so measured accuracy leads the search.
+    the budget (more work and weights, more capacity), and stays at most 0.25: what an accurate
+    trained candidate earns at the baseline's speed, less than a faster one earns
+    (:func:`kdsl.discover.loop.measured_reward`: at least ``0.5 / (1 + r)`` at the accuracy
+    margin), so measured accuracy and speed lead the search.
 
     >>> from kdsl import gallery
     >>> from kdsl.search.space import Space

@@ -43,10 +43,17 @@ isomorphism hash) was already produced is dropped. A step the language refuses (
 **Finishing**: the last node must become the spec's output. Its channel is renamed to the
 output's when the sizes agree or a free width can make them agree (``x3 = Cout``), else one FC of
 all its channel, group and window dims maps it to the output channels (this finishing step is not
-counted in ``n``). Then the free widths are filled to the space's budgets by
+counted in ``n``). Where matching a free width to the output would leave the kernel no free
+width at all (``keep_width``, the default), the finishing FC is used instead, so that the budget
+solver has a width to fill. Then the free widths are filled to the space's budgets by
 :func:`kdsl.solve.fill` (Canvas §6.3) on every layer of the space, which also checks the filled
 kernel on every layer; a kernel that cannot be made valid or whose least widths exceed a budget is
-rejected (counted).
+rejected (counted). **Budget floor**: a kernel whose FLOPs stay under ``min_fill`` (default 0.4) of
+the space's FLOPs budget is dropped (counted as ``underfilled``): the doubling solver leaves a
+filled template within a factor 2 of the budget, so what falls below is a kernel whose structure
+cannot use it (no free width: a 1x1 FC after shifts and maps, ~0.1x conv2d's MACs), which rarely
+learns what the convolution it replaces learns; below the space's ``min_flops``, if set, is
+dropped too.
 
 **In the results store** (strategy ``canvas`` of :func:`kdsl.search.run.search`) a kernel is its
 template's DSL text, free widths left as ``dynamic("x1")``, keyed by its content key, with the
