@@ -346,7 +346,7 @@ def measured_reward(
 
 
 def strategy_sequence(text: str) -> list[str]:
-    """The strategies of ``--strategy`` (``"neighbors,mcts"``: one after the other).
+    """The strategies of ``--strategy`` (``"neighbors,mcts"``: they take turns, one round each).
 
     >>> strategy_sequence("neighbors, mcts")
     ['neighbors', 'mcts']
