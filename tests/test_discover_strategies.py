@@ -238,3 +238,42 @@ def test_discover_command_line_refuses_a_bad_flops_floor(capsys, tmp_path):
     assert exit_info.value.code == 2 and "bad budget 'lots'" in capsys.readouterr().err
     code = main(["discover", "--min-flops", "0.6x", "--max-flops", "0.5x", "--db", db, "--out", out])
     assert code != 0 and "lower min_flops or raise max_flops" in capsys.readouterr().err
+
+
+def test_mcts_reads_measured_rewards_back_when_it_rebuilds_its_tree(monkeypatch, tmp_path):
+    from kdsl.search import run
+    from kdsl.search.mcts import MCTS
+    from kdsl.search.store import Store
+
+    sent: list[float | None] = []
+
+    class Recording(MCTS):
+        """MCTS that records the reward the driver sends back for each state it yields."""
+
+        def states(self):
+            inner = super().states()
+            state = next(inner)
+            while True:
+                reward = yield state
+                sent.append(reward)
+                try:
+                    state = inner.send(reward)
+                except StopIteration:
+                    return
+
+    monkeypatch.setitem(run.STRATEGIES, "mcts", Recording)
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2]}, max_depth=4)
+    db = str(tmp_path / "runs.sqlite")
+    first = run.search(space, "mcts", db=db, seed=0, max_results=3)
+    assert first.valid >= 1
+    store = Store(db)
+    try:
+        keys = [row["key"] for row in store.top(k=100, status="valid")]
+        for key in keys:  # what discover does once a candidate is trained
+            store.set_reward(key, 0.875)
+    finally:
+        store.close()
+    assert 0.875 not in sent
+    sent.clear()
+    run.search(space, "mcts", db=db, seed=0, max_results=1)  # replays the first run's iterations, then goes on
+    assert 0.875 in sent, "the rebuilt tree did not get the measured reward"
