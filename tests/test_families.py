@@ -130,7 +130,7 @@ def test_report_files_say_what_each_candidate_is(tmp_path):
     paths = report.write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02)
     markdown = paths["table"].read_text()
     assert "what it is" in markdown and "is `grouped_conv2d` (G=2, K=3)" in markdown
-    assert "## By strategy" in markdown and "| neighbors | 3 | 2 | 0 | 0 |" in markdown
+    assert "## By strategy" in markdown and "| neighbors | - | - | 3 | 2 | 0 | 0 |" in markdown
     results = json.loads(paths["json"].read_text())
     assert results["strategies"]["neighbors"]["trained"] == 3
     assert {row["what it is"] for row in results["table"]} == {r["provenance"] for r in records}

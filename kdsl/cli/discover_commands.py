@@ -45,13 +45,24 @@ def add_discover_command(subparsers: Any) -> None:
         help="fewest parameters relative to conv2d (default 0.002x: a depthwise 3x3 conv passes, a per-channel "
         "scale does not), a count, or none; candidates below it are not trained",
     )
-    parser.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
+    parser.add_argument(
+        "--min-flops",
+        type=optional_budget,
+        default=DiscoverConfig.min_flops,
+        help="fewest MACs relative to conv2d (default 0.1x: below it a candidate rarely trains to within a point "
+        "of conv2d), a count, or none; candidates below it are not trained",
+    )
+    parser.add_argument(
+        "--max-depth", type=positive_int, default=DiscoverConfig.max_depth, help="most primitives per operator"
+    )
     parser.add_argument(
         "--strategy",
         type=_strategies,
         default=DiscoverConfig.strategy,
-        help=f"strategies in turn, comma-separated ({', '.join(sorted(STRATEGIES))}); default: known designs "
-        f"and their rewrites, then MCTS",
+        help=f"strategies taking turns (one search, screen and train round each), comma-separated "
+        f"({', '.join(sorted(STRATEGIES))}); default {DiscoverConfig.strategy}: gallery neighbours find known "
+        f"designs and their rewrites, so they get one turn in three; MCTS and Canvas's sampler start from "
+        f"nothing, where new families come from",
     )
     parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--db", default="runs.sqlite", help="SQLite database of the run (a run resumes from it)")
@@ -130,6 +141,7 @@ def _command(args: Any) -> int:
         spec=args.spec,
         max_flops=args.max_flops,
         min_params=args.min_params,
+        min_flops=args.min_flops,
         max_depth=args.max_depth,
         strategy=args.strategy,
         time_limit=args.time_limit,

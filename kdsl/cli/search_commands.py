@@ -82,6 +82,7 @@ def space_from_args(args: argparse.Namespace):
         max_flops=args.max_flops,
         max_params=args.max_params,
         min_params=args.min_params,
+        min_flops=args.min_flops,
         reductions=args.reduction or None,
         equal_variables=not args.spec_outputs_only,
     )
@@ -243,6 +244,7 @@ def add_search_commands(subparsers: Any) -> None:
     )
     search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
     search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
+    search.add_argument("--min-flops", type=budget, help="fewest FLOPs (a count or relative, like 0.1x)")
     search.add_argument(
         "--set",
         action="append",

@@ -2,10 +2,11 @@
 
 ``kdsl discover`` alternates two phases until its time is up, on one SQLite database:
 
-1. *search*: MCTS (or another strategy) over the space proposes new canonical operators that are
-   valid on every layer (the proxy network's layers, where accuracy is measured, and the latency
-   table's) and within the FLOPs budget; the search's own store keeps them and its progress;
-2. *evaluate*: the most promising candidates not evaluated yet go to an executor (worker
+1. *search*: one strategy (gallery neighbours, MCTS, Canvas's sampler, ...) over the space proposes
+   new canonical operators that are valid on every layer (the proxy network's layers, where
+   accuracy is measured, and the latency table's) and within the FLOPs budget; the search's own
+   store keeps them, the strategy that found each, and each strategy's progress;
+2. *evaluate*: the most promising candidates of that strategy not evaluated yet go to an executor (worker
    processes with a hard per-candidate timeout, one latency measurement at a time), which trains
    the proxy network with the candidate in every convolution and times it against the baseline;
    each result (or failure) is stored in the ``evaluations`` table, and the candidate's reward in
@@ -14,6 +15,11 @@
    candidate is classified (:mod:`kdsl.discover.families`): what it is (a gallery design, one
    with its output rolled, one with shifts inserted, or new) is stored, and one that repeats the
    design and coefficients of a candidate already screened or trained is not trained again.
+
+The strategies of ``--strategy`` take turns, one round each (search, screen, train), each round
+resuming that strategy's own progress, so that a strategy that is never exhausted (sampling,
+MCTS) does not starve the others; an exhausted strategy only has its remaining candidates
+evaluated. :func:`kdsl.discover.strategies.per_strategy` counts what each strategy produced.
 
 Re-running the same command resumes: finished evaluations are neither lost nor repeated. At the
 end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:`.report`).
@@ -36,10 +42,11 @@ from kdsl.discover.evaluators import check_device
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
-from kdsl.discover.report import load_records, write_report
+from kdsl.discover.report import family_counts, load_records, merged_strategy_counts, write_report
+from kdsl.discover.strategies import per_strategy, strategy_lines
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.search.analytic import reward
+from kdsl.search.analytic import budget_reward, reward
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import SPECS, Space, load_spec
 from kdsl.search.store import Store
@@ -79,10 +86,16 @@ class DiscoverConfig:
     #: they are not trained (0.002x keeps a depthwise 3x3 conv, 0.0028x, and drops operators
     #: whose weights are a per-channel vector, ~0.0004x, or a single small window)
     min_params: str | None = "0.002x"
+    #: fewest MACs relative to conv2d: an operator with under ~0.1x conv2d's MACs rarely trains to
+    #: within a point of it on the proxy, and from-nothing strategies (MCTS's analytic reward
+    #: favours few MACs) otherwise fill the training queue with them; below it is not trained
+    min_flops: str | None = "0.1x"
     max_depth: int = 6
-    #: search strategies in turn, each until it is exhausted: known designs and their rewrites
-    #: first (they are where good operators are), then MCTS over the whole space
-    strategy: str = "neighbors,mcts"
+    #: search strategies taking turns (one search, screen and train round each): gallery neighbours
+    #: find known designs and their rewrites quickly, so they keep one turn in three; MCTS (its
+    #: reward the measured accuracy) and Canvas's sampler (kernels filled to the FLOPs budget)
+    #: start from nothing, which is where new families come from, and get the other two
+    strategy: str = "neighbors,mcts,canvas"
     time_limit: float = 300.0
     db: str = "runs.sqlite"
     out: str = "out"
@@ -189,9 +202,13 @@ class Evaluations:
                 ),
             )
 
-    def screened(self) -> dict[str, float | None]:
-        """Pre-screening scores by candidate key (None where screening failed)."""
-        return {key: score for key, score in self.database.rows("SELECT key, score FROM screens")}
+    def screened(self, strategy: str | None = None) -> dict[str, float | None]:
+        """Pre-screening scores by candidate key (None where screening failed); only of the
+        candidates ``strategy`` found, when given."""
+        if strategy is None:
+            return {key: score for key, score in self.database.rows("SELECT key, score FROM screens")}
+        query = "SELECT s.key, s.score FROM screens s JOIN candidates c ON c.key = s.key WHERE c.strategy = ?"
+        return {key: score for key, score in self.database.rows(query, (strategy,))}
 
     def add_screen(self, key: str, score: float | None, metrics: Mapping[str, Any]) -> None:
         with self.database.write() as connection:
@@ -234,6 +251,7 @@ def _space(config: DiscoverConfig) -> Any:
         max_depth=config.max_depth,
         max_flops=config.max_flops,
         min_params=config.min_params,
+        min_flops=config.min_flops,
     )
 
 
@@ -272,12 +290,12 @@ def _say(stream: TextIO | None, text: str) -> None:
         stream.flush()
 
 
-def _pending(db: str, done: set[str], limit: int) -> list[dict[str, Any]]:
+def _pending(db: str, done: set[str], limit: int, strategy: str | None = None) -> list[dict[str, Any]]:
     """The best valid candidates of the search store that are not in ``done`` (evaluated or
-    screened)."""
+    screened); only those ``strategy`` found, when given."""
     store = Store(db)
     try:
-        rows = store.top(k=limit + len(done), status="valid")
+        rows = store.top(k=limit + len(done), status="valid", strategy=strategy)
     finally:
         store.close()
     return [row for row in rows if row["key"] not in done][:limit]
@@ -292,9 +310,15 @@ def _rows(db: str, keys: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def _fresh(
-    config: DiscoverConfig, evaluations: Evaluations, families: FamilyTable, exclude: set[str], limit: int
+    config: DiscoverConfig,
+    evaluations: Evaluations,
+    families: FamilyTable,
+    exclude: set[str],
+    limit: int,
+    strategy: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Up to ``limit`` of the best stored candidates not in ``exclude``, one per design: each is
+    """Up to ``limit`` of the best stored candidates not in ``exclude`` (of those ``strategy``
+    found, when given), one per design: each is
     classified (:mod:`kdsl.discover.families`) and one whose base family and coefficients repeat
     those of a candidate screened or trained before is recorded as a repeat (a screen without a
     score) instead of returned."""
@@ -302,7 +326,7 @@ def _fresh(
     taken = families.training_keys(exclude)
     picked: list[dict[str, Any]] = []
     while len(picked) < limit:
-        rows = _pending(config.db, exclude, limit - len(picked))
+        rows = _pending(config.db, exclude, limit - len(picked), strategy)
         if not rows:
             break
         for row in rows:
@@ -323,15 +347,17 @@ def _screen(
     evaluations: Evaluations,
     families: FamilyTable,
     progress: TextIO | None,
+    strategy: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Screen up to ``batch * screen_factor`` new candidates (one per design, :func:`_fresh`), then
-    pick the ``batch`` best-scored of all screened candidates not trained yet. Returns
-    ``(to_train, failed)``: rows of the search store to train, and results of candidates whose
-    screening failed (they would fail to train)."""
+    """Screen up to ``batch * screen_factor`` new candidates (one per design, :func:`_fresh`; of
+    those ``strategy`` found, when given), then pick the ``batch`` best-scored of the screened
+    candidates not trained yet (again of ``strategy``'s). Returns ``(to_train, failed)``: rows of the
+    search store to train, and results of candidates whose screening failed (they would fail to
+    train)."""
     done = evaluations.done()
-    screened = evaluations.screened()
-    fresh = _fresh(config, evaluations, families, done | set(screened), config.batch * config.screen_factor)
-    screened = evaluations.screened()  # with the repeats _fresh recorded
+    every = evaluations.screened()
+    fresh = _fresh(config, evaluations, families, done | set(every), config.batch * config.screen_factor, strategy)
+    screened = evaluations.screened(strategy)  # with the repeats _fresh recorded
     failed = []
     tasks = [Task.of(parse(row["dsl"]), [config.screener()], _widths(row)) for row in fresh]
     for task, result in executor.map(tasks):
@@ -344,7 +370,11 @@ def _screen(
         ((score, key) for key, score in screened.items() if key not in done and score is not None), reverse=True
     )
     if fresh:
-        _say(progress, f"screened {len(fresh)} new candidates ({config.prescreen}); {len(pool)} screened, untrained")
+        whose = f" of {strategy}" if strategy else ""
+        _say(
+            progress,
+            f"screened {len(fresh)} new candidates{whose} ({config.prescreen}); {len(pool)} screened, untrained",
+        )
     return _rows(config.db, [key for _, key in pool[: config.batch]]), failed
 
 
@@ -382,7 +412,7 @@ def measured_reward(
 
 
 def strategy_sequence(text: str) -> list[str]:
-    """The strategies of ``--strategy`` (``"neighbors,mcts"``: one after the other).
+    """The strategies of ``--strategy`` (``"neighbors,mcts"``: they take turns, one round each).
 
     >>> strategy_sequence("neighbors, mcts")
     ['neighbors', 'mcts']
@@ -436,39 +466,51 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
             _baseline(config, executor, evaluations, baseline_op, evaluators, progress)
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
         strategies = strategy_sequence(config.strategy)
-        finished = False
+        exhausted: set[str] = set()
+        idle: set[str] = set()  # exhausted strategies that have nothing left to evaluate
         trained = 0
+        turn = 0
         while time.monotonic() - start < config.time_limit:
             remaining = config.time_limit - (time.monotonic() - start)
-            if not finished:
+            # the strategies take turns, each resuming its own progress from the store: one that
+            # is never exhausted (sampling, MCTS) must not starve those listed after it
+            name = strategies[turn % len(strategies)]
+            turn += 1
+            if name not in exhausted:
                 report = search(
                     space,
-                    strategies[0],
+                    name,
                     db=config.db,
                     seed=config.seed,
                     time_limit=max(1.0, min(30.0, remaining / 4)),
                     max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
+                    # untrained candidates: use of the FLOPs budget, below what accurate trained
+                    # ones earn (measured_reward), so MCTS follows measured accuracy (Syno §7.2)
+                    # and otherwise leans to operators with the capacity to learn
+                    evaluator=budget_reward,
                 )
                 _say(
                     progress,
-                    f"search ({strategies[0]}): {report.new} new candidates ({report.valid} valid), "
-                    f"{report.nodes} nodes",
+                    f"search ({name}): {report.new} new candidates ({report.valid} valid), {report.nodes} nodes",
                 )
-                if report.finished:  # this strategy is exhausted: the next one takes over
-                    strategies = strategies[1:]
-                    finished = not strategies
+                if report.finished:  # its remaining candidates are still evaluated in its turns
+                    exhausted.add(name)
             done = evaluations.done()
             if config.prescreen:
-                batch, failed = _screen(config, executor, evaluations, families, progress)
+                batch, failed = _screen(config, executor, evaluations, families, progress, strategy=name)
                 for result in failed:  # a candidate that cannot be scored cannot be trained either
                     evaluations.add(result)
                     _set_reward(config.db, result["key"], 0.0)
             else:
-                batch = _fresh(config, evaluations, families, done | set(evaluations.screened()), config.batch)
+                batch = _fresh(config, evaluations, families, done | set(evaluations.screened()), config.batch, name)
             if trained and time.monotonic() - start > config.time_limit:
                 break  # screening took the rest of the time: no more training past the limit
             if not batch:
-                if finished:
+                if name in exhausted and not _pending(
+                    config.db, evaluations.done() | set(evaluations.screened()), 1, name
+                ):
+                    idle.add(name)
+                if idle >= set(strategies):
                     _say(progress, "the search space is exhausted and every candidate is evaluated")
                     break
                 continue
@@ -544,19 +586,27 @@ def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: d
     if loaded is None:  # no evaluation stored yet besides what this process holds
         loaded = [], {"name": "conv2d", **{k: baseline_metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
     records, baseline = loaded
+    accuracy = baseline["accuracy"] or 0.0
+    stored = per_strategy(config.db, margin=config.margin)
     paths = write_report(
         records,
         baseline,
         Path(config.out),
-        baseline_accuracy=baseline["accuracy"] or 0.0,
+        baseline_accuracy=accuracy,
         margin=config.margin,
         top=config.top,
         layers=config.latency_layers,
+        store_counts=stored,
     )
     _say(progress, f"wrote {paths['table']}, {paths['json']}, {paths['plot']} and pages in {paths['pages']}")
+    counts = merged_strategy_counts(records, stored, baseline_accuracy=accuracy, margin=config.margin)
+    for line in strategy_lines(counts):
+        _say(progress, f"strategy {line}")
     return {
         "evaluated": len(records),
         "screened": len(evaluations.screened()),
+        "strategies": counts,
+        "families": family_counts(records, baseline_accuracy=accuracy, margin=config.margin),
         "baseline": baseline,
         **{k: str(v) for k, v in paths.items()},
     }

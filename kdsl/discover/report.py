@@ -518,16 +518,35 @@ def pareto_plot(records: Sequence[Record], baseline: Record, path: Path) -> Path
     return path
 
 
-def strategy_table(counts: Mapping[str, Mapping[str, int]]) -> str:
-    """Per strategy, what it produced (Markdown), from :func:`strategy_counts`."""
+def merged_strategy_counts(
+    records: Sequence[Record],
+    store_counts: Mapping[str, Mapping[str, Any]] | None,
+    *,
+    baseline_accuracy: float,
+    margin: float = 0.02,
+) -> dict[str, dict[str, Any]]:
+    """:func:`strategy_counts` of the records, with what only the database knows (per strategy:
+    ``stored``, ``screened``, ``failed``; :func:`kdsl.discover.strategies.per_strategy`) beside it."""
+    counts = {name: dict(row) for name, row in (store_counts or {}).items()}
+    for name, row in strategy_counts(records, baseline_accuracy=baseline_accuracy, margin=margin).items():
+        counts.setdefault(name, {}).update(row)
+    for row in counts.values():
+        row.setdefault("new families", 0)
+        row.setdefault("usable new families", 0)
+    return dict(sorted(counts.items()))
+
+
+def strategy_table(counts: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per strategy, what it produced (Markdown), from :func:`merged_strategy_counts`."""
     lines = [
         "## By strategy\n",
-        "| strategy | trained | usable | new families | usable new families |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| strategy | stored | screened | trained | usable | new families | usable new families |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, row in counts.items():
         lines.append(
-            f"| {_markdown_cell(name)} | {row['trained']} | {row['usable']} | {row['new families']} | "
+            f"| {_markdown_cell(name)} | {_cell(row.get('stored'))} | {_cell(row.get('screened'))} | "
+            f"{_cell(row.get('trained', 0))} | {_cell(row.get('usable', 0))} | {row['new families']} | "
             f"{row['usable new families']} |"
         )
     return "\n".join(lines) + "\n"
@@ -551,9 +570,11 @@ def write_report(
     margin: float,
     top: int = 5,
     layers: object = "resnet18",
+    store_counts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
-    candidates into ``out``; return the paths."""
+    candidates into ``out``; return the paths. ``store_counts``: the per-strategy counts only the
+    database has (:func:`kdsl.discover.strategies.per_strategy`), shown with the records' own."""
     out.mkdir(parents=True, exist_ok=True)
     ranked = rank(records, baseline_accuracy=baseline_accuracy, margin=margin)
     links: dict[str, str] = {}
@@ -587,7 +608,7 @@ def write_report(
         f"a candidate runs than its MACs (multiply-accumulates) predict.\n\n{latency_note(records, baseline)}\n\n"
         f"![Pareto plot](pareto.png)\n\n"
     )
-    strategies = strategy_counts(records, baseline_accuracy=baseline_accuracy, margin=margin)
+    strategies = merged_strategy_counts(records, store_counts, baseline_accuracy=baseline_accuracy, margin=margin)
     table.write_text(
         header
         + markdown_table(ranked, baseline, links=links, margin=margin)

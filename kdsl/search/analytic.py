@@ -22,7 +22,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.solve import check, cost
 from kdsl.solve.dynamic import BUDGETS
 
-__all__ = ["analytic_reward", "evaluate"]
+__all__ = ["analytic_reward", "budget_reward", "evaluate"]
 
 
 def evaluate(space, op: Operator) -> dict[str, Any]:
@@ -55,6 +55,8 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
         result["status"] = "over_budget"
     if space.min_params is not None and result["params"] < space.min_params:
         result["status"] = "over_budget"
+    if space.min_flops is not None and result["flops"] < space.min_flops:
+        result["status"] = "over_budget"
     return result
 
 
@@ -72,6 +74,39 @@ def analytic_reward(space, result: Mapping[str, Any]) -> float:
     enough = space.min_params if space.min_params is not None else max(1, base_params // 20)
     capacity = min(1.0, (result["params"] or 0) / enough)
     return reward({"status": "valid", "flops_ratio": result["flops"] / base_flops, "capacity": capacity})
+
+
+def budget_reward(space, result: Mapping[str, Any]) -> float:
+    """The reward of a candidate that is not trained yet, where trained ones earn a measured,
+    accuracy-first reward (``kdsl discover``): ``0.25 * u * capacity``, with ``u`` the share of the
+    FLOPs budget it uses (of the baseline's FLOPs without a budget), at most 1. Invalid: 0.
+
+    :func:`analytic_reward` favours few FLOPs, so MCTS steered by it finds operators far below
+    the budget, which rarely learn what the baseline learns. This one favours operators that use
+    the budget (more work and weights, more capacity), and stays at most 0.25: what an accurate
+    trained candidate earns at the baseline's speed, less than a faster one earns
+    (:func:`kdsl.discover.loop.measured_reward`: at least ``0.5 / (1 + r)`` at the accuracy
+    margin), so measured accuracy and speed lead the search.
+
+    >>> from kdsl import gallery
+    >>> from kdsl.search.space import Space
+    >>> space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 8]}, max_flops="0.5x")
+    >>> grouped = evaluate(space, gallery.load("grouped_conv2d"))  # its default G: half the budget
+    >>> pointwise = evaluate(space, gallery.load("pointwise_conv2d"))  # 1x1: 0.11x
+    >>> round(budget_reward(space, grouped), 3), budget_reward(space, pointwise) < budget_reward(space, grouped)
+    (0.125, True)
+    """
+    if result.get("status") != "valid" or not result.get("flops"):
+        return 0.0
+    try:
+        base_flops = space._baseline("flops")
+        base_params = space._baseline("params")
+    except KdslError:
+        base_flops, base_params = result["flops"], result["params"] or 1
+    ceiling = space.max_flops if space.max_flops is not None else base_flops
+    enough = space.min_params if space.min_params is not None else max(1, base_params // 20)
+    capacity = min(1.0, (result["params"] or 0) / enough)
+    return 0.25 * min(1.0, result["flops"] / ceiling) * capacity
 
 
 def reward(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None = None, *, margin: float = 0.02) -> float:

@@ -43,10 +43,17 @@ isomorphism hash) was already produced is dropped. A step the language refuses (
 **Finishing**: the last node must become the spec's output. Its channel is renamed to the
 output's when the sizes agree or a free width can make them agree (``x3 = Cout``), else one FC of
 all its channel, group and window dims maps it to the output channels (this finishing step is not
-counted in ``n``). Then the free widths are filled to the space's budgets by
+counted in ``n``). Where matching a free width to the output would leave the kernel no free
+width at all (``keep_width``, the default), the finishing FC is used instead, so that the budget
+solver has a width to fill. Then the free widths are filled to the space's budgets by
 :func:`kdsl.solve.fill` (Canvas §6.3) on every layer of the space, which also checks the filled
 kernel on every layer; a kernel that cannot be made valid or whose least widths exceed a budget is
-rejected (counted).
+rejected (counted). **Budget floor**: a kernel whose FLOPs stay under ``min_fill`` (default 0.4) of
+the space's FLOPs budget is dropped (counted as ``underfilled``): the doubling solver leaves a
+filled template within a factor 2 of the budget, so what falls below is a kernel whose structure
+cannot use it (no free width: a 1x1 FC after shifts and maps, ~0.1x conv2d's MACs), which rarely
+learns what the convolution it replaces learns; below the space's ``min_flops``, if set, is
+dropped too.
 
 **In the results store** (strategy ``canvas`` of :func:`kdsl.search.run.search`) a kernel is its
 template's DSL text, free widths left as ``dynamic("x1")``, keyed by its content key, with the
@@ -195,8 +202,16 @@ class CanvasSampler:
         weights: Mapping[str, float] | None = None,
         maps: Sequence[str] = DEFAULT_MAPS,
         blends: Sequence[str] = DEFAULT_BLENDS,
+        keep_width: bool = True,
+        min_fill: float = 0.4,
     ) -> None:
         progress = dict(progress or {})
+        self.keep_width = bool(keep_width)
+        if isinstance(min_fill, bool) or not isinstance(min_fill, (int, float)) or not 0 <= min_fill <= 1:
+            raise SearchError(
+                f"canvas: min_fill is the least fraction of the FLOPs budget, from 0 to 1; got {min_fill!r}"
+            )
+        self.min_fill = float(min_fill)
         self.space = space
         self.seed = seed
         self.iteration = int(progress.get("iteration", 0))
@@ -223,7 +238,18 @@ class CanvasSampler:
         self._kinds: list[str] = []  # the last attempt's kinds and step count
         self._steps = 0
         self.stats: dict[str, int] = dict.fromkeys(
-            ("attempts", "legal", "steps", "errors", "dead_ends", "unfinished", "duplicates", "over_budget", "invalid"),
+            (
+                "attempts",
+                "legal",
+                "steps",
+                "errors",
+                "dead_ends",
+                "unfinished",
+                "duplicates",
+                "over_budget",
+                "underfilled",
+                "invalid",
+            ),
             0,
         )
         #: seconds spent growing and finishing kernels, and filling and checking them
@@ -294,6 +320,10 @@ class CanvasSampler:
         if found is None:
             return None
         widths, result = found
+        ceiling = self.space.max_flops
+        if ceiling is not None and result["flops"] < self.min_fill * ceiling:
+            self.stats["underfilled"] += 1  # its structure cannot use the budget (no free width to fill)
+            return None
         self.stats["legal"] += 1
         return Sample(op, key, widths, result, self._steps, tuple(self._kinds))
 
@@ -635,11 +665,16 @@ class CanvasSampler:
                     tensor = tensor >> Rename(self.channel, self.output.name)  # type: ignore[assignment]
                 channels = []
         try:
-            if channels:
-                tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)  # type: ignore[assignment]
-            op = tensor >> Output(*(d.name for d in self.space.spec.outputs))
+            op = self._output(tensor, channels, target)
             if solved is not None:
-                op = op.substituted({solved[0]: solved[1]})
+                free = op.dynamic_variables
+                if self.keep_width and set(free) == {solved[0]}:
+                    # matching the last free width to the output would leave the budget solver
+                    # nothing to fill (a kernel at its least width, ~0.1x conv2d's MACs): the
+                    # finishing FC keeps it free instead (Canvas §6.3 fills what FCs leave)
+                    op = self._output(last.tensor, [self.channel], target)
+                else:
+                    op = op.substituted({solved[0]: solved[1]})
             used = set(op.coefficient_variables)
             op = op.with_defaults(**{k: v for k, v in attempt.assignment.items() if k in used})
         except KdslError:
@@ -648,6 +683,13 @@ class CanvasSampler:
         if [(d.name, d.size) for d in op.outputs] != [(d.name, d.size) for d in self.space.spec.outputs]:
             return None
         return op
+
+    def _output(self, tensor: Any, channels: Sequence[str], target: Size) -> Operator | Graph:
+        """``tensor`` (after its Rename, if any) made the output: an FC of ``channels`` to the
+        output's channel when there are any."""
+        if channels:
+            tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)
+        return tensor >> Output(*(d.name for d in self.space.spec.outputs))
 
     def _solve(self, op: Operator | Graph) -> tuple[dict[str, dict[str, int]], dict] | None:
         """Fill the free widths to the budgets on every layer and check the result there: the
@@ -679,6 +721,9 @@ class CanvasSampler:
         params = [int(c["params"]) for c in filled.costs]
         if space.min_params is not None and sum(params) < space.min_params:
             self.stats["over_budget"] += 1  # (fill fills up to the budgets; a floor it does not know)
+            return None
+        if space.min_flops is not None and sum(flops) < space.min_flops:
+            self.stats["over_budget"] += 1  # filled as far as the ceilings allow and still below the floor
             return None
         result = {
             "status": "valid",

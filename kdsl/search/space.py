@@ -244,7 +244,10 @@ class Space:
     ``{"K": [3], "G": [32], "s": [2]}``. ``max_depth``: the most primitives per operator.
     ``caps``: per-kind caps (see :data:`DEFAULT_CAPS`). ``max_flops``/``max_params``: budgets,
     absolute or relative to the spec's baseline gallery operator (``"0.5x"``); FLOPs and params
-    are summed over the layers. ``reductions``: the sizes a Reduce may have (default: each
+    are summed over the layers. ``min_params``/``min_flops``: floors, written the same way; an
+    operator below one is recorded as ``over_budget`` (out of the budget's range) and not a
+    result: one with almost no weights or work cannot learn what the baseline learns. A floor
+    above its ceiling is refused. ``reductions``: the sizes a Reduce may have (default: each
     coefficient alone, and each non-spatial primary divided by coefficient monomials within
     their allowances and ``max_coefficient_degree``, e.g. ``K``, ``Cin``, ``Cin/G``, ``Cout/(G*s)``).
     ``canonicalize``/``use_distance`` switch the canonicalization rules and shape-distance pruning
@@ -279,6 +282,7 @@ class Space:
         max_flops: str | int | float | None = None,
         max_params: str | int | float | None = None,
         min_params: str | int | float | None = None,
+        min_flops: str | int | float | None = None,
         reductions: Iterable[Size | str] | None = None,
         max_coefficient_degree: int = 2,
         canonicalize: bool = True,
@@ -354,6 +358,16 @@ class Space:
         self.max_flops = parse_budget(max_flops, self._baseline("flops") if is_relative(max_flops) else None)
         self.max_params = parse_budget(max_params, self._baseline("params") if is_relative(max_params) else None)
         self.min_params = parse_budget(min_params, self._baseline("params") if is_relative(min_params) else None)
+        self.min_flops = parse_budget(min_flops, self._baseline("flops") if is_relative(min_flops) else None)
+        for metric, floor, ceiling in (
+            ("FLOPs", self.min_flops, self.max_flops),
+            ("params", self.min_params, self.max_params),
+        ):
+            if floor is not None and ceiling is not None and floor > ceiling:
+                raise SearchError(
+                    f"the least {metric} ({floor}) exceed the most {metric} ({ceiling}): no operator can be in "
+                    f"between; lower min_{metric.lower()} or raise max_{metric.lower()}"
+                )
 
     # -- construction helpers ------------------------------------------------------------------
     def _coefficients(self, given: Mapping[str, object] | None) -> tuple[Coefficient, ...]:
@@ -539,6 +553,8 @@ class Space:
             text += f", {coefficients}"
         if self.max_flops is not None:
             text += f", FLOPs <= {self.max_flops}"
+        if self.min_flops is not None:
+            text += f", FLOPs >= {self.min_flops}"
         if self.max_params is not None:
             text += f", params <= {self.max_params}"
         for name, source in self.equalities:
@@ -565,7 +581,9 @@ class Space:
                 **({"goals": [[str(s) for s in goal] for goal in self.output_goals]} if self.equalities else {}),
                 "caps": [self.caps[k] for k in KINDS],
                 "reductions": [str(s) for s in self.reductions],
-                "budgets": [self.max_flops, self.max_params, self.min_params],
+                # the FLOPs floor only where set, so that the fingerprints of existing stores stay
+                "budgets": [self.max_flops, self.max_params, self.min_params]
+                + ([self.min_flops] if self.min_flops is not None else []),
                 "switches": [
                     self.canonicalize,
                     self.use_distance,

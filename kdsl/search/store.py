@@ -447,10 +447,12 @@ class Store:
                 (json.dumps(progress, sort_keys=True), int(finished), now, now, int(release), lease.run),
             )
 
-    def top(self, k: int = 10, status: str | None = "valid") -> list[dict[str, Any]]:
-        """The best ``k`` candidates by reward (then fewest FLOPs)."""
-        where = "WHERE status = ?" if status else ""
-        args: tuple = (status,) if status else ()
+    def top(self, k: int = 10, status: str | None = "valid", strategy: str | None = None) -> list[dict[str, Any]]:
+        """The best ``k`` candidates by reward (then fewest FLOPs); only those ``strategy`` found
+        first, when given (each row's ``strategy`` is the strategy that stored it)."""
+        conditions = [(column, value) for column, value in (("status", status), ("strategy", strategy)) if value]
+        where = ("WHERE " + " AND ".join(f"{column} = ?" for column, _ in conditions)) if conditions else ""
+        args: tuple = tuple(value for _, value in conditions)
         cursor = self.connection.execute(
             f"SELECT * FROM candidates {where} ORDER BY reward DESC, flops ASC, key ASC LIMIT ?", (*args, int(k))
         )
