@@ -21,8 +21,8 @@ explores near designs that are often deeper than enumeration reaches.
 >>> from kdsl.search.space import Space
 >>> walk = Neighbors(Space("conv2d", "resnet18", coefficients={"K": [3], "G": [4, 8], "s": [2]}))
 >>> found = [step.op for step, _ in zip(walk.states(), range(40))]
->>> from kdsl import gallery
->>> gallery.load("grouped_conv2d").key in {op.key for op in found}
+>>> from kdsl.lang import library
+>>> library.load("grouped_conv2d").key in {op.key for op in found}
 True
 """
 
@@ -34,7 +34,7 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl import gallery
+from kdsl.lang import library
 from kdsl.lang.build import Builder, Operator
 from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Output, Shift
@@ -79,8 +79,8 @@ def seeds(space: Any) -> list[tuple[str, Operator]]:
     """
     allowed = _coefficient_values(space)
     found: list[tuple[str, Operator]] = []
-    for name in gallery.names():
-        op = gallery.load(name)
+    for name in library.names():  # the gallery's files, read by lang (search sits below kdsl.gallery)
+        op = library.load(name)
         if not isinstance(op, Operator) or not _fits(op, space):
             continue
         variants = [op]

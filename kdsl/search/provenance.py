@@ -44,7 +44,7 @@ import numpy as np
 from kdsl.lang import library
 from kdsl.lang.build import Builder, Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Expand, Merge, Output, Shift, Split, Stride, Unfold
+from kdsl.lang.primitives import Output, Shift
 from kdsl.search import semantic
 
 __all__ = ["KNOWN", "NEW", "UNCOMPARED", "VARIANT", "Provenance", "References", "describe", "without_shifts"]
@@ -246,6 +246,16 @@ def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
     return previous[-1]
 
 
+#: How :func:`structure` words the views of an operator, by primitive (lower-case class name).
+_VIEW_WORDS = {
+    "unfold": "windows over",
+    "split": "split",
+    "stride": "strided",
+    "shift": "shifted along",
+    "expand": "expanded",
+}
+
+
 def structure(op: Any) -> str:
     """A short description of what ``op`` is made of: its weights, windows, groups and views.
 
@@ -260,28 +270,22 @@ def structure(op: Any) -> str:
         + ", ".join(f"{w.name}[{', '.join(d.name for d in w.dims)}]" for w in weights)
     ]
 
-    def dims_of(kind: type) -> list[str]:
+    def dims_of(kind: str) -> list[str]:
         found: list[str] = []
         for step in steps:
-            if isinstance(step, kind):
+            if type(step).__name__.lower() == kind:
                 dim = _refs(step)[0]
                 if dim and dim not in found:
                     found.append(dim)
         return found
 
-    for kind, words in (
-        (Unfold, "windows over"),
-        (Split, "split"),
-        (Stride, "strided"),
-        (Shift, "shifted along"),
-        (Expand, "expanded"),
-    ):
+    for kind, words in _VIEW_WORDS.items():
         dims = dims_of(kind)
-        if dims and kind is Split:
+        if dims and kind == "split":
             parts.append(f"{', '.join(dims)} split")
         elif dims:
             parts.append(f"{words} {', '.join(dims)}")
-    if any(isinstance(step, Merge) for step in steps):
+    if any(type(step).__name__.lower() == "merge" for step in steps):
         parts.append("channels merged")
     if not steps:  # a branching kernel: its nodes
         parts = [f"branching kernel of {len(getattr(op, 'nodes', ()))} nodes"]
