@@ -1,4 +1,4 @@
-"""``kdsl bench network``: the ResNet-18 written in kdsl/bench/network.py, its replaced convolutions
+"""``kdsl bench network``: the ResNet-18 written in kdsl/discover/network.py, its replaced convolutions
 on both backends, and the command on a tiny setting (no timed assertions)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from kdsl import gallery
-from kdsl.bench.network import NetworkOp, parse_op_spec, resnet18, resolve_ops, stage_layers, tvm_network
 from kdsl.cli import main
+from kdsl.discover.network import NetworkOp, parse_op_spec, resnet18, resolve_ops, stage_layers, tvm_network
 from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers

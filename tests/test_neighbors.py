@@ -67,3 +67,33 @@ def test_a_step_replayed_on_other_dims_resolves_again():
     # without the window over H, the weight's kh is a dim of its own, which the Reduce then sums
     assert dict(zip((d.name for d in weight.dims), weight.new))["kh"] is True
     assert dropped.key != conv.key and parse(dropped.to_dsl()) == dropped
+
+
+def test_transposes_interleave_groups_and_shifts_come_last():
+    import random
+
+    import numpy as np
+
+    from kdsl.codegen import reference
+
+    space = Space("conv2d", "resnet18", **SPACE)
+    op = gallery.load("grouped_conv2d").with_defaults(G=2)
+    found = list(rewrites(op, space, random.Random(0)))
+    texts = [text for text, _ in found]
+    shifted = [i for i, text in enumerate(texts) if text.startswith("Shift(")]
+    assert shifted and min(shifted) > max(i for i, text in enumerate(texts) if not text.startswith("Shift("))
+    merged = dict(found)["transpose Merge(g, co)"]
+    split = dict(found)["transpose Split(Cin, Cin/G)"]
+    # the transposed Merge interleaves the groups' output channels: out[2 co + g] = grouped[g * Cout/2 + co]
+    layer = {"N": 1, "Cin": 4, "Cout": 4, "H": 3, "W": 3, "G": 2, "K": 3}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(reference.shapes(op, layer).input)
+    weights = [rng.standard_normal(s) for s in reference.shapes(op, layer).weights]
+    base = reference.run(op, layer, x, weights)
+    shuffled = reference.run(merged, layer, x, weights)
+    assert np.allclose(shuffled[:, 0::2], base[:, :2]) and np.allclose(shuffled[:, 1::2], base[:, 2:])
+    # the transposed Split makes group g read the channels c with c % G == g
+    ones = np.zeros_like(x)
+    ones[:, 1] = 1.0  # channel 1 only: group 1 of the interleaved split, group 0 of the blocks
+    assert np.abs(reference.run(split, layer, ones, weights)[:, :2]).sum() == 0
+    assert np.abs(reference.run(op, layer, ones, weights)[:, 2:]).sum() == 0

@@ -7,10 +7,18 @@ they are: every gallery operator whose input and output match the spec (``conv2d
 set to each value the space allows, and then walks outwards breadth-first, one rewrite at a time:
 
 * **coefficient**: one coefficient set to another value the space allows (``G = 4 -> 8``);
-* **drop**: one step removed (a Shift or a Stride of a window, an Unfold whose window a Reduce
+* **drop**: one step removed (a shift or a stride of a window, a window that a reduction
   then sums, ...), where the rest still builds and still fits the spec;
 * **shift**: a ``Shift`` of a spatial dim inserted before a step (Syno's cheap spatial mixing);
-* **swap**: two adjacent steps exchanged (the canonical form dedupes the ones that commute).
+* **swap**: two adjacent steps exchanged (the canonical form dedupes the ones that commute);
+* **transpose**: the two halves of a ``Merge`` exchanged (``Merge(g, co)`` -> ``Merge(co, g)``:
+  the output channels of the groups interleaved, a channel shuffle), or a ``Split`` of an input
+  dim made to interleave instead of taking blocks (``Split(Cin, Cin/G, "g", "ci")`` ->
+  ``Split(Cin, G, "ci", "g")``: a group takes every G-th channel).
+
+Each operator's rewrites are tried in a seeded order, but shift insertions after the others: a
+design with shifts inserted is a *variant* of it (:mod:`kdsl.search.provenance`), which discover
+does not train again, while the other rewrites change the design.
 
 Every operator is kept only if it builds, fits the spec and is new by content key; the driver
 evaluates it like every search result (validity on the space's layers, budgets). The walk is
@@ -28,6 +36,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from collections.abc import Generator, Iterator, Mapping
@@ -37,7 +46,7 @@ from typing import Any
 from kdsl.lang import library
 from kdsl.lang.build import Builder, Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Output, Shift
+from kdsl.lang.primitives import Merge, Output, Shift, Split
 from kdsl.search.analytic import evaluate
 
 __all__ = ["Found", "Neighbors", "seeds"]
@@ -92,6 +101,18 @@ def seeds(space: Any) -> list[tuple[str, Operator]]:
     return found
 
 
+def _transposed(op: Operator, step: Any) -> Any | None:
+    """``step`` with its two halves exchanged (see the module doc), or None where it has none: a
+    ``Merge``, or a ``Split`` of one of ``op``'s input dims (whose size is known without a build)."""
+    if isinstance(step, Merge):
+        return dataclasses.replace(step, outer=step.inner, inner=step.outer)
+    if isinstance(step, Split) and step.outer and step.inner:
+        size = next((d.size for d in op.inputs if d.name == step.dim), None)
+        if size is not None:
+            return Split(step.dim, size / step.block, step.inner, step.outer)
+    return None
+
+
 def _rebuilt(op: Operator, steps: tuple[Any, ...]) -> Operator | None:
     """``op``'s input and output with other steps, or ``None`` where they do not build."""
     try:
@@ -113,9 +134,11 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
             )
     moves.extend(("drop", i) for i in range(len(op.steps)))
     moves.extend(("swap", i) for i in range(len(op.steps) - 1))
+    moves.extend(("transpose", i) for i, step in enumerate(op.steps) if _transposed(op, step) is not None)
     spatial = [d.name for d in op.inputs if d.name in space.spatial or d.size.variable_name in space.spatial]
     moves.extend(("shift", (i, dim)) for i in range(len(op.steps)) for dim in spatial)
     rng.shuffle(moves)
+    moves.sort(key=lambda move: move[0] == "shift")  # stable: shifts last, the rest in the seeded order
     for kind, move in moves:
         if kind == "coefficient":
             coefficient, value = move
@@ -128,6 +151,9 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
         elif kind == "swap":
             text = f"swap {steps[move].describe()} and {steps[move + 1].describe()}"
             steps[move], steps[move + 1] = steps[move + 1], steps[move]
+        elif kind == "transpose":
+            text = f"transpose {steps[move].describe()}"
+            steps[move] = _transposed(op, steps[move])
         else:
             position, dim = move
             around = steps[max(0, position - 1) : position + 1]
