@@ -136,3 +136,29 @@ def test_report_files_say_what_each_candidate_is(tmp_path):
     assert {row["what it is"] for row in results["table"]} == {r["provenance"] for r in records}
     pages = list(paths["pages"].glob("*.md"))
     assert pages and all("what it is" in page.read_text() for page in pages)
+
+
+def test_the_report_times_the_top_families_end_to_end_when_given_rows(tmp_path):
+    records, baseline = report.load_records(str(discovery_db(tmp_path)))
+    chosen = report.top_families(records, baseline_accuracy=0.96, margin=0.02, count=3)
+    # usable: the grouped conv and its shifted variant, one family each (the variant's differs)
+    assert [r["kind"] for r in chosen] == ["known", "variant"]
+    rows = [
+        {
+            "op": f"{chosen[0]['key']} (known)",
+            "backend": "torch",
+            "batch": 1,
+            "ms": 50.0,
+            "ratio": 0.6,
+            "vs_native": 0.6,
+        }
+    ]
+    paths = report.write_report(
+        records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02, network_rows=rows
+    )
+    markdown = paths["table"].read_text()
+    assert "## End to end: ResNet-18" in markdown
+    assert (
+        f"| {chosen[0]['key']} (known) | is `grouped_conv2d` (G=2, K=3) | torch | 1 | 50.0 | 0.60 | 0.60 |" in markdown
+    )
+    assert json.loads(paths["json"].read_text())["network"] == rows

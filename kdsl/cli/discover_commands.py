@@ -120,6 +120,14 @@ def add_discover_command(subparsers: Any) -> None:
         help="measure the baseline again instead of reusing this machine's cached one ($KDSL_CACHE_DIR or "
         "~/.cache/kdsl)",
     )
+    parser.add_argument(
+        "--network-top",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="after the time limit, time ResNet-18 end to end (PyTorch and TVM, batch 1 and 8) with the top N "
+        "families in its stage convolutions and add it to the report (a few minutes; default 0: not at all)",
+    )
     parser.set_defaults(run=_command)
 
 
@@ -155,6 +163,7 @@ def _command(args: Any) -> int:
         data=args.data,
         prescreen=None if args.prescreen == "none" else args.prescreen,
         screen_factor=args.screen_factor,
+        network_top=args.network_top,
         latency_backend=args.latency_backend or ("torch" if args.device == "cuda" else "tvm"),
         device=args.device,
         tuned=_tuned(args.tuned),
@@ -208,6 +217,25 @@ def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
     where = f"pages in {printable(summary['pages'])}, plot {printable(summary['plot'])}"
     print(f"report: {printable(summary['table'])} ({where})")
     print(f"all results: kdsl results --db {printable(config.db)}")
+
+
+def _count(text: str) -> int:
+    """argparse type: an integer of at least 0.
+
+    >>> _count("3")
+    3
+    >>> _count("-1")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected a count (0 or more), got '-1'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count (0 or more), got {text!r}")
+    return value
 
 
 def _strategies(text: str) -> str:

@@ -41,10 +41,11 @@ from kdsl.discover.baseline_cache import baseline_key_parts, cache_directory, lo
 from kdsl.discover.evaluators import check_device
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
+from kdsl.discover.network import NetworkOp, network_latency
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
-from kdsl.discover.report import family_counts, load_records, merged_strategy_counts, write_report
+from kdsl.discover.report import family_counts, load_records, merged_strategy_counts, top_families, write_report
 from kdsl.discover.strategies import per_strategy, strategy_lines
-from kdsl.lang.errors import SearchError, printable
+from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import budget_reward, reward
 from kdsl.search.run import STRATEGIES, search
@@ -108,6 +109,9 @@ class DiscoverConfig:
     latency_layers: Any = "resnet18"
     epochs: int = ProxyConfig.epochs
     top: int = 5
+    #: after the time limit, time ResNet-18 end to end with this many of the top families
+    #: (kdsl.discover.network; a few minutes) and add it to the report; 0: not at all
+    network_top: int = 0
     #: the proxy's data (:mod:`kdsl.discover.data`): digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR
     data: str = "digits"
     #: the pre-screening score (:mod:`kdsl.discover.prescreen`) that picks which candidates to
@@ -580,6 +584,21 @@ def _baseline(
                 _say(progress, f"could not cache the baseline in {directory}: {error}")
 
 
+def _network(config: DiscoverConfig, records: list[dict[str, Any]], accuracy: float, progress) -> list | None:
+    """ResNet-18 end to end with the run's top families (``network_top`` of them, after the time
+    limit), or None; a failure is said and leaves the rest of the report as it is."""
+    chosen = top_families(records, baseline_accuracy=accuracy, margin=config.margin, count=config.network_top)
+    if not chosen:
+        return None
+    _say(progress, f"timing ResNet-18 end to end with the top {len(chosen)} families (kdsl bench network)")
+    ops = [NetworkOp(f"{record['key']} ({record.get('kind')})", parse(record["dsl"])) for record in chosen]
+    try:
+        return network_latency(ops, batches=(1, 8), progress=lambda line: _say(progress, f"network: {line}"))
+    except KdslError as error:
+        _say(progress, f"the end-to-end timing failed: {printable(error.message[:300])}")
+        return None
+
+
 def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
     # the same records `kdsl results --db` ranks: one reader of the evaluations for both
     loaded = load_records(config.db)
@@ -597,6 +616,7 @@ def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: d
         top=config.top,
         layers=config.latency_layers,
         store_counts=stored,
+        network_rows=_network(config, records, accuracy, progress),
     )
     _say(progress, f"wrote {paths['table']}, {paths['json']}, {paths['plot']} and pages in {paths['pages']}")
     counts = merged_strategy_counts(records, stored, baseline_accuracy=accuracy, margin=config.margin)

@@ -536,6 +536,51 @@ def merged_strategy_counts(
     return dict(sorted(counts.items()))
 
 
+def top_families(
+    records: Sequence[Record], *, baseline_accuracy: float, margin: float = 0.02, count: int = 3
+) -> list[Record]:
+    """The fastest usable candidate (within ``margin`` and faster) of each family, new families
+    first, then known designs and variants; at most ``count``: what the report times end to end.
+
+    >>> rows = [{"key": "a", "kind": "known", "family": "f", "accuracy": 0.95, "latency_ratio": 0.4},
+    ...         {"key": "b", "kind": "new", "family": "g", "accuracy": 0.95, "latency_ratio": 0.6},
+    ...         {"key": "c", "kind": "new", "family": "g", "accuracy": 0.95, "latency_ratio": 0.5}]
+    >>> [r["key"] for r in top_families(rows, baseline_accuracy=0.96)]
+    ['c', 'a']
+    """
+    usable = sorted(
+        (r for r in records if _usable(r, baseline_accuracy, margin)),
+        key=lambda r: (r.get("kind") not in ("new", "uncompared"), r["latency_ratio"]),
+    )
+    chosen: list[Record] = []
+    for record in usable:
+        if all(record.get("family") != other.get("family") for other in chosen):
+            chosen.append(record)
+    return chosen[:count]
+
+
+def network_table(rows: Sequence[Mapping[str, Any]], records: Sequence[Record]) -> str:
+    """The end-to-end section of ``results.md``: ResNet-18 with each of the top families in its
+    stage convolutions (:func:`kdsl.discover.network.network_latency`'s rows), what each one is."""
+    what = {str(r["key"]): r.get("provenance") for r in records}
+    lines = [
+        "## End to end: ResNet-18\n",
+        "ResNet-18 (ImageNet shapes, 224x224, random weights) with its 13 stride-1 3x3 convolutions replaced "
+        "(the stem, the stride-2 convolutions and the shortcuts stay conv2d); ratio to the original network on "
+        "the same backend (torch: eager PyTorch modules against nn.Conv2d; tvm: kdsl's TVM kernels against conv2d "
+        "lowered the same way), timed interleaved in one run (`kdsl bench network` times any operator).\n",
+        "| operator | what it is | backend | batch | ms | ratio | vs PyTorch's network |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        key = str(row["op"]).split(" ")[0]
+        lines.append(
+            f"| {_markdown_cell(row['op'])} | {_markdown_cell(what.get(key, '-'))} | {row['backend']} | "
+            f"{row['batch']} | {row['ms']:.1f} | {row['ratio']:.2f} | {row['vs_native']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def strategy_table(counts: Mapping[str, Mapping[str, Any]]) -> str:
     """Per strategy, what it produced (Markdown), from :func:`merged_strategy_counts`."""
     lines = [
@@ -571,10 +616,12 @@ def write_report(
     top: int = 5,
     layers: object = "resnet18",
     store_counts: Mapping[str, Mapping[str, Any]] | None = None,
+    network_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
     candidates into ``out``; return the paths. ``store_counts``: the per-strategy counts only the
-    database has (:func:`kdsl.discover.strategies.per_strategy`), shown with the records' own."""
+    database has (:func:`kdsl.discover.strategies.per_strategy`), shown with the records' own;
+    ``network_rows``: ResNet-18 end to end with the top families (:func:`top_families`)."""
     out.mkdir(parents=True, exist_ok=True)
     ranked = rank(records, baseline_accuracy=baseline_accuracy, margin=margin)
     links: dict[str, str] = {}
@@ -615,12 +662,14 @@ def write_report(
         + "\n"
         + strategy_table(strategies)
         + _families_note()
+        + ("\n" + network_table(network_rows, records) if network_rows else "")
     )
     results = {
         "baseline": baseline,
         "families": family_counts(records, baseline_accuracy=baseline_accuracy, margin=margin),
         "strategies": strategies,
         "table": table_rows(ranked, baseline, margin=margin),
+        "network": list(network_rows or []),
         "candidates": ranked,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
