@@ -23,11 +23,11 @@ test: $(STAMP)
 	$(BIN)/ruff check kdsl tests
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
 
-# The tour of the gallery, then the main job for 3.5 minutes on the embedded defaults
+# The tour of the gallery, then the main job for 4.5 minutes on the embedded defaults
 # (local executor, SQLite); re-running resumes it.
 demo: $(STAMP)
 	$(BIN)/kdsl demo
-	$(BIN)/kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit 210 \
+	$(BIN)/kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit 270 \
 		--workers 2 --db out/demo/runs.sqlite --out out/demo
 	@echo "results: out/demo/results.md (ranked table), out/demo/pareto.png, out/demo/pages/"
 

@@ -192,13 +192,18 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
         batch, failed = loop._screen(config, executor, evaluations, families, None)
         assert len(executor.seen) == 6 and [r["key"] for r in failed] == [executor.seen[1]]
         scored = [k for k in executor.seen if k != executor.seen[1]]
-        assert [row["key"] for row in batch] == sorted(scored, key=lambda k: -int(k[:6], 16))[:2]
+        kinds = {k: row["kind"] for k, row in families.get(scored).items()}
+        # new designs first, then by score
+        ordered = sorted(scored, key=lambda k: (kinds[k] in loop.KNOWN_KINDS, -int(k[:6], 16)))
+        assert [row["key"] for row in batch] == ordered[:2]
         first = list(executor.seen)
         batch_again, _ = loop._screen(config, executor, evaluations, families, None)
         assert not set(executor.seen[6:]) & set(first), "a candidate was screened twice"
         # untrained candidates screened earlier compete with the new ones
         pool = {k: s for k, s in evaluations.screened().items() if s is not None}
-        assert [row["key"] for row in batch_again] == sorted(pool, key=lambda k: -pool[k])[:2]
+        kinds = {k: row["kind"] for k, row in families.get(pool).items()}
+        expected = sorted(pool, key=lambda k: (kinds[k] in loop.KNOWN_KINDS, -pool[k]))[:2]
+        assert [row["key"] for row in batch_again] == expected
     finally:
         evaluations.close()
         families.close()

@@ -313,6 +313,10 @@ def _rows(db: str, keys: Sequence[str]) -> list[dict[str, Any]]:
         store.close()
 
 
+#: the provenance kinds of gallery designs and their variants (:mod:`kdsl.search.provenance`)
+KNOWN_KINDS = ("known", "variant")
+
+
 def _fresh(
     config: DiscoverConfig,
     evaluations: Evaluations,
@@ -355,9 +359,9 @@ def _screen(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Screen up to ``batch * screen_factor`` new candidates (one per design, :func:`_fresh`; of
     those ``strategy`` found, when given), then pick the ``batch`` best-scored of the screened
-    candidates not trained yet (again of ``strategy``'s). Returns ``(to_train, failed)``: rows of the
-    search store to train, and results of candidates whose screening failed (they would fail to
-    train)."""
+    candidates not trained yet (again of ``strategy``'s), new designs before known ones. Returns
+    ``(to_train, failed)``: rows of the search store to train, and results of candidates whose
+    screening failed (they would fail to train)."""
     done = evaluations.done()
     every = evaluations.screened()
     fresh = _fresh(config, evaluations, families, done | set(every), config.batch * config.screen_factor, strategy)
@@ -373,6 +377,10 @@ def _screen(
     pool = sorted(
         ((score, key) for key, score in screened.items() if key not in done and score is not None), reverse=True
     )
+    # new designs first, best-scored first; known designs and their variants when none is waiting:
+    # they are reference points, while the time of a discovery is for what is not known yet
+    kinds = {key: row["kind"] for key, row in families.get(key for _, key in pool).items()}
+    pool.sort(key=lambda item: kinds.get(item[1]) in KNOWN_KINDS)
     if fresh:
         whose = f" of {strategy}" if strategy else ""
         _say(
