@@ -29,27 +29,15 @@ from kdsl.lang.errors import KdslError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.progress import Progress
-from kdsl.search.store import Store
+from kdsl.search.store import Store, candidate
 
 
 def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
     """An operator from a gallery name, a DSL file, a JSON file, or (with ``db``) the canonical
     hash (or a unique prefix of it) of a candidate in a search results database."""
     if db is not None:
-        return _from_results(ref, db)
+        return candidate(db, ref)
     return library.load_operator(ref)
-
-
-def _from_results(key: str, db: str) -> Operator | Graph:
-    store = Store(db, readonly=True)
-    try:
-        rows = store.find(key)
-    finally:
-        store.close()
-    if len(rows) != 1:
-        found = "no candidate" if not rows else f"{len(rows)} candidates"
-        raise KdslError(f"{found} in {printable(db)} has a key starting with {printable(key)!r}; give more of the hash")
-    return parse(rows[0][1])
 
 
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", re.ASCII)

@@ -53,9 +53,8 @@ from kdsl.lang import library
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError, printable
 from kdsl.lang.graph import Graph
-from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json, to_json
-from kdsl.search.store import Store
+from kdsl.search.store import candidate
 from kdsl.solve import bind, shapes
 from kdsl.solve.layers import Layer
 
@@ -163,18 +162,6 @@ class NetworkOp:
         return cls(data["label"], from_json(data["op"]), dict(data["coefficients"]))
 
 
-def _from_database(key: str, db: str) -> Operator | Graph:
-    store = Store(db, readonly=True)
-    try:
-        rows = store.find(key)
-    finally:
-        store.close()
-    if len(rows) != 1:
-        found = "no candidate" if not rows else f"{len(rows)} candidates"
-        raise KdslError(f"{found} in {printable(db)} has a key starting with {printable(key)!r}; give more of the hash")
-    return parse(rows[0][1])
-
-
 def resolve_ops(specs: Sequence[str | NetworkOp], db: str | None = None, resolution: int = 224) -> list[NetworkOp]:
     """Operators from command-line names (a gallery name, a ``.dsl``/``.json`` file, or with ``db`` a
     candidate key of a results database tried when the name is none of those; each optionally with
@@ -220,7 +207,7 @@ def _load(reference: str, db: str | None) -> Operator | Graph:
         reference in library.names() or Path(reference).suffix in (".dsl", ".py", ".json") or Path(reference).exists()
     )
     if db is not None and not named:
-        return _from_database(reference, db)
+        return candidate(db, reference)
     return library.load_operator(reference)
 
 

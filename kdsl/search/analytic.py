@@ -60,19 +60,25 @@ def evaluate(space, op: Operator) -> dict[str, Any]:
     return result
 
 
-def analytic_reward(space, result: Mapping[str, Any]) -> float:
-    """:func:`reward` before anything is measured: the speed ratio is the FLOPs ratio to the spec's
-    baseline, scaled down when the operator has fewer parameters than ``min_params`` (default: 5%
-    of the baseline's). Invalid: 0."""
-    if result.get("status") not in ("valid",) or not result.get("flops"):
-        return 0.0
+def _baseline_and_capacity(space, result: Mapping[str, Any]) -> tuple[int, float]:
+    """The spec baseline's FLOPs (the operator's own where the space has no baseline) and the
+    operator's capacity: its parameters over ``min_params`` (default 5% of the baseline's), at most 1."""
     try:
         base_flops = space._baseline("flops")
         base_params = space._baseline("params")
     except KdslError:
         base_flops, base_params = result["flops"], result["params"] or 1
     enough = space.min_params if space.min_params is not None else max(1, base_params // 20)
-    capacity = min(1.0, (result["params"] or 0) / enough)
+    return base_flops, min(1.0, (result["params"] or 0) / enough)
+
+
+def analytic_reward(space, result: Mapping[str, Any]) -> float:
+    """:func:`reward` before anything is measured: the speed ratio is the FLOPs ratio to the spec's
+    baseline, scaled down when the operator has fewer parameters than ``min_params`` (default: 5%
+    of the baseline's). Invalid: 0."""
+    if result.get("status") not in ("valid",) or not result.get("flops"):
+        return 0.0
+    base_flops, capacity = _baseline_and_capacity(space, result)
     return reward({"status": "valid", "flops_ratio": result["flops"] / base_flops, "capacity": capacity})
 
 
@@ -98,14 +104,8 @@ def budget_reward(space, result: Mapping[str, Any]) -> float:
     """
     if result.get("status") != "valid" or not result.get("flops"):
         return 0.0
-    try:
-        base_flops = space._baseline("flops")
-        base_params = space._baseline("params")
-    except KdslError:
-        base_flops, base_params = result["flops"], result["params"] or 1
+    base_flops, capacity = _baseline_and_capacity(space, result)
     ceiling = space.max_flops if space.max_flops is not None else base_flops
-    enough = space.min_params if space.min_params is not None else max(1, base_params // 20)
-    capacity = min(1.0, (result["params"] or 0) / enough)
     return 0.25 * min(1.0, result["flops"] / ceiling) * capacity
 
 

@@ -49,7 +49,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.primitives import Merge, Output, Shift, Split
 from kdsl.search.analytic import evaluate
 
-__all__ = ["Found", "Neighbors", "seeds"]
+__all__ = ["Found", "Neighbors", "rebuilt", "seeds"]
 
 #: how many rewrites away from a gallery design the walk goes at most
 MAX_REWRITES = 3
@@ -113,8 +113,9 @@ def _transposed(op: Operator, step: Any) -> Any | None:
     return None
 
 
-def _rebuilt(op: Operator, steps: tuple[Any, ...]) -> Operator | None:
-    """``op``'s input and output with other steps, or ``None`` where they do not build."""
+def rebuilt(op: Operator, steps: tuple[Any, ...]) -> Operator | None:
+    """``op``'s input, output and coefficients with other steps, or ``None`` where they do not build
+    or no longer map the input's sizes to the output's."""
     try:
         built = Builder(op.inputs, steps, None, []).finish(
             Output(*(d.name for d in op.outputs), defaults=dict(op.defaults) or None)
@@ -161,7 +162,7 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
                 continue  # a shift next to a shift of the same dim only moves it further
             text = f"Shift({dim}) before {steps[position].describe()}"
             steps.insert(position, Shift(dim))
-        built = _rebuilt(op, tuple(steps))
+        built = rebuilt(op, tuple(steps))
         if built is not None:
             yield text, built
 

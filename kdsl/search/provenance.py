@@ -42,10 +42,11 @@ from typing import Any
 import numpy as np
 
 from kdsl.lang import library
-from kdsl.lang.build import Builder, Operator
+from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Output, Shift
+from kdsl.lang.primitives import Shift
 from kdsl.search import semantic
+from kdsl.search.neighbors import rebuilt
 
 __all__ = ["KNOWN", "NEW", "UNCOMPARED", "VARIANT", "Provenance", "References", "describe", "without_shifts"]
 
@@ -167,15 +168,7 @@ def without_shifts(op: Operator) -> Operator | None:
     True
     """
     steps = tuple(step for step in op.steps if not isinstance(step, Shift))
-    if len(steps) == len(op.steps):
-        return None
-    try:
-        built = Builder(op.inputs, steps, None, []).finish(
-            Output(*(d.name for d in op.outputs), defaults=dict(op.defaults) or None)
-        )
-    except KdslError:
-        return None
-    return built if [d.size for d in built.outputs] == [d.size for d in op.outputs] else None
+    return rebuilt(op, steps) if len(steps) < len(op.steps) else None
 
 
 def _coefficients(op: Any) -> tuple[tuple[str, int], ...]:

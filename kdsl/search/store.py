@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.lang.errors import SearchError, printable
+from kdsl.lang.parser import parse
 from kdsl.storage import Database
 
-__all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "Lease", "Store"]
+__all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "Lease", "Store", "candidate"]
 
 #: Seconds without a heartbeat after which a run's holder on another host counts as gone (on this
 #: host kdsl asks the process table instead).
@@ -234,6 +235,23 @@ def _check_value(path: Path, table: str, key: object, column: str, value: object
         f"{printable(str(path))}: {table} row {printable(repr(key)[:80])}: the column {column} holds {shown}, "
         f"expected {wanted}; this row was not written by kdsl (delete it or use another database)"
     )
+
+
+def candidate(db: str | Path, key: str) -> Any:
+    """The operator (or branching kernel) stored under ``key`` or a unique prefix of it in the
+    results database ``db``, read-only; a :class:`SearchError` that says how many keys match
+    otherwise."""
+    store = Store(db, readonly=True)
+    try:
+        rows = store.find(key)
+    finally:
+        store.close()
+    if len(rows) != 1:
+        found = "no candidate" if not rows else f"{len(rows)} candidates"
+        raise SearchError(
+            f"{found} in {printable(str(db))} has a key starting with {printable(key)!r}; give more of the hash"
+        )
+    return parse(rows[0][1])
 
 
 class Store:
