@@ -162,3 +162,31 @@ def test_the_report_times_the_top_families_end_to_end_when_given_rows(tmp_path):
         f"| {chosen[0]['key']} (known) | is `grouped_conv2d` (G=2, K=3) | torch | 1 | 50.0 | 0.60 | 0.60 |" in markdown
     )
     assert json.loads(paths["json"].read_text())["network"] == rows
+
+
+def test_every_usable_new_family_gets_a_page(tmp_path):
+    from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Split, Unfold, Weight, coefficient
+
+    N, Cin, H, W, Cout = primary("N Cin H W Cout")
+    G, K = coefficient("G K")
+    w = Weight("g", Dim("co", Cout / G), "ci", "kw", name="w")
+    one_by_three = (
+        Input(N, Cin, H, W)
+        >> Split(Cin, Cin / G, "g", "ci")
+        >> Unfold(W, K, "kw")
+        >> Share(w)
+        >> Reduce("ci", "kw")
+        >> Merge("g", "co", "Cout")
+        >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3})
+    )
+    db = discovery_db(tmp_path)
+    store_with(tmp_path / "runs.sqlite", {"new": one_by_three}, strategy="mcts")
+    evaluations = Evaluations(str(db))
+    metrics = {"accuracy": 0.955, "latency_ratio": 0.9, "flops_ratio": 0.2, "params": 10}
+    evaluations.add({"key": one_by_three.key, "status": "ok", "metrics": metrics, "seconds": 1.0})
+    evaluations.close()
+    records, baseline = report.load_records(str(db))
+    paths = report.write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02, top=1)
+    pages = {page.stem for page in paths["pages"].glob("*.md")}
+    assert one_by_three.key in pages and len(pages) == 2  # the top one, and the new family ranked last
+    assert "new: 1 weight w[g, co, ci, kw]" in (paths["pages"] / f"{one_by_three.key}.md").read_text()

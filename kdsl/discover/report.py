@@ -619,8 +619,9 @@ def write_report(
     network_rows: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
-    candidates into ``out``; return the paths. ``store_counts``: the per-strategy counts only the
-    database has (:func:`kdsl.discover.strategies.per_strategy`), shown with the records' own;
+    candidates and every usable new family into ``out``; return the paths. ``store_counts``: the
+    per-strategy counts only the database has (:func:`kdsl.discover.strategies.per_strategy`),
+    shown with the records' own;
     ``network_rows``: ResNet-18 end to end with the top families (:func:`top_families`)."""
     out.mkdir(parents=True, exist_ok=True)
     ranked = rank(records, baseline_accuracy=baseline_accuracy, margin=margin)
@@ -628,7 +629,11 @@ def write_report(
     pages = out / "pages"
     pages.mkdir(exist_ok=True)
 
-    for record in [r for r in ranked if r.get("accuracy") is not None][:top]:
+    # pages for the top of the ranking and for every usable new family (its fastest candidate)
+    paged = [r for r in ranked if r.get("accuracy") is not None][:top]
+    families = top_families(records, baseline_accuracy=baseline_accuracy, margin=margin, count=len(records))
+    paged += [r for r in families if r.get("kind") in ("new", "uncompared") and r not in paged]
+    for record in paged:
         op = parse(record["dsl"])
         metrics = {"what it is": record.get("provenance"), "found by": record.get("strategy")}
         shown = ("accuracy", "latency_ratio", "latency_baseline_ms", "tvm_latency_ms", "tvm_vs_torch_conv2d")
