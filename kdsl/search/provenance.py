@@ -10,7 +10,11 @@ comparisons with every gallery operator (:mod:`kdsl.lang.library`):
    re-parametrization of the weights; then the exact (unrolled) patterns say whether the
    candidate *is* that operator or that operator with its output rolled or flipped (by how much
    in ``torch.roll``'s sense, found at the fingerprint's small layer, where W = 4: a roll by 2 and
-   by -2 are one there).
+   by -2 are one there). Failing that, the candidate with its channels relabelled the same way on
+   input and output (interleaved by a group count, or the inverse) is compared: a network whose
+   every convolution is such an operator is the design's network with its channels renamed (batch
+   norm, activations and residual sums act per channel), so it is the design (a grouped conv that
+   reads and writes its groups interleaved). Only interleavings are tried, not every permutation.
 2. **Steps.** Failing that, the candidate and every gallery operator are compared the same way
    with their ``Shift`` steps removed: a gallery operator with shifts inserted, moved or removed
    is a known design, cheaply varied (a variant). Failing that too, the candidate is **new**; its
@@ -34,6 +38,7 @@ one family, and the line says which values the candidate uses.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -41,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from kdsl.codegen import reference
 from kdsl.lang import library
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
@@ -87,6 +93,7 @@ class _Semantics:
     layer: int
     labels: np.ndarray
     axes: list[tuple[str, int]]
+    inputs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     def family_rank(self) -> int | None:
         if self.rank is None:
@@ -109,12 +116,53 @@ def _semantics(op: object) -> _Semantics | None:
             layer = semantic._layer(op, base, batch)
             labels = semantic.pattern(op, layer, batch)
             axes = semantic.output_axes(op, layer, batch)
+            sizes = reference.shapes(op, layer).input
         except KdslError:
             continue
+        inputs = [(d.name, n) for d, n in zip(op.inputs, sizes) if d.name != batch]
         digest = semantic._digest(semantic.canonical_pattern(labels, axes))
         rank = semantic.family_rank(op, layer, batch, labels) if len(op.weights) <= 1 else None
-        return _Semantics(op, f"{index}:{digest}", rank, index, labels, axes)
+        return _Semantics(op, f"{index}:{digest}", rank, index, labels, axes, inputs)
     return None
+
+
+def _interleave(n: int, groups: int, inverse: bool) -> np.ndarray:
+    """The permutation of ``n`` channels that reads them ``groups`` at a time interleaved: index
+    ``i`` of the result is channel ``(i % (n/groups)) * groups + i // (n/groups)`` (or the inverse)."""
+    block = n // groups
+    order = np.array([(i % block) * groups + i // block for i in range(n)])
+    return np.argsort(order) if inverse else order
+
+
+def _relabelled(mine: _Semantics) -> list[tuple[str, _Semantics]]:
+    """``mine`` with its channels relabelled by every interleaving of ``g`` groups (``g`` dividing
+    both channel counts), the same on the input and the output (and its inverse): words, and the
+    semantics of the relabelled operator. A network whose every convolution is the operator is,
+    under one global relabelling of its channels, the network of the relabelled one (batch norm,
+    activations and residual sums act per channel): the same design."""
+    channels_out = [i for i, (name, _) in enumerate(mine.axes) if name not in semantic.SPATIAL]
+    channels_in = [i for i, (name, _) in enumerate(mine.inputs) if name not in semantic.SPATIAL]
+    if len(channels_out) != 1 or len(channels_in) != 1:
+        return []
+    rows = mine.labels.reshape(*(n for _, n in mine.axes), *(n for _, n in mine.inputs))
+    n_out, n_in = mine.axes[channels_out[0]][1], mine.inputs[channels_in[0]][1]
+    found = []
+    # groups < both counts: interleaving all channels at once is no relabelling (the identity), and
+    # on one side only it would compare a real permutation with none
+    for groups in range(2, min(n_out, n_in)):
+        if n_out % groups or n_in % groups:
+            continue
+        for inverse in (False, True):
+            moved = np.take(rows, _interleave(n_out, groups, inverse), axis=channels_out[0])
+            moved = np.take(moved, _interleave(n_in, groups, inverse), axis=len(mine.axes) + channels_in[0])
+            labels = semantic._relabel(np.ascontiguousarray(moved).reshape(mine.labels.shape))
+            digest = semantic._digest(semantic.canonical_pattern(labels, mine.axes))
+            other = _Semantics(mine.op, f"{mine.layer}:{digest}", mine.rank, mine.layer, labels, mine.axes, mine.inputs)
+            words = (
+                f"with its channels relabelled ({'de-' if inverse else ''}interleaved by {groups} on input and output)"
+            )
+            found.append((words, other))
+    return found
 
 
 class References:
@@ -311,6 +359,12 @@ def describe(
         name, words = known
         line = ("is " if not words else "") + _named(name, coefficients) + (f" {words}" if words else "")
         return Provenance(KNOWN, line, family, family, name, coefficients)
+    for relabelling, other in _relabelled(mine):
+        known = _known(other, refs)
+        if known is not None:  # one design: its family is the design's (discover trains it once)
+            name, words = known
+            line = _named(name, coefficients) + " " + relabelling + (f", {words}" if words else "")
+            return Provenance(KNOWN, line, other.family, other.family, name, coefficients)
     stripped = without_shifts(op)
     base_semantics = _semantics(stripped) if stripped is not None else mine
     base = base_semantics.family if base_semantics is not None else family
