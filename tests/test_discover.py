@@ -219,3 +219,13 @@ def test_measured_reward_climbs_with_accuracy_below_the_margin_and_keeps_accurac
         within = measured_reward({"accuracy": 0.88, "latency_ratio": ratio}, "ok", base)
         assert within > below[-1] * 1.9
     assert measured_reward({"accuracy": 0.5, "latency_ratio": 0.5}, "timeout", base) == 0.0
+
+
+def test_the_seed_seeds_the_proxy_training_too():
+    from kdsl.discover.loop import DiscoverConfig
+
+    config = DiscoverConfig(seed=4)
+    accuracy = next(spec for spec in config.evaluators() if spec["name"] == "accuracy")
+    assert accuracy["seed"] == config.screener()["seed"] == config.proxy_config().seed == 4
+    # a proxy setting of its own wins
+    assert DiscoverConfig(seed=4, proxy={"seed": 7}).proxy_config().seed == 7

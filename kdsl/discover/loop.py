@@ -155,18 +155,20 @@ class DiscoverConfig:
         return [
             {"name": "analytic", "layers": self.latency_layers},
             latency,
-            {"name": "accuracy", "epochs": self.epochs, "data": self.data, "backbone": self.backbone, **self.proxy},
+            {"name": "accuracy", **self._training()},
         ]
+
+    def _training(self) -> dict[str, Any]:
+        """The proxy training's settings: the run's seed seeds the weights and the data order too
+        (``proxy`` may set its own)."""
+        return {"epochs": self.epochs, "data": self.data, "backbone": self.backbone, "seed": self.seed, **self.proxy}
 
     def screener(self) -> dict[str, Any]:
         """The evaluator spec that scores a candidate before it is trained."""
         return {
             "class": "kdsl.discover.prescreen:PrescreenEvaluator",
             "method": self.prescreen,
-            "epochs": self.epochs,
-            "data": self.data,
-            "backbone": self.backbone,
-            **self.proxy,
+            **self._training(),
         }
 
     @property
@@ -175,7 +177,7 @@ class DiscoverConfig:
         return NETS.get(self.net, "resnet")
 
     def proxy_config(self) -> Any:
-        fields = {"data": self.data, "backbone": self.backbone, **self.proxy, "epochs": self.epochs}
+        fields = {**self._training(), "epochs": self.epochs}
         if "widths" in fields:
             fields["widths"] = tuple(fields["widths"])
         return ProxyConfig(**fields)
