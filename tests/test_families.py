@@ -165,20 +165,9 @@ def test_the_report_times_the_top_families_end_to_end_when_given_rows(tmp_path):
 
 
 def test_every_usable_new_family_gets_a_page(tmp_path):
-    from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Split, Unfold, Weight, coefficient
+    from tests.test_provenance import grouped_one_by_three
 
-    N, Cin, H, W, Cout = primary("N Cin H W Cout")
-    G, K = coefficient("G K")
-    w = Weight("g", Dim("co", Cout / G), "ci", "kw", name="w")
-    one_by_three = (
-        Input(N, Cin, H, W)
-        >> Split(Cin, Cin / G, "g", "ci")
-        >> Unfold(W, K, "kw")
-        >> Share(w)
-        >> Reduce("ci", "kw")
-        >> Merge("g", "co", "Cout")
-        >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3})
-    )
+    one_by_three = grouped_one_by_three()
     db = discovery_db(tmp_path)
     store_with(tmp_path / "runs.sqlite", {"new": one_by_three}, strategy="mcts")
     evaluations = Evaluations(str(db))

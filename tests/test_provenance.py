@@ -97,12 +97,12 @@ def test_provenance_of_a_gallery_design_with_shifts_inserted():
     assert found.base == describe(grouped()).family and found.family != found.base
 
 
-def test_provenance_of_a_new_design():
-    # a grouped conv with a 1x3 window (no window over H) is no gallery operator
+def grouped_one_by_three():
+    """A grouped conv with a 1x3 window (no window over H): no gallery operator."""
     from kdsl.lang import Dim, Merge
 
     w = Weight("g", Dim("co", Cout / G), "ci", "kw", name="w")
-    op = (
+    return (
         Input(N, Cin, H, W)
         >> Split(Cin, Cin / G, "g", "ci")
         >> Unfold(W, K, "kw")
@@ -111,6 +111,10 @@ def test_provenance_of_a_new_design():
         >> Merge("g", "co", "Cout")
         >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3})
     )
+
+
+def test_provenance_of_a_new_design():
+    op = grouped_one_by_three()
     found = describe(op)
     assert found.kind == NEW and found.design is None
     assert found.line.startswith("new: 1 weight w[g, co, ci, kw]; windows over W; Cin split; channels merged")
