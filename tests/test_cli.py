@@ -180,7 +180,7 @@ def test_gallery_rediscover_writes_records_that_build_reads(capsys, tmp_path):
     assert code == 0 and "conv2d" in out
     records = json.loads((tmp_path / "rediscovery.json").read_text())
     assert records["conv2d"]["found"] and records["conv2d"]["depth"] == 6
-    assert records["conv2d"]["key"] == gallery.load("conv2d").key
+    assert records["conv2d"]["key"] == gallery.load("conv2d").design_key
     # the classics are looked for in their spec's default space, and each record says so
     assert records["conv2d"]["space"] == "default" and records["conv2d"]["nodes"] > 0
     assert "syno_op1" not in records

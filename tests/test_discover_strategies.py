@@ -9,6 +9,7 @@ import zlib
 import pytest
 
 from kdsl import gallery
+from kdsl.discover.strategies import Turns
 from kdsl.lang.errors import KdslError, SearchError
 from kdsl.search.analytic import budget_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
@@ -279,3 +280,34 @@ def test_mcts_reads_measured_rewards_back_when_it_rebuilds_its_tree(monkeypatch,
     sent.clear()
     run.search(space, "mcts", db=db, seed=0, max_results=1)  # replays the first run's iterations, then goes on
     assert 0.875 in sent, "the rebuilt tree did not get the measured reward"
+
+
+def test_turns_go_to_the_strategy_whose_candidates_are_usable_and_starve_none():
+    turns = Turns(["neighbors", "mcts", "canvas"])
+    first = [turns.next() for _ in range(3)]
+    assert first == ["neighbors", "mcts", "canvas"]  # each once, in order
+    for _ in range(4):
+        turns.record("neighbors", usable=True)
+        turns.record("mcts", usable=False)
+        turns.record("canvas", usable=False)
+    names = [turns.next() for _ in range(60)]
+    assert names.count("neighbors") > 30  # the productive one takes most turns
+    # and the others at least half of an equal share each (60 + 3 turns, 3 strategies)
+    assert min(turns.turns["mcts"], turns.turns["canvas"]) >= 0.5 * 63 / 3 - 1
+
+
+def test_turns_resume_from_the_database_counts_and_skip_exhausted_strategies():
+    counts = {"mcts": {"trained": 10, "usable": 5}, "canvas": {"trained": 10, "usable": 0}}
+    turns = Turns(["canvas", "mcts"], counts=counts)
+    assert turns.yield_of("mcts") > turns.yield_of("canvas")
+    turns.next(), turns.next()  # one each first
+    assert turns.next() == "mcts"
+    turns.skip("mcts")
+    assert {turns.next() for _ in range(5)} == {"canvas"}
+    turns.skip("canvas")
+    assert turns.next() is None
+
+
+def test_turns_refuse_an_empty_list():
+    with pytest.raises(SearchError, match="no strategy"):
+        Turns([])

@@ -241,10 +241,21 @@ def test_key_ignores_names_weight_order_and_independent_step_order():
         >> Unfold(H, K, "kh")
         >> Share(Weight("kw", Cin, Cout, "kh", name="v"))
         >> Reduce("kw", "kh", Cin)
-        >> Output(N, Cout, H, W)
+        >> Output(N, Cout, H, W, defaults={"K": 3})
     )
     assert a.key == b.key == c.key
     assert a != b
+
+
+def test_key_tells_coefficient_values_apart_and_design_key_does_not():
+    # grouped conv at G = 2 and G = 4 are two functions of a layer, so two search candidates;
+    # one design, which rediscovery and the gallery comparison match at any coefficient values
+    three, five = conv2d(), conv2d().with_defaults(K=5)
+    assert three.key != five.key
+    assert three.design_key == five.design_key
+    bare = Input(N, Cin, H, W) >> Unfold(H, K, "kh") >> Share(Weight(Cout, Cin, "kh", name="w"))
+    bare = bare >> Reduce(Cin, "kh") >> Output(N, Cout, H, W)
+    assert bare.key == bare.design_key  # no coefficient values: the design is the candidate
 
 
 def test_key_changes_with_semantics():

@@ -112,7 +112,7 @@ def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: 
     found."""
     space = space_for(name, restricted=restricted)
     kind = "restricted" if restricted or name in USER_SPACE else "default"
-    target = gallery.load(name).key
+    target = gallery.load(name).design_key  # a design at any coefficient values
     start, wall = time.process_time(), time.perf_counter()
     record: dict[str, Any] = {
         "found": False,
@@ -134,7 +134,7 @@ def rediscover(name: str, time_limit: float | None = TIME_LIMIT, *, restricted: 
         if state is None:
             continue
         for op in to_operators(space, state):
-            if op.key == target:
+            if op.design_key == target:
                 record.update(found=True, depth=state.depth, nodes=walk.nodes, **_seconds(start, wall))
                 if len(walk.walks) > 1:  # the walks of the goals take turns: the nodes of each
                     record["goal_nodes"] = [w.nodes for w in walk.walks]

@@ -16,10 +16,13 @@
    with its output rolled, one with shifts inserted, or new) is stored, and one that repeats the
    design and coefficients of a candidate already screened or trained is not trained again.
 
-The strategies of ``--strategy`` take turns, one round each (search, screen, train), each round
+The strategies of ``--strategy`` take turns (a round each: search, screen, train), each round
 resuming that strategy's own progress, so that a strategy that is never exhausted (sampling,
-MCTS) does not starve the others; an exhausted strategy only has its remaining candidates
-evaluated. :func:`kdsl.discover.strategies.per_strategy` counts what each strategy produced.
+MCTS) does not starve the others: each takes one round in order, then the one whose trained
+candidates were usable most often takes the next, while every one keeps at least half of an
+equal share of the rounds (:class:`kdsl.discover.strategies.Turns`); an exhausted strategy only
+has its remaining candidates evaluated. :func:`kdsl.discover.strategies.per_strategy` counts what
+each strategy produced.
 
 Re-running the same command resumes: finished evaluations are neither lost nor repeated. At the
 end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:`.report`).
@@ -43,8 +46,15 @@ from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
 from kdsl.discover.network import NetworkOp, network_latency
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
-from kdsl.discover.report import family_counts, load_records, merged_strategy_counts, top_families, write_report
-from kdsl.discover.strategies import per_strategy, strategy_lines
+from kdsl.discover.report import (
+    family_counts,
+    load_records,
+    merged_strategy_counts,
+    top_families,
+    verdict,
+    write_report,
+)
+from kdsl.discover.strategies import Turns, per_strategy, strategy_lines
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import budget_reward, reward
@@ -446,6 +456,15 @@ def strategy_sequence(text: str) -> list[str]:
     return names
 
 
+def _usable(result: Mapping[str, Any], baseline: Mapping[str, Any], margin: float) -> bool:
+    """Whether a trained candidate is usable: within ``margin`` of the baseline's accuracy and
+    faster (:func:`kdsl.discover.report.verdict`, as the per-strategy counts say it)."""
+    accuracy, base = result["metrics"].get("accuracy"), baseline.get("accuracy")
+    if result["status"] != "ok" or not isinstance(accuracy, (int, float)) or not isinstance(base, (int, float)):
+        return False
+    return verdict(result["metrics"], baseline_accuracy=base, margin=margin).startswith("usable")
+
+
 def _set_reward(db: str, key: str, value: float) -> None:
     store = Store(db)
     try:
@@ -481,15 +500,17 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
         strategies = strategy_sequence(config.strategy)
         exhausted: set[str] = set()
-        idle: set[str] = set()  # exhausted strategies that have nothing left to evaluate
         trained = 0
-        turn = 0
+        # the strategies take turns, each resuming its own progress from the store: one that is
+        # never exhausted (sampling, MCTS) must not starve the others, and the one whose trained
+        # candidates are usable most often gets the most turns (kdsl.discover.strategies.Turns)
+        turns = Turns(strategies, counts=per_strategy(config.db, margin=config.margin))
         while time.monotonic() - start < config.time_limit:
             remaining = config.time_limit - (time.monotonic() - start)
-            # the strategies take turns, each resuming its own progress from the store: one that
-            # is never exhausted (sampling, MCTS) must not starve those listed after it
-            name = strategies[turn % len(strategies)]
-            turn += 1
+            name = turns.next()
+            if name is None:
+                _say(progress, "the search space is exhausted and every candidate is evaluated")
+                break
             if name not in exhausted:
                 report = search(
                     space,
@@ -523,10 +544,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 if name in exhausted and not _pending(
                     config.db, evaluations.done() | set(evaluations.screened()), 1, name
                 ):
-                    idle.add(name)
-                if idle >= set(strategies):
-                    _say(progress, "the search space is exhausted and every candidate is evaluated")
-                    break
+                    turns.skip(name)  # nothing left to search or evaluate: no more turns
                 continue
 
             # a template from Canvas's sampler carries its widths, filled per layer of the space
@@ -538,6 +556,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 accuracy = result["metrics"].get("accuracy")
                 ratio = result["metrics"].get("latency_ratio")
                 trained += 1
+                turns.record(name, _usable(result, baseline_metrics, config.margin))
                 left = max(0.0, config.time_limit - (time.monotonic() - start))
                 what = families.get([task.key]).get(task.key, {}).get("line")
                 _say(

@@ -26,7 +26,7 @@ from kdsl.discover.report import verdict
 from kdsl.lang.errors import SearchError, printable
 from kdsl.storage import Database, json_object
 
-__all__: Sequence[str] = ["per_strategy", "strategy_lines"]
+__all__: Sequence[str] = ["Turns", "per_strategy", "strategy_lines"]
 
 #: the counts of one strategy, in the order they are printed
 FIELDS = ("stored", "screened", "trained", "failed", "usable", "best_accuracy")
@@ -114,3 +114,68 @@ def strategy_lines(counts: dict[str, dict[str, Any]]) -> list[str]:
             )
         )
     return lines
+
+
+class Turns:
+    """Which strategy takes the next turn of a discovery: each in order once, then the one whose
+    trained candidates were most often usable, so that the time goes where usable designs come from.
+
+    A strategy's yield is ``(usable + 1) / (trained + 2)`` (Laplace's rule: an untried strategy
+    counts as a coin flip, one lucky candidate does not make a favourite). No strategy is starved:
+    one whose share of the turns fell below ``floor`` of an equal share goes first, so a strategy
+    that produced nothing yet keeps ``floor / len(names)`` of the turns (1/6 each of three at
+    the default 0.5) and can still come back.
+
+    >>> turns = Turns(["neighbors", "mcts"])
+    >>> [turns.next() for _ in range(2)]
+    ['neighbors', 'mcts']
+    >>> turns.record("neighbors", usable=True); turns.record("mcts", usable=False)
+    >>> [turns.next() for _ in range(8)].count("neighbors")
+    6
+    """
+
+    def __init__(self, names: Sequence[str], floor: float = 0.5, counts: dict[str, dict[str, Any]] | None = None):
+        if not names:
+            raise SearchError("no strategy to take turns")
+        self.names = list(names)
+        self.floor = floor
+        self.turns = dict.fromkeys(self.names, 0)
+        # a resumed discovery starts from what its database says each strategy produced
+        self.trained = {name: int((counts or {}).get(name, {}).get("trained", 0)) for name in self.names}
+        self.usable = {name: int((counts or {}).get(name, {}).get("usable", 0)) for name in self.names}
+        self.exhausted: set[str] = set()
+
+    def yield_of(self, name: str) -> float:
+        """The share of ``name``'s trained candidates that were usable, smoothed (see the class doc)."""
+        return (self.usable[name] + 1) / (self.trained[name] + 2)
+
+    def record(self, name: str, usable: bool) -> None:
+        """One trained candidate of ``name``, usable or not."""
+        if name in self.trained:
+            self.trained[name] += 1
+            self.usable[name] += bool(usable)
+
+    def skip(self, name: str) -> None:
+        """``name`` has nothing left to give: it takes no more turns."""
+        self.exhausted.add(name)
+
+    def next(self) -> str | None:
+        """The strategy of the next turn (None when every one is skipped)."""
+        live = [name for name in self.names if name not in self.exhausted]
+        if not live:
+            return None
+        total = sum(self.turns[name] for name in live)
+        untried = [name for name in live if self.turns[name] == 0]
+        starved = [name for name in live if self.turns[name] < self.floor * total / len(live)]
+        if untried:
+            name = untried[0]
+        elif starved:
+            name = min(starved, key=lambda n: (self.turns[n], self.names.index(n)))
+        else:
+            name = max(live, key=lambda n: (self.yield_of(n), -self.turns[n]))
+        self.turns[name] += 1
+        return name
+
+    def shares(self) -> dict[str, str]:
+        """Per strategy, its turns and yield, for the terminal: ``{"mcts": "3 turns, 1/4 usable"}``."""
+        return {n: f"{self.turns[n]} turns, {self.usable[n]}/{self.trained[n]} usable" for n in self.names}

@@ -24,7 +24,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
-from kdsl.lang.canonical import structural_key
+from kdsl.lang.canonical import instance_key, structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.names import check_identifier
 from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight, dim_of
@@ -334,9 +334,25 @@ class Operator(Sized):
         return to_json(self)
 
     @cached_property
-    def key(self) -> str:
-        """A stable content hash of the operator's structure (names and step order do not matter)."""
+    def design_key(self) -> str:
+        """A stable content hash of the operator's structure, its coefficients left symbolic (names
+        and step order do not matter): equal for ``grouped_conv2d`` at every G."""
         return structural_key(self)
+
+    @cached_property
+    def key(self) -> str:
+        """The content hash of the operator at its default coefficient values: :attr:`design_key` when
+        it has no coefficients, else that and the values (the identity of a search candidate).
+
+        >>> from kdsl import gallery
+        >>> grouped = gallery.load("grouped_conv2d")
+        >>> grouped.with_defaults(G=2).key == grouped.with_defaults(G=4).key
+        False
+        >>> grouped.with_defaults(G=2).design_key == grouped.with_defaults(G=4).design_key
+        True
+        """
+        used = set(self.coefficient_variables)
+        return instance_key(self.design_key, {k: int(v) for k, v in self.defaults if k in used})
 
     def substituted(self, values: Mapping[str, Size | int]) -> Operator:
         """The same operator with the variables named in ``values`` replaced by those sizes (a

@@ -71,6 +71,15 @@ def _dim_hashes(op: OperatorParts, inputs: dict[str, str]) -> tuple[dict[str, st
     return dims, sinks
 
 
+def instance_key(design: str, coefficients: dict[str, int]) -> str:
+    """The key of a design (:func:`structural_key`) at chosen coefficient values: the design's own key
+    when it has none, else a hash of both, so that ``grouped_conv2d`` at G = 2 and at G = 4 (two
+    functions on a concrete layer) are two candidates in a results store."""
+    if not coefficients:
+        return design
+    return _h(KEY_VERSION, "coefficients", design, sorted(coefficients.items()))[:16]
+
+
 def graph_key(graph: Any) -> str:
     """The content hash of a branching kernel (:class:`kdsl.lang.graph.Graph`).
 

@@ -181,7 +181,7 @@ class References:
         self.steps: dict[str, list[str]] = {}
         for name in self.names:
             op = library.load(name)
-            self.keys[op.key] = name
+            self.keys[getattr(op, "design_key", op.key)] = name  # a design, at any coefficients
             found = _semantics(op)
             if found is None:
                 continue
@@ -347,7 +347,7 @@ def describe(
     coefficients = _coefficients(op)
     mine = _semantics(op)
     if mine is None:
-        key = getattr(op, "key", "")
+        key = getattr(op, "design_key", None) or getattr(op, "key", "")  # coefficients are apart
         family = f"key:{key}"
         if key in refs.keys:
             return Provenance(KNOWN, f"is {_named(refs.keys[key], coefficients)}", family, family, refs.keys[key])
