@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
 from kdsl.codegen.tvm.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.graph_lowering import lower
@@ -40,8 +41,6 @@ from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
 
 __all__ = ["BUNDLE_FORMAT", "cuda_bundle", "cuda_source", "cuda_target", "lower_to_device", "schedule_verified"]
-
-BUNDLE_FORMAT = "kdsl-cuda-bundle/1"
 
 
 def cuda_target(arch: str = DEFAULT_ARCH) -> Any:
