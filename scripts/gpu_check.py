@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kdsl.codegen.cuda_launch import BundleKernel, plan, time_cuda  # noqa: E402
-from kdsl.lang.errors import KdslError  # noqa: E402
+from kdsl.codegen.cuda_launch import BundleKernel, plan, time_cuda
+from kdsl.lang.errors import KdslError
 
 TOLERANCE = 1e-4
 TUNED = ("conv2d", "matmul")
@@ -172,9 +172,9 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
                     for param, weight in zip(module.weights, tensors[1:]):
                         param.copy_(weight.reshape(param.shape))
                     expected = module(tensors[0])
-                module_ms = time_cuda(lambda: module(tensors[0]))
-                native = _native(bundle.get("operator"), bundle["binding"])
-                native_ms = time_cuda(lambda: native(*tensors)) if native is not None else None
+                    module_ms = time_cuda(lambda m=module, t=tensors: m(t[0]))
+                    native = _native(bundle.get("operator"), bundle["binding"])
+                    native_ms = time_cuda(lambda f=native, t=tensors: f(*t)) if native is not None else None
                 cache[key] = (tensors, expected, module_ms, native_ms)
             tensors, expected, module_ms, native_ms = cache[key]
             kernel = BundleKernel(bundle)
@@ -187,7 +187,7 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
                 row["status"] = "not timed (budget spent)"
                 continue
             with torch.no_grad():
-                row["kdsl_ms"] = time_cuda(lambda: kernel(*tensors))
+                row["kdsl_ms"] = time_cuda(lambda k=kernel, t=tensors: k(*t))
             row["status"] = "ok" if row["ok"] else "WRONG"
         except Exception as error:  # one failing bundle is a row of the table; the run goes on
             row.update(status="error", ok=False, error=f"{type(error).__name__}: {error}"[:400])

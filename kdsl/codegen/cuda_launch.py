@@ -99,7 +99,9 @@ def _dims(value: Any, where: str) -> tuple[int, int, int]:
 
 
 def plan(bundle: Mapping[str, Any]) -> LaunchPlan:
-    """Check ``bundle`` and plan its launches (see the module docstring); a malformed bundle is a :class:`BundleError`."""
+    """Check ``bundle`` and plan its launches (see the module docstring).
+
+    A malformed bundle is a :class:`BundleError` naming the field, buffer or launch."""
     if _field(bundle, "format", str, "bundle") != BUNDLE_FORMAT:
         raise BundleError(f"bundle: format {bundle['format']!r} is not {BUNDLE_FORMAT!r}")
     _field(bundle, "source", str, "bundle")
