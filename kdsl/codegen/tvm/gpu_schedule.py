@@ -205,22 +205,23 @@ class GpuSpace:
         sch.reorder(*[loops[i] for i in data_axes + weight_axes])
         data_extent = prod(extents[i] for i in data_axes)
         weight_extent = prod(extents[i] for i in weight_axes) if weight_axes else 1
-        data_loop = sch.fuse(*[loops[i] for i in data_axes]) if len(data_axes) > 1 else loops[data_axes[0]]
-        weight_loop = None
-        if weight_axes:
-            weight_loop = sch.fuse(*[loops[i] for i in weight_axes]) if len(weight_axes) > 1 else loops[weight_axes[0]]
+        data_loops = [loops[i] for i in data_axes]
+        weight_loops = [loops[i] for i in weight_axes]
+        has_weight = bool(weight_loops)
+        last_data = extents[data_axes[-1]]
+        last_weight = extents[weight_axes[-1]] if weight_axes else 1
         reduce_loops = loops[count:]
         reduce_extents = [extent for _, extent in info.reduced]
 
         # tile sizes: never more threads or register tiles along an axis than it has elements
         threads = _pow2_at_most(min(config.threads, self.gpu.max_threads_per_block))
-        reg_o = max(1, min(config.reg_o, _pow2_at_most(weight_extent))) if weight_loop is not None else 1
+        reg_o = max(1, min(config.reg_o, _pow2_at_most(last_weight))) if has_weight else 1
         t_o = min(_pow2_at_most(config.thread_split), _pow2_at_most(max(1, weight_extent // reg_o)), threads)
-        t_o = t_o if weight_loop is not None else 1
+        t_o = t_o if has_weight else 1
         t_d = threads // t_o
         while t_d > 32 and t_d > data_extent:
             t_d //= 2
-        reg_d = max(1, min(config.reg_d, _pow2_at_most(max(1, data_extent // t_d))))
+        reg_d = max(1, min(config.reg_d, _pow2_at_most(last_data), _pow2_at_most(max(1, data_extent // t_d))))
 
         def blocks() -> int:
             return -(-data_extent // (t_d * reg_d)) * -(-weight_extent // (t_o * reg_o))
@@ -247,15 +248,25 @@ class GpuSpace:
         chunk = max(1, min(reduce_extents[0], config.k_chunk // rest if rest < config.k_chunk else 1))
         r_outer, r_inner = sch.split(reduce_loops[0], [None, chunk])
 
-        d_block, d_thread, d_reg = sch.split(data_loop, [None, t_d, reg_d])
-        order = [d_block]
-        threads_loops = [d_thread]
+        # the register tile runs along the last data (weight) axis only, so that a thread's local tile is a box
+        # that TVM compacts to reg_d x reg_o registers (a tile of the fused axes may span rows: a box of thousands)
+        d_outer, d_reg = sch.split(data_loops[-1], [None, reg_d])
+        outer_d = [*data_loops[:-1], d_outer]
         regs = [d_reg]
-        if weight_loop is not None:
-            o_block, o_thread, o_reg = sch.split(weight_loop, [None, t_o, reg_o])
+        outer_o = []
+        if has_weight:
+            o_outer, o_reg = sch.split(weight_loops[-1], [None, reg_o])
+            outer_o = [*weight_loops[:-1], o_outer]
+            regs.append(o_reg)
+        sch.reorder(*outer_d, *outer_o, *regs)
+        d_fused = sch.fuse(*outer_d) if len(outer_d) > 1 else outer_d[0]
+        d_block, d_thread = sch.split(d_fused, [None, t_d])
+        order, threads_loops = [d_block], [d_thread]
+        if has_weight:
+            o_fused = sch.fuse(*outer_o) if len(outer_o) > 1 else outer_o[0]
+            o_block, o_thread = sch.split(o_fused, [None, t_o])
             order.append(o_block)
             threads_loops.append(o_thread)
-            regs.append(o_reg)
         sch.reorder(*order, *threads_loops, r_outer, r_inner, *reduce_loops[1:], *regs)
         bx = sch.fuse(*order) if len(order) > 1 else order[0]
         tx = sch.fuse(*threads_loops) if len(threads_loops) > 1 else threads_loops[0]
