@@ -21,7 +21,7 @@ Bundle format (``format: kdsl-cuda-bundle/1``)::
 >>> op = Input(M, C) >> Share(Weight(C, O, name="w")) >> Reduce(C) >> Output(M, O)
 >>> bundle = cuda_bundle(op, {"M": 64, "C": 32, "O": 64})
 >>> [b["name"] for b in bundle["buffers"]], bundle["launches"][0]["kernel"]
-(['x', 'w', 'out'], 'main_kernel')
+(['x', 'w', 'stage0'], 'main_kernel')
 >>> "__global__" in bundle["source"]
 True
 """
