@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
     show.add_argument("--db", help="read the operator from this search results database (give its hash)")
     show.add_argument("--json", action="store_true", help="print the operator, constraints and cost formulas as JSON")
+    show.add_argument("--target", choices=("cuda",), help="print the kernel's generated source for this target")
+    show.add_argument("--layer", help="the layer to generate source for (with --target): LAYER or TABLE:LAYER")
+    show.add_argument("--arch", default="sm_90", help="the CUDA architecture (with --target cuda)")
     show.set_defaults(run=command_show)
 
     check = commands.add_parser("check", help="check an operator on a table of layers")

@@ -25,7 +25,7 @@ from kdsl.gallery.content import first_sentence
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
 from kdsl.lang.build import Operator
-from kdsl.lang.errors import KdslError, printable
+from kdsl.lang.errors import KdslError, LayerError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
 from kdsl.progress import Progress
@@ -100,6 +100,8 @@ def _node_lines(graph: Graph) -> list[str]:
 
 def command_show(args: argparse.Namespace) -> int:
     op = load_operator(args.operator, args.db)
+    if getattr(args, "target", None) == "cuda":
+        return _show_cuda(op, args)
     if getattr(args, "json", False):
         # the operator's own JSON form (kdsl.lang.serialize) with its checks and its cost formulas in MACs
         formulas = {("macs" if k == "flops" else k): str(v) for k, v in solve.cost(op).items()}
@@ -151,6 +153,30 @@ def command_show(args: argparse.Namespace) -> int:
     if args.svg:
         Path(args.svg).write_text(svg(op))
         print(f"wrote {args.svg}")
+    return 0
+
+
+def _show_cuda(op: Operator | Graph, args: argparse.Namespace) -> int:
+    """``kdsl show OP --target cuda [--layer L] [--arch sm_90]``: the CUDA C of the default GPU schedule at
+    one layer of the operator's table (the first by default), led by its launches and buffers."""
+    from kdsl.codegen.tvm.cuda import cuda_source
+    from kdsl.codegen.tvm.gpu import check_arch
+
+    check_arch(args.arch)  # a bad arch fails before the (slow) lowering
+    name = printable(args.operator)
+    table, _, wanted = (args.layer or "").rpartition(":")
+    table = table or gallery.layer_table(args.operator) or "resnet18"
+    report = list(solve.check(op, table))
+    found = [
+        (layer, binding) for layer, binding in report if not wanted or getattr(layer, "name", str(layer)) == wanted
+    ]
+    if not found:
+        names = ", ".join(getattr(layer, "name", str(layer)) for layer, _ in report)
+        raise LayerError(f"{name} has no layer {printable(wanted)!r} in table {printable(table)!r} (it has {names})")
+    layer, binding = found[0]
+    sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.items()))
+    print(f"// {name} at {getattr(layer, 'name', layer)} ({sizes}), default GPU schedule")
+    print(cuda_source(op, binding, arch=args.arch), end="")
     return 0
 
 

@@ -4,9 +4,11 @@
 rule per node kind in ``GRAPH_RULES``); ``blocks`` analyses each stage's
 TIR block once for every schedule rule; ``schedule_space`` is the typed
 space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
-configuration; ``kernel`` compiles a kernel callable on torch tensors (``build``).
+configuration; ``gpu``, ``gpu_schedule`` and ``cuda`` are the CUDA path (GPU description, GPU
+schedule and space, CUDA kernel bundles); ``kernel`` compiles a kernel callable on torch tensors (``build``).
 """
 
+from kdsl.codegen.tvm.cuda import cuda_bundle, cuda_source, cuda_target
 from kdsl.codegen.tvm.graph_lowering import GRAPH_RULES, lower
 from kdsl.codegen.tvm.kernel import Kernel, build, source
 from kdsl.codegen.tvm.lowering import (
@@ -24,6 +26,9 @@ __all__ = [
     "Lowered",
     "StageInfo",
     "build",
+    "cuda_bundle",
+    "cuda_source",
+    "cuda_target",
     "default_target",
     "error_reason",
     "invertible_copy",

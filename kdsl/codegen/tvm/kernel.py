@@ -20,7 +20,9 @@ from typing import Any
 
 from kdsl.codegen.torch import build as build_torch
 from kdsl.codegen.torch import load_torch
+from kdsl.codegen.tvm.cuda import cuda_source, cuda_target, schedule_verified
 from kdsl.codegen.tvm.default_schedule import default_schedule
+from kdsl.codegen.tvm.gpu import from_arch
 from kdsl.codegen.tvm.graph_lowering import lower
 from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm
 from kdsl.lang.build import Operator
@@ -239,10 +241,13 @@ def build(
     dtype: str = "float32",
     schedule: str | Callable[[Lowered], Any] | None = "default",
     pad: bool = False,
+    arch: str = "sm_90",
 ) -> Kernel | PaddedKernel:
     """Compile ``op`` (an operator or a branching kernel) at the sizes of ``layer``; ``schedule`` is
     ``"default"`` (derived from the operator's structure), ``None`` (unscheduled), or a function
-    ``Lowered -> s_tir.Schedule``.
+    ``Lowered -> s_tir.Schedule``. ``target="cuda"`` compiles for the GPU ``arch`` with the default GPU
+    schedule (:mod:`.gpu_schedule`; running it needs TVM's CUDA runtime and a GPU; see
+    :func:`.cuda.cuda_bundle` for kernels that run without TVM).
 
     With ``pad=True`` a size that does not divide the layer is padded (:mod:`kdsl.solve.padding`):
     the result is a :class:`PaddedKernel`, compiled at the padded sizes and called at the layer's.
@@ -262,6 +267,10 @@ def build(
         return PaddedKernel(build(op, padding.padded_binding, target, dtype=dtype, schedule=schedule), padding)
     tvm = load_tvm()
     lowered = lower(op, layer, dtype)
+    if isinstance(target, str) and target == "cuda":
+        gpu_target = cuda_target(arch)
+        sch, *_ = schedule_verified(lowered, from_arch(arch), target=gpu_target)
+        return Kernel(tvm.compile(sch.mod, target=gpu_target), lowered, sch)
     module = lowered.module()
     sch = None
     if schedule == "default":
@@ -276,8 +285,20 @@ def build(
     return Kernel(executable, lowered, sch)
 
 
-def source(op: Operator | Graph, layer: Mapping[str, int], *, scheduled: bool = False) -> str:
-    """TVMScript text of the lowered operator (before scheduling unless ``scheduled``)."""
+def source(
+    op: Operator | Graph,
+    layer: Mapping[str, int],
+    *,
+    scheduled: bool = False,
+    target: str = "llvm",
+    arch: str = "sm_90",
+) -> str:
+    """TVMScript text of the lowered operator (before scheduling unless ``scheduled``); with
+    ``target="cuda"``, the CUDA C of the default GPU schedule for ``arch`` (:func:`.cuda.cuda_source`)."""
+    if target == "cuda":
+        return cuda_source(op, layer, arch=arch)
+    if target != "llvm":
+        raise LoweringError(f"unknown target {target!r} for kernel source; use 'llvm' or 'cuda'")
     lowered = lower(op, layer)
     if scheduled:
         return default_schedule(lowered).mod.script()

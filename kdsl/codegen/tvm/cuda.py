@@ -1,0 +1,256 @@
+"""CUDA kernels from TVM without a GPU: an operator lowered, scheduled for the GPU
+(:mod:`kdsl.codegen.tvm.gpu_schedule`), verified against the GPU's limits, and generated as CUDA C
+with everything a launcher needs, as a JSON-serializable *CUDA kernel bundle*.
+
+TVM compiles a scheduled module in two halves: device kernels (one per stage that is not inlined, named
+``main_kernel``, ``main_kernel_1``, ...) and a host function that allocates the intermediate buffers and
+calls the kernels in order with their grid and block sizes. The bundle reads both from TVM's own
+pipeline (:func:`lower_to_device`): the host function's ``call_ffi_kernel`` calls give the launch order,
+each kernel's arguments and its launch values; its buffer declarations give every buffer's name, shape
+and dtype. A machine without TVM launches the bundle with CuPy (:mod:`kdsl.codegen.cuda_launch`).
+
+Bundle format (``format: kdsl-cuda-bundle/1``)::
+
+    source      CUDA C of every kernel (compiled on the GPU machine, e.g. by NVRTC)
+    buffers     [{name, role: input|weight|output|intermediate, shape, dtype}], inputs in call order
+    launches    [{kernel, grid: [x, y, z], block: [x, y, z], shared_bytes, args: [buffer names]}]
+    dsl, binding, arch, gpu, config, schedule   what it computes and how it was scheduled
+
+>>> from kdsl.lang import *
+>>> M, C, O = primary("M C O")
+>>> op = Input(M, C) >> Share(Weight(C, O, name="w")) >> Reduce(C) >> Output(M, O)
+>>> bundle = cuda_bundle(op, {"M": 64, "C": 32, "O": 64})
+>>> [b["name"] for b in bundle["buffers"]], bundle["launches"][0]["kernel"]
+(['x', 'w', 'stage0'], 'main_kernel')
+>>> "__global__" in bundle["source"]
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
+from kdsl.codegen.tvm.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
+from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
+from kdsl.codegen.tvm.graph_lowering import lower
+from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
+from kdsl.lang.build import Operator
+from kdsl.lang.errors import LoweringError
+from kdsl.lang.graph import Graph
+
+__all__ = ["BUNDLE_FORMAT", "cuda_bundle", "cuda_source", "cuda_target", "lower_to_device", "schedule_verified"]
+
+
+def cuda_target(arch: str = DEFAULT_ARCH) -> Any:
+    """The TVM target of CUDA code for ``arch`` (``sm_80``, ``sm_86``, ``sm_89``, ``sm_90``), host code for LLVM.
+
+    A name kdsl has no description of is a :class:`~kdsl.codegen.tvm.gpu.GpuArchError`."""
+    tvm = load_tvm()
+    check_arch(arch)
+    return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
+
+
+def lower_to_device(module: Any, target: Any) -> tuple[Any, Any]:
+    """``module`` (scheduled) through TVM's default pipeline for ``target``: ``(host module, device module)``,
+    the device functions before their finalizing passes (as ``tvm.compile`` makes them)."""
+    tvm = load_tvm()
+    from tvm.tirx.build import split_host_device_mods
+
+    bound = tvm.tirx.transform.BindTarget(target.with_host(target.host))(module)
+    pipeline, _, _ = tvm.tirx.get_default_tir_pipeline(target)
+    host, devices = split_host_device_mods(pipeline(bound))
+    if len(devices) != 1:
+        raise LoweringError(f"expected one CUDA device module, TVM made {len(devices)} (is every stage bound?)")
+    return host, next(iter(devices.values()))
+
+
+def verify(device: Any, gpu: Gpu) -> list[str]:
+    """The device kernels that break ``gpu``'s limits (TVM's ``verify_gpu_code``), by name; empty when all pass."""
+    tvm = load_tvm()
+    constraints = gpu.verify_constraints()
+    return [
+        gv.name_hint
+        for gv, func in device.functions.items()
+        if not tvm.s_tir.analysis.verify_gpu_code(func, constraints)
+    ]
+
+
+def _unbound(host: Any) -> bool:
+    """Whether the host function still holds loops over buffers that a kernel should compute (a stage no
+    kernel covers would run on the host and read device memory)."""
+    tvm = load_tvm()
+    found = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, tvm.tirx.SeqStmt):
+            for child in node.seq:
+                walk(child)
+            return
+        if isinstance(node, tvm.tirx.BufferStore):
+            found.append(node)
+        for attr in ("body", "then_case", "else_case"):
+            child = getattr(node, attr, None)
+            if isinstance(child, tvm.tirx.Stmt):
+                walk(child)
+
+    walk(host["main"].body)
+    return bool(found)
+
+
+def schedule_verified(
+    lowered: Lowered, gpu: Gpu, config: GpuConfig | None = None, target: Any | None = None
+) -> tuple[Any, Any, Any, GpuConfig, list[tuple[str, str]]]:
+    """The GPU schedule of ``lowered`` at ``config`` (default: the heuristic), stepped down a rule level at
+    a time (:data:`~kdsl.codegen.tvm.gpu_schedule.LEVELS`) until TVM's GPU verification passes:
+    ``(schedule, host module, device module, the config used, report)``."""
+    space = GpuSpace(lowered, gpu)
+    current: GpuConfig | None = config or space.heuristic()
+    target = target or cuda_target(gpu.arch if gpu.arch in ("sm_80", "sm_86", "sm_89", "sm_90") else DEFAULT_ARCH)
+    failures = []
+    while current is not None:
+        report: list[tuple[str, str]] = []
+        try:
+            sch = space.apply(current, report)
+            host, device = lower_to_device(sch.mod, target)
+        except LoweringError:
+            raise
+        except Exception as error:  # a TVM pass refused the schedule: one level down
+            failures.append(f"{current.level}: {error_reason(error)}")
+            current = current.lower_level()
+            continue
+        bad = verify(device, gpu)
+        if not bad and not _unbound(host):
+            return sch, host, device, current, report
+        failures.append(f"{current.level}: kernels {', '.join(bad) or '(host loops)'} fail GPU verification")
+        current = current.lower_level()
+    raise LoweringError(f"no GPU schedule verifies for {gpu.arch}: {'; '.join(failures)}")
+
+
+def _launches(host: Any) -> tuple[list[dict[str, Any]], dict[str, tuple[str, list[int], str, bool]]]:
+    """The kernel calls of the host function in order, and every buffer it declares by its data var."""
+    tvm = load_tvm()
+    tirx = tvm.tirx
+    calls: list[Any] = []
+    # printed data pointer ("x.data") -> (name, shape, dtype, allocated). In 0.27 ``buffer.data`` and a kernel
+    # call's arguments are expressions, not one shared Var, so they are matched by their text (names are unique)
+    buffers: dict[str, tuple[str, list[int], str, bool]] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, tirx.SeqStmt):
+            for child in node.seq:
+                walk(child)
+            return
+        if isinstance(node, (tirx.AllocBuffer, tirx.DeclBuffer)):
+            buf = node.buffer
+            if str(buf.data) not in buffers:  # the first declaration of a parameter has its real shape
+                buffers[str(buf.data)] = (
+                    buf.name,
+                    [int(d) for d in buf.shape],
+                    str(buf.dtype),
+                    isinstance(node, tirx.AllocBuffer),
+                )
+        if isinstance(node, tirx.Evaluate) and isinstance(node.value, tvm.ir.Call):
+            op = node.value.op
+            if isinstance(op, tvm.ir.Op) and op.name == "tirx.call_ffi_kernel":
+                calls.append(node.value)
+        for attr in ("body", "then_case", "else_case"):
+            child = getattr(node, attr, None)
+            if isinstance(child, tirx.Stmt):
+                walk(child)
+
+    walk(host["main"].body)
+    launches = []
+    for call in calls:
+        params = [str(p) for p in call.attrs.launch_params]
+        values = list(call.args[len(call.args) - len(params) :])
+        args = call.args[1 : len(call.args) - len(params)]
+        grid, block, shared = [1, 1, 1], [1, 1, 1], 0
+        for tag, value in zip(params, values):
+            if not isinstance(value, tirx.IntImm):
+                raise LoweringError(f"kernel {call.args[0].value}: launch value {tag} = {value} is not a constant")
+            if tag.startswith("blockIdx."):
+                grid["xyz".index(tag[-1])] = int(value.value)
+            elif tag.startswith("threadIdx."):
+                block["xyz".index(tag[-1])] = int(value.value)
+            elif "dyn_shared" in tag:
+                shared = int(value.value)
+        names = []
+        for arg in args:
+            if str(arg) not in buffers:
+                raise LoweringError(
+                    f"kernel {call.args[0].value}: argument {arg} is not a buffer (only buffers are launched)"
+                )
+            names.append(buffers[str(arg)][0])
+        launches.append(
+            {"kernel": str(call.args[0].value), "grid": grid, "block": block, "shared_bytes": shared, "args": names}
+        )
+    return launches, buffers
+
+
+def _source(device: Any, target: Any) -> str:
+    tvm = load_tvm()
+    from tvm.tirx.build import codegen_build
+
+    _, _, finalize = tvm.tirx.get_default_tir_pipeline(target)
+    return str(codegen_build(finalize()(device), target).inspect_source())
+
+
+def cuda_bundle(
+    op: Operator | Graph,
+    binding: Mapping[str, int],
+    *,
+    arch: str = DEFAULT_ARCH,
+    config: GpuConfig | None = None,
+    dtype: str = "float32",
+    gpu: Gpu | None = None,
+) -> dict[str, Any]:
+    """The CUDA kernel bundle (see the module docstring) of ``op`` at ``binding``, scheduled with
+    ``config`` (default: the GPU space's heuristic) for ``arch``'s description (or ``gpu``'s)."""
+    gpu = gpu or from_arch(arch)
+    target = cuda_target(check_arch(arch))
+    lowered = lower(op, binding, dtype)
+    _, host, device, used, report = schedule_verified(lowered, gpu, config, target)
+    launches, declared = _launches(host)
+    roles = {lowered.x.op.name: "input", lowered.out.op.name: "output"}
+    roles.update({w.op.name: "weight" for w in lowered.weights})
+    buffers = []
+    ordered = [lowered.x.op.name, *(w.op.name for w in lowered.weights), lowered.out.op.name]
+    by_name = {name: (shape, dt, allocated) for name, shape, dt, allocated in declared.values()}
+    for name in ordered:
+        if name not in by_name:
+            raise LoweringError(f"the host code does not declare the buffer {name}")
+    used_names = {name for launch in launches for name in launch["args"]}
+    for name in ordered + sorted(n for n, (_, _, allocated) in by_name.items() if allocated and n in used_names):
+        shape, dt, _ = by_name[name]
+        buffers.append({"name": name, "role": roles.get(name, "intermediate"), "shape": shape, "dtype": dt})
+    return {
+        "format": BUNDLE_FORMAT,
+        "dsl": op.to_dsl(),
+        "binding": {k: int(v) for k, v in lowered.binding.items()},
+        "arch": arch,
+        "gpu": gpu.describe(),
+        "config": used.to_json(),
+        "schedule": [list(item) for item in report],
+        "source": _source(device, target),
+        "buffers": buffers,
+        "launches": launches,
+    }
+
+
+def cuda_source(
+    op: Operator | Graph, binding: Mapping[str, int], *, arch: str = DEFAULT_ARCH, config: GpuConfig | None = None
+) -> str:
+    """The CUDA C of ``op`` at ``binding`` with the default GPU schedule, led by a comment per kernel
+    launch (name, grid, block, buffers): what :func:`cuda_bundle` stores, for reading."""
+    bundle = cuda_bundle(op, binding, arch=arch, config=config)
+    lines = [f"// {bundle['gpu']}"]
+    for launch in bundle["launches"]:
+        lines.append(
+            f"// launch {launch['kernel']}<<<grid {tuple(launch['grid'])}, block {tuple(launch['block'])}>>>"
+            f"({', '.join(launch['args'])})"
+        )
+    for buffer in bundle["buffers"]:
+        lines.append(f"// {buffer['role']:<12} {buffer['name']}: {buffer['dtype']}{buffer['shape']}")
+    return "\n".join(lines) + "\n" + bundle["source"]

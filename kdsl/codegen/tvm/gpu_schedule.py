@@ -1,0 +1,289 @@
+"""A rule-based CUDA schedule for every stage of a lowered operator, and the GPU schedule space.
+
+A kernel runs on a GPU only when every loop nest is bound to ``blockIdx``/``threadIdx``; the rules
+below bind every stage, sized from the GPU's description (:mod:`kdsl.codegen.tvm.gpu`):
+
+* **reduction stages** (contractions, pooling, folds, FCs, products, the softmax's max and sum):
+  the *tiled* form. The stage's spatial axes are split into the data axes and the weight-only axes
+  (``Cout`` of a conv), each fused into one loop; a block computes a tile of
+  ``threads x register tile`` outputs, each thread a register tile of ``reg_d x reg_o`` accumulators
+  (a ``local`` cache of the output, written back once). The reduction axes are fused and split into
+  chunks of ``k_chunk``; for a contraction (two or more reads), each chunk's slice of every input is
+  first copied into shared memory by all threads of the block (``cache_read`` at the chunk loop), so
+  that a value loaded from global memory serves a whole tile.
+* **other stages** (element-wise maps, blends, copies, zero-padded copies): all loops fused, split by
+  the threads per block, bound. Zero-padded copies and element-wise stages are first inlined into
+  their readers where TVM allows it (``inline``), so they cost no pass of their own.
+
+Each level is a fallback for the one above: a stage whose tiled rule raises gets the tiled rule
+without shared memory, then the plain fused+bound rule (a correct, slow schedule, but never an unbound
+one). :func:`kdsl.codegen.tvm.cuda.schedule_verified` also steps a whole kernel down a level when TVM's GPU
+verification refuses it (a shared tile over 48 KiB, too many threads).
+
+The knobs form a :class:`GpuConfig`; :class:`GpuSpace` gives the heuristic configuration and random
+points (for measuring variants on a GPU and keeping the best). The CPU schedule space
+(:mod:`kdsl.codegen.tvm.schedule_space`) is separate and untouched.
+
+>>> GpuConfig().threads, GpuConfig().level
+(256, 'shared')
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, replace
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.blocks import analyze
+from kdsl.codegen.tvm.gpu import Gpu, from_arch
+from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
+from kdsl.lang.errors import LoweringError
+
+__all__ = ["LEVELS", "GpuConfig", "GpuSpace"]
+
+#: The rule levels, most elaborate first: tiled with shared-memory loads, tiled, plain fused+bound.
+LEVELS = ("shared", "tiled", "plain")
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """The knobs of the GPU schedule (one set for every stage of a kernel).
+
+    ``threads``: threads per block of a reduction stage; ``thread_split``: how many of them run along
+    the weight-only axes (the rest along the data axes); ``reg_d``/``reg_o``: the register tile per
+    thread along the data and weight-only axes; ``k_chunk``: the reduction chunk copied to shared memory
+    at a time; ``level``: the most elaborate rule to try (:data:`LEVELS`); ``inline``: fold zero-padded
+    copies and element-wise stages into their readers; ``plain_threads``: threads per block of the
+    other stages; ``fill``: shrink the tiles until the grid has two blocks per SM."""
+
+    threads: int = 256
+    thread_split: int = 16
+    reg_d: int = 4
+    reg_o: int = 4
+    k_chunk: int = 8
+    level: str = "shared"
+    inline: bool = True
+    plain_threads: int = 256
+    fill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise LoweringError(f"unknown GPU schedule level {self.level!r}; use one of {', '.join(LEVELS)}")
+        for name in ("threads", "thread_split", "reg_d", "reg_o", "k_chunk", "plain_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise LoweringError(f"GPU schedule knob {name} must be a positive integer, got {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lower_level(self) -> GpuConfig | None:
+        """The same knobs one rule level down, or ``None`` below ``plain``."""
+        index = LEVELS.index(self.level)
+        return replace(self, level=LEVELS[index + 1]) if index + 1 < len(LEVELS) else None
+
+
+def _pow2_at_most(value: int) -> int:
+    out = 1
+    while out * 2 <= value:
+        out *= 2
+    return out
+
+
+class GpuSpace:
+    """The GPU schedules of one lowered kernel: :meth:`heuristic`, :meth:`random` points, :meth:`apply`."""
+
+    THREADS = (64, 128, 256, 512)
+    SPLITS = (1, 2, 4, 8, 16, 32)
+    REGS = (1, 2, 4, 8)
+    CHUNKS = (4, 8, 16, 32)
+
+    def __init__(self, lowered: Lowered, gpu: Gpu | None = None) -> None:
+        self.lowered = lowered
+        self.gpu = gpu or from_arch()
+        self.blocks = {b.name: b for b in analyze(lowered)}
+
+    def heuristic(self) -> GpuConfig:
+        """The default: 256 threads (8 warps: enough to hide latency, few enough that a thread may keep a
+        4x4 tile of accumulators in its registers), 16 of them along the output channels, a 4x4 register
+        tile, 8-deep reduction chunks in shared memory."""
+        return GpuConfig(threads=min(256, self.gpu.max_threads_per_block))
+
+    def random(self, rng: random.Random) -> GpuConfig:
+        """A random point of the space (it may fail verification; the caller steps it down)."""
+        return GpuConfig(
+            threads=rng.choice([t for t in self.THREADS if t <= self.gpu.max_threads_per_block]),
+            thread_split=rng.choice(self.SPLITS),
+            reg_d=rng.choice(self.REGS),
+            reg_o=rng.choice(self.REGS),
+            k_chunk=rng.choice(self.CHUNKS),
+            level=rng.choice(("shared", "shared", "tiled")),
+            inline=rng.random() < 0.8,
+            plain_threads=rng.choice((128, 256, 512)),
+            fill=rng.random() < 0.5,
+        )
+
+    # -- applying a configuration ------------------------------------------------------------------------
+
+    def apply(self, config: GpuConfig, report: list[tuple[str, str]] | None = None) -> Any:
+        """An ``s_tir.Schedule`` with every stage bound; ``report`` receives ``(stage, rule)`` per stage."""
+        tvm = load_tvm()
+        sch = tvm.s_tir.Schedule(self.lowered.module())
+        output = self.lowered.out.op.name
+        inlined: set[str] = set()
+        if config.inline:
+            for info in self.lowered.stages:
+                block = self.blocks[info.name]
+                if info.name == output or not (block.kind == "pad" or (block.elementwise and not block.reduced)):
+                    continue
+                trial = sch.copy()
+                try:
+                    trial.compute_inline(trial.get_sblock(info.name))
+                except Exception:  # TVM raises ScheduleError/TVMError; the stage stays a pass
+                    continue
+                sch = trial
+                inlined.add(info.name)
+                if report is not None:
+                    report.append((info.name, "inlined"))
+        for info in self.lowered.stages:
+            if info.name in inlined:
+                continue
+            block = self.blocks[info.name]
+            levels = LEVELS[LEVELS.index(config.level) :] if block.reduced else ("plain",)
+            for level in levels:
+                trial = sch.copy()
+                try:
+                    if level == "plain":
+                        self._plain(trial, info.name, config)
+                    else:
+                        self._tiled(trial, info.name, config, shared=level == "shared")
+                except Exception as error:  # any schedule error: the next level down
+                    if level == "plain":
+                        raise LoweringError(
+                            f"stage {info.name}: even the plain GPU schedule failed: {error_reason(error)}"
+                        ) from None
+                    continue
+                sch = trial
+                if report is not None:
+                    report.append((info.name, level))
+                break
+        return sch
+
+    def _spatial_count(self, name: str) -> int:
+        return len(self.blocks[name].spatial)
+
+    def _plain(self, sch: Any, name: str, config: GpuConfig) -> None:
+        """All spatial loops fused, split by the threads per block, bound; reductions stay serial per thread."""
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        count = self._spatial_count(name)
+        if count == 0:
+            loops = [sch.add_unit_loop(block)]
+            count = 1
+        fused = sch.fuse(*loops[:count]) if count > 1 else loops[0]
+        extent = prod(e for _, e in self.blocks[name].spatial) or 1
+        threads = min(config.plain_threads, self.gpu.max_threads_per_block, max(32, -(-extent // 32) * 32))
+        outer, inner = sch.split(fused, [None, threads])
+        sch.bind(outer, "blockIdx.x")
+        sch.bind(inner, "threadIdx.x")
+
+    def _tiled(self, sch: Any, name: str, config: GpuConfig, *, shared: bool) -> None:
+        """The tiled form of a reduction stage (see the module docstring)."""
+        info = self.blocks[name]
+        block = sch.get_sblock(name)
+        loops = sch.get_loops(block)
+        count = len(info.spatial)
+        if count == 0:
+            raise LoweringError("no spatial axis to tile")
+        labels = [label for label, _ in info.spatial]
+        extents = [extent for _, extent in info.spatial]
+        weight_axes = [i for i, label in enumerate(labels) if label in info.weight_only]
+        data_axes = [i for i in range(count) if i not in weight_axes]
+        if not data_axes:
+            data_axes, weight_axes = weight_axes, []
+        sch.reorder(*[loops[i] for i in data_axes + weight_axes])
+        data_extent = prod(extents[i] for i in data_axes)
+        weight_extent = prod(extents[i] for i in weight_axes) if weight_axes else 1
+        data_loops = [loops[i] for i in data_axes]
+        weight_loops = [loops[i] for i in weight_axes]
+        has_weight = bool(weight_loops)
+        last_data = extents[data_axes[-1]]
+        last_weight = extents[weight_axes[-1]] if weight_axes else 1
+        reduce_loops = loops[count:]
+        reduce_extents = [extent for _, extent in info.reduced]
+
+        # tile sizes: never more threads or register tiles along an axis than it has elements
+        threads = _pow2_at_most(min(config.threads, self.gpu.max_threads_per_block))
+        reg_o = max(1, min(config.reg_o, _pow2_at_most(last_weight))) if has_weight else 1
+        t_o = min(_pow2_at_most(config.thread_split), _pow2_at_most(max(1, weight_extent // reg_o)), threads)
+        t_o = t_o if has_weight else 1
+        t_d = threads // t_o
+        while t_d > 32 and t_d > data_extent:
+            t_d //= 2
+        reg_d = max(1, min(config.reg_d, _pow2_at_most(last_data), _pow2_at_most(max(1, data_extent // t_d))))
+
+        def blocks() -> int:
+            return -(-data_extent // (t_d * reg_d)) * -(-weight_extent // (t_o * reg_o))
+
+        # fill the GPU: a layer of ResNet-18 at batch 1 has ~100K outputs, which 16-output threads in blocks
+        # of 256 cover with 25 blocks, a fifth of an H100's SMs; smaller tiles first, then smaller blocks
+        while config.fill and blocks() < 2 * self.gpu.sms:
+            if t_d * t_o > 128 and t_d > 1:
+                t_d //= 2
+            elif reg_d > 1 and reg_d >= reg_o:
+                reg_d //= 2
+            elif reg_o > 1:
+                reg_o //= 2
+            elif t_d * t_o > 64 and t_d > 1:
+                t_d //= 2
+            else:
+                break
+        if t_d * t_o < 32 and data_extent * weight_extent >= 32:
+            raise LoweringError("fewer than a warp of threads per block")
+
+        # the reduction: its outermost loop split in chunks (each chunk's inputs staged in shared memory),
+        # the other reduction loops (a conv's window) whole inside a chunk
+        rest = prod(reduce_extents[1:])
+        chunk = max(1, min(reduce_extents[0], config.k_chunk // rest if rest < config.k_chunk else 1))
+        r_outer, r_inner = sch.split(reduce_loops[0], [None, chunk])
+
+        # the register tile runs along the last data (weight) axis only, so that a thread's local tile is a box
+        # that TVM compacts to reg_d x reg_o registers (a tile of the fused axes may span rows: a box of thousands)
+        d_outer, d_reg = sch.split(data_loops[-1], [None, reg_d])
+        outer_d = [*data_loops[:-1], d_outer]
+        regs = [d_reg]
+        outer_o = []
+        if has_weight:
+            o_outer, o_reg = sch.split(weight_loops[-1], [None, reg_o])
+            outer_o = [*weight_loops[:-1], o_outer]
+            regs.append(o_reg)
+        sch.reorder(*outer_d, *outer_o, *regs)
+        d_fused = sch.fuse(*outer_d) if len(outer_d) > 1 else outer_d[0]
+        d_block, d_thread = sch.split(d_fused, [None, t_d])
+        order, threads_loops = [d_block], [d_thread]
+        if has_weight:
+            o_fused = sch.fuse(*outer_o) if len(outer_o) > 1 else outer_o[0]
+            o_block, o_thread = sch.split(o_fused, [None, t_o])
+            order.append(o_block)
+            threads_loops.append(o_thread)
+        sch.reorder(*order, *threads_loops, r_outer, r_inner, *reduce_loops[1:], *regs)
+        bx = sch.fuse(*order) if len(order) > 1 else order[0]
+        tx = sch.fuse(*threads_loops) if len(threads_loops) > 1 else threads_loops[0]
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        write = sch.cache_write(block, 0, "local")
+        sch.reverse_compute_at(write, tx)
+        if shared and len(sch.get(block).reads) >= 2:
+            names = [region.source.name for region in sch.get(block).reads]
+            for buffer in names:
+                index = next(i for i, r in enumerate(sch.get(block).reads) if r.source.name == buffer)
+                copy = sch.cache_read(block, index, "shared")
+                sch.compute_at(copy, r_outer)
+                # under the block, thread and chunk loops: the copy's own loops, shared by the block's threads
+                copy_loops = sch.get_loops(copy)[3:]
+                fused = sch.fuse(*copy_loops) if len(copy_loops) > 1 else copy_loops[0]
+                _, inner = sch.split(fused, [None, t_d * t_o])
+                sch.bind(inner, "threadIdx.x")
+        sch.decompose_reduction(block, r_outer)
+        sch.unroll(r_inner)

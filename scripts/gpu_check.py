@@ -1,0 +1,294 @@
+"""The GPU check of kdsl's CUDA kernels: build bundles here (with TVM), run them on a GPU machine (without TVM).
+
+    python scripts/gpu_check.py build --out gpu_bundles/            # here: TVM, no GPU needed
+    python scripts/gpu_check.py run --bundles gpu_bundles/ --out $OUT  # there: torch CUDA + CuPy, no TVM
+    python scripts/gpu_check.py run --bundles gpu_bundles/ --out /tmp/x --dry-run   # plan only, no GPU
+
+``build`` writes one CUDA kernel bundle (:mod:`kdsl.codegen.tvm.cuda`) per gallery operator and layer of
+its ResNet-18 layer table (batch 1) with the default GPU schedule, and for conv2d and matmul 63 random
+points of the GPU schedule space (:class:`kdsl.codegen.tvm.gpu_schedule.GpuSpace`) besides the default at
+one layer (``--variant-layer``): measuring them on the GPU and keeping the best is the tuning.
+
+``run`` launches every bundle with CuPy (:mod:`kdsl.codegen.cuda_launch`), compares it with kdsl's
+PyTorch module of the same operator on CUDA (relative error <= 1e-4 of the largest magnitude, float32,
+TF32 off), times it against PyTorch native (cuDNN's F.conv2d for conv2d, cuBLAS's torch.matmul for
+matmul) and against kdsl's PyTorch module, and writes ``gpu_check.md`` and ``gpu_check.json``. A bundle
+that fails (NVRTC error, launch failure, wrong result) is a row of the table; the run goes on. Timing
+stops (rows marked) when ``--budget-s`` is spent, so the whole run fits its time slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kdsl.codegen.cuda_launch import BundleKernel, plan, time_cuda
+from kdsl.lang.errors import KdslError
+
+TOLERANCE = 1e-4
+TUNED = ("conv2d", "matmul")
+
+
+# -- build (here, with TVM) ------------------------------------------------------------------------------
+
+
+def build(out: Path, *, variants: int, variant_layer: str, seed: int, only: list[str] | None, arch: str) -> int:
+    from kdsl import gallery, solve
+    from kdsl.codegen.tvm.cuda import cuda_bundle
+    from kdsl.codegen.tvm.gpu import from_arch
+    from kdsl.codegen.tvm.gpu_schedule import GpuSpace
+    from kdsl.codegen.tvm.graph_lowering import lower
+
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    errors: list[dict[str, str]] = []
+    written = 0
+    start = time.time()
+
+    def write(name: str, layer: str, variant: str, bundle: dict[str, Any]) -> None:
+        nonlocal written
+        bundle.update({"operator": name, "layer": layer, "variant": variant})
+        (out / f"{name}__{layer}__{variant}.json").write_text(json.dumps(bundle, separators=(",", ":")))
+        written += 1
+
+    for name in only or gallery.names():
+        table = gallery.layer_table(name)
+        if table is None:
+            errors.append({"operator": name, "error": "valid on no ResNet-18 layer table"})
+            continue
+        op = gallery.load(name)
+        for layer, binding in solve.check(op, table):
+            label = layer.name if hasattr(layer, "name") else str(layer)
+            try:
+                write(name, label, "default", cuda_bundle(op, binding, arch=arch))
+            except KdslError as error:
+                errors.append({"operator": name, "layer": label, "error": str(error)})
+                continue
+            if name in TUNED and label == variant_layer:
+                space = GpuSpace(lower(op, binding), from_arch(arch))
+                for index in range(variants - 1):
+                    config = space.random(rng)
+                    try:
+                        write(name, label, f"v{index:02d}", cuda_bundle(op, binding, arch=arch, config=config))
+                    except KdslError as error:
+                        errors.append({"operator": name, "layer": label, "variant": str(index), "error": str(error)})
+        print(f"{name}: done ({time.time() - start:.0f} s)", flush=True)
+    (out / "build_errors.json").write_text(json.dumps(errors, indent=1))
+    size = sum(p.stat().st_size for p in out.glob("*.json"))
+    print(
+        f"wrote {written} bundles ({size / 1e6:.1f} MB) to {out} in {time.time() - start:.0f} s; {len(errors)} errors"
+    )
+    return 0
+
+
+# -- run (there: torch CUDA + CuPy, no TVM) -------------------------------------------------------------
+
+
+def _bundles(folder: Path) -> list[dict[str, Any]]:
+    bundles = []
+    for path in sorted(folder.glob("*__*.json")):
+        bundle = json.loads(path.read_text())
+        bundle["file"] = path.name
+        bundles.append(bundle)
+    return bundles
+
+
+def _native(name: str, binding: dict[str, int]) -> Any:
+    """PyTorch's own function for a tuned operator: F.conv2d (cuDNN) or torch.matmul (cuBLAS)."""
+    import torch
+    import torch.nn.functional as F
+
+    if name == "conv2d":
+        return lambda x, w: F.conv2d(x, w, padding=binding.get("K", 3) // 2)
+    if name == "matmul":
+        return torch.matmul
+    return None
+
+
+def _torch_module(bundle: dict[str, Any], device: str) -> Any:
+    import kdsl
+    from kdsl.codegen.torch import build as build_torch
+
+    return build_torch(kdsl.parse(bundle["dsl"]), bundle["binding"]).to(device)
+
+
+def dry_run(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plan every bundle and build its PyTorch module on the CPU: what ``run`` does short of the GPU."""
+    rows = []
+    modules: dict[tuple[str, str], Any] = {}
+    for bundle in bundles:
+        row = {"file": bundle["file"], "operator": bundle.get("operator"), "layer": bundle.get("layer")}
+        try:
+            launch_plan = plan(bundle)
+            key = (bundle["dsl"], json.dumps(bundle["binding"], sort_keys=True))
+            if key not in modules:
+                modules[key] = _torch_module(bundle, "cpu")
+            row.update(
+                status="planned", kernels=len(launch_plan.launches), intermediates=len(launch_plan.intermediates)
+            )
+        except Exception as error:  # the dry run reports every bundle, whatever breaks
+            row.update(status="error", error=f"{type(error).__name__}: {error}"[:300])
+        rows.append(row)
+    return rows
+
+
+def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[str, Any]]]:
+    import torch
+
+    from kdsl.codegen.tvm.gpu import from_properties
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    device_line = f"{torch.cuda.get_device_name(0)}; {from_properties(torch.cuda.get_device_properties(0)).describe()}"
+    start = time.time()
+    rows = []
+    cache: dict[tuple[str, str], Any] = {}
+    for bundle in bundles:
+        row: dict[str, Any] = {
+            "file": bundle["file"],
+            "operator": bundle.get("operator"),
+            "layer": bundle.get("layer"),
+            "variant": bundle.get("variant"),
+        }
+        rows.append(row)
+        try:
+            key = (bundle["dsl"], json.dumps(bundle["binding"], sort_keys=True))
+            if key not in cache:
+                module = _torch_module(bundle, "cuda")
+                gen = torch.Generator(device="cpu").manual_seed(0)
+                launch_plan = plan(bundle)
+                tensors = [torch.randn(launch_plan.shapes[name], generator=gen).cuda() for name in launch_plan.inputs]
+                with torch.no_grad():
+                    for param, weight in zip(module.weights, tensors[1:]):
+                        param.copy_(weight.reshape(param.shape))
+                    expected = module(tensors[0])
+                    module_ms = time_cuda(lambda m=module, t=tensors: m(t[0]))
+                    native = _native(bundle.get("operator"), bundle["binding"])
+                    native_ms = time_cuda(lambda f=native, t=tensors: f(*t)) if native is not None else None
+                cache[key] = (tensors, expected, module_ms, native_ms)
+            tensors, expected, module_ms, native_ms = cache[key]
+            kernel = BundleKernel(bundle)
+            got = kernel(*tensors)
+            torch.cuda.synchronize()
+            scale = float(expected.abs().max()) or 1.0
+            error = float((got.reshape(expected.shape) - expected).abs().max()) / scale
+            row.update(rel_error=error, ok=bool(error <= TOLERANCE), module_ms=module_ms, native_ms=native_ms)
+            if time.time() - start > budget_s:
+                row["status"] = "not timed (budget spent)"
+                continue
+            with torch.no_grad():
+                row["kdsl_ms"] = time_cuda(lambda k=kernel, t=tensors: k(*t))
+            row["status"] = "ok" if row["ok"] else "WRONG"
+        except Exception as error:  # one failing bundle is a row of the table; the run goes on
+            row.update(status="error", ok=False, error=f"{type(error).__name__}: {error}"[:400])
+            traceback.print_exc(limit=2)
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # a launch failure may poison the context: say so, go on
+                row["error"] += " (CUDA context lost)"
+        print(f"{row['file']}: {row.get('status')} {row.get('rel_error', '')} {row.get('kdsl_ms', '')}", flush=True)
+    return device_line, rows
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def report(device_line: str, rows: list[dict[str, Any]], out: Path, seconds: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# kdsl GPU check", "", f"device: {device_line}", f"run time: {seconds:.0f} s", ""]
+    lines += ["## Agreement and time per operator and layer (default GPU schedule)", ""]
+    lines += [
+        "| operator | layer | status | rel. error | kdsl CUDA ms | kdsl PyTorch ms | ratio (kdsl/PyTorch module) |"
+    ]
+    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        if row.get("variant") != "default":
+            continue
+        err = f"{row['rel_error']:.1e}" if "rel_error" in row else row.get("error", "")[:80]
+        lines.append(
+            f"| {row['operator']} | {row['layer']} | {row.get('status')} | {err} | {row.get('kdsl_ms', 0):.4f} "
+            f"| {row.get('module_ms') or 0:.4f} | {_ratio(row.get('kdsl_ms'), row.get('module_ms'))} |"
+        )
+    lines += ["", "## Default schedule vs cuDNN (conv2d) / cuBLAS (matmul), TF32 off", ""]
+    lines += ["| operator | layer | kdsl ms | native ms | ratio kdsl/native |", "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        if row.get("operator") in TUNED and row.get("variant") == "default":
+            lines.append(
+                f"| {row['operator']} | {row['layer']} | {row.get('kdsl_ms', 0):.4f} | {row.get('native_ms') or 0:.4f} "
+                f"| {_ratio(row.get('kdsl_ms'), row.get('native_ms'))} |"
+            )
+    lines += ["", "## Best of the schedule variants vs cuDNN / cuBLAS", ""]
+    lines += ["| operator | layer | variants ok/run | best variant | best ms | default ms | native ms | best/native |"]
+    lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in TUNED:
+        layers = sorted({r["layer"] for r in rows if r.get("operator") == name and r.get("variant") != "default"})
+        for layer in layers:
+            group = [r for r in rows if r.get("operator") == name and r.get("layer") == layer]
+            good = [r for r in group if r.get("ok") and r.get("kdsl_ms")]
+            best = min(good, key=lambda r: r["kdsl_ms"], default=None)
+            default = next((r for r in group if r.get("variant") == "default"), {})
+            native = (best or default).get("native_ms")
+            lines.append(
+                f"| {name} | {layer} | {len(good)}/{len(group)} | {best['variant'] if best else '-'} "
+                f"| {best['kdsl_ms'] if best else 0:.4f} | {default.get('kdsl_ms', 0):.4f} | {native or 0:.4f} "
+                f"| {_ratio(best['kdsl_ms'] if best else None, native)} |"
+            )
+    bad = [r for r in rows if r.get("status") not in ("ok", "planned")]
+    lines += ["", f"## Failures ({len(bad)})", ""]
+    lines += [f"- {r['file']}: {r.get('status')} {r.get('error', '')}" for r in bad]
+    (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    (out / "gpu_check.json").write_text(json.dumps({"device": device_line, "seconds": seconds, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    b = commands.add_parser("build", help="write CUDA kernel bundles (needs TVM, not a GPU)")
+    b.add_argument("--out", type=Path, default=Path("gpu_bundles"))
+    b.add_argument("--variants", type=int, default=64, help="schedules of conv2d and matmul, the default included")
+    b.add_argument("--variant-layer", default="conv3_x")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--arch", default="sm_90")
+    b.add_argument("--only", nargs="*", help="these gallery operators only")
+    r = commands.add_parser("run", help="launch bundles with CuPy and compare (needs a GPU, not TVM)")
+    r.add_argument("--bundles", type=Path, default=Path("gpu_bundles"))
+    r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
+    r.add_argument("--budget-s", type=float, default=300.0, help="stop timing after this many seconds")
+    r.add_argument("--dry-run", action="store_true", help="parse and plan every bundle, launch nothing")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        return build(args.out, variants=args.variants, variant_layer=args.variant_layer, seed=args.seed,
+                     only=args.only, arch=args.arch)  # fmt: skip
+    bundles = _bundles(args.bundles)
+    if not bundles:
+        print(f"no bundles in {args.bundles}: run `python scripts/gpu_check.py build --out {args.bundles}` first")
+        return 1
+    start = time.time()
+    if args.dry_run:
+        rows = dry_run(bundles)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check_dry_run.json").write_text(json.dumps(rows, indent=1))
+        failed = [r for r in rows if r["status"] != "planned"]
+        print(f"planned {len(rows) - len(failed)} of {len(rows)} bundles in {time.time() - start:.1f} s")
+        for row in failed:
+            print(f"  {row['file']}: {row['error']}")
+        return 1 if failed else 0
+    device_line, rows = run(bundles, args.budget_s)
+    report(device_line, rows, args.out, time.time() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
