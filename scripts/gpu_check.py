@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kdsl.codegen.cuda_launch import BundleKernel, plan, time_cuda
 from kdsl.lang.errors import KdslError
 
+ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4
 TUNED = ("conv2d", "matmul")
 
@@ -102,16 +103,15 @@ def _bundles(folder: Path) -> list[dict[str, Any]]:
     return bundles
 
 
-def _native(name: str, binding: dict[str, int]) -> Any:
-    """PyTorch's own function for a tuned operator: F.conv2d (cuDNN) or torch.matmul (cuBLAS)."""
-    import torch
-    import torch.nn.functional as F
+def _native(name: str, tensors: list[Any], binding: dict[str, int]) -> Any:
+    """PyTorch's own function of a gallery operator on ``tensors`` (input, then weights in the
+    operator's layouts) as a call without arguments: cuDNN's F.conv2d for conv2d, cuBLAS for matmul,
+    and :mod:`kdsl.codegen.native`'s entry for every other operator that has one; None where none."""
+    from kdsl.codegen.native import NATIVE, native_function
 
-    if name == "conv2d":
-        return lambda x, w: F.conv2d(x, w, padding=binding.get("K", 3) // 2)
-    if name == "matmul":
-        return torch.matmul
-    return None
+    if name not in NATIVE:
+        return None
+    return native_function(name, tensors[0], tensors[1:], binding)
 
 
 def _torch_module(bundle: dict[str, Any], device: str) -> Any:
@@ -173,10 +173,17 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
                         param.copy_(weight.reshape(param.shape))
                     expected = module(tensors[0])
                     module_ms = time_cuda(lambda m=module, t=tensors: m(t[0]))
-                    native = _native(bundle.get("operator"), bundle["binding"])
-                    native_ms = time_cuda(lambda f=native, t=tensors: f(*t)) if native is not None else None
-                cache[key] = (tensors, expected, module_ms, native_ms)
-            tensors, expected, module_ms, native_ms = cache[key]
+                    native = _native(bundle.get("operator"), tensors, bundle["binding"])
+                    native_ms = time_cuda(native) if native is not None else None
+                    native_error = None
+                    if native is not None:  # kdsl's PyTorch module against PyTorch's own function
+                        reference = native()
+                        if reference.numel() == expected.numel():
+                            scale = float(reference.abs().max()) or 1.0
+                            native_error = float((expected - reference.reshape(expected.shape)).abs().max()) / scale
+                cache[key] = (tensors, expected, module_ms, native_ms, native_error)
+            tensors, expected, module_ms, native_ms, native_error = cache[key]
+            row["native_error"] = native_error
             kernel = BundleKernel(bundle)
             got = kernel(*tensors)
             torch.cuda.synchronize()
@@ -200,11 +207,46 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
     return device_line, rows
 
 
+#: the shuffled grouped convolutions the main job found (issue 24, docs/discover): G = 2 groups whose
+#: output channels are interleaved (2e1932e99324e944) or that read interleaved input channels
+#: (4cecb098febbe433)
+SHUFFLED = {
+    "grouped G=2, output interleaved (2e1932e9)": ("Split(Cin, Cin/G, 'g', 'ci')", "Merge('co', 'g', 'Cout')"),
+    "grouped G=2, input interleaved (4cecb098)": ("Split(Cin, G, 'ci', 'g')", "Merge('g', 'co', 'Cout')"),
+}
+GROUPED = """from kdsl.lang import *
+N, Cin, H, W, Cout = primary("N Cin H W Cout")
+G, K = coefficient("G K")
+w = Weight("g", Dim("co", Cout/G), "ci", "kh", "kw", name="w")
+op = (Input(N, Cin, H, W) >> {split} >> Unfold(H, K, "kh") >> Unfold(W, K, "kw") >> Share(w)
+      >> Reduce("ci", "kh", "kw") >> {merge} >> Output(N, Cout, H, W, defaults={{"G": 2, "K": 3}}))
+"""
+
+
+def network(out: Path) -> str:
+    """ResNet-18 end to end on the GPU (PyTorch, batch 1 and 8) with its stride-1 3x3 convolutions
+    replaced by conv2d, grouped conv and the two shuffled grouped convs: ``kdsl bench network --device
+    cuda``'s table."""
+    import kdsl
+    from kdsl.bench.network import format_table
+    from kdsl.discover.network import NetworkOp, network_latency
+
+    ops: list[Any] = ["conv2d", "grouped_conv2d:G=2", "syno_op2:G=2"]
+    for label, (split, merge) in SHUFFLED.items():
+        ops.append(NetworkOp(label, kdsl.parse(GROUPED.format(split=split, merge=merge))))
+    # the worker processes import kdsl from this checkout
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    rows = network_latency(ops, (1, 8), ("torch",), threads=4, repeats=5, max_repeats=10, target=0.2, device="cuda")
+    table = format_table(rows)
+    (out / "network_cuda.json").write_text(json.dumps(rows, indent=1))
+    return table
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a and b else "-"
 
 
-def report(device_line: str, rows: list[dict[str, Any]], out: Path, seconds: float) -> None:
+def report(device_line: str, rows: list[dict[str, Any]], out: Path, seconds: float, network_table: str = "") -> None:
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# kdsl GPU check", "", f"device: {device_line}", f"run time: {seconds:.0f} s", ""]
     lines += ["## Agreement and time per operator and layer (default GPU schedule)", ""]
@@ -244,6 +286,19 @@ def report(device_line: str, rows: list[dict[str, Any]], out: Path, seconds: flo
                 f"| {best['kdsl_ms'] if best else 0:.4f} | {default.get('kdsl_ms', 0):.4f} | {native or 0:.4f} "
                 f"| {_ratio(best['kdsl_ms'] if best else None, native)} |"
             )
+    lines += ["", "## kdsl's PyTorch module on CUDA vs PyTorch's own function (kdsl.codegen.native), TF32 off", ""]
+    lines += ["| operator | layer | module ms | native ms | module/native | rel. error vs native |"]
+    lines += ["| --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        if row.get("variant") == "default" and row.get("native_ms"):
+            error = row.get("native_error")
+            lines.append(
+                f"| {row['operator']} | {row['layer']} | {row.get('module_ms') or 0:.4f} | {row['native_ms']:.4f} "
+                f"| {_ratio(row.get('module_ms'), row['native_ms'])} | {'-' if error is None else f'{error:.1e}'} |"
+            )
+    if network_table:
+        lines += ["", "## ResNet-18 end to end on the GPU (PyTorch eager; kdsl bench network --device cuda)", ""]
+        lines += ["```", network_table, "```"]
     bad = [r for r in rows if r.get("status") not in ("ok", "planned")]
     lines += ["", f"## Failures ({len(bad)})", ""]
     lines += [f"- {r['file']}: {r.get('status')} {r.get('error', '')}" for r in bad]
@@ -267,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
     r.add_argument("--budget-s", type=float, default=300.0, help="stop timing after this many seconds")
     r.add_argument("--dry-run", action="store_true", help="parse and plan every bundle, launch nothing")
+    r.add_argument("--no-network", action="store_true", help="skip ResNet-18 end to end on the GPU")
     args = parser.parse_args(argv)
     if args.command == "build":
         return build(args.out, variants=args.variants, variant_layer=args.variant_layer, seed=args.seed,
@@ -285,8 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         for row in failed:
             print(f"  {row['file']}: {row['error']}")
         return 1 if failed else 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    network_table = ""
+    if not args.no_network:
+        try:
+            network_table = network(args.out)
+            print(network_table, flush=True)
+        except Exception as error:  # the kernels' check goes on without the network's table
+            network_table = f"network timing failed: {type(error).__name__}: {error}"[:2000]
+            traceback.print_exc(limit=3)
     device_line, rows = run(bundles, args.budget_s)
-    report(device_line, rows, args.out, time.time() - start)
+    report(device_line, rows, args.out, time.time() - start, network_table)
     return 0
 
 

@@ -9,7 +9,15 @@ import pytest
 
 from kdsl import gallery
 from kdsl.cli import main
-from kdsl.discover.network import NetworkOp, parse_op_spec, resnet18, resolve_ops, stage_layers, tvm_network
+from kdsl.discover.network import (
+    NetworkOp,
+    network_latency,
+    parse_op_spec,
+    resnet18,
+    resolve_ops,
+    stage_layers,
+    tvm_network,
+)
 from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers
@@ -185,3 +193,17 @@ def test_the_command_table_names_what_is_replaced_and_what_stays(capsys):
 def test_the_command_rejects_a_resolution_resnet_cannot_halve(capsys):
     code = main(["bench", "network", "--ops", "conv2d", "--resolution", "48"])
     assert code == 2 and "multiple of 32" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_the_command_refuses_cuda_in_one_line_without_a_gpu(capsys):
+    code = main(["bench", "network", "--ops", "conv2d", "--device", "cuda", "--resolution", "32"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_tvm_networks_on_cuda_are_refused_with_what_to_do():
+    with pytest.raises(KdslError, match="--backends torch"):
+        network_latency(["conv2d"], backends=("tvm",), device="cuda")
+    with pytest.raises(KdslError, match="unknown device 'tpu'"):
+        network_latency(["conv2d"], device="tpu")

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kdsl.discover.evaluators import check_device
 from kdsl.discover.network import BACKENDS, network_latency
 from kdsl.lang.errors import printable
 
@@ -48,10 +49,12 @@ def bench_network(args: argparse.Namespace) -> int:
     """Print the table (or JSON) of :func:`network_latency` for the command's arguments."""
     start = time.perf_counter()
     load_before = _load_average()
+    if args.device == "cuda":
+        check_device("cuda")  # one clear line where no GPU is present, before any work
     rows = network_latency(
         args.ops,
         args.batch,
-        args.backends,
+        args.backends or (["torch"] if args.device == "cuda" else list(BACKENDS)),
         db=args.db,
         resolution=args.resolution,
         classes=args.classes,
@@ -60,6 +63,7 @@ def bench_network(args: argparse.Namespace) -> int:
         max_repeats=args.max_repeats,
         target=args.target,
         seed=args.seed,
+        device=args.device,
         progress=lambda line: print(f"bench network: {line}", file=sys.stderr, flush=True),
     )
     wall = time.perf_counter() - start
@@ -69,6 +73,7 @@ def bench_network(args: argparse.Namespace) -> int:
     print(
         f"kdsl bench network: ResNet-18, {args.resolution}x{args.resolution} input, {args.classes} classes, "
         f"random weights, forward (no grad), {args.threads} threads"
+        + (f", on {_gpu_name()} (each call synchronized)" if args.device == "cuda" else "")
     )
     print(
         "Replaced: the 13 stride-1 3x3 convolutions with Cin = Cout (the resnet18 layer table). Kept as PyTorch "
@@ -103,6 +108,12 @@ def bench_network(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_name() -> str:
+    import torch
+
+    return str(torch.cuda.get_device_name(0))
+
+
 def _load_average() -> float | None:
     """The machine's 1-minute load average (None where the OS does not tell)."""
     try:
@@ -122,7 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--db", help="a search or discover results database to read candidate keys from")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes")
-    parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), help="backends to time")
+    parser.add_argument(
+        "--backends", nargs="+", choices=BACKENDS, help="backends to time (default: all; torch with --device cuda)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="threads of PyTorch and TVM (this machine: 2 cores)")
     parser.add_argument("--resolution", type=int, default=224, help="input size (224: ImageNet; a multiple of 32)")
     parser.add_argument("--classes", type=int, default=1000, help="classes of the classifier")
@@ -132,4 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--target", type=float, default=0.3, help="seconds each network runs per round (about)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and input")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the PyTorch networks run (cuda: a GPU PyTorch sees; with --backends torch)",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

@@ -368,10 +368,17 @@ def _time_batch(
             continue  # its network is the baseline's
         net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
         networks[item.label] = tvm_network(net, kernels) if backend == "tvm" else net
-    build_seconds = time.perf_counter() - start
+    device = config.get("device", "cpu")
     x = torch.randn(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
+    if device != "cpu":
+        networks = {name: net.to(device) for name, net in networks.items()}
+        x = x.to(device)
+    build_seconds = time.perf_counter() - start
     names = list(networks)
-    functions = [lambda net=networks[name]: net(x) for name in names]
+    if device == "cuda":  # a GPU runs asynchronously: a call is over when the device is done
+        functions = [lambda net=networks[name]: (net(x), torch.cuda.synchronize()) for name in names]
+    else:
+        functions = [lambda net=networks[name]: net(x) for name in names]
     base_name = "baseline" if backend == "tvm" else "native"
     base_index = names.index(base_name)
 
@@ -401,6 +408,7 @@ def _time_batch(
             "vs_native": ratio_of_pairs(samples[name], samples["native"]),
             "rounds": len(samples[name]),
             "threads": torch.get_num_threads(),
+            "device": device,
             "build_s": build_seconds,
         }
 
@@ -438,6 +446,7 @@ def network_latency(
     spread: float = 0.15,
     target: float = 0.3,
     seed: int = 0,
+    device: str = "cpu",
     progress: Any | None = None,
 ) -> list[dict[str, Any]]:
     """ResNet-18's end-to-end forward latency with each operator in its stage 3x3 convolutions,
@@ -449,9 +458,17 @@ def network_latency(
     ``threads`` and ``build_s``. Each backend is timed in its own worker process with ``threads``
     threads; ``target`` is about how many seconds each network runs per round; after ``repeats``
     rounds, ``repeats`` more are timed (up to ``max_repeats``) while a ratio's spread exceeds
-    ``spread``. ``progress`` is
-    called with a line before each backend's worker starts.
+    ``spread``. ``device``: ``"cpu"``, or ``"cuda"`` to run the PyTorch networks on the GPU (each
+    call synchronized; kdsl's TVM kernels are not wired into a network on CUDA yet, so ``"tvm"`` is
+    refused there). ``progress`` is called with a line before each backend's worker starts.
     """
+    if device not in ("cpu", "cuda"):
+        raise KdslError(f"unknown device {device!r} for the network latency: use cpu or cuda")
+    if device == "cuda" and "tvm" in backends:
+        raise KdslError(
+            "--device cuda times the PyTorch networks only (--backends torch): kdsl's TVM CUDA kernels "
+            "are not wired into a network yet"
+        )
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise KdslError(f"backends must be some of {', '.join(BACKENDS)}, got {list(backends)!r}")
@@ -474,6 +491,7 @@ def network_latency(
         "spread": spread,
         "target": target,
         "seed": seed,
+        "device": device,
     }
     rows = []
     for backend in backends:
