@@ -49,6 +49,10 @@ def test_search_stores_known_designs_first_with_their_origin_and_resumes(tmp_pat
         store.close()
     keys = {row["key"] for row in rows}
     assert gallery.load("grouped_conv2d").with_defaults(G=4).key in keys
+    # a design at two coefficient values is two candidates, neither a duplicate of the other
+    status = {row["key"]: row["status"] for row in rows}
+    grouped = gallery.load("grouped_conv2d")
+    assert status[grouped.with_defaults(G=2).key] == status[grouped.with_defaults(G=4).key] == "valid"
     origins = {row["metrics"]["origin"] for row in rows}
     assert "grouped_conv2d" in origins
     second = search(space, "neighbors", db=db, max_results=10)
@@ -82,6 +86,10 @@ def test_transposes_interleave_groups_and_shifts_come_last():
     texts = [text for text, _ in found]
     shifted = [i for i, text in enumerate(texts) if text.startswith("Shift(")]
     assert shifted and min(shifted) > max(i for i, text in enumerate(texts) if not text.startswith("Shift("))
+    # transposes first, drops after everything but the shifts
+    assert texts[0].startswith("transpose") and texts[1].startswith("transpose")
+    dropped = [i for i, text in enumerate(texts) if text.startswith("drop")]
+    assert dropped and min(dropped) > max(i for i, text in enumerate(texts) if text.startswith(("G=", "swap")))
     merged = dict(found)["transpose Merge(g, co)"]
     split = dict(found)["transpose Split(Cin, Cin/G)"]
     # the transposed Merge interleaves the groups' output channels: out[2 co + g] = grouped[g * Cout/2 + co]

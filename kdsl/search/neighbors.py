@@ -16,9 +16,10 @@ set to each value the space allows, and then walks outwards breadth-first, one r
   dim made to interleave instead of taking blocks (``Split(Cin, Cin/G, "g", "ci")`` ->
   ``Split(Cin, G, "ci", "g")``: a group takes every G-th channel).
 
-Each operator's rewrites are tried in a seeded order, but shift insertions after the others: a
-design with shifts inserted is a *variant* of it (:mod:`kdsl.search.provenance`), which discover
-does not train again, while the other rewrites change the design.
+Each operator's rewrites are tried in a seeded order within each kind, the kinds in the order
+transpose, coefficient, swap, drop, shift: a drop takes capacity away (a conv without one of its
+windows rarely learns as well), and a design with shifts inserted is a *variant* of it
+(:mod:`kdsl.search.provenance`), which discover does not train again.
 
 Every operator is kept only if it builds, fits the spec and is new by content key; the driver
 evaluates it like every search result (validity on the space's layers, budgets). The walk is
@@ -53,6 +54,8 @@ __all__ = ["Found", "Neighbors", "rebuilt", "seeds"]
 
 #: how many rewrites away from a gallery design the walk goes at most
 MAX_REWRITES = 3
+#: the order in which each operator's rewrites are tried, by kind (see :func:`rewrites`)
+ORDER = {"transpose": 0, "coefficient": 1, "swap": 2, "drop": 3, "shift": 4}
 
 
 @dataclass
@@ -139,7 +142,10 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
     spatial = [d.name for d in op.inputs if d.name in space.spatial or d.size.variable_name in space.spatial]
     moves.extend(("shift", (i, dim)) for i in range(len(op.steps)) for dim in spatial)
     rng.shuffle(moves)
-    moves.sort(key=lambda move: move[0] == "shift")  # stable: shifts last, the rest in the seeded order
+    # stable, so each kind keeps the seeded order: the rewrites that change the design without
+    # taking capacity away first, then drops (a dropped window or weight rarely learns as well),
+    # shifts last (a design with shifts inserted is a variant of it)
+    moves.sort(key=lambda move: ORDER[move[0]])
     for kind, move in moves:
         if kind == "coefficient":
             coefficient, value = move

@@ -335,6 +335,19 @@ def family_rank(op: Operator, layer: Mapping[str, int], batch: str, labels: np.n
     return min(rank, MAX_RANK)
 
 
+def coefficient_tag(op: object) -> str:
+    """The coefficient values an operator is a candidate at, as a suffix of its family's name
+    (``""`` when it has none).
+
+    >>> from kdsl import gallery
+    >>> coefficient_tag(gallery.load("grouped_conv2d").with_defaults(G=2)), coefficient_tag(gallery.load("matmul"))
+    ('|G=2,K=3', '')
+    """
+    used = set(getattr(op, "coefficient_variables", ()))
+    values = sorted((k, int(v)) for k, v in (getattr(op, "default_coefficients", {}) or {}).items() if k in used)
+    return "|" + ",".join(f"{k}={v}" for k, v in values) if values else ""
+
+
 class Families:
     """The function families a search has stored, for dedupe at insertion: ``store`` (a
     :class:`kdsl.search.store.Store` or None) holds those of earlier calls, this object those of
@@ -361,6 +374,9 @@ class Families:
         if found is None:
             return None, None, None
         pattern, rank = found
+        # the pattern is taken at the small layers' coefficient values; a candidate is a design at
+        # its own values (grouped conv at G = 2 and at G = 4 are two), so those join the family's name
+        pattern += coefficient_tag(op)
         members = self.known.get(pattern)
         if members is None:
             stored = self.store.families(pattern) if self.store is not None else []
