@@ -1,13 +1,42 @@
-"""Element-wise functions as TIR expressions: Map's functions and Blend's operations.
+"""Element-wise functions as TIR expressions: Map's functions, Blend's operations, the folds' reducers.
 
-In float64 the transcendental functions are LLVM's (libm calls: exact to an ulp, scalar). In float32
-LLVM has no vector forms of ``exp``, ``sin``, ``tanh`` or ``erf`` here (it calls ``expf`` once per
-element: a Map("sin") over a ResNet-18 activation ran 30x slower than PyTorch's vectorized SLEEF),
-so they are written as polynomials that vectorize: Cephes' ``expf`` (range reduction by ln 2, degree-6
-polynomial, 2**n built in the exponent bits), a Taylor ``sin`` after reduction by pi (terms to r**13:
-error below 3e-9 on [-pi/2, pi/2], plus the reduction's rounding, growing with |x|), and the rational
-``tanh`` and ``erf`` of Eigen that TVM's ``topi.fast_tanh`` / ``fast_erf`` use. Their errors are a few
-float32 ulps (checked against float64 in tests/test_graph_tvm.py).
+Every form is plain TIR (selects, ``isnan``, arithmetic, bit casts and the float64 intrinsics), so it
+lowers on LLVM and CUDA alike.
+
+**NaN** goes through as in PyTorch: ``relu(NaN)``, ``max(NaN, x)``, ``min(x, NaN)``, a max/min fold
+or a softmax row holding a NaN are NaN. TIR's ``max``/``min`` are not (``a > b ? a : b`` on LLVM,
+``fmaxf`` on CUDA), nor is a clamp, so the forms here compare with ``isnan`` where a NaN could be
+lost (:func:`nan_max`, :func:`fold_reducer`, the guards of the clamped polynomials).
+
+**Accuracy.** In float64 the transcendental functions are the intrinsics (libm on LLVM). In float32
+LLVM has no vector forms of ``exp``, ``tanh`` or ``erf`` here (it calls ``expf`` once per element:
+a Map("sin") over a ResNet-18 activation ran 30x slower than PyTorch's vectorized SLEEF), so exp
+and tanh are polynomials that vectorize: Cephes' ``expf`` (range reduction by ln 2, degree-6
+polynomial, ``2**n`` built in two exponent-bit factors so the whole range from the subnormals to
+``exp(88.72)`` stays finite and rounded once) and Eigen's rational ``tanh``. ``sin`` and ``gelu`` are
+computed in float64 and rounded once: no float32 range reduction is exact for |x| up to 3.4e38, and
+``1 + erf`` cancels in gelu's negative tail (there ``erfc`` by its continued fraction instead). Their
+float32 errors against a float64 truth (tests/test_elementwise_math.py sweeps ~250 000 values
+log-uniform over the whole float32 range, both signs, subnormals, +-0, +-inf, NaN and the
+overflow/underflow edges, one kernel per map):
+
+========  ==========  ==========================================================================
+map       ulps (max)  domain and notes
+========  ==========  ==========================================================================
+| relu    0           all float32 (exact; -0 stays -0, NaN stays NaN, as ``torch.relu``)
+| abs     0           all float32 (exact)
+| neg     0           all float32 (exact)
+| scale   1           all float32 (``by`` rounded to float32, then one product)
+| sin     1           all float32 (float64 ``sin``, one rounding; sin(+-inf) is NaN)
+| exp     2           all float32 (inf above 88.7228, 0 below -103.97, subnormals in between)
+| sigmoid 3           all float32 (``exp(-|x|)`` form: subnormal results below x = -87.3)
+| tanh    5           all float32 (x itself below 2**-13, +-1 beyond +-9)
+| gelu    1           all float32 (float64 erf / erfc; gelu(-inf) is NaN, as ``F.gelu``)
+========  ==========  ==========================================================================
+
+(A ulp is that of the float64 truth's float32 binade, 2**-149 among the subnormals; where the truth
+rounds to an infinity or is NaN the result must be that exactly.) Measured maxima on the sweep: relu,
+abs, neg 0; scale 0.68; sin 0.50; exp 0.94; sigmoid 2.2; tanh 3.9; gelu 0.50.
 
 >>> sorted(MAP_FORMS) == sorted(__import__("kdsl.lang.nonlinear", fromlist=["x"]).MAP_FUNCTIONS)
 True
@@ -18,6 +47,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from typing import Any
+
+#: each Map's largest error in float32 ulps against a float64 truth, and where it holds (the table
+#: in the docstring; tests/test_elementwise_math.py sweeps the range)
+ULP_BOUNDS: dict[str, tuple[float, str]] = {
+    "relu": (0.0, "all float32"),
+    "abs": (0.0, "all float32"),
+    "neg": (0.0, "all float32"),
+    "scale": (1.0, "all float32"),
+    "sin": (1.0, "all float32"),
+    "exp": (2.0, "all float32"),
+    "sigmoid": (3.0, "all float32"),
+    "tanh": (5.0, "all float32"),
+    "gelu": (1.0, "all float32"),
+}
 
 #: float32 forms are used for these dtypes (float64 keeps LLVM's exact library calls)
 FAST_DTYPES = frozenset({"float32"})
@@ -33,22 +76,6 @@ _TANH_ALPHA = (
     4.89352455891786e-03,
 )
 _TANH_BETA = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
-_ERF_ALPHA = (
-    -2.72614225801306e-10,
-    2.77068142495902e-08,
-    -2.10102402082508e-06,
-    -5.69250639462346e-05,
-    -7.34990630326855e-04,
-    -2.95459980854025e-03,
-    -1.60960333262415e-02,
-)
-_ERF_BETA = (
-    -1.45660718464996e-05,
-    -2.13374055278905e-04,
-    -1.68282697438203e-03,
-    -7.37332916720468e-03,
-    -1.42647390514189e-02,
-)
 
 
 def _horner(tvm: Any, x: Any, coefficients: tuple[float, ...], dtype: str) -> Any:
@@ -68,8 +95,68 @@ def _let(tvm: Any, value: Any, body: Callable[[Any], Any], name: str = "t") -> A
     return tvm.tirx.Let(var, value, body(var))
 
 
+def _is_nan(tvm: Any, x: Any) -> Any:
+    return tvm.tirx.isnan(x)
+
+
+def nan_max(tvm: Any, a: Any, b: Any) -> Any:
+    """``max(a, b)``, NaN if either is (``torch.maximum``). TIR's ``max`` is ``a > b ? a : b`` on LLVM
+    (NaN only when ``b`` is) and ``fmaxf`` on CUDA (NaN never): neither is PyTorch's."""
+    return tvm.tirx.Select(tvm.tirx.Or(a > b, tvm.tirx.isnan(a)), a, b)
+
+
+def nan_min(tvm: Any, a: Any, b: Any) -> Any:
+    """``min(a, b)``, NaN if either is (``torch.minimum``)."""
+    return tvm.tirx.Select(tvm.tirx.Or(a < b, tvm.tirx.isnan(a)), a, b)
+
+
+#: what each fold combines with, and its identity (infinite, so a fold over -inf gives -inf, as NumPy)
+_FOLD_COMBINERS: dict[str, tuple[Callable[[Any, Any, Any], Any], float]] = {
+    "max": (nan_max, -math.inf),
+    "min": (nan_min, math.inf),
+}
+#: the FFI functions handed to s_tir's reducer registry: held here for the process's life (the
+#: registry outlives the module's globals; a callback it alone holds is freed after Python is)
+_REGISTERED: dict[str, tuple[Any, Any]] = {}
+
+
+def fold_reducer(tvm: Any, how: str) -> Any:
+    """A ``te.comm_reducer`` for a NaN-propagating max (``how="max"``) or min fold, as ``torch.amax``.
+
+    ``te.max``'s combiner drops NaN on both targets (:func:`nan_max`). The schedule's ``rfactor``
+    matches a block's update against s_tir's registry of reducers, so the combiner is registered there
+    once per process (the registry is global; a forked worker inherits it).
+    """
+    combine, identity = _FOLD_COMBINERS[how]
+    if how not in _REGISTERED:
+        import tvm_ffi  # comes with tvm
+
+        def combiner(lhs: Any, rhs: Any) -> list[Any]:
+            return [combine(tvm, lhs[0], rhs[0])]
+
+        def identities(values: Any) -> list[Any]:
+            return [tvm.tirx.const(identity, values[0].ty)]
+
+        functions = (tvm_ffi.convert(combiner), tvm_ffi.convert(identities))
+        tvm.get_global_func("s_tir.schedule.RegisterReducer")(1, *functions)
+        _REGISTERED[how] = functions
+    return tvm.te.comm_reducer(
+        lambda a, b: combine(tvm, a, b), lambda dtype: tvm.tirx.const(identity, dtype), name=f"nan_{how}"
+    )
+
+
+def _exponent_scale(tvm: Any, n: Any, dtype: str) -> Any:
+    """``2**n`` for an int32 ``n`` in [-126, 127], built in a float32's exponent bits."""
+    return tvm.tirx.reinterpret(dtype, (n + 127) << 23)
+
+
 def fast_exp(tvm: Any, x: Any, dtype: str) -> Any:
-    """Cephes' expf: ``x = n ln2 + r``, ``exp(r)`` by a polynomial, ``2**n`` in the exponent bits."""
+    """float32 ``e**x``: ``x = n ln2 + r`` (ln 2 in two parts, Cody-Waite), ``exp(r)`` by Cephes'
+    degree-6 polynomial, then ``2**n`` as two factors ``2**(n//2) * 2**(n - n//2)``: one factor of
+    ``2**n`` leaves float32's exponent range at both ends (``exp(88.5)`` = 2.7e38 came out inf, and
+    results below 2**-126 lost their subnormal digits), two stay inside it for ``n`` in [-150, 128].
+    ``x`` is clamped to [-104, 89] (beyond: 0 and inf, after rounding); NaN is selected through
+    (the clamp would turn it into a number on either target)."""
     tirx = tvm.tirx
 
     def c(v: float) -> Any:
@@ -79,56 +166,54 @@ def fast_exp(tvm: Any, x: Any, dtype: str) -> Any:
         def with_n(n: Any) -> Any:
             def with_r(r: Any) -> Any:
                 y = (_horner(tvm, r, _EXP_POLY, dtype) * r * r) + r + c(1.0)
-                return y * tirx.reinterpret(dtype, (n.astype("int32") + 127) << 23)
+                n_int = n.astype("int32")
+                half = n_int >> 1  # floor(n / 2): an arithmetic shift
+                return y * _exponent_scale(tvm, half, dtype) * _exponent_scale(tvm, n_int - half, dtype)
 
             return _let(tvm, x - n * c(0.693359375) - n * c(-2.12194440e-4), with_r, "r")  # ln 2 in two parts
 
         return _let(tvm, tirx.round(x * c(1.44269504088896341)), with_n, "n")
 
-    return _let(tvm, _clamp(tvm, x, -88.3762626647949, 88.3762626647950, dtype), with_x, "x")
+    def guarded(raw: Any) -> Any:
+        return tirx.Select(_is_nan(tvm, raw), raw, _let(tvm, _clamp(tvm, raw, -104.0, 89.0, dtype), with_x, "x"))
+
+    return _let(tvm, x, guarded, "e")
 
 
-def fast_sin(tvm: Any, x: Any, dtype: str) -> Any:
-    """``x = k pi + r`` (pi in three parts), ``sin(r)`` by its Taylor series to r**13, sign ``(-1)**k``."""
-    tirx = tvm.tirx
-    taylor = tuple((-1) ** (n // 2) / math.factorial(n) for n in range(13, 0, -2))  # 1/13!, .., -1/3!, 1
-
-    def c(v: float) -> Any:
-        return tirx.const(v, dtype)
-
-    def with_x(x: Any) -> Any:
-        def with_k(k: Any) -> Any:
-            def with_y(y: Any) -> Any:
-                return tirx.Select(tirx.floormod(k.astype("int32"), 2) == 1, -y, y)
-
-            def with_r(r: Any) -> Any:
-                return _let(tvm, _horner(tvm, r * r, taylor, dtype) * r, with_y, "y")
-
-            reduced = x - k * c(3.140625) - k * c(9.67502593994140625e-4) - k * c(1.509957990978376432e-7)
-            return _let(tvm, reduced, with_r, "r")
-
-        return _let(tvm, tirx.round(x * c(1 / math.pi)), with_k, "k")
-
-    return _let(tvm, x, with_x, "x")
+def wide_sin(tvm: Any, x: Any, dtype: str) -> Any:
+    """float32 ``sin`` in float64 arithmetic: the float64 intrinsic (libm's on LLVM, CUDA's ``sin``)
+    reduces any argument exactly (Payne-Hanek); a float32 reduction by pi in three parts cannot past
+    |x| ~ 1e5 (sin(1e9) came out 0.395 for 0.546, sin(3e9) 4.4e19). One rounding to float32 after
+    an error below 1e-15: within 1 ulp. The price is a scalar call per element on LLVM."""
+    return tvm.tirx.sin(x.astype("float64")).astype(dtype)
 
 
 def _rational(tvm: Any, x: Any, bound: float, alpha: tuple[float, ...], beta: tuple[float, ...], dtype: str) -> Any:
-    """``x p(x**2) / q(x**2)`` for ``x`` clamped to ``[-bound, bound]``."""
+    """``x p(x**2) / q(x**2)`` for ``x`` clamped to ``[-bound, bound]``; NaN selected through (the
+    clamp turns it into a number on either target)."""
 
     def with_x(x: Any) -> Any:
         return _let(tvm, x * x, lambda x2: x * _horner(tvm, x2, alpha, dtype) / _horner(tvm, x2, beta, dtype), "x2")
 
-    return _let(tvm, _clamp(tvm, x, -bound, bound, dtype), with_x, "x")
+    def guarded(raw: Any) -> Any:
+        return tvm.tirx.Select(_is_nan(tvm, raw), raw, _let(tvm, _clamp(tvm, raw, -bound, bound, dtype), with_x, "x"))
+
+    return _let(tvm, x, guarded, "q")
 
 
 def fast_tanh(tvm: Any, x: Any, dtype: str) -> Any:
-    """Eigen's rational tanh on [-9, 9] (tanh is +-1 to float32 precision outside)."""
-    return _rational(tvm, x, 9.0, _TANH_ALPHA, _TANH_BETA, dtype)
-
-
-def fast_erf(tvm: Any, x: Any, dtype: str) -> Any:
-    """Eigen's rational erf on [-4, 4] (erf is +-1 to float32 precision outside)."""
-    return _rational(tvm, x, 4.0, _ERF_ALPHA, _ERF_BETA, dtype)
+    """Eigen's rational tanh on [-9, 9] (tanh is +-1 to float32 precision outside), and ``x`` itself
+    below 2**-13 (where x**3 / 3 is under half an ulp of x): the rational's ``x * p(x**2)`` falls into
+    the subnormals there first and came out 100 ulps off near 1e-38."""
+    tirx = tvm.tirx
+    return _let(
+        tvm,
+        x,
+        lambda x: tirx.Select(
+            tirx.abs(x) < tirx.const(2.0**-13, dtype), x, _rational(tvm, x, 9.0, _TANH_ALPHA, _TANH_BETA, dtype)
+        ),
+        "h",
+    )
 
 
 def exp(tvm: Any, x: Any, dtype: str) -> Any:
@@ -136,32 +221,87 @@ def exp(tvm: Any, x: Any, dtype: str) -> Any:
     return fast_exp(tvm, x, dtype) if dtype in FAST_DTYPES else tvm.tirx.exp(x)
 
 
+def sigmoid(tvm: Any, x: Any, dtype: str) -> Any:
+    """``1 / (1 + e**-x)`` written with ``e = exp(-|x|)``, which never overflows: ``1 / (1 + e)`` for
+    ``x >= 0``, ``e / (1 + e)`` below (the plain form overflows ``e**-x`` to inf for x < -88.7 and
+    returns 0 where the answer is a subnormal). NaN: ``exp(NaN)`` is NaN and the select keeps it."""
+    one = tvm.tirx.const(1.0, dtype)
+
+    def with_x(x: Any) -> Any:
+        def with_e(e: Any) -> Any:
+            return _let(
+                tvm,
+                one / (one + e),
+                lambda inverse: tvm.tirx.Select(x >= tvm.tirx.const(0.0, dtype), inverse, e * inverse),
+                "s",
+            )
+
+        return _let(tvm, exp(tvm, -tvm.tirx.abs(x), dtype), with_e, "e")
+
+    return _let(tvm, x, with_x, "x")
+
+
+#: terms of the continued fraction of erfc (gelu's tail): 2e-13 relative at z >= 3 (checked in float64)
+_ERFC_TERMS = 20
+#: below this ``-x / sqrt 2`` gelu uses ``1 + erf``; its cancellation costs at most 1/erfc(3) = 5e4
+#: float64 ulps (1e-11), far below float32's
+_ERFC_FROM = 3.0
+
+
+def _erfc_tail(tvm: Any, z: Any) -> Any:
+    """float64 ``erfc(z)`` for ``z >= 3``: Laplace's continued fraction
+    ``e**-z**2 / sqrt(pi) / (z + (1/2) / (z + 1 / (z + (3/2) / (z + ...))))``, evaluated from its
+    last term; finite for every z (below 3 its value is unused)."""
+    tirx = tvm.tirx
+    tail = z
+    for n in range(_ERFC_TERMS, 0, -1):
+        tail = z + tirx.const(n / 2, "float64") / tail
+    return tirx.exp(-z * z) / (tirx.const(math.sqrt(math.pi), "float64") * tail)
+
+
+def wide_gelu(tvm: Any, x: Any, dtype: str) -> Any:
+    """float32 ``x * (1 + erf(x / sqrt 2)) / 2`` in float64: for x below -3 sqrt 2 as
+    ``x * erfc(-x / sqrt 2) / 2`` (``1 + erf`` cancels to nothing there: gelu(-10) = -7.6e-23 came
+    out -0), with erfc by its continued fraction; above, with the float64 ``erf`` intrinsic."""
+    tirx = tvm.tirx
+
+    def with_x(x: Any) -> Any:
+        def with_z(z: Any) -> Any:
+            head = x * (tirx.const(1.0, "float64") + tirx.erf(z))
+            tail = x * _erfc_tail(tvm, tirx.max(-z, tirx.const(_ERFC_FROM, "float64")))
+            return tirx.Select(z < tirx.const(-_ERFC_FROM, "float64"), tail, head) * tirx.const(0.5, "float64")
+
+        return _let(tvm, x * tirx.const(1 / math.sqrt(2), "float64"), with_z, "z")
+
+    return _let(tvm, x.astype("float64"), with_x, "g").astype(dtype)
+
+
+def relu(tvm: Any, x: Any, dtype: str) -> Any:
+    """``max(x, 0)`` as ``torch.relu``: NaN stays NaN (TIR's ``max`` gives 0 on LLVM), -0 stays -0."""
+    return tvm.tirx.Select(x < tvm.tirx.const(0.0, dtype), tvm.tirx.const(0.0, dtype), x)
+
+
 def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
-    def fast_or(fast: Callable[[Any, Any, str], Any], exact: str) -> Callable[[Any, Any, str, float], Any]:
-        return lambda tvm, x, dtype, by: fast(tvm, x, dtype) if dtype in FAST_DTYPES else getattr(tvm.tirx, exact)(x)
+    def wide_or(wide: Callable[[Any, Any, str], Any], exact: str) -> Callable[[Any, Any, str, float], Any]:
+        return lambda tvm, x, dtype, by: wide(tvm, x, dtype) if dtype in FAST_DTYPES else getattr(tvm.tirx, exact)(x)
 
-    def sigmoid(tvm: Any, x: Any, dtype: str, by: float) -> Any:
-        one = tvm.tirx.const(1.0, dtype)
-        return one / (one + exp(tvm, -x, dtype))
-
-    def gelu(tvm: Any, x: Any, dtype: str, by: float) -> Any:
-        # the exact form (torch's default): x * (1 + erf(x / sqrt 2)) / 2
+    def gelu64(tvm: Any, x: Any) -> Any:
+        # float64 keeps the definition's form, as the reference and F.gelu compute it
         def with_x(x: Any) -> Any:
-            scaled = x * tvm.tirx.const(1 / math.sqrt(2), dtype)
-            erf = fast_erf(tvm, scaled, dtype) if dtype in FAST_DTYPES else tvm.tirx.erf(scaled)
-            return x * (tvm.tirx.const(1.0, dtype) + erf) * tvm.tirx.const(0.5, dtype)
+            scaled = x * tvm.tirx.const(1 / math.sqrt(2), "float64")
+            return x * (tvm.tirx.const(1.0, "float64") + tvm.tirx.erf(scaled)) * tvm.tirx.const(0.5, "float64")
 
         return _let(tvm, x, with_x, "g")
 
     return {
-        "relu": lambda tvm, x, dtype, by: tvm.tirx.max(x, tvm.tirx.const(0.0, dtype)),
+        "relu": lambda tvm, x, dtype, by: relu(tvm, x, dtype),
         "abs": lambda tvm, x, dtype, by: tvm.tirx.abs(x),
         "neg": lambda tvm, x, dtype, by: -x,
-        "sin": fast_or(fast_sin, "sin"),
+        "sin": wide_or(wide_sin, "sin"),
         "exp": lambda tvm, x, dtype, by: exp(tvm, x, dtype),
-        "sigmoid": sigmoid,
-        "tanh": fast_or(fast_tanh, "tanh"),
-        "gelu": gelu,
+        "sigmoid": lambda tvm, x, dtype, by: sigmoid(tvm, x, dtype),
+        "tanh": wide_or(fast_tanh, "tanh"),
+        "gelu": lambda tvm, x, dtype, by: wide_gelu(tvm, x, dtype) if dtype in FAST_DTYPES else gelu64(tvm, x),
         "scale": lambda tvm, x, dtype, by: x * tvm.tirx.const(by, dtype),
     }
 
@@ -169,11 +309,11 @@ def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
 #: Map's functions: ``form(tvm, x, dtype, by)`` -> the TIR expression of ``f(x)``
 MAP_FORMS: dict[str, Callable[[Any, Any, str, float], Any]] = _map_forms()
 
-#: Blend's operations: ``form(tvm, a, b)``
+#: Blend's operations: ``form(tvm, a, b)``; min and max propagate NaN as torch.minimum/maximum
 BLEND_FORMS: dict[str, Callable[[Any, Any, Any], Any]] = {
     "add": lambda tvm, a, b: a + b,
     "sub": lambda tvm, a, b: a - b,
     "mul": lambda tvm, a, b: a * b,
-    "min": lambda tvm, a, b: tvm.tirx.min(a, b),
-    "max": lambda tvm, a, b: tvm.tirx.max(a, b),
+    "min": nan_min,
+    "max": nan_max,
 }

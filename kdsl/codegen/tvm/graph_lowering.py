@@ -8,7 +8,7 @@ Chain      the linear chain lowered onto its argument's tensor (:func:`.lowering
            the same stages as a plain operator's, names prefixed ``n<i>_``)
 Map        one element-wise stage (``max(x, 0)``, ``|x|``, ``-x``, sin, exp, sigmoid, tanh,
            GELU with ``erf``, ``by * x``)
-Fold       one ``te.max`` (``te.min``) reduction stage; when its argument is a chain with a
+Fold       one NaN-propagating max (min) reduction stage; when its argument is a chain with a
            window, padded elements take no part (below)
 Softmax    three stages: the max, the sum of ``exp(x - max)``, and ``exp(x - max) / sum``
 FC         one sum reduction stage of the data times the weight ``[o, *dims]``
@@ -23,17 +23,16 @@ copy never exists (involution at conv2_x, 1 thread: 2.7 -> 0.36 ms).
 
 **Fold and window padding.** The reference's rule: an element that is a window's zero padding takes
 no part in a max (min) fold (``F.max_pool2d``'s padding), and where no element takes part the result
-is 0. A fold reading a chain of views reads the chain's input through them, with ``-inf`` (``+inf``)
-instead of zero where a window reads past its dim (in the padded copy of the input, or in the bounds
-check that the scheduler puts back). Whether
-every output element has a valid read is decided here from the windows' guards, evaluated once over
-the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
+is 0. A NaN among the elements that take part makes the result NaN, as ``torch.amax`` and
+``F.max_pool2d`` (:func:`.elementwise.fold_reducer`). A fold reading a chain of views reads the
+chain's input through them, with ``-inf`` (``+inf``) instead of zero where a window reads past its dim
+(in the padded copy of the input, or in the bounds check that the scheduler puts back). Whether every
+output element has a valid read is decided here from the windows' guards, evaluated once over the dims
+they mention; where it is not so, a second reduction counts valid reads and the result is 0
 where there are none. A chain with a contraction stage and a window (a convolution whose window dim
 is then folded) gets the reference's own scheme: the chain lowered a second time on ones (input and
-weights) gives the mask of elements that read data. (One difference from the reference remains:
-``te.max``'s identity is the lowest finite float, so a fold whose valid elements are all ``-inf`` gives
-that value instead of ``-inf``; TVM's rfactor, which the schedule uses along contiguous rows, knows
-only its own reducers.)
+weights) gives the mask of elements that read data. (The fold's reducer has the identity -inf (+inf),
+so a fold whose valid elements are all -inf gives -inf, as the reference.)
 
 Stage names are unique across the kernel: ``n<i>_<what>`` for node ``i``; the output is ``out`` when
 the last node's result needs a final transposition (else the last node's stage).
@@ -50,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from kdsl import solve
-from kdsl.codegen.tvm.elementwise import BLEND_FORMS, MAP_FORMS, exp
+from kdsl.codegen.tvm.elementwise import BLEND_FORMS, MAP_FORMS, exp, fold_reducer
 from kdsl.codegen.tvm.lowering import (
     ChainLowered,
     Lowered,
@@ -269,10 +268,10 @@ def _map(ctx: _Context, index: int, node: Node) -> _Value:
 
 
 def _reducer(ctx: _Context, how: str) -> Any:
-    """``te.max`` (``te.min``): TVM's rfactor knows these reducers (a vector of partial maxima along a
-    contiguous row needs it); their identity is the lowest (highest) finite value, so a fold over
-    elements that are all -inf (+inf) gives that value where the reference gives -inf (+inf)."""
-    return ctx.te.max if how == "max" else ctx.te.min
+    """A NaN-propagating max (min) reducer (:func:`.elementwise.fold_reducer`): ``torch.amax`` and
+    ``F.max_pool2d`` give NaN where an element is NaN, and ``te.max`` drops it. Its identity is -inf
+    (+inf), so a fold over elements that are all -inf gives -inf, as the reference."""
+    return fold_reducer(ctx.tvm, how)
 
 
 def _all_valid(chain: ChainLowered, fold_dims: Sequence[str], extents: Mapping[str, int]) -> bool:
@@ -481,7 +480,8 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
     peak = ctx.stage(
         info_max,
         kept_shape,
-        lambda *i: ctx.te.max(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
+        # NaN-propagating: a NaN in a row makes the row NaN, as F.softmax
+        lambda *i: _reducer(ctx, "max")(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
     )
     axes = ctx.reduce_axes(extents, reduced)
 
