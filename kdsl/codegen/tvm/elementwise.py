@@ -44,6 +44,7 @@ True
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
@@ -115,8 +116,7 @@ _FOLD_COMBINERS: dict[str, tuple[Callable[[Any, Any, Any], Any], float]] = {
     "max": (nan_max, -math.inf),
     "min": (nan_min, math.inf),
 }
-#: the FFI functions handed to s_tir's reducer registry: held here for the process's life (the
-#: registry outlives the module's globals; a callback it alone holds is freed after Python is)
+#: the FFI functions handed to s_tir's reducer registry, by fold kind (registered once per process)
 _REGISTERED: dict[str, tuple[Any, Any]] = {}
 
 
@@ -138,6 +138,10 @@ def fold_reducer(tvm: Any, how: str) -> Any:
             return [tvm.tirx.const(identity, values[0].ty)]
 
         functions = (tvm_ffi.convert(combiner), tvm_ffi.convert(identities))
+        for function in functions:
+            # never freed: the C++ registry releases its reference after Python has shut down, and
+            # releasing the last one then calls into a finalized interpreter (a crash at exit)
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(function))
         tvm.get_global_func("s_tir.schedule.RegisterReducer")(1, *functions)
         _REGISTERED[how] = functions
     return tvm.te.comm_reducer(
