@@ -9,34 +9,35 @@ or a softmax row holding a NaN are NaN. TIR's ``max``/``min`` are not (``a > b ?
 lost (:func:`nan_max`, :func:`fold_reducer`, the guards of the clamped polynomials).
 
 **Accuracy.** In float64 the transcendental functions are the intrinsics (libm on LLVM). In float32
-LLVM has no vector forms of ``exp``, ``tanh`` or ``erf`` here (it calls ``expf`` once per element:
-a Map("sin") over a ResNet-18 activation ran 30x slower than PyTorch's vectorized SLEEF), so exp
-and tanh are polynomials that vectorize: Cephes' ``expf`` (range reduction by ln 2, degree-6
-polynomial, ``2**n`` built in two exponent-bit factors so the whole range from the subnormals to
-``exp(88.72)`` stays finite and rounded once) and Eigen's rational ``tanh``. ``sin`` and ``gelu`` are
-computed in float64 and rounded once: no float32 range reduction is exact for |x| up to 3.4e38, and
-``1 + erf`` cancels in gelu's negative tail (there ``erfc`` by its continued fraction instead). Their
-float32 errors against a float64 truth (tests/test_elementwise_math.py sweeps ~250 000 values
-log-uniform over the whole float32 range, both signs, subnormals, +-0, +-inf, NaN and the
-overflow/underflow edges, one kernel per map):
+LLVM has no vector forms of ``exp``, ``sin``, ``tanh`` or ``erf`` here (it calls ``expf`` once per
+element: a Map("sin") over a ResNet-18 activation ran 30x slower than PyTorch's vectorized SLEEF), so
+they are written as arithmetic that vectorizes: Cephes' ``expf`` (range reduction by ln 2, degree-6
+polynomial, ``2**n`` built in two exponent-bit factors so that the whole range from the subnormals to
+``exp(88.72)`` stays finite and is rounded once), Eigen's rational ``tanh`` and ``erf``, and a ``sin``
+whose argument reduction is exact (Payne-Hanek in float64 arithmetic: no float32 reduction is exact
+for |x| up to 3.4e38). Their float32 errors against a float64 truth (tests/test_elementwise_math.py
+sweeps ~255 000 values log-uniform over the whole float32 range, both signs, subnormals, +-0, +-inf,
+NaN, the overflow/underflow edges and the float32s nearest multiples of pi/2, one kernel per map):
 
 ========  ==========  ==========================================================================
 map       ulps (max)  domain and notes
 ========  ==========  ==========================================================================
-| relu    0           all float32 (exact; -0 stays -0, NaN stays NaN, as ``torch.relu``)
-| abs     0           all float32 (exact)
-| neg     0           all float32 (exact)
-| scale   1           all float32 (``by`` rounded to float32, then one product)
-| sin     1           all float32 (float64 ``sin``, one rounding; sin(+-inf) is NaN)
-| exp     2           all float32 (inf above 88.7228, 0 below -103.97, subnormals in between)
-| sigmoid 3           all float32 (``exp(-|x|)`` form: subnormal results below x = -87.3)
-| tanh    5           all float32 (x itself below 2**-13, +-1 beyond +-9)
-| gelu    1           all float32 (float64 erf / erfc; gelu(-inf) is NaN, as ``F.gelu``)
+relu      0           all float32 (exact; -0 stays -0, NaN stays NaN, as ``torch.relu``)
+abs       0           all float32 (exact)
+neg       0           all float32 (exact)
+scale     1           all float32 (``by`` rounded to float32, then one product)
+sin       1           all float32 (exact reduction, float64 polynomials, one rounding; sin(+-inf) NaN)
+exp       2           all float32 (inf above 88.7228, 0 below -103.97, subnormals in between)
+sigmoid   3           all float32 (``exp(-|x|)`` form: subnormal results below x = -87.3)
+tanh      5           all float32 (x itself below 2**-13, +-1 beyond +-9)
+gelu      6           x >= -1; below, an absolute error <= 1e-6 instead (``1 + erf`` cancels);
+                      gelu(-inf) is NaN, as ``F.gelu``
 ========  ==========  ==========================================================================
 
 (A ulp is that of the float64 truth's float32 binade, 2**-149 among the subnormals; where the truth
 rounds to an infinity or is NaN the result must be that exactly.) Measured maxima on the sweep: relu,
-abs, neg 0; scale 0.68; sin 0.50; exp 0.94; sigmoid 2.2; tanh 3.9; gelu 0.50.
+abs, neg 0; scale 0.68; sin 0.50; exp 0.94; sigmoid 2.2; tanh 3.9; gelu 4.9 (x >= -1), 35 ulps on
+[-2, -1) and unbounded in ulps further down (absolute 7.7e-7 at most).
 
 >>> sorted(MAP_FORMS) == sorted(__import__("kdsl.lang.nonlinear", fromlist=["x"]).MAP_FUNCTIONS)
 True
@@ -49,19 +50,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-#: each Map's largest error in float32 ulps against a float64 truth, and where it holds (the table
-#: in the docstring; tests/test_elementwise_math.py sweeps the range)
-ULP_BOUNDS: dict[str, tuple[float, str]] = {
-    "relu": (0.0, "all float32"),
-    "abs": (0.0, "all float32"),
-    "neg": (0.0, "all float32"),
-    "scale": (1.0, "all float32"),
-    "sin": (1.0, "all float32"),
-    "exp": (2.0, "all float32"),
-    "sigmoid": (3.0, "all float32"),
-    "tanh": (5.0, "all float32"),
-    "gelu": (1.0, "all float32"),
+#: each Map's largest float32 error in ulps against a float64 truth, and the lowest x where that bound
+#: holds (-inf: all float32); the table in the docstring, swept by tests/test_elementwise_math.py
+ULP_BOUNDS: dict[str, tuple[float, float]] = {
+    "relu": (0.0, -math.inf),
+    "abs": (0.0, -math.inf),
+    "neg": (0.0, -math.inf),
+    "scale": (1.0, -math.inf),
+    "sin": (1.0, -math.inf),
+    "exp": (2.0, -math.inf),
+    "sigmoid": (3.0, -math.inf),
+    "tanh": (5.0, -math.inf),
+    "gelu": (6.0, -1.0),
 }
+#: float32 gelu below x = -1: its largest absolute error (``1 + erf`` cancels; measured 7.7e-7)
+GELU_TAIL_ABSOLUTE_ERROR = 1e-6
 
 #: float32 forms are used for these dtypes (float64 keeps LLVM's exact library calls)
 FAST_DTYPES = frozenset({"float32"})
@@ -77,6 +80,24 @@ _TANH_ALPHA = (
     4.89352455891786e-03,
 )
 _TANH_BETA = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
+
+
+_ERF_ALPHA = (
+    -2.72614225801306e-10,
+    2.77068142495902e-08,
+    -2.10102402082508e-06,
+    -5.69250639462346e-05,
+    -7.34990630326855e-04,
+    -2.95459980854025e-03,
+    -1.60960333262415e-02,
+)
+_ERF_BETA = (
+    -1.45660718464996e-05,
+    -2.13374055278905e-04,
+    -1.68282697438203e-03,
+    -7.37332916720468e-03,
+    -1.42647390514189e-02,
+)
 
 
 def _horner(tvm: Any, x: Any, coefficients: tuple[float, ...], dtype: str) -> Any:
@@ -184,12 +205,98 @@ def fast_exp(tvm: Any, x: Any, dtype: str) -> Any:
     return _let(tvm, x, guarded, "e")
 
 
+def _pi_times_two_to(bits: int) -> int:
+    """``floor(pi * 2**bits)``, by Machin's formula ``pi = 16 atan(1/5) - 4 atan(1/239)`` in integers
+    (20 guard bits absorb the truncation of each series term)."""
+    guard = 20
+    one = 1 << (bits + guard)
+
+    def arctan_of_inverse(n: int) -> int:
+        total, power, k, sign = 0, one // n, 1, 1
+        while power:
+            total += sign * (power // k)
+            power //= n * n
+            k += 2
+            sign = -sign
+        return total
+
+    return (16 * arctan_of_inverse(5) - 4 * arctan_of_inverse(239)) >> guard
+
+
+#: 2/pi in chunks of 24 bits, as float64 values ``c_j * 2**(-24 (j + 1))``: a float32 times a chunk is
+#: exact in float64 (24 + 24 bits). 9 chunks (216 bits) reach from float32's largest exponent (2**127)
+#: down to 2**-85 below the units of ``x * 2/pi``: enough for a float32 nearest a multiple of pi/2.
+_CHUNK_BITS = 24
+_TWO_OVER_PI_CHUNKS: tuple[float, ...] = tuple(
+    float((((1 << (2 * 224 + 1)) // _pi_times_two_to(224)) >> (224 - _CHUNK_BITS * (j + 1))) & ((1 << _CHUNK_BITS) - 1))
+    * 2.0 ** (-_CHUNK_BITS * (j + 1))
+    for j in range(9)
+)
+#: Taylor coefficients of sin(t)/t and cos(t) in t**2, highest first: on |t| <= pi/4 the first omitted
+#: terms are 6e-12 and 5e-13, far below float32's 6e-8
+_SIN_TAYLOR = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(5, -1, -1))
+_COS_TAYLOR = tuple((-1) ** k / math.factorial(2 * k) for k in range(6, -1, -1))
+
+
 def wide_sin(tvm: Any, x: Any, dtype: str) -> Any:
-    """float32 ``sin`` in float64 arithmetic: the float64 intrinsic (libm's on LLVM, CUDA's ``sin``)
-    reduces any argument exactly (Payne-Hanek); a float32 reduction by pi in three parts cannot past
-    |x| ~ 1e5 (sin(1e9) came out 0.395 for 0.546, sin(3e9) 4.4e19). One rounding to float32 after
-    an error below 1e-15: within 1 ulp. The price is a scalar call per element on LLVM."""
-    return tvm.tirx.sin(x.astype("float64")).astype(dtype)
+    """float32 ``sin`` with an exact argument reduction (Payne-Hanek) in float64 arithmetic, vectorizable.
+
+    A reduction by pi in float32 parts fails past |x| ~ 1e5 (sin(1e9) came out 0.395 for 0.546,
+    sin(3e9) 4.4e19). Here ``x * 2/pi`` is a sum of exact float64 products ``x * c_j`` (2/pi in 24-bit
+    chunks, :data:`_TWO_OVER_PI_CHUNKS`), each reduced exactly modulo 4 (``t - 4 round(t/4)``, exact;
+    0 once ``t`` is a multiple of 8). Their rounded sum gives the quadrant ``n``; the remainder
+    ``r = (s_0 - n) + s_1 + ...``, added largest first, cancels exactly and keeps its relative precision
+    however close ``x`` is to a multiple of pi/2. Then ``sin`` or ``cos`` of ``r pi/2`` (|.| <= pi/4) by
+    Taylor polynomials, the sign by the quadrant, one rounding to float32. |x| < 2**-12 gives ``x``
+    (sin x = x to float32 precision; -0 stays -0). NaN and +-inf give NaN.
+    """
+    tirx = tvm.tirx
+
+    def c(v: float) -> Any:
+        return tirx.const(v, "float64")
+
+    def with_wide(wide: Any) -> Any:
+        def reduced(j: int) -> Any:
+            return _let(tvm, wide * c(_TWO_OVER_PI_CHUNKS[j]), lambda t: t - c(4.0) * tirx.round(t * c(0.25)), f"t{j}")
+
+        def with_parts(parts: list[Any]) -> Any:
+            if len(parts) < len(_TWO_OVER_PI_CHUNKS):
+                return _let(tvm, reduced(len(parts)), lambda s_j: with_parts([*parts, s_j]), f"s{len(parts)}")
+
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+
+            def with_n(n: Any) -> Any:
+                remainder = parts[0] - n
+                for part in parts[1:]:
+                    remainder = remainder + part
+
+                def with_theta(theta: Any) -> Any:
+                    def with_square(square: Any) -> Any:
+                        sine = _horner(tvm, square, _SIN_TAYLOR, "float64") * theta
+                        cosine = _horner(tvm, square, _COS_TAYLOR, "float64")
+                        # NaN (from +-inf) makes n NaN: a quadrant of 0 keeps the int conversion defined
+                        quadrant = tirx.floormod(tirx.Select(tirx.isnan(n), c(0.0), n).astype("int32"), 4)
+                        return tirx.Select(
+                            quadrant == 0,
+                            sine,
+                            tirx.Select(quadrant == 1, cosine, tirx.Select(quadrant == 2, -sine, -cosine)),
+                        )
+
+                    return _let(tvm, theta * theta, with_square, "t2")
+
+                return _let(tvm, remainder * c(math.pi / 2), with_theta, "theta")
+
+            return _let(tvm, tirx.round(total), with_n, "n")
+
+        return with_parts([])
+
+    def with_x(x: Any) -> Any:
+        reduced_sin = _let(tvm, x.astype("float64"), with_wide, "w").astype(dtype)
+        return tirx.Select(tirx.abs(x) < tirx.const(2.0**-12, dtype), x, reduced_sin)
+
+    return _let(tvm, x, with_x, "x")
 
 
 def _rational(tvm: Any, x: Any, bound: float, alpha: tuple[float, ...], beta: tuple[float, ...], dtype: str) -> Any:
@@ -245,39 +352,24 @@ def sigmoid(tvm: Any, x: Any, dtype: str) -> Any:
     return _let(tvm, x, with_x, "x")
 
 
-#: terms of the continued fraction of erfc (gelu's tail): 2e-13 relative at z >= 3 (checked in float64)
-_ERFC_TERMS = 20
-#: below this ``-x / sqrt 2`` gelu uses ``1 + erf``; its cancellation costs at most 1/erfc(3) = 5e4
-#: float64 ulps (1e-11), far below float32's
-_ERFC_FROM = 3.0
+def fast_erf(tvm: Any, x: Any, dtype: str) -> Any:
+    """Eigen's rational erf on [-4, 4] (erf is +-1 to float32 precision outside); NaN stays NaN."""
+    return _rational(tvm, x, 4.0, _ERF_ALPHA, _ERF_BETA, dtype)
 
 
-def _erfc_tail(tvm: Any, z: Any) -> Any:
-    """float64 ``erfc(z)`` for ``z >= 3``: Laplace's continued fraction
-    ``e**-z**2 / sqrt(pi) / (z + (1/2) / (z + 1 / (z + (3/2) / (z + ...))))``, evaluated from its
-    last term; finite for every z (below 3 its value is unused)."""
-    tirx = tvm.tirx
-    tail = z
-    for n in range(_ERFC_TERMS, 0, -1):
-        tail = z + tirx.const(n / 2, "float64") / tail
-    return tirx.exp(-z * z) / (tirx.const(math.sqrt(math.pi), "float64") * tail)
-
-
-def wide_gelu(tvm: Any, x: Any, dtype: str) -> Any:
-    """float32 ``x * (1 + erf(x / sqrt 2)) / 2`` in float64: for x below -3 sqrt 2 as
-    ``x * erfc(-x / sqrt 2) / 2`` (``1 + erf`` cancels to nothing there: gelu(-10) = -7.6e-23 came
-    out -0), with erfc by its continued fraction; above, with the float64 ``erf`` intrinsic."""
+def gelu(tvm: Any, x: Any, dtype: str) -> Any:
+    """``x * (1 + erf(x / sqrt 2)) / 2``, the exact form (``F.gelu``'s default): Eigen's rational erf
+    in float32, the intrinsic in float64. In float32 ``1 + erf`` cancels for negative x, so the error
+    there is absolute (about 1e-7 |x|), not relative: see the bounds table."""
     tirx = tvm.tirx
 
     def with_x(x: Any) -> Any:
-        def with_z(z: Any) -> Any:
-            head = x * (tirx.const(1.0, "float64") + tirx.erf(z))
-            tail = x * _erfc_tail(tvm, tirx.max(-z, tirx.const(_ERFC_FROM, "float64")))
-            return tirx.Select(z < tirx.const(-_ERFC_FROM, "float64"), tail, head) * tirx.const(0.5, "float64")
+        scaled = x * tirx.const(1 / math.sqrt(2), dtype)
+        erf = fast_erf(tvm, scaled, dtype) if dtype in FAST_DTYPES else tirx.erf(scaled)
+        # Phi(x) first: x * (1 + erf) overflows for x above FLT_MAX / 2
+        return x * ((tirx.const(1.0, dtype) + erf) * tirx.const(0.5, dtype))
 
-        return _let(tvm, x * tirx.const(1 / math.sqrt(2), "float64"), with_z, "z")
-
-    return _let(tvm, x.astype("float64"), with_x, "g").astype(dtype)
+    return _let(tvm, x, with_x, "g")
 
 
 def relu(tvm: Any, x: Any, dtype: str) -> Any:
@@ -289,14 +381,6 @@ def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
     def wide_or(wide: Callable[[Any, Any, str], Any], exact: str) -> Callable[[Any, Any, str, float], Any]:
         return lambda tvm, x, dtype, by: wide(tvm, x, dtype) if dtype in FAST_DTYPES else getattr(tvm.tirx, exact)(x)
 
-    def gelu64(tvm: Any, x: Any) -> Any:
-        # float64 keeps the definition's form, as the reference and F.gelu compute it
-        def with_x(x: Any) -> Any:
-            scaled = x * tvm.tirx.const(1 / math.sqrt(2), "float64")
-            return x * (tvm.tirx.const(1.0, "float64") + tvm.tirx.erf(scaled)) * tvm.tirx.const(0.5, "float64")
-
-        return _let(tvm, x, with_x, "g")
-
     return {
         "relu": lambda tvm, x, dtype, by: relu(tvm, x, dtype),
         "abs": lambda tvm, x, dtype, by: tvm.tirx.abs(x),
@@ -305,7 +389,7 @@ def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
         "exp": lambda tvm, x, dtype, by: exp(tvm, x, dtype),
         "sigmoid": lambda tvm, x, dtype, by: sigmoid(tvm, x, dtype),
         "tanh": wide_or(fast_tanh, "tanh"),
-        "gelu": lambda tvm, x, dtype, by: wide_gelu(tvm, x, dtype) if dtype in FAST_DTYPES else gelu64(tvm, x),
+        "gelu": lambda tvm, x, dtype, by: gelu(tvm, x, dtype),
         "scale": lambda tvm, x, dtype, by: x * tvm.tirx.const(by, dtype),
     }
 
