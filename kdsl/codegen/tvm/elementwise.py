@@ -124,12 +124,12 @@ def _is_nan(tvm: Any, x: Any) -> Any:
 def nan_max(tvm: Any, a: Any, b: Any) -> Any:
     """``max(a, b)``, NaN if either is (``torch.maximum``). TIR's ``max`` is ``a > b ? a : b`` on LLVM
     (NaN only when ``b`` is) and ``fmaxf`` on CUDA (NaN never): neither is PyTorch's."""
-    return tvm.tirx.Select(tvm.tirx.Or(a > b, tvm.tirx.isnan(a)), a, b)
+    return tvm.tirx.Select(a > b, a, tvm.tirx.Select(b >= a, b, a + b))
 
 
 def nan_min(tvm: Any, a: Any, b: Any) -> Any:
     """``min(a, b)``, NaN if either is (``torch.minimum``)."""
-    return tvm.tirx.Select(tvm.tirx.Or(a < b, tvm.tirx.isnan(a)), a, b)
+    return tvm.tirx.Select(a < b, a, tvm.tirx.Select(b <= a, b, a + b))
 
 
 #: what each fold combines with, and its identity (infinite, so a fold over -inf gives -inf, as NumPy)
