@@ -6,7 +6,7 @@ lowers on LLVM and CUDA alike.
 **NaN** goes through as in PyTorch: ``relu(NaN)``, ``max(NaN, x)``, ``min(x, NaN)``, a max/min fold
 or a softmax row holding a NaN are NaN. TIR's ``max``/``min`` are not (``a > b ? a : b`` on LLVM,
 ``fmaxf`` on CUDA), nor is a clamp, so the forms here compare with ``isnan`` where a NaN could be
-lost (:func:`nan_max`, :func:`fold_reducer`, the guards of the clamped polynomials).
+lost (:func:`nan_max`, :func:`order_key` for folds, the guards of the clamped polynomials).
 
 **Accuracy.** In float64 the transcendental functions are the intrinsics (libm on LLVM). In float32
 LLVM has no vector forms of ``exp``, ``sin``, ``tanh`` or ``erf`` here (it calls ``expf`` once per
@@ -45,7 +45,6 @@ True
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
@@ -123,7 +122,8 @@ def _is_nan(tvm: Any, x: Any) -> Any:
 
 def nan_max(tvm: Any, a: Any, b: Any) -> Any:
     """``max(a, b)``, NaN if either is (``torch.maximum``). TIR's ``max`` is ``a > b ? a : b`` on LLVM
-    (NaN only when ``b`` is) and ``fmaxf`` on CUDA (NaN never): neither is PyTorch's."""
+    (NaN only when ``b`` is) and ``fmaxf`` on CUDA (NaN never): neither is PyTorch's. Two ordered
+    compares: neither holds only when one operand is NaN, and then ``a + b`` is NaN."""
     return tvm.tirx.Select(a > b, a, tvm.tirx.Select(b >= a, b, a + b))
 
 
@@ -132,42 +132,49 @@ def nan_min(tvm: Any, a: Any, b: Any) -> Any:
     return tvm.tirx.Select(a < b, a, tvm.tirx.Select(b <= a, b, a + b))
 
 
-#: what each fold combines with, and its identity (infinite, so a fold over -inf gives -inf, as NumPy)
-_FOLD_COMBINERS: dict[str, tuple[Callable[[Any, Any, Any], Any], float]] = {
-    "max": (nan_max, -math.inf),
-    "min": (nan_min, math.inf),
-}
-#: the FFI functions handed to s_tir's reducer registry, by fold kind (registered once per process)
-_REGISTERED: dict[str, tuple[Any, Any]] = {}
+#: the integer type whose order keys a float type (:func:`order_key`)
+_KEY_DTYPES = {"float32": "int32", "float64": "int64", "float16": "int16"}
 
 
-def fold_reducer(tvm: Any, how: str) -> Any:
-    """A ``te.comm_reducer`` for a NaN-propagating max (``how="max"``) or min fold, as ``torch.amax``.
+def key_dtype(dtype: str) -> str:
+    """The integer type of :func:`order_key` for floats of ``dtype``."""
+    return _KEY_DTYPES[dtype]
 
-    ``te.max``'s combiner drops NaN on both targets (:func:`nan_max`). The schedule's ``rfactor``
-    matches a block's update against s_tir's registry of reducers, so the combiner is registered there
-    once per process (the registry is global; a forked worker inherits it).
+
+def _sign_flip_mask(tvm: Any, bits: Any, key: str) -> Any:
+    """All magnitude bits where ``bits`` (a float's, or a key's) has its sign bit set, else 0."""
+    width = int(key.removeprefix("int"))
+    return (bits >> (width - 1)) & tvm.tirx.const((1 << (width - 1)) - 1, key)
+
+
+def order_key(tvm: Any, x: Any, dtype: str, how: str) -> Any:
+    """An integer whose signed order is the float order of ``x`` with NaN above everything (``how="max"``)
+    or below everything (``"min"``), so that an integer max (min) fold is PyTorch's NaN-propagating
+    ``amax`` (``amin``) and :func:`from_order_key` gives the float back.
+
+    A float's bits read as a signed integer order the non-negative floats already; flipping the
+    magnitude bits of the negative ones reverses their order below them (-0 just under +0). Why keys
+    rather than a NaN-aware float combiner: a max fold along a row is one accumulator's dependency
+    chain, and any float select that keeps NaN from both operands puts a compare and two blends on it
+    (3x slower than ``vmaxps``); the key's arithmetic is off the chain and an integer max is one cycle.
     """
-    combine, identity = _FOLD_COMBINERS[how]
-    if how not in _REGISTERED:
-        import tvm_ffi  # comes with tvm
+    tirx = tvm.tirx
+    key = key_dtype(dtype)
+    nan_key = tirx.max_value(key) if how == "max" else tirx.min_value(key)
 
-        def combiner(lhs: Any, rhs: Any) -> list[Any]:
-            return [combine(tvm, lhs[0], rhs[0])]
+    def with_x(x: Any) -> Any:
+        def with_bits(bits: Any) -> Any:
+            return tirx.Select(tirx.isnan(x), nan_key, bits ^ _sign_flip_mask(tvm, bits, key))
 
-        def identities(values: Any) -> list[Any]:
-            return [tvm.tirx.const(identity, values[0].ty)]
+        return _let(tvm, tirx.reinterpret(key, x), with_bits, "bits")
 
-        functions = (tvm_ffi.convert(combiner), tvm_ffi.convert(identities))
-        for function in functions:
-            # never freed: the C++ registry releases its reference after Python has shut down, and
-            # releasing the last one then calls into a finalized interpreter (a crash at exit)
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(function))
-        tvm.get_global_func("s_tir.schedule.RegisterReducer")(1, *functions)
-        _REGISTERED[how] = functions
-    return tvm.te.comm_reducer(
-        lambda a, b: combine(tvm, a, b), lambda dtype: tvm.tirx.const(identity, dtype), name=f"nan_{how}"
-    )
+    return _let(tvm, x, with_x, "k")
+
+
+def from_order_key(tvm: Any, key: Any, dtype: str) -> Any:
+    """The float whose :func:`order_key` is ``key`` (the flip is its own inverse; NaN's key is a NaN)."""
+    key_type = key_dtype(dtype)
+    return tvm.tirx.reinterpret(dtype, _let(tvm, key, lambda k: k ^ _sign_flip_mask(tvm, k, key_type), "key"))
 
 
 def _exponent_scale(tvm: Any, n: Any, dtype: str) -> Any:
