@@ -299,6 +299,8 @@ def test_maps_and_folds_build_for_cuda() -> None:
         maps = maps >> (Map(fn, by=SCALE_BY) if fn == "scale" else Map(fn))
     source = _cuda_source(maps >> Output(N, C), {"N": 4, "C": 64})
     assert "isnan" in source or "!=" in source  # the NaN guards reach the device code
+    # sin's 2/pi digits scale by dividing by 2**24: CUDA's float64 literals have 15 decimals only
+    assert "16777216" in source
     for how in ("max", "min"):
         _cuda_source(Input(N, C) >> Fold(C, how=how) >> Output(N), {"N": 64, "C": 8})
     _cuda_source(Input(N, C) >> Softmax(C) >> Output(N, C), {"N": 64, "C": 8})

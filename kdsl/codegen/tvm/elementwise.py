@@ -172,9 +172,11 @@ def order_key(tvm: Any, x: Any, dtype: str, how: str) -> Any:
 
 
 def from_order_key(tvm: Any, key: Any, dtype: str) -> Any:
-    """The float whose :func:`order_key` is ``key`` (the flip is its own inverse; NaN's key is a NaN)."""
-    key_type = key_dtype(dtype)
-    return tvm.tirx.reinterpret(dtype, _let(tvm, key, lambda k: k ^ _sign_flip_mask(tvm, k, key_type), "key"))
+    """The float whose :func:`order_key` is ``key``, a buffer read (the flip is its own inverse; NaN's
+    key is a NaN). No ``Let`` here: the read-back stage is inlined into each of its readers, and one
+    variable bound in several blocks conflicts in TVM's analyzer ("Binding of variable key ... conflicts
+    with previous binding"; a fold read by a softmax's three stages)."""
+    return tvm.tirx.reinterpret(dtype, key ^ _sign_flip_mask(tvm, key, key_dtype(dtype)))
 
 
 def _exponent_scale(tvm: Any, n: Any, dtype: str) -> Any:
@@ -230,13 +232,12 @@ def _pi_times_two_to(bits: int) -> int:
     return (16 * arctan_of_inverse(5) - 4 * arctan_of_inverse(239)) >> guard
 
 
-#: 2/pi in chunks of 24 bits, as float64 values ``c_j * 2**(-24 (j + 1))``: a float32 times a chunk is
-#: exact in float64 (24 + 24 bits). 9 chunks (216 bits) reach from float32's largest exponent (2**127)
-#: down to 2**-85 below the units of ``x * 2/pi``: enough for a float32 nearest a multiple of pi/2.
-_CHUNK_BITS = 24
-_TWO_OVER_PI_CHUNKS: tuple[float, ...] = tuple(
-    float((((1 << (2 * 224 + 1)) // _pi_times_two_to(224)) >> (224 - _CHUNK_BITS * (j + 1))) & ((1 << _CHUNK_BITS) - 1))
-    * 2.0 ** (-_CHUNK_BITS * (j + 1))
+#: 2/pi in 24-bit digits: ``2/pi = sum_j d_j 2**(-24 (j + 1))`` (to 2**-216). A float32 times a digit
+#: is exact in float64 (24 + 24 bits). 9 digits reach from float32's largest exponent (2**127) down to
+#: 2**-85 below the units of ``x * 2/pi``: enough for the float32 nearest a multiple of pi/2.
+_DIGIT_BITS = 24
+_TWO_OVER_PI_DIGITS: tuple[int, ...] = tuple(
+    (((1 << (2 * 224 + 1)) // _pi_times_two_to(224)) >> (224 - _DIGIT_BITS * (j + 1))) & ((1 << _DIGIT_BITS) - 1)
     for j in range(9)
 )
 #: Taylor coefficients of sin(t)/t and cos(t) in t**2, highest first: on |t| <= pi/4 the first omitted
@@ -249,8 +250,8 @@ def wide_sin(tvm: Any, x: Any, dtype: str) -> Any:
     """float32 ``sin`` with an exact argument reduction (Payne-Hanek) in float64 arithmetic, vectorizable.
 
     A reduction by pi in float32 parts fails past |x| ~ 1e5 (sin(1e9) came out 0.395 for 0.546,
-    sin(3e9) 4.4e19). Here ``x * 2/pi`` is a sum of exact float64 products ``x * c_j`` (2/pi in 24-bit
-    chunks, :data:`_TWO_OVER_PI_CHUNKS`), each reduced exactly modulo 4 (``t - 4 round(t/4)``, exact;
+    sin(3e9) 4.4e19). Here ``x * 2/pi`` is a sum of exact float64 products ``x 2**(-24 (j+1)) d_j`` (2/pi
+    in 24-bit digits, :data:`_TWO_OVER_PI_DIGITS`), each reduced exactly modulo 4 (``t - 4 round(t/4)``, exact;
     0 once ``t`` is a multiple of 8). Their rounded sum gives the quadrant ``n``; the remainder
     ``r = (s_0 - n) + s_1 + ...``, added largest first, cancels exactly and keeps its relative precision
     however close ``x`` is to a multiple of pi/2. Then ``sin`` or ``cos`` of ``r pi/2`` (|.| <= pi/4) by
@@ -259,16 +260,25 @@ def wide_sin(tvm: Any, x: Any, dtype: str) -> Any:
     """
     tirx = tvm.tirx
 
-    def c(v: float) -> Any:
-        return tirx.const(v, "float64")
+    def c(value: float) -> Any:
+        return tirx.const(value, "float64")
 
     def with_wide(wide: Any) -> Any:
-        def reduced(j: int) -> Any:
-            return _let(tvm, wide * c(_TWO_OVER_PI_CHUNKS[j]), lambda t: t - c(4.0) * tirx.round(t * c(0.25)), f"t{j}")
+        def with_parts(parts: list[Any], scaled: Any) -> Any:
+            """``parts``: the reduced ``s_j`` so far; ``scaled``: ``wide * 2**(-24 len(parts))``."""
+            j = len(parts)
+            if j < len(_TWO_OVER_PI_DIGITS):
 
-        def with_parts(parts: list[Any]) -> Any:
-            if len(parts) < len(_TWO_OVER_PI_CHUNKS):
-                return _let(tvm, reduced(len(parts)), lambda s_j: with_parts([*parts, s_j]), f"s{len(parts)}")
+                def with_scaled(next_scaled: Any) -> Any:
+                    def with_t(t: Any) -> Any:
+                        reduced = t - c(4.0) * tirx.round(t * c(0.25))
+                        return _let(tvm, reduced, lambda s_j: with_parts([*parts, s_j], next_scaled), f"s{j}")
+
+                    return _let(tvm, next_scaled * c(float(_TWO_OVER_PI_DIGITS[j])), with_t, f"t{j}")
+
+                # a division by 2**24 (exact), not a product with 2**-24: TVM's CUDA code generator
+                # prints float64 literals with 15 decimals, and 2**-24 is not one of them
+                return _let(tvm, scaled / c(float(1 << _DIGIT_BITS)), with_scaled, f"u{j}")
 
             total = parts[0]
             for part in parts[1:]:
@@ -297,7 +307,7 @@ def wide_sin(tvm: Any, x: Any, dtype: str) -> Any:
 
             return _let(tvm, tirx.round(total), with_n, "n")
 
-        return with_parts([])
+        return with_parts([], wide)
 
     def with_x(x: Any) -> Any:
         reduced_sin = _let(tvm, x.astype("float64"), with_wide, "w").astype(dtype)
@@ -381,7 +391,8 @@ def gelu(tvm: Any, x: Any, dtype: str) -> Any:
 
 def relu(tvm: Any, x: Any, dtype: str) -> Any:
     """``max(x, 0)`` as ``torch.relu``: NaN stays NaN (TIR's ``max`` gives 0 on LLVM), -0 stays -0."""
-    return tvm.tirx.Select(x < tvm.tirx.const(0.0, dtype), tvm.tirx.const(0.0, dtype), x)
+    zero = tvm.tirx.const(0.0, dtype)
+    return tvm.tirx.Select(x < zero, zero, x)
 
 
 def _map_forms() -> dict[str, Callable[[Any, Any, str, float], Any]]:
