@@ -1,4 +1,4 @@
-"""Element-wise functions as TIR expressions: Map's functions, Blend's operations, the folds' reducers.
+"""Element-wise functions as TIR expressions: Map's functions, Blend's operations, the folds' order keys.
 
 Every form is plain TIR (selects, ``isnan``, arithmetic, bit casts and the float64 intrinsics), so it
 lowers on LLVM and CUDA alike.
@@ -38,6 +38,12 @@ gelu      6           x >= -1; below, an absolute error <= 1e-6 instead (``1 + e
 rounds to an infinity or is NaN the result must be that exactly.) Measured maxima on the sweep: relu,
 abs, neg 0; scale 0.68; sin 0.50; exp 0.94; sigmoid 2.2; tanh 3.9; gelu 4.9 (x >= -1), 35 ulps on
 [-2, -1) and unbounded in ulps further down (absolute 7.7e-7 at most).
+
+**Speed** (a Map over 1M float32 elements, default schedule, 2 threads, main -> here, one quiet run):
+relu 0.109 -> 0.103 ms, exp 0.24 -> 0.37, sigmoid 0.29 -> 0.51 (the two-factor ``2**n``, the NaN
+select, the ``exp(-|x|)`` form), tanh 0.25 -> 0.30, gelu 0.35 -> 0.39, sin 0.27 -> ~2.5-4 (the exact
+reduction in float64: 9 digit products; libm's float64 ``sin`` took 20 ms). A max fold along rows of
+3136: 0.08 -> 0.11 ms (order keys; a float select that keeps NaN took 0.25).
 
 >>> sorted(MAP_FORMS) == sorted(__import__("kdsl.lang.nonlinear", fromlist=["x"]).MAP_FUNCTIONS)
 True
