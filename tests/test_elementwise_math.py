@@ -243,14 +243,6 @@ def test_float32_maps_are_within_their_ulp_bound_over_the_whole_range(fn: str) -
     assert error <= bound, f"{fn}: {error:.3g} ulps at x = {at!r} (bound {bound} from x = {lowest})"
 
 
-def test_float32_gelu_below_its_ulp_domain_has_a_small_absolute_error() -> None:
-    _, lowest = elementwise.ULP_BOUNDS["gelu"]
-    x = swept[np.isfinite(swept) & (swept < lowest)]
-    got = _run_tvm(_map_graph("gelu") >> Output(N, C), {"N": 1, "C": x.size}, x[None], "default")[0]
-    error = np.abs(got.astype(np.float64) - _gelu64(x.astype(np.float64)))
-    assert error.max() <= elementwise.GELU_TAIL_ABSOLUTE_ERROR, f"{error.max():.3g} at x = {x[np.argmax(error)]}"
-
-
 def test_every_map_has_a_stated_bound() -> None:
     assert set(elementwise.ULP_BOUNDS) == set(MAP_FUNCTIONS)
     for fn, (bound, _lowest) in elementwise.ULP_BOUNDS.items():
@@ -260,7 +252,15 @@ def test_every_map_has_a_stated_bound() -> None:
 
 @pytest.mark.parametrize(
     ("fn", "x"),
-    [("sin", 1e9), ("sin", 3e9), ("exp", 88.5), ("exp", -100.0), ("sigmoid", -95.0), ("tanh", 2.3e-38)],
+    [
+        ("sin", 1e9),
+        ("sin", 3e9),
+        ("exp", 88.5),
+        ("exp", -100.0),
+        ("sigmoid", -95.0),
+        ("tanh", 2.3e-38),
+        ("gelu", -10.0),
+    ],
 )
 def test_values_issue_26_found_wrong(fn: str, x: float) -> None:
     """sin(1e9) was 0.395 (true 0.546), sin(3e9) 4.4e19, exp(88.5) inf (true 2.72e38)."""
