@@ -8,9 +8,11 @@ Chain      the linear chain lowered onto its argument's tensor (:func:`.lowering
            the same stages as a plain operator's, names prefixed ``n<i>_``)
 Map        one element-wise stage (``max(x, 0)``, ``|x|``, ``-x``, sin, exp, sigmoid, tanh,
            GELU with ``erf``, ``by * x``)
-Fold       one ``te.max`` (``te.min``) reduction stage; when its argument is a chain with a
-           window, padded elements take no part (below)
-Softmax    three stages: the max, the sum of ``exp(x - max)``, and ``exp(x - max) / sum``
+Fold       a max (min) reduction stage over order keys (integers ordered as the floats, NaN
+           first: :func:`.elementwise.order_key`) and an element-wise stage reading the floats back;
+           when its argument is a chain with a window, padded elements take no part (below)
+Softmax    three stages: the max (over order keys), the sum of ``exp(x - max)``, and
+           ``exp(x - max) / sum``
 FC         one sum reduction stage of the data times the weight ``[o, *dims]``
 Rename     no stage: the same tensor with one dim called otherwise
 Blend      one element-wise stage; a branch that lacks a dim is read without it (broadcast)
@@ -23,17 +25,16 @@ copy never exists (involution at conv2_x, 1 thread: 2.7 -> 0.36 ms).
 
 **Fold and window padding.** The reference's rule: an element that is a window's zero padding takes
 no part in a max (min) fold (``F.max_pool2d``'s padding), and where no element takes part the result
-is 0. A fold reading a chain of views reads the chain's input through them, with ``-inf`` (``+inf``)
-instead of zero where a window reads past its dim (in the padded copy of the input, or in the bounds
-check that the scheduler puts back). Whether
-every output element has a valid read is decided here from the windows' guards, evaluated once over
-the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
+is 0. A NaN among the elements that take part makes the result NaN, as ``torch.amax`` and
+``F.max_pool2d`` (the fold runs on :func:`.elementwise.order_key` integers). A fold reading a chain
+of views reads the chain's input through them, with ``-inf`` (``+inf``) instead of zero where a
+window reads past its dim (in the padded copy of the input, or in the bounds check that the scheduler
+puts back). Whether every output element has a valid read is decided here from the windows' guards,
+evaluated once over the dims they mention; where it is not so, a second reduction counts valid reads and the result is 0
 where there are none. A chain with a contraction stage and a window (a convolution whose window dim
 is then folded) gets the reference's own scheme: the chain lowered a second time on ones (input and
-weights) gives the mask of elements that read data. (One difference from the reference remains:
-``te.max``'s identity is the lowest finite float, so a fold whose valid elements are all ``-inf`` gives
-that value instead of ``-inf``; TVM's rfactor, which the schedule uses along contiguous rows, knows
-only its own reducers.)
+weights) gives the mask of elements that read data. (Folding order keys, a fold whose valid elements
+are all -inf gives -inf, as the reference; ``te.max`` over floats gave the lowest finite float.)
 
 Stage names are unique across the kernel: ``n<i>_<what>`` for node ``i``; the output is ``out`` when
 the last node's result needs a final transposition (else the last node's stage).
@@ -50,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from kdsl import solve
-from kdsl.codegen.tvm.elementwise import BLEND_FORMS, MAP_FORMS, exp
+from kdsl.codegen.tvm.elementwise import BLEND_FORMS, MAP_FORMS, exp, from_order_key, order_key
 from kdsl.codegen.tvm.lowering import (
     ChainLowered,
     Lowered,
@@ -268,11 +269,12 @@ def _map(ctx: _Context, index: int, node: Node) -> _Value:
     return _Value(dims, tensor)
 
 
-def _reducer(ctx: _Context, how: str) -> Any:
-    """``te.max`` (``te.min``): TVM's rfactor knows these reducers (a vector of partial maxima along a
-    contiguous row needs it); their identity is the lowest (highest) finite value, so a fold over
-    elements that are all -inf (+inf) gives that value where the reference gives -inf (+inf)."""
-    return ctx.te.max if how == "max" else ctx.te.min
+def _key_fold(ctx: _Context, how: str, value: Any, axes: Sequence[Any]) -> Any:
+    """A max (min) fold of ``value`` over ``axes`` as PyTorch's: NaN if an element is NaN, -inf over
+    -inf. It folds :func:`.elementwise.order_key` integers with ``te.max`` (``te.min``), whose rfactor
+    the schedule knows; the result is a key (:func:`.elementwise.from_order_key` reads it)."""
+    reducer = ctx.te.max if how == "max" else ctx.te.min
+    return reducer(order_key(ctx.tvm, value, ctx.dtype, how), axis=list(axes))
 
 
 def _all_valid(chain: ChainLowered, fold_dims: Sequence[str], extents: Mapping[str, int]) -> bool:
@@ -317,7 +319,7 @@ class _FoldParts:
     out_dims: list[str]
     folded: list[str]
     axes: dict[str, Any]
-    reducer: Any
+    how: str  # "max" or "min"
     fill: float  # what a padded element reads as: -inf for max, +inf for min
     shape: tuple[int, ...]
     name: str
@@ -339,7 +341,14 @@ class _FoldParts:
         return self.arg.chain.read(self.ctx.tvm, self.chain_coords(coords), self.ctx.dtype)[0]
 
     def reduce(self, value: Any) -> Any:
-        return self.reducer(value, axis=list(self.axes.values()))
+        """The fold of ``value`` over the fold's axes, as an order key."""
+        return _key_fold(self.ctx, self.how, value, self.axes.values())
+
+    def decoded(self, keys: Any) -> _Value:
+        """The fold's result: the floats of the key stage ``keys`` (an element-wise stage)."""
+        info = StageInfo(self.name, self.out_dims, [], elementwise=True, reads_from=(keys.op.name,))
+        tensor = self.ctx.stage(info, self.shape, lambda *i: from_order_key(self.ctx.tvm, keys[i], self.ctx.dtype))
+        return _Value(self.out_dims, tensor)
 
 
 def _fold(ctx: _Context, index: int, node: Node) -> _Value:
@@ -356,7 +365,7 @@ def _fold(ctx: _Context, index: int, node: Node) -> _Value:
         out_dims,
         folded,
         ctx.reduce_axes(extents, folded),
-        _reducer(ctx, step.how),
+        step.how,
         -math.inf if step.how == "max" else math.inf,
         ctx.shape(index, out_dims),
         f"n{index}_fold",
@@ -365,8 +374,8 @@ def _fold(ctx: _Context, index: int, node: Node) -> _Value:
     if not region:
         # no window in its linear region: every element takes part
         reads = _reads(arg) or (arg.chain.source.op.name,)  # type: ignore[union-attr]
-        info = StageInfo(parts.name, out_dims, folded, reads_from=reads, lane_reduce=True)
-        return _Value(out_dims, ctx.stage(info, parts.shape, lambda *i: parts.reduce(parts.value(parts.coords(i)))))
+        info = StageInfo(f"{parts.name}_key", out_dims, folded, reads_from=reads, lane_reduce=True)
+        return parts.decoded(ctx.stage(info, parts.shape, lambda *i: parts.reduce(parts.value(parts.coords(i)))))
     if len(region) == 1 and arg.chain is not None and not arg.chain.stages:
         # one chain of views whose input no earlier window padded: read that input through them
         return _fold_through_views(parts, {c: extents[d] for c, d in zip(arg.chain.dims, arg.dims)})
@@ -383,11 +392,11 @@ def _fold_through_views(parts: _FoldParts, extents: Mapping[str, int]) -> _Value
     guarded, read_name = _view_reader(ctx, parts.index, parts.arg, parts.fill)
 
     all_valid = _all_valid(chain, fold_names, extents)
-    name = parts.name if all_valid else f"{parts.name}_raw"
+    name = f"{parts.name}_key" if all_valid else f"{parts.name}_raw"
     info = StageInfo(name, parts.out_dims, parts.folded, reads_from=(read_name,), lane_reduce=True)
     result = ctx.stage(info, parts.shape, lambda *i: parts.reduce(guarded(parts.coords(i))[0]))
     if all_valid:
-        return _Value(parts.out_dims, result)
+        return parts.decoded(result)
 
     def valid_body(*i: Any) -> Any:
         _, conditions = guarded(parts.coords(i))
@@ -446,7 +455,8 @@ def _fold_masked(parts: _FoldParts, region: tuple[int, ...]) -> _Value:
 
 
 def _finish_masked(parts: _FoldParts, result: Any, valid_body: Callable[..., Any], read_name: str) -> _Value:
-    """The fold's result, 0 where none of its elements read data (``valid_body``: 1 where one does)."""
+    """The fold's result from its key stage ``result``, 0 where none of its elements read data
+    (``valid_body``: 1 where one does)."""
     ctx, tirx = parts.ctx, parts.ctx.tvm.tirx
     info = StageInfo(f"n{parts.index}_valid", parts.out_dims, parts.folded, reads_from=(read_name,))
     valid = ctx.stage(info, parts.shape, valid_body)
@@ -454,7 +464,12 @@ def _finish_masked(parts: _FoldParts, result: Any, valid_body: Callable[..., Any
     info = StageInfo(parts.name, parts.out_dims, [], elementwise=True, reads_from=reads)
     zero = ctx.const(0.0)
     return _Value(
-        parts.out_dims, ctx.stage(info, parts.shape, lambda *i: tirx.Select(valid[i] > zero, result[i], zero))
+        parts.out_dims,
+        ctx.stage(
+            info,
+            parts.shape,
+            lambda *i: tirx.Select(valid[i] > zero, from_order_key(ctx.tvm, result[i], ctx.dtype), zero),
+        ),
     )
 
 
@@ -475,19 +490,23 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
     def kept_at(tensor: Any, coords: Mapping[str, Any]) -> Any:
         return tensor[tuple(coords[d] for d in kept)] if kept else tensor[0]
 
+    def peak_at(coords: Mapping[str, Any]) -> Any:
+        return from_order_key(ctx.tvm, kept_at(peak, coords), ctx.dtype)
+
     axes = ctx.reduce_axes(extents, reduced)
     reads = _reads(arg)
     info_max = StageInfo(f"n{index}_max", kept_names, reduced, reads_from=reads, lane_reduce=True)
     peak = ctx.stage(
         info_max,
         kept_shape,
-        lambda *i: ctx.te.max(arg.at({**kept_coords(i), **axes}), axis=list(axes.values())),
+        # as an order key: a NaN in a row makes its max NaN, and the row NaN, as F.softmax
+        lambda *i: _key_fold(ctx, "max", arg.at({**kept_coords(i), **axes}), axes.values()),
     )
     axes = ctx.reduce_axes(extents, reduced)
 
     def sum_body(*i: Any) -> Any:
         coords = {**kept_coords(i), **axes}
-        return ctx.te.sum(exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype), axis=list(axes.values()))
+        return ctx.te.sum(exp(ctx.tvm, arg.at(coords) - peak_at(coords), ctx.dtype), axis=list(axes.values()))
 
     total = ctx.stage(
         StageInfo(f"n{index}_sum", kept_names, reduced, reads_from=(*reads, peak.op.name), lane_reduce=True),
@@ -497,7 +516,7 @@ def _softmax(ctx: _Context, index: int, node: Node) -> _Value:
 
     def out_body(*i: Any) -> Any:
         coords = dict(zip(dims, i))
-        return exp(ctx.tvm, arg.at(coords) - kept_at(peak, coords), ctx.dtype) / kept_at(total, coords)
+        return exp(ctx.tvm, arg.at(coords) - peak_at(coords), ctx.dtype) / kept_at(total, coords)
 
     info = StageInfo(f"n{index}_softmax", dims, [], elementwise=True, reads_from=(*reads, peak.op.name, total.op.name))
     return _Value(dims, ctx.stage(info, [extents[d] for d in dims], out_body))
