@@ -58,6 +58,7 @@ from kdsl.discover.strategies import Turns, per_strategy, strategy_lines
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import budget_reward, reward
+from kdsl.search.neighbors import takes_capacity
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import SPECS, Space, load_spec
 from kdsl.search.store import Store
@@ -371,7 +372,9 @@ def _screen(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Screen up to ``batch * screen_factor`` new candidates (one per design, :func:`_fresh`; of
     those ``strategy`` found, when given), then pick the ``batch`` best-scored of the screened
-    candidates not trained yet (again of ``strategy``'s), new designs before known ones. Returns
+    candidates not trained yet (again of ``strategy``'s), new designs before known ones and
+    gallery neighbours that dropped a window or weight (:func:`~kdsl.search.neighbors.takes_capacity`)
+    after the other new designs. Returns
     ``(to_train, failed)``: rows of the search store to train, and results of candidates whose
     screening failed (they would fail to train)."""
     done = evaluations.done()
@@ -390,9 +393,12 @@ def _screen(
         ((score, key) for key, score in screened.items() if key not in done and score is not None), reverse=True
     )
     # new designs first, best-scored first; known designs and their variants when none is waiting:
-    # they are reference points, while the time of a discovery is for what is not known yet
+    # they are reference points, while the time of a discovery is for what is not known yet. Among
+    # new designs, gallery neighbours without one of their windows or weights come last: the
+    # screen's score does not see what they lost (they scored among the best and trained worst)
     kinds = {key: row["kind"] for key, row in families.get(key for _, key in pool).items()}
-    pool.sort(key=lambda item: kinds.get(item[1]) in KNOWN_KINDS)
+    cut = {row["key"] for row in _rows(config.db, [key for _, key in pool]) if _cut(row)}
+    pool.sort(key=lambda item: (kinds.get(item[1]) in KNOWN_KINDS, item[1] in cut))
     if fresh:
         whose = f" of {strategy}" if strategy else ""
         _say(
@@ -400,6 +406,11 @@ def _screen(
             f"screened {len(fresh)} new candidates{whose} ({config.prescreen}); {len(pool)} screened, untrained",
         )
     return _rows(config.db, [key for _, key in pool[: config.batch]]), failed
+
+
+def _cut(row: Mapping[str, Any]) -> bool:
+    """Whether a stored candidate is a gallery neighbour with a window or weight dropped."""
+    return takes_capacity((row.get("metrics") or {}).get("rewrites"))
 
 
 def _widths(row: Mapping[str, Any]) -> dict[str, Any]:
