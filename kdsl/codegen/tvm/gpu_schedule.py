@@ -300,10 +300,29 @@ class GpuSpace:
                 fused = sch.fuse(*copy_loops) if len(copy_loops) > 1 else copy_loops[0]
                 _, inner = sch.split(fused, [None, tiles.threads])
                 sch.bind(inner, "threadIdx.x")
+                pad = self._bank_padding(name, buffer)
+                if pad is not None:
+                    sch.storage_align(copy, 0, pad, 8, 1)
         sch.decompose_reduction(block, r_outer)
         # the chunk and the window unrolled: the inner loop is a straight run of FMAs on registers
         for loop in (r_inner, *reduce_loops[1:]):
             sch.unroll(loop)
+
+    def _bank_padding(self, name: str, buffer: str) -> int | None:
+        """The dim of ``buffer``'s shared tile whose stride to pad, or None: the last dim that stage ``name``
+        indexes by a weight-only axis (Cout of conv2d's w[Cout, Cin, kh, kw]) when it is not the buffer's
+        last dim. Threads next to each other along Cout then read elements a whole row (Cin*kh*kw of the
+        chunk, e.g. 36 floats) apart, times the register tile: 144 floats, the same 2 of the 32 banks for 16
+        threads, an 8-way conflict. A row stride of 1 mod 8 (storage_align) makes it 2-way."""
+        info = self.blocks[name]
+        weight_only = {a.index for a in info.axes if a.weight_only}
+        for read_name, dims in info.reads:
+            if read_name != buffer:
+                continue
+            along = [d for d, used in enumerate(dims) if used and used <= weight_only]
+            if along and along[-1] != len(dims) - 1:
+                return along[-1]
+        return None
 
     def _plain_block(self, sch: Any, block: Any, count: int, config: GpuConfig) -> Any:
         """The plain rule on a block given by reference (the second kernel of a split-K reduction); returns
