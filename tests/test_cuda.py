@@ -21,13 +21,23 @@ import pytest
 
 from kdsl import gallery, solve
 from kdsl.cli import main
-from kdsl.codegen.cuda_launch import BundleError, BundleKernel, CudaUnavailableError, plan
+from kdsl.codegen.cuda_launch import (
+    BundleError,
+    BundleKernel,
+    CudaUnavailableError,
+    argument_slots,
+    batch_sources,
+    input_signature,
+    plan,
+    prefixed_kernels,
+    split_source,
+)
 from kdsl.lang.errors import KdslError
 
 pytest.importorskip("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
 from kdsl.codegen.tvm import gpu as gpu_description  # noqa: E402
-from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace  # noqa: E402
+from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, contraction_tiles  # noqa: E402
 from kdsl.codegen.tvm.graph_lowering import lower  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +104,7 @@ def test_every_gallery_operator_gets_verified_cuda(name):
     assert all(rule in ("inlined", "shared", "tiled", "plain") for _, rule in bundle["schedule"])
 
 
-@pytest.mark.parametrize("name", ["conv2d", "squeeze_excitation"])
+@pytest.mark.parametrize("name", ["conv2d", "matmul", "squeeze_excitation"])
 def test_every_layer_verifies(name):
     for _, binding in layers(name)[:-1]:
         check_bundle(cuda.cuda_bundle(gallery.load(name), binding))
@@ -107,6 +117,68 @@ def test_contractions_get_the_tiled_shared_memory_form():
     assert "__shared__" in bundle["source"] and "__syncthreads()" in bundle["source"]
 
 
+@pytest.mark.parametrize("name", ["conv2d", "matmul"])
+def test_contractions_get_the_gemm_schedule_at_every_layer(name):
+    """The default schedule of conv2d and matmul at every ResNet-18 layer: shared-memory tiles, a register tile
+    of reg_d x reg_o accumulators per thread, the tiled kernel's grid and block as contraction_tiles planned
+    them, and a split-K (a partial-sum intermediate with one slice per split, a second kernel adding them)
+    exactly when the grid would otherwise be under one wave of SMs."""
+    gpu = gpu_description.from_arch("sm_90")
+    for label, binding in layers(name):
+        op = gallery.load(name)
+        space = GpuSpace(lower(op, binding), gpu)
+        tiles = space.tiles("stage0", space.heuristic())
+        bundle = cuda.cuda_bundle(op, binding)
+        check_bundle(bundle)
+        assert ["stage0", "shared"] in bundle["schedule"], label
+        source, launch_plan = bundle["source"], plan(bundle)
+        assert "__shared__" in source and "__syncthreads()" in source
+        accumulators = "stage0_rf_local_ptr" if tiles.split > 1 else "stage0_local_ptr"
+        assert f"float {accumulators}[{tiles.reg_d * tiles.reg_o}];" in source, label
+        assert (tiles.reg_d, tiles.reg_o) != (1, 1) and tiles.threads <= gpu.max_threads_per_block
+        first = launch_plan.launches[0]
+        assert (first.grid[0], prod(first.block)) == (tiles.blocks, tiles.threads), label
+        assert tiles.blocks >= gpu.sms, f"{label}: {tiles.blocks} blocks do not fill {gpu.sms} SMs"
+        if tiles.split > 1:
+            # TVM names rfactor's buffer "stage0.rf" (the source's pointer is stage0_rf_ptr)
+            assert len(launch_plan.launches) == 2 and launch_plan.intermediates == ["stage0.rf"]
+            rf_shape = launch_plan.shapes["stage0.rf"]
+            assert prod(rf_shape) == tiles.split * prod(launch_plan.shapes[launch_plan.output])
+            assert launch_plan.launches[1].args[0] == launch_plan.output
+        else:
+            assert len(launch_plan.launches) == 1  # conv2d's NHWC -> NCHW copy folded into the write-back
+    # conv2d at conv5_x: 49 outputs a channel and a 4608-long reduction: split-K
+    _, binding = layers("conv2d")[-1]
+    assert GpuSpace(lower(gallery.load("conv2d"), binding), gpu).tiles("stage0", GpuConfig()).split > 1
+
+
+def test_contraction_tiles_plan():
+    gpu = gpu_description.from_arch("sm_90")
+
+    def tiles(**kwargs):
+        base = {"config": GpuConfig(), "gpu": gpu, "last_weight": kwargs.get("weight_extent", 1)}
+        return contraction_tiles(**{**base, **kwargs})
+
+    # a big matmul: the classic 64x64 tile of 4x4 register tiles on 256 threads, no split
+    big = tiles(data_extent=4096, weight_extent=4096, last_data=4096, reduce_extents=[4096])
+    assert (big.t_d, big.t_o, big.reg_d, big.reg_o, big.split, big.chunk) == (16, 16, 4, 4, 1, 32)
+    assert big.outputs == 64 * 64 and big.blocks == 64 * 64
+    # conv3_x: whole rows of the 28-wide image per block (7 threads x 4 registers a row, two rows), split-K 8
+    conv = tiles(data_extent=784, weight_extent=128, last_data=28, reduce_extents=[128, 3, 3], rows=True)
+    assert (conv.t_d, conv.reg_d, conv.t_o, conv.reg_o) == (14, 4, 16, 4)
+    assert conv.split == 8 and conv.blocks == 224 and conv.chunk == 4  # 4 channels x 9 = 36 elements a step
+    # split-K keeps a slice of at least MIN_SLICE elements, a fixed factor is a divisor of the axis
+    short = tiles(data_extent=49, weight_extent=512, last_data=49, reduce_extents=[512])
+    assert 512 // short.split >= MIN_SLICE
+    fixed = tiles(data_extent=49, weight_extent=512, last_data=49, reduce_extents=[96], config=GpuConfig(split_k=5))
+    assert fixed.split == 4
+    # no fill: the tile is what the knobs say, however few blocks
+    lone = tiles(data_extent=64, weight_extent=64, last_data=64, reduce_extents=[64], config=GpuConfig(fill=False))
+    assert (lone.blocks, lone.split, lone.outputs) == (1, 1, 64 * 64)
+    with pytest.raises(KdslError, match="split_k"):
+        GpuConfig(split_k=-1)
+
+
 def test_random_points_of_the_gpu_space_verify():
     rng = random.Random(1)
     for name in ("conv2d", "matmul", "squeeze_excitation"):
@@ -114,7 +186,7 @@ def test_random_points_of_the_gpu_space_verify():
         op = gallery.load(name)
         space = GpuSpace(lower(op, binding))
         for _ in range(4):
-            config = space.random(rng)
+            config = space.random(rng) if rng.random() < 0.5 else space.around(rng)
             bundle = cuda.cuda_bundle(op, binding, config=config)
             check_bundle(bundle)
             assert GpuConfig(**bundle["config"]).threads == config.threads  # what was used, maybe a level down
@@ -160,6 +232,34 @@ def test_launch_plan_rejects_malformed_bundles():
             plan(bundle)
 
 
+def test_launcher_pure_parts_plan_arguments_and_batch_sources():
+    """What BundleKernel precomputes (argument positions, the input signature) and how bundles are compiled
+    together (one preamble, every bundle's kernels renamed with its own prefix)."""
+    _, binding = layers("conv2d")[-1]
+    bundle = cuda.cuda_bundle(gallery.load("conv2d"), binding)
+    launch_plan = plan(bundle)
+    order = [*launch_plan.inputs, *launch_plan.intermediates, launch_plan.output]
+    for launch, slots in zip(launch_plan.launches, argument_slots(launch_plan)):
+        assert tuple(order[i] for i in slots) == launch.args
+    assert input_signature(launch_plan) == (((1, 512, 7, 7), "torch.float32"), ((512, 512, 3, 3), "torch.float32"))
+    preamble, kernels = split_source(bundle["source"])
+    assert "__global__" not in preamble and kernels.startswith('extern "C" __global__')
+    names = [launch.kernel for launch in launch_plan.launches]
+    assert names == ["main_kernel", "main_kernel_1"]
+    renamed = prefixed_kernels(kernels, names, "v7_")
+    assert "v7_main_kernel(" in renamed and "v7_main_kernel_1(" in renamed and " main_kernel" not in renamed
+    _, matmul_binding = layers("matmul")[0]
+    other = cuda.cuda_bundle(gallery.load("matmul"), matmul_binding)
+    [(indices, batch)] = batch_sources([bundle, other, bundle])
+    assert indices == [0, 1, 2] and batch.prefixes == ["b0_", "b1_", "b2_"]
+    assert batch.source.count(preamble) == 1 and batch.source.startswith(preamble)
+    for prefix, item in zip(batch.prefixes, (bundle, other, bundle)):
+        for launch in item["launches"]:
+            assert f"void __launch_bounds__({prod(launch['block'])}) {prefix}{launch['kernel']}(" in batch.source
+    with pytest.raises(BundleError, match="no extern"):
+        split_source("int x;")
+
+
 def test_launcher_says_what_is_missing_without_a_gpu():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
@@ -186,12 +286,12 @@ def test_gpu_check_builds_bundles_and_dry_runs_them_without_tvm(tmp_path):
     script = str(ROOT / "scripts" / "gpu_check.py")
     built = subprocess.run(
         [sys.executable, script, "build", "--out", str(bundles), "--only", "matmul", "--variants", "3",
-         "--variant-layer", "conv5_x"],
+         "--variant-layer", "conv5_x", "--other-variants", "2"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     files = sorted(p.name for p in bundles.glob("matmul__*.json"))
-    assert len(files) == 4 + 2 and "matmul__conv5_x__v01.json" in files
+    assert len(files) == 4 + 2 + 3 and "matmul__conv5_x__v01.json" in files and "matmul__conv2_x__v00.json" in files
     # the run side on a machine without TVM: block `import tvm` and plan every bundle
     blocked = (
         "import sys, runpy; sys.modules['tvm'] = None; "
@@ -200,4 +300,4 @@ def test_gpu_check_builds_bundles_and_dry_runs_them_without_tvm(tmp_path):
     )
     dry = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, dry.stdout + dry.stderr
-    assert "planned 6 of 6 bundles" in dry.stdout
+    assert "planned 9 of 9 bundles" in dry.stdout and "9 bundles in 1 NVRTC compiles" in dry.stdout

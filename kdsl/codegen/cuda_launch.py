@@ -23,6 +23,7 @@ and CuPy runs bundles built elsewhere. Without CuPy or a GPU, :class:`CudaUnavai
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,9 +40,14 @@ __all__ = [
     "CudaUnavailableError",
     "Launch",
     "LaunchPlan",
+    "SourceBatch",
     "argument_slots",
+    "batch_sources",
+    "compile_batches",
     "input_signature",
     "plan",
+    "prefixed_kernels",
+    "split_source",
     "time_cuda",
     "time_gpu_queue",
 ]
@@ -177,6 +183,102 @@ def _cuda() -> tuple[Any, Any]:
     return cupy, torch
 
 
+_KERNEL_START = 'extern "C" __global__'
+
+
+def split_source(source: str) -> tuple[str, str]:
+    r"""A bundle's CUDA C as ``(preamble, kernels)``: TVM's headers, macros and helpers up to the first
+    ``extern "C" __global__``, then the kernels' declarations and definitions.
+
+    >>> split_source('#define uint unsigned int\nextern "C" __global__ void k() {}\n')
+    ('#define uint unsigned int\n', 'extern "C" __global__ void k() {}\n')
+    """
+    index = source.find(_KERNEL_START)
+    if index < 0:
+        raise BundleError('bundle: the source has no extern "C" __global__ kernel')
+    return source[:index], source[index:]
+
+
+def prefixed_kernels(kernels: str, names: Sequence[str], prefix: str) -> str:
+    """``kernels`` with every kernel name in ``names`` renamed ``prefix + name`` (whole identifiers only:
+    ``main_kernel`` does not touch ``main_kernel_1``).
+
+    >>> prefixed_kernels("void main_kernel(); void main_kernel_1();", ["main_kernel", "main_kernel_1"], "b3_")
+    'void b3_main_kernel(); void b3_main_kernel_1();'
+    """
+    if not names:
+        return kernels
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(set(names), key=len, reverse=True)) + r")\b")
+    return pattern.sub(lambda m: prefix + m.group(1), kernels)
+
+
+@dataclass(frozen=True)
+class SourceBatch:
+    """Several bundles' kernels in one CUDA source: one NVRTC compile instead of one per bundle (the
+    headers TVM's preamble includes dominate a small kernel's compile time). ``prefixes[i]`` is what bundle
+    ``i``'s kernel names are prefixed with in :attr:`source`."""
+
+    source: str
+    prefixes: list[str]
+
+
+def batch_sources(bundles: Sequence[Mapping[str, Any]], *, tag: str = "b") -> list[tuple[list[int], SourceBatch]]:
+    r"""Group ``bundles`` by their preamble and join each group's kernels into one source, every bundle's
+    kernels renamed with its own prefix: ``[(indices of the bundles, batch)]``, pure (no GPU).
+
+    >>> b = {"source": 'P\nextern "C" __global__ void main_kernel() {}', "launches": [{"kernel": "main_kernel"}]}
+    >>> [(i, batch.prefixes) for i, batch in batch_sources([b, b])]
+    [([0, 1], ['b0_', 'b1_'])]
+    >>> print(batch_sources([b, b])[0][1].source)
+    P
+    extern "C" __global__ void b0_main_kernel() {}
+    extern "C" __global__ void b1_main_kernel() {}
+    """
+    groups: dict[str, list[int]] = {}
+    parts: list[str] = []
+    for i, bundle in enumerate(bundles):
+        preamble, kernels = split_source(bundle["source"])
+        groups.setdefault(preamble, []).append(i)
+        parts.append(kernels)
+    out = []
+    for preamble, indices in groups.items():
+        prefixes = [f"{tag}{i}_" for i in indices]
+        body = [
+            prefixed_kernels(parts[i], [launch["kernel"] for launch in bundles[i]["launches"]], prefix).rstrip("\n")
+            for i, prefix in zip(indices, prefixes)
+        ]
+        out.append((indices, SourceBatch(preamble + "\n".join(body) + "\n", prefixes)))
+    return out
+
+
+def compile_batches(
+    bundles: Sequence[Mapping[str, Any]], *, size: int = 32, options: Sequence[str] = ("-std=c++17",)
+) -> list[tuple[Any, str] | None]:
+    """For each bundle, ``(CuPy RawModule, kernel name prefix)`` to pass to :class:`BundleKernel` as
+    ``compiled``: bundles compiled ``size`` at a time in one NVRTC call. A batch that fails to compile is
+    retried one bundle at a time, so one bad kernel costs only its own bundle (``None`` there)."""
+    cupy, _ = _cuda()
+    result: list[tuple[Any, str] | None] = [None] * len(bundles)
+    for start in range(0, len(bundles), size):
+        chunk = list(bundles[start : start + size])
+        for indices, batch in batch_sources(chunk, tag=f"b{start}_"):
+            try:
+                module = cupy.RawModule(code=batch.source, backend="nvrtc", options=tuple(options))
+                first = chunk[indices[0]]["launches"][0]["kernel"]
+                module.get_function(batch.prefixes[0] + first)  # compiles the whole source now
+                for i, prefix in zip(indices, batch.prefixes):
+                    result[start + i] = (module, prefix)
+            except Exception:  # a compile error in the batch: compile its bundles alone
+                for i in indices:
+                    try:
+                        module = cupy.RawModule(code=chunk[i]["source"], backend="nvrtc", options=tuple(options))
+                        module.get_function(chunk[i]["launches"][0]["kernel"])
+                        result[start + i] = (module, "")
+                    except Exception:  # this bundle's own error shows when BundleKernel compiles it
+                        result[start + i] = None
+    return result
+
+
 #: torch dtype names of the bundle dtypes (what ``str(tensor.dtype)`` prints), for the cheap per-call check
 _TORCH_DTYPES = {name: f"torch.{name}" for name in _DTYPES}
 
@@ -221,7 +323,8 @@ class BundleKernel:
     calls with the same addresses: one launch of the driver per call instead of one per kernel.
 
     ``modules`` is a cache of compiled sources shared between kernels (bundles of one operator often share
-    their CUDA source; NVRTC then compiles it once)."""
+    their CUDA source; NVRTC then compiles it once); ``compiled`` is a module already compiled with other
+    bundles and this bundle's kernel name prefix (:func:`compile_batches`)."""
 
     def __init__(
         self,
@@ -230,16 +333,23 @@ class BundleKernel:
         options: Sequence[str] = ("-std=c++17",),
         graph: bool = False,
         modules: dict[str, Any] | None = None,
+        compiled: tuple[Any, str] | None = None,
     ) -> None:
         self.plan = plan(bundle)
         cupy, torch = _cuda()
         self._cupy, self._torch = cupy, torch
-        key = bundle["source"] + "\0" + " ".join(options)
-        cache = modules if modules is not None else {}
-        if key not in cache:
-            cache[key] = cupy.RawModule(code=bundle["source"], backend="nvrtc", options=tuple(options))
-        self.module = cache[key]
-        self.functions = {launch.kernel: self.module.get_function(launch.kernel) for launch in self.plan.launches}
+        prefix = ""
+        if compiled is not None:  # compiled with other bundles (compile_batches): its kernels carry a prefix
+            self.module, prefix = compiled
+        else:
+            key = bundle["source"] + "\0" + " ".join(options)
+            cache = modules if modules is not None else {}
+            if key not in cache:
+                cache[key] = cupy.RawModule(code=bundle["source"], backend="nvrtc", options=tuple(options))
+            self.module = cache[key]
+        self.functions = {
+            launch.kernel: self.module.get_function(prefix + launch.kernel) for launch in self.plan.launches
+        }
         self.graph = graph
         self._signature = input_signature(self.plan)
         self._scratch = [self._empty(name) for name in self.plan.intermediates]

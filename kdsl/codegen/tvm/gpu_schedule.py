@@ -67,6 +67,7 @@ class GpuConfig:
     plain_threads: int = 256
     fill: bool = True
     split_k: int = 0
+    unroll: bool = True
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -102,7 +103,8 @@ class GpuSpace:
     THREADS = (64, 128, 256, 512)
     SPLITS = (1, 2, 4, 8, 16, 32)
     REGS = (1, 2, 4, 8)
-    CHUNKS = (4, 8, 16, 32)
+    CHUNKS = (4, 8, 16, 32, 64)
+    SPLIT_K = (0, 0, 0, 1, 2, 4, 8, 16, 32)  # 0: automatic (fill the SMs), weighted as the default
 
     def __init__(self, lowered: Lowered, gpu: Gpu | None = None) -> None:
         self.lowered = lowered
@@ -112,11 +114,12 @@ class GpuSpace:
     def heuristic(self) -> GpuConfig:
         """The default: 256 threads (8 warps: enough to hide latency, few enough that a thread may keep a
         4x4 tile of accumulators in its registers), 16 of them along the output channels, a 4x4 register
-        tile, 8-deep reduction chunks in shared memory."""
+        tile (a 64x64 output tile a block), reduction chunks of ~32 elements staged in shared memory, split-K
+        chosen to fill the SMs (:func:`contraction_tiles`)."""
         return GpuConfig(threads=min(256, self.gpu.max_threads_per_block))
 
     def random(self, rng: random.Random) -> GpuConfig:
-        """A random point of the space (it may fail verification; the caller steps it down)."""
+        """A random point of the whole space (it may fail verification; the caller steps it down)."""
         return GpuConfig(
             threads=rng.choice([t for t in self.THREADS if t <= self.gpu.max_threads_per_block]),
             thread_split=rng.choice(self.SPLITS),
@@ -127,6 +130,25 @@ class GpuSpace:
             inline=rng.random() < 0.8,
             plain_threads=rng.choice((128, 256, 512)),
             fill=rng.random() < 0.5,
+            split_k=rng.choice(self.SPLIT_K),
+            unroll=rng.random() < 0.8,
+        )
+
+    def around(self, rng: random.Random) -> GpuConfig:
+        """A random point near the heuristic: the GEMM-style shared-memory schedule with other block and
+        register tiles (up to 8x8 accumulators, 128 x 128 outputs a block), reduction chunks, split-K factors
+        and unrolling; the kind of point that a tuner keeps, not the whole space's corners."""
+        base = self.heuristic()
+        return replace(
+            base,
+            threads=rng.choice([t for t in (128, 256, 256, 512) if t <= self.gpu.max_threads_per_block]),
+            thread_split=rng.choice((8, 16, 16, 32)),
+            reg_d=rng.choice((2, 4, 4, 8)),
+            reg_o=rng.choice((2, 4, 4, 8)),
+            k_chunk=rng.choice((8, 16, 32, 32, 64)),
+            split_k=rng.choice(self.SPLIT_K),
+            fill=rng.random() < 0.8,
+            unroll=rng.random() < 0.8,
         )
 
     # -- applying a configuration ------------------------------------------------------------------------
@@ -305,8 +327,9 @@ class GpuSpace:
                     sch.storage_align(copy, 0, pad, 8, 1)
         sch.decompose_reduction(block, r_outer)
         # the chunk and the window unrolled: the inner loop is a straight run of FMAs on registers
-        for loop in (r_inner, *reduce_loops[1:]):
-            sch.unroll(loop)
+        if config.unroll:
+            for loop in (r_inner, *reduce_loops[1:]):
+                sch.unroll(loop)
 
     def _bank_padding(self, name: str, buffer: str) -> int | None:
         """The dim of ``buffer``'s shared tile whose stride to pad, or None: the last dim that stage ``name``
