@@ -260,6 +260,68 @@ def test_launcher_pure_parts_plan_arguments_and_batch_sources():
         split_source("int x;")
 
 
+class _FakeTensor:
+    """What BundleKernel reads of a torch CUDA tensor."""
+
+    next_address = 4096
+
+    def __init__(self, shape, dtype="torch.float32"):
+        self.shape, self.dtype, self.is_cuda = tuple(shape), dtype, True
+        self.address = _FakeTensor.next_address
+        _FakeTensor.next_address += 4096
+
+    def data_ptr(self):
+        return self.address
+
+    def is_contiguous(self):
+        return True
+
+
+def test_launcher_call_passes_pointers_in_launch_order(monkeypatch):
+    """BundleKernel's call path with CuPy and torch stood in for: each launch gets the device pointers of its
+    buffers in its own argument order, batched kernels are looked up by their prefix, inputs are checked."""
+    import numpy as np
+
+    from kdsl.codegen import cuda_launch
+
+    launched = []
+
+    class Module:
+        def __init__(self, code="", backend="", options=()):
+            self.code = code
+
+        def get_function(self, name):
+            return lambda grid, block, args, shared_mem=0: launched.append((name, grid, block, args))
+
+    fake_cupy = SimpleNamespace(
+        RawModule=Module,
+        uint64=np.uint64,
+        cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=0)),
+    )
+    fake_torch = SimpleNamespace(
+        float32="torch.float32",
+        empty=lambda shape, dtype, device: _FakeTensor(shape, dtype),
+        cuda=SimpleNamespace(current_stream=lambda: SimpleNamespace(cuda_stream=0)),
+    )
+    monkeypatch.setattr(cuda_launch, "_cuda", lambda: (fake_cupy, fake_torch))
+    _, binding = layers("conv2d")[-1]
+    bundle = cuda.cuda_bundle(gallery.load("conv2d"), binding)
+    kernel = BundleKernel(bundle, compiled=(Module(), "b7_"))
+    x, w = _FakeTensor((1, 512, 7, 7)), _FakeTensor((512, 512, 3, 3))
+    out = kernel(x, w)
+    address = {"x": x.address, "w": w.address, "out": out.address, "stage0.rf": kernel._scratch[0].address}
+    assert [name for name, *_ in launched] == ["b7_main_kernel", "b7_main_kernel_1"]
+    for (_, grid, block, args), launch in zip(launched, kernel.plan.launches):
+        assert (grid, block) == (launch.grid, launch.block)
+        assert [int(a) for a in args] == [address[name] for name in launch.args]
+        assert all(isinstance(a, np.uint64) for a in args)
+    assert kernel(x, w) is out  # the output buffer belongs to the kernel
+    with pytest.raises(BundleError, match="buffer w: got"):
+        kernel(x, _FakeTensor((512, 512, 1, 1)))
+    with pytest.raises(BundleError, match="expected 2 tensors"):
+        kernel(x)
+
+
 def test_launcher_says_what_is_missing_without_a_gpu():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

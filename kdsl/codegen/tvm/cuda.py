@@ -29,6 +29,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
@@ -124,6 +125,11 @@ def schedule_verified(
         if not bad and not _unbound(host):
             return sch, host, device, current, report
         failures.append(f"{current.level}: kernels {', '.join(bad) or '(host loops)'} fail GPU verification")
+        if current.level == "shared" and current.k_chunk > 8 and bad:
+            # shared tiles over the limit: a shorter reduction chunk shrinks them (conv1d's 32-deep chunk
+            # stages 100 KB, an 8-deep one 25 KB) before the kernel gives up shared memory altogether
+            current = replace(current, k_chunk=8)
+            continue
         current = current.lower_level()
     raise LoweringError(f"no GPU schedule verifies for {gpu.arch}: {'; '.join(failures)}")
 

@@ -3,14 +3,21 @@
 A kernel runs on a GPU only when every loop nest is bound to ``blockIdx``/``threadIdx``; the rules
 below bind every stage, sized from the GPU's description (:mod:`kdsl.codegen.tvm.gpu`):
 
-* **reduction stages** (contractions, pooling, folds, FCs, products, the softmax's max and sum):
-  the *tiled* form. The stage's spatial axes are split into the data axes and the weight-only axes
-  (``Cout`` of a conv), each fused into one loop; a block computes a tile of
-  ``threads x register tile`` outputs, each thread a register tile of ``reg_d x reg_o`` accumulators
-  (a ``local`` cache of the output, written back once). The reduction axes are fused and split into
-  chunks of ``k_chunk``; for a contraction (two or more reads), each chunk's slice of every input is
-  first copied into shared memory by all threads of the block (``cache_read`` at the chunk loop), so
-  that a value loaded from global memory serves a whole tile.
+* **reduction stages** (contractions, pooling, folds, FCs, products, the softmax's max and sum): the
+  GEMM-style *tiled* form. The stage's spatial axes are split into the data axes (M: a conv's output
+  positions) and the weight-only axes (N: ``Cout``), each fused into one loop; the reduction (K:
+  ``Cin*kh*kw``) is the third. A block computes a tile of ``threads x register tile`` outputs (64 x 64 by
+  default: 256 threads, each a 4x4 tile of ``local`` accumulators written back once); the sizes come from
+  :func:`contraction_tiles`, which is pure and tested without TVM. For an image (data axes ``..., H, W``)
+  a block's data tile is whole rows, so that the region of the input it reads has the same shape for every
+  block (TVM widens a region that varies to the whole image). The reduction's outer axis is split in chunks
+  of about ``k_chunk`` elements with the window; for a contraction (two or more reads), each chunk's slice
+  of every input is first copied into shared memory by all threads of the block (``cache_read`` at the
+  chunk loop; a zero-padded input is inlined into that copy), weight tiles padded so that threads along
+  ``Cout`` do not hit the same banks; the chunk and the window are unrolled. When the grid would not fill
+  the GPU's SMs, the reduction is split (**split-K**, ``rfactor``): each slice's blocks write partial sums
+  to an intermediate and a second, plain kernel adds them (no atomics, deterministic). A layout copy after
+  the stage (conv2d's NHWC accumulator to NCHW) is folded into the register write-back.
 * **other stages** (element-wise maps, blends, copies, zero-padded copies): all loops fused, split by
   the threads per block, bound. Zero-padded copies and element-wise stages are first inlined into
   their readers where TVM allows it (``inline``), so they cost no pass of their own.
