@@ -322,6 +322,8 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
                     graphed = BundleKernel(bundle, compiled=compiled_for(index), graph=True)
                     row["kdsl_graph_ms"] = time_cuda(lambda k=graphed, t=tensors: k(*t))
                     row["graph_error"] = _error(entry["expected"], graphed(*tensors))
+                    if row["graph_error"] > TOLERANCE:
+                        row["status"] = "WRONG under graph replay"
         except Exception as error:  # a timing failure is a row's error too
             failed(row, error)
         del kernel

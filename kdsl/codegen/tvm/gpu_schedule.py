@@ -322,7 +322,8 @@ class GpuSpace:
             names = [region.source.name for region in sch.get(block).reads]
             for buffer in names:
                 index = next(i for i, r in enumerate(sch.get(block).reads) if r.source.name == buffer)
-                copy = sch.cache_read(block, index, "shared")
+                # only this stage reads the copy: another reader of the buffer (a residual add) keeps the original
+                copy = sch.cache_read(block, index, "shared", consumer_blocks=[block])
                 sch.compute_at(copy, r_outer)
                 # under the block, thread and chunk loops: the copy's own loops, shared by the block's threads
                 copy_loops = sch.get_loops(copy)[3:]
