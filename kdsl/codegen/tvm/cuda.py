@@ -110,6 +110,12 @@ def schedule_verified(
     current: GpuConfig | None = config or space.heuristic()
     target = target or cuda_target(gpu.arch if gpu.arch in ("sm_80", "sm_86", "sm_89", "sm_90") else DEFAULT_ARCH)
     failures = []
+    retries: list[dict[str, int]] = [
+        {"k_chunk": 8},
+        {"k_chunk": 8, "threads": 128, "reg_d": 2, "reg_o": 2},
+        {"k_chunk": 4, "threads": 64, "reg_d": 1, "reg_o": 2},
+    ]
+    original = current
     while current is not None:
         report: list[tuple[str, str]] = []
         try:
@@ -119,18 +125,21 @@ def schedule_verified(
             raise
         except Exception as error:  # a TVM pass refused the schedule: one level down
             failures.append(f"{current.level}: {error_reason(error)}")
-            current = current.lower_level()
+            current = (original if current.level == "shared" else current).lower_level()
             continue
         bad = verify(device, gpu)
         if not bad and not _unbound(host):
             return sch, host, device, current, report
         failures.append(f"{current.level}: kernels {', '.join(bad) or '(host loops)'} fail GPU verification")
-        if current.level == "shared" and current.k_chunk > 8 and bad:
-            # shared tiles over the limit: a shorter reduction chunk shrinks them (conv1d's 32-deep chunk
-            # stages 100 KB, an 8-deep one 25 KB) before the kernel gives up shared memory altogether
-            current = replace(current, k_chunk=8)
+        if current.level == "shared" and bad and retries:
+            # shared tiles over the limit: a shorter reduction chunk, then smaller block tiles shrink them
+            # (conv1d's 32-deep chunk stages 100 KB, an 8-deep one 25 KB) before the kernel gives up shared
+            # memory altogether; operators whose input region is not row-aligned (depthwise, involution)
+            # need the small tiles
+            current = replace(original, **retries.pop(0))
             continue
-        current = current.lower_level()
+        # no shared form verifies: the next level with the knobs asked for, not the last retry's small tiles
+        current = (original if current.level == "shared" else current).lower_level()
     raise LoweringError(f"no GPU schedule verifies for {gpu.arch}: {'; '.join(failures)}")
 
 

@@ -249,6 +249,7 @@ class GpuSpace:
             config=config,
             gpu=self.gpu,
             rows=len(data) > 1 and prod(extents[i] for i in data[:-1]) > 1,
+            height=extents[data[-2]] if len(data) > 1 else 1,
         )
 
     def _tiled(self, sch: Any, name: str, config: GpuConfig, *, shared: bool) -> None:
@@ -417,6 +418,7 @@ def contraction_tiles(
     config: GpuConfig,
     gpu: Gpu,
     rows: bool = False,
+    height: int = 1,
 ) -> Tiles:
     """The GEMM view of a reduction stage (M = data outputs, N = weight-only outputs, K = the reduction)
     tiled for ``gpu``: pure, so that tests check the launch plan without TVM.
@@ -452,7 +454,14 @@ def contraction_tiles(
         reg_d = min(_divisors(last_data), key=lambda d: (abs(d - config.reg_d), -d))
         per_row = last_data // reg_d
         if per_row <= t_d:
-            t_d = per_row * max(1, min(t_d // per_row, data_extent // last_data))
+            # rows a block: a divisor of the image's height, or whole images (a tile that wraps from one
+            # image into the next at varying rows has a varying region again)
+            want = max(1, min(t_d // per_row, data_extent // last_data))
+            height = max(1, height)
+            rows_per_block = (
+                height * (want // height) if want >= height else max(d for d in _divisors(height) if d <= want)
+            )
+            t_d = per_row * rows_per_block
         else:
             t_d = max(d for d in _divisors(per_row) if d <= t_d)
 
