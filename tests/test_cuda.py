@@ -189,7 +189,8 @@ def test_random_points_of_the_gpu_space_verify():
             config = space.random(rng) if rng.random() < 0.5 else space.around(rng)
             bundle = cuda.cuda_bundle(op, binding, config=config)
             check_bundle(bundle)
-            assert GpuConfig(**bundle["config"]).threads == config.threads  # what was used, maybe a level down
+            # what was used: the point, or a smaller or lower candidate of it when verification refused the point
+            assert GpuConfig(**bundle["config"]) in cuda.candidates(config)
 
 
 def test_plain_schedule_threads_cover_the_output():
