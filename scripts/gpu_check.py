@@ -5,16 +5,20 @@
     python scripts/gpu_check.py run --bundles gpu_bundles/ --out /tmp/x --dry-run   # plan only, no GPU
 
 ``build`` writes one CUDA kernel bundle (:mod:`kdsl.codegen.tvm.cuda`) per gallery operator and layer of
-its ResNet-18 layer table (batch 1) with the default GPU schedule, and for conv2d and matmul 63 random
-points of the GPU schedule space (:class:`kdsl.codegen.tvm.gpu_schedule.GpuSpace`) besides the default at
-one layer (``--variant-layer``): measuring them on the GPU and keeping the best is the tuning.
+its ResNet-18 layer table (batch 1) with the default GPU schedule, and for conv2d and matmul at every layer
+63 further points near the default (:meth:`kdsl.codegen.tvm.gpu_schedule.GpuSpace.around`, each a distinct
+kernel; ``--variants`` at ``--variant-layer``, ``--other-variants`` elsewhere): measuring them on the GPU and
+keeping the best is the tuning.
 
-``run`` launches every bundle with CuPy (:mod:`kdsl.codegen.cuda_launch`), compares it with kdsl's
-PyTorch module of the same operator on CUDA (relative error <= 1e-4 of the largest magnitude, float32,
-TF32 off), times it against PyTorch native (cuDNN's F.conv2d for conv2d, cuBLAS's torch.matmul for
-matmul) and against kdsl's PyTorch module, and writes ``gpu_check.md`` and ``gpu_check.json``. A bundle
-that fails (NVRTC error, launch failure, wrong result) is a row of the table; the run goes on. Timing
-stops (rows marked) when ``--budget-s`` is spent, so the whole run fits its time slot.
+``run`` compiles the bundles with NVRTC in batches (:func:`kdsl.codegen.cuda_launch.compile_batches`),
+checks every bundle against kdsl's PyTorch module of the same operator on CUDA (relative error <= 1e-4 of
+the largest magnitude, float32, TF32 off; every operator's default first), then times conv2d's and
+matmul's defaults and variants, then the other defaults, each "per call" and "GPU" (a CUDA graph of the
+calls), against PyTorch native (cuDNN's F.conv2d, cuBLAS's torch.matmul, :mod:`kdsl.codegen.native`) and
+kdsl's PyTorch module measured the same way; ResNet-18 end to end comes last. It writes ``gpu_check.md``
+and ``gpu_check.json``. A bundle that fails (NVRTC error, launch failure, wrong result) is a row of the
+table; the run goes on. Timing stops (rows marked) and the network is skipped when ``--budget-s`` is
+spent, so the whole run fits its time slot.
 """
 
 from __future__ import annotations
