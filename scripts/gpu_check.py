@@ -169,11 +169,13 @@ def _torch_module(bundle: dict[str, Any], device: str) -> Any:
 
 def ordered(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The order of the work: conv2d's and matmul's defaults, every other operator's defaults, then the
-    conv2d/matmul variants (by layer), so that a run cut short has checked every operator first."""
+    conv2d/matmul variants, v00 of every operator and layer, then v01, ...: a run cut short has checked
+    every operator, and as many variants at each layer."""
 
-    def rank(bundle: dict[str, Any]) -> tuple[int, str]:
+    def rank(bundle: dict[str, Any]) -> tuple[int, str, str]:
         tuned, default = bundle.get("operator") in TUNED, bundle.get("variant") == "default"
-        return (0 if tuned and default else 1 if default else 2, bundle["file"])
+        group = 0 if tuned and default else 1 if default else 2
+        return (group, "" if default else str(bundle.get("variant")), bundle["file"])
 
     return sorted(bundles, key=rank)
 
