@@ -29,6 +29,7 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
@@ -40,7 +41,16 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
 
-__all__ = ["BUNDLE_FORMAT", "cuda_bundle", "cuda_source", "cuda_target", "lower_to_device", "schedule_verified"]
+__all__ = [
+    "BUNDLE_FORMAT",
+    "SHRINK",
+    "candidates",
+    "cuda_bundle",
+    "cuda_source",
+    "cuda_target",
+    "lower_to_device",
+    "schedule_verified",
+]
 
 
 def cuda_target(arch: str = DEFAULT_ARCH) -> Any:
@@ -99,32 +109,64 @@ def _unbound(host: Any) -> bool:
     return bool(found)
 
 
+#: smaller variants of a configuration tried at its level before stepping down one: a shorter reduction
+#: chunk, then smaller block tiles shrink the shared tiles and the register tile (conv1d's 32-deep chunk
+#: stages 100 KB, an 8-deep one 25 KB; operators whose input region is not row-aligned need small tiles)
+SHRINK = (
+    {"k_chunk": 8},
+    {"k_chunk": 8, "threads": 128, "reg_d": 2, "reg_o": 2},
+    {"k_chunk": 4, "threads": 64, "reg_d": 1, "reg_o": 2},
+)
+
+
+def candidates(config: GpuConfig) -> list[GpuConfig]:
+    """What :func:`schedule_verified` tries, in order: ``config``, its :data:`SHRINK` variants, then the same
+    one rule level down, ... , ``plain`` last (variants that change nothing are left out).
+
+    >>> [(c.level, c.k_chunk, c.threads) for c in candidates(GpuConfig(k_chunk=8, level="tiled"))]
+    [('tiled', 8, 256), ('tiled', 8, 128), ('tiled', 4, 64), ('plain', 8, 256)]
+    """
+    out: list[GpuConfig] = []
+    current: GpuConfig | None = config
+    while current is not None:
+        options = [current] if current.level == "plain" else [current, *(replace(current, **s) for s in SHRINK)]
+        out.extend(c for c in options if c not in out)
+        current = current.lower_level()
+    return out
+
+
 def schedule_verified(
     lowered: Lowered, gpu: Gpu, config: GpuConfig | None = None, target: Any | None = None
 ) -> tuple[Any, Any, Any, GpuConfig, list[tuple[str, str]]]:
-    """The GPU schedule of ``lowered`` at ``config`` (default: the heuristic), stepped down a rule level at
-    a time (:data:`~kdsl.codegen.tvm.gpu_schedule.LEVELS`) until TVM's GPU verification passes:
-    ``(schedule, host module, device module, the config used, report)``."""
+    """The GPU schedule of ``lowered`` at ``config`` (default: the heuristic), or else the first of its
+    :func:`candidates` (smaller tiles, then a rule level down, :data:`~kdsl.codegen.tvm.gpu_schedule.LEVELS`)
+    that TVM's GPU verification passes: ``(schedule, host module, device module, the config used, report)``."""
     space = GpuSpace(lowered, gpu)
-    current: GpuConfig | None = config or space.heuristic()
     target = target or cuda_target(gpu.arch if gpu.arch in ("sm_80", "sm_86", "sm_89", "sm_90") else DEFAULT_ARCH)
     failures = []
-    while current is not None:
+    fallback: tuple[Any, Any, Any, GpuConfig, list[tuple[str, str]]] | None = None
+    for current in candidates(config or space.heuristic()):
         report: list[tuple[str, str]] = []
         try:
             sch = space.apply(current, report)
             host, device = lower_to_device(sch.mod, target)
         except LoweringError:
             raise
-        except Exception as error:  # a TVM pass refused the schedule: one level down
+        except Exception as error:  # a TVM pass refused the schedule: the next candidate
             failures.append(f"{current.level}: {error_reason(error)}")
-            current = current.lower_level()
             continue
         bad = verify(device, gpu)
         if not bad and not _unbound(host):
-            return sch, host, device, current, report
+            dropped = [n for n, rule in report if rule == "plain" and space.blocks[n].reduced]
+            if not dropped or current.level == "plain":
+                return sch, host, device, current, report
+            # a reduction stage fell to the plain rule at these knobs (too few threads to tile it): kept in
+            # case nothing better verifies, but a later candidate that tiles every reduction comes first
+            fallback = fallback or (sch, host, device, current, report)
+            continue
         failures.append(f"{current.level}: kernels {', '.join(bad) or '(host loops)'} fail GPU verification")
-        current = current.lower_level()
+    if fallback is not None:
+        return fallback
     raise LoweringError(f"no GPU schedule verifies for {gpu.arch}: {'; '.join(failures)}")
 
 
