@@ -45,6 +45,7 @@ from typing import Any
 from kdsl import solve
 from kdsl.codegen import torch_graph
 from kdsl.codegen.torch_graph import GRAPH_HELPERS
+from kdsl.codegen.torch_views import einsum_code, parse_pattern, rearrange_code
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
@@ -75,6 +76,14 @@ def _conv(x, w, pads, stride, dilation, groups):
     lefts, rights = pads[0::2], pads[1::2]
     if lefts == rights and min(lefts) >= 0:
         return conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
+    if min(lefts) >= 0 and all(right <= left for left, right in zip(lefts, rights)):
+        # padding the right as much as the left only adds outputs past the end (none, for a strided
+        # convolution whose last window fits): one convolution and a crop (a view), no padded copy
+        y = conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
+        spans = [d * (k - 1) + 1 for d, k in zip(dilation, w.shape[2:])]
+        keep = [(n + left + right - span) // s + 1 for n, left, right, span, s in
+                zip(x.shape[2:], reversed(lefts), reversed(rights), spans, stride)]
+        return y if list(y.shape[2:]) == keep else y[(..., *(slice(0, n) for n in keep))]
     return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
 
 def _unfold(x, axis, window):
@@ -275,6 +284,7 @@ class _Writer:
     current: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
     var: str = "x"  # the variable this chain writes
     weights: list[str] = field(default_factory=list)  # the code of each weight (``self.depthwise``)
+    layout: tuple[str, dict[str, str]] | None = None  # the data's pattern and lengths while a split waits
 
     @property
     def data(self) -> str:
@@ -300,35 +310,54 @@ class _Writer:
             self.current = self.var
         self.lines.append(line)
 
+    def move(self, source: str, target: str, lengths: Mapping[str, str] | None = None, comment: str = "") -> None:
+        """Rearrange the data from the einops pattern ``source`` to ``target`` as torch views
+        (:func:`~kdsl.codegen.torch_views.rearrange_code`; nothing where it changes nothing)."""
+        code = rearrange_code(self.current, source, target, lengths or {})
+        if code is not None:
+            self.append(f"{self.var} = {code}  # {source} -> {target}{comment}")
+
+    def _source(self) -> tuple[str, dict[str, str]]:
+        """The einops pattern of the data as it lies (with its lengths): a convolution's output
+        waits in its own grouping until a line reads the data (see :meth:`lay_out`)."""
+        if self.layout is not None:
+            return self.layout
+        return self.pattern(self.physical if self.merged else None), {}
+
+    def lay_out(self, pattern: str, lengths: dict[str, str]) -> None:
+        """The data lies as ``pattern`` (groups of ``self.axes``, in order) until a line reads it:
+        then one view splits the groups, or none where the next steps merge them back."""
+        self.layout = (pattern, lengths)
+
     def flush(self) -> None:
-        if not self.merged:
+        if not self.merged and self.layout is None:
             return
-        physical = self.physical
+        source, lengths = self._source()
         target = " ".join(
             "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
             for a in self.axes
         )
-        self.merged = {}
-        self.append(f'{self.var} = rearrange({self.current}, "{self.pattern(physical)} -> {target}")')
+        self.merged, self.layout = {}, None
+        self.move(source, target, lengths)
 
     def reorder(self, axes: list[str]) -> None:
         """Permute the data's dims to ``axes`` (the same dims), in one copy with any waiting merges
-        (a Merge after the last stage and the output's order are one ``rearrange``, not two)."""
+        (a Merge after the last stage and the output's order are one reshape, not two)."""
+        source, lengths = self._source()
         if self.merged:
-            source = self.pattern(self.physical)
             target = " ".join(
                 "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
                 for a in axes
             )
-            self.merged = {}
         else:
-            source, target = self.pattern(), self.pattern(axes)
-        self.append(f'{self.var} = rearrange({self.current}, "{source} -> {target}")')
+            target = self.pattern(axes)
+        self.merged, self.layout = {}, None
+        self.move(source, target, lengths)
         self.axes = list(axes)
 
     def merge(self, outer: str, inner: str, name: str) -> None:
         if not self.merged:
-            self.physical = list(self.axes)
+            self.physical = list(self.axes)  # a waiting layout groups these same dims
         position = self.axes.index(outer)
         flattened = self.merged.pop(outer, [outer]) + self.merged.pop(inner, [inner])
         rest = [a for a in self.axes if a not in (outer, inner)]
@@ -521,50 +550,43 @@ def _native_pool(
     pooled = [axis for axis in writer.axes if axis in {split.dim for split in splits}]
     by_dim = {split.dim: split for split in splits}
     others = [axis for axis in writer.axes if axis not in by_dim]
-    left = " ".join(
-        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" if a in by_dim else writer.axis(a)
-        for a in writer.axes
-    )
-    middle = f"{writer.group(others)} " + " ".join(
-        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" for a in pooled
-    )
-    tile_sizes = ", ".join(f"{writer.axis(by_dim[a].inner)}={writer.size(by_dim[a].block)}" for a in pooled)
-    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
     kernel = ", ".join(writer.size(by_dim[a].block) for a in pooled)
+    unflat = others + [by_dim[a].outer for a in pooled]
+    # F.avg_pool{d}d pools the last d dims of a tensor with one or two more in front: where the
+    # data is laid out so, it takes the data as it is, else as (others flattened, pooled dims)
+    direct = writer.axes[len(others) :] == pooled and 1 <= len(others) <= 2
+    if not direct:
+        pooled_pattern = " ".join(writer.axis(a) for a in pooled)
+        writer.move(writer.pattern(), f"{writer.group(others)} {pooled_pattern}", comment=", as a pooling input")
     writer.emit(
         f"{writer.var} = F.avg_pool{len(pooled)}d({writer.data}, ({kernel},))  # mean over {', '.join(sorted(reduced))}"
     )
-    outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
-    lengths = "".join(f", {writer.axis(a)}={writer.size(sizes[a])}" for a in others)
-    unflat = others + [by_dim[a].outer for a in pooled]
-    writer.emit(
-        f'{writer.var} = rearrange({writer.data}, "{writer.group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})'
-    )
     writer.axes = unflat
+    if not direct:
+        outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
+        lengths = {writer.axis(a): writer.size(sizes[a]) for a in others}
+        writer.lay_out(f"{writer.group(others)} {outs}", lengths)
     return True
 
 
-def _identity(source: str, target: str) -> bool:
-    """Whether an einops pattern pair only wraps single dims in parentheses (a no-op to skip)."""
-
-    def tokens(pattern: str) -> list[str]:
-        return [re.sub(r"^\((\w+)\)$", r"\1", t) for t in re.findall(r"\([^)]*\)|\S+", pattern)]
-
-    return tokens(source) == tokens(target)
-
-
-def _rearrange(writer: _Writer, operand: str, source: str, target: str, extra: str = "", comment: str = "") -> str:
-    """Emit ``rearrange`` unless it is a no-op; return the variable name holding the result (the
-    data's variable for the data, ``w`` for a weight)."""
+def _rearrange(
+    writer: _Writer, operand: str, source: str, target: str, lengths: Mapping[str, str] | None = None, comment: str = ""
+) -> str:
+    """Emit the rearrangement of ``operand`` (the data or a weight) from ``source`` to ``target``
+    as torch views, unless it changes nothing; return the variable holding the result (the data's
+    variable for the data, ``w`` for a weight)."""
     is_data = operand == writer.data
     name = writer.var if is_data else "w"
-    if _identity(source, target):
-        if is_data:
-            return operand
-        writer.emit(f"{name} = {operand}")
-        return name
-    writer.emit(f'{name} = rearrange({operand}, "{source} -> {target}"{extra}){comment}')
+    code = rearrange_code(operand, source, target, lengths or {})
+    if code is None:
+        return operand
+    writer.emit(f"{name} = {code}  # {source} -> {target}{comment}")
     return name
+
+
+def _weight_lengths(writer: _Writer, weight: Weight) -> dict[str, str]:
+    """Every dim's size of ``weight`` as code: its re-layout then reads no shapes at run time."""
+    return {writer.axis(d.name): writer.size(d.size) for d in weight.dims}
 
 
 def _emit_conv(
@@ -591,12 +613,13 @@ def _emit_conv(
         else:
             left.append(writer.axis(axis))
     conv_in = f"{writer.group(batch)} {writer.group(groups + channels)} {' '.join(writer.axis(d) for d in dims)}"
-    extra = "".join(f", {k}={v}" for k, v in lengths.items())
-    _rearrange(writer, writer.data, " ".join(left), conv_in, extra, "  # as a convolution's input")
+    _rearrange(writer, writer.data, " ".join(left), conv_in, lengths, ", as a convolution's input")
     weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
     windows = " ".join(writer.axis(spatial[d].window) if spatial[d].window else "()" for d in dims)
     conv_weight = f"{writer.group(groups + outs)} {writer.group(channels)} {windows}"
-    _rearrange(writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight)
+    w = _rearrange(
+        writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight, _weight_lengths(writer, weight)
+    )
     pads, strides, dilations = [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
@@ -625,7 +648,7 @@ def _emit_conv(
         dilations.insert(0, dilation)
     group_count = " * ".join(_atom(writer.size(sizes[g])) for g in groups) or "1"
     writer.emit(
-        f"{writer.var} = _conv({writer.data}, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
+        f"{writer.var} = _conv({writer.data}, {w}, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
         f"dilation=({', '.join(dilations)},), groups={group_count})"
     )
     out_lengths = {}
@@ -637,12 +660,12 @@ def _emit_conv(
     for name in outs[1:]:  # with the groups, all but one out dim gives einops the rest
         out_lengths[writer.axis(name)] = writer.size(new_sizes[name])
     conv_out = f"{writer.group(batch)} {writer.group(groups + outs)} {' '.join(writer.axis(d) for d in dims)}"
-    extra = "".join(f", {k}={v}" for k, v in out_lengths.items())
-    # keep the convolution's own (contiguous) order; later steps refer to dims by name
+    # keep the convolution's own (contiguous) order; later steps refer to dims by name. The groups
+    # are split only when a line reads the data: a Merge that joins them back costs nothing then
     unflat = batch + groups + outs + dims
-    if len(batch) != 1 or len(groups + outs) != 1:
-        _rearrange(writer, writer.data, conv_out, writer.pattern(unflat), extra)
     writer.axes = unflat
+    if len(batch) != 1 or len(groups + outs) != 1:
+        writer.lay_out(conv_out, out_lengths)
     return True
 
 
@@ -652,9 +675,29 @@ def _split(writer: _Writer, step: Split) -> None:
     after = axes[:position] + [step.outer, step.inner] + axes[position + 1 :]
     grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
     left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
-    length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
-    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {writer.pattern(after)}", {length})')
+    lengths = {writer.axis(step.inner): writer.size(step.block)}
+    if writer.layout is not None and not writer.merged:  # split a dim of the waiting layout in it
+        waiting, known = writer.layout
+        groups = []
+        for group in parse_pattern(waiting):
+            pieces = []
+            for name in group:
+                pieces += (
+                    [writer.axis(step.outer), writer.axis(step.inner)] if name == writer.axis(step.dim) else [name]
+                )
+            groups.append(pieces)
+        left = " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
+        known = dict(known)
+        whole = known.pop(writer.axis(step.dim), None)
+        if whole is not None:  # the split dim's length was given: its outer piece's is that over the block
+            known[writer.axis(step.outer)] = f"{_atom(whole)} // {_atom(writer.size(step.block))}"
+        lengths = {**known, **lengths}
+    else:
+        writer.flush()
     writer.axes = after
+    # the split waits for a line that reads the data: Merges of the pieces right after it (a
+    # pixel shuffle's) then move the data once
+    writer.lay_out(left, lengths)
 
 
 def _merge(writer: _Writer, step: Merge) -> None:
@@ -736,25 +779,30 @@ def _native_matmul(
     )
     w = writer.weight(weight_index[weight.name])
     weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
-    _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}")
-    lengths = "".join(f", {writer.axis(a)}={writer.size(before[a])}" for a in pre + post)
-    out_lengths = "".join(
-        f", {writer.axis(a)}={writer.size(weight_size)}"
-        for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
-    )
+    weight_lengths = _weight_lengths(writer, weight)
+    lengths = {writer.axis(a): writer.size(before[a]) for a in pre + post}
+    lengths.update({writer.axis(d.name): writer.size(d.size) for d in weight.dims if d.name in outs})
+    comment = f"  # Share({weight.name}), Reduce({', '.join(run)})"
     if not post:
         _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
-        writer.emit(f"{writer.var} = F.linear({writer.data}, w)  # Share({weight.name}), Reduce({', '.join(run)})")
+        if [d.name for d in weight.dims] == [*run, *outs]:  # a [in, out] weight, as x @ w takes it: no transpose
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(run)} {writer.group(outs)}", weight_lengths)
+            writer.emit(f"{writer.var} = torch.matmul({writer.data}, {w}){comment}")
+        else:
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
+            writer.emit(f"{writer.var} = F.linear({writer.data}, {w}){comment}")
         flat = f"{writer.group(pre)} {writer.group(outs)}"
     else:
+        w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
         _rearrange(
             writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
         )
-        writer.emit(f"{writer.var} = torch.matmul(w, {writer.data})  # Share({weight.name}), Reduce({', '.join(run)})")
+        writer.emit(f"{writer.var} = torch.matmul({w}, {writer.data}){comment}")
         flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
     unflat = pre + outs + post
-    _rearrange(writer, writer.data, flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
     writer.axes = unflat
+    if flat != writer.pattern(unflat):
+        writer.lay_out(flat, lengths)
     return True
 
 
@@ -789,11 +837,11 @@ def _weights_first(
     first = elements(set(names)) + elements(data | set(kept))
     if first >= direct:
         return None
-    operands = ", ".join(writer.weight(weight_index[w.name]) for w in weights)
-    patterns = ", ".join(writer.pattern([d.name for d in w.dims]) for w in weights)
-    writer.emit(
-        f'w = einsum({operands}, "{patterns} -> {writer.pattern(kept)}")  # the weights first: sums {", ".join(inner)}'
-    )
+    operands = [writer.weight(weight_index[w.name]) for w in weights]
+    patterns = [writer.pattern([d.name for d in w.dims]) for w in weights]
+    code = einsum_code(operands, patterns, writer.pattern(kept))
+    spec = f"{', '.join(patterns)} -> {writer.pattern(kept)}"
+    writer.emit(f"w = {code}  # the weights first: sums {', '.join(inner)}; {spec}")
     return kept
 
 
@@ -819,17 +867,25 @@ def _emit_stage(
     comment = ", ".join(f"Share({w.name})" for w in shares if isinstance(w, Weight))
     if reduces:
         comment += (", " if comment else "") + "Reduce(" + ", ".join(r.dim for r in reduces) + ")"
+    means = [r.dim for r in reduces if r.mean]
     if shares:
         spec = f"{', '.join(patterns)} -> {writer.pattern(result)}"
-        writer.emit(f'{writer.var} = einsum({", ".join(operands)}, "{spec}")  # {comment}')
-    else:
-        spec = f"{writer.pattern()} -> {writer.pattern(result)}"
-        writer.emit(f'{writer.var} = reduce({writer.data}, "{spec}", "sum")  # {comment}')
+        code = einsum_code(operands, patterns, writer.pattern(result))
+        writer.emit(f"{writer.var} = {code}  # {comment}: {spec}")
+    else:  # a sum (or mean) over some dims: one torch reduction, the rest in the data's order
+        data, summed = writer.data, {r.dim for r in reduces}
+        positions = tuple(i for i, a in enumerate(writer.axes) if a in summed)
+        how = "mean" if len(means) == len(reduces) else "sum"
+        writer.emit(f"{writer.var} = {data}.{how}(dim={positions})  # {comment}")
+        writer.axes = [a for a in writer.axes if a not in summed]
+        if writer.axes != result:
+            writer.reorder(result)
+        if how == "mean":
+            means = []
     sizes = {**before}
     for share in shares:
         if isinstance(share, Weight):
             sizes.update({d.name: d.size for d in share.dims})
-    means = [r.dim for r in reduces if r.mean]
     if means:
         writer.emit(
             f"{writer.var} = {writer.data} / ({' * '.join(_atom(writer.size(sizes[m])) for m in means)})  # mean"
@@ -1260,7 +1316,7 @@ def _graph_body(
         writer = _Writer([], dims, axis, ids, current=data, var=var, weights=own)
         inputs = [d.name for d in chain.inputs]
         if writer.axes != inputs:
-            writer.emit(f'{var} = rearrange({data}, "{writer.pattern()} -> {writer.pattern(inputs)}")')
+            writer.move(writer.pattern(), writer.pattern(inputs))
             writer.axes = inputs
         _chain_body(writer, chain, solve.plan(chain, binding), {w.name: i for i, w in enumerate(chain.weights)})
         return writer.lines, writer.data
