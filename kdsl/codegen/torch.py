@@ -285,6 +285,7 @@ class _Writer:
     var: str = "x"  # the variable this chain writes
     weights: list[str] = field(default_factory=list)  # the code of each weight (``self.depthwise``)
     layout: tuple[str, dict[str, str]] | None = None  # the data's pattern and lengths while a split waits
+    split_sizes: dict[str, Size] = field(default_factory=dict)  # a Split's inner dim -> its size
 
     @property
     def data(self) -> str:
@@ -396,8 +397,14 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
             if native:
                 position = stage.stop
                 continue
-        for step in _reshapes_last(views):
-            _emit_view(writer, step)
+        ordered = _reshapes_last(views)
+        while ordered:
+            shifts = _leading_shifts(ordered)
+            if len(shifts) > 1:
+                _rolls(writer, shifts)
+                del ordered[: len(shifts)]
+            else:
+                _emit_view(writer, ordered.pop(0))
         if stage is not None:
             _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index, dict(plan.binding))
             position = stage.stop
@@ -526,8 +533,8 @@ def _native_conv(
         known[split.outer] = sizes[split.dim] / split.block
         known[split.inner] = split.block
     order = [d for d in data if d in spatial]
-    for roll in rolls:
-        _emit_view(writer, roll)
+    if rolls:
+        _rolls(writer, rolls)
     return _emit_conv(
         writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
     )
@@ -689,11 +696,16 @@ def _split(writer: _Writer, step: Split) -> None:
         left = " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
         known = dict(known)
         whole = known.pop(writer.axis(step.dim), None)
-        if whole is not None:  # the split dim's length was given: its outer piece's is that over the block
+        block = writer.split_sizes.get(step.dim)
+        if whole is not None and block is not None:  # a split's block split again: the outer piece's length
+            writer.split_sizes[step.outer] = block / step.block
+            known[writer.axis(step.outer)] = writer.size(block / step.block)
+        elif whole is not None:
             known[writer.axis(step.outer)] = f"{_atom(whole)} // {_atom(writer.size(step.block))}"
         lengths = {**known, **lengths}
     else:
         writer.flush()
+    writer.split_sizes[step.inner] = step.block
     writer.axes = after
     # the split waits for a line that reads the data: Merges of the pieces right after it (a
     # pixel shuffle's) then move the data once
@@ -707,6 +719,28 @@ def _merge(writer: _Writer, step: Merge) -> None:
 def _shift(writer: _Writer, step: Shift) -> None:
     axis = writer.axes.index(step.dim)
     writer.emit(f"{writer.var} = torch.roll({writer.data}, shifts={-step.offset}, dims={axis})  # Shift({step.dim})")
+
+
+def _leading_shifts(steps: list[Primitive]) -> list[Shift]:
+    """The Shifts at the start of ``steps``, each on another dim (one ``torch.roll`` does them all)."""
+    shifts: list[Shift] = []
+    for step in steps:
+        if not isinstance(step, Shift) or any(s.dim == step.dim for s in shifts):
+            break
+        shifts.append(step)
+    return shifts
+
+
+def _rolls(writer: _Writer, shifts: list[Shift]) -> None:
+    """Cyclic shifts of several dims of the data as one ``torch.roll`` (one copy, not one each)."""
+    if len(shifts) == 1:
+        _shift(writer, shifts[0])
+        return
+    data = writer.data
+    offsets = ", ".join(str(-s.offset) for s in shifts)
+    axes = ", ".join(str(writer.axes.index(s.dim)) for s in shifts)
+    names = ", ".join(f"Shift({s.dim})" for s in shifts)
+    writer.emit(f"{writer.var} = torch.roll({data}, shifts=({offsets}), dims=({axes}))  # {names}")
 
 
 def _expand(writer: _Writer, step: Expand) -> None:
