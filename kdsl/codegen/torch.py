@@ -86,12 +86,17 @@ def _conv(x, w, pads, stride, dilation, groups):
         return y if list(y.shape[2:]) == keep else y[(..., *(slice(0, n) for n in keep))]
     return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
 
-def _unfold(x, axis, window):
-    \"\"\"out[..., i, ..., j] = x[..., i + j - window // 2, ...], zero outside; the window goes last.\"\"\"
-    x = x.movedim(axis, -1)
-    x = F.pad(x, (window // 2, window - 1 - window // 2))
-    x = x.unfold(-1, window, 1)
-    return x.movedim(-2, axis)
+def _unfold(x, axes, windows):
+    \"\"\"out[..., i, ..., j] = x[..., i + j - window // 2, ...] along each axis, zero outside; the
+    windows go last, in order. One F.pad for all the axes (one copy), then views.\"\"\"
+    pads = [0] * (2 * (x.dim() - min(axes)))  # F.pad lists the last dim first
+    for axis, window in zip(axes, windows):
+        at = 2 * (x.dim() - 1 - axis)
+        pads[at], pads[at + 1] = window // 2, window - 1 - window // 2
+    x = F.pad(x, pads)
+    for axis, window in zip(axes, windows):
+        x = x.unfold(axis, window, 1)
+    return x
 
 def _check_input(x, dims, sizes):
     \"\"\"Raise ShapeError unless x has one axis per dim, of the dim's size (None: any size).\"\"\"
@@ -399,10 +404,13 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
                 continue
         ordered = _reshapes_last(views)
         while ordered:
-            shifts = _leading_shifts(ordered)
+            shifts, unfolds = _leading_shifts(ordered), _leading_unfolds(ordered, writer.axes)
             if len(shifts) > 1:
                 _rolls(writer, shifts)
                 del ordered[: len(shifts)]
+            elif len(unfolds) > 1:
+                _unfolds(writer, unfolds)
+                del ordered[: len(unfolds)]
             else:
                 _emit_view(writer, ordered.pop(0))
         if stage is not None:
@@ -752,10 +760,27 @@ def _expand(writer: _Writer, step: Expand) -> None:
 
 
 def _unfold(writer: _Writer, step: Unfold) -> None:
-    axis = writer.axes.index(step.dim)
-    window = writer.size(step.window)
-    writer.emit(f"{writer.var} = _unfold({writer.data}, {axis}, {window})  # Unfold({step.dim}) -> {step.name}")
-    writer.axes = writer.axes + [step.name]
+    _unfolds(writer, [step])
+
+
+def _leading_unfolds(steps: list[Primitive], axes: list[str]) -> list[Unfold]:
+    """The Unfolds at the start of ``steps`` of distinct dims of the data (one pad does them all)."""
+    unfolds: list[Unfold] = []
+    for step in steps:
+        if not isinstance(step, Unfold) or step.dim not in axes or any(u.dim == step.dim for u in unfolds):
+            break
+        unfolds.append(step)
+    return unfolds
+
+
+def _unfolds(writer: _Writer, steps: list[Unfold]) -> None:
+    """Unfold several dims of the data with one zero pad (``_unfold``): each window goes last."""
+    data = writer.data
+    axes = ", ".join(str(writer.axes.index(step.dim)) for step in steps)
+    windows = ", ".join(writer.size(step.window) for step in steps)
+    what = ", ".join(f"Unfold({step.dim}) -> {step.name}" for step in steps)
+    writer.emit(f"{writer.var} = _unfold({data}, ({axes},), ({windows},))  # {what}")
+    writer.axes = writer.axes + [step.name for step in steps]
 
 
 def _stride(writer: _Writer, step: Stride) -> None:
