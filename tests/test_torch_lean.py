@@ -35,7 +35,7 @@ KERNELS: dict[str, list[str]] = {
     "max_pool2d_2x2": ["max_pool2d_with_indices"],
     "pixel_shuffle": ["clone"],  # the permuted copy F.pixel_shuffle makes too
     "pixel_unshuffle": ["clone"],
-    "unfold2d": ["constant_pad_nd", "clone"],  # F.unfold pads inside its im2col kernel
+    "unfold2d": ["im2col"],  # F.unfold itself (odd windows)
     "linear": ["mm"],
     "matmul": ["mm"],
     "residual_conv2d": ["convolution", "add"],

@@ -98,12 +98,26 @@ def _unfold(x, axes, windows):
         x = x.unfold(axis, window, 1)
     return x
 
+def _im2col(x, kernel):
+    \"\"\"F.unfold of [N, C, H, W] with "same" windows (zero padding window // 2 before, the rest
+    after): [N, C * kh * kw, H * W]. Odd windows pad alike on both sides: F.unfold itself, one kernel.\"\"\"
+    if all(k % 2 for k in kernel):
+        return F.unfold(x, kernel, padding=tuple(k // 2 for k in kernel))
+    n, c = x.shape[:2]
+    x = _unfold(x, (2, 3), kernel)
+    return x.permute(0, 1, 4, 5, 2, 3).reshape(n, c * kernel[0] * kernel[1], -1)
+
 def _check_input(x, dims, sizes):
     \"\"\"Raise ShapeError unless x has one axis per dim, of the dim's size (None: any size).\"\"\"
     shape = tuple(getattr(x, "shape", ()))
-    if len(shape) != len(dims) or any(size is not None and size != got for size, got in zip(sizes, shape)):
-        expected = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in zip(dims, sizes))
-        raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
+    if len(shape) == len(dims):  # a plain loop: this runs on every call, a generator costs more than it
+        for size, got in zip(sizes, shape):
+            if size is not None and size != got:
+                break
+        else:
+            return
+    expected = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in zip(dims, sizes))
+    raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
 """
 
 #: kdsl's ShapeError where kdsl is installed (callers catch KdslError), else a ValueError of that name.
@@ -140,6 +154,7 @@ OWN_NAMES = frozenset(
         "bias",
         "_conv",
         "_unfold",
+        "_im2col",
         "_check_input",
         "shapes",
         "shape",
@@ -383,10 +398,13 @@ def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, s
     return writer.lines
 
 
-def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int]) -> None:
+def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int], reorder: bool = True) -> None:
     """Emit the lines computing the linear ``op`` (by ``plan``) from ``writer.data``, whose dims are
-    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order; each weight's code
-    is ``writer.weights[weight_index[name]]``."""
+    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order (with
+    ``reorder=False``, in the order it computed them: ``writer.axes`` says which); each weight's
+    code is ``writer.weights[weight_index[name]]``."""
+    if _native_im2col(writer, plan):
+        return
     steps = list(plan.steps)
     position = 0
     for stage in [*plan.stages, None]:
@@ -417,9 +435,37 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
             _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index, dict(plan.binding))
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
-    if writer.axes != outputs:
-        writer.reorder(outputs)
+    if writer.axes != outputs and (reorder or writer.merged or writer.layout is not None):
+        writer.reorder(outputs)  # one copy with waiting merges; else the caller takes writer.axes as they are
     writer.flush()
+
+
+def _native_im2col(writer: _Writer, plan: Any) -> bool:
+    """Emit ``_im2col`` (``F.unfold``) when the chain is exactly it: the data [n, c, h, w], an Unfold
+    of h and of w, and Merges to [n, (c, h's window, w's window), (h, w)]; False otherwise."""
+    if plan.stages or len(writer.axes) != 4 or writer.merged or writer.layout is not None:
+        return False
+    n, c, h, w = writer.axes
+    windows: dict[str, Unfold] = {}
+    pieces: dict[str, list[str]] = {name: [name] for name in writer.axes}
+    for step in plan.steps:
+        if isinstance(step, Unfold) and step.dim in (h, w) and step.dim not in windows:
+            windows[step.dim] = step
+            pieces[step.name] = [step.name]
+        elif isinstance(step, Merge) and step.outer in pieces and step.inner in pieces:
+            pieces[step.name] = pieces.pop(step.outer) + pieces.pop(step.inner)
+        else:
+            return False
+    if set(windows) != {h, w}:
+        return False
+    outputs = [d.name for d in plan.outputs]
+    wanted = [[n], [c, windows[h].name, windows[w].name], [h, w]]
+    if [pieces.get(name) for name in outputs] != wanted:
+        return False
+    kernel = f"({writer.size(windows[h].window)}, {writer.size(windows[w].window)})"
+    writer.emit(f"{writer.var} = _im2col({writer.data}, {kernel})  # F.unfold: {', '.join(outputs)}")
+    writer.axes = outputs
+    return True
 
 
 def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
@@ -1371,14 +1417,19 @@ def _graph_body(
     """A branching kernel's forward lines (:func:`kdsl.codegen.torch_graph.forward_lines`), each
     linear chain lowered like an operator (its own plan at ``binding``) on its argument's variable."""
 
-    def emit_chain(chain: Operator, data: str, dims: list[str], var: str, own: list[str]) -> tuple[list[str], str]:
+    def emit_chain(
+        chain: Operator, data: str, dims: list[str], var: str, own: list[str]
+    ) -> tuple[list[str], str, list[str]]:
         writer = _Writer([], dims, axis, ids, current=data, var=var, weights=own)
         inputs = [d.name for d in chain.inputs]
         if writer.axes != inputs:
             writer.move(writer.pattern(), writer.pattern(inputs))
             writer.axes = inputs
-        _chain_body(writer, chain, solve.plan(chain, binding), {w.name: i for i, w in enumerate(chain.weights)})
-        return writer.lines, writer.data
+        weight_index = {w.name: i for i, w in enumerate(chain.weights)}
+        # the result stays in the order the chain computed it (a convolution's channels second):
+        # the graph's readers take it so, rather than a permute here and its inverse there
+        _chain_body(writer, chain, solve.plan(chain, binding), weight_index, reorder=False)
+        return writer.lines, writer.data, list(writer.axes)
 
     return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain, weights)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from kdsl.codegen.torch_views import einsum_code, rearrange_code
 from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph, Node
-from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Softmax
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
 from kdsl.lang.primitives import Primitive, Split, Stride, Unfold
 from kdsl.lang.sizes import Size
 
@@ -142,8 +142,8 @@ def _pooling(graph: Graph, index: int) -> _Pooling | None:
 
 #: Emits a linear chain: (chain, the variable holding its input, the input's dims in order, the
 #: variable to write, the code of each of the chain's weights) -> (the lines, the variable holding
-#: the result, whose dims are in ``chain.outputs`` order).
-ChainEmitter = Callable[[Operator, str, list[str], str, list[str]], tuple[list[str], str]]
+#: the result, the order of its dims: ``chain.outputs``'s, or the order the chain computed them in).
+ChainEmitter = Callable[[Operator, str, list[str], str, list[str]], tuple[list[str], str, list[str]]]
 
 
 @dataclass
@@ -165,19 +165,26 @@ class _GraphWriter:
     first_weight: list[int] = field(default_factory=list)
     poolings: dict[int, _Pooling] = field(default_factory=dict)
     skipped: set[int] = field(default_factory=set)
+    #: node -> the order of its variable's axes where the rule left them in another order than the
+    #: node's (a convolution's channels second): readers align them, so no permute back and forth
+    layouts: dict[int, list[str]] = field(default_factory=dict)
 
     def pattern(self, dims: list[str]) -> str:
         return " ".join(self.axis(d) for d in dims)
 
     def dims(self, index: int) -> list[str]:
+        """The axes of node ``index``'s variable, in order: the node's own dims, or the order its
+        rule left them in (:attr:`layouts`)."""
+        if index in self.layouts:
+            return self.layouts[index]
         return [d.name for d in self.graph.nodes[index].dims]
 
-    def chain(self, chain: Operator, arg: int, var: str, weights: list[str], indent: str = "") -> str:
+    def chain(self, chain: Operator, arg: int, var: str, weights: list[str], indent: str = "") -> tuple[str, list[str]]:
         """Emit the lines computing the linear ``chain`` on node ``arg`` into ``var`` (``weights``:
-        the code of each of its weights); return the variable that holds its result."""
-        lines, result = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights)
+        the code of each of its weights); return the variable that holds its result and its axes."""
+        lines, result, axes = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights)
         self.lines += [indent + line for line in lines]
-        return result
+        return result, axes
 
 
 def _tuple(items: list[str]) -> str:
@@ -198,8 +205,8 @@ def _chain_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
         return writer.dims(index)
     first = writer.first_weight[index]
     weights = writer.weights[first : first + len(node.chain.weights)]
-    writer.names[index] = writer.chain(node.chain, node.args[0], f"x{index}", weights)
-    return [d.name for d in node.chain.outputs]
+    writer.names[index], axes = writer.chain(node.chain, node.args[0], f"x{index}", weights)
+    return axes
 
 
 def _map_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
@@ -284,7 +291,7 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
             if current != mask:
                 writer.lines.append(f"        {mask} = {current}")
             saved, writer.names[source] = writer.names[source], mask  # the chain runs on the mask
-            current = writer.chain(chain, source, mask, ones, indent="        ")
+            current, _ = writer.chain(chain, source, mask, ones, indent="        ")  # the layout of the data's
             writer.names[source] = saved
         writer.lines.append(f"        self.masks[{index}] = {mask} = {current} > 0")
         writer.lines.append(f'{var} = _masked_fold({data}, {mask}, {axes}, "{step.how}")')
@@ -344,7 +351,9 @@ def _fc_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
 
 def _rename_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     writer.names[index] = writer.names[node.args[0]]  # no data moves: the axis only has another name
-    return writer.dims(index)
+    step = node.step
+    assert isinstance(step, Rename)
+    return [step.name if d == step.dim else d for d in writer.dims(node.args[0])]
 
 
 def _aligned(writer: _GraphWriter, arg: int, out: list[str]) -> str:
@@ -418,10 +427,7 @@ def forward_lines(
         writer.lines.append(_describe_node(graph, index))
         axes = GRAPH_RULES[node.kind](writer, index, node)
         if axes != writer.dims(index) and index not in writer.skipped:
-            code = rearrange_code(writer.names[index], writer.pattern(axes), writer.pattern(writer.dims(index)), {})
-            if code is not None:
-                writer.lines.append(f"x{index} = {code}")
-                writer.names[index] = f"x{index}"
+            writer.layouts[index] = axes  # its readers take the axes in this order
     result, outputs = len(graph.nodes) - 1, [d.name for d in graph.outputs]
     last = writer.names[result]
     if writer.dims(result) != outputs:
