@@ -1,11 +1,18 @@
 """The PyTorch backend: readable ``nn.Module`` source, top-down views and one einsum per stage.
 
-:func:`source` writes a self-contained Python module (it imports only torch and einops) whose
-code reads like the DSL: each view is an einops ``rearrange`` or a small torch call with the
-DSL's own dim names, and each contraction stage of the operator's plan (:func:`kdsl.solve.plan`,
-Syno's rfactor) is one ``einsum``. A stage that is exactly a native op (a convolution of any
-kind: grouped, depthwise, strided, dilated; 1-D to 3-D) is lowered to ``F.conv*d`` instead —
-same numerics, faster. :func:`build` compiles that source into a module for one layer that
+:func:`source` writes a self-contained Python module (it imports only torch) whose code reads
+like the DSL: each view is a ``reshape``/``permute`` or a small torch call, commented with the
+einops pattern it does in the DSL's own dim names, and each contraction stage of the operator's
+plan (:func:`kdsl.solve.plan`, Syno's rfactor) is one ``torch.einsum``. The shapes and permutations
+are worked out when the source is written (:mod:`kdsl.codegen.torch_views`), not per call: on a GPU
+at small sizes a forward's Python and its count of aten operators cost as much as the kernels. A
+stage that is exactly a native op (a convolution of any kind: grouped, depthwise, strided, dilated;
+1-D to 3-D; a matrix product; average pooling; ``F.unfold``) is lowered to it instead — same
+numerics, faster — with its padding folded in and its weight re-laid out by views only. (A weight
+whose layout needs a copy, as a search-found one might, is copied on each call: a cache keyed on
+the parameter's version would have to follow ``.to()``, ``load_state_dict`` and in-place optimizer
+steps, and under autograd the copy is part of the graph anyway; a small weight's copy is one
+kernel.) :func:`build` compiles that source into a module for one layer that
 behaves like a ``torch.nn`` one: its parameters carry the DSL's weight names, are initialised with
 the fan-in PyTorch uses for the equivalent layer (:func:`fan_ins`), sizes no weight needs are read
 from the input (:func:`lazy_variables`), ``bias=True`` adds a bias, and the module pickles,
@@ -1350,7 +1357,6 @@ def source(
         "",
         "import torch",
         "import torch.nn.functional as F",
-        "from einops import einsum, rearrange, reduce",
         "from torch import nn",
         ERROR_IMPORT,
         HELPERS + (GRAPH_HELPERS if isinstance(op, Graph) else ""),
