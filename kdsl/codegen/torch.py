@@ -76,9 +76,10 @@ from kdsl.solve.layers import Layer, as_layer, layer_label
 from kdsl.solve.padding import Padding
 
 HELPERS = """
-def _conv(x, w, pads, stride, dilation, groups):
-    \"\"\"F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right);
-    symmetric padding goes to the convolution itself, which avoids copying a padded input.\"\"\"
+def _conv(x, w, pads, stride, dilation, groups, out):
+    \"\"\"F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right)
+    and ``out`` positions per spatial dim; symmetric padding goes to the convolution itself, which
+    avoids copying a padded input.\"\"\"
     conv = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
     lefts, rights = pads[0::2], pads[1::2]
     if lefts == rights and min(lefts) >= 0:
@@ -87,10 +88,7 @@ def _conv(x, w, pads, stride, dilation, groups):
         # padding the right as much as the left only adds outputs past the end (none, for a strided
         # convolution whose last window fits): one convolution and a crop (a view), no padded copy
         y = conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
-        spans = [d * (k - 1) + 1 for d, k in zip(dilation, w.shape[2:])]
-        keep = [(n + left + right - span) // s + 1 for n, left, right, span, s in
-                zip(x.shape[2:], reversed(lefts), reversed(rights), spans, stride)]
-        return y if list(y.shape[2:]) == keep else y[(..., *(slice(0, n) for n in keep))]
+        return y if y.shape[2:] == out else y[(..., *(slice(0, n) for n in out))]
     return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
 
 def _unfold(x, axes, windows):
@@ -688,13 +686,14 @@ def _emit_conv(
     w = _rearrange(
         writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight, _weight_lengths(writer, weight)
     )
-    pads, strides, dilations = [], [], []
+    pads, strides, dilations, outs_sizes = [], [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
         if not entry.window:  # a 1-wide kernel: no padding
             pads += ["0", "0"]
             strides.insert(0, "1")
             dilations.insert(0, "1")
+            outs_sizes.insert(0, writer.size(sizes[d]))
             continue
         stride = _atom(writer.size(entry.stride)) if entry.stride is not None else "1"
         dilation = _atom(writer.size(entry.dilation)) if entry.dilation is not None else "1"
@@ -714,10 +713,11 @@ def _emit_conv(
         pads += [f"{left_pad}", right_pad]
         strides.insert(0, stride)
         dilations.insert(0, dilation)
+        outs_sizes.insert(0, out_size)
     group_count = " * ".join(_atom(writer.size(sizes[g])) for g in groups) or "1"
     writer.emit(
         f"{writer.var} = _conv({writer.data}, {w}, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
-        f"dilation=({', '.join(dilations)},), groups={group_count})"
+        f"dilation=({', '.join(dilations)},), groups={group_count}, out=({', '.join(outs_sizes)},))"
     )
     out_lengths = {}
     for name in batch:
