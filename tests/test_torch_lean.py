@@ -33,8 +33,8 @@ KERNELS: dict[str, list[str]] = {
     "avg_pool2d": ["avg_pool2d"],
     "max_pool2d": ["max_pool2d_with_indices"],
     "max_pool2d_2x2": ["max_pool2d_with_indices"],
-    "pixel_shuffle": ["clone"],  # the permuted copy F.pixel_shuffle makes too
-    "pixel_unshuffle": ["clone"],
+    "pixel_shuffle": ["pixel_shuffle"],  # found from the rearrangement's pattern
+    "pixel_unshuffle": ["pixel_unshuffle"],
     "unfold2d": ["im2col"],  # F.unfold itself (odd windows)
     "linear": ["mm"],
     "matmul": ["mm"],
@@ -151,3 +151,46 @@ def test_gradients_equal_the_native_functions(name):
     torch.testing.assert_close(ours_x.grad, native_x.grad, rtol=1e-9, atol=1e-11)
     for parameter, leaf in zip(module.weights, leaves):
         torch.testing.assert_close(parameter.grad, leaf.grad, rtol=1e-9, atol=1e-11)
+
+
+def _random_grouping(rng, names):
+    """``names`` cut into consecutive groups, each written with parentheses or (alone) without."""
+    groups, at = [], 0
+    while at < len(names):
+        take = int(rng.integers(1, len(names) - at + 1))
+        groups.append(names[at : at + take])
+        at += take
+    return groups
+
+
+def _pattern(groups, bare):
+    return " ".join(g[0] if len(g) == 1 and bare else "(" + " ".join(g) + ")" for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_rearrange_code_does_what_einops_does(seed):
+    """torch_views.rearrange_code against einops.rearrange itself on random groupings and orders."""
+    einops = pytest.importorskip("einops")
+    import numpy as np
+
+    from kdsl.codegen.torch_views import rearrange_code
+
+    rng = np.random.default_rng(seed)
+    names = ["a", "b", "c", "d", "e"][: int(rng.integers(1, 6))]
+    sizes = {n: int(rng.integers(1, 4)) for n in names}
+    source = _random_grouping(rng, list(rng.permutation(names)))
+    target = _random_grouping(rng, list(rng.permutation(names)))
+    lengths = {}
+    for group in source:  # einops needs all but one length of a group; give some more at random
+        for name in group[1:] if len(group) > 1 else []:
+            lengths[name] = str(sizes[name])
+        if rng.random() < 0.3:
+            lengths[group[0]] = str(sizes[group[0]])
+    bare = bool(rng.random() < 0.5)
+    source_text, target_text = _pattern(source, bare), _pattern(target, not bare)
+    shape = [int(np.prod([sizes[n] for n in g])) for g in source]
+    x = torch.arange(int(np.prod(shape))).reshape(shape)
+    code = rearrange_code("x", source_text, target_text, lengths)
+    got = x if code is None else eval(code, {"torch": torch, "F": torch.nn.functional, "x": x})
+    expected = einops.rearrange(x, f"{source_text} -> {target_text}", **{k: int(v) for k, v in lengths.items()})
+    assert torch.equal(got, expected), (source_text, target_text, lengths, code)

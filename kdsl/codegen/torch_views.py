@@ -8,7 +8,8 @@ generated code calls ``reshape``/``permute``/``torch.einsum`` with the shapes an
 worked out here, once, and keeps the pattern as a comment for the reader.
 
 :func:`rearrange_code` writes one ``rearrange`` as ``reshape`` (to split the source's groups),
-``permute`` and ``reshape`` (to form the target's groups), leaving out each part that does nothing;
+``permute`` and ``reshape`` (to form the target's groups), leaving out each part that does nothing
+(or as ``F.pixel_shuffle``/``F.pixel_unshuffle`` where it is exactly one of them);
 :func:`einsum_code` writes an einops ``einsum`` as ``torch.einsum`` over one letter per dim.
 
 >>> rearrange_code("x", "N (g co) H W", "N g co H W", {"g": "G"})
@@ -19,6 +20,8 @@ worked out here, once, and keeps the pattern as a comment for the reader.
 'x.permute(0, 3, 1, 2)'
 >>> rearrange_code("x", "(N) (C) H W", "N C H W", {}) is None
 True
+>>> rearrange_code("x", "N (C a b) H W", "N C (H a) (W b)", {"a": "r", "b": "r"})
+'F.pixel_shuffle(x, r)'
 >>> einsum_code(["x", "w"], ["N Cin H W", "d Cin"], "N d H W")
 'torch.einsum("abcd,eb->aecd", x, w)'
 """
@@ -73,6 +76,9 @@ def rearrange_code(operand: str, source: str, target: str, lengths: Mapping[str,
         if unknown:  # einops allows one: the group's length over the others'
             known = _product([lengths[d] for d in group if d in lengths])
             sizes[unknown[0]] = whole if known == "1" else f"{whole} // {known if ' ' not in known else f'({known})'}"
+    shuffle = _pixel_shuffle(operand, groups, targets, lengths)
+    if shuffle is not None:
+        return shuffle
     split = any(len(g) != 1 for g in groups)
     permutation = [elementary.index(d) for d in order]
     permuted = permutation != list(range(len(permutation)))
@@ -97,6 +103,28 @@ def rearrange_code(operand: str, source: str, target: str, lengths: Mapping[str,
         shape = [_product([sizes[d] for d in g]) for g in targets]
         code = f"{code}.reshape({', '.join(shape)})"
     return code
+
+
+def _pixel_shuffle(
+    operand: str, groups: list[list[str]], targets: list[list[str]], lengths: Mapping[str, str]
+) -> str | None:
+    """``F.pixel_shuffle`` (``F.pixel_unshuffle``) where the rearrangement is exactly it: one kernel,
+    where reshape, permute and reshape are three calls. Shuffle: ``... (c a b) h w -> ... c (h a) (w b)``
+    with a and b of one given length r; unshuffle the other way."""
+    if len(groups) < 3 or len(groups) != len(targets) or groups[:-3] != targets[:-3]:
+        return None
+    if any(len(g) != 1 for g in groups[:-3]):
+        return None
+    (c, h, w), (tc, th, tw) = groups[-3:], targets[-3:]
+    if len(c) == 3 and [tc, th, tw] == [c[:1], h + c[1:2], w + c[2:]] and len(h) == len(w) == 1:
+        a, b, function = c[1], c[2], "pixel_shuffle"
+    elif len(tc) == 3 and [c, h, w] == [tc[:1], th + tc[1:2], tw + tc[2:]] and len(th) == len(tw) == 1:
+        a, b, function = tc[1], tc[2], "pixel_unshuffle"
+    else:
+        return None
+    if a not in lengths or lengths[a] != lengths.get(b):
+        return None
+    return f"F.{function}({operand}, {lengths[a]})"
 
 
 def _cuts(groups: list[list[str]]) -> list[int]:
