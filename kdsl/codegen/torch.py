@@ -52,7 +52,8 @@ from typing import Any
 from kdsl import solve
 from kdsl.codegen import torch_graph
 from kdsl.codegen.torch_graph import GRAPH_HELPERS
-from kdsl.codegen.torch_views import einsum_code, parse_pattern, rearrange_code
+from kdsl.codegen.torch_views import einsum_code, parse_pattern
+from kdsl.codegen.torch_writer import _atom, _rearrange, _rolls, _shift, _size_code, _weight_lengths, _Writer
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
@@ -275,126 +276,6 @@ def _dim_names(op: Operator) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _size_code(size: Size, identifiers: Mapping[str, str]) -> str:
-    """Integer Python code for a size, in terms of the module's size variables."""
-    numerator = [str(size.constant.numerator)] if size.constant.numerator != 1 else []
-    denominator = [str(size.constant.denominator)] if size.constant.denominator != 1 else []
-    for var, exponent in size.exponents:
-        target = numerator if exponent > 0 else denominator
-        target.extend([identifiers[var.name]] * abs(exponent))
-    text = " * ".join(numerator) or "1"
-    if denominator:
-        below = " * ".join(denominator)
-        text = f"{_atom(text)} // {_atom(below)}"
-    return text
-
-
-def _atom(code: str) -> str:
-    """``code`` in parentheses unless it is one name or number (so it can follow ``//`` or ``-``)."""
-    return code if re.fullmatch(r"\w+", code) else f"({code})"
-
-
-@dataclass
-class _Writer:
-    """Lines of the forward and the data's dims (``axes``, in order). Merges are deferred and
-    fused into one ``rearrange`` (``merged``: dim -> the physical dims it flattens), so a chain
-    like Merge(Cin, kh), Merge(., kw) copies an unfolded tensor once, not once per Merge."""
-
-    lines: list[str]
-    axes: list[str]
-    axis: _Axes  # DSL dim name -> einops axis name
-    identifiers: dict[str, str]  # size variable -> Python identifier
-    merged: dict[str, list[str]] = field(default_factory=dict)
-    physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
-    current: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
-    var: str = "x"  # the variable this chain writes
-    weights: list[str] = field(default_factory=list)  # the code of each weight (``self.depthwise``)
-    layout: tuple[str, dict[str, str]] | None = None  # the data's pattern and lengths while a split waits
-    split_sizes: dict[str, Size] = field(default_factory=dict)  # a Split's inner dim -> its size
-
-    @property
-    def data(self) -> str:
-        """The variable holding the data, for a line about to read it: waiting merges happen first."""
-        self.flush()
-        return self.current
-
-    def weight(self, index: int) -> str:
-        return self.weights[index]
-
-    def size(self, size: Size) -> str:
-        return _size_code(size, self.identifiers)
-
-    def group(self, names: list[str]) -> str:
-        return "(" + " ".join(self.axis(n) for n in names) + ")"
-
-    def emit(self, line: str) -> None:
-        self.flush()
-        self.append(line)
-
-    def append(self, line: str) -> None:
-        if line.startswith(f"{self.var} = "):  # from now on the chain's own variable holds the data
-            self.current = self.var
-        self.lines.append(line)
-
-    def move(self, source: str, target: str, lengths: Mapping[str, str] | None = None, comment: str = "") -> None:
-        """Rearrange the data from the einops pattern ``source`` to ``target`` as torch views
-        (:func:`~kdsl.codegen.torch_views.rearrange_code`; nothing where it changes nothing)."""
-        code = rearrange_code(self.current, source, target, lengths or {})
-        if code is not None:
-            self.append(f"{self.var} = {code}  # {source} -> {target}{comment}")
-
-    def _source(self) -> tuple[str, dict[str, str]]:
-        """The einops pattern of the data as it lies (with its lengths): a convolution's output
-        waits in its own grouping until a line reads the data (see :meth:`lay_out`)."""
-        if self.layout is not None:
-            return self.layout
-        return self.pattern(self.physical if self.merged else None), {}
-
-    def lay_out(self, pattern: str, lengths: dict[str, str]) -> None:
-        """The data lies as ``pattern`` (groups of ``self.axes``, in order) until a line reads it:
-        then one view splits the groups, or none where the next steps merge them back."""
-        self.layout = (pattern, lengths)
-
-    def flush(self) -> None:
-        if not self.merged and self.layout is None:
-            return
-        source, lengths = self._source()
-        target = " ".join(
-            "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
-            for a in self.axes
-        )
-        self.merged, self.layout = {}, None
-        self.move(source, target, lengths)
-
-    def reorder(self, axes: list[str]) -> None:
-        """Permute the data's dims to ``axes`` (the same dims), in one copy with any waiting merges
-        (a Merge after the last stage and the output's order are one reshape, not two)."""
-        source, lengths = self._source()
-        if self.merged:
-            target = " ".join(
-                "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
-                for a in axes
-            )
-        else:
-            target = self.pattern(axes)
-        self.merged, self.layout = {}, None
-        self.move(source, target, lengths)
-        self.axes = list(axes)
-
-    def merge(self, outer: str, inner: str, name: str) -> None:
-        if not self.merged:
-            self.physical = list(self.axes)  # a waiting layout groups these same dims
-        position = self.axes.index(outer)
-        flattened = self.merged.pop(outer, [outer]) + self.merged.pop(inner, [inner])
-        rest = [a for a in self.axes if a not in (outer, inner)]
-        insert_at = sum(1 for a in self.axes[:position] if a != inner)
-        self.axes = rest[:insert_at] + [name] + rest[insert_at:]
-        self.merged[name] = flattened
-
-    def pattern(self, axes: list[str] | None = None) -> str:
-        return " ".join(self.axis(a) for a in (self.axes if axes is None else axes))
-
-
 def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str], weights: list[str]) -> list[str]:
     """The forward's lines (indented by the caller); ``weights``: the code of each weight."""
     writer = _Writer([], [d.name for d in op.inputs], axis, identifiers, weights=weights)
@@ -445,6 +326,31 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
     writer.flush()
 
 
+def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
+    """The same views with Split/Merge moved after the views they commute with (ones on other
+    dims), so that deferred Merges fuse into one copy after Unfolds instead of one copy per Unfold."""
+    remaining = list(views)
+    ordered: list[Primitive] = []
+
+    def names(step: Primitive) -> set[str]:
+        return set(step.consumes) | set(step.produces)
+
+    while remaining:
+        choice = 0
+        for index, step in enumerate(remaining):
+            if isinstance(step, (Split, Merge)):
+                continue
+            if all(not names(step) & names(earlier) for earlier in remaining[:index]):
+                choice = index
+                break
+        ordered.append(remaining.pop(choice))
+    return ordered
+
+
+# -- native-op peepholes: a stage (with the views before it) that is exactly one of PyTorch's
+# functions, found from the operator's structure, never its name --------------------------------
+
+
 def _native_im2col(writer: _Writer, plan: Any) -> bool:
     """Emit ``_im2col`` (``F.unfold``) when the chain is exactly it: the data [n, c, h, w], an Unfold
     of h and of w, and Merges to [n, (c, h's window, w's window), (h, w)]; False otherwise."""
@@ -471,27 +377,6 @@ def _native_im2col(writer: _Writer, plan: Any) -> bool:
     writer.emit(f"{writer.var} = _im2col({writer.data}, {kernel})  # F.unfold: {', '.join(outputs)}")
     writer.axes = outputs
     return True
-
-
-def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
-    """The same views with Split/Merge moved after the views they commute with (ones on other
-    dims), so that deferred Merges fuse into one copy after Unfolds instead of one copy per Unfold."""
-    remaining = list(views)
-    ordered: list[Primitive] = []
-
-    def names(step: Primitive) -> set[str]:
-        return set(step.consumes) | set(step.produces)
-
-    while remaining:
-        choice = 0
-        for index, step in enumerate(remaining):
-            if isinstance(step, (Split, Merge)):
-                continue
-            if all(not names(step) & names(earlier) for earlier in remaining[:index]):
-                choice = index
-                break
-        ordered.append(remaining.pop(choice))
-    return ordered
 
 
 @dataclass
@@ -635,26 +520,6 @@ def _native_pool(
     return True
 
 
-def _rearrange(
-    writer: _Writer, operand: str, source: str, target: str, lengths: Mapping[str, str] | None = None, comment: str = ""
-) -> str:
-    """Emit the rearrangement of ``operand`` (the data or a weight) from ``source`` to ``target``
-    as torch views, unless it changes nothing; return the variable holding the result (the data's
-    variable for the data, ``w`` for a weight)."""
-    is_data = operand == writer.data
-    name = writer.var if is_data else "w"
-    code = rearrange_code(operand, source, target, lengths or {})
-    if code is None:
-        return operand
-    writer.emit(f"{name} = {code}  # {source} -> {target}{comment}")
-    return name
-
-
-def _weight_lengths(writer: _Writer, weight: Weight) -> dict[str, str]:
-    """Every dim's size of ``weight`` as code: its re-layout then reads no shapes at run time."""
-    return {writer.axis(d.name): writer.size(d.size) for d in weight.dims}
-
-
 def _emit_conv(
     writer: _Writer,
     splits: dict[str, Split],
@@ -737,6 +602,59 @@ def _emit_conv(
     return True
 
 
+def _native_matmul(
+    writer: _Writer, block: list[Primitive], before: dict[str, Size], weight_index: dict[str, int]
+) -> bool:
+    """Emit one matrix product (``F.linear``, or ``torch.matmul`` that broadcasts over the leading
+    dims) when the stage contracts a contiguous run of the data's dims against one weight whose
+    other dims are all new; the data then needs no transposed copy. False if not applicable."""
+    shares = [step.weight for step in block if isinstance(step, Share)]
+    reduces = [step for step in block if isinstance(step, Reduce)]
+    if len(shares) != 1 or not reduces or any(r.mean for r in reduces):
+        return False
+    weight = shares[0]
+    assert isinstance(weight, Weight)
+    contracted = [d.name for d, new in zip(weight.dims, weight.new) if not new]
+    outs = [d.name for d, new in zip(weight.dims, weight.new) if new]
+    if not outs or {r.dim for r in reduces} != set(contracted):
+        return False
+    positions = sorted(writer.axes.index(c) for c in contracted)
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        return False
+    pre, run, post = (
+        writer.axes[: positions[0]],
+        writer.axes[positions[0] : positions[-1] + 1],
+        writer.axes[positions[-1] + 1 :],
+    )
+    w = writer.weight(weight_index[weight.name])
+    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
+    weight_lengths = _weight_lengths(writer, weight)
+    lengths = {writer.axis(a): writer.size(before[a]) for a in pre + post}
+    lengths.update({writer.axis(d.name): writer.size(d.size) for d in weight.dims if d.name in outs})
+    comment = f"  # Share({weight.name}), Reduce({', '.join(run)})"
+    if not post:
+        _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
+        if [d.name for d in weight.dims] == [*run, *outs]:  # a [in, out] weight, as x @ w takes it: no transpose
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(run)} {writer.group(outs)}", weight_lengths)
+            writer.emit(f"{writer.var} = torch.matmul({writer.data}, {w}){comment}")
+        else:
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
+            writer.emit(f"{writer.var} = F.linear({writer.data}, {w}){comment}")
+        flat = f"{writer.group(pre)} {writer.group(outs)}"
+    else:
+        w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
+        _rearrange(
+            writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
+        )
+        writer.emit(f"{writer.var} = torch.matmul({w}, {writer.data}){comment}")
+        flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
+    unflat = pre + outs + post
+    writer.axes = unflat
+    if flat != writer.pattern(unflat):
+        writer.lay_out(flat, lengths)
+    return True
+
+
 def _split(writer: _Writer, step: Split) -> None:
     axes = writer.axes
     position = axes.index(step.dim)
@@ -777,11 +695,6 @@ def _merge(writer: _Writer, step: Merge) -> None:
     writer.merge(step.outer, step.inner, step.name)  # deferred: consecutive merges fuse into one copy
 
 
-def _shift(writer: _Writer, step: Shift) -> None:
-    axis = writer.axes.index(step.dim)
-    writer.emit(f"{writer.var} = torch.roll({writer.data}, shifts={-step.offset}, dims={axis})  # Shift({step.dim})")
-
-
 def _leading_shifts(steps: list[Primitive]) -> list[Shift]:
     """The Shifts at the start of ``steps``, each on another dim (one ``torch.roll`` does them all)."""
     shifts: list[Shift] = []
@@ -790,18 +703,6 @@ def _leading_shifts(steps: list[Primitive]) -> list[Shift]:
             break
         shifts.append(step)
     return shifts
-
-
-def _rolls(writer: _Writer, shifts: list[Shift]) -> None:
-    """Cyclic shifts of several dims of the data as one ``torch.roll`` (one copy, not one each)."""
-    if len(shifts) == 1:
-        _shift(writer, shifts[0])
-        return
-    data = writer.data
-    offsets = ", ".join(str(-s.offset) for s in shifts)
-    axes = ", ".join(str(writer.axes.index(s.dim)) for s in shifts)
-    names = ", ".join(f"Shift({s.dim})" for s in shifts)
-    writer.emit(f"{writer.var} = torch.roll({data}, shifts=({offsets}), dims=({axes}))  # {names}")
 
 
 def _expand(writer: _Writer, step: Expand) -> None:
@@ -863,59 +764,6 @@ RULES: dict[str, Callable[[_Writer, Any], None]] = {
 
 def _emit_view(writer: _Writer, step: Primitive) -> None:
     RULES[step.kind](writer, step)
-
-
-def _native_matmul(
-    writer: _Writer, block: list[Primitive], before: dict[str, Size], weight_index: dict[str, int]
-) -> bool:
-    """Emit one matrix product (``F.linear``, or ``torch.matmul`` that broadcasts over the leading
-    dims) when the stage contracts a contiguous run of the data's dims against one weight whose
-    other dims are all new; the data then needs no transposed copy. False if not applicable."""
-    shares = [step.weight for step in block if isinstance(step, Share)]
-    reduces = [step for step in block if isinstance(step, Reduce)]
-    if len(shares) != 1 or not reduces or any(r.mean for r in reduces):
-        return False
-    weight = shares[0]
-    assert isinstance(weight, Weight)
-    contracted = [d.name for d, new in zip(weight.dims, weight.new) if not new]
-    outs = [d.name for d, new in zip(weight.dims, weight.new) if new]
-    if not outs or {r.dim for r in reduces} != set(contracted):
-        return False
-    positions = sorted(writer.axes.index(c) for c in contracted)
-    if positions != list(range(positions[0], positions[0] + len(positions))):
-        return False
-    pre, run, post = (
-        writer.axes[: positions[0]],
-        writer.axes[positions[0] : positions[-1] + 1],
-        writer.axes[positions[-1] + 1 :],
-    )
-    w = writer.weight(weight_index[weight.name])
-    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
-    weight_lengths = _weight_lengths(writer, weight)
-    lengths = {writer.axis(a): writer.size(before[a]) for a in pre + post}
-    lengths.update({writer.axis(d.name): writer.size(d.size) for d in weight.dims if d.name in outs})
-    comment = f"  # Share({weight.name}), Reduce({', '.join(run)})"
-    if not post:
-        _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
-        if [d.name for d in weight.dims] == [*run, *outs]:  # a [in, out] weight, as x @ w takes it: no transpose
-            w = _rearrange(writer, w, weight_pattern, f"{writer.group(run)} {writer.group(outs)}", weight_lengths)
-            writer.emit(f"{writer.var} = torch.matmul({writer.data}, {w}){comment}")
-        else:
-            w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
-            writer.emit(f"{writer.var} = F.linear({writer.data}, {w}){comment}")
-        flat = f"{writer.group(pre)} {writer.group(outs)}"
-    else:
-        w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
-        _rearrange(
-            writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
-        )
-        writer.emit(f"{writer.var} = torch.matmul({w}, {writer.data}){comment}")
-        flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
-    unflat = pre + outs + post
-    writer.axes = unflat
-    if flat != writer.pattern(unflat):
-        writer.lay_out(flat, lengths)
-    return True
 
 
 def _weights_first(
