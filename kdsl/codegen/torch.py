@@ -1,11 +1,18 @@
 """The PyTorch backend: readable ``nn.Module`` source, top-down views and one einsum per stage.
 
-:func:`source` writes a self-contained Python module (it imports only torch and einops) whose
-code reads like the DSL: each view is an einops ``rearrange`` or a small torch call with the
-DSL's own dim names, and each contraction stage of the operator's plan (:func:`kdsl.solve.plan`,
-Syno's rfactor) is one ``einsum``. A stage that is exactly a native op (a convolution of any
-kind: grouped, depthwise, strided, dilated; 1-D to 3-D) is lowered to ``F.conv*d`` instead —
-same numerics, faster. :func:`build` compiles that source into a module for one layer that
+:func:`source` writes a self-contained Python module (it imports only torch) whose code reads
+like the DSL: each view is a ``reshape``/``permute`` or a small torch call, commented with the
+einops pattern it does in the DSL's own dim names, and each contraction stage of the operator's
+plan (:func:`kdsl.solve.plan`, Syno's rfactor) is one ``torch.einsum``. The shapes and permutations
+are worked out when the source is written (:mod:`kdsl.codegen.torch_views`), not per call: on a GPU
+at small sizes a forward's Python and its count of aten operators cost as much as the kernels. A
+stage that is exactly a native op (a convolution of any kind: grouped, depthwise, strided, dilated;
+1-D to 3-D; a matrix product; average pooling; ``F.unfold``) is lowered to it instead — same
+numerics, faster — with its padding folded in and its weight re-laid out by views only. (A weight
+whose layout needs a copy, as a search-found one might, is copied on each call: a cache keyed on
+the parameter's version would have to follow ``.to()``, ``load_state_dict`` and in-place optimizer
+steps, and under autograd the copy is part of the graph anyway; a small weight's copy is one
+kernel.) :func:`build` compiles that source into a module for one layer that
 behaves like a ``torch.nn`` one: its parameters carry the DSL's weight names, are initialised with
 the fan-in PyTorch uses for the equivalent layer (:func:`fan_ins`), sizes no weight needs are read
 from the input (:func:`lazy_variables`), ``bias=True`` adds a bias, and the module pickles,
@@ -45,6 +52,8 @@ from typing import Any
 from kdsl import solve
 from kdsl.codegen import torch_graph
 from kdsl.codegen.torch_graph import GRAPH_HELPERS
+from kdsl.codegen.torch_views import einsum_code, parse_pattern
+from kdsl.codegen.torch_writer import _atom, _rearrange, _rolls, _shift, _size_code, _weight_lengths, _Writer
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
@@ -68,28 +77,53 @@ from kdsl.solve.layers import Layer, as_layer, layer_label
 from kdsl.solve.padding import Padding
 
 HELPERS = """
-def _conv(x, w, pads, stride, dilation, groups):
-    \"\"\"F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right);
-    symmetric padding goes to the convolution itself, which avoids copying a padded input.\"\"\"
+def _conv(x, w, pads, stride, dilation, groups, out):
+    \"\"\"F.conv{1,2,3}d with zero padding given as F.pad lists it (last dim first, left then right)
+    and ``out`` positions per spatial dim; symmetric padding goes to the convolution itself, which
+    avoids copying a padded input.\"\"\"
     conv = (F.conv1d, F.conv2d, F.conv3d)[w.dim() - 3]
     lefts, rights = pads[0::2], pads[1::2]
     if lefts == rights and min(lefts) >= 0:
         return conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
+    if min(lefts) >= 0 and all(right <= left for left, right in zip(lefts, rights)):
+        # padding the right as much as the left only adds outputs past the end (none, for a strided
+        # convolution whose last window fits): one convolution and a crop (a view), no padded copy
+        y = conv(x, w, stride=stride, padding=tuple(reversed(lefts)), dilation=dilation, groups=groups)
+        return y if y.shape[2:] == out else y[(..., *(slice(0, n) for n in out))]
     return conv(F.pad(x, pads), w, stride=stride, dilation=dilation, groups=groups)
 
-def _unfold(x, axis, window):
-    \"\"\"out[..., i, ..., j] = x[..., i + j - window // 2, ...], zero outside; the window goes last.\"\"\"
-    x = x.movedim(axis, -1)
-    x = F.pad(x, (window // 2, window - 1 - window // 2))
-    x = x.unfold(-1, window, 1)
-    return x.movedim(-2, axis)
+def _unfold(x, axes, windows):
+    \"\"\"out[..., i, ..., j] = x[..., i + j - window // 2, ...] along each axis, zero outside; the
+    windows go last, in order. One F.pad for all the axes (one copy), then views.\"\"\"
+    pads = [0] * (2 * (x.dim() - min(axes)))  # F.pad lists the last dim first
+    for axis, window in zip(axes, windows):
+        at = 2 * (x.dim() - 1 - axis)
+        pads[at], pads[at + 1] = window // 2, window - 1 - window // 2
+    x = F.pad(x, pads)
+    for axis, window in zip(axes, windows):
+        x = x.unfold(axis, window, 1)
+    return x
+
+def _im2col(x, kernel):
+    \"\"\"F.unfold of [N, C, H, W] with "same" windows (zero padding window // 2 before, the rest
+    after): [N, C * kh * kw, H * W]. Odd windows pad alike on both sides: F.unfold itself, one kernel.\"\"\"
+    if all(k % 2 for k in kernel):
+        return F.unfold(x, kernel, padding=tuple(k // 2 for k in kernel))
+    n, c = x.shape[:2]
+    x = _unfold(x, (2, 3), kernel)
+    return x.permute(0, 1, 4, 5, 2, 3).reshape(n, c * kernel[0] * kernel[1], -1)
 
 def _check_input(x, dims, sizes):
     \"\"\"Raise ShapeError unless x has one axis per dim, of the dim's size (None: any size).\"\"\"
     shape = tuple(getattr(x, "shape", ()))
-    if len(shape) != len(dims) or any(size is not None and size != got for size, got in zip(sizes, shape)):
-        expected = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in zip(dims, sizes))
-        raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
+    if len(shape) == len(dims):  # a plain loop: this runs on every call, a generator costs more than it
+        for size, got in zip(sizes, shape):
+            if size is not None and size != got:
+                break
+        else:
+            return
+    expected = ", ".join(dim if size is None else f"{dim}={size}" for dim, size in zip(dims, sizes))
+    raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
 """
 
 #: kdsl's ShapeError where kdsl is installed (callers catch KdslError), else a ValueError of that name.
@@ -126,6 +160,7 @@ OWN_NAMES = frozenset(
         "bias",
         "_conv",
         "_unfold",
+        "_im2col",
         "_check_input",
         "shapes",
         "shape",
@@ -241,105 +276,6 @@ def _dim_names(op: Operator) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _size_code(size: Size, identifiers: Mapping[str, str]) -> str:
-    """Integer Python code for a size, in terms of the module's size variables."""
-    numerator = [str(size.constant.numerator)] if size.constant.numerator != 1 else []
-    denominator = [str(size.constant.denominator)] if size.constant.denominator != 1 else []
-    for var, exponent in size.exponents:
-        target = numerator if exponent > 0 else denominator
-        target.extend([identifiers[var.name]] * abs(exponent))
-    text = " * ".join(numerator) or "1"
-    if denominator:
-        below = " * ".join(denominator)
-        text = f"{_atom(text)} // {_atom(below)}"
-    return text
-
-
-def _atom(code: str) -> str:
-    """``code`` in parentheses unless it is one name or number (so it can follow ``//`` or ``-``)."""
-    return code if re.fullmatch(r"\w+", code) else f"({code})"
-
-
-@dataclass
-class _Writer:
-    """Lines of the forward and the data's dims (``axes``, in order). Merges are deferred and
-    fused into one ``rearrange`` (``merged``: dim -> the physical dims it flattens), so a chain
-    like Merge(Cin, kh), Merge(., kw) copies an unfolded tensor once, not once per Merge."""
-
-    lines: list[str]
-    axes: list[str]
-    axis: _Axes  # DSL dim name -> einops axis name
-    identifiers: dict[str, str]  # size variable -> Python identifier
-    merged: dict[str, list[str]] = field(default_factory=dict)
-    physical: list[str] = field(default_factory=list)  # the tensor's real dims while merges wait
-    current: str = "x"  # the variable holding the data now (a branching kernel's chain starts on its argument's)
-    var: str = "x"  # the variable this chain writes
-    weights: list[str] = field(default_factory=list)  # the code of each weight (``self.depthwise``)
-
-    @property
-    def data(self) -> str:
-        """The variable holding the data, for a line about to read it: waiting merges happen first."""
-        self.flush()
-        return self.current
-
-    def weight(self, index: int) -> str:
-        return self.weights[index]
-
-    def size(self, size: Size) -> str:
-        return _size_code(size, self.identifiers)
-
-    def group(self, names: list[str]) -> str:
-        return "(" + " ".join(self.axis(n) for n in names) + ")"
-
-    def emit(self, line: str) -> None:
-        self.flush()
-        self.append(line)
-
-    def append(self, line: str) -> None:
-        if line.startswith(f"{self.var} = "):  # from now on the chain's own variable holds the data
-            self.current = self.var
-        self.lines.append(line)
-
-    def flush(self) -> None:
-        if not self.merged:
-            return
-        physical = self.physical
-        target = " ".join(
-            "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
-            for a in self.axes
-        )
-        self.merged = {}
-        self.append(f'{self.var} = rearrange({self.current}, "{self.pattern(physical)} -> {target}")')
-
-    def reorder(self, axes: list[str]) -> None:
-        """Permute the data's dims to ``axes`` (the same dims), in one copy with any waiting merges
-        (a Merge after the last stage and the output's order are one ``rearrange``, not two)."""
-        if self.merged:
-            source = self.pattern(self.physical)
-            target = " ".join(
-                "(" + " ".join(self.axis(d) for d in self.merged[a]) + ")" if a in self.merged else self.axis(a)
-                for a in axes
-            )
-            self.merged = {}
-        else:
-            source, target = self.pattern(), self.pattern(axes)
-        self.append(f'{self.var} = rearrange({self.current}, "{source} -> {target}")')
-        self.axes = list(axes)
-
-    def merge(self, outer: str, inner: str, name: str) -> None:
-        if not self.merged:
-            self.physical = list(self.axes)
-        position = self.axes.index(outer)
-        flattened = self.merged.pop(outer, [outer]) + self.merged.pop(inner, [inner])
-        rest = [a for a in self.axes if a not in (outer, inner)]
-        insert_at = sum(1 for a in self.axes[:position] if a != inner)
-        self.axes = rest[:insert_at] + [name] + rest[insert_at:]
-        self.merged[name] = flattened
-
-    def pattern(self, axes: list[str] | None = None) -> str:
-        return " ".join(self.axis(a) for a in (self.axes if axes is None else axes))
-
-
 def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, str], weights: list[str]) -> list[str]:
     """The forward's lines (indented by the caller); ``weights``: the code of each weight."""
     writer = _Writer([], [d.name for d in op.inputs], axis, identifiers, weights=weights)
@@ -348,10 +284,13 @@ def _forward_body(op: Operator, plan: Any, axis: _Axes, identifiers: dict[str, s
     return writer.lines
 
 
-def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int]) -> None:
+def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str, int], reorder: bool = True) -> None:
     """Emit the lines computing the linear ``op`` (by ``plan``) from ``writer.data``, whose dims are
-    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order; each weight's code
-    is ``writer.weights[weight_index[name]]``."""
+    ``writer.axes``, into ``writer.var``, with its dims in ``op.outputs`` order (with
+    ``reorder=False``, in the order it computed them: ``writer.axes`` says which); each weight's
+    code is ``writer.weights[weight_index[name]]``."""
+    if _native_im2col(writer, plan):
+        return
     steps = list(plan.steps)
     position = 0
     for stage in [*plan.stages, None]:
@@ -367,14 +306,23 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
             if native:
                 position = stage.stop
                 continue
-        for step in _reshapes_last(views):
-            _emit_view(writer, step)
+        ordered = _reshapes_last(views)
+        while ordered:
+            shifts, unfolds = _leading_shifts(ordered), _leading_unfolds(ordered, writer.axes)
+            if len(shifts) > 1:
+                _rolls(writer, shifts)
+                del ordered[: len(shifts)]
+            elif len(unfolds) > 1:
+                _unfolds(writer, unfolds)
+                del ordered[: len(unfolds)]
+            else:
+                _emit_view(writer, ordered.pop(0))
         if stage is not None:
             _emit_stage(writer, block, dict(plan.live[stage.start]), result, weight_index, dict(plan.binding))
             position = stage.stop
     outputs = [d.name for d in plan.outputs]
-    if writer.axes != outputs:
-        writer.reorder(outputs)
+    if writer.axes != outputs and (reorder or writer.merged or writer.layout is not None):
+        writer.reorder(outputs)  # one copy with waiting merges; else the caller takes writer.axes as they are
     writer.flush()
 
 
@@ -397,6 +345,38 @@ def _reshapes_last(views: list[Primitive]) -> list[Primitive]:
                 break
         ordered.append(remaining.pop(choice))
     return ordered
+
+
+# -- native-op peepholes: a stage (with the views before it) that is exactly one of PyTorch's
+# functions, found from the operator's structure, never its name --------------------------------
+
+
+def _native_im2col(writer: _Writer, plan: Any) -> bool:
+    """Emit ``_im2col`` (``F.unfold``) when the chain is exactly it: the data [n, c, h, w], an Unfold
+    of h and of w, and Merges to [n, (c, h's window, w's window), (h, w)]; False otherwise."""
+    if plan.stages or len(writer.axes) != 4 or writer.merged or writer.layout is not None:
+        return False
+    n, c, h, w = writer.axes
+    windows: dict[str, Unfold] = {}
+    pieces: dict[str, list[str]] = {name: [name] for name in writer.axes}
+    for step in plan.steps:
+        if isinstance(step, Unfold) and step.dim in (h, w) and step.dim not in windows:
+            windows[step.dim] = step
+            pieces[step.name] = [step.name]
+        elif isinstance(step, Merge) and step.outer in pieces and step.inner in pieces:
+            pieces[step.name] = pieces.pop(step.outer) + pieces.pop(step.inner)
+        else:
+            return False
+    if set(windows) != {h, w}:
+        return False
+    outputs = [d.name for d in plan.outputs]
+    wanted = [[n], [c, windows[h].name, windows[w].name], [h, w]]
+    if [pieces.get(name) for name in outputs] != wanted:
+        return False
+    kernel = f"({writer.size(windows[h].window)}, {writer.size(windows[w].window)})"
+    writer.emit(f"{writer.var} = _im2col({writer.data}, {kernel})  # F.unfold: {', '.join(outputs)}")
+    writer.axes = outputs
+    return True
 
 
 @dataclass
@@ -497,8 +477,8 @@ def _native_conv(
         known[split.outer] = sizes[split.dim] / split.block
         known[split.inner] = split.block
     order = [d for d in data if d in spatial]
-    for roll in rolls:
-        _emit_view(writer, roll)
+    if rolls:
+        _rolls(writer, rolls)
     return _emit_conv(
         writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
     )
@@ -521,50 +501,23 @@ def _native_pool(
     pooled = [axis for axis in writer.axes if axis in {split.dim for split in splits}]
     by_dim = {split.dim: split for split in splits}
     others = [axis for axis in writer.axes if axis not in by_dim]
-    left = " ".join(
-        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" if a in by_dim else writer.axis(a)
-        for a in writer.axes
-    )
-    middle = f"{writer.group(others)} " + " ".join(
-        f"({writer.axis(by_dim[a].outer)} {writer.axis(by_dim[a].inner)})" for a in pooled
-    )
-    tile_sizes = ", ".join(f"{writer.axis(by_dim[a].inner)}={writer.size(by_dim[a].block)}" for a in pooled)
-    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {middle}", {tile_sizes})  # as a pooling input')
     kernel = ", ".join(writer.size(by_dim[a].block) for a in pooled)
+    unflat = others + [by_dim[a].outer for a in pooled]
+    # F.avg_pool{d}d pools the last d dims of a tensor with one or two more in front: where the
+    # data is laid out so, it takes the data as it is, else as (others flattened, pooled dims)
+    direct = writer.axes[len(others) :] == pooled and 1 <= len(others) <= 2
+    if not direct:
+        pooled_pattern = " ".join(writer.axis(a) for a in pooled)
+        writer.move(writer.pattern(), f"{writer.group(others)} {pooled_pattern}", comment=", as a pooling input")
     writer.emit(
         f"{writer.var} = F.avg_pool{len(pooled)}d({writer.data}, ({kernel},))  # mean over {', '.join(sorted(reduced))}"
     )
-    outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
-    lengths = "".join(f", {writer.axis(a)}={writer.size(sizes[a])}" for a in others)
-    unflat = others + [by_dim[a].outer for a in pooled]
-    writer.emit(
-        f'{writer.var} = rearrange({writer.data}, "{writer.group(others)} {outs} -> {writer.pattern(unflat)}"{lengths})'
-    )
     writer.axes = unflat
+    if not direct:
+        outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
+        lengths = {writer.axis(a): writer.size(sizes[a]) for a in others}
+        writer.lay_out(f"{writer.group(others)} {outs}", lengths)
     return True
-
-
-def _identity(source: str, target: str) -> bool:
-    """Whether an einops pattern pair only wraps single dims in parentheses (a no-op to skip)."""
-
-    def tokens(pattern: str) -> list[str]:
-        return [re.sub(r"^\((\w+)\)$", r"\1", t) for t in re.findall(r"\([^)]*\)|\S+", pattern)]
-
-    return tokens(source) == tokens(target)
-
-
-def _rearrange(writer: _Writer, operand: str, source: str, target: str, extra: str = "", comment: str = "") -> str:
-    """Emit ``rearrange`` unless it is a no-op; return the variable name holding the result (the
-    data's variable for the data, ``w`` for a weight)."""
-    is_data = operand == writer.data
-    name = writer.var if is_data else "w"
-    if _identity(source, target):
-        if is_data:
-            return operand
-        writer.emit(f"{name} = {operand}")
-        return name
-    writer.emit(f'{name} = rearrange({operand}, "{source} -> {target}"{extra}){comment}')
-    return name
 
 
 def _emit_conv(
@@ -591,19 +544,21 @@ def _emit_conv(
         else:
             left.append(writer.axis(axis))
     conv_in = f"{writer.group(batch)} {writer.group(groups + channels)} {' '.join(writer.axis(d) for d in dims)}"
-    extra = "".join(f", {k}={v}" for k, v in lengths.items())
-    _rearrange(writer, writer.data, " ".join(left), conv_in, extra, "  # as a convolution's input")
+    _rearrange(writer, writer.data, " ".join(left), conv_in, lengths, ", as a convolution's input")
     weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
     windows = " ".join(writer.axis(spatial[d].window) if spatial[d].window else "()" for d in dims)
     conv_weight = f"{writer.group(groups + outs)} {writer.group(channels)} {windows}"
-    _rearrange(writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight)
-    pads, strides, dilations = [], [], []
+    w = _rearrange(
+        writer, writer.weight(weight_index[weight.name]), weight_pattern, conv_weight, _weight_lengths(writer, weight)
+    )
+    pads, strides, dilations, outs_sizes = [], [], [], []
     for d in reversed(dims):  # F.pad lists the last dim first
         entry = spatial[d]
         if not entry.window:  # a 1-wide kernel: no padding
             pads += ["0", "0"]
             strides.insert(0, "1")
             dilations.insert(0, "1")
+            outs_sizes.insert(0, writer.size(sizes[d]))
             continue
         stride = _atom(writer.size(entry.stride)) if entry.stride is not None else "1"
         dilation = _atom(writer.size(entry.dilation)) if entry.dilation is not None else "1"
@@ -623,10 +578,11 @@ def _emit_conv(
         pads += [f"{left_pad}", right_pad]
         strides.insert(0, stride)
         dilations.insert(0, dilation)
+        outs_sizes.insert(0, out_size)
     group_count = " * ".join(_atom(writer.size(sizes[g])) for g in groups) or "1"
     writer.emit(
-        f"{writer.var} = _conv({writer.data}, w, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
-        f"dilation=({', '.join(dilations)},), groups={group_count})"
+        f"{writer.var} = _conv({writer.data}, {w}, pads=({', '.join(pads)}), stride=({', '.join(strides)},), "
+        f"dilation=({', '.join(dilations)},), groups={group_count}, out=({', '.join(outs_sizes)},))"
     )
     out_lengths = {}
     for name in batch:
@@ -637,12 +593,65 @@ def _emit_conv(
     for name in outs[1:]:  # with the groups, all but one out dim gives einops the rest
         out_lengths[writer.axis(name)] = writer.size(new_sizes[name])
     conv_out = f"{writer.group(batch)} {writer.group(groups + outs)} {' '.join(writer.axis(d) for d in dims)}"
-    extra = "".join(f", {k}={v}" for k, v in out_lengths.items())
-    # keep the convolution's own (contiguous) order; later steps refer to dims by name
+    # keep the convolution's own (contiguous) order; later steps refer to dims by name. The groups
+    # are split only when a line reads the data: a Merge that joins them back costs nothing then
     unflat = batch + groups + outs + dims
-    if len(batch) != 1 or len(groups + outs) != 1:
-        _rearrange(writer, writer.data, conv_out, writer.pattern(unflat), extra)
     writer.axes = unflat
+    if len(batch) != 1 or len(groups + outs) != 1:
+        writer.lay_out(conv_out, out_lengths)
+    return True
+
+
+def _native_matmul(
+    writer: _Writer, block: list[Primitive], before: dict[str, Size], weight_index: dict[str, int]
+) -> bool:
+    """Emit one matrix product (``F.linear``, or ``torch.matmul`` that broadcasts over the leading
+    dims) when the stage contracts a contiguous run of the data's dims against one weight whose
+    other dims are all new; the data then needs no transposed copy. False if not applicable."""
+    shares = [step.weight for step in block if isinstance(step, Share)]
+    reduces = [step for step in block if isinstance(step, Reduce)]
+    if len(shares) != 1 or not reduces or any(r.mean for r in reduces):
+        return False
+    weight = shares[0]
+    assert isinstance(weight, Weight)
+    contracted = [d.name for d, new in zip(weight.dims, weight.new) if not new]
+    outs = [d.name for d, new in zip(weight.dims, weight.new) if new]
+    if not outs or {r.dim for r in reduces} != set(contracted):
+        return False
+    positions = sorted(writer.axes.index(c) for c in contracted)
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        return False
+    pre, run, post = (
+        writer.axes[: positions[0]],
+        writer.axes[positions[0] : positions[-1] + 1],
+        writer.axes[positions[-1] + 1 :],
+    )
+    w = writer.weight(weight_index[weight.name])
+    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
+    weight_lengths = _weight_lengths(writer, weight)
+    lengths = {writer.axis(a): writer.size(before[a]) for a in pre + post}
+    lengths.update({writer.axis(d.name): writer.size(d.size) for d in weight.dims if d.name in outs})
+    comment = f"  # Share({weight.name}), Reduce({', '.join(run)})"
+    if not post:
+        _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
+        if [d.name for d in weight.dims] == [*run, *outs]:  # a [in, out] weight, as x @ w takes it: no transpose
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(run)} {writer.group(outs)}", weight_lengths)
+            writer.emit(f"{writer.var} = torch.matmul({writer.data}, {w}){comment}")
+        else:
+            w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
+            writer.emit(f"{writer.var} = F.linear({writer.data}, {w}){comment}")
+        flat = f"{writer.group(pre)} {writer.group(outs)}"
+    else:
+        w = _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}", weight_lengths)
+        _rearrange(
+            writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
+        )
+        writer.emit(f"{writer.var} = torch.matmul({w}, {writer.data}){comment}")
+        flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
+    unflat = pre + outs + post
+    writer.axes = unflat
+    if flat != writer.pattern(unflat):
+        writer.lay_out(flat, lengths)
     return True
 
 
@@ -652,18 +661,48 @@ def _split(writer: _Writer, step: Split) -> None:
     after = axes[:position] + [step.outer, step.inner] + axes[position + 1 :]
     grouped = axes[:position] + [f"({writer.axis(step.outer)} {writer.axis(step.inner)})"] + axes[position + 1 :]
     left = " ".join(a if a.startswith("(") else writer.axis(a) for a in grouped)
-    length = f"{writer.axis(step.inner)}={writer.size(step.block)}"
-    writer.emit(f'{writer.var} = rearrange({writer.data}, "{left} -> {writer.pattern(after)}", {length})')
+    lengths = {writer.axis(step.inner): writer.size(step.block)}
+    if writer.layout is not None and not writer.merged:  # split a dim of the waiting layout in it
+        waiting, known = writer.layout
+        groups = []
+        for group in parse_pattern(waiting):
+            pieces = []
+            for name in group:
+                pieces += (
+                    [writer.axis(step.outer), writer.axis(step.inner)] if name == writer.axis(step.dim) else [name]
+                )
+            groups.append(pieces)
+        left = " ".join(g[0] if len(g) == 1 else "(" + " ".join(g) + ")" for g in groups)
+        known = dict(known)
+        whole = known.pop(writer.axis(step.dim), None)
+        block = writer.split_sizes.get(step.dim)
+        if whole is not None and block is not None:  # a split's block split again: the outer piece's length
+            writer.split_sizes[step.outer] = block / step.block
+            known[writer.axis(step.outer)] = writer.size(block / step.block)
+        elif whole is not None:
+            known[writer.axis(step.outer)] = f"{_atom(whole)} // {_atom(writer.size(step.block))}"
+        lengths = {**known, **lengths}
+    else:
+        writer.flush()
+    writer.split_sizes[step.inner] = step.block
     writer.axes = after
+    # the split waits for a line that reads the data: Merges of the pieces right after it (a
+    # pixel shuffle's) then move the data once
+    writer.lay_out(left, lengths)
 
 
 def _merge(writer: _Writer, step: Merge) -> None:
     writer.merge(step.outer, step.inner, step.name)  # deferred: consecutive merges fuse into one copy
 
 
-def _shift(writer: _Writer, step: Shift) -> None:
-    axis = writer.axes.index(step.dim)
-    writer.emit(f"{writer.var} = torch.roll({writer.data}, shifts={-step.offset}, dims={axis})  # Shift({step.dim})")
+def _leading_shifts(steps: list[Primitive]) -> list[Shift]:
+    """The Shifts at the start of ``steps``, each on another dim (one ``torch.roll`` does them all)."""
+    shifts: list[Shift] = []
+    for step in steps:
+        if not isinstance(step, Shift) or any(s.dim == step.dim for s in shifts):
+            break
+        shifts.append(step)
+    return shifts
 
 
 def _expand(writer: _Writer, step: Expand) -> None:
@@ -675,10 +714,27 @@ def _expand(writer: _Writer, step: Expand) -> None:
 
 
 def _unfold(writer: _Writer, step: Unfold) -> None:
-    axis = writer.axes.index(step.dim)
-    window = writer.size(step.window)
-    writer.emit(f"{writer.var} = _unfold({writer.data}, {axis}, {window})  # Unfold({step.dim}) -> {step.name}")
-    writer.axes = writer.axes + [step.name]
+    _unfolds(writer, [step])
+
+
+def _leading_unfolds(steps: list[Primitive], axes: list[str]) -> list[Unfold]:
+    """The Unfolds at the start of ``steps`` of distinct dims of the data (one pad does them all)."""
+    unfolds: list[Unfold] = []
+    for step in steps:
+        if not isinstance(step, Unfold) or step.dim not in axes or any(u.dim == step.dim for u in unfolds):
+            break
+        unfolds.append(step)
+    return unfolds
+
+
+def _unfolds(writer: _Writer, steps: list[Unfold]) -> None:
+    """Unfold several dims of the data with one zero pad (``_unfold``): each window goes last."""
+    data = writer.data
+    axes = ", ".join(str(writer.axes.index(step.dim)) for step in steps)
+    windows = ", ".join(writer.size(step.window) for step in steps)
+    what = ", ".join(f"Unfold({step.dim}) -> {step.name}" for step in steps)
+    writer.emit(f"{writer.var} = _unfold({data}, ({axes},), ({windows},))  # {what}")
+    writer.axes = writer.axes + [step.name for step in steps]
 
 
 def _stride(writer: _Writer, step: Stride) -> None:
@@ -708,54 +764,6 @@ RULES: dict[str, Callable[[_Writer, Any], None]] = {
 
 def _emit_view(writer: _Writer, step: Primitive) -> None:
     RULES[step.kind](writer, step)
-
-
-def _native_matmul(
-    writer: _Writer, block: list[Primitive], before: dict[str, Size], weight_index: dict[str, int]
-) -> bool:
-    """Emit one matrix product (``F.linear``, or ``torch.matmul`` that broadcasts over the leading
-    dims) when the stage contracts a contiguous run of the data's dims against one weight whose
-    other dims are all new; the data then needs no transposed copy. False if not applicable."""
-    shares = [step.weight for step in block if isinstance(step, Share)]
-    reduces = [step for step in block if isinstance(step, Reduce)]
-    if len(shares) != 1 or not reduces or any(r.mean for r in reduces):
-        return False
-    weight = shares[0]
-    assert isinstance(weight, Weight)
-    contracted = [d.name for d, new in zip(weight.dims, weight.new) if not new]
-    outs = [d.name for d, new in zip(weight.dims, weight.new) if new]
-    if not outs or {r.dim for r in reduces} != set(contracted):
-        return False
-    positions = sorted(writer.axes.index(c) for c in contracted)
-    if positions != list(range(positions[0], positions[0] + len(positions))):
-        return False
-    pre, run, post = (
-        writer.axes[: positions[0]],
-        writer.axes[positions[0] : positions[-1] + 1],
-        writer.axes[positions[-1] + 1 :],
-    )
-    w = writer.weight(weight_index[weight.name])
-    weight_pattern = " ".join(writer.axis(d.name) for d in weight.dims)
-    _rearrange(writer, w, weight_pattern, f"{writer.group(outs)} {writer.group(run)}")
-    lengths = "".join(f", {writer.axis(a)}={writer.size(before[a])}" for a in pre + post)
-    out_lengths = "".join(
-        f", {writer.axis(a)}={writer.size(weight_size)}"
-        for a, weight_size in ((d.name, d.size) for d in weight.dims if d.name in outs)
-    )
-    if not post:
-        _rearrange(writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)}")
-        writer.emit(f"{writer.var} = F.linear({writer.data}, w)  # Share({weight.name}), Reduce({', '.join(run)})")
-        flat = f"{writer.group(pre)} {writer.group(outs)}"
-    else:
-        _rearrange(
-            writer, writer.data, writer.pattern(), f"{writer.group(pre)} {writer.group(run)} {writer.group(post)}"
-        )
-        writer.emit(f"{writer.var} = torch.matmul(w, {writer.data})  # Share({weight.name}), Reduce({', '.join(run)})")
-        flat = f"{writer.group(pre)} {writer.group(outs)} {writer.group(post)}"
-    unflat = pre + outs + post
-    _rearrange(writer, writer.data, flat, writer.pattern(unflat), f"{lengths}{out_lengths}")
-    writer.axes = unflat
-    return True
 
 
 def _weights_first(
@@ -789,11 +797,11 @@ def _weights_first(
     first = elements(set(names)) + elements(data | set(kept))
     if first >= direct:
         return None
-    operands = ", ".join(writer.weight(weight_index[w.name]) for w in weights)
-    patterns = ", ".join(writer.pattern([d.name for d in w.dims]) for w in weights)
-    writer.emit(
-        f'w = einsum({operands}, "{patterns} -> {writer.pattern(kept)}")  # the weights first: sums {", ".join(inner)}'
-    )
+    operands = [writer.weight(weight_index[w.name]) for w in weights]
+    patterns = [writer.pattern([d.name for d in w.dims]) for w in weights]
+    code = einsum_code(operands, patterns, writer.pattern(kept))
+    spec = f"{', '.join(patterns)} -> {writer.pattern(kept)}"
+    writer.emit(f"w = {code}  # the weights first: sums {', '.join(inner)}; {spec}")
     return kept
 
 
@@ -819,17 +827,25 @@ def _emit_stage(
     comment = ", ".join(f"Share({w.name})" for w in shares if isinstance(w, Weight))
     if reduces:
         comment += (", " if comment else "") + "Reduce(" + ", ".join(r.dim for r in reduces) + ")"
+    means = [r.dim for r in reduces if r.mean]
     if shares:
         spec = f"{', '.join(patterns)} -> {writer.pattern(result)}"
-        writer.emit(f'{writer.var} = einsum({", ".join(operands)}, "{spec}")  # {comment}')
-    else:
-        spec = f"{writer.pattern()} -> {writer.pattern(result)}"
-        writer.emit(f'{writer.var} = reduce({writer.data}, "{spec}", "sum")  # {comment}')
+        code = einsum_code(operands, patterns, writer.pattern(result))
+        writer.emit(f"{writer.var} = {code}  # {comment}: {spec}")
+    else:  # a sum (or mean) over some dims: one torch reduction, the rest in the data's order
+        data, summed = writer.data, {r.dim for r in reduces}
+        positions = tuple(i for i, a in enumerate(writer.axes) if a in summed)
+        how = "mean" if len(means) == len(reduces) else "sum"
+        writer.emit(f"{writer.var} = {data}.{how}(dim={positions})  # {comment}")
+        writer.axes = [a for a in writer.axes if a not in summed]
+        if writer.axes != result:
+            writer.reorder(result)
+        if how == "mean":
+            means = []
     sizes = {**before}
     for share in shares:
         if isinstance(share, Weight):
             sizes.update({d.name: d.size for d in share.dims})
-    means = [r.dim for r in reduces if r.mean]
     if means:
         writer.emit(
             f"{writer.var} = {writer.data} / ({' * '.join(_atom(writer.size(sizes[m])) for m in means)})  # mean"
@@ -1189,7 +1205,6 @@ def source(
         "",
         "import torch",
         "import torch.nn.functional as F",
-        "from einops import einsum, rearrange, reduce",
         "from torch import nn",
         ERROR_IMPORT,
         HELPERS + (GRAPH_HELPERS if isinstance(op, Graph) else ""),
@@ -1256,14 +1271,19 @@ def _graph_body(
     """A branching kernel's forward lines (:func:`kdsl.codegen.torch_graph.forward_lines`), each
     linear chain lowered like an operator (its own plan at ``binding``) on its argument's variable."""
 
-    def emit_chain(chain: Operator, data: str, dims: list[str], var: str, own: list[str]) -> tuple[list[str], str]:
+    def emit_chain(
+        chain: Operator, data: str, dims: list[str], var: str, own: list[str]
+    ) -> tuple[list[str], str, list[str]]:
         writer = _Writer([], dims, axis, ids, current=data, var=var, weights=own)
         inputs = [d.name for d in chain.inputs]
         if writer.axes != inputs:
-            writer.emit(f'{var} = rearrange({data}, "{writer.pattern()} -> {writer.pattern(inputs)}")')
+            writer.move(writer.pattern(), writer.pattern(inputs))
             writer.axes = inputs
-        _chain_body(writer, chain, solve.plan(chain, binding), {w.name: i for i, w in enumerate(chain.weights)})
-        return writer.lines, writer.data
+        weight_index = {w.name: i for i, w in enumerate(chain.weights)}
+        # the result stays in the order the chain computed it (a convolution's channels second):
+        # the graph's readers take it so, rather than a permute here and its inverse there
+        _chain_body(writer, chain, solve.plan(chain, binding), weight_index, reorder=False)
+        return writer.lines, writer.data, list(writer.axes)
 
     return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain, weights)
 

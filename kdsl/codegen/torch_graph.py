@@ -4,8 +4,10 @@
 an operator; this module writes the graph's forward: one variable per node (``x3`` is node 3), one
 rule per node kind (:data:`GRAPH_RULES`). Each linear chain is lowered by the operator machinery
 of :mod:`kdsl.codegen.torch` (handed in as a callback, so this module does not import it back);
-the Canvas steps become torch calls: ``torch.relu`` and friends, ``F.softmax``, ``F.linear`` or an
-``einsum`` by dim names, broadcasting ``rearrange``s for blends. A max (min) fold over the windows
+the Canvas steps become torch calls: ``torch.relu`` and friends, ``F.softmax``, ``F.linear``, a 1x1
+convolution or a ``torch.einsum``, broadcasting views for blends (every view is a ``reshape`` or
+``permute`` worked out when the code is written, :mod:`kdsl.codegen.torch_views`: on a GPU at small
+sizes the Python of each call costs as much as the kernels). A max (min) fold over the windows
 of a chain that is only Unfold (+ Stride) and Split views is ``F.max_pool{1,2,3}d`` with that
 padding; a fold of any other windowed chain ignores the windows' zero padding through a mask: the
 chain run on ones (with weights of ones) is positive exactly where an element reads data.
@@ -15,12 +17,12 @@ chain run on ones (with weights of ones) is positive exactly where an element re
 >>> N, C, H, W = primary("N C H W")
 >>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
 >>> text = source(pool)
->>> print(text[text.index("# node 1") : text.rindex("if self.bias")].strip())
+>>> for line in text[text.index("# node 1") : text.rindex("if self.bias")].splitlines():
+...     print(line.strip())
 # node 1: chain Unfold(H, 3) >> Unfold(W, 3) of node 0 -> [N, C, H, W, kh, kw] (pooled natively below, never computed)
 # node 2: Fold(kh, kw, how=max) of node 1 -> [N, C, H, W]
-x2 = rearrange(x, "N C H W -> (N C) H W")  # as a pooling input
-x2 = _pool(x2, "max", (3, 3), (1, 1), ((1, 1), (1, 1)))
-x2 = rearrange(x2, "(N C) H W -> N C H W", N=N, C=C)
+x2 = _pool(x, "max", (3, 3), (1, 1), ((1, 1), (1, 1)))
+<BLANKLINE>
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kdsl.codegen.torch_views import einsum_code, rearrange_code
 from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph, Node
-from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Softmax
+from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
 from kdsl.lang.primitives import Primitive, Split, Stride, Unfold
 from kdsl.lang.sizes import Size
 
@@ -139,8 +142,8 @@ def _pooling(graph: Graph, index: int) -> _Pooling | None:
 
 #: Emits a linear chain: (chain, the variable holding its input, the input's dims in order, the
 #: variable to write, the code of each of the chain's weights) -> (the lines, the variable holding
-#: the result, whose dims are in ``chain.outputs`` order).
-ChainEmitter = Callable[[Operator, str, list[str], str, list[str]], tuple[list[str], str]]
+#: the result, the order of its dims: ``chain.outputs``'s, or the order the chain computed them in).
+ChainEmitter = Callable[[Operator, str, list[str], str, list[str]], tuple[list[str], str, list[str]]]
 
 
 @dataclass
@@ -162,19 +165,26 @@ class _GraphWriter:
     first_weight: list[int] = field(default_factory=list)
     poolings: dict[int, _Pooling] = field(default_factory=dict)
     skipped: set[int] = field(default_factory=set)
+    #: node -> the order of its variable's axes where the rule left them in another order than the
+    #: node's (a convolution's channels second): readers align them, so no permute back and forth
+    layouts: dict[int, list[str]] = field(default_factory=dict)
 
     def pattern(self, dims: list[str]) -> str:
         return " ".join(self.axis(d) for d in dims)
 
     def dims(self, index: int) -> list[str]:
+        """The axes of node ``index``'s variable, in order: the node's own dims, or the order its
+        rule left them in (:attr:`layouts`)."""
+        if index in self.layouts:
+            return self.layouts[index]
         return [d.name for d in self.graph.nodes[index].dims]
 
-    def chain(self, chain: Operator, arg: int, var: str, weights: list[str], indent: str = "") -> str:
+    def chain(self, chain: Operator, arg: int, var: str, weights: list[str], indent: str = "") -> tuple[str, list[str]]:
         """Emit the lines computing the linear ``chain`` on node ``arg`` into ``var`` (``weights``:
-        the code of each of its weights); return the variable that holds its result."""
-        lines, result = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights)
+        the code of each of its weights); return the variable that holds its result and its axes."""
+        lines, result, axes = self.emit_chain(chain, self.names[arg], self.dims(arg), var, weights)
         self.lines += [indent + line for line in lines]
-        return result
+        return result, axes
 
 
 def _tuple(items: list[str]) -> str:
@@ -195,8 +205,8 @@ def _chain_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
         return writer.dims(index)
     first = writer.first_weight[index]
     weights = writer.weights[first : first + len(node.chain.weights)]
-    writer.names[index] = writer.chain(node.chain, node.args[0], f"x{index}", weights)
-    return [d.name for d in node.chain.outputs]
+    writer.names[index], axes = writer.chain(node.chain, node.args[0], f"x{index}", weights)
+    return axes
 
 
 def _map_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
@@ -212,10 +222,16 @@ def _emit_pooling(writer: _GraphWriter, var: str, how: str, pooling: _Pooling) -
     source = writer.dims(pooling.source)
     rest = [d for d in source if d not in pooling.dims]
     outputs = [pooling.outputs[d] for d in pooling.dims]
-    writer.lines.append(
-        f'{var} = rearrange({writer.names[pooling.source]}, "{writer.pattern(source)} -> '
-        f'({writer.pattern(rest)}) {writer.pattern(pooling.dims)}")  # as a pooling input'
-    )
+    # F.max_pool{d}d pools the last d dims of a tensor with one or two more in front: the data as it
+    # lies where it is so, else (the others flattened, the pooled dims)
+    direct = source[len(rest) :] == pooling.dims and 1 <= len(rest) <= 2
+    data = writer.names[pooling.source]
+    if not direct:
+        code = rearrange_code(
+            data, writer.pattern(source), f"({writer.pattern(rest)}) {writer.pattern(pooling.dims)}", {}
+        )
+        writer.lines.append(f"{var} = {code}  # as a pooling input")
+        data = var
     kernel = _tuple([writer.size(pooling.kernel[d]) for d in pooling.dims])
     stride = _tuple([writer.size(pooling.stride[d]) if pooling.stride[d] is not None else "1" for d in pooling.dims])
     pads = []
@@ -230,13 +246,15 @@ def _emit_pooling(writer: _GraphWriter, var: str, how: str, pooling: _Pooling) -
             code = writer.size(window)
             code = code if re.fullmatch(r"\w+", code) else f"({code})"
             pads.append(f"({code} // 2, {code} - 1 - {code} // 2)")
-    writer.lines.append(f'{var} = _pool({var}, "{how}", {kernel}, {stride}, {_tuple(pads)})')
-    sizes = {d.name: d.size for d in writer.graph.nodes[pooling.source].dims}
-    lengths = "".join(f", {writer.axis(d)}={writer.size(sizes[d])}" for d in rest)
-    writer.lines.append(
-        f'{var} = rearrange({var}, "({writer.pattern(rest)}) {writer.pattern(outputs)} -> '
-        f'{writer.pattern(rest + outputs)}"{lengths})'
-    )
+    writer.lines.append(f'{var} = _pool({data}, "{how}", {kernel}, {stride}, {_tuple(pads)})')
+    if not direct:
+        sizes = {d.name: d.size for d in writer.graph.nodes[pooling.source].dims}
+        lengths = {writer.axis(d): writer.size(sizes[d]) for d in rest}
+        code = rearrange_code(
+            var, f"({writer.pattern(rest)}) {writer.pattern(outputs)}", writer.pattern(rest + outputs), lengths
+        )
+        if code is not None:
+            writer.lines.append(f"{var} = {code}")
     return rest + outputs
 
 
@@ -273,7 +291,7 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
             if current != mask:
                 writer.lines.append(f"        {mask} = {current}")
             saved, writer.names[source] = writer.names[source], mask  # the chain runs on the mask
-            current = writer.chain(chain, source, mask, ones, indent="        ")
+            current, _ = writer.chain(chain, source, mask, ones, indent="        ")  # the layout of the data's
             writer.names[source] = saved
         writer.lines.append(f"        self.masks[{index}] = {mask} = {current} > 0")
         writer.lines.append(f'{var} = _masked_fold({data}, {mask}, {axes}, "{step.how}")')
@@ -317,17 +335,25 @@ def _fc_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
         matrix = weight if count == 1 else f"{weight}.flatten(1)"
         writer.lines.append(f"x{index} = F.linear({data}, {matrix})")
         return dims[:-count] + [step.name]
+    spatial = len(dims) - 2
+    if count == 1 and dims.index(listed[0]) == 1 and 1 <= spatial <= 3:
+        # channels second, one batch dim before, 1-3 after: a 1x1 convolution, one kernel and no copy
+        # (an einsum would move the channels last and back)
+        units = ", ".join([":", ":"] + ["None"] * spatial)
+        writer.lines.append(f"x{index} = F.conv{spatial}d({arg}, {weight}[{units}])")
+        return [dims[0], step.name, *dims[2:]]
     out = [d.name for d in node.dims]
-    writer.lines.append(
-        f'x{index} = einsum({arg}, {weight}, "{writer.pattern(dims)}, {writer.pattern([step.name, *listed])} -> '
-        f'{writer.pattern(out)}")'
-    )
+    patterns = [writer.pattern(dims), writer.pattern([step.name, *listed])]
+    code = einsum_code([arg, weight], patterns, writer.pattern(out))
+    writer.lines.append(f"x{index} = {code}  # {', '.join(patterns)} -> {writer.pattern(out)}")
     return out
 
 
 def _rename_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     writer.names[index] = writer.names[node.args[0]]  # no data moves: the axis only has another name
-    return writer.dims(index)
+    step = node.step
+    assert isinstance(step, Rename)
+    return [step.name if d == step.dim else d for d in writer.dims(node.args[0])]
 
 
 def _aligned(writer: _GraphWriter, arg: int, out: list[str]) -> str:
@@ -336,7 +362,8 @@ def _aligned(writer: _GraphWriter, arg: int, out: list[str]) -> str:
     if dims == out:
         return writer.names[arg]
     target = " ".join(writer.axis(d) if d in dims else "()" for d in out)
-    return f'rearrange({writer.names[arg]}, "{writer.pattern(dims)} -> {target}")'
+    code = rearrange_code(writer.names[arg], writer.pattern(dims), target, {})
+    return writer.names[arg] if code is None else code
 
 
 def _blend_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
@@ -351,8 +378,9 @@ def _blend_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
 def _product_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     lhs, rhs = node.args
     out = writer.dims(index)
-    patterns = f"{writer.pattern(writer.dims(lhs))}, {writer.pattern(writer.dims(rhs))} -> {writer.pattern(out)}"
-    writer.lines.append(f'x{index} = einsum({writer.names[lhs]}, {writer.names[rhs]}, "{patterns}")')
+    patterns = [writer.pattern(writer.dims(lhs)), writer.pattern(writer.dims(rhs))]
+    code = einsum_code([writer.names[lhs], writer.names[rhs]], patterns, writer.pattern(out))
+    writer.lines.append(f"x{index} = {code}  # {', '.join(patterns)} -> {writer.pattern(out)}")
     return out
 
 
@@ -399,15 +427,11 @@ def forward_lines(
         writer.lines.append(_describe_node(graph, index))
         axes = GRAPH_RULES[node.kind](writer, index, node)
         if axes != writer.dims(index) and index not in writer.skipped:
-            variable = writer.names[index]
-            writer.lines.append(
-                f'x{index} = rearrange({variable}, "{writer.pattern(axes)} -> {writer.pattern(writer.dims(index))}")'
-            )
-            writer.names[index] = f"x{index}"
+            writer.layouts[index] = axes  # its readers take the axes in this order
     result, outputs = len(graph.nodes) - 1, [d.name for d in graph.outputs]
     last = writer.names[result]
     if writer.dims(result) != outputs:
-        last = f'rearrange({last}, "{writer.pattern(writer.dims(result))} -> {writer.pattern(outputs)}")'
+        last = rearrange_code(last, writer.pattern(writer.dims(result)), writer.pattern(outputs), {}) or last
     writer.lines.append(f"return {last}")
     return writer.lines
 
