@@ -494,6 +494,11 @@ def contraction_tiles(
             t_o //= 2
         else:
             break
+    # TVM writes a split-K slice's partial sums back without the tile's bounds guard: where a tile runs past
+    # the output's end, its threads overwrite the next slice's sums (conv1d at conv5_x, 49 positions in tiles
+    # of 32, summed wrong in one of two runs on an H200). Split only where the tiles divide the output.
+    if split > 1 and (data_extent % (t_d * reg_d) or weight_extent % (t_o * reg_o)):
+        split = 1
     # the chunk of the outer reduction axis staged per step: about k_chunk elements with the window, a
     # divisor of the slice so that no step is partial
     slice_extent = k_outer // split
