@@ -209,6 +209,38 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
         families.close()
 
 
+def test_screening_trains_neighbours_that_dropped_a_window_or_weight_last(tmp_path):
+    from kdsl.discover import loop
+    from kdsl.search.neighbors import takes_capacity
+    from kdsl.search.run import search
+
+    db = str(tmp_path / "runs.sqlite")
+    settings = {**TINY, "db": db, "out": str(tmp_path / "out"), "batch": 3, "screen_factor": 10}
+    config = loop.DiscoverConfig(**{**settings, "coefficients": {"K": [3], "G": [2, 4], "s": [2]}})
+    search(loop.discovery_space(config), "neighbors", db=db, seed=0, max_results=60)
+
+    class Scored:
+        """An executor that scores every candidate it screens by its key."""
+
+        def map(self, tasks):
+            for task in tasks:
+                yield task, {"key": task.key, "status": "ok", "metrics": {"prescreen": int(task.key[:6], 16)}}
+
+    evaluations, families = loop.Evaluations(db), FamilyTable(db)
+    try:
+        batch, _ = loop._screen(config, Scored(), evaluations, families, None)
+        rows = loop._rows(db, [k for k, s in evaluations.screened().items() if s is not None])
+        kinds = {k: row["kind"] for k, row in families.get(r["key"] for r in rows).items()}
+        new = [r for r in rows if kinds.get(r["key"]) not in loop.KNOWN_KINDS]
+        whole = [r for r in new if not takes_capacity(r["metrics"].get("rewrites"))]
+        cut = [r for r in new if takes_capacity(r["metrics"].get("rewrites"))]
+        assert cut and len(whole) >= len(batch) == 3  # both kinds waiting, enough of the whole ones
+        assert not any(takes_capacity(row["metrics"].get("rewrites")) for row in batch)
+    finally:
+        evaluations.close()
+        families.close()
+
+
 def test_measured_reward_climbs_with_accuracy_below_the_margin_and_keeps_accuracy_first():
     from kdsl.discover.loop import measured_reward
 
