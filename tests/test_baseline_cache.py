@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import pytest
+from backends import backend
 
 from kdsl import gallery
 from kdsl.cli import main
@@ -100,7 +101,7 @@ def test_the_cache_folder_defaults_to_kdsl_cache_dir(tmp_path, monkeypatch):
 
 
 def test_discover_device_cuda_fails_at_once_without_a_gpu(tmp_path, capsys):
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     if torch.cuda.is_available():
         pytest.skip("checks the error on a machine without a GPU")
     db, out = tmp_path / "runs.sqlite", tmp_path / "out"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from backends import backend
 
 from kdsl import gallery
 from kdsl.cli import main
@@ -22,7 +23,7 @@ from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 
 #: ResNet-18 with 1000 classes (the published count, e.g. torchvision's model card)
 RESNET18_PARAMS = 11_689_512

@@ -7,14 +7,15 @@ import json
 
 import numpy as np
 import pytest
+from backends import backend
 
 import kdsl
 from kdsl import gallery
 from kdsl.cli import main
 
-pytest.importorskip("tvm")
+backend("tvm")
 
-from kdsl.tune.records import target_mcpu  # after the skip: it reads TVM's target
+from kdsl.tune.records import target_mcpu  # noqa: E402  (after the skip: it reads TVM's target)
 
 TINY = '{"M": 4, "Cin": 8, "Cout": 8}'
 
@@ -50,7 +51,7 @@ def test_tune_apply_writes_a_library_and_the_old_layer_spelling_still_works(caps
 
 
 def test_the_python_api_builds_a_kernel_that_computes_the_operator(tuned):
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     op = gallery.load("matmul")
     layer = json.loads(TINY)
     kernel = kdsl.tune.apply(tuned, op, layer)

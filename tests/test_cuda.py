@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.cli import main
@@ -34,7 +35,7 @@ from kdsl.codegen.cuda_launch import (
 )
 from kdsl.lang.errors import KdslError
 
-pytest.importorskip("tvm")
+backend("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
 from kdsl.codegen.tvm import gpu as gpu_description  # noqa: E402
 from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, _axes_split, contraction_tiles  # noqa: E402
@@ -331,7 +332,7 @@ def test_launcher_call_passes_pointers_in_launch_order(monkeypatch):
 
 
 def test_launcher_says_what_is_missing_without_a_gpu():
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     _, binding = layers("matmul")[-1]

@@ -15,13 +15,14 @@ import re
 
 import numpy as np
 import pytest
+from backends import backend
 
 from kdsl.codegen import reference
 from kdsl.lang import Blend, Fold, Input, Map, Output, Softmax, Unfold, primary
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import MAP_FUNCTIONS
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 kdsl_tvm = pytest.importorskip("kdsl.codegen.tvm")
 elementwise = pytest.importorskip("kdsl.codegen.tvm.elementwise")
 

@@ -8,6 +8,7 @@ filled to a budget, after which PyTorch's hand-written kernels agree with ours o
 from __future__ import annotations
 
 import pytest
+from backends import backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,7 +146,7 @@ def test_fill_needs_a_free_width_and_a_readable_budget():
 
 @pytest.mark.parametrize("name", ["squeeze_excitation", "involution"])
 def test_filled_kernels_match_their_hand_written_pytorch(name):
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     from kdsl.codegen import reference
     from kdsl.codegen import torch as kdsl_torch
     from kdsl.codegen.native import BRANCHING

@@ -8,8 +8,9 @@ import ast
 
 import numpy as np
 import pytest
+from backends import backend
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 F = torch.nn.functional
 
 import kdsl  # noqa: E402

@@ -17,8 +17,9 @@ import os
 
 import numpy as np
 import pytest
+from backends import backend
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 
 from test_gallery import CASES  # noqa: E402
 

@@ -8,10 +8,11 @@ import itertools
 import random
 
 import pytest
+from backends import backend
 
 from kdsl.codegen.tvm.machine import from_features
 
-pytest.importorskip("tvm")
+backend("tvm")
 
 AVX2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0, caches={"l1d": 32 << 10, "l2": 1 << 20})
 AVX512 = from_features(

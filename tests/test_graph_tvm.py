@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backends import backend
 
 from kdsl.codegen import reference
 from kdsl.lang import (
@@ -44,7 +45,7 @@ from kdsl.lang import (
 from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import BLEND_KINDS, JOINS, MAP_FUNCTIONS, UNARY
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 kdsl_tvm = pytest.importorskip("kdsl.codegen.tvm")
 
 TOLERANCE = {"float64": 1e-12, "float32": 2e-5}

@@ -8,6 +8,7 @@ import math
 import os
 
 import pytest
+from backends import backend
 
 from kdsl.bench.target import percent_of_peak, select_mcpu
 from kdsl.cli import main
@@ -17,7 +18,7 @@ from kdsl.codegen.tvm.machine import current_machine, from_features, host_caches
 from kdsl.codegen.workers import WorkerPool
 from kdsl.lang.errors import LoweringError
 
-tvm = pytest.importorskip("tvm")
+tvm = backend("tvm")
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.bench.proxy import GALLERY, WEAK, operators, proxy_spread
@@ -28,7 +29,7 @@ def test_the_network_follows_the_data(rgb_npz):
     config = ProxyConfig(data=rgb_npz, widths=(8, 16), epochs=1, train_samples=None)
     assert data_info(config) == (3, 8, 5)
     assert [(layer["Cin"], layer["H"]) for layer in proxy_layers(config)] == [(8, 8), (16, 4)]
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     net = proxy_net(gallery.load("conv2d"), config)
     assert tuple(net(torch.zeros(2, 3, 8, 8)).shape) == (2, 5)
     result = train(gallery.load("conv2d"), config)
@@ -57,7 +58,7 @@ def test_train_samples_are_a_stratified_subset():
 
 
 def test_augmentation_shifts_each_image_within_the_bound():
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     x = torch.randn(16, 2, 6, 6)
     config = ProxyConfig(shift=1, noise=0.0)
     moved = proxy._augment(x, config, torch.Generator().manual_seed(0))
@@ -130,7 +131,7 @@ def test_discover_refuses_bad_data_before_any_work(tmp_path, capsys):
 
 
 def test_the_vgg_proxy_puts_the_candidate_in_every_convolution_the_widening_ones_too():
-    torch = pytest.importorskip("torch")
+    torch = backend("torch")
     from kdsl.discover.loop import DiscoverConfig, _space
     from kdsl.lang.errors import SearchError
 

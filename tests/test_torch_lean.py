@@ -7,8 +7,9 @@ and gradients equal those of PyTorch's own function."""
 from __future__ import annotations
 
 import pytest
+from backends import backend
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 
 from kdsl import gallery  # noqa: E402
 from kdsl.bench.overhead import VIEW_OPS, count_aten_ops, tiny_binding  # noqa: E402

@@ -7,6 +7,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from backends import backend
 
 from kdsl.codegen.tvm.schedule_space import (
     Categorical,
@@ -18,7 +19,7 @@ from kdsl.codegen.tvm.schedule_space import (
     q_walk_distribution,
 )
 
-pytest.importorskip("tvm")
+backend("tvm")
 
 SMALL = {"M": 16, "Cin": 32, "Cout": 32}  # a matmul small enough to compile and run in milliseconds
 

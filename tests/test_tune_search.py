@@ -7,6 +7,7 @@ import random
 from collections import deque
 
 import pytest
+from backends import backend
 
 from kdsl.codegen.tvm.schedule_space import (
     Categorical,
@@ -177,7 +178,7 @@ SMALL = {"M": 16, "Cin": 32, "Cout": 32}
 
 
 def _space():
-    pytest.importorskip("tvm")
+    backend("tvm")
     pytest.importorskip("sklearn")
     from kdsl import gallery
     from kdsl.codegen.tvm import lower

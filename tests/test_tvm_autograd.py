@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backends import backend
 
-torch = pytest.importorskip("torch")
+torch = backend("torch")
 kdsl_tvm = pytest.importorskip("kdsl.codegen.tvm")
 kdsl_torch = pytest.importorskip("kdsl.codegen.torch")
 

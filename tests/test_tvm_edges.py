@@ -12,9 +12,10 @@ import random
 
 import numpy as np
 import pytest
+from backends import backend
 
-pytest.importorskip("tvm")
-torch = pytest.importorskip("torch")
+backend("tvm")
+torch = backend("torch")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 

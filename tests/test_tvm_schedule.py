@@ -8,9 +8,10 @@ import os
 
 import numpy as np
 import pytest
+from backends import backend
 
-pytest.importorskip("tvm")
-torch = pytest.importorskip("torch")
+backend("tvm")
+torch = backend("torch")
 
 from hypothesis import given, settings  # noqa: E402
 

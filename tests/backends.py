@@ -1,0 +1,44 @@
+"""The backends a test run covers: ``KDSL_TEST_BACKENDS=reference,torch,tvm`` (the default: all).
+
+A test that needs a backend asks for it with :func:`backend`: a requested backend that cannot be
+imported fails the test (a CI machine without TVM must not pass by skipping every TVM test), and one
+left out of ``KDSL_TEST_BACKENDS`` skips it, saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import pytest
+
+#: the backends a run can ask for, and the module each needs
+MODULES = {"reference": "numpy", "torch": "torch", "tvm": "tvm"}
+
+
+def requested() -> set[str]:
+    """The backends ``KDSL_TEST_BACKENDS`` names (all when it is unset or empty)."""
+    text = os.environ.get("KDSL_TEST_BACKENDS", "").strip()
+    names = {part.strip() for part in text.split(",") if part.strip()} if text else set(MODULES)
+    unknown = names - set(MODULES)
+    if unknown:
+        raise pytest.UsageError(f"KDSL_TEST_BACKENDS names {sorted(unknown)}: choose from {', '.join(MODULES)}")
+    return names
+
+
+def backend(name: str) -> ModuleType:
+    """The module of backend ``name`` (``torch``, ``tvm``, ``reference``): the test is skipped when the run
+    leaves the backend out, and fails when the run asks for it and it cannot be imported."""
+    if name not in MODULES:
+        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(MODULES)}")
+    if name not in requested():
+        pytest.skip(f"backend {name} left out by KDSL_TEST_BACKENDS", allow_module_level=True)
+    try:
+        return importlib.import_module(MODULES[name])
+    except ImportError as error:
+        pytest.fail(
+            f"backend {name} is requested (KDSL_TEST_BACKENDS, default all) but cannot be imported: {error}; "
+            f"install it or leave it out with KDSL_TEST_BACKENDS",
+            pytrace=False,
+        )
