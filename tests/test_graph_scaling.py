@@ -133,3 +133,18 @@ def test_a_blend_of_many_branches_of_the_input() -> None:
         t = Blend("max", t, x >> Map("abs"))
     graph = t >> Output(N, C, L)  # type: ignore[operator]
     assert kdsl.from_json(graph.to_json()) == graph
+
+
+def _weighted(blocks: int) -> object:
+    t: object = Input(N, C)
+    for _ in range(blocks):
+        t = t + _block(t, None)  # type: ignore[operator,arg-type]
+    return t >> Output(N, C)  # type: ignore[operator]
+
+
+def test_a_kernel_of_many_weighted_blocks_builds_in_linear_time() -> None:
+    # each block's chain and join see every weight before it (for numbering and duplicates): a
+    # copy of them per block was quadratic
+    small = min(_seconds(lambda: _weighted(600)) for _ in range(2))
+    large = min(_seconds(lambda: _weighted(1200)) for _ in range(2))
+    assert large < 3 * small + 0.1, (small, large)

@@ -321,8 +321,11 @@ class _Weights:
     def entries(self) -> Iterator[tuple[str, tuple[int, int, Weight]]]:
         return itertools.islice(self.table.items(), self.length)
 
-    def weights(self) -> list[Weight]:
-        return [weight for _, (_, _, weight) in self.entries()]
+    def __len__(self) -> int:
+        return self.length
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.owner(name) is not None
 
     def extended(self, added: Sequence[tuple[str, int, Weight]]) -> _Weights:
         """This view plus weights whose names it does not hold (the caller checked)."""
@@ -468,9 +471,9 @@ class Tensor:
             return self.pending.shape
         return {d.name: d.size for d in self.vertex.dims}
 
-    def _weights(self) -> list[Weight]:
+    def _weights(self) -> _Weights:
         vertex = self.vertex
-        return _checked_weights(vertex, lambda: _weight_names(_topological(vertex))).weights()
+        return _checked_weights(vertex, lambda: _weight_names(_topological(vertex)))
 
     def closed(self) -> _Vertex:
         """The vertex with the pending linear steps closed into a chain node."""
@@ -497,12 +500,12 @@ class Tensor:
             if pending is None:
                 # weight names continue w1, w2, ... after the weights the tensor already has
                 dims = self.vertex.dims
-                pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), self._weights())
+                pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), [], self._weights())
             return Tensor(self.vertex, pending >> other, self.matches)  # type: ignore[arg-type]
         if isinstance(other, Primitive) and other.kind in UNARY:
             vertex = self.closed()
             live = Live({d.name: d.size for d in vertex.dims}, ())
-            context = BuildContext(_checked_weights(vertex, lambda: _weight_names(_topological(vertex))).weights())
+            context = BuildContext([], _checked_weights(vertex, lambda: _weight_names(_topological(vertex))))
             try:
                 step = other.apply(live, context)
             except KdslError as error:
