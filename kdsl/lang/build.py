@@ -27,7 +27,18 @@ from typing import Any
 from kdsl.lang.canonical import instance_key, structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
 from kdsl.lang.names import check_identifier
-from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Live, Output, Pipeline, Primitive, Weight, dim_of
+from kdsl.lang.primitives import (
+    PRIMITIVES,
+    BuildContext,
+    Dim,
+    Live,
+    Output,
+    Pipeline,
+    Primitive,
+    Weight,
+    WeightNames,
+    dim_of,
+)
 from kdsl.lang.printer import partial_dsl, to_dsl, to_json
 from kdsl.lang.sizes import Size, Var
 
@@ -83,12 +94,17 @@ class Builder(_Joinable):
     __slots__ = ("inputs", "steps", "_live", "_context", "closed_vertex")
 
     def __init__(
-        self, inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live | None, weights: list[Weight]
+        self,
+        inputs: tuple[Dim, ...],
+        steps: tuple[Primitive, ...],
+        live: Live | None,
+        weights: list[Weight],
+        earlier: WeightNames | None = None,
     ) -> None:
         self.inputs = inputs
         self.steps = steps
         self._live = live
-        self._context: BuildContext | None = BuildContext(list(weights)) if live is not None else None
+        self._context: BuildContext | None = BuildContext(list(weights), earlier) if live is not None else None
         #: the graph vertex this build closes into when it branches (kdsl.lang.graph), made once
         self.closed_vertex: Any = None
 

@@ -25,7 +25,8 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -269,23 +270,141 @@ class Graph(Sized):
 # ------------------------------------------------------------------------------------------------
 
 
-class _Vertex:
-    """A node while building: compared by identity, so a tensor used twice is one vertex."""
+_SERIALS = itertools.count()
 
-    __slots__ = ("step", "args", "dims")
+
+class _Vertex:
+    """A node while building: compared by identity, so a tensor used twice is one vertex.
+
+    Besides its step, arguments and dims it keeps what joins would otherwise find by walking the
+    whole graph (which made building quadratic): its input (``root``) and the weights of
+    everything it reads (``named``, a :class:`_Weights` view made on first use).
+    """
+
+    __slots__ = ("step", "args", "dims", "root", "serial", "named")
 
     def __init__(self, step: Operator | Primitive | Join | None, args: tuple[_Vertex, ...], dims: tuple[Dim, ...]):
         self.step, self.args, self.dims = step, args, dims
+        self.root: _Vertex = args[0].root if args else self
+        #: a unique number naming the vertex as a weight's owner (an id() could be reused)
+        self.serial = next(_SERIALS)
+        self.named: _Weights | None = None
 
 
-def _topological(root: _Vertex) -> list[_Vertex]:
-    """The vertices root depends on, in post-order (arguments left to right), without recursion."""
+class _Clash(Exception):
+    """Two vertices a tensor reads have a weight of one name (or one step names two alike)."""
+
+
+class _Weights:
+    """The weights a vertex reads (its own and its ancestors'), by name, with the vertex that owns
+    each: a prefix (``length`` entries) of an insertion-ordered table that vertices extend in place.
+
+    A vertex that adds a weight appends to its argument's table when nothing was appended past its
+    argument's view, and a join appends the smaller side's weights to the larger one's: so a chain
+    of residual blocks costs O(1) per join, where building every join's set afresh cost O(size of
+    the graph). A table is copied only when a second branch adds weights to a view that another
+    branch already extended.
+    """
+
+    __slots__ = ("table", "length")
+
+    def __init__(self, table: dict[str, tuple[int, int, Weight]], length: int) -> None:
+        #: name -> (position in the table, the owner vertex's serial, the weight)
+        self.table = table
+        self.length = length
+
+    def owner(self, name: str) -> int | None:
+        """The serial of the vertex in this view that owns a weight named ``name``, if any."""
+        entry = self.table.get(name)
+        return entry[1] if entry is not None and entry[0] < self.length else None
+
+    def entries(self) -> Iterator[tuple[str, tuple[int, int, Weight]]]:
+        return itertools.islice(self.table.items(), self.length)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.owner(name) is not None
+
+    def extended(self, added: Sequence[tuple[str, int, Weight]]) -> _Weights:
+        """This view plus weights whose names it does not hold (the caller checked)."""
+        if not added:
+            return self
+        table = self.table
+        # an empty view starts a table of its own: the interned input vertex must not keep the
+        # weights of every kernel built on it alive
+        if self.length == 0 or len(table) != self.length:
+            table = dict(self.entries())
+        for name, owner, weight in added:
+            table[name] = (len(table), owner, weight)
+        return _Weights(table, len(table))
+
+
+def _merged(first: _Weights, second: _Weights) -> _Weights:
+    """The union of two views (a join's branches), in O(the smaller one); raises :class:`_Clash`
+    where both hold a weight of one name from two different vertices."""
+    if first.table is second.table:  # prefixes of one table: the longer holds the shorter
+        return first if first.length >= second.length else second
+    small, large = (first, second) if first.length <= second.length else (second, first)
+    added: list[tuple[str, int, Weight]] = []
+    for name, (_, owner, weight) in small.entries():
+        found = large.owner(name)
+        if found is None:
+            added.append((name, owner, weight))
+        elif found != owner:
+            raise _Clash(name)
+    return large.extended(added)
+
+
+def _own_weights(vertex: _Vertex, before: _Weights) -> _Weights:
+    added: list[tuple[str, int, Weight]] = []
+    names: set[str] = set()
+    for weight in _weights_of(vertex.step):
+        assert weight.name is not None
+        if weight.name in names or before.owner(weight.name) is not None:
+            raise _Clash(weight.name)
+        names.add(weight.name)
+        added.append((weight.name, vertex.serial, weight))
+    return before.extended(added)
+
+
+def _weights_view(root: _Vertex) -> _Weights:
+    """``root``'s weights view, made for it and for any vertex it reads that has none yet (only
+    vertices a rewrite just made: building makes each vertex's view as it makes the vertex)."""
+    if root.named is not None:
+        return root.named
+    for vertex in _topological(root, made_only=True):
+        if not vertex.args:
+            before = _Weights({}, 0)
+        elif len(vertex.args) == 1:
+            before = vertex.args[0].named  # type: ignore[assignment]
+        else:
+            before = _merged(*(arg.named for arg in vertex.args))  # type: ignore[arg-type]
+        vertex.named = _own_weights(vertex, before)
+    assert root.named is not None
+    return root.named
+
+
+def _checked_weights(vertex: _Vertex, full_check: Callable[[], object]) -> _Weights:
+    """``vertex``'s weights view; where two weights share a name, ``full_check`` (the check over
+    the whole graph) raises the error that names both."""
+    try:
+        return _weights_view(vertex)
+    except _Clash as clash:
+        full_check()
+        raise ShapeError(f"two weights are named {clash}; give each weight its own name") from None
+
+
+def _topological(root: _Vertex, made_only: bool = False) -> list[_Vertex]:
+    """The vertices root depends on, in post-order (arguments left to right), without recursion;
+    with ``made_only``, only those without a weights view yet (a vertex with one is not entered)."""
     order: list[_Vertex] = []
     done: set[int] = set()
     stack: list[tuple[_Vertex, int]] = [(root, 0)]
     while stack:
         vertex, next_arg = stack.pop()
-        if id(vertex) in done:
+        if id(vertex) in done or (made_only and vertex.named is not None):
             continue
         if next_arg < len(vertex.args):
             stack.append((vertex, next_arg + 1))
@@ -352,8 +471,9 @@ class Tensor:
             return self.pending.shape
         return {d.name: d.size for d in self.vertex.dims}
 
-    def _weights(self) -> list[Weight]:
-        return _weight_names(_topological(self.vertex))
+    def _weights(self) -> _Weights:
+        vertex = self.vertex
+        return _checked_weights(vertex, lambda: _weight_names(_topological(vertex)))
 
     def closed(self) -> _Vertex:
         """The vertex with the pending linear steps closed into a chain node."""
@@ -380,18 +500,20 @@ class Tensor:
             if pending is None:
                 # weight names continue w1, w2, ... after the weights the tensor already has
                 dims = self.vertex.dims
-                pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), self._weights())
+                pending = Builder(dims, (), Live({d.name: d.size for d in dims}, ()), [], self._weights())
             return Tensor(self.vertex, pending >> other, self.matches)  # type: ignore[arg-type]
         if isinstance(other, Primitive) and other.kind in UNARY:
             vertex = self.closed()
             live = Live({d.name: d.size for d in vertex.dims}, ())
-            context = BuildContext(_weight_names(_topological(vertex)))
+            context = BuildContext([], _checked_weights(vertex, lambda: _weight_names(_topological(vertex))))
             try:
                 step = other.apply(live, context)
             except KdslError as error:
                 raise error.with_context(f"a {other.kind} step on the tensor {_describe(vertex.dims)}") from None
-            _weight_names(_topological(vertex) + [_Vertex(step, (), ())])
-            return Tensor(_Vertex(step, (vertex,), tuple(Dim(n, s) for n, s in live.sizes.items())), None, self.matches)
+            made = _Vertex(step, (vertex,), tuple(Dim(n, s) for n, s in live.sizes.items()))
+            # the full check (over the graph and the new step) runs only to word an error
+            _checked_weights(made, lambda: _weight_names(_topological(vertex) + [_Vertex(step, (), ())]))
+            return Tensor(made, None, self.matches)
         if isinstance(other, Output):
             return self.finish(other)
         raise ShapeError(f"cannot apply {other!r:.120} to a tensor; expected a primitive, a pipeline or Output(...)")
@@ -399,24 +521,33 @@ class Tensor:
     def join(self, step: Join, other: object) -> Tensor:
         right = Tensor.of(other, step.kind)
         lhs, rhs = self.closed(), right.closed()
-        if _root(lhs).dims != _root(rhs).dims:
+        if lhs.root.dims != rhs.root.dims:
             raise ShapeError(
-                f"{step.kind}: the branches start from different inputs {_describe(_root(lhs).dims)} and "
-                f"{_describe(_root(rhs).dims)}; a kernel has one data input"
+                f"{step.kind}: the branches start from different inputs {_describe(lhs.root.dims)} and "
+                f"{_describe(rhs.root.dims)}; a kernel has one data input"
             )
-        rhs = _rebase(rhs, _root(lhs))
+        rhs = _rebase(rhs, lhs.root)
         lhs, rhs, found = _match(step, lhs, rhs)
         solved = {m.variable: m.size for m in found}
         earlier = tuple(m.substituted(solved) for m in dict.fromkeys(self.matches + right.matches))
         matches = earlier + found
         dims = step.combine(lhs.dims, rhs.dims)
-        vertex = _share_prefixes(_Vertex(step, (lhs, rhs), dims))
+        vertex = _Vertex(step, (lhs, rhs), dims)
         try:
-            _weight_names(_topological(vertex))
-        except KdslError as error:
-            raise error.with_context(
-                f"{step.kind} of the branches {_describe(lhs.dims)} and {_describe(rhs.dims)}"
-            ) from None
+            _weights_view(vertex)
+        except _Clash:
+            # Both branches read a weight of one name through different vertices: either one
+            # build's weighted steps copied into two chains (made one shared chain here), or an
+            # error. Only then is the whole graph walked, so a join costs O(the branches' new
+            # weights), not O(the graph).
+            vertex = _share_prefixes(vertex)
+            try:
+                _weight_names(_topological(vertex))
+            except KdslError as error:
+                raise error.with_context(
+                    f"{step.kind} of the branches {_describe(lhs.dims)} and {_describe(rhs.dims)}"
+                ) from None
+            _weights_view(vertex)
         return Tensor(vertex, None, matches)
 
     def __add__(self, other: object) -> Tensor:
@@ -506,16 +637,10 @@ def _substitute_vertex(
     return memo[id(root)]
 
 
-def _root(vertex: _Vertex) -> _Vertex:
-    while vertex.args:
-        vertex = vertex.args[0]
-    return vertex
-
-
 def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
     """``vertex`` with its input replaced by ``root`` (two Input(...) values with equal dims are the
     same input), sharing every vertex it can."""
-    if _root(vertex) is root:
+    if vertex.root is root:
         return vertex
     memo: dict[int, _Vertex] = {}
     for v in _topological(vertex):

@@ -278,7 +278,7 @@ class FC(Primitive):
         else:
             raise ShapeError(f"{role}: weight must be a weight name, got {weight!r:.80}")
         weight_name = check_name(weight_name or f"{new_name}_w", "weight")
-        if weight_name in context.names:
+        if context.taken(weight_name):
             raise ShapeError(f"{role}: a weight named {weight_name!r} is already shared; give each its own name")
         if new_name in names:
             # the weight [o, C, ...] would have two dims of one name

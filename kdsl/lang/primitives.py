@@ -545,16 +545,35 @@ class Primitive:
         return Pipeline((self,)) >> other
 
 
+class WeightNames(Protocol):
+    """Weights shared before a build, as the build needs them: how many, and whether a name is
+    taken (a branching kernel's tensor hands its weights over so, without copying them)."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, name: object) -> bool: ...
+
+
 @dataclass
 class BuildContext:
     """What a build carries besides live dims: the weights shared so far (and their names, so
-    that a duplicate is found in O(1))."""
+    that a duplicate is found in O(1)), after the ``earlier`` ones (the weights a branching
+    kernel's tensor already reads: copying them into every chain and step built on the tensor
+    made a kernel of many weighted blocks quadratic to build)."""
 
     weights: list[Weight] = field(default_factory=list)
+    earlier: WeightNames | None = None
     names: set[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.names = {w.name for w in self.weights if w.name is not None}
+
+    def count(self) -> int:
+        """How many weights are shared so far, the earlier ones included (numbers ``w1, w2, ...``)."""
+        return len(self.weights) + (len(self.earlier) if self.earlier is not None else 0)
+
+    def taken(self, name: str) -> bool:
+        return name in self.names or (self.earlier is not None and name in self.earlier)
 
     def add(self, weight: Weight) -> None:
         self.weights.append(weight)
@@ -562,7 +581,7 @@ class BuildContext:
             self.names.add(weight.name)
 
     def copy(self) -> BuildContext:
-        return BuildContext(list(self.weights))
+        return BuildContext(list(self.weights), self.earlier)
 
 
 def _role(step: str, detail: str) -> str:
@@ -856,9 +875,9 @@ class Share(Primitive):
             raise ShapeError(f"Share({weight!r}): Share takes a Weight(...), not a name")
         if not isinstance(weight, Weight):
             raise ShapeError(f"Share: expected a Weight(...), got {weight!r}")
-        name = weight.name or f"w{len(context.weights) + 1}"
+        name = weight.name or f"w{context.count() + 1}"
         role = f"Share({name})"
-        if name in context.names:
+        if context.taken(name):
             raise ShapeError(f"{role}: a weight named {name!r} is already shared; give each weight its own name")
         dims: list[Dim] = []
         new: list[bool] = []

@@ -7,7 +7,7 @@ a script. Dims are referred to by their variable when that is unambiguous (``Cin
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kdsl.lang.names import DSL_NAMES, check_identifier
@@ -334,6 +334,7 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
             if index == len(graph.nodes) - 1:
                 expressions[index] = lines
                 break
+            lines = _split_pipeline(lines, fresh, statements)
             variable = fresh("x" if index == 0 else "t")
             tensor_vars[index] = variable
             statements.append(_statement(variable, lines))
@@ -346,7 +347,8 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
     if graph.defaults:
         defaults = ", defaults={" + ", ".join(f"{_q(k)}: {v}" for k, v in graph.defaults) + "}"
     final = [tensor_vars[last]] if last in tensor_vars else expressions[last]
-    statements.append(_statement(op_name, [*final, f"Output({refs}{defaults})"]))
+    final = _split_pipeline([*final, f"Output({refs}{defaults})"], fresh, statements)
+    statements.append(_statement(op_name, final))
     out = [HEADER, ""]
     for kind in KINDS:
         names = [v.name for v in variables if v.kind == kind]
@@ -355,6 +357,20 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
     out.extend(declarations)
     out.extend(statements)
     return "\n".join(out) + "\n"
+
+
+def _split_pipeline(lines: list[str], fresh: Callable[[str], str], statements: list[str]) -> list[str]:
+    """The last ``CHUNK`` lines (at most) of a long pipeline; the lines before them go into
+    statements of their own, each binding a fresh ``t`` variable that the next one continues.
+    Python's parser nests one level per ``>>``, so one statement of thousands of steps (a chain of
+    3,000 Maps) would print text that :func:`kdsl.parse` refuses; a tensor bound to a name and
+    extended later is the same value, so the kernel read back is equal. Short pipelines (every
+    kernel of the gallery) print as before."""
+    while len(lines) > CHUNK:
+        variable = fresh("t")
+        statements.append(_statement(variable, lines[:CHUNK]))
+        lines = [variable, *lines[CHUNK:]]
+    return lines
 
 
 def _statement(target: str, lines: list[str]) -> str:
