@@ -6,6 +6,7 @@ import pytest
 from kdsl import gallery
 from kdsl.codegen import reference
 from kdsl.lang import Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
+from kdsl.search.neighbors import rebuilt
 from kdsl.search.provenance import KNOWN, NEW, UNCOMPARED, VARIANT, describe, structure, without_shifts
 from kdsl.search.semantic import canonical_pattern, fingerprint, output_transforms
 
@@ -186,3 +187,14 @@ def test_channels_relabelled_alike_on_input_and_output_are_the_design():
     # a shuffle on one side only mixes the groups of consecutive layers: a new design
     for split, merge in ((True, False), (False, True)):
         assert describe(interleaved_grouped(split, merge), names=names).kind == NEW
+
+
+def test_shifts_inserted_into_a_relabelled_gallery_design_make_a_variant():
+    # found by discover (seed 4): both interleavings and a Shift of H, which is grouped conv relabelled
+    # with a shift inserted, not a new design
+    relabelled = interleaved_grouped(True, True)
+    shifted = rebuilt(relabelled, (Shift("H"), *relabelled.steps))
+    assert shifted is not None
+    found = describe(shifted, names=["grouped_conv2d", "conv2d"])
+    assert found.kind == VARIANT and found.design == "grouped_conv2d"
+    assert "channels relabelled" in found.line and "Shift(H, 1) at step 1" in found.line

@@ -369,6 +369,14 @@ def describe(
     base_semantics = _semantics(stripped) if stripped is not None else mine
     base = base_semantics.family if base_semantics is not None else family
     known = _known(base_semantics, refs, bases=True) if base_semantics is not None else None
+    if known is None and base_semantics is not None and stripped is not None:
+        # shifts inserted into a gallery design whose channels are relabelled alike on input and output
+        for relabelling, other in _relabelled(base_semantics):
+            found = _known(other, refs, bases=True)
+            if found is not None:
+                name, words = found
+                known, base = (name, relabelling + (f", {words}" if words else "")), other.family
+                break
     if known is not None:
         name, words = known
         shifts = [f"{step.describe()} at step {i + 1}" for i, step in enumerate(op.steps) if isinstance(step, Shift)]
