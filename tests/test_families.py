@@ -178,4 +178,4 @@ def test_every_usable_new_family_gets_a_page(tmp_path):
     paths = report.write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02, top=1)
     pages = {page.stem for page in paths["pages"].glob("*.md")}
     assert one_by_three.key in pages and len(pages) == 2  # the top one, and the new family ranked last
-    assert "new: 1 weight w[g, co, ci, kw]" in (paths["pages"] / f"{one_by_three.key}.md").read_text()
+    assert "new (G=2, K=3): 1 weight w[g, co, ci, kw]" in (paths["pages"] / f"{one_by_three.key}.md").read_text()

@@ -118,7 +118,9 @@ def test_provenance_of_a_new_design():
     op = grouped_one_by_three()
     found = describe(op)
     assert found.kind == NEW and found.design is None
-    assert found.line.startswith("new: 1 weight w[g, co, ci, kw]; windows over W; Cin split; channels merged")
+    assert found.line.startswith(
+        "new (G=2, K=3): 1 weight w[g, co, ci, kw]; windows over W; Cin split; channels merged"
+    )
     # two edits: the window over H and its reduction
     assert "nearest gallery design by steps: `grouped_conv2d` (2 edits)" in found.line
     told = describe(op, origin={"origin": "grouped_conv2d", "rewrites": ["drop Unfold(H, K)"]})

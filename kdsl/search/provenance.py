@@ -386,7 +386,9 @@ def describe(
             change = "with its Shift steps " + ("changed: " + ", ".join(shifts) if shifts else "removed")
         line = _named(name, coefficients) + (f" {words}" if words else "") + " " + change
         return Provenance(VARIANT, line, family, base, name, coefficients)
-    line = f"new: {structure(op)}"
+    # the coefficient values too: the same new design at G = 2 and G = 4 are two candidates
+    values = ", ".join(f"{k}={v}" for k, v in coefficients)
+    line = "new" + (f" ({values})" if values else "") + f": {structure(op)}"
     rewrites = list((origin or {}).get("rewrites") or [])
     if (origin or {}).get("origin") and rewrites:
         line += f"; from `{origin['origin']}` by {'; '.join(map(str, rewrites))}"  # type: ignore[index]
