@@ -42,7 +42,7 @@ from kdsl.codegen.native import NATIVE
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError
 from kdsl.lang.library import load_operator
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.solve.layers import load_layers, with_batch
 
 

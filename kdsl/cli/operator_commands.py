@@ -28,7 +28,7 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, LayerError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.search.store import Store, candidate
 
 

@@ -49,7 +49,7 @@ from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError, printable
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.tune.driver import parse_option, tune
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
 from kdsl.tune.tuned import apply, best_record, export, schedule_lines
