@@ -14,8 +14,8 @@ from kdsl.cli import main
 from kdsl.codegen.tvm import default_target
 from kdsl.codegen.tvm import machine as machine_module
 from kdsl.codegen.tvm.machine import current_machine, from_features, host_caches, host_ghz, host_model
-from kdsl.codegen.workers import WorkerPool
 from kdsl.lang.errors import LoweringError
+from kdsl.runtime.workers import WorkerPool
 
 tvm = pytest.importorskip("tvm")
 
