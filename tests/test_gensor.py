@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from kdsl.codegen.tvm.machine import from_features
+from kdsl.runtime.cpu import from_features
 
 pytest.importorskip("tvm")
 

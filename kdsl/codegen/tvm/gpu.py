@@ -1,5 +1,5 @@
 """One description of the NVIDIA GPU that CUDA kernels are compiled for: the GPU counterpart of
-:mod:`kdsl.codegen.tvm.machine`'s CPU :class:`~kdsl.codegen.tvm.machine.Machine`.
+:mod:`kdsl.runtime.cpu`'s CPU :class:`~kdsl.runtime.cpu.Machine`.
 
 The GPU schedule (:mod:`kdsl.codegen.tvm.gpu_schedule`) sizes its thread blocks, register tiles and
 shared-memory tiles from here, and TVM's GPU verification checks every kernel against these limits.
