@@ -72,9 +72,9 @@ def build(
 ) -> int:
     from kdsl import gallery, solve
     from kdsl.codegen.tvm.cuda import cuda_bundle
-    from kdsl.codegen.tvm.gpu import from_arch
     from kdsl.codegen.tvm.gpu_schedule import GpuSpace
     from kdsl.codegen.tvm.graph_lowering import lower
+    from kdsl.runtime.gpu import from_arch
 
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*__*.json"):  # a rebuild replaces the last build's bundles, never mixes with them
@@ -263,7 +263,7 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
     """Every bundle checked against kdsl's PyTorch module, then timed (see the module docstring)."""
     import torch
 
-    from kdsl.codegen.tvm.gpu import from_properties
+    from kdsl.runtime.gpu import from_properties
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -33,13 +33,13 @@ from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
-from kdsl.codegen.tvm.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.graph_lowering import lower
 from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
+from kdsl.runtime.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -56,7 +56,7 @@ __all__ = [
 def cuda_target(arch: str = DEFAULT_ARCH) -> Any:
     """The TVM target of CUDA code for ``arch`` (``sm_80``, ``sm_86``, ``sm_89``, ``sm_90``), host code for LLVM.
 
-    A name kdsl has no description of is a :class:`~kdsl.codegen.tvm.gpu.GpuArchError`."""
+    A name kdsl has no description of is a :class:`~kdsl.runtime.gpu.GpuArchError`."""
     tvm = load_tvm()
     check_arch(arch)
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})
