@@ -21,7 +21,8 @@ import pytest
 
 from kdsl import gallery, solve
 from kdsl.cli import main
-from kdsl.codegen.cuda_launch import (
+from kdsl.lang.errors import KdslError
+from kdsl.runtime.cuda_launch import (
     BundleError,
     BundleKernel,
     CudaUnavailableError,
@@ -32,7 +33,6 @@ from kdsl.codegen.cuda_launch import (
     prefixed_kernels,
     split_source,
 )
-from kdsl.lang.errors import KdslError
 
 pytest.importorskip("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
@@ -290,7 +290,7 @@ def test_launcher_call_passes_pointers_in_launch_order(monkeypatch):
     buffers in its own argument order, batched kernels are looked up by their prefix, inputs are checked."""
     import numpy as np
 
-    from kdsl.codegen import cuda_launch
+    from kdsl.runtime import cuda_launch
 
     launched = []
 

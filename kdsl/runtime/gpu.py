@@ -4,7 +4,7 @@
 The GPU schedule (:mod:`kdsl.codegen.tvm.gpu_schedule`) sizes its thread blocks, register tiles and
 shared-memory tiles from here, and TVM's GPU verification checks every kernel against these limits.
 Nothing here imports TVM (torch only inside :func:`current_gpu`): the CuPy launcher
-(:mod:`kdsl.codegen.cuda_launch`) prints the same one-line description on a machine without it.
+(:mod:`kdsl.runtime.cuda_launch`) prints the same one-line description on a machine without it.
 
 Where each fact comes from: on a machine with a GPU, the device (``torch.cuda.get_device_properties``);
 without one, a table per compute capability (``arch``), from the vendor's figures for one product of
