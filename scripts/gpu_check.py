@@ -10,7 +10,7 @@ its ResNet-18 layer table (batch 1) with the default GPU schedule, and for conv2
 kernel; ``--variants`` at ``--variant-layer``, ``--other-variants`` elsewhere): measuring them on the GPU and
 keeping the best is the tuning.
 
-``run`` compiles the bundles with NVRTC in batches (:func:`kdsl.codegen.cuda_launch.compile_batches`),
+``run`` compiles the bundles with NVRTC in batches (:func:`kdsl.runtime.cuda_launch.compile_batches`),
 checks every bundle against kdsl's PyTorch module of the same operator on CUDA (relative error <= 1e-4 of
 the largest magnitude, float32, TF32 off; every operator's default first), then times conv2d's and
 matmul's defaults and variants, then the other defaults, each "per call" and "GPU" (a CUDA graph of the
@@ -35,7 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kdsl.codegen.cuda_launch import (
+from kdsl.lang.errors import KdslError
+from kdsl.runtime.cuda_launch import (
     BundleKernel,
     argument_slots,
     batch_sources,
@@ -44,7 +45,6 @@ from kdsl.codegen.cuda_launch import (
     plan,
     time_cuda,
 )
-from kdsl.lang.errors import KdslError
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-4
@@ -72,9 +72,9 @@ def build(
 ) -> int:
     from kdsl import gallery, solve
     from kdsl.codegen.tvm.cuda import cuda_bundle
-    from kdsl.codegen.tvm.gpu import from_arch
     from kdsl.codegen.tvm.gpu_schedule import GpuSpace
     from kdsl.codegen.tvm.graph_lowering import lower
+    from kdsl.runtime.gpu import from_arch
 
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*__*.json"):  # a rebuild replaces the last build's bundles, never mixes with them
@@ -263,7 +263,7 @@ def run(bundles: list[dict[str, Any]], budget_s: float) -> tuple[str, list[dict[
     """Every bundle checked against kdsl's PyTorch module, then timed (see the module docstring)."""
     import torch
 
-    from kdsl.codegen.tvm.gpu import from_properties
+    from kdsl.runtime.gpu import from_properties
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -17,7 +17,7 @@ from backends import backend
 import kdsl
 from kdsl import gallery
 from kdsl.cli import build_parser, discover_commands, main
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

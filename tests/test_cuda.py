@@ -22,7 +22,8 @@ from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.cli import main
-from kdsl.codegen.cuda_launch import (
+from kdsl.lang.errors import KdslError
+from kdsl.runtime.cuda_launch import (
     BundleError,
     BundleKernel,
     CudaUnavailableError,
@@ -33,13 +34,12 @@ from kdsl.codegen.cuda_launch import (
     prefixed_kernels,
     split_source,
 )
-from kdsl.lang.errors import KdslError
 
 backend("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
-from kdsl.codegen.tvm import gpu as gpu_description  # noqa: E402
 from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, _axes_split, contraction_tiles  # noqa: E402
 from kdsl.codegen.tvm.graph_lowering import lower  # noqa: E402
+from kdsl.runtime import gpu as gpu_description  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -291,7 +291,7 @@ def test_launcher_call_passes_pointers_in_launch_order(monkeypatch):
     buffers in its own argument order, batched kernels are looked up by their prefix, inputs are checked."""
     import numpy as np
 
-    from kdsl.codegen import cuda_launch
+    from kdsl.runtime import cuda_launch
 
     launched = []
 

@@ -1,5 +1,5 @@
 """Executors: isolation (timeouts, crashes, errors), the latency slot, and Ray against local; and the
-worker pool underneath (:mod:`kdsl.codegen.workers`, which schedule tuning shares).
+worker pool underneath (:mod:`kdsl.runtime.workers`, which schedule tuning shares).
 
 The spawned workers import this module by name (``tests/`` is on ``sys.path`` under pytest and
 spawn passes ``sys.path`` on), so :class:`Misbehave` below is a test-only evaluator they can load.
@@ -15,10 +15,10 @@ import time
 import pytest
 
 from kdsl import gallery
-from kdsl.codegen.workers import WorkerError, WorkerPool
 from kdsl.discover.evaluators import Context, Evaluator
 from kdsl.discover.executors import LocalExecutor, Task, make_executor, run_task
 from kdsl.lang.errors import KdslError
+from kdsl.runtime.workers import WorkerError, WorkerPool
 
 OPS = ["conv2d", "depthwise_conv2d", "grouped_conv2d", "pointwise_conv2d", "dilated_conv2d", "shift_conv2d"]
 TINY_ACCURACY = {"name": "accuracy", "compare_baseline": False, "widths": [8], "image_size": 8, "epochs": 1}

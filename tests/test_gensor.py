@@ -10,7 +10,7 @@ import random
 import pytest
 from backends import backend
 
-from kdsl.codegen.tvm.machine import from_features
+from kdsl.runtime.cpu import from_features
 
 backend("tvm")
 

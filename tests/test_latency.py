@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from kdsl import gallery
-from kdsl.codegen.measure import ratio_of_pairs, ratio_spread
 from kdsl.discover import evaluators
 from kdsl.discover.evaluators import LatencyEvaluator, check_device
 from kdsl.lang.errors import LoweringError, SearchError
+from kdsl.runtime.timing import ratio_of_pairs, ratio_spread
 
 TABLE = [
     {"name": "small", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8},

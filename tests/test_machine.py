@@ -1,6 +1,7 @@
-"""The machine description (:mod:`kdsl.codegen.tvm.machine`) and the target option (``--mcpu``): LLVM's
-features of an AVX2 and an AVX-512 mcpu, the host's caches, model and clock from given sysfs and
-cpuinfo text, and an unknown mcpu refused before anything compiles. No timing."""
+"""The machine description (:mod:`kdsl.runtime.cpu`; LLVM's features read by
+:mod:`kdsl.codegen.tvm.machine`) and the target option (``--mcpu``): LLVM's features of an AVX2 and
+an AVX-512 mcpu, the host's caches, model and clock from given sysfs and cpuinfo text, and an unknown
+mcpu refused before anything compiles. No timing."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from backends import backend
 from kdsl.bench.target import percent_of_peak, select_mcpu
 from kdsl.cli import main
 from kdsl.codegen.tvm import default_target
-from kdsl.codegen.tvm import machine as machine_module
-from kdsl.codegen.tvm.machine import current_machine, from_features, host_caches, host_ghz, host_model
-from kdsl.codegen.workers import WorkerPool
+from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import LoweringError
+from kdsl.runtime import cpu as cpu_module
+from kdsl.runtime.cpu import from_features, host_caches, host_ghz, host_model
+from kdsl.runtime.workers import WorkerPool
 
 tvm = backend("tvm")
 
@@ -114,8 +116,8 @@ def test_host_model_and_clock_from_cpuinfo_text(monkeypatch):
     assert host_model(CPUINFO) == "AMD EPYC 7B13 64-Core Processor"
     assert host_model("processor : 0\n") == ""
     # hide any cpufreq in sysfs (which host_ghz prefers) so that the given text is what is read
-    real_read = machine_module._read
-    monkeypatch.setattr(machine_module, "_read", lambda path: "" if "cpufreq" in path else real_read(path))
+    real_read = cpu_module._read
+    monkeypatch.setattr(cpu_module, "_read", lambda path: "" if "cpufreq" in path else real_read(path))
     assert host_ghz(CPUINFO) == pytest.approx(3.0495)
     assert host_ghz("processor : 0\n") == 2.0  # nothing to read: the stated default
 

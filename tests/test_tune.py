@@ -190,7 +190,7 @@ def test_tuning_measurements_wait_for_the_latency_slot(tmp_path):
     import time
 
     from kdsl import gallery
-    from kdsl.codegen.measure import latency_slot
+    from kdsl.runtime.timing import latency_slot
     from kdsl.tune.measurer import Measurer, compile_module
 
     lock = str(tmp_path / "latency.lock")

@@ -8,8 +8,8 @@ forward time of the kdsl->TVM kernel with its default schedule. Linear operators
 kernels (:class:`~kdsl.lang.graph.Graph`) go through the same calls: the solver binds and costs
 both, and both backends build both. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
 and then slows PyTorch down in the same process (see TVM.md); the timings of each case hold the
-machine's latency slot (:func:`kdsl.codegen.measure.latency_slot`). Times are medians over repeats
-(:func:`kdsl.codegen.measure.interleaved_medians`): the kdsl->PyTorch module and the native function
+machine's latency slot (:func:`kdsl.runtime.timing.latency_slot`). Times are medians over repeats
+(:func:`kdsl.runtime.timing.interleaved_medians`): the kdsl->PyTorch module and the native function
 are timed in alternation, so that on a shared machine both see the same background load; ratios are
 kdsl / native (lower is better; 1.0 means as fast).
 """
@@ -37,12 +37,12 @@ from kdsl.bench.target import (
 )
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
-from kdsl.codegen.measure import interleaved_medians, latency_slot, median_seconds
 from kdsl.codegen.native import NATIVE
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError
 from kdsl.lang.library import load_operator
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
+from kdsl.runtime.timing import interleaved_medians, latency_slot, median_seconds
 from kdsl.solve.layers import load_layers, with_batch
 
 

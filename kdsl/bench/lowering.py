@@ -32,12 +32,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from kdsl.codegen.measure import latency_slot
-from kdsl.codegen.workers import WorkerPool
 from kdsl.discover.evaluators import AnalyticEvaluator, Context, LatencyEvaluator
 from kdsl.lang.errors import KdslError, printable
 from kdsl.lang.library import load_operator
 from kdsl.lang.parser import parse
+from kdsl.runtime.timing import latency_slot
+from kdsl.runtime.workers import WorkerPool
 from kdsl.search.store import Store
 
 __all__ = ["add_arguments", "bench_lowering", "measure", "overhead", "summarize"]

@@ -27,9 +27,9 @@ from typing import Any
 
 from kdsl import gallery, solve
 from kdsl.codegen import torch as kdsl_torch
-from kdsl.codegen.measure import interleaved_samples, ratio_of_pairs
 from kdsl.codegen.native import NATIVE
 from kdsl.lang.errors import KdslError
+from kdsl.runtime.timing import interleaved_samples, ratio_of_pairs
 
 __all__ = ["TINY", "VIEW_OPS", "count_aten_ops", "main", "overhead_rows", "tiny_binding"]
 

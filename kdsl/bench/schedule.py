@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from kdsl import gallery, solve
-from kdsl.codegen.measure import median_seconds
 from kdsl.codegen.native import NATIVE, native_function
 from kdsl.codegen.torch import build as torch_build
 from kdsl.codegen.tvm import build
+from kdsl.runtime.timing import median_seconds
 
 
 def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[tuple[str, str, dict[str, int]]]:

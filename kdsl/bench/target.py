@@ -8,7 +8,7 @@ AVX-512 machine measures AVX2 code end to end: the default schedule, every tuner
 
 Speeds are reported as percent of the FMA peak measured on that machine (:func:`measured_peak_gflops`;
 the line also gives the peak its nominal clock implies,
-:meth:`~kdsl.codegen.tvm.machine.Machine.peak_gflops`); a multiply-accumulate is two flops:
+:meth:`~kdsl.runtime.cpu.Machine.peak_gflops`); a multiply-accumulate is two flops:
 
 >>> percent_of_peak(macs=1e9, seconds=0.01, peak_gflops=400.0)  # 1 GMAC in 10 ms: 200 GFLOP/s
 50.0
@@ -21,7 +21,8 @@ import os
 from typing import Any
 
 from kdsl.codegen.tvm import default_target, load_tvm
-from kdsl.codegen.tvm.machine import Machine, current_machine
+from kdsl.codegen.tvm.machine import current_machine
+from kdsl.runtime.cpu import Machine
 
 __all__ = [
     "MCPU_HELP",
@@ -116,7 +117,7 @@ def measured_peak_gflops(machine: Machine | None = None, repeats: int = 15) -> f
     """The fp32 FMA throughput of ``machine``'s cores as measured here (GFLOP/s): the best of
     ``repeats`` timings of kernels that do nothing but independent FMAs in registers (the machine's
     accumulator budget and half as many again). Turbo clocks make it differ from
-    :meth:`~kdsl.codegen.tvm.machine.Machine.peak_gflops`, which assumes the nominal clock, so
+    :meth:`~kdsl.runtime.cpu.Machine.peak_gflops`, which assumes the nominal clock, so
     benchmarks report percent of this practical ceiling instead. It is a measurement, not a bound: the
     clock boosts differently from run to run, and a tuned conv2d has timed 2% above it (each FMA here
     waits for a broadcast load; a kernel reusing loaded values leaves the load ports freer). A timing:
@@ -156,7 +157,7 @@ def pytorch_environment(machine: Machine | None = None) -> dict[str, str]:
     that is narrower than this machine's (``--mcpu haswell`` on an AVX-512 machine: PyTorch runs its
     AVX2 kernels too, so the ratio compares like with like); empty otherwise.
 
-    >>> from kdsl.codegen.tvm.machine import from_features
+    >>> from kdsl.runtime.cpu import from_features
     >>> pytorch_environment(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))["ONEDNN_MAX_CPU_ISA"]
     'AVX2'
     """

@@ -14,7 +14,7 @@ from kdsl.discover.evaluators import check_device
 from kdsl.discover.loop import NETS, DiscoverConfig, discover, discovery_space, strategy_sequence
 from kdsl.discover.prescreen import METHODS
 from kdsl.lang.errors import KdslError, printable
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.search.run import STRATEGIES
 
 __all__ = ["add_discover_command"]

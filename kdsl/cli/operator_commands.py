@@ -28,7 +28,7 @@ from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, LayerError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.parser import parse
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.search.store import Store, candidate
 
 
@@ -160,7 +160,7 @@ def _show_cuda(op: Operator | Graph, args: argparse.Namespace) -> int:
     """``kdsl show OP --target cuda [--layer L] [--arch sm_90]``: the CUDA C of the default GPU schedule at
     one layer of the operator's table (the first by default), led by its launches and buffers."""
     from kdsl.codegen.tvm.cuda import cuda_source
-    from kdsl.codegen.tvm.gpu import check_arch
+    from kdsl.runtime.gpu import check_arch
 
     check_arch(args.arch)  # a bad arch fails before the (slow) lowering
     name = printable(args.operator)

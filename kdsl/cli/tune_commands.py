@@ -42,14 +42,14 @@ from kdsl.bench.target import (
 )
 from kdsl.cli.operator_commands import load_operator
 from kdsl.cli.search_commands import positive_int
-from kdsl.codegen.measure import median_seconds
 from kdsl.codegen.native import native_function
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import Space
-from kdsl.codegen.workers import Slot, WorkerPool
 from kdsl.lang.errors import KdslError, printable
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
+from kdsl.runtime.timing import median_seconds
+from kdsl.runtime.workers import Slot, WorkerPool
 from kdsl.tune.driver import parse_option, tune
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
 from kdsl.tune.tuned import apply, best_record, export, schedule_lines

@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kdsl.codegen.tvm.machine import host_model
+from kdsl.runtime.cpu import host_model
 from kdsl.solve.layers import load_layers
 
 __all__ = ["baseline_key", "baseline_key_parts", "cache_directory", "load_baseline", "store_baseline"]

@@ -39,13 +39,13 @@ from statistics import median
 from typing import Any, ClassVar
 
 from kdsl import gallery
-from kdsl.codegen.measure import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.codegen.native import native_function
 from kdsl.codegen.torch import build
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.discover.proxy import ProxyConfig, train
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import SearchError
+from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.solve import bind, shapes, with_widths
 from kdsl.solve.cost import cost
 from kdsl.solve.layers import load_layers, with_batch
@@ -310,7 +310,7 @@ class LatencyEvaluator(Evaluator):
     """Median forward time on every layer of a table, and the ratios to the baseline operator.
 
     For each layer the candidate and the baseline are built side by side and timed in alternation
-    (:func:`~kdsl.codegen.measure.interleaved_samples`), in the same process, while holding the
+    (:func:`~kdsl.runtime.timing.interleaved_samples`), in the same process, while holding the
     machine's latency slot; so noise affects both and only one measurement runs per machine.
 
     **What is timed** (*lanes*, all timed in the same interleaved rounds): with ``"torch"`` in
@@ -333,12 +333,12 @@ class LatencyEvaluator(Evaluator):
       thread, so a 2-thread time swings with their load while a 1-thread time does not;
     * *warm-up* (``warmup`` untimed calls per function first: the first calls allocate buffers and
       pick kernels);
-    * *the median of interleaved pairs* (:func:`~kdsl.codegen.measure.ratio_of_pairs`): each round
+    * *the median of interleaved pairs* (:func:`~kdsl.runtime.timing.ratio_of_pairs`): each round
       times every lane back to back, and a layer's ratio is the median of the rounds' ratios, which
       a slow spell scales away (the ratio of the two medians moves with it);
     * *enough rounds*: at least ``repeats``, and more (up to ``max_repeats``) while some ratio's
       rounds scatter by more than ``spread`` (their interquartile range over their median,
-      :func:`~kdsl.codegen.measure.ratio_spread`).
+      :func:`~kdsl.runtime.timing.ratio_spread`).
 
     Metrics: per lane its summed medians (:data:`LANE_MS`: ``latency_ms`` eager PyTorch,
     ``baseline_latency_ms`` ``F.conv2d``, ``tvm_latency_ms``, ``baseline_tvm_latency_ms``; the

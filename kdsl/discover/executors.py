@@ -7,12 +7,12 @@ context dict); a result is a plain dict::
      "error": None | "message", "seconds": wall seconds}
 
 :class:`LocalExecutor` (the default) runs tasks on ``workers`` spawned processes of a
-:class:`~kdsl.codegen.workers.WorkerPool`: a task that runs past ``timeout`` gets its worker killed
+:class:`~kdsl.runtime.workers.WorkerPool`: a task that runs past ``timeout`` gets its worker killed
 (SIGKILL) and replaced and is recorded as ``timeout``; a worker that dies (segfault, ``os._exit``,
 out of memory) is recorded as ``crashed``; an exception in an evaluator is ``error`` with its
 message; the run goes on.
 Compilation runs in parallel, but latency measurements take the machine's one slot
-(:func:`kdsl.codegen.measure.latency_slot`, an ``flock`` that the OS releases when a killed worker
+(:func:`kdsl.runtime.timing.latency_slot`, an ``flock`` that the OS releases when a killed worker
 dies); the timeout clock stops while a task waits for the slot.
 
 :class:`RayExecutor` runs the same tasks as Ray tasks on a cluster (``pip install 'kdsl[ray]'``).
@@ -38,13 +38,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.codegen.measure import latency_slot
-from kdsl.codegen.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
 from kdsl.discover.evaluators import Context, evaluate_all
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, SearchError
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
+from kdsl.runtime.timing import latency_slot
+from kdsl.runtime.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
 
 __all__ = [
     "STATUSES",
@@ -176,7 +176,7 @@ def _serve_task(state: None, task: Task, slot: Slot) -> dict[str, Any]:
 class LocalExecutor(Executor):
     """Evaluate tasks on ``workers`` spawned processes with a hard per-task ``timeout`` (seconds).
 
-    The processes are a :class:`~kdsl.codegen.workers.WorkerPool` (the one isolated worker pool of
+    The processes are a :class:`~kdsl.runtime.workers.WorkerPool` (the one isolated worker pool of
     kdsl, which schedule tuning uses too). ``threads`` (default: cores / workers) sets
     ``OMP_NUM_THREADS`` in the workers; ``lock_path`` overrides the machine's latency lock file;
     ``startup_timeout`` bounds how long a new worker may take to start before the executor gives up
@@ -269,7 +269,7 @@ class RayExecutor(Executor):
     for the custom resource ``latency_slot`` when the cluster has one (start each node with
     ``ray start --resources='{"latency_slot": 1}'``; a local Ray started here gets it), so one
     measurement runs per node; on every node the flock of
-    :func:`~kdsl.codegen.measure.latency_slot` enforces the same. At most ``max_in_flight`` tasks
+    :func:`~kdsl.runtime.timing.latency_slot` enforces the same. At most ``max_in_flight`` tasks
     (default: the cluster's CPUs) are submitted at a time, so the timeout clock of a task starts
     about when it starts running.
     """

@@ -27,8 +27,8 @@ from typing import Any
 
 from kdsl.lang.errors import KdslError, SearchError
 from kdsl.lang.parser import parse
+from kdsl.runtime.storage import Database
 from kdsl.search.provenance import UNCOMPARED, Provenance, describe
-from kdsl.storage import Database
 
 __all__ = ["FamilyTable", "annotate", "provenance_of", "training_key"]
 

@@ -57,13 +57,13 @@ from kdsl.discover.report import (
 from kdsl.discover.strategies import Turns, per_strategy, strategy_lines
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
+from kdsl.runtime.storage import Database, json_object
 from kdsl.search.analytic import budget_reward, reward
 from kdsl.search.neighbors import takes_capacity
 from kdsl.search.run import STRATEGIES, search
 from kdsl.search.space import SPECS, Space, load_spec
 from kdsl.search.store import Store
 from kdsl.solve.layers import load_layers
-from kdsl.storage import Database, json_object
 
 #: ``--net`` -> the proxy backbone (:data:`kdsl.discover.proxy.BACKBONES`)
 NETS = {"proxy-resnet": "resnet", "proxy-vgg": "vgg"}

@@ -21,8 +21,8 @@ the layers of the ``resnet18`` layer table) is an operator of kdsl; the stem, th
 Each backend runs in its own worker process (TVM pins its threads and slows PyTorch down in the
 same process, see TVM.md; the TVM worker, which runs both, sets ``TVM_BIND_THREADS=0``). In a
 worker, every network of one batch size is timed in the same rounds, in alternation
-(:func:`kdsl.codegen.measure.interleaved_samples`), holding the machine's latency slot; a ratio is
-the median over rounds of the ratio within a round (:func:`~kdsl.codegen.measure.ratio_of_pairs`).
+(:func:`kdsl.runtime.timing.interleaved_samples`), holding the machine's latency slot; a ratio is
+the median over rounds of the ratio within a round (:func:`~kdsl.runtime.timing.ratio_of_pairs`).
 
 >>> [(layer.name, layer["Cin"], layer["H"]) for layer in stage_layers(batch=8, resolution=64)]
 [('conv2_x', 64, 16), ('conv3_x', 128, 8), ('conv4_x', 256, 4), ('conv5_x', 512, 2)]
@@ -47,13 +47,13 @@ from statistics import median
 from typing import Any
 
 from kdsl import gallery
-from kdsl.codegen.measure import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.codegen.torch import build, load_torch
 from kdsl.lang import library
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError, printable
 from kdsl.lang.graph import Graph
 from kdsl.lang.serialize import from_json, to_json
+from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.search.store import candidate
 from kdsl.solve import bind, shapes
 from kdsl.solve.layers import Layer
@@ -454,7 +454,7 @@ def network_latency(
     batch) plus the original networks' rows (``op`` starts with ``original``), each with ``ms``
     (median over rounds), ``ratio`` (to the backend's original network: native ``conv2d`` for
     ``torch``, kdsl's TVM ``conv2d`` for ``tvm``), ``vs_native`` (to PyTorch's native original
-    network), ``spread`` (:func:`~kdsl.codegen.measure.ratio_spread` of ``ratio``), ``rounds``,
+    network), ``spread`` (:func:`~kdsl.runtime.timing.ratio_spread` of ``ratio``), ``rounds``,
     ``threads`` and ``build_s``. Each backend is timed in its own worker process with ``threads``
     threads; ``target`` is about how many seconds each network runs per round; after ``repeats``
     rounds, ``repeats`` more are timed (up to ``max_repeats``) while a ratio's spread exceeds

@@ -47,7 +47,7 @@ from kdsl.discover.families import FIELDS, annotate
 from kdsl.gallery.pages import operator_page
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.storage import Database, json_object
+from kdsl.runtime.storage import Database, json_object
 
 Record = Mapping[str, Any]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from kdsl.discover.report import verdict
 from kdsl.lang.errors import SearchError, printable
-from kdsl.storage import Database, json_object
+from kdsl.runtime.storage import Database, json_object
 
 __all__: Sequence[str] = ["Turns", "per_strategy", "strategy_lines"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from kdsl.lang.errors import SearchError
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.search.analytic import analytic_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
@@ -86,7 +86,7 @@ def search(
     ``space``; store results in the SQLite database ``db`` (optional), resuming the run with the
     same space, strategy and seed if the database has one. Stops when the strategy is exhausted,
     after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream for
-    progress (a bar on a terminal, a plain line every few seconds elsewhere; :mod:`kdsl.progress`).
+    progress (a bar on a terminal, a plain line every few seconds elsewhere; :mod:`kdsl.runtime.progress`).
 
     With ``dedupe`` (the default) a valid operator whose function family (its semantic
     fingerprint, :mod:`kdsl.search.semantic`) is already stored is recorded as a ``duplicate``:
@@ -113,7 +113,7 @@ def search(
     rewards: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     start = last_commit = last_line = time.monotonic()
-    # a bar on a terminal, a plain line every few seconds in a log (kdsl.progress)
+    # a bar on a terminal, a plain line every few seconds in a log (kdsl.runtime.progress)
     bar = Progress(f"search ({strategy})", unit="nodes", stream=progress) if progress is not None else None
     states = walker.states()
     reward: float | None = None

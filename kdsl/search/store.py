@@ -52,7 +52,7 @@ from typing import Any
 
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.storage import Database
+from kdsl.runtime.storage import Database
 
 __all__ = ["HEARTBEAT_EVERY", "STALE_AFTER", "Lease", "Store", "candidate"]
 

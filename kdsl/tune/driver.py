@@ -19,7 +19,7 @@ from typing import Any
 from kdsl.codegen.tvm.schedule_space import Space, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
-from kdsl.progress import Progress
+from kdsl.runtime.progress import Progress
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
@@ -112,7 +112,7 @@ def tune(
     VMs a kernel runs up to 1.8x slower for seconds to minutes at a time (interference only ever slows a
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
-    (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.progress.Progress`)
+    (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
     is set to the trials measured so far after each batch."""
     if tuner == "metaschedule":
         if options:

@@ -19,7 +19,7 @@ probabilities and drawn by roulette (§ IV-C):
 The levels, in the order the construction visits them (:data:`LEVELS`), and where each lives in the
 space's ``S.tile.<axis>`` factorizations ((outer, middle, inner) for a spatial axis, (outer, inner) for a
 reduction): ``register`` -- the inner spatial tiles, capacity the machine's accumulator registers
-(:meth:`~kdsl.codegen.tvm.machine.Machine.accumulators`), the vector axis counted in vectors;
+(:meth:`~kdsl.runtime.cpu.Machine.accumulators`), the vector axis counted in vectors;
 ``L1`` -- the inner reduction tiles (the slice of the reduction streamed through the register tile),
 capacity half the L1 data cache; ``L2`` -- the middle spatial tiles (one core's block of the output,
 the fused outer tiles being the parallel chunks), capacity half the L2 cache.
@@ -40,7 +40,7 @@ traffic at each cache level, with the peak, cache sizes and bandwidths of the ta
 (:func:`calibrate`). :class:`Gensor` proposes the rule-based start, then the constructions and the
 annealed walks' best-estimated distinct schedules, and walks again from each new best measured one.
 
->>> from kdsl.codegen.tvm.machine import from_features
+>>> from kdsl.runtime.cpu import from_features
 >>> machine = from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0)
 >>> model = Model.of(machine)
 >>> model.lanes, model.registers, model.fma_per_cycle, model.accumulators == machine.accumulators()
@@ -57,9 +57,9 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.machine import Machine
 from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, MAX_VECTORS, Space, config_key, neighbours, primes
 from kdsl.lang.errors import LoweringError
+from kdsl.runtime.cpu import Machine
 from kdsl.tune.records import Record
 
 #: The memory levels of the construction, in the order it visits them.
@@ -83,7 +83,7 @@ FMA_LATENCY = 4
 class Model:
     """The analytic model's CPU: cores, vector lanes, registers, FMA units, clock, cache capacities (bytes)
     and per-core bandwidths (bytes/s). :meth:`of` derives it from the target machine
-    (:class:`~kdsl.codegen.tvm.machine.Machine`); ``compute_scale`` and ``memory_scale`` are fitted to
+    (:class:`~kdsl.runtime.cpu.Machine`); ``compute_scale`` and ``memory_scale`` are fitted to
     measurements by :func:`calibrate` (1 before any)."""
 
     cores: int = 2
@@ -108,7 +108,7 @@ class Model:
         a line, what current cores sustain -- and 16 beyond). DRAM bandwidth is not in the description:
         15 GB/s, which calibration scales.
 
-        >>> from kdsl.codegen.tvm.machine import from_features
+        >>> from kdsl.runtime.cpu import from_features
         >>> m = Model.of(from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0))
         >>> m.lanes, m.registers, m.bw_l1 / 2e9, m.peak / 1e9
         (16, 32, 128.0, 128.0)
@@ -175,7 +175,7 @@ def caching_benefit(model: Model, level: str, nbytes: float) -> float:
     the next level over the time with this one (latency plus bytes over bandwidth), as the fraction of
     that time saved, ``1 - t_this / t_next`` in [0, 1).
 
-    >>> from kdsl.codegen.tvm.machine import from_features
+    >>> from kdsl.runtime.cpu import from_features
     >>> m = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
     >>> [round(caching_benefit(m, level, 4096), 2) for level in ("L1", "L2")]
     [0.51, 0.54]
@@ -402,7 +402,7 @@ def blocked_order(space: Space, stage: Any) -> dict[str, Any]:
 
     >>> from kdsl import gallery
     >>> from kdsl.codegen.tvm import lower
-    >>> from kdsl.codegen.tvm.machine import from_features
+    >>> from kdsl.runtime.cpu import from_features
     >>> space = Space(lower(gallery.load("matmul"), {"M": 8, "Cin": 8, "Cout": 8}),
     ...               machine=from_features("x", {"avx2"}, cores=1, ghz=1.0))
     >>> blocked_order(space, space.stages[0])

@@ -1,9 +1,9 @@
 """Measuring schedules: compile configurations in worker processes, time them in one measuring worker.
 
-Both are :class:`~kdsl.codegen.workers.WorkerPool` processes (the pool the discover executor uses):
+Both are :class:`~kdsl.runtime.workers.WorkerPool` processes (the pool the discover executor uses):
 configurations of a batch are applied and compiled in parallel (each worker exports a shared library),
 then timed one at a time in a measuring worker (median of repeated runs with TVM's ``time_evaluator``)
-that holds the machine's latency slot (:func:`~kdsl.codegen.measure.latency_slot`) while it runs a
+that holds the machine's latency slot (:func:`~kdsl.runtime.timing.latency_slot`) while it runs a
 kernel, so tuning never times while a discover run (or another tuning run) does; waiting for the slot
 does not count against :data:`MEASURE_TIMEOUT`. Every output is checked against the NumPy reference
 backend before it is timed. A crash or a hang of a worker costs that configuration only: it is recorded
@@ -23,9 +23,9 @@ from typing import Any
 from kdsl.codegen import reference
 from kdsl.codegen.tvm import default_target, load_tvm, lower
 from kdsl.codegen.tvm.schedule_space import Space
-from kdsl.codegen.workers import Outcome, Slot, WorkerPool
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.runtime.workers import Outcome, Slot, WorkerPool
 
 #: Seconds one compile may take before its configuration is declared invalid.
 COMPILE_TIMEOUT = 120.0

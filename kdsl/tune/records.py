@@ -26,7 +26,7 @@ from kdsl.codegen.tvm import default_target
 from kdsl.codegen.tvm.schedule_space import VERSION, config_key, normalize
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
-from kdsl.storage import Database
+from kdsl.runtime.storage import Database
 
 
 class TuneError(KdslError):

@@ -4,8 +4,9 @@
 rule per node kind in ``GRAPH_RULES``); ``blocks`` analyses each stage's
 TIR block once for every schedule rule; ``schedule_space`` is the typed
 space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
-configuration; ``gpu``, ``gpu_schedule`` and ``cuda`` are the CUDA path (GPU description, GPU
-schedule and space, CUDA kernel bundles); ``kernel`` compiles a kernel callable on torch tensors (``build``).
+configuration; ``gpu_schedule`` and ``cuda`` are the CUDA path (GPU schedule and space, CUDA kernel
+bundles; the GPU description is :mod:`kdsl.runtime.gpu`); ``kernel`` compiles a kernel callable on
+torch tensors (``build``).
 """
 
 from kdsl.codegen.tvm.cuda import cuda_bundle, cuda_source, cuda_target

@@ -7,7 +7,7 @@ TVM compiles a scheduled module in two halves: device kernels (one per stage tha
 calls the kernels in order with their grid and block sizes. The bundle reads both from TVM's own
 pipeline (:func:`lower_to_device`): the host function's ``call_ffi_kernel`` calls give the launch order,
 each kernel's arguments and its launch values; its buffer declarations give every buffer's name, shape
-and dtype. A machine without TVM launches the bundle with CuPy (:mod:`kdsl.codegen.cuda_launch`).
+and dtype. A machine without TVM launches the bundle with CuPy (:mod:`kdsl.runtime.cuda_launch`).
 
 Bundle format (``format: kdsl-cuda-bundle/1``)::
 
@@ -32,14 +32,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from kdsl.codegen.cuda_launch import BUNDLE_FORMAT
-from kdsl.codegen.tvm.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.graph_lowering import lower
 from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
+from kdsl.runtime.cuda_launch import BUNDLE_FORMAT
+from kdsl.runtime.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -56,7 +56,7 @@ __all__ = [
 def cuda_target(arch: str = DEFAULT_ARCH) -> Any:
     """The TVM target of CUDA code for ``arch`` (``sm_80``, ``sm_86``, ``sm_89``, ``sm_90``), host code for LLVM.
 
-    A name kdsl has no description of is a :class:`~kdsl.codegen.tvm.gpu.GpuArchError`."""
+    A name kdsl has no description of is a :class:`~kdsl.runtime.gpu.GpuArchError`."""
     tvm = load_tvm()
     check_arch(arch)
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host={"kind": "llvm"})

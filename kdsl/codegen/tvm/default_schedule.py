@@ -7,7 +7,7 @@ naive scalar loop nests, ~100x slower than PyTorch. The default schedule is
 ``Space(lowered).apply(space.heuristic())`` (:mod:`kdsl.codegen.tvm.schedule_space`): one set of rules,
 built from each stage's block analysis (:mod:`kdsl.codegen.tvm.blocks`: which block axes index which
 buffer dim, with which stride), never from the operator's name, so it applies to operators that search
-invents, and from the target machine's description (:mod:`kdsl.codegen.tvm.machine`: vector lanes, the
+invents, and from the target machine's description (:mod:`kdsl.runtime.cpu`: vector lanes, the
 register file that bounds the register tile, caches), never from constants: the same operator gets a
 16-lane tile of 16 accumulators for AVX-512 and an 8-lane tile of 8 for AVX2 (``--mcpu haswell``).
 :meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic` documents the rules: a register-tiled

@@ -1,7 +1,7 @@
 """A rule-based CUDA schedule for every stage of a lowered operator, and the GPU schedule space.
 
 A kernel runs on a GPU only when every loop nest is bound to ``blockIdx``/``threadIdx``; the rules
-below bind every stage, sized from the GPU's description (:mod:`kdsl.codegen.tvm.gpu`):
+below bind every stage, sized from the GPU's description (:mod:`kdsl.runtime.gpu`):
 
 * **reduction stages** (contractions, pooling, folds, FCs, products, the softmax's max and sum): the
   GEMM-style *tiled* form. The stage's spatial axes are split into the data axes (M: a conv's output
@@ -43,9 +43,9 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import analyze
-from kdsl.codegen.tvm.gpu import Gpu, from_arch
 from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
+from kdsl.runtime.gpu import Gpu, from_arch
 
 __all__ = ["LEVELS", "MIN_SLICE", "GpuConfig", "GpuSpace", "Tiles", "contraction_tiles"]
 

@@ -1,214 +1,25 @@
-"""One description of the CPU that kernels are compiled for: what every schedule decision reads.
+"""The CPU description of a TVM target: LLVM's features for the target's ``mcpu``, read through TVM,
+plus the host's clock, caches and model, made into a :class:`kdsl.runtime.cpu.Machine`.
 
-The default schedule, the schedule space's heuristic, the tuners' models (Gensor's benefit formulas,
-ALT's features) and the benchmarks' "percent of peak" all take the machine from here, never from
-constants: a register tile sized for AVX-512's 32 registers of 16 floats spills on an AVX2 machine's
-16 registers of 8 floats.
-
-Where each fact comes from:
-
-* **the instruction set** (vector width, number of vector registers, FMA): LLVM's target features
-  for the target's ``mcpu`` (``avx512f``: 512-bit vectors and 32 registers; ``avx``/``avx2``:
-  256-bit and 16; else 128-bit SSE and 16). The target's ``mcpu`` is the host's, or the one named by
-  ``--mcpu`` / ``KDSL_MCPU``: an AVX-512 machine runs AVX2 code, so ``--mcpu haswell`` measures the
-  AVX2 case on either kind of machine.
-* **FMA units per core**: LLVM does not say. Two for every x86 core with FMA, except the parts
-  known to have one (:data:`ONE_FMA_UNIT`: client AVX-512 cores, Zen 1's 128-bit pipes); a host
-  whose model name says it is a server part (Xeon, EPYC) has two whatever LLVM calls it (a cloud VM
-  reports a Sapphire Rapids Xeon as ``rocketlake``).
-* **cores**: the target's ``num-cores`` (``TVM_NUM_THREADS``).
-* **clock and caches**: the host's (``/sys/devices/system/cpu``, ``/proc/cpuinfo``), which is where
-  the code runs whatever ``mcpu`` it was compiled for; defaults where they cannot be read.
-
->>> m = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
->>> m.isa, m.lanes(), m.vector_registers, m.fma_units, round(m.peak_gflops())
-('avx2', 8, 16, 2, 192)
->>> from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0).lanes("float32")
-16
+Everything that needs no TVM (the :class:`~kdsl.runtime.cpu.Machine` dataclass, the tables, the host
+probing, :func:`~kdsl.runtime.cpu.from_features`) is in :mod:`kdsl.runtime.cpu`; this module is the
+one TVM-reading function on top of it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ONE_FMA_UNIT", "Machine", "current_machine", "from_features", "host_caches", "host_ghz", "host_model"]
+from kdsl.codegen.tvm.lowering import default_target, load_tvm
+from kdsl.runtime.cpu import Machine, from_features, host_caches, host_ghz, host_model
 
-#: mcpus whose cores issue one vector FMA per cycle at the width they use (LLVM's names)
-ONE_FMA_UNIT = frozenset(
-    {"znver1", "icelake-client", "tigerlake", "rocketlake", "cannonlake", "btver2", "bdver1", "bdver2", "bdver3"}
-)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """The CPU a kernel is compiled for and runs on. Sizes in bytes, clock in GHz."""
-
-    mcpu: str
-    isa: str  # "avx512", "avx2", "avx", "sse" or "scalar"
-    vector_bits: int
-    vector_registers: int
-    fma_units: int
-    cores: int
-    ghz: float
-    l1d: int = 32 * 1024
-    l2: int = 1024 * 1024
-    l3: int = 16 * 1024 * 1024
-    model: str = ""
-    features: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
-
-    def lanes(self, dtype: str = "float32") -> int:
-        """Elements of ``dtype`` in one vector register.
-
-        >>> from_features("znver3", {"avx2", "fma"}, cores=1, ghz=1.0).lanes("float64")
-        4
-        """
-        bits = int("".join(c for c in dtype if c.isdigit()) or 32)
-        return max(1, self.vector_bits // bits)
-
-    def accumulators(self) -> int:
-        """Vector registers a register tile may fill with accumulators: half the register file. The
-        other half holds the step's weight vectors, the broadcast values and, under unrolled windows,
-        the loads LLVM hoists. Measured on one core of a Sapphire Rapids Xeon: conv2d 3x3 at
-        128x28x28 with 28 of 32 zmm registers as accumulators ran 2.2x slower than with 14; matmul
-        512x1024x1024 for AVX2 (``haswell``) with 16 of 16 ymm registers 9x slower than with 8.
-
-        >>> from_features("haswell", {"avx2", "fma"}, cores=1, ghz=1.0).accumulators()
-        8
-        """
-        return max(1, self.vector_registers // 2)
-
-    def peak_gflops(self, dtype: str = "float32") -> float:
-        """Peak GFLOP/s of all cores: cores x FMA units x lanes x 2 flops (a multiply and an add) x GHz."""
-        # a machine without FMA counts one unit of a multiply and an add per cycle (from_features)
-        return self.cores * self.fma_units * 2 * self.lanes(dtype) * self.ghz
-
-    def describe(self) -> str:
-        """One line for benchmark headers: model, mcpu, ISA, registers, cores, clock, caches, peak."""
-        name = f"{self.model} " if self.model else ""
-        return (
-            f"{name}(mcpu {self.mcpu}): {self.isa.upper()}, {self.lanes()} fp32 lanes x {self.vector_registers} "
-            f"vector registers, {self.fma_units} FMA units, {self.cores} cores at {self.ghz:.2f} GHz, "
-            f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB; assumed peak {self.peak_gflops():.0f} GFLOP/s fp32"
-        )
-
-
-def from_features(
-    mcpu: str,
-    features: Iterable[str],
-    *,
-    cores: int,
-    ghz: float,
-    caches: dict[str, int] | None = None,
-    model: str = "",
-) -> Machine:
-    """The machine of an ``mcpu`` with LLVM target ``features`` (no TVM needed: tests give the features).
-
-    >>> m = from_features("x", {"sse2"}, cores=4, ghz=2.0)
-    >>> m.isa, m.lanes(), m.vector_registers
-    ('sse', 4, 16)
-    """
-    features = frozenset(features)
-    if "avx512f" in features:
-        isa, bits, registers = "avx512", 512, 32
-    elif "avx2" in features:
-        isa, bits, registers = "avx2", 256, 16
-    elif "avx" in features:
-        isa, bits, registers = "avx", 256, 16
-    elif features & {"sse", "sse2", "sse4.1", "sse4.2"}:
-        isa, bits, registers = "sse", 128, 16
-    elif "neon" in features:
-        isa, bits, registers = "neon", 128, 32
-    else:
-        isa, bits, registers = "scalar", 32, 16
-    server = bool(re.search(r"xeon|epyc", model, re.IGNORECASE))
-    units = 1 if mcpu in ONE_FMA_UNIT and not server else 2
-    if "fma" not in features and isa not in ("avx512", "neon"):
-        units = 1  # separate multiply and add: one of each per cycle, counted as one unit of two flops
-    caches = caches or {}
-    return Machine(
-        mcpu=mcpu,
-        isa=isa,
-        vector_bits=bits,
-        vector_registers=registers,
-        fma_units=units,
-        cores=max(1, int(cores)),
-        ghz=float(ghz),
-        l1d=caches.get("l1d", 32 * 1024),
-        l2=caches.get("l2", 1024 * 1024),
-        l3=caches.get("l3", 16 * 1024 * 1024),
-        model=model,
-        features=features,
-    )
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _bytes(text: str) -> int | None:
-    """``48K`` / ``2048K`` / ``480M`` (sysfs) as bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.IGNORECASE)
-    if not match:
-        return None
-    scale = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[match.group(2).upper()]
-    return int(match.group(1)) * scale
-
-
-def host_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
-    """The host's data caches per core (``l1d``, ``l2``) and the last level (``l3``), from sysfs;
-    the keys it cannot read are left out."""
-    found: dict[str, int] = {}
-    try:
-        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
-    except OSError:
-        return found
-    for entry in entries:
-        level = _read(f"{root}/{entry}/level").strip()
-        kind = _read(f"{root}/{entry}/type").strip()
-        size = _bytes(_read(f"{root}/{entry}/size"))
-        if size is None or kind == "Instruction":
-            continue
-        key = {"1": "l1d", "2": "l2", "3": "l3"}.get(level)
-        if key is not None:
-            found[key] = size
-    return found
-
-
-def host_model(cpuinfo: str | None = None) -> str:
-    """The host CPU's model name (``/proc/cpuinfo``), or ``""``."""
-    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
-    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-    return re.sub(r"\s+", " ", match.group(1)).strip() if match else ""
-
-
-def host_ghz(cpuinfo: str | None = None) -> float:
-    """The host's clock in GHz: the highest maximum frequency in sysfs, else the highest ``cpu MHz`` of
-    ``/proc/cpuinfo``, else 2.0 (a guess, said by :meth:`Machine.describe`)."""
-    best = 0.0
-    for cpu in range(os.cpu_count() or 1):
-        khz = _read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq").strip()
-        if khz.isdigit():
-            best = max(best, int(khz) / 1e6)
-    if best:
-        return best
-    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
-    mhz = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", text, re.MULTILINE)]
-    return max(mhz) / 1000 if mhz else 2.0
+__all__ = ["current_machine"]
 
 
 @functools.lru_cache(maxsize=16)
 def _machine(mcpu: str, cores: int) -> Machine:
-    from kdsl.codegen.tvm.lowering import load_tvm
-
     tvm = load_tvm()
     from tvm.target import codegen
 
@@ -218,11 +29,9 @@ def _machine(mcpu: str, cores: int) -> Machine:
 
 
 def current_machine(target: Any = None) -> Machine:
-    """The machine of ``target`` (an LLVM target), by default :func:`~kdsl.codegen.tvm.default_target`'s:
+    """The machine of ``target`` (an LLVM target), by default :func:`~kdsl.codegen.tvm.lowering.default_target`'s:
     the host, or the ``mcpu`` that ``KDSL_MCPU`` names. Cached per ``mcpu`` and core count."""
     if target is None:
-        from kdsl.codegen.tvm.lowering import default_target
-
         target = default_target()
     mcpu = str(target.attrs.get("mcpu", "")) or "generic"
     cores = int(target.attrs.get("num-cores", 0) or os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))

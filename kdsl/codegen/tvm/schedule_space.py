@@ -68,14 +68,15 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze
 from kdsl.codegen.tvm.lowering import error_reason, load_tvm
-from kdsl.codegen.tvm.machine import Machine, current_machine
+from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.graph import Graph
+from kdsl.runtime.cpu import Machine
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
 VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
 # The vector width, the register file and the caches are the target machine's
-# (:mod:`kdsl.codegen.tvm.machine`): ``Space.lanes`` and ``Space.accumulators``.
+# (:mod:`kdsl.runtime.cpu`): ``Space.lanes`` and ``Space.accumulators``.
 #: Most vectors along the vector axis in one register tile (and in any vectorized loop).
 MAX_VECTORS = 2
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).

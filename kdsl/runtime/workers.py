@@ -4,7 +4,7 @@ A :class:`WorkerPool` runs jobs (picklable values) on ``size`` spawned processes
 ``setup()`` once before it says it is ready (imports, a lowered program, test inputs: none of it
 counts against a job's timeout), then ``handler(state, job, slot)`` for every job it is given, where
 ``state`` is what ``setup`` returned and ``slot`` is a context-manager factory that holds the machine's
-latency slot (:func:`kdsl.codegen.measure.latency_slot`). Every job ends in an :class:`Outcome`:
+latency slot (:func:`kdsl.runtime.timing.latency_slot`). Every job ends in an :class:`Outcome`:
 
 - ``ok``: the handler's return value is in ``value``;
 - ``error``: the handler raised (``error`` has its type, message and the end of its traceback), or its
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
 
-from kdsl.codegen.measure import latency_slot
 from kdsl.lang.errors import KdslError
+from kdsl.runtime.timing import latency_slot
 
 __all__ = ["OUTCOMES", "Outcome", "Slot", "WorkerError", "WorkerPool", "describe_exception"]
 

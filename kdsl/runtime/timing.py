@@ -14,7 +14,7 @@ slow spell of the machine that lasts a round or two then scales both members of 
 leaves their ratios alone, where it moves each function's median separately (and their ratio). Everything in kdsl
 that times a Python callable uses them (the latency evaluator, ``kdsl bench``); compiled TVM kernels
 in the tuner's measuring worker are timed by TVM's own ``time_evaluator``, inside the slot too.
-Isolated worker processes with hard timeouts are in :mod:`kdsl.codegen.workers`.
+Isolated worker processes with hard timeouts are in :mod:`kdsl.runtime.workers`.
 
 >>> with latency_slot():
 ...     seconds = interleaved_medians([lambda: sum(range(100)), lambda: sum(range(10))], repeats=3, target=0.001)

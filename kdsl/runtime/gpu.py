@@ -1,10 +1,10 @@
 """One description of the NVIDIA GPU that CUDA kernels are compiled for: the GPU counterpart of
-:mod:`kdsl.codegen.tvm.machine`'s CPU :class:`~kdsl.codegen.tvm.machine.Machine`.
+:mod:`kdsl.runtime.cpu`'s CPU :class:`~kdsl.runtime.cpu.Machine`.
 
 The GPU schedule (:mod:`kdsl.codegen.tvm.gpu_schedule`) sizes its thread blocks, register tiles and
 shared-memory tiles from here, and TVM's GPU verification checks every kernel against these limits.
-Neither this module nor :func:`from_device` imports TVM: the CuPy launcher
-(:mod:`kdsl.codegen.cuda_launch`) prints the same one-line description on a machine without it.
+Nothing here imports TVM (torch only inside :func:`current_gpu`): the CuPy launcher
+(:mod:`kdsl.runtime.cuda_launch`) prints the same one-line description on a machine without it.
 
 Where each fact comes from: on a machine with a GPU, the device (``torch.cuda.get_device_properties``);
 without one, a table per compute capability (``arch``), from the vendor's figures for one product of
@@ -142,7 +142,7 @@ def check_arch(arch: str) -> str:
     >>> check_arch("sm_100")
     Traceback (most recent call last):
     ...
-    kdsl.codegen.tvm.gpu.GpuArchError: unknown CUDA arch 'sm_100': kdsl describes sm_80, sm_86, sm_89, sm_90
+    kdsl.runtime.gpu.GpuArchError: unknown CUDA arch 'sm_100': kdsl describes sm_80, sm_86, sm_89, sm_90
     """
     if not isinstance(arch, str) or not re.fullmatch(r"sm_\d+[a-z]?", arch) or arch.rstrip("a") not in TABLE:
         raise GpuArchError(f"unknown CUDA arch {arch!r}: kdsl describes {', '.join(ARCHES)}")
