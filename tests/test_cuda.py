@@ -344,7 +344,7 @@ def test_launcher_says_what_is_missing_without_a_gpu():
 
 
 def test_show_target_cuda_prints_source_and_launches(capsys):
-    assert main(["show", "matmul", "--target", "cuda", "--layer", "conv5_x"]) == 0
+    assert main(["show", "matmul", "--target", "cuda", "--layers", "conv5_x"]) == 0
     out = capsys.readouterr().out
     assert "// launch main_kernel<<<grid" in out and 'extern "C" __global__' in out and "M=49" in out
     assert main(["show", "matmul", "--target", "cuda", "--arch", "sm_75"]) != 0

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--db", help="read the operator from this search results database (give its hash)")
     show.add_argument("--json", action="store_true", help="print the operator, constraints and cost formulas as JSON")
     show.add_argument("--target", choices=("cuda",), help="print the kernel's generated source for this target")
-    show.add_argument("--layer", help="the layer to generate source for (with --target): LAYER or TABLE:LAYER")
+    show.add_argument("--layers", help="the layer to generate source for (with --target): LAYER or TABLE:LAYER")
+    show.add_argument("--layer", dest="layers", help=argparse.SUPPRESS)  # the old spelling
     show.add_argument("--arch", default="sm_90", help="the CUDA architecture (with --target cuda)")
     show.set_defaults(run=command_show)
 

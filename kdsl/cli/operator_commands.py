@@ -157,14 +157,14 @@ def command_show(args: argparse.Namespace) -> int:
 
 
 def _show_cuda(op: Operator | Graph, args: argparse.Namespace) -> int:
-    """``kdsl show OP --target cuda [--layer L] [--arch sm_90]``: the CUDA C of the default GPU schedule at
+    """``kdsl show OP --target cuda [--layers L] [--arch sm_90]``: the CUDA C of the default GPU schedule at
     one layer of the operator's table (the first by default), led by its launches and buffers."""
     from kdsl.codegen.tvm.cuda import cuda_source
     from kdsl.runtime.gpu import check_arch
 
     check_arch(args.arch)  # a bad arch fails before the (slow) lowering
     name = printable(args.operator)
-    table, _, wanted = (args.layer or "").rpartition(":")
+    table, _, wanted = (args.layers or "").rpartition(":")
     table = table or gallery.layer_table(args.operator) or "resnet18"
     report = list(solve.check(op, table))
     found = [

@@ -431,9 +431,13 @@ def contraction_tiles(
 
     >>> gpu = from_arch("sm_90")
     >>> t = contraction_tiles(data_extent=49, weight_extent=512, last_data=7, last_weight=512,
-    ...                       reduce_extents=[512, 3, 3], config=GpuConfig(), gpu=gpu)   # conv5_x
-    >>> (t.t_d * t.reg_d, t.t_o * t.reg_o, t.split, t.blocks, t.chunk)
-    (32, 64, 16, 256, 4)
+    ...                       reduce_extents=[512, 3, 3], config=GpuConfig(), gpu=gpu, rows=True, height=7)
+    >>> (t.t_d * t.reg_d, t.t_o * t.reg_o, t.split, t.blocks, t.chunk)  # conv2d at conv5_x: the whole 7x7 image
+    (49, 64, 32, 256, 4)
+    >>> t = contraction_tiles(data_extent=49, weight_extent=512, last_data=49, last_weight=512,
+    ...                       reduce_extents=[512, 3], config=GpuConfig(), gpu=gpu)  # conv1d: 49 in tiles of 32
+    >>> (t.t_d * t.reg_d, t.split)  # a tile past the output's end: no split-K (its write-back is unguarded)
+    (32, 1)
     """
     threads = _pow2_at_most(min(config.threads, gpu.max_threads_per_block))
     has_weight = weight_extent > 1 or last_weight > 1
