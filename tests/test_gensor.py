@@ -162,7 +162,7 @@ def test_calibration_recovers_a_scaled_machine():
 
 
 def _run(seed):
-    from kdsl.codegen.tvm.schedule_space import config_key
+    from kdsl.codegen.tvm.parameters import config_key
     from kdsl.tune.gensor import Gensor
     from kdsl.tune.records import Record
 
@@ -197,7 +197,7 @@ def test_the_tuner_proposes_distinct_register_tiles_first():
 
 
 def test_after_a_new_best_it_proposes_the_next_states_of_the_best():
-    from kdsl.codegen.tvm.schedule_space import normalize
+    from kdsl.codegen.tvm.parameters import normalize
     from kdsl.tune.gensor import Gensor
     from kdsl.tune.records import Record
 

@@ -31,8 +31,8 @@ from kdsl.lang import (
 )
 from kdsl.lang.build import Builder
 from kdsl.lang.errors import KdslError, NameRuleError, ParseError, ShapeError, SizeError
+from kdsl.lang.live import Live
 from kdsl.lang.names import MAX_CONSTANT, MAX_NAME_LENGTH, MAX_OFFSET, check_identifier
-from kdsl.lang.primitives import Live
 from kdsl.lang.sizes import Var
 
 N, C, H, W = primary("N C H W")

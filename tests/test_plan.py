@@ -14,7 +14,8 @@ import kdsl
 from kdsl.lang import Dim, Expand, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
-from kdsl.lang.primitives import BuildContext, Live
+from kdsl.lang.live import Live
+from kdsl.lang.primitives import BuildContext
 from kdsl.solve import Plan, Stage, View, cost, load_layers, plan, reference_binding
 from kdsl.testing import strategies as kst
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from backends import backend
 
-from kdsl.codegen.tvm.schedule_space import (
+from kdsl.codegen.tvm.parameters import (
     Categorical,
     Discrete,
     Factorization,

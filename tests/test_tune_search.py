@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 from backends import backend
 
-from kdsl.codegen.tvm.schedule_space import (
+from kdsl.codegen.tvm.parameters import (
     Categorical,
     Discrete,
     Factorization,

@@ -157,12 +157,12 @@ def test_weight_is_packed_along_the_vector_axis():
 
 
 def test_a_failing_stage_falls_back_and_stays_correct(monkeypatch):
-    from kdsl.codegen.tvm import schedule_space
+    from kdsl.codegen.tvm import schedule_apply
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated schedule failure")
 
-    monkeypatch.setattr(schedule_space._Applier, "_reduce", broken)
+    monkeypatch.setattr(schedule_apply._Applier, "_reduce", broken)
     report = dict(check_scheduled(gallery.load("conv2d"), {"N": 1, "Cin": 4, "Cout": 16, "H": 5, "W": 5}))
     assert report["stage0"].startswith("fallback (simulated schedule failure)"), report
 

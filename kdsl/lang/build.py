@@ -26,19 +26,9 @@ from typing import Any
 
 from kdsl.lang.canonical import instance_key, structural_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
+from kdsl.lang.live import Live
 from kdsl.lang.names import check_identifier
-from kdsl.lang.primitives import (
-    PRIMITIVES,
-    BuildContext,
-    Dim,
-    Live,
-    Output,
-    Pipeline,
-    Primitive,
-    Weight,
-    WeightNames,
-    dim_of,
-)
+from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Output, Pipeline, Primitive, Weight, WeightNames, dim_of
 from kdsl.lang.printer import partial_dsl, to_dsl, to_json
 from kdsl.lang.sizes import Size, Var
 

@@ -34,19 +34,9 @@ from kdsl.lang import build as _build
 from kdsl.lang.build import Builder, Input, Operator, Sized, substitute_operator
 from kdsl.lang.canonical import graph_key
 from kdsl.lang.errors import KdslError, ShapeError, SizeError
+from kdsl.lang.live import Live
 from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Fold, Join, Map, ProductJoin
-from kdsl.lang.primitives import (
-    PRIMITIVES,
-    WINDOWING,
-    BuildContext,
-    Dim,
-    Live,
-    Output,
-    Pipeline,
-    Primitive,
-    Reduce,
-    Weight,
-)
+from kdsl.lang.primitives import PRIMITIVES, WINDOWING, BuildContext, Dim, Output, Pipeline, Primitive, Reduce, Weight
 from kdsl.lang.printer import graph_to_dsl, graph_to_json
 from kdsl.lang.sizes import Size, unify
 

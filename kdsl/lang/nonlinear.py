@@ -37,18 +37,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kdsl.lang.errors import ShapeError, SizeError
+from kdsl.lang.live import Live
 from kdsl.lang.names import reserve
-from kdsl.lang.primitives import (
-    BuildContext,
-    Dim,
-    Field,
-    Live,
-    Primitive,
-    Requirement,
-    Weight,
-    check_name,
-    check_size,
-)
+from kdsl.lang.primitives import BuildContext, Dim, Field, Primitive, Requirement, Weight, check_name, check_size
 from kdsl.lang.sizes import Size
 
 #: Facts of the Canvas primitives (every pass reads facts, not classes).

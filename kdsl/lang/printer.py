@@ -10,8 +10,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from kdsl.lang.live import Live
 from kdsl.lang.names import DSL_NAMES, check_identifier
-from kdsl.lang.primitives import REDUCTION, BuildContext, Dim, Live, OperatorParts, Primitive, Reduce, Weight
+from kdsl.lang.primitives import REDUCTION, BuildContext, Dim, OperatorParts, Primitive, Reduce, Weight
 from kdsl.lang.sizes import KINDS, Size, Var
 
 HEADER = "from kdsl.lang import *"

@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.graph import Graph
+from kdsl.lang.live import Live
 from kdsl.lang.primitives import (
     CONTRACTION,
     DROPS,
@@ -91,7 +92,6 @@ from kdsl.lang.primitives import (
     WINDOWING,
     BuildContext,
     Dim,
-    Live,
     Primitive,
     Reduce,
     Weight,

@@ -29,7 +29,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_space import Categorical, Space, config_key
+from kdsl.codegen.tvm.parameters import Categorical, config_key
+from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.cost_model import CostModel, have_sklearn
 from kdsl.tune.gensor import plausible

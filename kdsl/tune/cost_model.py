@@ -41,15 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from kdsl.codegen.tvm.schedule_space import (
-    Categorical,
-    Discrete,
-    Factorization,
-    Parameter,
-    Permutation,
-    Space,
-    config_key,
-)
+from kdsl.codegen.tvm.parameters import Categorical, Discrete, Factorization, Parameter, Permutation, config_key
+from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.tune import gensor
 from kdsl.tune.records import Record, TuneError, is_number
 

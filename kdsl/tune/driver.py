@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_space import Space, config_key, normalize
+from kdsl.codegen.tvm.parameters import config_key, normalize
+from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.progress import Progress

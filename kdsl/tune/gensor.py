@@ -57,7 +57,9 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_space import MAX_LOCAL, MAX_VECTORS, Space, config_key, neighbours, primes
+from kdsl.codegen.tvm.parameters import config_key, primes
+from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL, MAX_VECTORS
+from kdsl.codegen.tvm.schedule_space import Space, neighbours
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.records import Record
@@ -281,7 +283,7 @@ def level_cost(space: Space, stage: Any, config: Mapping[str, Any], level: str, 
 
 def capacity(space: Space, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
     """The paper's memory check: the tile fits ``level`` (the register tile: accumulator registers and at
-    most :data:`~kdsl.codegen.tvm.schedule_space.MAX_VECTORS` vectors along the vector axis; L1 and L2:
+    most :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors along the vector axis; L1 and L2:
     half their capacity, the other half for what other loops keep there)."""
     if level == "register":
         tile = level_tile(stage, config, level)
@@ -579,7 +581,7 @@ def calibrate(space: Space, model: Model, records: Sequence[Record], minimum: in
 def plausible(space: Space, config: Mapping[str, Any], model: Model | None = None) -> bool:
     """Cheap checks the walk applies before the model: what the space rejects, and the construction's
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
-    of more than :data:`~kdsl.codegen.tvm.schedule_space.MAX_VECTORS` vectors, measured up to 10x
+    of more than :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors, measured up to 10x
     slower than the model said on matmul 512x1024x1024)."""
     model = model or _model(space)
     for stage in space.stages:

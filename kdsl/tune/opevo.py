@@ -3,7 +3,7 @@
 The top ``λ`` configurations found so far are the parents. A child takes each parameter from a parent
 drawn with probability proportional to the parents' fitness (1 / latency; invalid configurations have
 fitness 0, so their choices are not inherited), then every parameter mutates by a q-random walk over
-that parameter's topology (:func:`kdsl.codegen.tvm.schedule_space.q_random_walk`: a prime factor moves between
+that parameter's topology (:func:`kdsl.codegen.tvm.parameters.q_random_walk`: a prime factor moves between
 slots, two loops swap, a discrete value steps to a neighbour, a categorical one jumps to any other).
 No configuration is proposed twice: a child already seen mutates again.
 
@@ -27,7 +27,7 @@ with ``setting="paper"`` (``--tuner-option setting=paper``):
 [('init', 'random'), ('offspring', 8), ('parents', 8), ('q', 0.5), ('walks', None)]
 
 >>> import random
->>> from kdsl.codegen.tvm.schedule_space import Factorization
+>>> from kdsl.codegen.tvm.parameters import Factorization
 >>> params = {"t": Factorization("t", 8, 2)}
 >>> child = recombine(params, [({"t": (8, 1)}, 1.0), ({"t": (2, 4)}, 3.0)], random.Random(0))
 >>> child["t"] in [(8, 1), (2, 4)]
@@ -40,7 +40,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_space import Parameter, Space, config_key, q_random_walk
+from kdsl.codegen.tvm.parameters import Parameter, config_key, q_random_walk
+from kdsl.codegen.tvm.schedule_space import Space
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record, TuneError, is_integer, is_number
 

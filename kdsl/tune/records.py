@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from kdsl import solve
 from kdsl.codegen.tvm import default_target
-from kdsl.codegen.tvm.schedule_space import VERSION, config_key, normalize
+from kdsl.codegen.tvm.parameters import config_key, normalize
+from kdsl.codegen.tvm.schedule_space import VERSION
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.runtime.storage import Database

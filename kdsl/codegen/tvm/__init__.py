@@ -2,8 +2,9 @@
 
 ``lowering`` turns an operator bound to a layer into TE stages (``graph_lowering`` a branching kernel, one
 rule per node kind in ``GRAPH_RULES``); ``blocks`` analyses each stage's
-TIR block once for every schedule rule; ``schedule_space`` is the typed
-space of schedules the tuners search; ``default_schedule`` applies the space's rule-based
+TIR block once for every schedule rule; ``schedule_space`` is the
+space of schedules the tuners search (its typed ``parameters``; ``schedule_apply`` applies a configuration
+as schedule primitives); ``default_schedule`` applies the space's rule-based
 configuration; ``gpu_schedule`` and ``cuda`` are the CUDA path (GPU schedule and space, CUDA kernel
 bundles; the GPU description is :mod:`kdsl.runtime.gpu`); ``kernel`` compiles a kernel callable on
 torch tensors (``build``).

@@ -1,0 +1,504 @@
+"""Applying a configuration of a :class:`~kdsl.codegen.tvm.schedule_space.Space` as TVM schedule primitives.
+
+:meth:`Space.apply <kdsl.codegen.tvm.schedule_space.Space.apply>` builds an :class:`_Applier` over a fresh
+``s_tir.Schedule`` of the operator's TE program; the applier schedules stage by stage (layouts, reduction
+tiling, caches, rfactor, lanes, inlining, attaching) as the space's docstring describes, and with
+``fallback`` gives a stage whose part of the configuration fails the plain parallel schedule instead.
+The space imports this module (never the other way round), so the applier takes the space untyped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.lowering import error_reason
+from kdsl.lang.errors import LoweringError
+
+#: Most vectors along the vector axis in one register tile (and in any vectorized loop).
+MAX_VECTORS = 2
+#: Most elements in a local accumulator tile (larger tiles are rejected: they live in memory anyway).
+MAX_LOCAL = 8192
+#: Most iterations of an unrolled register tile (outside its vector loop).
+MAX_UNROLLED_TILE = 64
+
+
+@dataclass
+class _Tensor:
+    """An input, weight or intermediate tensor of a space: what its ``layout.<name>.*`` parameters lay out."""
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str  # "input", "weight" or "intermediate"
+    reader: str  # the first stage that reads it (or the producer's name, for intermediates)
+
+
+def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
+    """Vectorize ``loop``: whole up to :data:`MAX_VECTORS` vectors (a short loop of 28 becomes 16 + 8 + 4
+    lanes), else split by at most that (a 1024-lane vector took LLVM minutes to compile)."""
+    extent = int(sch.get(loop).extent)
+    if extent <= MAX_VECTORS * lanes:
+        if extent > 1:
+            sch.vectorize(loop)
+        return
+    factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if extent % f == 0), None)
+    if factor is not None:
+        sch.vectorize(sch.split(loop, [None, factor])[1])
+
+
+def _split(sch: Any, loop: Any, factors: Sequence[int], keep_outer: bool = False) -> list[Any | None]:
+    """``loop`` split by ``factors``, ``None`` at the levels of factor 1 (no unit loops in the nest) but
+    the outermost if ``keep_outer`` (a spatial axis always has a loop in the fused parallel loop)."""
+    levels = [i for i, f in enumerate(factors) if f > 1 or (i == 0 and keep_outer)]
+    parts: list[Any | None] = [None] * len(factors)
+    if len(levels) == 1:
+        parts[levels[0]] = loop
+    elif levels:
+        for i, part in zip(levels, sch.split(loop, [factors[i] for i in levels])):
+            parts[i] = part
+    return parts
+
+
+class _Applier:
+    """Applies one validated configuration to a schedule, stage by stage."""
+
+    def __init__(self, space: Any, sch: Any, config: dict[str, Any], fallback: bool = False) -> None:
+        self.space = space
+        self.sch = sch
+        self.config = config
+        self.fallback = fallback
+        self.outer: dict[str, Any] = {}  # stage -> its fused parallel loop
+        self.local: dict[str, bool] = {}
+        self.report: list[tuple[str, str]] = []
+
+    def run(self) -> None:
+        space, config = self.space, self.config
+        attached = [s for s in space.stages if config.get(f"{s.name}.attach") == "outer"]
+        for stage in space.stages:
+            self._stage(stage, attached=stage in attached)
+        for stage in attached:  # at their consumer's parallel loop, once it exists
+            self._guarded(stage, lambda stage=stage: self._attach(stage))
+
+    def _stage(self, stage: StageBlock, attached: bool) -> None:
+        def schedule() -> str:
+            # layouts first: packing copies of what this stage reads first, its own result in place
+            for tensor in self.space.tensors:
+                if (tensor.kind == "intermediate" and tensor.name == stage.name) or (
+                    tensor.kind != "intermediate" and tensor.reader == stage.name
+                ):
+                    self._layout(tensor)
+            if attached:
+                return "attached to its consumer"
+            if stage.kind == "reduce":
+                return self._reduce(stage)
+            if stage.kind == "copy":
+                return self._copy(stage)
+            if stage.kind == "pad" and self.config[f"{stage.name}.inline"]:
+                self.sch.compute_inline(self.sch.get_sblock(stage.name))
+                return "inlined into its reader (bounds checks outside the vector)"
+            if stage.elementwise:
+                return self._elementwise(stage)
+            return self._spatial(stage)
+
+        self._guarded(stage, schedule)
+
+    def _guarded(self, stage: StageBlock, schedule: Any) -> None:
+        """Run ``schedule``; with fallbacks, on failure give the stage the plain parallel schedule."""
+        if not self.fallback:
+            self.report.append((stage.name, schedule()))
+            return
+        backup = self.sch.copy()
+        try:
+            self.report.append((stage.name, schedule()))
+        except Exception as error:  # any failing primitive: fall back, never crash
+            reason = error_reason(error) if str(error).strip() else type(error).__name__
+            self.sch, backup = backup, backup.copy()
+            try:
+                what = self._plain(stage)
+            except Exception:  # even the plain schedule failed: leave the stage as lowered
+                self.sch = backup
+                what = "unscheduled"
+            self.report.append((stage.name, f"fallback ({reason}): {what}"))
+
+    def _plain(self, stage: StageBlock) -> str:
+        """The fallback: the outermost spatial loop parallel, when the spatial loops are outermost."""
+        sch = self.sch
+        block = sch.get_sblock(stage.name)
+        loops = sch.get_loops(block)
+        spatial = [loop for loop, axis in zip(loops, stage.axes) if not axis.reduce]
+        if spatial and len(spatial) == len(stage.spatial):
+            sch.parallel(spatial[0])
+        return "parallel outer loop"
+
+    def _index_map(self, tensor: _Tensor) -> Any | None:
+        t = f"layout.{tensor.name}"
+        perm = self.config.get(f"{t}.perm", tuple(range(len(tensor.shape))))
+        tile = self.config.get(f"{t}.tile", "none")
+        tiled, factor = (None, 1) if tile == "none" else (int(tile.split(":")[0]), int(tile.split(":")[1]))
+        if tiled is not None and tensor.shape[tiled] == factor and perm[-1] == tiled:
+            tiled = None  # the whole dim is already last
+        if tiled is None and tuple(perm) == tuple(range(len(tensor.shape))):
+            return None
+        ndim = len(tensor.shape)
+
+        def index_map(*idx: Any) -> tuple[Any, ...]:
+            out = [idx[d] // factor if d == tiled else idx[d] for d in perm]
+            if tiled is not None:
+                out.append(idx[tiled] % factor)
+            return tuple(out)
+
+        return self.space.tvm.tirx.IndexMap.from_func(index_map, ndim=ndim, index_dtype="int32")
+
+    def _layout(self, tensor: _Tensor) -> None:
+        if not tensor.reader or self.config.get(f"{tensor.name}.inline") is True:
+            return  # an inlined pad has no buffer of its own
+        index_map = self._index_map(tensor)
+        if index_map is None:
+            return
+        sch = self.sch
+        if tensor.kind == "intermediate":
+            sch.transform_layout(sch.get_sblock(tensor.name), ("write", 0), index_map)
+            return
+        # a packed copy (the heuristic's weights: [v // f, <other dims>, v % f], so that one register
+        # tile's weights are one contiguous block; [K, N/f, f] would still stride by N between reduction
+        # steps of a matmul)
+        block = sch.get_sblock(tensor.reader)
+        names = [region.source.name for region in sch.get(block).reads]
+        pack = sch.cache_read(block, names.index(tensor.name), "global")
+        sch.transform_layout(pack, ("write", 0), index_map)
+        # loop over the packed copy in its own order: contiguous vector stores and gathered loads (in the
+        # source's order every store lands on another cache line; conv2d conv3_x: 1.17 -> 1.08 ms)
+        sch.transform_block_layout(pack, index_map)
+        loops = sch.get_loops(pack)
+        if len(loops) > 1:
+            sch.parallel(sch.fuse(*loops[:-1]))
+            _vectorize_inner(sch, loops[-1], self.space.lanes)
+        elif loops:
+            sch.parallel(loops[0])
+
+    def _reduce(self, stage: StageBlock) -> str:
+        """The tiled loop nest: outer spatial tiles fused and parallel (a weight-only vector axis's first,
+        so that one weight slab stays in cache while every data tile passes: else a 128x128x3x3 conv
+        cycles 590 KB of weights per tile), the middle loops in ``order``, the inner reduction tiles, the
+        register tile innermost with the vector axis last; tiles of 1 make no loop."""
+        sch, config, s = self.sch, self.config, stage.name
+        block = sch.get_sblock(s)
+        loops = sch.get_loops(block)
+        nspatial = len(stage.spatial)
+        if config.get(f"{s}.rfactor"):
+            self._rfactor(stage, block, loops)
+            return "rfactor: a parallel partial sum"
+        if config.get(f"{s}.lanes"):
+            return self._lanes(stage, block, loops)
+        vector = config.get(f"{s}.vector")
+        if vector is not None and config[f"{s}.tile.{vector}"][2] == 1:
+            vector = None  # no vector tile: nothing to vectorize or to lay out last
+        whole = config.get(f"{s}.reductions") == "whole"
+        outer, r_inner, s_inner = [], [], []
+        inner_axes: list[int] = []  # block iter indices of the register tile's axes, vector axis last
+        vector_inner = vector_outer = None
+        middle_labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
+        middle_loops: dict[str, list[Any]] = {}  # label -> its loops at the label's place in the order
+        r_tiles: dict[int, int] = {}  # id of an inner reduction tile placed with its outer tile -> extent
+        for k, (loop, (axis, extent)) in enumerate(zip(loops, stage.spatial + stage.reduced)):
+            if extent == 1:  # unit loops: spatial ones fuse into the parallel loop, reductions are inner
+                if k < nspatial:
+                    outer.append(loop)
+                else:
+                    r_inner.append((loop, 1))
+                continue
+            factors = config[f"{s}.tile.{axis}"]
+            parts = _split(sch, loop, factors, keep_outer=k < nspatial)
+            if k < nspatial:
+                if parts[0] is not None:
+                    outer.append(parts[0])
+                    if axis == vector:
+                        vector_outer = parts[0]
+                middle_loops[axis] = [lp for lp in parts[1:2] if lp is not None]
+                if axis == vector:
+                    vector_inner = parts[2]
+                elif parts[2] is not None:
+                    s_inner.append(parts[2])
+                    inner_axes.append(k)
+            else:
+                middle_loops[axis] = [lp for lp in parts[:1] if lp is not None]
+                if parts[1] is not None and whole:
+                    middle_loops[axis].append(parts[1])
+                    r_tiles[id(parts[1])] = factors[1]
+                elif parts[1] is not None:
+                    r_inner.append((parts[1], factors[1]))
+        if vector_inner is not None:
+            inner_axes.append([a for a, _ in stage.spatial].index(vector))
+        order = config.get(f"{s}.order", tuple(range(len(middle_labels))))
+        if vector_outer is not None and vector in stage.weight_only:
+            outer.insert(0, outer.pop(next(i for i, lp in enumerate(outer) if lp.same_as(vector_outer))))
+        spatial_labels = {a for a, _ in stage.spatial}
+        middle = [(middle_labels[i], middle_loops[middle_labels[i]]) for i in order]
+        # the accumulator's place: below the last middle spatial loop before the first reduction loop
+        # (none when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
+        first_reduce = next((i for i, (a, _) in enumerate(middle) if a not in spatial_labels), len(middle))
+        spatial_before = [lp for _, lps in middle[:first_reduce] for lp in lps]
+        below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
+        middle_nest = [*spatial_before, *(lp for _, lp in below)]
+        inner = s_inner + ([vector_inner] if vector_inner is not None else [])
+        ordered = [*outer, *middle_nest, *[lp for lp, _ in r_inner], *inner]
+        if len(ordered) > 1:
+            sch.reorder(*ordered)
+        at = spatial_before[-1] if spatial_before else outer[-1] if outer else None
+        if config[f"{s}.cache"] == "local":
+            tile = prod(int(sch.get(lp).extent) for lp in inner)
+            tile *= prod(int(sch.get(lp).extent) for a, lp in below if a in spatial_labels)
+            if tile > MAX_LOCAL:
+                raise LoweringError(f"{s}: a local accumulator of {tile} elements (more than {MAX_LOCAL})")
+            self._check_layout_tile(stage, [a for a, _ in below])
+            writeback = sch.cache_write(block, 0, "local")
+            if at is not None:
+                sch.reverse_compute_at(writeback, at)
+            self._tile_last(block, inner_axes)
+            if vector_inner is not None and stage.spatial[-1][0] == vector:
+                # with a short reduction (a depthwise window) the write-back costs as much as the FMAs
+                _vectorize_inner(sch, sch.get_loops(writeback)[-1], self.space.lanes)
+            self.local[s] = True
+        # vectorize and parallelize before decompose_reduction: afterwards the update block is no longer
+        # a complete reduction block under the tile loops and both refuse it
+        if vector_inner is not None:
+            sch.vectorize(vector_inner)
+        unrolled = 1
+        if config[f"{s}.unroll_tile"]:
+            # fully unrolled register tiles only: a larger unrolled body compiles for minutes
+            tile = prod(int(sch.get(lp).extent) for lp in s_inner)
+            if tile <= MAX_UNROLLED_TILE:
+                unrolled = tile
+                for lp in s_inner:
+                    sch.unroll(lp)
+        budget = min(config[f"{s}.unroll"], max(1, 1024 // unrolled))
+        # the inner reduction tiles in nest order, wherever S.reductions put them (a long reduction
+        # between two of them is not unrolled: the budget counts only these)
+        unrollable = [(lp, r_tiles[id(lp)]) for _, lp in below if id(lp) in r_tiles] + r_inner
+        for lp, extent in reversed(unrollable):
+            if extent <= budget:
+                sch.unroll(lp)
+                budget //= extent
+            else:
+                break
+        if outer:  # else a serial reduction to one value (rfactor parallelizes it)
+            fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            sch.parallel(fused)
+            self.outer[s] = fused
+        reductions = [*(lp for a, lp in below if a not in spatial_labels), *(p for p, _ in r_inner)]
+        if reductions:
+            init = sch.decompose_reduction(block, reductions[0])
+            init_loops = sch.get_loops(init)
+            if vector_inner is not None and init_loops:
+                sch.vectorize(init_loops[-1])
+        tile_shape = "x".join(str(int(sch.get(lp).extent)) for lp in reversed(inner)) or "1"
+        packed = sum(
+            1 for t in self.space.tensors if t.reader == s and config.get(f"layout.{t.name}.tile", "none") != "none"
+        )
+        return f"register tile {tile_shape} (vector axis {vector}), packed {packed}"
+
+    def _check_layout_tile(self, stage: StageBlock, below: Sequence[str]) -> None:
+        """Refuse a local accumulator whose tile is not a box of the stage's tiled layout.
+
+        The write-back is ``reverse_compute_at`` the tile; TVM relaxes the tile's region in the layout
+        ``[.., v // f, .., v % f]`` to a covering box. A tile of ``t`` elements along ``v`` is exactly a
+        box when ``f`` divides ``t`` or ``t`` divides ``f``; otherwise the box also holds elements this tile
+        has not computed, and the write-back copies them from the uninitialised accumulator, racing with
+        the tile that does compute them (``stage0.tile.H = (2, 1, 6)`` with ``layout.stage0.tile = "0:4"``
+        gave wrong outputs). ``below`` names the middle loops under the accumulator's place."""
+        tile = self.config.get(f"layout.{stage.name}.tile", "none")
+        if tile == "none":
+            return
+        dim, factor = (int(part) for part in tile.split(":"))
+        axis, extent = stage.spatial[dim]
+        if extent == 1:
+            return
+        _, middle_factor, inner_factor = self.config[f"{stage.name}.tile.{axis}"]
+        t = inner_factor * (middle_factor if axis in below else 1)
+        if t % factor and factor % t:
+            raise LoweringError(
+                f"{stage.name}: its local accumulator holds {t} elements of {axis}, which do not align with the "
+                f"layout tile {factor} of {stage.name} (the write-back would copy elements not yet computed)"
+            )
+
+    def _tile_last(self, block: Any, indices: Sequence[int]) -> None:
+        """Lay the local accumulator out with the buffer dims of the register tile's axes (block iters
+        ``indices``, the vector axis last) innermost: a local tile whose vectorized axis is not innermost
+        stays in memory and runs ~35x slower (4.6 vs 168 GFLOP/s in ``TVM.md``)."""
+        sch, tirx = self.sch, self.space.tvm.tirx
+        node = sch.get(block)
+        region = node.writes[0].region
+        uses: list[int] = []
+        for index in indices:
+            var = node.iter_vars[index].var
+            for d, rng in enumerate(region):
+                if d not in uses and any(v.same_as(var) for v in tirx.analysis.undefined_vars(rng.min)):
+                    uses.append(d)
+        order = [d for d in range(len(region)) if d not in uses] + uses
+        if order != list(range(len(region))):
+            index_map = tirx.IndexMap.from_func(lambda *idx: tuple(idx[p] for p in order), ndim=len(order))
+            sch.transform_layout(block, ("write", 0), index_map)
+
+    def _rfactor(self, stage: StageBlock, block: Any, loops: list[Any]) -> None:
+        sch, s = self.sch, stage.name
+        nspatial = len(stage.spatial)
+        reduce_loops = loops[nspatial:]
+        axis = next(a for a, e in stage.reduced if e > 1)
+        k = [a for a, _ in stage.reduced].index(axis)
+        factors = self.config[f"{s}.tile.{axis}"]
+        outer_r, inner_r = sch.split(reduce_loops[k], list(factors))
+        rest = [lp for i, lp in enumerate(reduce_loops) if i != k]
+        sch.reorder(outer_r, *loops[:nspatial], *rest, inner_r)
+        rf = sch.rfactor(outer_r, 0)
+        sch.parallel(sch.get_loops(rf)[0])
+
+    def _lanes(self, stage: StageBlock, block: Any, loops: list[Any]) -> str:
+        """The last reduced axis split by the vector width and rfactored: a block of partial results, one
+        per lane, vectorized along the contiguous axis, then a short reduction of the lanes (a row max or
+        sum of a softmax, which a vector across rows would gather with the row's stride)."""
+        sch = self.sch
+        lanes = self.space._lane_factor(self.space._lane_extent(stage))
+        nspatial = len(stage.spatial)
+        spatial, reduce = loops[:nspatial], loops[nspatial:]
+        run = reduce[-1] if stage.lane_run == 1 else sch.fuse(*reduce[-stage.lane_run :])
+        _, inner = sch.split(run, [None, lanes])
+        rf = sch.rfactor(inner, nspatial)
+        sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])  # the lanes' reduction
+        # the partial results have loops of their own: their spatial loops parallel too (else the whole
+        # reduction runs on one thread: a global max pool took as long on 2 threads as on 1)
+        rf_loops = sch.get_loops(rf)
+        rf_spatial = sch.fuse(*rf_loops[:nspatial]) if nspatial > 1 else rf_loops[0]
+        sch.parallel(rf_spatial)
+        rf_loops = sch.get_loops(rf)
+        sch.vectorize(rf_loops[-1])
+        init = sch.decompose_reduction(rf, rf_loops[1])
+        sch.vectorize(sch.get_loops(init)[-1])
+        along = ", ".join(a for a, _ in stage.reduced[-stage.lane_run :])
+        return f"lanes: {lanes} partial results along {along}"
+
+    def _copy(self, stage: StageBlock) -> str:
+        """A copy of a tiled stage's result folds into that stage's write-back (saving a pass over
+        memory: conv2d's transposition to ``[N, Cout, H, W]`` costs nothing), else it is a pass of its own."""
+        sch, s = self.sch, stage.name
+        block = sch.get_sblock(s)
+        if self.config.get(f"{s}.inline"):
+            producer = next(b for b, _ in stage.reads if b in {t.name for t in self.space.stages})
+            if not self.local.get(producer):
+                raise LoweringError(f"{s}: inlining the copy needs a local accumulator in {producer}")
+            sch.reverse_compute_inline(block)
+            return f"inlined into {producer}_local"
+        return self._spatial(stage)
+
+    def _elementwise(self, stage: StageBlock) -> str:
+        """A branching kernel's element-wise stage: inlined as ``S.inline`` says, else a pass of its own."""
+        sch, s = self.sch, stage.name
+        where = self.config.get(f"{s}.inline", "none")
+        if where == "consumers":
+            sch.compute_inline(sch.get_sblock(s))
+            return f"inlined into {', '.join(stage.consumers)}"
+        if where == "producer":
+            producer = self.space._inline_producer(stage)
+            if producer is None or not self.local.get(producer):
+                raise LoweringError(f"{s}: folding into the write-back needs a local accumulator in {producer}")
+            sch.reverse_compute_inline(sch.get_sblock(s))
+            return f"inlined into {producer}'s write-back"
+        loops = sch.get_loops(sch.get_sblock(s))
+        last, lanes = int(sch.get(loops[-1]).extent), self.space.lanes
+        tail = self._contiguous_tail(stage) if last % lanes else 1
+        if len(loops) > tail > 1:
+            # trailing loops that every access walks contiguously (or not at all: a gate per channel) fuse
+            # into one run of whole vectors (SE's gate at 8x256x14x14, 1 thread: 0.40 -> 0.19 ms, where a
+            # row of 14 took no vector); a short run is vectorized whole (49 = 3 x 16 + 1 lanes)
+            extent = prod(int(sch.get(lp).extent) for lp in loops[-tail:])
+            factor = next((f for f in (2 * lanes, lanes) if extent % f == 0), 0)
+            factor = factor or (
+                extent if extent <= 4 * lanes else next((f for f in (lanes // 2, 4) if extent % f == 0), 1)
+            )
+            if factor > 1:
+                fused = sch.fuse(*loops[-tail:])
+                outer, inner = sch.split(fused, [None, factor])
+                sch.parallel(sch.fuse(*loops[:-tail], outer))
+                sch.vectorize(inner)
+                return f"parallel, vector {factor} over {tail} fused loops"
+        if (
+            len(loops) > 1
+            and not stage.axes[-1].gathers
+            and last % 4 == 0
+            and self.space.lanes < last <= 4 * self.space.lanes
+        ):
+            # a short row whole (56 = 3 x 16 + 8 lanes): the polynomial forms of exp, sin, .. are compute-bound, and
+            # 16 lanes run them faster than the 8 that divide 56 (Map("exp") at 64x56x56, 1 thread: 60 -> 43 us)
+            sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+            sch.vectorize(loops[-1])
+            return f"parallel, vector {last}"
+        return self._spatial(stage)
+
+    def _contiguous_tail(self, stage: StageBlock) -> int:
+        """The most trailing block axes (at least 1) that every buffer access (the write and each read)
+        either indexes as its own trailing dims, in order and whole, or does not index at all (a
+        broadcast): fused into one loop, they walk every buffer contiguously."""
+        tirx = self.space.tvm.tirx
+        node = self.sch.get(self.sch.get_sblock(stage.name))
+        ivars = [iv.var for iv in node.iter_vars]
+        extents = [int(iv.dom.extent) for iv in node.iter_vars]
+        accesses = []
+        for region in [*node.reads, *node.writes]:
+            mins = [rng.min for rng in region.region]
+            uses = [
+                {k for k, w in enumerate(ivars) if any(v.same_as(w) for v in tirx.analysis.undefined_vars(m))}
+                for m in mins
+            ]
+            accesses.append((mins, uses, [int(d) for d in region.source.shape]))
+
+        def fits(m: int) -> bool:
+            tail = set(range(len(ivars) - m, len(ivars)))
+            for mins, uses, shape in accesses:
+                if not any(u & tail for u in uses):
+                    continue  # a broadcast along the whole tail
+                if len(mins) < m or any(u & tail for u in uses[: len(mins) - m]):
+                    return False
+                for t in range(1, m + 1):
+                    k, d = len(ivars) - t, len(mins) - t
+                    if not (isinstance(mins[d], tirx.Var) and mins[d].same_as(ivars[k]) and shape[d] == extents[k]):
+                        return False
+            return True
+
+        return next((m for m in range(len(ivars), 1, -1) if fits(m)), 1)
+
+    def _spatial(self, stage: StageBlock) -> str:
+        """Copies, element-wise stages and materialized pads: the outer loops fused and parallel, the
+        innermost vectorized when its extent divides into vectors and every read is contiguous along it
+        (a gathered vector, as in pixel_shuffle's ``x[.., w // 2]``, is left to LLVM as scalars)."""
+        sch, lanes = self.sch, self.space.lanes
+        loops = sch.get_loops(sch.get_sblock(stage.name))
+        last = int(sch.get(loops[-1]).extent)
+        factor = next((f for f in (lanes, lanes // 2, lanes // 4) if f >= 4 and last % f == 0), 1)
+        if stage.axes[-1].gathers:
+            factor = 1
+        outer = list(loops[:-1])
+        if factor > 1:
+            lo, vi = sch.split(loops[-1], [None, factor])
+            outer.append(lo)
+            sch.vectorize(vi)
+        elif not outer:
+            outer = list(loops)
+        if outer:
+            sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        return f"parallel, vector {factor}"
+
+    def _attach(self, stage: StageBlock) -> str:
+        sch = self.sch
+        consumer = stage.consumers[0]
+        if consumer not in self.outer:
+            raise LoweringError(f"{stage.name}: its consumer {consumer} has no parallel loop to attach to")
+        block = sch.get_sblock(stage.name)
+        sch.compute_at(block, self.outer[consumer], preserve_unit_loops=True)
+        own = sch.get_loops(block)[1:]
+        n_spatial = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
+        spatial, reduce = own[:n_spatial], own[n_spatial:]
+        if not reduce and spatial:
+            _vectorize_inner(sch, spatial[-1], self.space.lanes)
+        return f"computed at {consumer}'s parallel loop"
