@@ -257,6 +257,13 @@ class Sized:
         raise NotImplementedError
 
     @property
+    def coefficient_values(self) -> tuple[tuple[str, int], ...]:
+        """The coefficient values the operator is built at: its defaults for the coefficients its
+        sizes mention, by name (what tells ``grouped_conv2d`` at G = 2 from G = 4)."""
+        used = set(self.coefficient_variables)
+        return tuple(sorted((name, int(value)) for name, value in self.defaults if name in used))
+
+    @property
     def default_coefficients(self) -> dict[str, int]:
         return dict(self.defaults)
 
@@ -357,8 +364,7 @@ class Operator(Sized):
         >>> grouped.with_defaults(G=2).design_key == grouped.with_defaults(G=4).design_key
         True
         """
-        used = set(self.coefficient_variables)
-        return instance_key(self.design_key, {k: int(v) for k, v in self.defaults if k in used})
+        return instance_key(self.design_key, dict(self.coefficient_values))
 
     def substituted(self, values: Mapping[str, Size | int]) -> Operator:
         """The same operator with the variables named in ``values`` replaced by those sizes (a

@@ -219,12 +219,6 @@ def without_shifts(op: Operator) -> Operator | None:
     return rebuilt(op, steps) if len(steps) < len(op.steps) else None
 
 
-def _coefficients(op: Any) -> tuple[tuple[str, int], ...]:
-    used = set(getattr(op, "coefficient_variables", ()))
-    defaults = dict(getattr(op, "default_coefficients", {}) or {})
-    return tuple(sorted((name, int(value)) for name, value in defaults.items() if name in used))
-
-
 def _named(name: str, coefficients: Sequence[tuple[str, int]]) -> str:
     values = ", ".join(f"{k}={v}" for k, v in coefficients)
     return f"`{name}`" + (f" ({values})" if values else "")
@@ -344,7 +338,7 @@ def describe(
     it came from (a gallery neighbour's ``{"origin": name, "rewrites": [...]}``); ``names``: the
     gallery operators to compare with (default all); ``references``: a prepared comparison."""
     refs = references or _references(tuple(sorted(names)) if names is not None else None)
-    coefficients = _coefficients(op)
+    coefficients = tuple(getattr(op, "coefficient_values", ()))
     mine = _semantics(op)
     if mine is None:
         key = getattr(op, "design_key", None) or getattr(op, "key", "")  # coefficients are apart

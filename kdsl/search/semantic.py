@@ -343,8 +343,7 @@ def coefficient_tag(op: object) -> str:
     >>> coefficient_tag(gallery.load("grouped_conv2d").with_defaults(G=2)), coefficient_tag(gallery.load("matmul"))
     ('|G=2,K=3', '')
     """
-    used = set(getattr(op, "coefficient_variables", ()))
-    values = sorted((k, int(v)) for k, v in (getattr(op, "default_coefficients", {}) or {}).items() if k in used)
+    values = getattr(op, "coefficient_values", ())
     return "|" + ",".join(f"{k}={v}" for k, v in values) if values else ""
 
 
