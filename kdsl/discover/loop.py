@@ -51,10 +51,9 @@ from kdsl.discover.report import (
     load_records,
     merged_strategy_counts,
     top_families,
-    verdict,
     write_report,
 )
-from kdsl.discover.strategies import Turns, per_strategy, strategy_lines
+from kdsl.discover.strategies import Turns, per_strategy, strategy_lines, usable
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.runtime.storage import Database, json_object
@@ -397,15 +396,15 @@ def _screen(
     # new designs, gallery neighbours without one of their windows or weights come last: the
     # screen's score does not see what they lost (they scored among the best and trained worst)
     kinds = {key: row["kind"] for key, row in families.get(key for _, key in pool).items()}
-    cut = {row["key"] for row in _rows(config.db, [key for _, key in pool]) if _cut(row)}
-    pool.sort(key=lambda item: (kinds.get(item[1]) in KNOWN_KINDS, item[1] in cut))
+    rows = {row["key"]: row for row in _rows(config.db, [key for _, key in pool])}
+    pool.sort(key=lambda item: (kinds.get(item[1]) in KNOWN_KINDS, _cut(rows[item[1]])))
     if fresh:
         whose = f" of {strategy}" if strategy else ""
         _say(
             progress,
             f"screened {len(fresh)} new candidates{whose} ({config.prescreen}); {len(pool)} screened, untrained",
         )
-    return _rows(config.db, [key for _, key in pool[: config.batch]]), failed
+    return [rows[key] for _, key in pool[: config.batch]], failed
 
 
 def _cut(row: Mapping[str, Any]) -> bool:
@@ -465,15 +464,6 @@ def strategy_sequence(text: str) -> list[str]:
     if not names:
         raise SearchError("--strategy names no strategy")
     return names
-
-
-def _usable(result: Mapping[str, Any], baseline: Mapping[str, Any], margin: float) -> bool:
-    """Whether a trained candidate is usable: within ``margin`` of the baseline's accuracy and
-    faster (:func:`kdsl.discover.report.verdict`, as the per-strategy counts say it)."""
-    accuracy, base = result["metrics"].get("accuracy"), baseline.get("accuracy")
-    if result["status"] != "ok" or not isinstance(accuracy, (int, float)) or not isinstance(base, (int, float)):
-        return False
-    return verdict(result["metrics"], baseline_accuracy=base, margin=margin).startswith("usable")
 
 
 def _set_reward(db: str, key: str, value: float) -> None:
@@ -567,7 +557,8 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 accuracy = result["metrics"].get("accuracy")
                 ratio = result["metrics"].get("latency_ratio")
                 trained += 1
-                turns.record(name, _usable(result, baseline_metrics, config.margin))
+                ok = result["status"] == "ok"
+                turns.record(name, ok and usable(result["metrics"], baseline_metrics.get("accuracy"), config.margin))
                 left = max(0.0, config.time_limit - (time.monotonic() - start))
                 what = families.get([task.key]).get(task.key, {}).get("line")
                 _say(

@@ -19,14 +19,14 @@ candidate, with the strategy that found it: ``Store.get(key)["strategy"]``); the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdsl.discover.report import verdict
 from kdsl.lang.errors import SearchError, printable
 from kdsl.runtime.storage import Database, json_object
 
-__all__: Sequence[str] = ["Turns", "per_strategy", "strategy_lines"]
+__all__: Sequence[str] = ["Turns", "per_strategy", "strategy_lines", "usable"]
 
 #: the counts of one strategy, in the order they are printed
 FIELDS = ("stored", "screened", "trained", "failed", "usable", "best_accuracy")
@@ -84,11 +84,21 @@ def per_strategy(path: str, *, margin: float = 0.02) -> dict[str, dict[str, Any]
         counts_of["trained"] += 1
         best = counts_of["best_accuracy"]
         counts_of["best_accuracy"] = accuracy if best is None else max(best, accuracy)
-        if isinstance(base, (int, float)) and verdict(metrics, baseline_accuracy=base, margin=margin).startswith(
-            "usable"
-        ):
-            counts_of["usable"] += 1
+        counts_of["usable"] += usable(metrics, base, margin)
     return counts
+
+
+def usable(metrics: Mapping[str, Any], baseline_accuracy: object, margin: float = 0.02) -> bool:
+    """Whether a trained candidate's ``metrics`` make it usable: an accuracy within ``margin`` of the
+    baseline's and faster (:func:`kdsl.discover.report.verdict`); False without both accuracies.
+
+    >>> usable({"accuracy": 0.95, "latency_ratio": 0.5}, 0.96), usable({"accuracy": 0.9, "latency_ratio": 0.5}, 0.96)
+    (True, False)
+    """
+    accuracy = metrics.get("accuracy")
+    if not isinstance(accuracy, (int, float)) or not isinstance(baseline_accuracy, (int, float)):
+        return False
+    return verdict(metrics, baseline_accuracy=baseline_accuracy, margin=margin).startswith("usable")
 
 
 def strategy_lines(counts: dict[str, dict[str, Any]]) -> list[str]:
