@@ -247,6 +247,18 @@ def _transform_words(mine: _Semantics, theirs: _Semantics) -> str | None:
     return None
 
 
+def _known_relabelled(mine: _Semantics, references: References, bases: bool = False) -> tuple[str, str, str] | None:
+    """``(gallery name, words, family)`` when ``mine`` with its channels relabelled alike on input and
+    output is a gallery design's family (:func:`_known`; ``bases`` as there): the words say the
+    relabelling (and any roll), the family is the relabelled one's."""
+    for relabelling, other in _relabelled(mine):
+        known = _known(other, references, bases)
+        if known is not None:
+            name, words = known
+            return name, relabelling + (f", {words}" if words else ""), other.family
+    return None
+
+
 def _known(mine: _Semantics, references: References, bases: bool = False) -> tuple[str, str] | None:
     """``(gallery name, transform words)`` of the best gallery match of ``mine``'s family: an
     exact one first (same unrolled pattern), else one that a roll or flip maps onto it. With
@@ -353,24 +365,22 @@ def describe(
         name, words = known
         line = ("is " if not words else "") + _named(name, coefficients) + (f" {words}" if words else "")
         return Provenance(KNOWN, line, family, family, name, coefficients)
-    for relabelling, other in _relabelled(mine):
-        known = _known(other, refs)
-        if known is not None:  # one design: its family is the design's (discover trains it once)
-            name, words = known
-            line = _named(name, coefficients) + " " + relabelling + (f", {words}" if words else "")
-            return Provenance(KNOWN, line, other.family, other.family, name, coefficients)
+    relabelled = _known_relabelled(mine, refs)
+    if relabelled is not None:  # one design: its family is the design's (discover trains it once)
+        name, words, design_family = relabelled
+        return Provenance(
+            KNOWN, _named(name, coefficients) + " " + words, design_family, design_family, name, coefficients
+        )
     stripped = without_shifts(op)
     base_semantics = _semantics(stripped) if stripped is not None else mine
     base = base_semantics.family if base_semantics is not None else family
     known = _known(base_semantics, refs, bases=True) if base_semantics is not None else None
     if known is None and base_semantics is not None and stripped is not None:
         # shifts inserted into a gallery design whose channels are relabelled alike on input and output
-        for relabelling, other in _relabelled(base_semantics):
-            found = _known(other, refs, bases=True)
-            if found is not None:
-                name, words = found
-                known, base = (name, relabelling + (f", {words}" if words else "")), other.family
-                break
+        relabelled = _known_relabelled(base_semantics, refs, bases=True)
+        if relabelled is not None:
+            name, words, base = relabelled
+            known = name, words
     if known is not None:
         name, words = known
         shifts = [f"{step.describe()} at step {i + 1}" for i, step in enumerate(op.steps) if isinstance(step, Shift)]
