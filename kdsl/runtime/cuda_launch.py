@@ -452,11 +452,15 @@ def time_cuda(
     return _median_ms(fn, number, repeat)
 
 
-def _median_ms(fn: Callable[[], Any], number: int, repeat: int) -> float:
+def _median_ms(fn: Callable[[], Any], number: int, repeat: int, before: Callable[[], Any] | None = None) -> float:
+    """Median milliseconds per call over ``repeat`` batches of ``number`` calls between two CUDA events;
+    ``before`` is enqueued ahead of each batch, outside the events (a GPU-side sleep, say)."""
     _, torch = _cuda()
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
         start.record()
         for _ in range(number):
             fn()
@@ -520,14 +524,4 @@ def time_gpu_queue(fn: Callable[[], Any], *, repeat: int = 5, target_ms: float =
         number = max(20, min(2000, int(target_ms / max(per_call, 1e-4))))
     # cycles of the sleep: twice the host's issue time at 2 GHz (about the clock of current data-centre GPUs)
     cycles = int(2 * issue_s * number * 2e9)
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        start.record()
-        for _ in range(number):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / number)
-    return statistics.median(times)
+    return _median_ms(fn, number, repeat, before=lambda: torch.cuda._sleep(cycles))
