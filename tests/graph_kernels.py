@@ -1,8 +1,27 @@
-"""Branching kernels several test files build alike (one copy here): squeeze-excitation and attention."""
+"""Kernels several test files build alike (one copy here): squeeze-excitation, attention, and the
+grouped convolution with interleaved channels that search finds."""
 
 from __future__ import annotations
 
-from kdsl.lang import FC, Input, Map, Output, Product, Reduce, Rename, Softmax, primary
+from kdsl.lang import (
+    FC,
+    Dim,
+    Input,
+    Map,
+    Merge,
+    Output,
+    Product,
+    Reduce,
+    Rename,
+    Share,
+    Softmax,
+    Split,
+    Unfold,
+    Weight,
+    coefficient,
+    primary,
+)
+from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph
 from kdsl.lang.sizes import Size
 
@@ -35,3 +54,23 @@ def attention() -> Graph:
     kernel = Product(Product(q, keys, "d") >> Softmax("Q"), v, "Q") >> Output(N, "c", P)
     assert isinstance(kernel, Graph)
     return kernel
+
+
+def interleaved_grouped(split_interleaved: bool, merge_interleaved: bool) -> Operator:
+    """Grouped 3x3 conv (G = 2) whose groups read interleaved input channels (``Split(Cin, G, "ci",
+    "g")``) and/or write interleaved output channels (``Merge("co", "g", "Cout")``) when asked."""
+    n, cin, h, w, cout = primary("N Cin H W Cout")
+    g, k = coefficient("G K")
+    weight = Weight("g", Dim("co", cout / g), "ci", "kh", "kw", name="w")
+    split = Split(cin, g, "ci", "g") if split_interleaved else Split(cin, cin / g, "g", "ci")
+    merge = Merge("co", "g", "Cout") if merge_interleaved else Merge("g", "co", "Cout")
+    return (
+        Input(n, cin, h, w)
+        >> split
+        >> Unfold(h, k, "kh")
+        >> Unfold(w, k, "kw")
+        >> Share(weight)
+        >> Reduce("ci", "kh", "kw")
+        >> merge
+        >> Output(n, cout, h, w, defaults={"G": 2, "K": 3})
+    )

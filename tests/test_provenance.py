@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from graph_kernels import interleaved_grouped
 
 from kdsl import gallery
 from kdsl.codegen import reference
@@ -158,24 +159,6 @@ def test_a_gallery_design_with_its_shifts_moved_or_removed_is_a_variant():
     assert found.line == "`syno_op2` (G=2, K=3, s=2) with its Shift steps changed: Shift(H, 1) at step 3"
     removed = describe(without_shifts(syno_op2), names=names)
     assert removed.kind == VARIANT and removed.line.endswith("with its Shift steps removed")
-
-
-def interleaved_grouped(split_interleaved: bool, merge_interleaved: bool):
-    from kdsl.lang import Dim, Merge
-
-    w = Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w")
-    split = Split(Cin, G, "ci", "g") if split_interleaved else Split(Cin, Cin / G, "g", "ci")
-    merge = Merge("co", "g", "Cout") if merge_interleaved else Merge("g", "co", "Cout")
-    return (
-        Input(N, Cin, H, W)
-        >> split
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(w)
-        >> Reduce("ci", "kh", "kw")
-        >> merge
-        >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3})
-    )
 
 
 def test_channels_relabelled_alike_on_input_and_output_are_the_design():

@@ -11,12 +11,13 @@ from backends import backend
 
 torch = backend("torch")
 
+from graph_kernels import interleaved_grouped  # noqa: E402
+
 from kdsl import gallery  # noqa: E402
 from kdsl.bench.overhead import VIEW_OPS, count_aten_ops, tiny_binding  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen import torch as kdsl_torch  # noqa: E402
 from kdsl.codegen.native import NATIVE  # noqa: E402
-from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Split, Unfold, Weight, coefficient, primary  # noqa: E402
 
 #: operator -> the aten operators (by name, views left out) its forward may run at the tiny binding;
 #: every one that PyTorch's own function runs, and for a few a copy or a pad more (said why).
@@ -95,28 +96,9 @@ def test_no_einops_in_the_forward(name):
     assert "rearrange(" not in forward and " einsum(" not in forward and "reduce(" not in forward
 
 
-N, Cin, H, W, Cout = primary("N Cin H W Cout")
-G, K = coefficient("G K")
-
-
-def _grouped(split, merge):
-    """A grouped 3x3 conv whose input channels split as ``split`` and output merge as ``merge``."""
-    w = Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w")
-    return (
-        Input(N, Cin, H, W)
-        >> split
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(w)
-        >> Reduce("ci", "kh", "kw")
-        >> merge
-        >> Output(N, Cout, H, W, defaults={"G": 2, "K": 3})
-    )
-
-
 SHUFFLED = {
-    "input channels shuffled": _grouped(Split(Cin, G, "ci", "g"), Merge("g", "co", "Cout")),
-    "output channels shuffled": _grouped(Split(Cin, Cin / G, "g", "ci"), Merge("co", "g", "Cout")),
+    "input channels shuffled": interleaved_grouped(True, False),
+    "output channels shuffled": interleaved_grouped(False, True),
 }
 
 
