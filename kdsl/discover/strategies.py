@@ -153,7 +153,7 @@ class Turns:
         # a resumed discovery starts from what its database says each strategy produced
         self.trained = {name: int((counts or {}).get(name, {}).get("trained", 0)) for name in self.names}
         self.usable = {name: int((counts or {}).get(name, {}).get("usable", 0)) for name in self.names}
-        self.exhausted: set[str] = set()
+        self.skipped: set[str] = set()
 
     def yield_of(self, name: str) -> float:
         """The share of ``name``'s trained candidates that were usable, smoothed (see the class doc)."""
@@ -167,11 +167,11 @@ class Turns:
 
     def skip(self, name: str) -> None:
         """``name`` has nothing left to give: it takes no more turns."""
-        self.exhausted.add(name)
+        self.skipped.add(name)
 
     def next(self) -> str | None:
         """The strategy of the next turn (None when every one is skipped)."""
-        live = [name for name in self.names if name not in self.exhausted]
+        live = [name for name in self.names if name not in self.skipped]
         if not live:
             return None
         total = sum(self.turns[name] for name in live)
