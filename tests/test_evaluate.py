@@ -14,7 +14,7 @@ from kdsl.discover.evaluators import (
     make_evaluator,
 )
 from kdsl.discover.proxy import BestCurve, ProxyConfig, early_stop_threshold, proxy_layers, should_stop, train
-from kdsl.lang.errors import SearchError
+from kdsl.lang.errors import KdslError, SearchError
 from kdsl.search.analytic import reward
 
 # a proxy configuration small enough to train in about a second
@@ -54,6 +54,20 @@ def test_should_stop_on_synthetic_curves():
     # without a best curve, or past its end, never
     assert not should_stop([0.0], None, 4)
     assert not should_stop([0.0, 0.0], [0.9], 4)
+
+
+def test_grace_epochs_are_never_cut_short():
+    # conv2d's curve from a discover run, and a candidate that ended within 1 point of it: after
+    # epoch 2 it stood below lambda * best, so Canvas's rule alone would have stopped it
+    best = [0.43, 0.68, 0.88, 0.89, 0.92, 0.93, 0.95, 0.96, 0.95, 0.96, 0.96, 0.96]
+    slow = [0.31, 0.38, 0.76, 0.84, 0.87, 0.91, 0.93, 0.94, 0.95, 0.96, 0.96, 0.96]
+    assert should_stop(slow[:2], best, 12)
+    assert not any(should_stop(slow[: e + 1], best, 12, grace=0.25) for e in range(12))
+    # after the grace epochs the rule applies as before
+    assert should_stop([0.31, 0.38, 0.4, 0.45], best, 12, grace=0.25)
+    assert not should_stop([0.31, 0.38, 0.4], best, 12, grace=0.25)
+    with pytest.raises(KdslError, match="grace"):
+        ProxyConfig(grace=1.0)
 
 
 def test_best_curve_keeps_the_best_completed_run():
