@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kdsl.discover.families import FamilyTable
+from kdsl.search.store import Store
 
 TINY = {
     "time_limit": 40.0,
@@ -187,9 +188,9 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
                     yield task, {"key": task.key, "status": "ok", "metrics": {"prescreen": int(task.key[:6], 16)}}
 
     executor = Scripted()
-    evaluations, families = loop.Evaluations(db), FamilyTable(db)
+    store, evaluations, families = Store(db), loop.Evaluations(db), FamilyTable(db)
     try:
-        batch, failed = loop._screen(config, executor, evaluations, families, None)
+        batch, failed = loop._screen(config, executor, store, evaluations, families, None)
         assert len(executor.seen) == 6 and [r["key"] for r in failed] == [executor.seen[1]]
         scored = [k for k in executor.seen if k != executor.seen[1]]
         kinds = {k: row["kind"] for k, row in families.get(scored).items()}
@@ -197,7 +198,7 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
         ordered = sorted(scored, key=lambda k: (kinds[k] in loop.KNOWN_KINDS, -int(k[:6], 16)))
         assert [row["key"] for row in batch] == ordered[:2]
         first = list(executor.seen)
-        batch_again, _ = loop._screen(config, executor, evaluations, families, None)
+        batch_again, _ = loop._screen(config, executor, store, evaluations, families, None)
         assert not set(executor.seen[6:]) & set(first), "a candidate was screened twice"
         # untrained candidates screened earlier compete with the new ones
         pool = {k: s for k, s in evaluations.screened().items() if s is not None}
@@ -205,6 +206,7 @@ def test_screening_trains_the_best_scored_and_never_screens_twice(tmp_path):
         expected = sorted(pool, key=lambda k: (kinds[k] in loop.KNOWN_KINDS, -pool[k]))[:2]
         assert [row["key"] for row in batch_again] == expected
     finally:
+        store.close()
         evaluations.close()
         families.close()
 
@@ -226,10 +228,10 @@ def test_screening_trains_neighbours_that_dropped_a_window_or_weight_last(tmp_pa
             for task in tasks:
                 yield task, {"key": task.key, "status": "ok", "metrics": {"prescreen": int(task.key[:6], 16)}}
 
-    evaluations, families = loop.Evaluations(db), FamilyTable(db)
+    store, evaluations, families = Store(db), loop.Evaluations(db), FamilyTable(db)
     try:
-        batch, _ = loop._screen(config, Scored(), evaluations, families, None)
-        rows = loop._rows(db, [k for k, s in evaluations.screened().items() if s is not None])
+        batch, _ = loop._screen(config, Scored(), store, evaluations, families, None)
+        rows = list(store.get_many(k for k, s in evaluations.screened().items() if s is not None).values())
         kinds = {k: row["kind"] for k, row in families.get(r["key"] for r in rows).items()}
         new = [r for r in rows if kinds.get(r["key"]) not in loop.KNOWN_KINDS]
         whole = [r for r in new if not takes_capacity(r["metrics"].get("rewrites"))]
@@ -237,6 +239,7 @@ def test_screening_trains_neighbours_that_dropped_a_window_or_weight_last(tmp_pa
         assert cut and len(whole) >= len(batch) == 3  # both kinds waiting, enough of the whole ones
         assert not any(takes_capacity(row["metrics"].get("rewrites")) for row in batch)
     finally:
+        store.close()
         evaluations.close()
         families.close()
 

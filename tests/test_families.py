@@ -10,7 +10,7 @@ from kdsl import gallery
 from kdsl.cli import main
 from kdsl.discover import report
 from kdsl.discover.families import FamilyTable
-from kdsl.discover.loop import DiscoverConfig, Evaluations, _fresh
+from kdsl.discover.loop import Evaluations, _fresh
 from kdsl.lang import Output, Shift, primary
 from kdsl.search.store import Store
 
@@ -56,10 +56,9 @@ def test_fresh_candidates_are_one_per_design_and_repeats_are_recorded(tmp_path):
         "pointwise_conv2d": gallery.load("pointwise_conv2d"),
     }
     db = store_with(tmp_path / "runs.sqlite", ops)
-    config = DiscoverConfig(db=str(db))
-    evaluations, families = Evaluations(str(db)), FamilyTable(str(db))
+    store, evaluations, families = Store(str(db)), Evaluations(str(db)), FamilyTable(str(db))
     try:
-        picked = _fresh(config, evaluations, families, set(), 10)
+        picked = _fresh(store, evaluations, families, set(), 10)
         assert [row["key"] for row in picked] == [
             ops[n].key for n in ("grouped_conv2d", "separable", "pointwise_conv2d")
         ]
@@ -68,8 +67,9 @@ def test_fresh_candidates_are_one_per_design_and_repeats_are_recorded(tmp_path):
         stored = families.get([repeat])[repeat]
         assert stored["kind"] == "variant" and stored["repeat_of"] == ops["grouped_conv2d"].key
         # a second look finds nothing new: repeats and picked ones are not offered again
-        assert _fresh(config, evaluations, families, {row["key"] for row in picked}, 10) == []
+        assert _fresh(store, evaluations, families, {row["key"] for row in picked}, 10) == []
     finally:
+        store.close()
         evaluations.close()
         families.close()
 

@@ -73,12 +73,15 @@ def provenance_of(dsl: str, metrics: Mapping[str, Any] | None = None) -> Provena
 class FamilyTable:
     """The ``provenance`` table of a discovery database (beside search's ``candidates``)."""
 
-    def __init__(self, path: str) -> None:
-        self.database = Database(path, schema=_SCHEMA, what="results database", error=SearchError)
+    def __init__(self, path: str, *, readonly: bool = False) -> None:
+        self.database = Database(
+            path, schema=None if readonly else _SCHEMA, readonly=readonly, what="results database", error=SearchError
+        )
+        self.present = bool(self.database.columns("provenance"))
 
     def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The stored provenance of each of ``keys`` that has one."""
-        wanted = list(dict.fromkeys(keys))
+        wanted = list(dict.fromkeys(keys)) if self.present else []
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(wanted), 500):  # SQLite's limit on bound parameters
             chunk = wanted[start : start + 500]

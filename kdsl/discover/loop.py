@@ -30,7 +30,6 @@ end it writes the ranked table, the Pareto plot and the candidates' pages (:mod:
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import Any, TextIO
 
 from kdsl import gallery
 from kdsl.discover.baseline_cache import baseline_key_parts, cache_directory, load_baseline, store_baseline
+from kdsl.discover.evaluation_store import Evaluations
 from kdsl.discover.evaluators import check_device
 from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
@@ -48,15 +48,14 @@ from kdsl.discover.network import NetworkOp, network_latency
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
 from kdsl.discover.report import (
     family_counts,
-    load_records,
     merged_strategy_counts,
+    records_from,
     top_families,
     write_report,
 )
-from kdsl.discover.strategies import Turns, per_strategy, strategy_lines, usable
+from kdsl.discover.strategies import Turns, count_per_strategy, strategy_lines, usable
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.runtime.storage import Database, json_object
 from kdsl.search.analytic import budget_reward, reward
 from kdsl.search.neighbors import takes_capacity
 from kdsl.search.run import STRATEGIES, search
@@ -66,24 +65,6 @@ from kdsl.solve.layers import load_layers
 
 #: ``--net`` -> the proxy backbone (:data:`kdsl.discover.proxy.BACKBONES`)
 NETS = {"proxy-resnet": "resnet", "proxy-vgg": "vgg"}
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS evaluations (
-    key TEXT PRIMARY KEY,
-    role TEXT NOT NULL,
-    status TEXT NOT NULL,
-    metrics TEXT NOT NULL,
-    error TEXT,
-    seconds REAL,
-    created REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS screens (
-    key TEXT PRIMARY KEY,
-    score REAL,
-    metrics TEXT NOT NULL,
-    created REAL NOT NULL
-);
-"""
 
 
 @dataclass
@@ -193,62 +174,6 @@ class DiscoverConfig:
         return ProxyConfig(**fields)
 
 
-class Evaluations:
-    """The ``evaluations`` table beside the search store (same SQLite file, WAL mode)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.database = Database(path, schema=_SCHEMA, what="results database", error=SearchError)
-
-    def done(self) -> set[str]:
-        return {row[0] for row in self.database.rows("SELECT key FROM evaluations")}
-
-    def add(self, result: dict[str, Any], role: str = "candidate") -> None:
-        with self.database.write() as connection:
-            connection.execute(
-                "INSERT OR REPLACE INTO evaluations VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    result["key"],
-                    role,
-                    result["status"],
-                    json.dumps(result.get("metrics") or {}),
-                    result.get("error"),
-                    result.get("seconds"),
-                    time.time(),
-                ),
-            )
-
-    def screened(self, strategy: str | None = None) -> dict[str, float | None]:
-        """Pre-screening scores by candidate key (None where screening failed); only of the
-        candidates ``strategy`` found, when given."""
-        if strategy is None:
-            return {key: score for key, score in self.database.rows("SELECT key, score FROM screens")}
-        query = "SELECT s.key, s.score FROM screens s JOIN candidates c ON c.key = s.key WHERE c.strategy = ?"
-        return {key: score for key, score in self.database.rows(query, (strategy,))}
-
-    def add_screen(self, key: str, score: float | None, metrics: Mapping[str, Any]) -> None:
-        with self.database.write() as connection:
-            connection.execute(
-                "INSERT OR REPLACE INTO screens VALUES (?, ?, ?, ?)",
-                (key, score, json.dumps(dict(metrics)), time.time()),
-            )
-
-    def rows(self, role: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT key, role, status, metrics, error, seconds FROM evaluations"
-        cursor = self.database.rows(query + (" WHERE role = ?" if role else ""), (role,) if role else ())
-        return [
-            {"key": k, "role": r, "status": s, "metrics": self._metrics(k, m), "error": e, "seconds": sec}
-            for k, r, s, m, e, sec in cursor
-        ]
-
-    def _metrics(self, key: object, text: object) -> dict[str, Any]:
-        where = f"{printable(self.path)}: evaluations row {printable(repr(key)[:80])}: the column metrics"
-        return json_object(text, where, SearchError)
-
-    def close(self) -> None:
-        self.database.close()
-
-
 def discovery_space(config: DiscoverConfig) -> Space:
     """The search space of a discovery: its spec on the proxy network's layers and the latency
     table's, with its coefficients, depth and budgets."""
@@ -306,23 +231,11 @@ def _say(stream: TextIO | None, text: str) -> None:
         stream.flush()
 
 
-def _pending(db: str, done: set[str], limit: int, strategy: str | None = None) -> list[dict[str, Any]]:
+def _pending(store: Store, done: set[str], limit: int, strategy: str | None = None) -> list[dict[str, Any]]:
     """The best valid candidates of the search store that are not in ``done`` (evaluated or
     screened); only those ``strategy`` found, when given."""
-    store = Store(db)
-    try:
-        rows = store.top(k=limit + len(done), status="valid", strategy=strategy)
-    finally:
-        store.close()
+    rows = store.top(k=limit + len(done), status="valid", strategy=strategy)
     return [row for row in rows if row["key"] not in done][:limit]
-
-
-def _rows(db: str, keys: Sequence[str]) -> list[dict[str, Any]]:
-    store = Store(db)
-    try:
-        return [row for row in (store.get(key) for key in keys) if row is not None]
-    finally:
-        store.close()
 
 
 #: the provenance kinds of gallery designs and their variants (:mod:`kdsl.search.provenance`)
@@ -330,7 +243,7 @@ KNOWN_KINDS = ("known", "variant")
 
 
 def _fresh(
-    config: DiscoverConfig,
+    store: Store,
     evaluations: Evaluations,
     families: FamilyTable,
     exclude: set[str],
@@ -346,7 +259,7 @@ def _fresh(
     taken = families.training_keys(exclude)
     picked: list[dict[str, Any]] = []
     while len(picked) < limit:
-        rows = _pending(config.db, exclude, limit - len(picked), strategy)
+        rows = _pending(store, exclude, limit - len(picked), strategy)
         if not rows:
             break
         for row in rows:
@@ -364,6 +277,7 @@ def _fresh(
 def _screen(
     config: DiscoverConfig,
     executor: Any,
+    store: Store,
     evaluations: Evaluations,
     families: FamilyTable,
     progress: TextIO | None,
@@ -378,8 +292,9 @@ def _screen(
     screening failed (they would fail to train)."""
     done = evaluations.done()
     every = evaluations.screened()
-    fresh = _fresh(config, evaluations, families, done | set(every), config.batch * config.screen_factor, strategy)
-    screened = evaluations.screened(strategy)  # with the repeats _fresh recorded
+    fresh = _fresh(store, evaluations, families, done | set(every), config.batch * config.screen_factor, strategy)
+    # with the repeats _fresh recorded; of the candidates ``strategy`` stored, when given
+    screened = evaluations.screened(among=store.found_by(strategy) if strategy else None)
     failed = []
     tasks = [Task.of(parse(row["dsl"]), [config.screener()], _widths(row)) for row in fresh]
     for task, result in executor.map(tasks):
@@ -396,7 +311,7 @@ def _screen(
     # new designs, gallery neighbours without one of their windows or weights come last: the
     # screen's score does not see what they lost (they scored among the best and trained worst)
     kinds = {key: row["kind"] for key, row in families.get(key for _, key in pool).items()}
-    rows = {row["key"]: row for row in _rows(config.db, [key for _, key in pool])}
+    rows = store.get_many(key for _, key in pool)
     pool.sort(key=lambda item: (kinds.get(item[1]) in KNOWN_KINDS, _cut(rows[item[1]])))
     if fresh:
         whose = f" of {strategy}" if strategy else ""
@@ -466,14 +381,6 @@ def strategy_sequence(text: str) -> list[str]:
     return names
 
 
-def _set_reward(db: str, key: str, value: float) -> None:
-    store = Store(db)
-    try:
-        store.set_reward(key, value)
-    finally:
-        store.close()
-
-
 def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> dict[str, Any]:
     """Run (or resume) a discovery; return a summary with the paths of what it wrote."""
     start = time.monotonic()
@@ -483,11 +390,12 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
     Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     # one discovery per (space, strategy, seed) at a time: a second one would evaluate the same
     # candidates again; it is refused with a message naming this process (see kdsl.search.store)
-    guard = Store(config.db)
+    # the run's one store: the guard's lease, every search turn, the rewards, the report's reads
+    store = Store(config.db)
     try:
-        lease = guard.claim(space.fingerprint(), f"discover:{config.strategy}", config.seed, space.describe())
+        lease = store.claim(space.fingerprint(), f"discover:{config.strategy}", config.seed, space.describe())
     except BaseException:
-        guard.close()
+        store.close()
         raise
     evaluations = Evaluations(config.db)
     families = FamilyTable(config.db)
@@ -505,7 +413,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         # the strategies take turns, each resuming its own progress from the store: one that is
         # never exhausted (sampling, MCTS) must not starve the others, and the one whose trained
         # candidates are usable most often gets the most turns (kdsl.discover.strategies.Turns)
-        turns = Turns(strategies, counts=per_strategy(config.db, margin=config.margin))
+        turns = Turns(strategies, counts=count_per_strategy(store, evaluations, margin=config.margin))
         while time.monotonic() - start < config.time_limit:
             remaining = config.time_limit - (time.monotonic() - start)
             name = turns.next()
@@ -516,7 +424,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 report = search(
                     space,
                     name,
-                    db=config.db,
+                    store=store,
                     seed=config.seed,
                     time_limit=max(1.0, min(30.0, remaining / 4)),
                     max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
@@ -533,18 +441,16 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                     exhausted.add(name)
             done = evaluations.done()
             if config.prescreen:
-                batch, failed = _screen(config, executor, evaluations, families, progress, strategy=name)
+                batch, failed = _screen(config, executor, store, evaluations, families, progress, strategy=name)
                 for result in failed:  # a candidate that cannot be scored cannot be trained either
                     evaluations.add(result)
-                    _set_reward(config.db, result["key"], 0.0)
+                    store.set_reward(result["key"], 0.0)
             else:
-                batch = _fresh(config, evaluations, families, done | set(evaluations.screened()), config.batch, name)
+                batch = _fresh(store, evaluations, families, done | set(evaluations.screened()), config.batch, name)
             if trained and time.monotonic() - start > config.time_limit:
                 break  # screening took the rest of the time: no more training past the limit
             if not batch:
-                if name in exhausted and not _pending(
-                    config.db, evaluations.done() | set(evaluations.screened()), 1, name
-                ):
+                if name in exhausted and not _pending(store, evaluations.done() | set(evaluations.screened()), 1, name):
                     turns.skip(name)  # nothing left to search or evaluate: no more turns
                 continue
 
@@ -553,7 +459,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
             for task, result in executor.map(tasks):
                 evaluations.add(result)
                 value = measured_reward(result["metrics"], result["status"], baseline_metrics, config.margin)
-                _set_reward(config.db, task.key, value)
+                store.set_reward(task.key, value)
                 accuracy = result["metrics"].get("accuracy")
                 ratio = result["metrics"].get("latency_ratio")
                 trained += 1
@@ -572,7 +478,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
                 )
                 if time.monotonic() - start > config.time_limit:
                     break
-        return _write(config, evaluations, baseline_metrics, progress, write_report)
+        return _write(config, store, evaluations, families, baseline_metrics, progress, write_report)
     finally:
         executor_close = getattr(executor, "close", None)
         if executor_close is not None:
@@ -580,9 +486,9 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         evaluations.close()
         families.close()
         try:
-            guard.release(lease)
+            store.release(lease)
         finally:
-            guard.close()
+            store.close()
 
 
 def _baseline(
@@ -630,14 +536,22 @@ def _network(config: DiscoverConfig, records: list[dict[str, Any]], accuracy: fl
         return None
 
 
-def _write(config: DiscoverConfig, evaluations: Evaluations, baseline_metrics: dict, progress, write_report) -> dict:
+def _write(
+    config: DiscoverConfig,
+    store: Store,
+    evaluations: Evaluations,
+    families: FamilyTable,
+    baseline_metrics: dict,
+    progress,
+    write_report,
+) -> dict:
     # the same records `kdsl results --db` ranks: one reader of the evaluations for both
-    loaded = load_records(config.db)
+    loaded = records_from(store, evaluations, families)
     if loaded is None:  # no evaluation stored yet besides what this process holds
         loaded = [], {"name": "conv2d", **{k: baseline_metrics.get(k) for k in ("accuracy", "params", "latency_ms")}}
     records, baseline = loaded
     accuracy = baseline["accuracy"] or 0.0
-    stored = per_strategy(config.db, margin=config.margin)
+    stored = count_per_strategy(store, evaluations, margin=config.margin)
     paths = write_report(
         records,
         baseline,

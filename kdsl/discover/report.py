@@ -43,11 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.render import svg
-from kdsl.discover.families import FIELDS, annotate
+from kdsl.discover.evaluation_store import Evaluations
+from kdsl.discover.families import FamilyTable, annotate
 from kdsl.gallery.pages import operator_page
 from kdsl.lang.errors import SearchError, printable
 from kdsl.lang.parser import parse
-from kdsl.runtime.storage import Database, json_object
+from kdsl.search.store import Store
 
 Record = Mapping[str, Any]
 
@@ -720,46 +721,54 @@ def load_records(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | Non
     """The evaluated candidates of a discovery database and its baseline record, read-only, as
     :func:`write_report` takes them; ``None`` when the database holds no evaluations (a search
     database that :command:`kdsl discover` never used)."""
-    database = Database(path, readonly=True, what="results database", error=SearchError)
+    evaluations = Evaluations(path, readonly=True)
     try:
-        tables = {row[0] for row in database.rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "evaluations" not in tables or "candidates" not in tables:
+        if not evaluations.present:
             return None
-        rows = database.rows(
-            "SELECT e.key, e.role, e.status, e.metrics, e.error, c.dsl, c.strategy, c.metrics FROM evaluations e "
-            "LEFT JOIN candidates c ON c.key = e.key"
-        )
-        stored = _stored_provenance(database) if "provenance" in tables else {}
+        try:
+            store = Store(path, readonly=True)
+        except SearchError:
+            return None  # evaluations without a search store beside them: nothing to rank
+        families = FamilyTable(path, readonly=True)
+        try:
+            return records_from(store, evaluations, families)
+        finally:
+            families.close()
+            store.close()
     finally:
-        database.close()
+        evaluations.close()
+
+
+def records_from(
+    store: Store, evaluations: Evaluations, families: FamilyTable
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """:func:`load_records` of an open search store, the evaluations and the provenance beside it."""
+    evaluated = evaluations.rows()
+    candidates = store.get_many(row["key"] for row in evaluated)
+    stored = families.get(candidates)
     baseline: dict[str, Any] | None = None
     records = []
-    for key, role, status, text, error, dsl, strategy, search_text in rows:
-        where = f"{printable(path)}: evaluations row {printable(repr(key)[:80])}"
-        metrics = json_object(text, where, SearchError)
-        if role == "baseline":
+    for row in evaluated:
+        metrics = row["metrics"]
+        if row["role"] == "baseline":
             baseline = {"name": "conv2d", **{k: metrics.get(k) for k in BASELINE_FIELDS}}
             continue
-        if dsl is None:
+        candidate = candidates.get(row["key"])
+        if candidate is None:
             continue
         records.append(
             {
-                "key": key,
-                "dsl": dsl,
-                "status": status,
-                "error": error,
+                "key": row["key"],
+                "dsl": candidate["dsl"],
+                "status": row["status"],
+                "error": row["error"],
                 **{k: metrics.get(k) for k in RECORD_FIELDS},
                 "early_stopped": metrics.get("early_stopped"),
-                "strategy": strategy,
-                "search_metrics": json_object(search_text or "{}", where + " (candidates.metrics)", SearchError),
+                "strategy": candidate.get("strategy"),
+                "search_metrics": candidate.get("metrics") or {},
             }
         )
     if baseline is None:
         return None
     annotate(records, stored)
     return records, baseline
-
-
-def _stored_provenance(database: Database) -> dict[str, dict[str, Any]]:
-    query = f"SELECT key, {', '.join(FIELDS)} FROM provenance"
-    return {key: dict(zip(FIELDS, values)) for key, *values in database.rows(query)}

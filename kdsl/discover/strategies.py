@@ -22,11 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kdsl.discover.evaluation_store import Evaluations
 from kdsl.discover.report import verdict
-from kdsl.lang.errors import SearchError, printable
-from kdsl.runtime.storage import Database, json_object
+from kdsl.lang.errors import SearchError
+from kdsl.search.store import Store
 
-__all__: Sequence[str] = ["Turns", "per_strategy", "strategy_lines", "usable"]
+__all__: Sequence[str] = ["Turns", "count_per_strategy", "per_strategy", "strategy_lines", "usable"]
 
 #: the counts of one strategy, in the order they are printed
 FIELDS = ("stored", "screened", "trained", "failed", "usable", "best_accuracy")
@@ -38,45 +39,42 @@ def per_strategy(path: str, *, margin: float = 0.02) -> dict[str, dict[str, Any]
     (evaluations without one), ``usable`` (within ``margin`` of the baseline's accuracy and faster)
     and ``best_accuracy`` of its trained candidates. Read-only; a database without evaluations
     counts only what was stored."""
-    database = Database(path, readonly=True, what="results database", error=SearchError)
     try:
-        tables = {row[0] for row in database.rows("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "candidates" not in tables:
-            return {}
-        stored = database.rows("SELECT strategy, COUNT(*) FROM candidates WHERE status = 'valid' GROUP BY strategy")
-        screened = (
-            database.rows(
-                "SELECT c.strategy, COUNT(*) FROM screens s JOIN candidates c ON c.key = s.key GROUP BY c.strategy"
-            )
-            if "screens" in tables
-            else []
-        )
-        evaluated = (
-            database.rows(
-                "SELECT e.role, c.strategy, e.metrics FROM evaluations e LEFT JOIN candidates c ON c.key = e.key"
-            )
-            if "evaluations" in tables
-            else []
-        )
+        store = Store(path, readonly=True)
+    except SearchError:
+        return {}  # no candidates table: nothing was stored
+    try:
+        evaluations = Evaluations(path, readonly=True)
+        try:
+            return count_per_strategy(store, evaluations, margin=margin)
+        finally:
+            evaluations.close()
     finally:
-        database.close()
+        store.close()
+
+
+def count_per_strategy(store: Store, evaluations: Evaluations, *, margin: float = 0.02) -> dict[str, dict[str, Any]]:
+    """:func:`per_strategy` of an open search store and the evaluations beside it."""
     counts: dict[str, dict[str, Any]] = {}
 
     def entry(strategy: str | None) -> dict[str, Any]:
         return counts.setdefault(strategy or "unknown", dict.fromkeys(FIELDS, 0) | {"best_accuracy": None})
 
-    for strategy, count in stored:
+    for strategy, count in store.strategy_counts("valid").items():
         entry(strategy)["stored"] = count
-    for strategy, count in screened:
-        entry(strategy)["screened"] = count
-    where = f"{printable(path)}: an evaluations row's metrics"
-    baseline = next((json_object(text, where, SearchError) for role, _, text in evaluated if role == "baseline"), {})
+    screened = evaluations.screened()
+    evaluated = evaluations.rows()
+    found_by = store.strategies_of([*screened, *(row["key"] for row in evaluated)])
+    for key in screened:
+        if key in found_by:  # a screen of a candidate the store does not hold is nobody's
+            entry(found_by[key])["screened"] += 1
+    baseline = next((row["metrics"] for row in evaluated if row["role"] == "baseline"), {})
     base = baseline.get("accuracy")
-    for role, strategy, text in evaluated:
-        if role == "baseline":
+    for row in evaluated:
+        if row["role"] == "baseline":
             continue
-        metrics = json_object(text, where, SearchError)
-        counts_of = entry(strategy)
+        metrics = row["metrics"]
+        counts_of = entry(found_by.get(row["key"]))
         accuracy = metrics.get("accuracy")
         if not isinstance(accuracy, (int, float)):
             counts_of["failed"] += 1

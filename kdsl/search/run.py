@@ -74,6 +74,7 @@ def search(
     strategy: str = "enumerate",
     *,
     db: str | None = None,
+    store: Store | None = None,
     seed: int = 0,
     time_limit: float | None = None,
     max_results: int | None = None,
@@ -84,7 +85,8 @@ def search(
 ) -> Report:
     """Run ``strategy`` (``enumerate``, ``random``, ``mcts``, ``canvas`` or ``neighbors``) on
     ``space``; store results in the SQLite database ``db`` (optional), resuming the run with the
-    same space, strategy and seed if the database has one. Stops when the strategy is exhausted,
+    same space, strategy and seed if the database has one; or in ``store``, a store the caller
+    opened and keeps open (a discovery's one store for its whole run). Stops when the strategy is exhausted,
     after ``time_limit`` seconds or ``max_results`` new distinct operators. ``progress``: a stream for
     progress (a bar on a terminal, a plain line every few seconds elsewhere; :mod:`kdsl.runtime.progress`).
 
@@ -99,14 +101,19 @@ def search(
         raise SearchError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if time_limit is not None and time_limit <= 0:
         raise SearchError(f"the time limit must be positive, got {time_limit}")
-    store = Store(db) if db is not None else None
+    if store is not None and db is not None:
+        raise SearchError("give search a database path (db) or an open store, not both")
+    owned = store is None and db is not None  # a store this call opens, and so closes
+    if owned:
+        store = Store(db)
     lease: Lease | None = None
     if store is not None:
         try:
             # refuses while another live process runs the same (space, strategy, seed)
             lease = store.claim(space.fingerprint(), strategy, seed, space.describe())
         except BaseException:
-            store.close()
+            if owned:
+                store.close()
             raise
     walker = STRATEGIES[strategy](space, seed=seed, progress=lease.progress if lease else {})
     report = Report(strategy, seed)
@@ -150,7 +157,8 @@ def search(
                 try:
                     store.commit(lease, rows, walker.progress(), finished=report.finished, release=True)
                 finally:
-                    store.close()
+                    if owned:
+                        store.close()
             if bar is not None:
                 _line(bar, walker, report)
                 bar.close()

@@ -415,6 +415,34 @@ class Store:
         row = cursor.fetchone()
         return self._row(cursor, row, "candidates") if row else None
 
+    def get_many(self, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The rows of those of ``keys`` that are stored, by key (as :meth:`get` gives each)."""
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), 500):  # SQLite's limit on bound parameters
+            chunk = wanted[start : start + 500]
+            cursor = self.connection.execute(
+                f"SELECT * FROM candidates WHERE key IN ({','.join('?' * len(chunk))})", chunk
+            )
+            for row in cursor.fetchall():
+                item = self._row(cursor, row, "candidates")
+                found[item["key"]] = item
+        return found
+
+    def strategies_of(self, keys: Iterable[str]) -> dict[str, str | None]:
+        """The strategy that stored each of ``keys`` (None for a row without one)."""
+        return {key: row.get("strategy") for key, row in self.get_many(keys).items()}
+
+    def found_by(self, strategy: str) -> set[str]:
+        """The keys of the candidates ``strategy`` stored (the strategy that found each first)."""
+        rows = self.connection.execute("SELECT key FROM candidates WHERE strategy = ?", (strategy,)).fetchall()
+        return {str(row[0]) for row in rows}
+
+    def strategy_counts(self, status: str = "valid") -> dict[str | None, int]:
+        """How many candidates of ``status`` each strategy stored."""
+        query = "SELECT strategy, COUNT(*) FROM candidates WHERE status = ? GROUP BY strategy"
+        return {strategy: count for strategy, count in self.connection.execute(query, (status,))}
+
     def commit(
         self,
         lease: Lease,
