@@ -25,10 +25,10 @@ CONV2D = ("conv2d", {"N": 1, "Cin": 16, "Cout": 32, "H": 8, "W": 8})
 def _space(case, machine):
     from kdsl import gallery
     from kdsl.codegen.tvm import lower
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
     name, layer = case
-    return Space(lower(gallery.load(name), layer), machine=machine)
+    return ScheduleSpace(lower(gallery.load(name), layer), machine=machine)
 
 
 def _reduce(space):

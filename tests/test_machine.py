@@ -166,9 +166,9 @@ def _register_tile(name, layer, machine):
     spatial tiles, the vector axis and the layout choices."""
     from kdsl import gallery
     from kdsl.codegen.tvm import lower
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    space = Space(lower(gallery.load(name), layer), machine=machine)
+    space = ScheduleSpace(lower(gallery.load(name), layer), machine=machine)
     config = space.heuristic()
     stage = next(s for s in space.stages if s.kind == "reduce")
     inner = {axis: config[f"{stage.name}.tile.{axis}"][2] for axis, e in stage.spatial if e > 1}

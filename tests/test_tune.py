@@ -67,9 +67,9 @@ def test_q_random_walk_matches_its_definition():
 def _space(name="matmul", layer=SMALL):
     from kdsl import gallery
     from kdsl.codegen.tvm import lower
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    return Space(lower(gallery.load(name), layer))
+    return ScheduleSpace(lower(gallery.load(name), layer))
 
 
 def test_invalid_configurations_are_rejected_with_a_reason():

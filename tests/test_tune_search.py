@@ -182,9 +182,9 @@ def _space():
     pytest.importorskip("sklearn")
     from kdsl import gallery
     from kdsl.codegen.tvm import lower
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    return Space(lower(gallery.load("matmul"), SMALL))
+    return ScheduleSpace(lower(gallery.load("matmul"), SMALL))
 
 
 def _with_inner(space, rng: random.Random, inner: int) -> dict:

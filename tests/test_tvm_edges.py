@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen.tvm import build, invertible_copy, load_tvm, lower, source  # noqa: E402
-from kdsl.codegen.tvm.schedule_space import Space as ScheduleSpace  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.lang import Expand, Input, Merge, Output, Reduce, Share, Split, Weight, coefficient, primary  # noqa: E402
 from kdsl.lang.errors import KdslError, LoweringError  # noqa: E402
 from kdsl.search.sample import Sampling  # noqa: E402

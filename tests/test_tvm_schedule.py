@@ -209,12 +209,12 @@ def test_windows_read_a_zero_padded_copy_unless_a_view_remaps_the_dim():
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_pads_inlined_or_materialized_match_the_reference(inline):
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
     op, layer = gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 6, "W": 6}
     x, weights = input_arrays(op, layer)
     expected = reference.run(op, layer, x, weights)
-    space = Space(lower(op, layer, dtype="float64"))
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
     config = space.heuristic()
     config.update({name: inline for name in config if name.startswith("pad") and name.endswith(".inline")})
     kernel = build(op, layer, dtype="float64", schedule=lambda lowered: space.apply(config))
@@ -223,9 +223,11 @@ def test_pads_inlined_or_materialized_match_the_reference(inline):
 
 
 def test_the_heuristic_materializes_a_pad_only_where_the_vector_reads_it():
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    config = Space(lower(gallery.load("syno_op1"), {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28})).heuristic()
+    config = ScheduleSpace(
+        lower(gallery.load("syno_op1"), {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28})
+    ).heuristic()
     # stage0 vectorizes W, which pad0 pads; stage1 vectorizes Cout and pad1 pads H
     assert (config["stage0.vector"], config["pad0.inline"]) == ("W", False)
     assert (config["stage1.vector"], config["pad1.inline"]) == ("Cout", True)
@@ -241,9 +243,9 @@ def test_the_heuristic_keeps_reductions_in_block_order_and_unrolls_only_short_on
     # c = Cout / (G * s) = 8 is longer than UNROLL_REDUCTION and follows the windows kh, kw in the block:
     # it stays inside them, serial, while g, kh, kw are unrolled (with c outside kh, kw syno_op1 ran
     # 15-20% slower at conv5_x)
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    space = Space(lower(gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}))
+    space = ScheduleSpace(lower(gallery.load("syno_op1"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}))
     config = space.heuristic()
     assert config["stage1.reductions"] == "whole"
     sch = space.apply(config)
@@ -257,13 +259,13 @@ def test_the_heuristic_keeps_reductions_in_block_order_and_unrolls_only_short_on
 def test_random_configurations_with_whole_or_split_reductions_match_the_reference(name):
     import random
 
-    from kdsl.codegen.tvm.schedule_space import Space
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
     from kdsl.lang.errors import LoweringError
 
     op, layer = gallery.load(name), LAYERS[name][0]
     x, weights = input_arrays(op, layer)
     expected = reference.run(op, layer, x, weights)
-    space = Space(lower(op, layer, dtype="float64"))
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
     rng, checked = random.Random(0), 0
     while checked < 4:
         config = space.random(rng)

@@ -45,7 +45,7 @@ from kdsl.cli.search_commands import positive_int
 from kdsl.codegen.native import native_function
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.machine import current_machine
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.progress import Progress
 from kdsl.runtime.timing import median_seconds
@@ -357,7 +357,7 @@ def bench_tune(args: argparse.Namespace) -> int:
                         libraries[tuner] = result.library
                 elif result.best is not None and result.best.latency is not None:
                     if space is None:
-                        space = Space(_lowered(op, binding))
+                        space = ScheduleSpace(_lowered(op, binding))
                     path = os.path.join(folder, f"{name}-{tuner}.so")
                     compile_module(space.apply(result.best.config).mod, path)
                     libraries[tuner] = path

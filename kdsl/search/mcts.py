@@ -30,10 +30,10 @@ from kdsl.search.sample import rollout
 from kdsl.search.space import Space
 from kdsl.search.synthesis import State, children, is_complete, root
 
-__all__ = ["MCTS", "Node"]
+__all__ = ["MCTS", "TreeNode"]
 
 
-class Node:
+class TreeNode:
     """A tree node: a partial operator, its children in a seeded random order, visit statistics."""
 
     __slots__ = ("state", "options", "expanded", "visits", "total", "virtual", "dead")
@@ -41,7 +41,7 @@ class Node:
     def __init__(self, state: State) -> None:
         self.state = state
         self.options: list[State] | None = None
-        self.expanded: list[Node] = []
+        self.expanded: list[TreeNode] = []
         self.visits = 0
         self.total = 0.0
         self.virtual = 0
@@ -74,7 +74,7 @@ class MCTS:
         self.resume_at = int(progress.get("iteration", 0))
         self.iteration = 0
         self.rng = random.Random(f"mcts:{seed}")
-        self.root = Node(root(space))
+        self.root = TreeNode(root(space))
         self.stats: dict[str, int] = {}
         self.finished = False
 
@@ -90,21 +90,21 @@ class MCTS:
     def progress(self) -> dict[str, Any]:
         return {"iteration": max(self.iteration, self.resume_at)}
 
-    def _options(self, node: Node) -> list[State]:
+    def _options(self, node: TreeNode) -> list[State]:
         if node.options is None:
             node.options = [child for _, child in children(self.space, node.state, self.stats)]
             self.stats["nodes"] = self.stats.get("nodes", 0) + 1
             self.rng.shuffle(node.options)
         return node.options
 
-    def _score(self, parent: Node, child: Node) -> float:
+    def _score(self, parent: TreeNode, child: TreeNode) -> float:
         visits = child.visits + child.virtual
         if visits == 0:
             return math.inf
         mean = child.total / visits
         return mean + self.exploration * math.sqrt(math.log(parent.visits + parent.virtual + 1) / visits)
 
-    def _descend(self) -> list[Node]:
+    def _descend(self) -> list[TreeNode]:
         node = self.root
         path = [node]
         node.virtual += 1
@@ -112,7 +112,7 @@ class MCTS:
             options = self._options(node)
             allowed = min(len(options), math.ceil(self.widen * (node.visits + node.virtual) ** self.alpha))
             if len(node.expanded) < allowed:
-                child = Node(options[len(node.expanded)])
+                child = TreeNode(options[len(node.expanded)])
                 node.expanded.append(child)
                 child.virtual += 1
                 path.append(child)

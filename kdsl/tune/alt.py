@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdsl.codegen.tvm.parameters import Categorical, config_key
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.cost_model import CostModel, have_sklearn
 from kdsl.tune.gensor import plausible
@@ -60,7 +60,7 @@ class Alt:
 
     def __init__(
         self,
-        space: Space,
+        space: ScheduleSpace,
         history: Sequence[Record] = (),
         *,
         seed: int = 0,

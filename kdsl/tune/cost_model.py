@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from kdsl.codegen.tvm.parameters import Categorical, Discrete, Factorization, Parameter, Permutation, config_key
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.tune import gensor
 from kdsl.tune.records import Record, TuneError, is_number
 
@@ -88,7 +88,7 @@ def parameter_features(params: Mapping[str, Parameter], config: Mapping[str, Any
     return out
 
 
-def stage_features(space: Space, config: Mapping[str, Any]) -> list[float]:
+def stage_features(space: ScheduleSpace, config: Mapping[str, Any]) -> list[float]:
     """What the register tile of each reduction stage means on the space's machine (see the module)."""
     out: list[float] = []
     lanes, registers = space.lanes, space.accumulators
@@ -120,7 +120,7 @@ class CostModel:
     """Boosted trees from a configuration's features to its log latency, refitted on every call to
     :meth:`fit` (ALT trains its model online on the measured points). Deterministic given ``seed``."""
 
-    def __init__(self, space: Space, seed: int = 0) -> None:
+    def __init__(self, space: ScheduleSpace, seed: int = 0) -> None:
         self.space = space
         self.seed = seed
         self.model: Any = None

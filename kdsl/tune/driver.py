@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.tvm.parameters import config_key, normalize
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.progress import Progress
@@ -29,7 +29,7 @@ from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
 
 
-def make_tuner(name: str, space: Space, history: Sequence[Record], seed: int = 0, **options: Any) -> Tuner:
+def make_tuner(name: str, space: ScheduleSpace, history: Sequence[Record], seed: int = 0, **options: Any) -> Tuner:
     """A tuner by name (``opevo``, ``gensor``, ``alt``, ``random``) over ``space``, resuming from ``history``.
 
     >>> make_tuner("nope", None, [])  # doctest: +ELLIPSIS
@@ -122,7 +122,7 @@ def tune(
     started = time.time()
     run_started = started
     binding, key, store = open_task(op, layer, db)
-    space = Space(_lowered(op, binding))
+    space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
     own = measurer or Measurer(op, binding)
@@ -190,7 +190,7 @@ def _confirm(
     store: RecordStore,
     task: str,
     tuner: str,
-    space: Space,
+    space: ScheduleSpace,
     measurer: Measurer,
     since: float,
     count: int,

@@ -59,7 +59,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.parameters import config_key, primes
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL, MAX_VECTORS
-from kdsl.codegen.tvm.schedule_space import Space, neighbours
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace, neighbours
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.records import Record
@@ -256,7 +256,9 @@ def _register_loads(stage: Any, tile: Sequence[int], vector: int | None, lanes: 
     return loads
 
 
-def level_cost(space: Space, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> tuple[float, float]:
+def level_cost(
+    space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model
+) -> tuple[float, float]:
     """``(traffic, footprint)`` of ``stage`` at ``level``: the data moved into that level over the whole
     stage and the data one tile holds there. At the register level in loads and vector registers, else
     in bytes; the output tile is reloaded once per reduction slice outside it (once in all where the
@@ -281,7 +283,7 @@ def level_cost(space: Space, stage: Any, config: Mapping[str, Any], level: str, 
     return 4.0 * traffic, 4.0 * footprint
 
 
-def capacity(space: Space, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
+def capacity(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
     """The paper's memory check: the tile fits ``level`` (the register tile: accumulator registers and at
     most :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors along the vector axis; L1 and L2:
     half their capacity, the other half for what other loops keep there)."""
@@ -332,7 +334,7 @@ def _moves(stage: Any, config: Mapping[str, Any], level: str) -> list[dict[str, 
 
 
 def transitions(
-    space: Space, stage: Any, config: Mapping[str, Any], level: str, temperature: float, model: Model
+    space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, temperature: float, model: Model
 ) -> list[tuple[float, dict[str, Any] | None]]:
     """The actions at ``level`` with their unnormalized probabilities: every tiling move (formula 1,
     times the thread-level factor; 0 where the tile outgrows the level) and the caching action
@@ -357,7 +359,7 @@ def transitions(
 
 
 def build(
-    space: Space,
+    space: ScheduleSpace,
     start: Mapping[str, Any],
     rng: random.Random,
     model: Model | None = None,
@@ -398,14 +400,14 @@ def build(
     return state
 
 
-def blocked_order(space: Space, stage: Any) -> dict[str, Any]:
+def blocked_order(space: ScheduleSpace, stage: Any) -> dict[str, Any]:
     """The ``S.order`` and ``S.reductions`` of the levels' nest: the middle loops of the reductions
     first, then those of the spatial axes, and the inner reduction tiles below them all (``split``).
 
     >>> from kdsl import gallery
     >>> from kdsl.codegen.tvm import lower
     >>> from kdsl.runtime.cpu import from_features
-    >>> space = Space(lower(gallery.load("matmul"), {"M": 8, "Cin": 8, "Cout": 8}),
+    >>> space = ScheduleSpace(lower(gallery.load("matmul"), {"M": 8, "Cin": 8, "Cout": 8}),
     ...               machine=from_features("x", {"avx2"}, cores=1, ghz=1.0))
     >>> blocked_order(space, space.stages[0])
     {'stage0.order': (2, 0, 1), 'stage0.reductions': 'split'}
@@ -427,7 +429,9 @@ def blocked_order(space: Space, stage: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 
 
-def stage_terms(space: Space, config: Mapping[str, Any], model: Model | None = None) -> list[tuple[float, float]]:
+def stage_terms(
+    space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None
+) -> list[tuple[float, float]]:
     """``(compute, memory)`` seconds of each stage and packing pass of ``config`` (unscaled): a stage
     takes the larger of the two."""
     model = model or _model(space)
@@ -449,14 +453,14 @@ def _combine(terms: Sequence[tuple[float, float]], compute_scale: float, memory_
     return sum(max(compute_scale * c, memory_scale * m) for c, m in terms)
 
 
-def estimate(space: Space, config: Mapping[str, Any], machine: Model | None = None) -> float:
+def estimate(space: ScheduleSpace, config: Mapping[str, Any], machine: Model | None = None) -> float:
     """Estimated seconds of ``config`` (a model for ranking, not a prediction of absolute time) on
     ``machine`` (default: the model of the space's target machine)."""
     model = machine or _model(space)
     return _combine(stage_terms(space, config, model), model.compute_scale, model.memory_scale)
 
 
-def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
+def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
     s = stage.name
     axes = stage.spatial + stage.reduced
     nspatial = len(stage.spatial)
@@ -544,7 +548,7 @@ def _stage_time(space: Space, stage: Any, config: Mapping[str, Any], m: Model) -
     return compute, memory
 
 
-def _model(space: Space) -> Model:
+def _model(space: ScheduleSpace) -> Model:
     model = space.__dict__.get("_gensor_model")
     if model is None:
         model = space.__dict__["_gensor_model"] = Model.of(space.machine)
@@ -555,7 +559,7 @@ def _model(space: Space) -> Model:
 SCALES = tuple(2.0 ** (k / 2) for k in range(-8, 9))
 
 
-def calibrate(space: Space, model: Model, records: Sequence[Record], minimum: int = 4) -> Model:
+def calibrate(space: ScheduleSpace, model: Model, records: Sequence[Record], minimum: int = 4) -> Model:
     """``model`` with its compute and memory terms scaled to fit the measured ``records`` (least squares
     of the log time over a grid of :data:`SCALES`; ties go to the scales nearest 1): the peak and the
     bandwidths as this machine reaches them in these kernels. Unchanged with fewer than ``minimum``
@@ -578,7 +582,7 @@ def calibrate(space: Space, model: Model, records: Sequence[Record], minimum: in
 # ------------------------------------------------------------------------------------------------
 
 
-def plausible(space: Space, config: Mapping[str, Any], model: Model | None = None) -> bool:
+def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> bool:
     """Cheap checks the walk applies before the model: what the space rejects, and the construction's
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
     of more than :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors, measured up to 10x
@@ -598,7 +602,7 @@ def plausible(space: Space, config: Mapping[str, Any], model: Model | None = Non
 
 
 def walk(
-    space: Space,
+    space: ScheduleSpace,
     start: Mapping[str, Any],
     rng: random.Random,
     steps: int = 300,
@@ -631,7 +635,7 @@ def walk(
     return visited
 
 
-def identity(space: Space) -> dict[str, Any]:
+def identity(space: ScheduleSpace) -> dict[str, Any]:
     """The unscheduled program as a configuration: nothing tiled, no cache, no layout change."""
     config = {name: space._identity(param) for name, param in space.parameters.items()}
     for name in config:
@@ -642,7 +646,7 @@ def identity(space: Space) -> dict[str, Any]:
     return config
 
 
-def untiled(space: Space, config: Mapping[str, Any]) -> dict[str, Any]:
+def untiled(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with every reduction stage's tiles and cache as in the unscheduled program: the start of
     a construction, keeping the other choices (vector axis, layouts, unrolling, ...)."""
     base = identity(space)
@@ -656,7 +660,7 @@ def untiled(space: Space, config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def signature(space: Space, config: Mapping[str, Any]) -> str:
+def signature(space: ScheduleSpace, config: Mapping[str, Any]) -> str:
     """What tells two proposals apart beyond a near-copy: the reduction stages' L2 and register tiles
     (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches and ``S.reductions``,
     and which tensors are packed (not the outer tiles, the loop order, unrolling, nor the layout tile's
@@ -674,7 +678,7 @@ def signature(space: Space, config: Mapping[str, Any]) -> str:
     return config_key(kept)
 
 
-def steps_from(space: Space, config: Mapping[str, Any], model: Model | None = None) -> list[dict[str, Any]]:
+def steps_from(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> list[dict[str, Any]]:
     """The construction's tiling moves from ``config`` at every level of every reduction stage that pass
     the memory check (:func:`capacity`) and keep a chunk per core: the states one step of the Markov
     chain away from it."""
@@ -692,7 +696,9 @@ def steps_from(space: Space, config: Mapping[str, Any], model: Model | None = No
     return out
 
 
-def _diverse(space: Space, ranked: Sequence[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, Any]]]:
+def _diverse(
+    space: ScheduleSpace, ranked: Sequence[tuple[float, dict[str, Any]]]
+) -> list[tuple[float, dict[str, Any]]]:
     """``ranked`` with one state per :func:`signature` first (in order), then the rest: a walk's best
     states are near-copies of one, and a batch of them measures one schedule several times over."""
     first, rest, seen = [], [], set()
@@ -712,7 +718,7 @@ class Gensor:
 
     def __init__(
         self,
-        space: Space,
+        space: ScheduleSpace,
         history: Sequence[Record] = (),
         *,
         seed: int = 0,
@@ -801,7 +807,7 @@ class Gensor:
             self.pool = []  # walk again from the new best
 
 
-def construct(space: Space, seed: int = 0, walks: int = 3, steps: int = 300) -> dict[str, Any]:
+def construct(space: ScheduleSpace, seed: int = 0, walks: int = 3, steps: int = 300) -> dict[str, Any]:
     """Gensor's schedule without any measurement: the best-estimated valid configuration of the
     constructions and walks."""
     tuner = Gensor(space, seed=seed, walks=walks, steps=steps)

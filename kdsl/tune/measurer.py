@@ -22,7 +22,7 @@ from typing import Any
 
 from kdsl.codegen import reference
 from kdsl.codegen.tvm import default_target, load_tvm, lower
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.workers import Outcome, Slot, WorkerPool
@@ -47,12 +47,12 @@ def _lowered(op: Operator, layer: Mapping[str, int]) -> Any:
     return lower(op, layer)
 
 
-def _compile_setup(op: Operator, layer: dict[str, int]) -> Space:
+def _compile_setup(op: Operator, layer: dict[str, int]) -> ScheduleSpace:
     """A compile worker's state: the schedule space of the lowered operator."""
-    return Space(_lowered(op, layer))
+    return ScheduleSpace(_lowered(op, layer))
 
 
-def _compile_job(space: Space, job: tuple[dict[str, Any], str], slot: Slot) -> str | None:
+def _compile_job(space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot) -> str | None:
     """Apply and compile a configuration into a shared library at a path; the reason on failure."""
     config, path = job
     tvm = load_tvm()
@@ -207,7 +207,7 @@ class Measurer:
             return None, "the kernel crashed the measuring process"
         return None, f"run failed: {outcome.error}"[:300]
 
-    def measure(self, space: Space, configs: Sequence[dict[str, Any]]) -> list[tuple[float | None, str | None]]:
+    def measure(self, space: ScheduleSpace, configs: Sequence[dict[str, Any]]) -> list[tuple[float | None, str | None]]:
         """Compile ``configs`` in parallel, then time each. Every output is checked against the reference
         (stricter than once per family: a check costs one comparison, and a layout that does not align with
         the tiles once produced a wrong kernel in a family whose first member was right)."""

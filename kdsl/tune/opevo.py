@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdsl.codegen.tvm.parameters import Parameter, config_key, q_random_walk
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record, TuneError, is_integer, is_number
 
@@ -78,7 +78,7 @@ def mutate(
     }
 
 
-def random_valid(space: Space, rng: random.Random, seen: set[str], tries: int = 200) -> dict[str, Any] | None:
+def random_valid(space: ScheduleSpace, rng: random.Random, seen: set[str], tries: int = 200) -> dict[str, Any] | None:
     """A random configuration that the space accepts and that is not in ``seen`` (None after ``tries``)."""
     for _ in range(tries):
         config = space.random(rng)
@@ -103,7 +103,7 @@ class OpEvo:
 
     def __init__(
         self,
-        space: Space,
+        space: ScheduleSpace,
         history: Sequence[Record] = (),
         *,
         seed: int = 0,
@@ -220,7 +220,7 @@ class RandomTuner:
 
     name = "random"
 
-    def __init__(self, space: Space, history: Sequence[Record] = (), *, seed: int = 0) -> None:
+    def __init__(self, space: ScheduleSpace, history: Sequence[Record] = (), *, seed: int = 0) -> None:
         self.space = space
         self.rng = random.Random(seed)
         self.seen = {r.key for r in history}

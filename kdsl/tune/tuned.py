@@ -24,7 +24,7 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.codegen.tvm import build, lower
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.build import Operator
 from kdsl.lang.graph import Graph
 from kdsl.tune.measurer import compile_module
@@ -101,7 +101,7 @@ def apply(
     record = _record(source, op, layer, tuner)
     if not _applicable(record):
         raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
-    return build(op, layer, dtype=dtype, schedule=lambda lowered: Space(lowered).apply(record.config))
+    return build(op, layer, dtype=dtype, schedule=lambda lowered: ScheduleSpace(lowered).apply(record.config))
 
 
 def export(
@@ -118,7 +118,7 @@ def export(
     if not _applicable(record):
         raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
     binding = solve.bind(op, layer)
-    compile_module(Space(lower(op, binding)).apply(record.config).mod, str(path))
+    compile_module(ScheduleSpace(lower(op, binding)).apply(record.config).mod, str(path))
     return Path(path)
 
 
@@ -151,4 +151,4 @@ def tuned_schedule(
         record = best_record(db, op, layer)
     except TuneError:
         return None
-    return lambda lowered: Space(lowered).apply(record.config)
+    return lambda lowered: ScheduleSpace(lowered).apply(record.config)

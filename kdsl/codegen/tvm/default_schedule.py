@@ -4,13 +4,13 @@ A lowered operator is a list of ``te.compute`` stages (:class:`kdsl.codegen.tvm.
 (data times 0-3 weights, summed over reduced dims), reduce-only stages (pooling), element-wise products
 (Shares without a Reduce) and pure copies (the views after the last stage). Unscheduled, TVM runs them as
 naive scalar loop nests, ~100x slower than PyTorch. The default schedule is
-``Space(lowered).apply(space.heuristic())`` (:mod:`kdsl.codegen.tvm.schedule_space`): one set of rules,
+``ScheduleSpace(lowered).apply(space.heuristic())`` (:mod:`kdsl.codegen.tvm.schedule_space`): one set of rules,
 built from each stage's block analysis (:mod:`kdsl.codegen.tvm.blocks`: which block axes index which
 buffer dim, with which stride), never from the operator's name, so it applies to operators that search
 invents, and from the target machine's description (:mod:`kdsl.runtime.cpu`: vector lanes, the
 register file that bounds the register tile, caches), never from constants: the same operator gets a
 16-lane tile of 16 accumulators for AVX-512 and an 8-lane tile of 8 for AVX2 (``--mcpu haswell``).
-:meth:`~kdsl.codegen.tvm.schedule_space.Space.heuristic` documents the rules: a register-tiled
+:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.heuristic` documents the rules: a register-tiled
 micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile in the
 block's order with the short ones unrolled, a local accumulator laid out tile-last, weights packed along
 the vector axis), copies folded into the write-back, zero-padded copies materialized only where bounds
@@ -41,11 +41,11 @@ from __future__ import annotations
 from typing import Any
 
 from kdsl.codegen.tvm.lowering import Lowered
-from kdsl.codegen.tvm.schedule_space import Space
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
 
 def default_schedule(lowered: Lowered, report: list[tuple[str, str]] | None = None) -> Any:
     """A CPU schedule for every stage of ``lowered`` (see the module docstring); ``report``, when given,
     receives ``(stage, what it got)`` for every stage, fallbacks included with their reason."""
-    space = Space(lowered)
+    space = ScheduleSpace(lowered)
     return space.apply(space.heuristic(), fallback=True, report=report)

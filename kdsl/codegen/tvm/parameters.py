@@ -1,6 +1,6 @@
 """Typed schedule parameters, OpEvo's q-random walk over them, and configuration keys.
 
-A schedule space (:class:`kdsl.codegen.tvm.schedule_space.Space`) is a ``dict`` of named parameters.
+A schedule space (:class:`kdsl.codegen.tvm.schedule_space.ScheduleSpace`) is a ``dict`` of named parameters.
 Parameters have one of four types, each with a neighbour relation (the topology OpEvo's mutation walks):
 
 * :class:`Factorization` -- a tuple of factors whose product is a loop's extent; neighbours move one

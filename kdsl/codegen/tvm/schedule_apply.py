@@ -1,6 +1,7 @@
-"""Applying a configuration of a :class:`~kdsl.codegen.tvm.schedule_space.Space` as TVM schedule primitives.
+"""Applying a configuration of a :class:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace` as TVM schedule primitives.
 
-:meth:`Space.apply <kdsl.codegen.tvm.schedule_space.Space.apply>` builds an :class:`_Applier` over a fresh
+:meth:`ScheduleSpace.apply <kdsl.codegen.tvm.schedule_space.ScheduleSpace.apply>` builds an
+:class:`_Applier` over a fresh
 ``s_tir.Schedule`` of the operator's TE program; the applier schedules stage by stage (layouts, reduction
 tiling, caches, rfactor, lanes, inlining, attaching) as the space's docstring describes, and with
 ``fallback`` gives a stage whose part of the configuration fails the plain parallel schedule instead.

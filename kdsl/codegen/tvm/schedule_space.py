@@ -1,6 +1,6 @@
 """The schedule space of a lowered operator: its parameters, the heuristic configuration, neighbours.
 
-A *configuration* is a plain JSON-able ``dict`` from parameter names to values. :meth:`Space.apply`
+A *configuration* is a plain JSON-able ``dict`` from parameter names to values. :meth:`ScheduleSpace.apply`
 turns one into a ``tvm.s_tir.Schedule`` of the operator's TE program, or raises
 :class:`~kdsl.lang.errors.LoweringError` with the reason when it is invalid (never another exception).
 
@@ -69,7 +69,7 @@ from kdsl.runtime.cpu import Machine
 #: The space's version: stored with every tuning record (a new version never reuses old records).
 VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
 # The vector width, the register file and the caches are the target machine's
-# (:mod:`kdsl.runtime.cpu`): ``Space.lanes`` and ``Space.accumulators``.
+# (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
 UNROLL_REDUCTION = 4
 #: Layout tile factors offered (ALT's template: tile one dim, move the tile last).
@@ -85,7 +85,7 @@ UNROLL_LIMITS = (1, 4, 16, 64, 256)
 # ------------------------------------------------------------------------------------------------
 
 
-class Space:
+class ScheduleSpace:
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
 
     def __init__(self, lowered: Any, machine: Machine | None = None) -> None:
@@ -470,7 +470,7 @@ class Space:
 # ------------------------------------------------------------------------------------------------
 
 
-def neighbours(space: Space, config: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+def neighbours(space: ScheduleSpace, config: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """Every configuration one parameter step away from ``config``."""
     for name, param in space.parameters.items():
         for value in param.neighbours(config[name]):
