@@ -366,7 +366,7 @@ def network(out: Path) -> str:
     replaced by conv2d, grouped conv and the two shuffled grouped convs: ``kdsl bench network --device
     cuda``'s table."""
     import kdsl
-    from kdsl.bench.network import format_table
+    from kdsl.bench.network_bench import format_table
     from kdsl.discover.network import NetworkOp, network_latency
 
     ops: list[Any] = ["conv2d", "grouped_conv2d:G=2", "syno_op2:G=2"]

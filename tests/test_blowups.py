@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from kdsl.bench import lowering
+from kdsl.bench import lowering_bench as lowering
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary

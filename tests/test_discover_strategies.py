@@ -9,7 +9,7 @@ import zlib
 import pytest
 
 from kdsl import gallery
-from kdsl.discover.strategies import Turns
+from kdsl.discover.turns import Turns
 from kdsl.lang.errors import KdslError, SearchError
 from kdsl.search.analytic import budget_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
@@ -84,7 +84,7 @@ def _run_discover(monkeypatch, tmp_path, **fields):
 @pytest.mark.parametrize("prescreen", [None, "grad_norm"])
 def test_strategies_take_turns_though_the_first_is_never_exhausted(monkeypatch, tmp_path, prescreen):
     from kdsl.discover.report import load_records
-    from kdsl.discover.strategies import per_strategy
+    from kdsl.discover.turns import per_strategy
     from kdsl.search.store import Store
 
     # no FLOPs floor on the tiny layers: MCTS's short turns there must find something to store
@@ -114,7 +114,7 @@ def test_strategies_take_turns_though_the_first_is_never_exhausted(monkeypatch, 
 
 
 def test_an_exhausted_strategy_leaves_the_turns_to_the_others(monkeypatch, tmp_path):
-    from kdsl.discover.strategies import per_strategy
+    from kdsl.discover.turns import per_strategy
 
     fields = {"strategy": "enumerate,canvas", "max_depth": 2, "time_limit": 8.0, "prescreen": None}
     db, _, lines = _run_discover(monkeypatch, tmp_path, **fields)
@@ -127,7 +127,7 @@ def test_an_exhausted_strategy_leaves_the_turns_to_the_others(monkeypatch, tmp_p
 
 def test_per_strategy_counts_stored_screened_trained_and_usable(tmp_path):
     from kdsl.discover.loop import Evaluations
-    from kdsl.discover.strategies import per_strategy, strategy_lines
+    from kdsl.discover.turns import per_strategy, strategy_lines
     from kdsl.search.store import Store
 
     db = str(tmp_path / "runs.sqlite")

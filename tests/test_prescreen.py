@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from kdsl import gallery
-from kdsl.bench.proxy import operators
+from kdsl.bench.proxy_bench import operators
 from kdsl.discover import prescreen
 from kdsl.discover.evaluators import make_evaluator
 from kdsl.discover.proxy import ProxyConfig

@@ -10,7 +10,7 @@ import pytest
 from backends import backend
 
 from kdsl import gallery, solve
-from kdsl.bench.proxy import GALLERY, WEAK, operators, proxy_spread
+from kdsl.bench.proxy_bench import GALLERY, WEAK, operators, proxy_spread
 from kdsl.cli import main
 from kdsl.discover import proxy
 from kdsl.discover.proxy import ProxyConfig, data_info, load_data, proxy_layers, proxy_net, train

@@ -33,9 +33,7 @@ from collections.abc import Sequence
 
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
-from kdsl.bench import lowering as lowering_bench
-from kdsl.bench import network as network_bench
-from kdsl.bench import proxy as proxy_bench
+from kdsl.bench import lowering_bench, network_bench, proxy_bench
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command

@@ -20,8 +20,8 @@ The strategies of ``--strategy`` take turns (a round each: search, screen, train
 resuming that strategy's own progress, so that a strategy that is never exhausted (sampling,
 MCTS) does not starve the others: each takes one round in order, then the one whose trained
 candidates were usable most often takes the next, while every one keeps at least half of an
-equal share of the rounds (:class:`kdsl.discover.strategies.Turns`); an exhausted strategy only
-has its remaining candidates evaluated. :func:`kdsl.discover.strategies.per_strategy` counts what
+equal share of the rounds (:class:`kdsl.discover.turns.Turns`); an exhausted strategy only
+has its remaining candidates evaluated. :func:`kdsl.discover.turns.per_strategy` counts what
 each strategy produced.
 
 Re-running the same command resumes: finished evaluations are neither lost nor repeated. At the
@@ -53,7 +53,7 @@ from kdsl.discover.report import (
     top_families,
     write_report,
 )
-from kdsl.discover.strategies import Turns, count_per_strategy, strategy_lines, usable
+from kdsl.discover.turns import Turns, count_per_strategy, strategy_lines, usable
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.lang.parser import parse
 from kdsl.search.analytic import budget_reward, reward
@@ -412,7 +412,7 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
         trained = 0
         # the strategies take turns, each resuming its own progress from the store: one that is
         # never exhausted (sampling, MCTS) must not starve the others, and the one whose trained
-        # candidates are usable most often gets the most turns (kdsl.discover.strategies.Turns)
+        # candidates are usable most often gets the most turns (kdsl.discover.turns.Turns)
         turns = Turns(strategies, counts=count_per_strategy(store, evaluations, margin=config.margin))
         while time.monotonic() - start < config.time_limit:
             remaining = config.time_limit - (time.monotonic() - start)

@@ -527,7 +527,7 @@ def merged_strategy_counts(
     margin: float = 0.02,
 ) -> dict[str, dict[str, Any]]:
     """:func:`strategy_counts` of the records, with what only the database knows (per strategy:
-    ``stored``, ``screened``, ``failed``; :func:`kdsl.discover.strategies.per_strategy`) beside it."""
+    ``stored``, ``screened``, ``failed``; :func:`kdsl.discover.turns.per_strategy`) beside it."""
     counts = {name: dict(row) for name, row in (store_counts or {}).items()}
     for name, row in strategy_counts(records, baseline_accuracy=baseline_accuracy, margin=margin).items():
         counts.setdefault(name, {}).update(row)
@@ -621,7 +621,7 @@ def write_report(
 ) -> dict[str, Path]:
     """Write ``results.md``, ``results.json``, ``pareto.png`` and ``pages/<key>.md`` for the top
     candidates and every usable new family into ``out``; return the paths. ``store_counts``: the
-    per-strategy counts only the database has (:func:`kdsl.discover.strategies.per_strategy`),
+    per-strategy counts only the database has (:func:`kdsl.discover.turns.per_strategy`),
     shown with the records' own;
     ``network_rows``: ResNet-18 end to end with the top families (:func:`top_families`)."""
     out.mkdir(parents=True, exist_ok=True)
