@@ -36,12 +36,12 @@ def _reduce(space):
 
 
 def _accumulators(space, config):
-    from kdsl.tune import gensor
+    from kdsl.tune import gensor_model
 
     stage = _reduce(space)
-    tile = gensor.level_tile(stage, config, "register")
+    tile = gensor_model.level_tile(stage, config, "register")
     labels = [a for a, _ in stage.spatial]
-    return gensor._register_footprint(stage, tile, labels.index(config[f"{stage.name}.vector"]), space.lanes)
+    return gensor_model._register_footprint(stage, tile, labels.index(config[f"{stage.name}.vector"]), space.lanes)
 
 
 @pytest.mark.parametrize("machine", [AVX2, AVX512], ids=["avx2", "avx512"])
@@ -69,32 +69,34 @@ def test_the_register_level_fills_the_machines_registers(case, machine):
 
 
 def test_the_wider_machine_gets_the_wider_register_tile():
-    from kdsl.tune import gensor
+    from kdsl.tune import gensor, gensor_model
 
     largest = {}
     for machine in (AVX2, AVX512):
         space = _space(MATMUL, machine)
         rng = random.Random(1)
         start = gensor.untiled(space, space.heuristic())
-        tiles = [gensor.level_tile(_reduce(space), gensor.build(space, start, rng), "register") for _ in range(12)]
+        tiles = [
+            gensor_model.level_tile(_reduce(space), gensor.build(space, start, rng), "register") for _ in range(12)
+        ]
         largest[machine.isa] = max(t[0] * t[1] for t in tiles)
     assert largest["avx512"] > largest["avx2"], largest
 
 
 def test_the_levels_nest_and_respect_the_caches():
-    from kdsl.tune import gensor
+    from kdsl.tune import gensor, gensor_model
 
     space = _space(("matmul", {"M": 256, "Cin": 512, "Cout": 256}), AVX2)
     stage = _reduce(space)
-    model = gensor.Model.of(AVX2)
+    model = gensor_model.Model.of(AVX2)
     rng = random.Random(2)
     for _ in range(6):
         config = gensor.build(space, gensor.untiled(space, space.heuristic()), rng)
-        tiles = [gensor.level_tile(stage, config, level) for level in gensor.LEVELS]
+        tiles = [gensor_model.level_tile(stage, config, level) for level in gensor_model.LEVELS]
         for inner, outer in itertools.pairwise(tiles):
             assert all(a <= b for a, b in zip(inner, outer)), tiles
-        for level in gensor.LEVELS:
-            assert gensor.capacity(space, stage, config, level, model), (level, tiles)
+        for level in gensor_model.LEVELS:
+            assert gensor_model.capacity(space, stage, config, level, model), (level, tiles)
         chunks = 1
         for axis, _ in stage.spatial:
             chunks *= config[f"{stage.name}.tile.{axis}"][0]
@@ -102,7 +104,7 @@ def test_the_levels_nest_and_respect_the_caches():
 
 
 def test_tiling_benefit_is_monotonic():
-    from kdsl.tune.gensor import FLOOR_BENEFIT, FREE_BENEFIT, tiling_benefit
+    from kdsl.tune.gensor_model import FLOOR_BENEFIT, FREE_BENEFIT, tiling_benefit
 
     # more traffic saved for the same footprint: more benefit; more footprint for the same saving: less
     saved = [tiling_benefit(100, after, 10, 20) for after in (90, 70, 50, 30)]
@@ -114,7 +116,7 @@ def test_tiling_benefit_is_monotonic():
 
 
 def test_caching_benefit_grows_with_the_next_levels_cost():
-    from kdsl.tune.gensor import Model, caching_benefit
+    from kdsl.tune.gensor_model import Model, caching_benefit
 
     model = Model.of(AVX2)
     slower = [caching_benefit(dataclasses.replace(model, bw_l3=model.bw_l3 / k), "L2", 1 << 16) for k in (1, 2, 4)]
@@ -125,7 +127,7 @@ def test_caching_benefit_grows_with_the_next_levels_cost():
 
 
 def test_parallel_benefit_penalizes_idle_cores():
-    from kdsl.tune.gensor import parallel_benefit
+    from kdsl.tune.gensor_model import parallel_benefit
 
     assert parallel_benefit(16, 8, 2) == 1.0
     assert parallel_benefit(16, 3, 2) < parallel_benefit(16, 4, 2)
@@ -133,7 +135,7 @@ def test_parallel_benefit_penalizes_idle_cores():
 
 
 def test_the_model_reads_the_machine():
-    from kdsl.tune.gensor import Model
+    from kdsl.tune.gensor_model import Model
 
     two, four = Model.of(AVX2), Model.of(dataclasses.replace(AVX2, cores=4, ghz=1.5))
     assert (two.lanes, two.accumulators, two.l1, two.l2) == (8, AVX2.accumulators(), 32 << 10, 1 << 20)
@@ -143,22 +145,22 @@ def test_the_model_reads_the_machine():
 
 
 def test_calibration_recovers_a_scaled_machine():
-    from kdsl.tune import gensor
+    from kdsl.tune import gensor, gensor_model
     from kdsl.tune.records import Record
 
     space = _space(MATMUL, AVX2)
-    model = gensor.Model.of(AVX2)
+    model = gensor_model.Model.of(AVX2)
     rng = random.Random(3)
     start = gensor.untiled(space, space.heuristic())
     configs = [gensor.build(space, start, rng) for _ in range(8)] + [space.heuristic(), gensor.identity(space)]
     # "measurements" of a machine whose FMAs run at a quarter of the model's peak, memory as modelled
     truth = dataclasses.replace(model, compute_scale=4.0)
-    records = [Record(c, gensor.estimate(space, c, truth), None, "gensor") for c in configs]
-    fitted = gensor.calibrate(space, model, records)
+    records = [Record(c, gensor_model.estimate(space, c, truth), None, "gensor") for c in configs]
+    fitted = gensor_model.calibrate(space, model, records)
     assert fitted.compute_scale == pytest.approx(4.0)
     for record in records:
-        assert gensor.estimate(space, record.config, fitted) == pytest.approx(record.latency)
-    assert gensor.calibrate(space, model, records[:3]) == model  # too few measurements: unchanged
+        assert gensor_model.estimate(space, record.config, fitted) == pytest.approx(record.latency)
+    assert gensor_model.calibrate(space, model, records[:3]) == model  # too few measurements: unchanged
 
 
 def _run(seed):

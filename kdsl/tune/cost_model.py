@@ -12,7 +12,7 @@ these come from the configuration and the space, which is cheaper and needs no T
 * per reduction stage, what the space's machine makes of the register tile (:func:`stage_features`):
   its size in vectors and against the register file, the innermost vector's length and whether it is a
   whole number of vectors, the cache tile, the inner reduction tile and the parallel extent;
-* the analytic estimate of Gensor's model (:func:`kdsl.tune.gensor.estimate`), in log.
+* the analytic estimate of Gensor's model (:func:`kdsl.tune.gensor_model.estimate`), in log.
 
 The target is the log of the latency in seconds: a ratio model, so that the trees split alike on a
 kernel at 1 ms and at 10 ms. The trees learn the correction to a line fitted through the log of Gensor's
@@ -43,7 +43,7 @@ import numpy as np
 
 from kdsl.codegen.tvm.parameters import Categorical, Discrete, Factorization, Parameter, Permutation, config_key
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.tune import gensor
+from kdsl.tune import gensor_model
 from kdsl.tune.records import Record, TuneError, is_number
 
 #: Boosting rounds, tree depth and learning rate of the model: with tens of records, shallow trees and a
@@ -132,7 +132,7 @@ class CostModel:
         key = config_key(config)
         cached = self._cache.get(key)
         if cached is None:
-            estimate = gensor.estimate(self.space, config)
+            estimate = gensor_model.estimate(self.space, config)
             cached = [
                 *parameter_features(self.space.parameters, config),
                 *stage_features(self.space, config),

@@ -1,0 +1,448 @@
+"""The machine model of Gensor's construction (:mod:`kdsl.tune.gensor`): the target's levels,
+the paper's benefit formulas (§ IV-B), the tiles, footprints and traffic of a reduction stage at each
+level, and the analytic time of a schedule that ranks constructions and walks (:func:`estimate`,
+scaled by measurements with :func:`calibrate`).
+
+>>> from kdsl.runtime.cpu import from_features
+>>> machine = from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0)
+>>> model = Model.of(machine)
+>>> model.lanes, model.registers, model.fma_per_cycle, model.accumulators == machine.accumulators()
+(8, 16, 2, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.runtime.cpu import Machine
+from kdsl.tune.records import Record
+
+__all__ = [
+    "CACHE_START",
+    "DRAM_LATENCY",
+    "FLOOR_BENEFIT",
+    "FMA_LATENCY",
+    "FREE_BENEFIT",
+    "LATENCY_CYCLES",
+    "LEVELS",
+    "Model",
+    "SCALES",
+    "balance",
+    "caching_benefit",
+    "calibrate",
+    "capacity",
+    "estimate",
+    "level_cost",
+    "level_tile",
+    "parallel_benefit",
+    "stage_terms",
+    "tiling_benefit",
+]
+
+#: The memory levels of the construction, in the order it visits them.
+LEVELS = ("register", "L1", "L2")
+#: Load latencies in cycles (typical of current x86 cores; LLVM's features do not give them).
+LATENCY_CYCLES = {"register": 0.0, "L1": 5.0, "L2": 14.0, "L3": 50.0}
+#: DRAM latency in seconds (no cycle count fits every machine).
+DRAM_LATENCY = 90e-9
+#: Benefit of a move that reduces traffic at no footprint cost (filling the lanes of a vector already
+#: held) and of one that does not reduce it at all (kept possible: the inverse moves make the chain
+#: irreducible, § IV-D).
+FREE_BENEFIT, FLOOR_BENEFIT = 4.0, 0.02
+#: The caching action's weight at the first step of a level: ``2**-12`` of its benefit, doubled per step
+#: (a level gets about a dozen steps: an AVX2 register tile of 4 x 16 is 6 moves of a factor 2 from 1 x 1).
+CACHE_START = 2.0**-12
+#: Cycles of an FMA's latency: ``fma_per_cycle x FMA_LATENCY`` independent accumulators keep the units busy.
+FMA_LATENCY = 4
+
+
+@dataclass(frozen=True)
+class Model:
+    """The analytic model's CPU: cores, vector lanes, registers, FMA units, clock, cache capacities (bytes)
+    and per-core bandwidths (bytes/s). :meth:`of` derives it from the target machine
+    (:class:`~kdsl.runtime.cpu.Machine`); ``compute_scale`` and ``memory_scale`` are fitted to
+    measurements by :func:`calibrate` (1 before any)."""
+
+    cores: int = 2
+    lanes: int = 16
+    fma_per_cycle: int = 2
+    hz: float = 2.1e9
+    l1: int = 48 * 1024
+    l2: int = 2 * 1024 * 1024
+    bw_l1: float = 128 * 2.1e9  # L1 -> registers
+    bw_l2: float = 32 * 2.1e9  # L2 -> L1
+    bw_l3: float = 16 * 2.1e9  # beyond L2
+    bw_mem: float = 15e9  # DRAM, shared by the cores
+    registers: int = 32
+    accumulators: int = 28
+    compute_scale: float = 1.0
+    memory_scale: float = 1.0
+
+    @classmethod
+    def of(cls, machine: Machine) -> Model:
+        """The model of ``machine``: its lanes, registers, FMA units, cores, clock and caches; bandwidths
+        are per-cycle widths times its clock (two vector loads per cycle from L1, 32 bytes from L2 -- half
+        a line, what current cores sustain -- and 16 beyond). DRAM bandwidth is not in the description:
+        15 GB/s, which calibration scales.
+
+        >>> from kdsl.runtime.cpu import from_features
+        >>> m = Model.of(from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0))
+        >>> m.lanes, m.registers, m.bw_l1 / 2e9, m.peak / 1e9
+        (16, 32, 128.0, 128.0)
+        """
+        hz = machine.ghz * 1e9
+        return cls(
+            cores=machine.cores,
+            lanes=machine.lanes(),
+            fma_per_cycle=machine.fma_units,
+            hz=hz,
+            l1=machine.l1d,
+            l2=machine.l2,
+            bw_l1=2 * machine.vector_bits / 8 * hz,
+            bw_l2=32 * hz,
+            bw_l3=16 * hz,
+            bw_mem=15e9,
+            registers=machine.vector_registers,
+            accumulators=machine.accumulators(),
+        )
+
+    @property
+    def peak(self) -> float:
+        """Multiply-accumulates per second of all cores."""
+        return self.cores * self.fma_per_cycle * self.lanes * self.hz
+
+    def access(self, level: str, nbytes: float) -> float:
+        """Seconds for one core to exchange ``nbytes`` with memory ``level`` (``register``, ``L1``,
+        ``L2``, ``L3`` or ``DRAM``): its latency plus the bytes over its bandwidth."""
+        if level == "DRAM":
+            return DRAM_LATENCY + nbytes * self.cores / self.bw_mem
+        bandwidth = {"register": 3 * self.bw_l1, "L1": self.bw_l1, "L2": self.bw_l2, "L3": self.bw_l3}[level]
+        return LATENCY_CYCLES[level] / self.hz + nbytes / bandwidth
+
+
+# ------------------------------------------------------------------------------------------------
+# The benefit formulas (§ IV-B)
+# ------------------------------------------------------------------------------------------------
+
+
+def tiling_benefit(
+    traffic_before: float, traffic_after: float, footprint_before: float, footprint_after: float
+) -> float:
+    """Formula 1: the decrease in traffic over the increase in footprint, both relative to the current
+    state (so that benefits of different levels and units normalize together). Higher means more reuse
+    per byte of cache; a move that reduces traffic without growing the footprint gets
+    :data:`FREE_BENEFIT`, one that does not reduce traffic :data:`FLOOR_BENEFIT`.
+
+    >>> tiling_benefit(100, 50, 10, 20), tiling_benefit(100, 50, 10, 40) < tiling_benefit(100, 50, 10, 20)
+    (0.5, True)
+    >>> tiling_benefit(100, 120, 10, 5) == FLOOR_BENEFIT, tiling_benefit(100, 90, 10, 10) == FREE_BENEFIT
+    (True, True)
+    """
+    saved = traffic_before - traffic_after
+    if saved <= 0 or traffic_before <= 0:
+        return FLOOR_BENEFIT
+    grown = footprint_after - footprint_before
+    if grown <= 0:
+        return FREE_BENEFIT
+    return max(FLOOR_BENEFIT, min(FREE_BENEFIT, (saved / traffic_before) / (grown / max(footprint_before, 1e-30))))
+
+
+def caching_benefit(model: Model, level: str, nbytes: float) -> float:
+    """Formula 2 for the caching action at ``level``: the time to exchange the tile's ``nbytes`` with
+    the next level over the time with this one (latency plus bytes over bandwidth), as the fraction of
+    that time saved, ``1 - t_this / t_next`` in [0, 1).
+
+    >>> from kdsl.runtime.cpu import from_features
+    >>> m = Model.of(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0))
+    >>> [round(caching_benefit(m, level, 4096), 2) for level in ("L1", "L2")]
+    [0.51, 0.54]
+    """
+    nxt = {"register": "L1", "L1": "L2", "L2": "L3"}[level]
+    slow = model.access(nxt, nbytes)
+    return max(0.0, 1.0 - model.access(level, nbytes) / slow) if slow > 0 else 0.0
+
+
+def balance(chunks: int, cores: int) -> float:
+    """The fraction of the cores' time that ``chunks`` equal parallel chunks keep busy.
+
+    >>> balance(4, 2), balance(3, 2), balance(1, 2)
+    (1.0, 0.75, 0.5)
+    """
+    return chunks / (math.ceil(chunks / cores) * cores)
+
+
+def parallel_benefit(chunks_before: int, chunks_after: int, cores: int) -> float:
+    """The thread-level factor (the analogue of the paper's formula 3, which counts a GPU tile's bank
+    conflicts with and without virtual threads; the ceilings play the same part): the balance of the
+    parallel chunks after the move over before; 0 when fewer chunks than cores remain.
+
+    >>> parallel_benefit(8, 4, 2), parallel_benefit(8, 3, 2), parallel_benefit(2, 1, 2)
+    (1.0, 0.75, 0.0)
+    """
+    if chunks_after < min(cores, chunks_before):
+        return 0.0
+    return balance(chunks_after, cores) / balance(chunks_before, cores)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiles, footprints and traffic of one reduction stage at one level
+# ------------------------------------------------------------------------------------------------
+
+
+def _tiles(stage: Any, config: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    nspatial = len(stage.spatial)
+    out = []
+    for k, (axis, extent) in enumerate(stage.spatial + stage.reduced):
+        levels = 3 if k < nspatial else 2
+        out.append(tuple(config.get(f"{stage.name}.tile.{axis}", (extent,) + (1,) * (levels - 1))))
+    return out
+
+
+def level_tile(stage: Any, config: Mapping[str, Any], level: str) -> list[int]:
+    """The extent of each axis (spatial, then reduced) of ``stage``'s tile at ``level``."""
+    tiles = _tiles(stage, config)
+    nspatial = len(stage.spatial)
+    if level == "register":
+        return [t[2] if k < nspatial else 1 for k, t in enumerate(tiles)]
+    if level == "L1":
+        return [t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
+    return [t[1] * t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
+
+
+def _footprint(dims: Sequence[set[int]], tile: Sequence[int]) -> int:
+    """Elements of a buffer that a tile touches (a window's axes add up along one dim)."""
+    return prod(sum(tile[i] - 1 for i in used) + 1 for used in dims)
+
+
+def _register_footprint(stage: Any, tile: Sequence[int], vector: int | None, lanes: int) -> int:
+    """Vector registers the register tile's accumulators hold (the vector axis in whole vectors)."""
+    return prod(math.ceil(t / lanes) if k == vector else t for k, t in enumerate(tile[: len(stage.spatial)]))
+
+
+def _register_loads(stage: Any, tile: Sequence[int], vector: int | None, lanes: int) -> int:
+    """Loads of one reduction step of the register tile: a vector per ``lanes`` elements of a read that
+    the vector axis walks along its last dim, else one broadcast per element."""
+    loads = 0
+    for _, dims in stage.reads:
+        if vector is not None and vector in dims[-1] and len(dims[-1]) == 1:
+            loads += _footprint(dims[:-1], tile) * math.ceil(tile[vector] / lanes)
+        else:
+            loads += _footprint(dims, tile)
+    return loads
+
+
+def level_cost(
+    space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model
+) -> tuple[float, float]:
+    """``(traffic, footprint)`` of ``stage`` at ``level``: the data moved into that level over the whole
+    stage and the data one tile holds there. At the register level in loads and vector registers, else
+    in bytes; the output tile is reloaded once per reduction slice outside it (once in all where the
+    register tile accumulates in a ``local`` cache)."""
+    tile = level_tile(stage, config, level)
+    axes = stage.spatial + stage.reduced
+    nspatial = len(stage.spatial)
+    labels = [a for a, _ in axes]
+    vector = config.get(f"{stage.name}.vector")
+    vi = labels.index(vector) if vector in labels else None
+    tiles = prod(e for _, e in axes) / prod(tile)
+    size = prod(e for _, e in stage.spatial)
+    slices = prod(e for _, e in stage.reduced) / prod(tile[nspatial:])
+    if level == "register":
+        footprint = _register_footprint(stage, tile, vi, model.lanes)
+        cached = config.get(f"{stage.name}.cache") == "local"
+        out = size / model.lanes * (1 if cached else 2 * slices)
+        return tiles * _register_loads(stage, tile, vi, model.lanes) + out, footprint
+    out_dims = [{k} for k in range(nspatial)]
+    footprint = sum(_footprint(dims, tile) for _, dims in stage.reads) + _footprint(out_dims, tile)
+    traffic = tiles * sum(_footprint(dims, tile) for _, dims in stage.reads) + size * slices
+    return 4.0 * traffic, 4.0 * footprint
+
+
+def capacity(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
+    """The paper's memory check: the tile fits ``level`` (the register tile: accumulator registers and at
+    most :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors along the vector axis; L1 and L2:
+    half their capacity, the other half for what other loops keep there)."""
+    if level == "register":
+        tile = level_tile(stage, config, level)
+        labels = [a for a, _ in stage.spatial]
+        vector = config.get(f"{stage.name}.vector")
+        vi = labels.index(vector) if vector in labels else None
+        if vi is not None and tile[vi] > MAX_VECTORS * model.lanes:
+            return False
+        return _register_footprint(stage, tile, vi, model.lanes) <= model.accumulators
+    _, footprint = level_cost(space, stage, config, level, model)
+    return footprint <= (model.l1 if level == "L1" else model.l2) // 2
+
+
+def parallel_chunks(stage: Any, config: Mapping[str, Any]) -> int:
+    return prod(t[0] for t in _tiles(stage, config)[: len(stage.spatial)])
+
+
+def vector_aligned(stage: Any, config: Mapping[str, Any], model: Model) -> bool:
+    """The register tile's vector axis holds whole vectors (or the whole axis, or no whole vector fits)."""
+    vector = config.get(f"{stage.name}.vector")
+    extents = dict(stage.spatial)
+    if vector not in extents:
+        return True
+    inner = config.get(f"{stage.name}.tile.{vector}", (extents[vector], 1, 1))[2]
+    return inner % model.lanes == 0 or inner == extents[vector] or extents[vector] % model.lanes != 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The analytic time of a schedule (ranks constructions and walks)
+# ------------------------------------------------------------------------------------------------
+
+
+def stage_terms(
+    space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None
+) -> list[tuple[float, float]]:
+    """``(compute, memory)`` seconds of each stage and packing pass of ``config`` (unscaled): a stage
+    takes the larger of the two."""
+    model = model or space_model(space)
+    terms: list[tuple[float, float]] = []
+    for stage in space.stages:
+        if stage.kind != "reduce":
+            if config.get(f"{stage.name}.inline") is True:
+                continue
+            terms.append((0.0, prod(e for _, e in stage.spatial) * 8 / (model.bw_l3 * model.cores)))
+            continue
+        terms.append(_stage_time(space, stage, config, model))
+    for tensor in space.tensors:
+        if tensor.kind != "intermediate" and config.get(f"layout.{tensor.name}.tile", "none") != "none":
+            terms.append((0.0, prod(tensor.shape) * 8 / (model.bw_l3 * model.cores)))  # a packing pass
+    return terms
+
+
+def _combine(terms: Sequence[tuple[float, float]], compute_scale: float, memory_scale: float) -> float:
+    return sum(max(compute_scale * c, memory_scale * m) for c, m in terms)
+
+
+def estimate(space: ScheduleSpace, config: Mapping[str, Any], machine: Model | None = None) -> float:
+    """Estimated seconds of ``config`` (a model for ranking, not a prediction of absolute time) on
+    ``machine`` (default: the model of the space's target machine)."""
+    model = machine or space_model(space)
+    return _combine(stage_terms(space, config, model), model.compute_scale, model.memory_scale)
+
+
+def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
+    s = stage.name
+    axes = stage.spatial + stage.reduced
+    nspatial = len(stage.spatial)
+    tiles = _tiles(stage, config)
+    labels = [a for a, _ in axes]
+    vector = config.get(f"{s}.vector")
+    vi = labels.index(vector) if vector in labels else None
+    # the loop nest, outermost first: (axis index, extent)
+    outer = [(k, tiles[k][0]) for k in range(nspatial)]
+    middle_ix = [k for k, (_, e) in enumerate(axes) if e > 1]
+    order = config.get(f"{s}.order", tuple(range(len(middle_ix))))
+    middle = [
+        (middle_ix[i], tiles[middle_ix[i]][1] if middle_ix[i] < nspatial else tiles[middle_ix[i]][0]) for i in order
+    ]
+    r_inner = [(k, tiles[k][1]) for k in range(nspatial, len(axes))]
+    s_inner = [(k, tiles[k][2]) for k in range(nspatial) if k != vi]
+    v_inner = [(vi, tiles[vi][2])] if vi is not None else []
+    if config.get(f"{s}.reductions", "split") == "whole":
+        # each reduction's inner tile sits right below its own outer tile, in the middle loops' order
+        whole = []
+        for k, extent in middle:
+            whole.append((k, extent))
+            if k >= nspatial:
+                whole.append((k, tiles[k][1]))
+        nest = outer + whole + s_inner + v_inner
+    else:
+        nest = outer + middle + r_inner + s_inner + v_inner
+    macs = prod(e for _, e in axes)
+    # compute: vector lanes, register tile, parallel balance, unrolling
+    vf = v_inner[0][1] if v_inner else 1
+    lanes = m.lanes
+    vec_eff = (vf / (math.ceil(vf / lanes) * lanes)) if vf >= 4 else 1.0 / lanes
+    guards = 1.0
+    for buffer, dims in stage.reads:  # an inlined zero-padded copy: its bounds checks come along
+        pad = next((p for p in space.stages if p.name == buffer and p.kind == "pad"), None)
+        if pad is None or config.get(f"{buffer}.inline") is not True:
+            continue
+        if vi is not None and vf >= 4 and any(vi in dims[d] for d in pad.padded):
+            vec_eff /= lanes  # a check per lane: the read is not vectorized
+        else:
+            guards *= 1.05  # a check per broadcast scalar
+    if vi is not None and vf >= 4:
+        for buffer, dims in stage.reads:
+            uses = [d for d, used in enumerate(dims) if vi in used]
+            tile = config.get(f"layout.{buffer}.tile", "none")
+            packed = tile != "none" and uses and int(tile.split(":")[0]) == uses[0]
+            perm = config.get(f"layout.{buffer}.perm")
+            last = (list(perm)[-1] if perm is not None else len(dims) - 1) if not packed else uses[0] if uses else -1
+            if uses and (len(uses) > 1 or uses[0] != last):
+                vec_eff *= 0.05  # a gather along the vector axis
+    accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
+    if config.get(f"{s}.cache") == "local":
+        # independent accumulators hide the FMA latency: fma units x latency of them keep the units busy
+        reg_eff = min(1.0, accumulators / (m.fma_per_cycle * FMA_LATENCY))
+        if accumulators > m.accumulators:
+            reg_eff *= 0.5  # spills
+    else:
+        reg_eff = 0.3
+    parallel = prod(e for _, e in outer)
+    par_eff = balance(parallel, m.cores) if parallel >= m.cores else parallel / m.cores
+    unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
+    unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
+    compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
+    # memory: footprint of the nest below each loop, against each cache level; a local accumulator
+    # stays in registers and is written back once (counted in every loop's footprint, it made the
+    # rule-based matmul schedule, 8 x 32 accumulators under a reduction of 1024, look 3x slower than
+    # schedules that measured no faster)
+    cached = config.get(f"{s}.cache") == "local"
+    buffers = [dims for _, dims in stage.reads] + ([] if cached else [[{k} for k in range(nspatial)]])
+    writeback = 4 * prod(e for _, e in stage.spatial) if cached else 0
+    extents_below = [1] * len(axes)
+    footprints = []  # (footprint bytes of the nest below loop i, iterations of the loops outside and at i)
+    for position in range(len(nest) - 1, -1, -1):
+        k, e = nest[position]
+        extents_below[k] *= e
+        footprint = sum(_footprint(dims, extents_below) for dims in buffers)
+        outside = prod(ee for _, ee in nest[:position])
+        footprints.append((footprint * 4, outside))
+    traffic = []
+    for cap in (m.l1, m.l2):
+        fits = [(f, o) for f, o in footprints if f <= cap // 2]
+        f, o = max(fits, key=lambda fo: fo[0]) if fits else (footprints[0][0], prod(e for _, e in nest))
+        traffic.append(f * o + writeback)
+    memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores))
+    return compute, memory
+
+
+def space_model(space: ScheduleSpace) -> Model:
+    model = space.__dict__.get("_gensor_model")
+    if model is None:
+        model = space.__dict__["_gensor_model"] = Model.of(space.machine)
+    return model
+
+
+#: The scales :func:`calibrate` tries for the compute and the memory terms (factors of sqrt(2)).
+SCALES = tuple(2.0 ** (k / 2) for k in range(-8, 9))
+
+
+def calibrate(space: ScheduleSpace, model: Model, records: Sequence[Record], minimum: int = 4) -> Model:
+    """``model`` with its compute and memory terms scaled to fit the measured ``records`` (least squares
+    of the log time over a grid of :data:`SCALES`; ties go to the scales nearest 1): the peak and the
+    bandwidths as this machine reaches them in these kernels. Unchanged with fewer than ``minimum``
+    measured records."""
+    measured = [(r.latency, stage_terms(space, r.config, model)) for r in records if r.latency]
+    if len(measured) < minimum:
+        return model
+    best, best_error = (1.0, 1.0), float("inf")
+    for a in SCALES:
+        for b in SCALES:
+            error = sum((math.log(t) - math.log(max(_combine(terms, a, b), 1e-30))) ** 2 for t, terms in measured)
+            error += 1e-9 * (abs(math.log(a)) + abs(math.log(b)))
+            if error < best_error:
+                best, best_error = (a, b), error
+    return dataclasses.replace(model, compute_scale=best[0], memory_scale=best[1])
