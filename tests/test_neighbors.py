@@ -105,3 +105,45 @@ def test_transposes_interleave_groups_and_shifts_come_last():
     ones[:, 1] = 1.0  # channel 1 only: group 1 of the interleaved split, group 0 of the blocks
     assert np.abs(reference.run(split, layer, ones, weights)[:, :2]).sum() == 0
     assert np.abs(reference.run(op, layer, ones, weights)[:, 2:]).sum() == 0
+
+
+def test_grouping_a_weight_is_the_dense_operator_with_block_diagonal_weights():
+    import numpy as np
+
+    from kdsl.codegen import reference
+    from kdsl.search.neighbors import grouped
+
+    dense = gallery.load("conv2d")
+    words, op = grouped(dense, 2, 2, fixed={"N", "H", "W"})
+    assert words == "group Share(w) by G" and op.default_coefficients["G"] == 2
+    assert op.design_key == gallery.load("grouped_conv2d").design_key
+    layer = {"N": 2, "Cin": 4, "Cout": 6, "H": 5, "W": 5, "G": 2, "K": 3}
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(reference.shapes(dense, layer).input)
+    (shape,) = reference.shapes(op, layer).weights
+    w = rng.standard_normal(shape)  # [g, co, ci, kh, kw]
+    full = np.zeros(reference.shapes(dense, layer).weights[0])  # [Cout, Cin, kh, kw]
+    groups, outs, ins = shape[:3]
+    for g in range(groups):
+        full[g * outs : (g + 1) * outs, g * ins : (g + 1) * ins] = w[g]
+    assert np.allclose(reference.run(op, layer, x, [w]), reference.run(dense, layer, x, [full]))
+    # a step that shares no weight over a channel (a window only, or no Share) is not grouped
+    assert grouped(dense, 0, 2, fixed={"N", "H", "W"}) is None
+    assert grouped(gallery.load("depthwise_conv2d"), 2, 2, fixed={"N", "H", "W"}) is None
+
+
+def test_the_walk_takes_cheap_rewrites_first_and_reaches_a_shuffled_grouped_two_stage_conv():
+    from kdsl.search.neighbors import COST, rewrite_kind
+
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 4, 8], "s": [2]}, max_flops="0.5x")
+    walk = Neighbors(space, seed=3)
+    costs, reached = [], None
+    for index, found in zip(range(400), walk.states()):
+        rewrites_done = found.metrics["rewrites"]
+        costs.append(sum(COST[rewrite_kind(text)] for text in rewrites_done))
+        kinds = [rewrite_kind(text) for text in rewrites_done]
+        if found.metrics["origin"] == "conv2d_kx1_1xk" and kinds.count("group") == 2 and "transpose" in kinds:
+            reached = reached if reached is not None else index
+    assert costs == sorted(costs)  # cheapest first: every design with a drop or shift after these
+    # both stages grouped, the first stage's output channels interleaved: ShuffleNet's mixing
+    assert reached is not None and reached < 200

@@ -11,13 +11,19 @@ set to each value the space allows, and then walks outwards breadth-first, one r
   then sums, ...), where the rest still builds and still fits the spec;
 * **shift**: a ``Shift`` of a spatial dim inserted before a step (Syno's cheap spatial mixing);
 * **swap**: two adjacent steps exchanged (the canonical form dedupes the ones that commute);
+* **group**: one weight's contraction over a channel dim split into ``G`` groups, as grouped
+  convolution splits conv2d's: ``Split(X, X/G, "g", "Xi")`` before its ``Share``, the weight indexed
+  by the group and covering a ``G``-th of its output dim ``O`` (``Dim("Oo", O/G)``), the Reduce of
+  ``X`` over ``Xi`` instead, and ``Merge(g, Oo, O)`` after it. It reaches the grouped form of any
+  design (conv2d's is ``grouped_conv2d``; a two-stage design grouped twice, with the first stage's
+  output channels interleaved by a transpose, mixes its groups between the stages as ShuffleNet does);
 * **transpose**: the two halves of a ``Merge`` exchanged (``Merge(g, co)`` -> ``Merge(co, g)``:
   the output channels of the groups interleaved, a channel shuffle), or a ``Split`` of an input
   dim made to interleave instead of taking blocks (``Split(Cin, Cin/G, "g", "ci")`` ->
   ``Split(Cin, G, "ci", "g")``: a group takes every G-th channel).
 
 Each operator's rewrites are tried in a seeded order within each kind, the kinds in the order
-transpose, coefficient, swap, drop, shift: a drop takes capacity away (a conv without one of its
+transpose, group, coefficient, swap, drop, shift: a drop takes capacity away (a conv without one of its
 windows rarely learns as well), and a design with shifts inserted is a *variant* of it
 (:mod:`kdsl.search.provenance`), which discover does not train again.
 
@@ -38,16 +44,17 @@ True
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import random
-from collections import deque
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.lang import library
+from kdsl.lang import library, sizes
 from kdsl.lang.build import Builder, Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.primitives import Merge, Output, Shift, Split
+from kdsl.lang.primitives import Dim, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight
 from kdsl.search.analytic import evaluate
 
 __all__ = ["Found", "Neighbors", "rebuilt", "seeds", "takes_capacity"]
@@ -55,7 +62,14 @@ __all__ = ["Found", "Neighbors", "rebuilt", "seeds", "takes_capacity"]
 #: how many rewrites away from a gallery design the walk goes at most
 MAX_REWRITES = 3
 #: the order in which each operator's rewrites are tried, by kind (see :func:`rewrites`)
-ORDER = {"transpose": 0, "coefficient": 1, "swap": 2, "drop": 3, "shift": 4}
+ORDER = {"transpose": 0, "group": 1, "coefficient": 2, "swap": 3, "drop": 4, "shift": 5}
+#: what each kind of rewrite adds to a neighbour's cost: the walk takes the cheapest first, so the
+#: rewrites that keep a design's capacity (transposes, groups, coefficients) are combined up to
+#: :data:`MAX_REWRITES` deep before a design loses a step or gains a shift (a BFS would try every
+#: drop and shift of every gallery design before the second rewrite of any)
+COST = {"transpose": 1, "group": 1, "coefficient": 1, "swap": 2, "drop": 4, "shift": 4}
+#: the coefficient that a group rewrite splits channels by
+GROUPS = "G"
 
 
 @dataclass
@@ -74,6 +88,18 @@ def _fits(op: Operator, space: Any) -> bool:
     return [d.size for d in op.inputs] == [d.size for d in spec.inputs] and [d.size for d in op.outputs] == [
         d.size for d in spec.outputs
     ]
+
+
+def rewrite_kind(text: str) -> str:
+    """The kind (a key of :data:`COST`) of a rewrite as :func:`rewrites` words it.
+
+    >>> [rewrite_kind(t) for t in ("transpose Merge(g, co)", "G=4", "Shift(H) before Share(w)", "drop Shift(H, 1)")]
+    ['transpose', 'coefficient', 'shift', 'drop']
+    """
+    first = text.split(" ", 1)[0]
+    if first in ("transpose", "group", "swap", "drop"):
+        return first
+    return "shift" if first.startswith("Shift(") else "coefficient"
 
 
 def takes_capacity(rewrites: Any) -> bool:
@@ -128,16 +154,84 @@ def _transposed(op: Operator, step: Any) -> Any | None:
     return None
 
 
-def rebuilt(op: Operator, steps: tuple[Any, ...]) -> Operator | None:
-    """``op``'s input, output and coefficients with other steps, or ``None`` where they do not build
-    or no longer map the input's sizes to the output's."""
+def rebuilt(op: Operator, steps: tuple[Any, ...], defaults: Mapping[str, int] | None = None) -> Operator | None:
+    """``op``'s input, output and coefficients (and ``defaults``) with other steps, or ``None``
+    where they do not build or no longer map the input's sizes to the output's."""
     try:
         built = Builder(op.inputs, steps, None, []).finish(
-            Output(*(d.name for d in op.outputs), defaults=dict(op.defaults) or None)
+            Output(*(d.name for d in op.outputs), defaults={**dict(op.defaults), **(defaults or {})} or None)
         )
     except KdslError:
         return None
     return built if [d.size for d in built.outputs] == [d.size for d in op.outputs] else None
+
+
+def _fresh(taken: set[str], *names: str) -> str:
+    """The first of ``names`` not in ``taken``, else the first with the least number appended."""
+    for name in names:
+        if name not in taken:
+            return name
+    number = 2
+    while f"{names[0]}{number}" in taken:
+        number += 1
+    return f"{names[0]}{number}"
+
+
+def grouped(op: Operator, index: int, groups: int, fixed: Collection[str]) -> tuple[str, Operator] | None:
+    """``op`` with the weight that step ``index`` shares grouped (the module doc's **group**) by the
+    coefficient ``G`` (``groups``: its value where ``op`` has no ``G`` yet), and the words that say
+    so; None where that step is no ``Share`` of a weight contracting one channel dim (not a window,
+    not one of the ``fixed`` dims such as the batch and spatial ones, reduced later) into one
+    output dim of its own, or the result does not build.
+
+    >>> from kdsl.lang import library
+    >>> words, op = grouped(library.load("conv2d"), 2, 2, fixed={"N", "H", "W"})
+    >>> words, op.design_key == library.load("grouped_conv2d").design_key
+    ('group Share(w) by G', True)
+    """
+    steps = list(op.steps)
+    share = steps[index]
+    if not isinstance(share, Share) or not isinstance(share.weight, Weight):
+        return None
+    weight, live = share.weight, op.live[index]
+    windows = {step.name or "" for step in steps[:index] if isinstance(step, Unfold)}
+    outs = [d for d, new in zip(weight.dims, weight.new) if new]
+    contracted = [
+        d.name
+        for d, new in zip(weight.dims, weight.new)
+        if not new and d.name in live and d.name not in windows and d.name not in fixed
+    ]
+    reduces = {
+        name: i
+        for i in range(index + 1, len(steps))
+        if isinstance(steps[i], Reduce)
+        for name in steps[i].dims
+        if isinstance(name, str)
+    }
+    contracted = [name for name in contracted if name in reduces]
+    if len(outs) != 1 or len(contracted) != 1:
+        return None
+    out, channel = outs[0], contracted[0]
+    G = sizes.coefficient(GROUPS)
+    names = {name for sizes in op.live for name in sizes} | {d.name for w in op.weights for d in w.dims}
+    group, inner, part = _fresh(names, "g"), _fresh(names, f"{channel}_i"), _fresh(names, f"{out.name}_o")
+    entries: list[object] = [group]
+    for d, new in zip(weight.dims, weight.new):
+        if d.name == out.name:
+            entries.append(Dim(part, out.size / G))
+        elif d.name == channel:
+            entries.append(inner)
+        else:
+            entries.append(Dim(d.name, d.size) if new else d.name)
+    where = reduces[channel]
+    reduce = steps[where]
+    steps[where] = Reduce(*(inner if name == channel else name for name in reduce.dims), mean=reduce.mean)
+    steps.insert(where + 1, Merge(group, part, out.name))
+    steps[index] = Share(Weight(*entries, name=weight.name))
+    steps.insert(index, Split(channel, live[channel] / G, group, inner))
+    defaults = {} if GROUPS in op.coefficient_variables else {GROUPS: groups}
+    built = rebuilt(op, tuple(steps), defaults)
+    return (f"group {share.describe()} by {GROUPS}", built) if built is not None else None
 
 
 def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str, Operator]]:
@@ -151,6 +245,10 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
     moves.extend(("drop", i) for i in range(len(op.steps)))
     moves.extend(("swap", i) for i in range(len(op.steps) - 1))
     moves.extend(("transpose", i) for i, step in enumerate(op.steps) if _transposed(op, step) is not None)
+    groups = _coefficient_values(space).get(GROUPS)
+    fixed = set(space.spatial) | set(space.spec.batch) | {d.name for d in op.inputs if d.name in space.spatial}
+    if groups:
+        moves.extend(("group", i) for i, step in enumerate(op.steps) if isinstance(step, Share))
     spatial = [d.name for d in op.inputs if d.name in space.spatial or d.size.variable_name in space.spatial]
     moves.extend(("shift", (i, dim)) for i in range(len(op.steps)) for dim in spatial)
     rng.shuffle(moves)
@@ -162,6 +260,11 @@ def rewrites(op: Operator, space: Any, rng: random.Random) -> Iterator[tuple[str
         if kind == "coefficient":
             coefficient, value = move
             yield f"{coefficient}={value}", op.with_defaults(**{coefficient: value})
+            continue
+        if kind == "group":
+            found = grouped(op, move, groups[0], fixed)
+            if found is not None:
+                yield found
             continue
         steps = list(op.steps)
         if kind == "drop":
@@ -199,14 +302,17 @@ class Neighbors:
 
     def states(self) -> Generator[Found | None, object, None]:
         seen: set[str] = set()
-        queue: deque[tuple[Operator, int, str, tuple[str, ...]]] = deque()
+        # cheapest first (COST: rewrites that keep the design's capacity cost least), ties in the
+        # order found; an insertion counter keeps the order total, so the walk stays deterministic
+        queue: list[tuple[int, int, Operator, int, str, tuple[str, ...]]] = []
+        counter = itertools.count()
         for name, op in seeds(self.space):
             if op.key not in seen:
                 seen.add(op.key)
-                queue.append((op, 0, name, ()))
+                heapq.heappush(queue, (0, next(counter), op, 0, name, ()))
         given = 0
         while queue:
-            op, distance, origin, path = queue.popleft()
+            cost, _, op, distance, origin, path = heapq.heappop(queue)
             self.nodes += 1
             if given >= self.emitted:  # operators given before a resume are not given again
                 self.emitted += 1
@@ -221,4 +327,5 @@ class Neighbors:
                 if other.key in seen or not _fits(other, self.space):
                     continue
                 seen.add(other.key)
-                queue.append((other, distance + 1, origin, (*path, text)))
+                step = cost + COST[rewrite_kind(text)]
+                heapq.heappush(queue, (step, next(counter), other, distance + 1, origin, (*path, text)))

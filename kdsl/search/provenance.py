@@ -95,10 +95,22 @@ class _Semantics:
     axes: list[tuple[str, int]]
     inputs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
+    pair: int | None = None
+    pair_probed: bool = False
+    #: the semantics of ``op`` with its channels relabelled (:func:`_relabelled`): its labels are
+    #: the relabelled operator's, but ``op`` is not, so no probe of ``op`` speaks for it
+    relabelled: bool = False
+
     def family_rank(self) -> int | None:
         if self.rank is None:
             self.rank = semantic.rank_of(self.op)
         return self.rank
+
+    def pair_rank(self) -> int | None:
+        """:func:`kdsl.search.semantic.pair_rank` of the operator (probed once, when asked)."""
+        if not self.pair_probed:
+            self.pair, self.pair_probed = semantic.pair_rank(self.op), True
+        return self.pair
 
     @property
     def family(self) -> str:
@@ -157,7 +169,16 @@ def _relabelled(mine: _Semantics) -> list[tuple[str, _Semantics]]:
             moved = np.take(moved, _interleave(n_in, groups, inverse), axis=len(mine.axes) + channels_in[0])
             labels = semantic._relabel(np.ascontiguousarray(moved).reshape(mine.labels.shape))
             digest = semantic._digest(semantic.canonical_pattern(labels, mine.axes))
-            other = _Semantics(mine.op, f"{mine.layer}:{digest}", mine.rank, mine.layer, labels, mine.axes, mine.inputs)
+            other = _Semantics(
+                mine.op,
+                f"{mine.layer}:{digest}",
+                mine.rank,
+                mine.layer,
+                labels,
+                mine.axes,
+                mine.inputs,
+                relabelled=True,
+            )
             words = (
                 f"with its channels relabelled ({'de-' if inverse else ''}interleaved by {groups} on input and output)"
             )
@@ -199,7 +220,10 @@ class References:
         whose family once their Shift steps are removed is ``mine``'s."""
         pool = self.bases if bases else self.semantics
         same = [(name, other) for name, other in pool if other.digest == mine.digest]
-        return [(name, other) for name, other in same if other.family_rank() == mine.family_rank()]
+        same = [(name, other) for name, other in same if other.family_rank() == mine.family_rank()]
+        # the channel-pair probe (semantic.pair_rank) where pattern and rank cannot see a permutation
+        # of the input channels; a relabelled operator has no probe of its own (its op is not it)
+        return [(name, other) for name, other in same if mine.relabelled or other.pair_rank() == mine.pair_rank()]
 
 
 @lru_cache(maxsize=4)

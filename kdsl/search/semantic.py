@@ -84,12 +84,14 @@ __all__ = [
     "output_transforms",
     "EQUAL_CHANNEL_RANK_LAYERS",
     "Families",
+    "PAIR_LAYERS",
     "RANK_LAYERS",
     "duplicates",
     "SMALL_LAYERS",
     "family_rank",
     "fingerprint",
     "pattern",
+    "pair_rank",
     "pattern_key",
     "rank_of",
 ]
@@ -105,6 +107,12 @@ SMALL_LAYERS: tuple[dict[str, int], ...] = (
 #: weight, and a family needs about as many probes as its dimension).
 RANK_LAYERS: tuple[dict[str, int], ...] = (
     {"Cin": 2, "Cout": 3, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 4, "Cout": 4, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+    {"Cin": 8, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
+)
+#: Layers for :func:`pair_rank`: at least 4 input channels, so that with G = 2 the first two
+#: channels are one group when groups take blocks and two when they take every G-th channel.
+PAIR_LAYERS: tuple[dict[str, int], ...] = (
     {"Cin": 4, "Cout": 4, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
     {"Cin": 8, "Cout": 8, "H": 4, "W": 4, "M": 4, "K": 3, "G": 2, "s": 2},
 )
@@ -256,6 +264,39 @@ def rank_of(
     return None
 
 
+def pair_rank(
+    op: Operator, batch: Collection[str] = BATCH, layers: Sequence[Mapping[str, int]] = PAIR_LAYERS
+) -> int | None:
+    """The dimension of the family's columns of the first two input channels, on the first of
+    :data:`PAIR_LAYERS` that binds (None where none does, or the input has no channel dim).
+
+    The pattern and the family's dimension cannot tell apart two operators that differ by a
+    permutation of their input channels when every output reads every input (Syno's operator 2
+    with its channel groups taking blocks or every G-th channel: dense ``M`` either way, families of
+    one dimension), yet the families differ on real layers: which channels share a group's weights
+    is what the design is. Two channels of one group span fewer directions than two of different
+    groups, so the dimension of the family restricted to those two input channels tells them apart;
+    a re-parametrization keeps the family, hence every such dimension, so it never splits one.
+
+    >>> from kdsl import gallery
+    >>> grouped = gallery.load("grouped_conv2d").with_defaults(G=2)
+    >>> pair_rank(grouped) < pair_rank(gallery.load("conv2d"))
+    True
+    """
+    name = _batch(op, batch)
+    if name is None:
+        return None
+    channel = next((d.name for d in op.inputs if d.name != name and d.name not in SPATIAL), None)
+    if channel is None:
+        return None
+    for tiny in layers:
+        try:
+            return family_rank(op, _layer(op, tiny, name), name, channels=(channel, 2))
+        except KdslError:
+            continue
+    return None
+
+
 def _batch(op: Operator, batch: Collection[str]) -> str | None:
     outputs = {d.name for d in op.outputs}
     return next((d.name for d in op.inputs if d.name in batch and d.name in outputs), None)
@@ -304,11 +345,19 @@ def pattern(op: Operator, layer: Mapping[str, int], batch: str) -> np.ndarray:
     return labels.reshape(m.shape).astype(np.int64)
 
 
-def family_rank(op: Operator, layer: Mapping[str, int], batch: str, labels: np.ndarray | None = None) -> int:
+def family_rank(
+    op: Operator,
+    layer: Mapping[str, int],
+    batch: str,
+    labels: np.ndarray | None = None,
+    channels: tuple[str, int] | None = None,
+) -> int:
     """The family's dimension: with one weight (or none) the number of nonzero classes of
     ``labels``; with more, the rank of the weight Jacobian at a random point, probed along random
-    directions until the rank stops growing (at most :data:`MAX_RANK`)."""
-    if len(op.weights) <= 1 and labels is not None:
+    directions until the rank stops growing (at most :data:`MAX_RANK`). With ``channels = (dim,
+    n)``: the dimension of the family's columns of the first ``n`` entries of the input dim ``dim``
+    (every other input entry held at zero), see :func:`pair_rank`."""
+    if len(op.weights) <= 1 and labels is not None and channels is None:
         return len(np.unique(labels[labels > 0]))
     one = dict(layer) | {batch: 1}
     params = sum(int(np.prod(shape)) for shape in reference.shapes(op, one).weights)
@@ -318,6 +367,12 @@ def family_rank(op: Operator, layer: Mapping[str, int], batch: str, labels: np.n
     shapes = reference.shapes(op, layer)
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shapes.input)
+    if channels is not None:
+        dim, count = channels
+        axis = [d.name for d in op.inputs].index(dim)
+        kept = np.zeros(x.shape[axis])
+        kept[:count] = 1.0
+        x = x * kept.reshape([-1 if i == axis else 1 for i in range(x.ndim)])
     point = [rng.standard_normal(shape) for shape in shapes.weights]
     columns: list[np.ndarray] = []
     rank = 0
@@ -382,16 +437,31 @@ class Families:
             members = self.known[pattern] = [[k, r, dsl] for k, r, dsl in stored]
         if members and rank is None:
             rank = rank_of(op, self.batch)  # type: ignore[arg-type]
+        mine: list[int | None] = []  # op's pair rank, probed on the first equal-rank member
         for member in members:
             if member[1] is None:
                 member[1] = self._rank(member[2])
-            if member[1] == rank:
+            if member[1] != rank:
+                continue
+            # pattern and rank agree: a permutation of input channels can still tell them apart
+            if not mine:
+                mine.append(pair_rank(op, self.batch))  # type: ignore[arg-type]
+            if len(member) < 4:
+                member.append(self._pair_rank(member[2]))
+            if member[3] == mine[0]:
                 return pattern, rank, member[0]
         return pattern, rank, None
 
     def add(self, key: str, pattern: str, rank: int | None, op: object) -> None:
         """Make ``op`` (found by :meth:`lookup` to have no known family) a known family."""
         self.known.setdefault(pattern, []).append([key, rank, op])
+
+    def _pair_rank(self, op_or_text: Any) -> int | None:
+        try:
+            op = parse(op_or_text) if isinstance(op_or_text, str) else op_or_text
+        except KdslError:
+            return None
+        return pair_rank(op, self.batch) if isinstance(op, Operator) else None
 
     def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
         """:meth:`lookup`, and :meth:`add` when the family is new."""
