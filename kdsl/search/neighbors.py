@@ -4,7 +4,9 @@ Bottom-up synthesis starts from nothing, so a short run spends its time on shall
 rarely reaches the designs people use (a grouped conv has 8 steps). This strategy starts where
 they are: every gallery operator whose input and output match the spec (``conv2d``,
 ``grouped_conv2d``, ``depthwise_separable_conv2d``, Syno's operators, ...), with its coefficients
-set to each value the space allows, and then walks outwards breadth-first, one rewrite at a time:
+set to each value the space allows, and then walks outwards one rewrite at a time, cheapest path
+first (:data:`COST`: the rewrites that keep a design's capacity cost least, so combinations of up to
+:data:`MAX_REWRITES` of them come before any design loses a step or gains a shift):
 
 * **coefficient**: one coefficient set to another value the space allows (``G = 4 -> 8``);
 * **drop**: one step removed (a shift or a stride of a window, a window that a reduction
@@ -12,9 +14,9 @@ set to each value the space allows, and then walks outwards breadth-first, one r
 * **shift**: a ``Shift`` of a spatial dim inserted before a step (Syno's cheap spatial mixing);
 * **swap**: two adjacent steps exchanged (the canonical form dedupes the ones that commute);
 * **group**: one weight's contraction over a channel dim split into ``G`` groups, as grouped
-  convolution splits conv2d's: ``Split(X, X/G, "g", "Xi")`` before its ``Share``, the weight indexed
-  by the group and covering a ``G``-th of its output dim ``O`` (``Dim("Oo", O/G)``), the Reduce of
-  ``X`` over ``Xi`` instead, and ``Merge(g, Oo, O)`` after it. It reaches the grouped form of any
+  convolution splits conv2d's: ``Split(X, X/G, "g", "X_i")`` before its ``Share``, the weight indexed
+  by the group and covering a ``G``-th of its output dim ``O`` (``Dim("O_o", O/G)``), the Reduce of
+  ``X`` over ``X_i`` instead, and ``Merge(g, O_o, O)`` after it. It reaches the grouped form of any
   design (conv2d's is ``grouped_conv2d``; a two-stage design grouped twice, with the first stage's
   output channels interleaved by a transpose, mixes its groups between the stages as ShuffleNet does);
 * **transpose**: the two halves of a ``Merge`` exchanged (``Merge(g, co)`` -> ``Merge(co, g)``:
