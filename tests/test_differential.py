@@ -381,3 +381,30 @@ def test_a_layer_that_does_not_divide_names_the_layer_once():
     with pytest.raises(KdslError) as caught:
         kdsl_torch.build(gallery.load("grouped_conv2d"), {"N": 1, "Cin": 6, "Cout": 6, "H": 5, "W": 5, "G": 4, "K": 3})
     assert "layer layer" not in str(caught.value) and "the layer (Cin=6, G=4)" in str(caught.value)
+
+
+# -- gallery-neighbour operators agree ------------------------------------------------------------
+
+
+def test_gallery_neighbours_with_grouped_and_interleaved_weights_agree_on_every_backend():
+    """The neighbours walk (kdsl.search.neighbors) builds operators no synthesis rollout reaches:
+    weights grouped by its ``group`` rewrite, merges and splits interleaved by ``transpose``.
+    The first of them it emits, on all three backends at a small layer."""
+    from kdsl.search.neighbors import Neighbors
+
+    space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 4], "s": [2]}, max_flops="0.5x")
+    rng = random.Random(7)
+    chosen, failures = [], []
+    for found in Neighbors(space, seed=0).states():
+        kinds = {text.split(" ", 1)[0] for text in found.metrics["rewrites"]}
+        if "group" in kinds and len(chosen) < 10:
+            chosen.append(found.op)
+        if len(chosen) == 10:
+            break
+    assert len(chosen) == 10 and any(len(op.weights) > 1 for op in chosen)  # two-stage designs too
+    for op in chosen:
+        first, _ = small_layers(op, rng)
+        problem = disagreement(op, first, ("torch", "tvm"))
+        if problem is not None:
+            failures.append(f"{problem}\nlayer {first}\n{op.to_dsl()}")
+    assert not failures, _report(failures)
