@@ -78,6 +78,29 @@ def test_rank_tells_products_from_full_weights():
     assert fingerprint(gallery.load("depthwise_separable_conv2d")) != fingerprint(gallery.load("conv2d"))
 
 
+def test_the_channel_pair_probe_tells_interleaved_groups_where_pattern_and_rank_cannot():
+    from kdsl.search.neighbors import rebuilt
+    from kdsl.search.semantic import Families, pair_rank, pattern_key, rank_of
+
+    syno = gallery.load("syno_op2").with_defaults(G=2)
+    steps = list(syno.steps)
+    at = next(i for i, step in enumerate(steps) if isinstance(step, Split))
+    steps[at] = Split(steps[at].dim, G, "ci", "g")  # group g takes every G-th input channel
+    interleaved = rebuilt(syno, tuple(steps))
+    # every output reads every input either way: one pattern, one dimension ...
+    assert pattern_key(interleaved) == pattern_key(syno) and rank_of(interleaved) == rank_of(syno)
+    # ... but two channels of one group span less than two of different groups
+    assert pair_rank(syno) < pair_rank(interleaved)
+    families = Families(None)
+    assert families.classify("blocks", syno)[2] is None
+    assert families.classify("interleaved", interleaved)[2] is None  # a family of its own
+    # a re-parametrization keeps every such dimension: still one family
+    assert families.classify("again", syno.with_defaults(G=2))[2] == "blocks"
+    reparametrized = Families(None)
+    reparametrized.classify("a", gallery.load("pointwise_conv2d"))
+    assert reparametrized.classify("b", pointwise_shifted())[2] == "a"
+
+
 def test_equal_channel_layers_join_families_that_differ_only_where_cout_is_not_cin():
     # a pointwise conv whose weight is [Cin, Cin] (a Cin -> Cin operator) re-parametrizes the
     # [Cout, Cin] one where Cout = Cin, and only there
