@@ -499,11 +499,17 @@ def duplicates(
     >>> duplicates([gallery.load("conv2d").to_dsl()] * 2 + [gallery.load("pointwise_conv2d").to_dsl()])
     (3, 2)
     """
-    families: set[str] = set()
+    by_fingerprint: dict[str, list[Any]] = {}
     for i, text in enumerate(texts):
         try:
-            found = fingerprint(parse(text), batch, layers, rank_layers)
+            op = parse(text)
+            found = fingerprint(op, batch, layers, rank_layers)
         except KdslError:
-            found = None
-        families.add(found if found is not None else f"unknown {i}")
-    return len(texts), len(families)
+            op, found = None, None
+        by_fingerprint.setdefault(found if found is not None else f"unknown {i}", []).append(op)
+    # operators that share a fingerprint are told apart by the channel-pair probe, as search's
+    # dedupe does (Families): probed only where a fingerprint is shared
+    families = 0
+    for members in by_fingerprint.values():
+        families += len({pair_rank(op, batch) for op in members}) if len(members) > 1 else 1
+    return len(texts), families
