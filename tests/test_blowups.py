@@ -22,7 +22,7 @@ from kdsl.bench import lowering
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
-from kdsl.lang.build import Operator
+from kdsl.lang.operator import Operator
 from kdsl.solve import Stage, bind, cost, plan
 from kdsl.solve.plan import folded
 from kdsl.testing import strategies as kst
@@ -142,7 +142,9 @@ def test_merge_before_reduce_reduces_first_then_reshapes() -> None:
     assert [type(item).__name__ for item in p.segments()] == ["Stage", "View"]
     assert p.stages[0].reduced == ("C",)
     assert plan(op, reorder=False).largest_tensor() > p.largest_tensor()
-    assert_same_function(op, Operator(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2})
+    assert_same_function(
+        op, Operator.from_steps(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2}
+    )
 
 
 def test_folding_is_kept_only_when_it_costs_no_more() -> None:
@@ -169,7 +171,9 @@ def test_folding_is_kept_only_when_it_costs_no_more() -> None:
         more["Cin"] + more["Cout"]
     )
     for point in (binding, more):
-        assert_same_function(op, Operator(op.inputs, plan(op, point).steps, op.outputs, op.defaults), SMALL | {"K": 3})
+        assert_same_function(
+            op, Operator.from_steps(op.inputs, plan(op, point).steps, op.outputs, op.defaults), SMALL | {"K": 3}
+        )
 
 
 @pytest.mark.parametrize("mean", [False, True])
@@ -220,7 +224,7 @@ def test_views_that_are_not_only_summed_stay() -> None:
     )
     for op in (partly, mixed):
         assert folded(op) is op
-        assert_same_function(op, Operator(op.inputs, plan(op).steps, plan(op).outputs, op.defaults), layer)
+        assert_same_function(op, Operator.from_steps(op.inputs, plan(op).steps, plan(op).outputs, op.defaults), layer)
 
 
 def assert_no_stage_ends_before_a_ready_sum(op: Operator, layer: dict[str, int]) -> None:

@@ -32,7 +32,22 @@ from hypothesis import strategies as st
 
 import kdsl
 from kdsl.codegen import reference
-from kdsl.lang import Blend, Dim, Fold, Graph, Input, Map, Output, Reduce, Rename, Share, Shift, Unfold, Weight, primary
+from kdsl.lang import (
+    Blend,
+    Dim,
+    Fold,
+    Input,
+    Map,
+    Operator,
+    Output,
+    Reduce,
+    Rename,
+    Share,
+    Shift,
+    Unfold,
+    Weight,
+    primary,
+)
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS, JOINS, UNARY
 from kdsl.testing import strategies as kst
@@ -76,7 +91,7 @@ def distinct_values(rng: np.random.Generator, shape: tuple[int, ...], scale: flo
     return rng.permutation(values).reshape(shape)
 
 
-def tie_free_inputs(graph: Graph, layer: dict[str, int], seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+def tie_free_inputs(graph: Operator, layer: dict[str, int], seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
     """float64 input in (-1, 1) and weights scaled by 1/sqrt(fan-in), each tensor without ties."""
     rng = np.random.default_rng(seed)
     shapes = reference.shapes(graph, layer)
@@ -90,7 +105,7 @@ def tie_free_inputs(graph: Graph, layer: dict[str, int], seed: int = 0) -> tuple
 
 
 def weights_by_name(
-    graph: Graph, weights: list[np.ndarray], other: Graph, renamed: dict[str, str] | None = None
+    graph: Operator, weights: list[np.ndarray], other: Operator, renamed: dict[str, str] | None = None
 ) -> list[np.ndarray]:
     """``weights`` (in ``graph``'s order) in ``other``'s order, matched by weight name (a name
     in ``renamed`` is called so in ``other``)."""
@@ -118,7 +133,7 @@ def test_dsl_and_json_round_trip_to_equal_kernels_with_equal_keys(graph):
 # -- the content key --------------------------------------------------------------------------------
 
 
-def _names_to_rename(graph: Graph) -> list[str]:
+def _names_to_rename(graph: Operator) -> list[str]:
     """Every dim and weight name of the kernel (input dims named like their variables too)."""
     found: set[str] = {d.name for d in graph.inputs}
     for node in graph.nodes:
@@ -137,7 +152,7 @@ def _names_to_rename(graph: Graph) -> list[str]:
 NOT_NAMES = {"size", "op", "fn", "how", "format", "version", "variables", "defaults", "args"}
 
 
-def _renamed(graph: Graph, mapping: dict[str, str]) -> Graph:
+def _renamed(graph: Operator, mapping: dict[str, str]) -> Operator:
     """The kernel with every dim and weight name renamed by ``mapping`` (through its JSON, field
     by field: variables and sizes keep their names)."""
 
@@ -152,12 +167,12 @@ def _renamed(graph: Graph, mapping: dict[str, str]) -> Graph:
 
     document = rename(json.loads(graph.to_json()))
     renamed = kdsl.from_json(json.dumps(document))
-    assert isinstance(renamed, Graph)
+    assert not renamed.is_linear
     assert [d.name for d in renamed.inputs] == [mapping.get(d.name, d.name) for d in graph.inputs]
     return renamed
 
 
-def _swapped(graph: Graph, index: int) -> Graph | None:
+def _swapped(graph: Operator, index: int) -> Operator | None:
     """The kernel with the arguments of node ``index`` swapped (through its JSON), or None where
     the swap reorders the join's dims under a step that reads their order (a Softmax over dims
     that are no longer adjacent)."""
@@ -169,11 +184,11 @@ def _swapped(graph: Graph, index: int) -> Graph | None:
     except KdslError as error:
         assert "adjacent" in str(error), error
         return None
-    assert isinstance(swapped, Graph)
+    assert not swapped.is_linear
     return swapped
 
 
-def _outputs(graph: Graph, layer: dict[str, int], others: list[tuple[Graph, dict[str, str]]]) -> list[np.ndarray]:
+def _outputs(graph: Operator, layer: dict[str, int], others: list[tuple[Operator, dict[str, str]]]) -> list[np.ndarray]:
     """The reference's output of ``graph`` and of each of ``others`` (a kernel, and the new names
     of the weights it renamed) on one input, the weights matched by name."""
     x, weights = tie_free_inputs(graph, layer)
@@ -207,7 +222,7 @@ def test_the_key_ignores_names_and_the_order_of_commutative_branches(kernel, dat
         assert renamed != graph  # the names did change: the equal key is not a tautology
 
 
-def _semantic_changes(graph: Graph) -> list[tuple[int, str, object]]:
+def _semantic_changes(graph: Operator) -> list[tuple[int, str, object]]:
     """(node, field, new value) for every change of one node that keeps the kernel valid:
     another Blend kind, a swap of a non-commutative Blend's branches, another Map function or
     scale factor, the other Fold kind."""
@@ -301,7 +316,9 @@ def test_the_key_sees_a_window_before_or_after_a_map_that_moves_zero():
 # -- backends agree ---------------------------------------------------------------------------------
 
 
-def run_backend(backend: str, graph: Graph, layer: dict[str, int], x: np.ndarray, weights: list[np.ndarray]) -> object:
+def run_backend(
+    backend: str, graph: Operator, layer: dict[str, int], x: np.ndarray, weights: list[np.ndarray]
+) -> object:
     """The backend's float64 output, or the exception it raised."""
     try:
         if backend == "reference":
@@ -319,7 +336,7 @@ def run_backend(backend: str, graph: Graph, layer: dict[str, int], x: np.ndarray
 
 
 def disagreement(
-    graph: Graph, layer: dict[str, int], backends: tuple[str, ...], seed: int = 0, runner=None
+    graph: Operator, layer: dict[str, int], backends: tuple[str, ...], seed: int = 0, runner=None
 ) -> str | None:
     """None when every backend gives the reference's output or all raise the same KdslError
     subclass; else what differs. (``runner`` replaces :func:`run_backend`, to test this check.)"""
@@ -380,7 +397,7 @@ def test_backends_agree_on_drawn_kernels(kernel):
     assert problem is None, f"{problem}\nlayer {layer}\n{graph.to_dsl()}"
 
 
-def _padding_regions() -> list[tuple[str, Graph, dict[str, int]]]:
+def _padding_regions() -> list[tuple[str, Operator, dict[str, int]]]:
     """Folds whose linear region spans several chains (a Rename closes a chain): the padding of
     the first chain's window must still take no part."""
     N, C, H = primary("N C H")
@@ -450,7 +467,7 @@ def test_torch_gradients_match_finite_differences(kernel):
 # -- the strategy reaches what it promises ------------------------------------------------------------
 
 
-def _blend_shapes(graph: Graph) -> set[tuple[str, str]]:
+def _blend_shapes(graph: Operator) -> set[tuple[str, str]]:
     """(kind, which branch is broadcast) of every Blend node: "lhs", "rhs" or "none"."""
     found = set()
     for node in graph.nodes:
@@ -468,7 +485,7 @@ def test_the_strategy_reaches_every_node_kind_and_every_blend_both_ways():
     @settings(max_examples=500, derandomize=True, phases=[Phase.generate], database=None, deadline=None)
     @given(kst.graphs())
     def collect(graph):
-        assert isinstance(graph, Graph)
+        assert not graph.is_linear
         seen.update(node.kind for node in graph.nodes)
         seen.update(_blend_shapes(graph))
         for node in graph.nodes:

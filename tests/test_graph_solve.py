@@ -1,4 +1,4 @@
-"""The solver and the cost model on branching kernels (kdsl.lang.graph.Graph): constraints, checks
+"""The solver and the cost model on branching kernels (kdsl.lang.operator.Operator): constraints, checks
 across layers, bindings, FLOPs/params/memory against hand counts."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from kdsl.lang import (
     primary,
 )
 from kdsl.lang.errors import DivisibilityError, KdslError, LayerError, LoweringError
-from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import JOINS, UNARY
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Dim
 from kdsl.solve.cost import GRAPH_FLOPS
 from kdsl.testing.strategies import graphs_with_layers
@@ -39,7 +39,7 @@ K, G = coefficient("K G")
 n, c, h, w, r, p, d, k = sympy.symbols("N C H W R P D K", positive=True)
 
 
-def grouped_squeeze_excitation() -> Graph:
+def grouped_squeeze_excitation() -> Operator:
     """Squeeze-excitation whose hidden width is C/G: an FC whose output size must be an integer."""
     x = Input(N, C, H, W)
     gate = (
@@ -51,27 +51,27 @@ def grouped_squeeze_excitation() -> Graph:
         >> Map("sigmoid")
     )
     kernel = (x * gate) >> Output(N, C, H, W, defaults={"G": 4})
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 
-def max_pool() -> Graph:
+def max_pool() -> Operator:
     x = Input(N, C, H, W)
     kernel = x >> Unfold(H, K, "kh") >> Unfold(W, K, "kw") >> Fold("kh", "kw", how="max")
     kernel = kernel >> Output(N, C, H, W, defaults={"K": 3})
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 
-def split_pool() -> Graph:
+def split_pool() -> Operator:
     """Max pooling over 2x2 blocks cut by Splits: H/2 and W/2 must be integers (a chain's constraint)."""
     x = Input(N, C, H, W)
     kernel = x >> Split(H, 2, "ho", "kh") >> Split(W, 2, "wo", "kw") >> Fold("kh", "kw") >> Output(N, C, "ho", "wo")
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 
-def residual_conv() -> Graph:
+def residual_conv() -> Operator:
     x = Input(N, C, H, W)
     conv = (
         x
@@ -81,7 +81,7 @@ def residual_conv() -> Graph:
         >> Reduce(C, "kh", "kw")
     )
     kernel = (x + (conv >> Rename("o", "C"))) >> Output(N, C, H, W, defaults={"K": 3})
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 
@@ -170,9 +170,9 @@ def test_unbound_variables_and_coefficients_name_the_layer() -> None:
         solve.bind(_no_default_pool(), {"N": 1, "C": 2, "H": 8, "W": 8})
 
 
-def _no_default_pool() -> Graph:
+def _no_default_pool() -> Operator:
     kernel = Input(N, C, H) >> Unfold(H, K, "k") >> Fold("k") >> Output(N, C, H)
-    assert isinstance(kernel, Graph) and not kernel.defaults
+    assert not kernel.is_linear and not kernel.defaults
     return kernel
 
 
@@ -278,7 +278,7 @@ def test_cost_of_a_bad_layer_is_a_kdsl_error() -> None:
         solve.node_flops(max_pool(), {"N": 1})
 
 
-@pytest.mark.parametrize("name", [name for name in gallery.names() if isinstance(gallery.load(name), Graph)])
+@pytest.mark.parametrize("name", [name for name in gallery.names() if not gallery.load(name).is_linear])
 def test_gallery_kernels_check_and_cost_consistently(name: str) -> None:
     kernel = gallery.load(name)
     table = gallery.layer_table(name) or "resnet18"
@@ -305,7 +305,7 @@ def test_gallery_kernels_check_and_cost_consistently(name: str) -> None:
 
 @given(graphs_with_layers())
 @settings(max_examples=60)
-def test_drawn_kernels_check_and_cost_consistently(case: tuple[Graph, dict[str, int]]) -> None:
+def test_drawn_kernels_check_and_cost_consistently(case: tuple[Operator, dict[str, int]]) -> None:
     kernel, layer = case
     binding = solve.bind(kernel, layer)
     numbers = solve.cost(kernel, layer)

@@ -18,7 +18,7 @@ the fan-in PyTorch uses for the equivalent layer (:func:`fan_ins`), sizes no wei
 from the input (:func:`lazy_variables`), ``bias=True`` adds a bias, and the module pickles,
 deep-copies, saves whole with ``torch.save`` and compiles with ``torch.compile`` (see :func:`build`).
 
-Both take a branching kernel (:class:`kdsl.lang.graph.Graph`) as well: its forward computes one
+Both take a branching kernel (:class:`kdsl.lang.operator.Operator`) as well: its forward computes one
 variable per node, each linear chain lowered as above on its argument's variable and each Canvas
 step by its rule in :data:`GRAPH_RULES` (:mod:`kdsl.codegen.torch_graph`).
 
@@ -54,10 +54,9 @@ from kdsl.codegen import torch_graph
 from kdsl.codegen.torch_graph import GRAPH_HELPERS
 from kdsl.codegen.torch_views import einsum_code, parse_pattern
 from kdsl.codegen.torch_writer import _atom, _rearrange, _rolls, _shift, _size_code, _weight_lengths, _Writer
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
-from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import FC
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.primitives import (
     Expand,
@@ -876,7 +875,7 @@ def _free_inputs(op: Operator) -> set[int]:
     return free
 
 
-def weight_attributes(op: Operator | Graph) -> list[str]:
+def weight_attributes(op: Operator) -> list[str]:
     """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order: the
     weight's own name, unless ``nn.Module`` or the generated module uses that name itself
     (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``, ``bias``, ...), then the name with ``_``
@@ -899,11 +898,11 @@ def weight_attributes(op: Operator | Graph) -> list[str]:
     return attributes
 
 
-def _summed_dims(op: Operator | Graph) -> list[list[tuple[str, Size]]]:
+def _summed_dims(op: Operator) -> list[list[tuple[str, Size]]]:
     """Per weight of ``op``: the dims (name, size) it sums over. A ``Reduce`` (a sum, not a mean)
     of dim ``d`` counts for the weight shared last on ``d`` or on a dim ``d`` was made from
     (through Merge, Split and the other views) before the Reduce. An FC sums its input dims."""
-    if isinstance(op, Graph):
+    if not op.is_linear:
         found: list[list[tuple[str, Size]]] = []
         for node in op.nodes:
             if node.kind == "Chain":
@@ -935,7 +934,7 @@ def _summed_dims(op: Operator | Graph) -> list[list[tuple[str, Size]]]:
     return summed
 
 
-def fan_ins(op: Operator | Graph) -> list[Size]:
+def fan_ins(op: Operator) -> list[Size]:
     """The fan-in of each weight of ``op`` (in ``op.weights`` order) that PyTorch would use for the
     equivalent layer: the product of the sizes of the dims the weight sums over.
 
@@ -957,7 +956,7 @@ def fan_ins(op: Operator | Graph) -> list[Size]:
     return [prod((size for _, size in dims), start=Size.of(1)) for dims in _summed_dims(op)]
 
 
-def _needed_variables(op: Operator | Graph) -> dict[str, str]:
+def _needed_variables(op: Operator) -> dict[str, str]:
     """Variable -> the first weight whose shape or fan-in needs it (so it must be known when the
     module is built), as text for messages."""
     needed: dict[str, str] = {}
@@ -969,7 +968,7 @@ def _needed_variables(op: Operator | Graph) -> dict[str, str]:
     return needed
 
 
-def lazy_variables(op: Operator | Graph) -> dict[str, int]:
+def lazy_variables(op: Operator) -> dict[str, int]:
     """The size variables a module of ``op`` can leave unbound until it is called, like the
     ``nn.Lazy*`` modules (variable -> the position of the input dim it is read from): primaries
     that no weight's shape or fan-in mentions and that are exactly the size of an input dim (N, H,
@@ -988,7 +987,7 @@ def lazy_variables(op: Operator | Graph) -> dict[str, int]:
     return dict(sorted(positions.items(), key=lambda item: [v.name for v in op.variables].index(item[0])))
 
 
-def _known_binding(op: Operator | Graph, layer: object) -> dict[str, int]:
+def _known_binding(op: Operator, layer: object) -> dict[str, int]:
     """The binding of ``op``'s variables that ``layer`` gives (with the coefficients' defaults),
     checked like :func:`kdsl.solve.bind` where it binds everything. A primary the layer omits is
     left out when :func:`lazy_variables` allows it (the module reads it from its input); else
@@ -1025,17 +1024,17 @@ def _fraction_code(size: Size, identifiers: Mapping[str, str]) -> tuple[str, str
     return " * ".join(numerator) or "1", " * ".join(denominator) or "1"
 
 
-def _one_line(op: Operator | Graph) -> str:
+def _one_line(op: Operator) -> str:
     """The operator in one line, for the module's repr."""
     inputs = ", ".join(d.name for d in op.inputs)
     outputs = ", ".join(d.name for d in op.outputs)
-    if isinstance(op, Graph):
+    if not op.is_linear:
         nodes = "; ".join(f"node {i}: {node.describe()}" for i, node in enumerate(op.nodes) if i)
         return f"Input({inputs}) -> {nodes} -> Output({outputs})"
     return " >> ".join([f"Input({inputs})", *(step.describe() for step in op.steps), f"Output({outputs})"])
 
 
-def _bias_dim(op: Operator | Graph) -> int:
+def _bias_dim(op: Operator) -> int:
     """The output dim a bias runs along: the one named ``Cout``, else the second (the channels of
     ``[N, C, ...]``), else the only one."""
     names = [d.name for d in op.outputs]
@@ -1043,7 +1042,7 @@ def _bias_dim(op: Operator | Graph) -> int:
 
 
 def source(
-    op: Operator | Graph, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator", pad: bool = False
+    op: Operator, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator", pad: bool = False
 ) -> str:
     """Python source of an ``nn.Module`` computing ``op`` (an operator or a branching kernel) that
     runs without kdsl installed.
@@ -1089,7 +1088,7 @@ def source(
         return padded_source(op, solve.pad_binding(op, layer), name=name)
     binding = _known_binding(op, layer) if layer is not None else None
     variables = [v.name for v in op.variables]
-    if isinstance(op, Graph):
+    if not op.is_linear:
         ids = _identifiers(variables, torch_graph.own_names(op))
         dims = _graph_dim_names(op)
         free = torch_graph.free_inputs(op)
@@ -1102,7 +1101,7 @@ def source(
         axis(dim)
     attributes = weight_attributes(op)
     codes = [f"self.{a}" for a in attributes]
-    if isinstance(op, Graph):
+    if not op.is_linear:
         body = _graph_body(op, binding, axis, ids, codes)
     else:
         body = _forward_body(op, solve.plan(op, binding), axis, ids, codes)
@@ -1207,7 +1206,7 @@ def source(
         "import torch.nn.functional as F",
         "from torch import nn",
         ERROR_IMPORT,
-        HELPERS + (GRAPH_HELPERS if isinstance(op, Graph) else ""),
+        HELPERS + (GRAPH_HELPERS if not op.is_linear else ""),
         "",
         *notes,
         f"class {class_name}(nn.Module):",
@@ -1225,7 +1224,7 @@ def source(
         "        self.fan_ins = {" + ", ".join(f'"{a}": {code}' for a, code in fan_codes.items()) + "}",
         *(
             ["        self.masks = {}  # node -> the padding mask of its max/min fold (they depend on shapes only)"]
-            if isinstance(op, Graph) and torch_graph.masked_folds(op)
+            if not op.is_linear and torch_graph.masked_folds(op)
             else []
         ),
         "        self.reset_parameters()",
@@ -1266,7 +1265,7 @@ def source(
 
 
 def _graph_body(
-    graph: Graph, binding: Mapping[str, int] | None, axis: _Axes, ids: dict[str, str], weights: list[str]
+    graph: Operator, binding: Mapping[str, int] | None, axis: _Axes, ids: dict[str, str], weights: list[str]
 ) -> list[str]:
     """A branching kernel's forward lines (:func:`kdsl.codegen.torch_graph.forward_lines`), each
     linear chain lowered like an operator (its own plan at ``binding``) on its argument's variable."""
@@ -1288,7 +1287,7 @@ def _graph_body(
     return torch_graph.forward_lines(graph, axis, lambda size: _size_code(size, ids), emit_chain, weights)
 
 
-def _graph_dim_names(graph: Graph) -> list[str]:
+def _graph_dim_names(graph: Operator) -> list[str]:
     """Every dim name of ``graph``, in order of appearance."""
     names = [d.name for d in graph.inputs]
     for node in graph.nodes:
@@ -1301,7 +1300,7 @@ def _graph_dim_names(graph: Graph) -> list[str]:
 
 
 def build(
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     *,
     name: str = "KdslOperator",
@@ -1352,7 +1351,7 @@ def build(
     recipe = (op.to_dsl(), item.name, tuple(item.items), name, pad)
     code, padding, binding, cls = _generated(op, recipe)
     variables = [v.name for v in op.variables]
-    ids = _identifiers(variables, torch_graph.own_names(op)) if isinstance(op, Graph) else _identifiers(variables)
+    ids = _identifiers(variables, torch_graph.own_names(op)) if not op.is_linear else _identifiers(variables)
     module = cls(**{ids[v]: binding[v] for v in variables if v in binding}, bias=bias)
     module.kdsl_source = code
     module.padding = padding
@@ -1377,7 +1376,7 @@ _INSTANCES: dict[str, weakref.WeakSet[Any]] = {}
 _DERIVED = ("kdsl_source", "padding", "_kdsl_recipe")
 
 
-def _generated(op: Operator | Graph, recipe: tuple[Any, ...]) -> tuple[str, Padding | None, dict[str, int], type]:
+def _generated(op: Operator, recipe: tuple[Any, ...]) -> tuple[str, Padding | None, dict[str, int], type]:
     """The source, padding, binding and class of ``op`` built by ``recipe`` (cached)."""
     found = _GENERATED.get(recipe)
     if found is not None:
@@ -1438,7 +1437,7 @@ def _restore(recipe: tuple[Any, ...]) -> Any:
     return module
 
 
-def padded_source(op: Operator | Graph, padding: Padding, *, name: str = "KdslOperator") -> str:
+def padded_source(op: Operator, padding: Padding, *, name: str = "KdslOperator") -> str:
     """The source of ``op`` at ``padding``'s padded binding (as :func:`source` writes it, its
     ``forward`` renamed ``padded_forward``) and a ``forward`` that zero-pads the input at the end
     of each padded dim (``F.pad``), calls ``padded_forward`` and crops each output dim to the
@@ -1461,7 +1460,7 @@ def padded_source(op: Operator | Graph, padding: Padding, *, name: str = "KdslOp
     code = source(op, padding.padded_binding, name=name)
     if not padding.needed:
         return code
-    free = torch_graph.free_inputs(op) if isinstance(op, Graph) else _free_inputs(op)
+    free = torch_graph.free_inputs(op) if not op.is_linear else _free_inputs(op)
     dims = ", ".join(f'"{d.name}"' for d in padding.inputs)
     sizes = ", ".join("None" if i in free else str(d.original) for i, d in enumerate(padding.inputs))
     lines = [

@@ -1,4 +1,4 @@
-"""The PyTorch backend's half for branching kernels (:class:`kdsl.lang.graph.Graph`).
+"""The PyTorch backend's half for branching kernels (:class:`kdsl.lang.operator.Operator`).
 
 :func:`kdsl.codegen.torch.source` and :func:`~kdsl.codegen.torch.build` take a graph as they take
 an operator; this module writes the graph's forward: one variable per node (``x3`` is node 3), one
@@ -32,9 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kdsl.codegen.torch_views import einsum_code, rearrange_code
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph, Node
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.operator import Node, Operator
 from kdsl.lang.primitives import Primitive, Split, Stride, Unfold
 from kdsl.lang.sizes import Size
 
@@ -108,7 +107,7 @@ class _Pooling:
     padded: dict[str, bool]  # an Unfold window pads (K // 2, K - 1 - K // 2); a Split tile does not
 
 
-def _pooling(graph: Graph, index: int) -> _Pooling | None:
+def _pooling(graph: Operator, index: int) -> _Pooling | None:
     node = graph.nodes[index]
     step = node.step
     assert isinstance(step, Fold)
@@ -153,9 +152,9 @@ class _GraphWriter:
     weight, and the chains whose only readers pool them natively (they are never computed).
     ``axis`` gives a dim's einops axis name, ``size`` a size's Python code, ``emit_chain`` a linear
     chain's lines (the operator machinery of :mod:`kdsl.codegen.torch`), ``weights`` the code of
-    each weight of the graph, in :attr:`Graph.weights` order (``self.wq``)."""
+    each weight of the graph, in :attr:`Operator.weights` order (``self.wq``)."""
 
-    graph: Graph
+    graph: Operator
     axis: Callable[[str], str]
     size: Callable[[Size], str]
     emit_chain: ChainEmitter
@@ -192,7 +191,7 @@ def _tuple(items: list[str]) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def _describe_node(graph: Graph, index: int) -> str:
+def _describe_node(graph: Operator, index: int) -> str:
     node = graph.nodes[index]
     args = ", ".join(f"node {a}" for a in node.args)
     dims = ", ".join(d.name for d in node.dims)
@@ -301,7 +300,7 @@ def _fold_node(writer: _GraphWriter, index: int, node: Node) -> list[str]:
     return folded
 
 
-def masked_folds(graph: Graph) -> list[int]:
+def masked_folds(graph: Operator) -> list[int]:
     """The Fold nodes that need a padding mask: a windowed chain before them, and no native pooling."""
     return [
         index
@@ -400,14 +399,14 @@ GRAPH_RULES: dict[str, Callable[[_GraphWriter, int, Node], list[str]]] = {
 
 
 def forward_lines(
-    graph: Graph,
+    graph: Operator,
     axis: Callable[[str], str],
     size: Callable[[Size], str],
     emit_chain: ChainEmitter,
     weights: list[str],
 ) -> list[str]:
     """The forward's lines after the input check (the input is ``x``, ``weights`` the code of each
-    weight in :attr:`Graph.weights` order), ending in ``return``; the caller indents them."""
+    weight in :attr:`Operator.weights` order), ending in ``return``; the caller indents them."""
     writer = _GraphWriter(graph, axis, size, emit_chain, list(weights), names=["x"] * len(graph.nodes))
     count = 0
     for node in graph.nodes:
@@ -436,7 +435,7 @@ def forward_lines(
     return writer.lines
 
 
-def free_inputs(graph: Graph) -> set[int]:
+def free_inputs(graph: Operator) -> set[int]:
     """Positions of the input dims whose size the forward reads from its input (the batch), as for
     an operator: no node reads the dim by name, and no step and no other input dim mentions its
     variable, so any value gives the same kernel on more (or fewer) rows."""
@@ -457,7 +456,7 @@ def free_inputs(graph: Graph) -> set[int]:
     return free
 
 
-def own_names(graph: Graph) -> frozenset[str]:
+def own_names(graph: Operator) -> frozenset[str]:
     """The forward's own variables besides :data:`OWN_NAMES` (a size variable must not take one)."""
     count = len(graph.nodes)
     return frozenset(

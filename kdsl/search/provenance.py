@@ -48,8 +48,8 @@ import numpy as np
 
 from kdsl.codegen import reference
 from kdsl.lang import library
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Shift
 from kdsl.search import semantic
 from kdsl.search.neighbors import rebuilt
@@ -106,7 +106,7 @@ class _Semantics:
 
 
 def _semantics(op: object) -> _Semantics | None:
-    if not isinstance(op, Operator):
+    if not isinstance(op, Operator) or not op.is_linear:
         return None
     batch = semantic._batch(op, semantic.BATCH)
     if batch is None:

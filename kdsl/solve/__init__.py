@@ -13,7 +13,7 @@
 >>> solve.cost(conv)["flops"]
 Cin*Cout*H*K**2*N*W
 
-Every function here takes a branching kernel (a :class:`~kdsl.lang.graph.Graph`) as well, except
+Every function here takes a branching kernel (a :class:`~kdsl.lang.operator.Operator`) as well, except
 :func:`plan`, which orders one linear chain (:func:`chain_plans` gives a kernel's plans).
 
 Note: the functions ``constraints``, ``plan`` and ``cost`` shadow the submodules of the same

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from kdsl.lang.build import Operator
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Primitive
 from kdsl.lang.sizes import Size, Var
 from kdsl.solve.graph import node_label
@@ -202,7 +202,7 @@ class _Collector:
 
 
 @lru_cache(maxsize=512)
-def constraints(op: Operator | Graph) -> tuple[Constraint, ...]:
+def constraints(op: Operator) -> tuple[Constraint, ...]:
     """The constraints of ``op``, in step order (coefficient positivity first), without duplicates.
 
     >>> from kdsl.lang import *
@@ -215,7 +215,7 @@ def constraints(op: Operator | Graph) -> tuple[Constraint, ...]:
     unary nodes' (an FC's output size is an integer) and the integrality of every node's dims;
     the step text names the node (see :func:`graph_constraints`).
     """
-    if isinstance(op, Graph):
+    if not op.is_linear:
         return graph_constraints(op)
     collect = _Collector()
     collect.coefficients(op.coefficient_variables)
@@ -228,7 +228,7 @@ def constraints(op: Operator | Graph) -> tuple[Constraint, ...]:
     return tuple(collect.found)
 
 
-def graph_constraints(graph: Graph) -> tuple[Constraint, ...]:
+def graph_constraints(graph: Operator) -> tuple[Constraint, ...]:
     """The constraints of a branching kernel: coefficient positivity, then, node by node, the
     requirements of every step of a chain (``node 1 chain: Split(C, C/G)``), of every unary step
     (``node 2 FC(C -> r: C/G)``: the FC's output size), and the integrality of every dim of the
@@ -254,7 +254,7 @@ def graph_constraints(graph: Graph) -> tuple[Constraint, ...]:
     for index, node in enumerate(graph.nodes):
         label = node_label(graph, index)
         step = node.step
-        if isinstance(step, Operator):
+        if isinstance(step, Chain):
             prefix = f"node {index} chain: "
             for position, chain_step in enumerate(step.steps):
                 text = prefix + chain_step.describe()
@@ -287,9 +287,7 @@ def _coefficient_values(coefficients: Mapping[str, int] | None) -> dict[str, int
     return values
 
 
-def resolve_binding(
-    op: Operator | Graph, layer: Layer, coefficients: Mapping[str, int] | None = None
-) -> dict[str, int]:
+def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """Every variable of ``op`` bound for ``layer`` (no constraint is checked).
 
     Primaries come from the layer; a coefficient from ``coefficients``, else the layer, else
@@ -371,7 +369,7 @@ class CheckReport:
 
 
 def _violated(
-    op: Operator | Graph, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
+    op: Operator, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
 ) -> None:
     for constraint in constraints(op):
         if constraint.holds(binding):
@@ -385,7 +383,7 @@ def _violated(
 
 
 def check(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     coefficients: Mapping[str, int] | None = None,
     *,
@@ -430,7 +428,7 @@ def check(
     return CheckReport(table, tuple(bindings), tuple(large), tuple(paddings))
 
 
-def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """The concrete binding of every variable of ``op`` on one layer (a Layer or a dict).
 
     Integrality and positivity are checked (:class:`DivisibilityError`); window sizes are not,
@@ -448,7 +446,7 @@ def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | 
     return binding
 
 
-def pad_binding(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
+def pad_binding(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
     """The least padding of ``op`` on one layer (a Layer or a dict): primaries rounded up until
     every size is an integer, coefficients fixed; window constraints are not checked (as in
     :func:`bind`). See :mod:`kdsl.solve.padding` for the semantics. Raises
@@ -470,7 +468,7 @@ def pad_binding(op: Operator | Graph, layer: object, coefficients: Mapping[str, 
 
 
 def assignments(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     choices: Mapping[str, Iterable[int]],
     *,

@@ -1,4 +1,4 @@
-"""Branching kernels (:class:`kdsl.lang.graph.Graph`) lowered to ``te.compute`` stages.
+"""Branching kernels (:class:`kdsl.lang.operator.Operator`) lowered to ``te.compute`` stages.
 
 Every node of the graph has one rule in :data:`GRAPH_RULES` (a test checks that none is missing). A
 rule reads its arguments' TE tensors by dim name and returns its own result:
@@ -64,11 +64,10 @@ from kdsl.codegen.tvm.lowering import (
     lower_chain,
     lower_operator,
 )
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError, KdslError, LoweringError
-from kdsl.lang.graph import Graph, Node
 from kdsl.lang.index import Index, Var, evaluate, walk_up
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.operator import Node, Operator
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import as_layer
@@ -79,7 +78,7 @@ __all__ = ["GRAPH_RULES", "lower", "lower_graph"]
 MAX_STATIC_CHECK = 1 << 22
 
 
-def lower(op: Operator | Graph, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
     """Lower an operator or a branching kernel at the sizes of ``layer`` to TE placeholders and stages:
     one input ``x``, one placeholder per weight (``op.weights`` order), one output.
 
@@ -90,11 +89,9 @@ def lower(op: Operator | Graph, layer: Mapping[str, int], dtype: str = "float32"
     >>> [stage.name for stage in lower(kernel, {"N": 1, "C": 2, "L": 8}).stages]
     ['n1_map', 'n2_blend']
     """
-    if isinstance(op, Graph):
-        return lower_graph(op, layer, dtype)
-    if isinstance(op, Operator):
-        return lower_operator(op, layer, dtype)
-    raise LoweringError(f"expected an Operator or a Graph, got {type(op).__name__}")
+    if not isinstance(op, Operator):
+        raise LoweringError(f"expected an Operator, got {type(op).__name__}")
+    return lower_operator(op, layer, dtype) if op.is_linear else lower_graph(op, layer, dtype)
 
 
 @dataclass
@@ -115,7 +112,7 @@ class _Value:
 class _Context:
     """The state of one graph's lowering: placeholders, stages so far, each node's value."""
 
-    def __init__(self, graph: Graph, binding: dict[str, int], dtype: str) -> None:
+    def __init__(self, graph: Operator, binding: dict[str, int], dtype: str) -> None:
         self.tvm = load_tvm()
         self.te = self.tvm.te
         self.graph = graph
@@ -171,7 +168,7 @@ def _reads(*values: _Value) -> tuple[str, ...]:
 VIEW_READERS = frozenset({"Fold", "FC", "Product", "Map", "Blend"})
 
 
-def _read_through_views(graph: Graph, index: int) -> bool:
+def _read_through_views(graph: Operator, index: int) -> bool:
     """Whether every reader of node ``index`` (through Renames) is one of :data:`VIEW_READERS`, and the
     output is not."""
     last = len(graph.nodes) - 1
@@ -604,7 +601,7 @@ GRAPH_RULES: dict[str, Callable[[_Context, int, Node], _Value]] = {
 }
 
 
-def lower_graph(graph: Graph, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
+def lower_graph(graph: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
     """Lower the branching kernel ``graph`` at the sizes of ``layer``: the input ``x``, the weights in
     ``graph.weights`` order, the output's axes in ``graph.outputs`` order."""
     binding = resolve_binding(graph, as_layer(layer))

@@ -22,10 +22,9 @@ from math import prod
 from typing import Any
 
 from kdsl import solve
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
-from kdsl.lang.graph import Graph
 from kdsl.lang.index import Add, Const, Cyclic, FloorDiv, Half, Index, Mod, Scale, SizeOf, Var, walk_up
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import CONTRACTION, REDUCTION, Primitive, Weight
 from kdsl.lang.sizes import Size
 
@@ -138,7 +137,7 @@ class StageInfo:
 class Lowered:
     """An operator (or a branching kernel) lowered to TE for one layer."""
 
-    op: Operator | Graph
+    op: Operator
     binding: dict[str, int]
     x: Any
     weights: list[Any]
