@@ -310,7 +310,7 @@ def structure(op: Any) -> str:
     >>> structure(gallery.load("grouped_conv2d"))
     '1 weight w[g, co, ci, kh, kw]; windows over H, W; Cin split; channels merged'
     """
-    steps = list(getattr(op, "steps", ()))
+    steps = list(op.steps) if getattr(op, "is_linear", False) else []  # a branching one has nodes
     weights = list(getattr(op, "weights", ()))
     parts = [
         f"{len(weights)} weight{'s' if len(weights) != 1 else ''} "

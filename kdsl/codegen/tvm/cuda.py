@@ -33,8 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
-from kdsl.codegen.tvm.graph_lowering import lower
-from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
+from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm, lower
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.cuda_launch import BUNDLE_FORMAT
