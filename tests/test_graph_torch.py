@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kdsl import parse
-from kdsl.codegen import reference, torch_graph
+from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang import (
     FC,
@@ -455,7 +455,7 @@ def test_graph_forwards_use_only_own_names_and_size_variables(name):
     graph, _ = KERNELS[name]()
     names = forward_names(kdsl_torch.source(graph))
     variables = {v.name for v in graph.variables}
-    assert names - variables <= kdsl_torch.OWN_NAMES | torch_graph.own_names(graph)
+    assert names - variables <= kdsl_torch.OWN_NAMES | kdsl_torch.own_names(graph)
 
 
 @pytest.mark.parametrize("name", ["x1", "x2", "x3", "x4", "ones", "mask2", "mask3", "w", "weights", "F", "torch"])

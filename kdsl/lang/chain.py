@@ -116,7 +116,7 @@ class Chain(Sized):
         for step in self.steps:
             if not isinstance(step, Primitive) or step.kind not in PRIMITIVES:
                 # a linear chain: planning, search and its rules commute its steps, which a
-                # non-linear step must never be part of (a branching kernel is a Graph)
+                # non-linear step must never be part of (a branching kernel has it in a node of its own)
                 raise ShapeError(
                     f"a chain holds only linear primitives ({', '.join(PRIMITIVES)}), not {step!r:.120}; "
                     f"build kernels with non-linear steps as Input(...) >> ... >> Output(...)"
