@@ -308,7 +308,7 @@ def test_reference_and_pytorch_agree_on_sampled_kernels(kernel):
             parameter.copy_(torch.from_numpy(value))
         got = module(torch.from_numpy(x)).numpy()
     assert got.shape == expected.shape == tuple(layer[d.name] for d in SPACE.spec.outputs)
-    # float64, the same formulas in other orders: rounding only (as in test_graph_differential.py)
+    # float64, the same formulas in other orders: rounding only (as in test_codegen.py)
     scale = max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
 
