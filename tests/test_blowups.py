@@ -320,7 +320,7 @@ def test_lowering_measures_operators_and_reports_failures() -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-(L,) = primary("L")
+L = primary("L")
 
 
 def _joins(count: int) -> Operator:
