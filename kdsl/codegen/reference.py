@@ -144,8 +144,14 @@ def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shap
         padded = shapes(op, padding.padded_binding)
         return Shapes(input=padding.input_shape, weights=padded.weights, output=padding.output_shape)
     values = binding(op, layer)
-    if not op.is_linear:
-        return _graph_shapes(op, values)
+    chain = op.chain if isinstance(op, Operator) else op
+    if chain is not None:
+        # a linear operator's shapes are its chain's, its errors worded by the chain's steps
+        return _chain_shapes(chain, values)
+    return _node_shapes(op, values)
+
+
+def _chain_shapes(op: Chain, values: Mapping[str, int]) -> Shapes:
     for dim in op.inputs:
         _concrete(dim.size, values, f"the input dim {dim.name}")
     # every size a step mentions or creates must be a positive integer at this layer
@@ -165,12 +171,12 @@ def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shap
     )
 
 
-def _graph_shapes(graph: Operator, values: Mapping[str, int]) -> Shapes:
+def _node_shapes(graph: Operator, values: Mapping[str, int]) -> Shapes:
     weight_shapes: list[tuple[int, ...]] = []
     for index, node in enumerate(graph.nodes):
         what = f"node {index} ({node.kind})"
         if isinstance(node.step, Chain):
-            weight_shapes.extend(shapes(node.step, values).weights)
+            weight_shapes.extend(_chain_shapes(node.step, values).weights)
         elif isinstance(node.step, Primitive):
             for size in node.step.sizes():
                 _concrete(size, values, f"{what}: {node.step.describe()}")
@@ -399,9 +405,7 @@ def run(
         _check_array(array, shape, [d.name for d in weight.dims], f"the weight {weight.name}").astype(x.dtype)
         for array, shape, weight in zip(weights, expected.weights, op.weights)
     ]
-    if not op.is_linear:
-        return _run_graph(op, values, x, arrays)
-    return _run_chain(op, values, x, arrays)
+    return _run_nodes(op, values, x, arrays)
 
 
 def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -601,8 +605,9 @@ GRAPH_RULES: dict[str, Callable[[list[_Named], Node, _GraphEnv], _Named]] = {
 }
 
 
-def _run_graph(graph: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Evaluate the nodes in order; each reads its arguments' named arrays."""
+def _run_nodes(graph: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Evaluate the nodes in order, each by its rule in :data:`GRAPH_RULES`; each reads its arguments'
+    named arrays (a linear operator is its input and one chain node)."""
     results: list[_Named] = [_Named(x, [d.name for d in graph.inputs])]
     remaining = iter(arrays)
     for index, node in enumerate(graph.nodes[1:], 1):
