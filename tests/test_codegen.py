@@ -15,9 +15,8 @@ Differential and round-trip properties of branching operators, over kernels draw
   where one raises, all raise the same KdslError subclass. PyTorch's gradients match finite
   differences (``torch.autograd.gradcheck``, float64).
 
-Backends are chosen with ``KDSL_TEST_BACKENDS`` (default ``reference,torch,tvm``, as in
-test_codegen.py); a requested backend that cannot be loaded fails the run at collection instead of
-being skipped. ``KDSL_SLOW_TESTS=1`` draws many more kernels. Hypothesis runs under the profile of
+For branching operators a requested backend that cannot be loaded fails the run at collection.
+``KDSL_SLOW_TESTS=1`` draws many more kernels. Hypothesis runs under the profile of
 conftest.py (``HYPOTHESIS_PROFILE=ci``: derandomized).
 
 Inputs are drawn without ties (distinct values, none zero), so a max/min Fold or Blend has one
