@@ -416,7 +416,7 @@ def graphs(draw: Any, max_actions: int = 6) -> Operator:
     result = made[-1]
     order = draw(st.permutations(list(_shape(result))))
     graph = result >> Output(*order)  # type: ignore[operator]
-    assume(not graph.is_linear)  # a build that stayed one linear chain is a plain Operator
+    assume(not graph.is_linear)  # a build that stayed one linear chain is a linear operator
     assert not graph.is_linear
     coefficients = graph.coefficient_variables
     if coefficients and draw(st.booleans()):
