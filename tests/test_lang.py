@@ -518,3 +518,39 @@ def test_a_weighted_chain_extended_in_two_branches_is_one_shared_node() -> None:
     assert [w.name for w in graph.weights] == ["w"]
     assert graph.nodes[3].args == (1,) and graph.nodes[2].args == (1,)
     assert [step.kind for step in graph.nodes[3].chain.steps] == ["Unfold", "Reduce"]
+
+
+# --------------------------------------------------------------------------------------------------
+# One operator type
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_linear_operator_is_its_input_and_one_chain_node() -> None:
+    from kdsl.lang.chain import Chain
+
+    op = kdsl.gallery.load("conv2d")
+    assert [node.kind for node in op.nodes] == ["Input", "Chain"] and op.is_linear
+    assert isinstance(op.chain, Chain) and op.steps == op.chain.steps and op.weights == op.chain.weights
+    assert op.chain.outputs == op.outputs and op.chain.defaults == op.defaults
+    # the keys stored databases and the gallery use stay what they were (a linear operator's is its chain's)
+    assert op.key == op.chain.key == "8633e1ac8b3e7977"
+    assert kdsl.Operator.from_steps(op.inputs, op.steps, op.outputs, op.defaults) == op
+
+
+def test_a_branching_operator_has_no_steps_and_its_design_key_is_its_key() -> None:
+    import pickle
+
+    op = kdsl.gallery.load("squeeze_excitation")
+    assert not op.is_linear and op.chain is None
+    with pytest.raises(ShapeError, match="steps is defined for a linear operator"):
+        op.steps  # noqa: B018
+    assert op.design_key == op.key == "066d9f96afc6b675"
+    copy = pickle.loads(pickle.dumps(op))
+    assert copy == op and copy.key == op.key and copy.to_dsl() == op.to_dsl()
+
+
+def test_with_defaults_and_substituted_keep_a_linear_operator_linear() -> None:
+    grouped = kdsl.gallery.load("grouped_conv2d")
+    other = grouped.with_defaults(G=2)
+    assert other.is_linear and other.defaults == other.chain.defaults and dict(other.defaults)["G"] == 2
+    assert other.substituted({"G": 2}).is_linear
