@@ -27,7 +27,6 @@ from kdsl.solve.constraints import (
     assignments,
     bind,
     constraints,
-    graph_constraints,
     pad_binding,
 )
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
@@ -58,7 +57,6 @@ __all__ = [
     "cost",
     "fill",
     "freedom",
-    "graph_constraints",
     "load_layers",
     "multiples",
     "node_flops",
