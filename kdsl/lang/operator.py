@@ -150,6 +150,14 @@ class Operator(Sized):
     matches: tuple[Match, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        chain = self.chain
+        if chain is not None and (
+            chain.inputs != self.inputs or chain.outputs != self.outputs or chain.defaults != self.defaults
+        ):
+            raise ShapeError(
+                "a linear operator's one chain carries its inputs, outputs and defaults; build it with "
+                "Operator.linear(chain) or Operator.from_steps(...)"
+            )
         self._check_variables()
 
     @staticmethod
