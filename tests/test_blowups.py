@@ -281,7 +281,7 @@ def assert_no_stage_ends_before_a_ready_sum(op: Operator, layer: dict[str, int])
 def test_random_operators_fold_soundly_and_sum_inside_stages(op_and_layer: tuple[Operator, dict[str, int]]) -> None:
     op, layer = op_and_layer
     assert_same_function(op, folded(op), layer)
-    assert folded(folded(op)) is folded(op)
+    assert folded(folded(op)) == folded(op)  # idempotent (the cache may give back an equal twin)
     assert_no_stage_ends_before_a_ready_sum(op, layer)
     assert_no_stage_ends_before_a_ready_sum(issue_case(), SMALL)
 

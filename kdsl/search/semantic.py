@@ -461,7 +461,7 @@ class Families:
             op = parse(op_or_text) if isinstance(op_or_text, str) else op_or_text
         except KdslError:
             return None
-        return pair_rank(op, self.batch) if isinstance(op, Operator) else None
+        return pair_rank(op, self.batch) if isinstance(op, Operator) and op.is_linear else None
 
     def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
         """:meth:`lookup`, and :meth:`add` when the family is new."""
