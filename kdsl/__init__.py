@@ -38,9 +38,9 @@ from kdsl.lang import (
     dynamic,
     primary,
 )
-from kdsl.lang.build import Operator, Pipeline
+from kdsl.lang.build import Pipeline
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 
@@ -71,7 +71,6 @@ __all__ = [
     "Dim",
     "Expand",
     "Fold",
-    "Graph",
     "Input",
     "Map",
     "Product",

@@ -73,7 +73,7 @@ def build(
     from kdsl import gallery, solve
     from kdsl.codegen.tvm.cuda import cuda_bundle
     from kdsl.codegen.tvm.gpu_schedule import GpuSpace
-    from kdsl.codegen.tvm.graph_lowering import lower
+    from kdsl.codegen.tvm.lowering import lower
     from kdsl.runtime.gpu import from_arch
 
     out.mkdir(parents=True, exist_ok=True)

@@ -21,14 +21,13 @@ from kdsl.lang import (
     coefficient,
     primary,
 )
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 
 N, C, H, W, R, P, D = primary("N C H W R P D")
 
 
-def squeeze_excitation(hidden: Size = R, defaults: dict[str, int] | None = None) -> Graph:
+def squeeze_excitation(hidden: Size = R, defaults: dict[str, int] | None = None) -> Operator:
     """x * sigmoid(FC(relu(FC(mean over H, W of x)))), the hidden width ``hidden``."""
     x = Input(N, C, H, W)
     gate = (
@@ -41,18 +40,18 @@ def squeeze_excitation(hidden: Size = R, defaults: dict[str, int] | None = None)
         >> Rename("c", "C")
     )
     kernel = (x * gate) >> Output(N, C, H, W, defaults=defaults)
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 
-def attention() -> Graph:
+def attention() -> Operator:
     """softmax over the positions Q of the scores Q·K over d, times V: out[N, c, P]."""
     x = Input(N, C, P)
     q = x >> FC(C, name="d", size=D, weight="wq")
     keys = x >> FC(C, name="d", size=D, weight="wk") >> Rename(P, "Q")
     v = x >> FC(C, name="c", size=C, weight="wv") >> Rename(P, "Q")
     kernel = Product(Product(q, keys, "d") >> Softmax("Q"), v, "Q") >> Output(N, "c", P)
-    assert isinstance(kernel, Graph)
+    assert not kernel.is_linear
     return kernel
 
 

@@ -7,10 +7,18 @@ Merge("d_2", "k") >> Merge("d", "g") >> Reduce("Cin_r")`` was lowered as one ein
 because the Merges ended the contraction stage before its Reduce. The planner now folds a
 reshape whose outputs are only summed into the sum (:func:`kdsl.solve.plan.folded`) and runs a
 stage's ready Reduces before any view.
+
+Building, printing and reading branching kernels takes time linear in their size (issue 25).
+
+Each join used to walk the whole graph, so 2k joins took seconds and 10k minutes. The time
+limits here are generous (several times what a busy laptop measures); the ratio checks catch a
+quadratic regression (doubling the size would quadruple the time) where a slow machine does not.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from math import prod
 
 import numpy as np
@@ -18,11 +26,32 @@ import pytest
 import torch
 from hypothesis import given
 
+import kdsl
 from kdsl.bench import lowering_bench as lowering
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
-from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
-from kdsl.lang.build import Operator
+from kdsl.lang import (
+    Blend,
+    Dim,
+    Input,
+    Map,
+    Merge,
+    Output,
+    Reduce,
+    Rename,
+    ShapeError,
+    Share,
+    Shift,
+    Split,
+    Unfold,
+    Weight,
+    coefficient,
+    primary,
+)
+from kdsl.lang.operator import Operator
+from kdsl.lang.parser import MAX_SOURCE_CHARS
+from kdsl.lang.printer import CHUNK
+from kdsl.lang.serialize import MAX_JSON_CHARS
 from kdsl.solve import Stage, bind, cost, plan
 from kdsl.solve.plan import folded
 from kdsl.testing import strategies as kst
@@ -142,7 +171,9 @@ def test_merge_before_reduce_reduces_first_then_reshapes() -> None:
     assert [type(item).__name__ for item in p.segments()] == ["Stage", "View"]
     assert p.stages[0].reduced == ("C",)
     assert plan(op, reorder=False).largest_tensor() > p.largest_tensor()
-    assert_same_function(op, Operator(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2})
+    assert_same_function(
+        op, Operator.from_steps(op.inputs, p.steps, p.outputs, op.defaults), {"N": 2, "C": 3, "D": 2, "E": 2}
+    )
 
 
 def test_folding_is_kept_only_when_it_costs_no_more() -> None:
@@ -169,7 +200,9 @@ def test_folding_is_kept_only_when_it_costs_no_more() -> None:
         more["Cin"] + more["Cout"]
     )
     for point in (binding, more):
-        assert_same_function(op, Operator(op.inputs, plan(op, point).steps, op.outputs, op.defaults), SMALL | {"K": 3})
+        assert_same_function(
+            op, Operator.from_steps(op.inputs, plan(op, point).steps, op.outputs, op.defaults), SMALL | {"K": 3}
+        )
 
 
 @pytest.mark.parametrize("mean", [False, True])
@@ -220,7 +253,7 @@ def test_views_that_are_not_only_summed_stay() -> None:
     )
     for op in (partly, mixed):
         assert folded(op) is op
-        assert_same_function(op, Operator(op.inputs, plan(op).steps, plan(op).outputs, op.defaults), layer)
+        assert_same_function(op, Operator.from_steps(op.inputs, plan(op).steps, plan(op).outputs, op.defaults), layer)
 
 
 def assert_no_stage_ends_before_a_ready_sum(op: Operator, layer: dict[str, int]) -> None:
@@ -248,7 +281,7 @@ def assert_no_stage_ends_before_a_ready_sum(op: Operator, layer: dict[str, int])
 def test_random_operators_fold_soundly_and_sum_inside_stages(op_and_layer: tuple[Operator, dict[str, int]]) -> None:
     op, layer = op_and_layer
     assert_same_function(op, folded(op), layer)
-    assert folded(folded(op)) is folded(op)
+    assert folded(folded(op)) == folded(op)  # idempotent (the cache may give back an equal twin)
     assert_no_stage_ends_before_a_ready_sum(op, layer)
     assert_no_stage_ends_before_a_ready_sum(issue_case(), SMALL)
 
@@ -280,3 +313,140 @@ def test_lowering_measures_operators_and_reports_failures() -> None:
     assert measured["key"] == "issue" and measured["flops_ratio"] == pytest.approx(1 / 9)
     assert measured["overhead"] == pytest.approx(measured["latency_ratio"] / measured["flops_ratio"])
     assert broken["key"] == "broken" and broken["error"].startswith("ParseError")
+
+
+# --------------------------------------------------------------------------------------------------
+# Branching operators
+# --------------------------------------------------------------------------------------------------
+
+
+L = primary("L")
+
+
+def _joins(count: int) -> Operator:
+    """``count`` joins: mostly a tensor added to itself, every 50th a gated branch (the shapes of
+    the issue's measurements: a DSL file under the size limit, a JSON file of Blend nodes)."""
+    x = Input(N, C, L)
+    t: object = x
+    for index in range(count):
+        t = t * (t >> Map("sigmoid")) if index % 50 == 49 else t + t  # type: ignore[operator]
+    graph = t >> Output(N, C, L)  # type: ignore[operator]
+    assert not graph.is_linear
+    return graph
+
+
+def _seconds(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def _round_trip_dsl(graph: Operator) -> Operator:
+    text = graph.to_dsl()
+    assert len(text) <= MAX_SOURCE_CHARS
+    back = kdsl.parse(text)
+    assert not back.is_linear
+    return back
+
+
+def test_five_thousand_joins_build_print_and_parse_back_in_linear_time() -> None:
+    graph: list[Operator] = []
+    build = _seconds(lambda: graph.append(_joins(5000)))
+    back: list[Operator] = []
+    text_time = _seconds(lambda: back.append(_round_trip_dsl(graph[0])))
+    assert len(graph[0].nodes) == 5000 + 5000 // 50 + 1
+    assert back[0] == graph[0] and back[0].key == graph[0].key
+    assert build < 2.0, f"building 5,000 joins took {build:.2f} s"
+    assert text_time < 4.0, f"printing and parsing 5,000 joins took {text_time:.2f} s"
+    # doubling the joins at most about doubles the time (a quadratic build would quadruple it)
+    small = [_seconds(lambda: _joins(1250)) for _ in range(2)]
+    large = [_seconds(lambda: _joins(2500)) for _ in range(2)]
+    assert min(large) < 3 * min(small) + 0.1, (small, large)
+    small_graph, large_graph = _joins(1250), _joins(2500)
+    small_text = min(_seconds(lambda: _round_trip_dsl(small_graph)) for _ in range(2))
+    large_text = min(_seconds(lambda: _round_trip_dsl(large_graph)) for _ in range(2))
+    assert large_text < 3 * small_text + 0.2, (small_text, large_text)
+
+
+def test_ten_thousand_joins_round_trip_through_json_in_linear_time() -> None:
+    graph = _joins(10_000)
+    text = graph.to_json()
+    assert len(text) <= MAX_JSON_CHARS
+    back: list[object] = []
+    seconds = _seconds(lambda: back.append(kdsl.from_json(text)))
+    assert back[0] == graph and back[0].key == graph.key  # type: ignore[union-attr]
+    assert seconds < 4.0, f"reading 10,000 joins from JSON took {seconds:.2f} s"
+    small, large = _joins(2500).to_json(), _joins(5000).to_json()
+    small_time = min(_seconds(lambda: kdsl.from_json(small)) for _ in range(2))
+    large_time = min(_seconds(lambda: kdsl.from_json(large)) for _ in range(2))
+    assert large_time < 3 * small_time + 0.2, (small_time, large_time)
+
+
+def test_a_chain_of_three_thousand_maps_prints_as_statements_that_parse_back() -> None:
+    t: object = Input(N, C)
+    for _ in range(3000):
+        t = t >> Map("relu")  # type: ignore[operator]
+    graph = t >> Output(N, C)  # type: ignore[operator]
+    text = graph.to_dsl()
+    # no statement holds more than CHUNK steps (Python's parser nests one level per >>)
+    assert max(len(statement.split("\n    >> ")) for statement in text.split("\n)\n")) <= CHUNK
+    back = kdsl.parse(text)
+    assert back == graph and back.key == graph.key
+
+
+def test_a_long_linear_chain_inside_a_kernel_stays_one_chain_when_printed_in_pieces() -> None:
+    x = Input(N, C, L)
+    branch: object = x
+    for _ in range(3 * CHUNK + 7):
+        branch = branch >> Shift(L)  # type: ignore[operator]
+    branch = branch >> Map("abs")  # type: ignore[operator]
+    graph = (x * branch) >> Output(N, C, L)  # type: ignore[operator]
+    assert [node.kind for node in graph.nodes] == ["Input", "Chain", "Map", "Blend"]
+    back = kdsl.parse(graph.to_dsl())
+    assert back == graph and back.key == graph.key
+
+
+def _block(t: object, name: str) -> object:
+    weight = Weight(Dim("o", C), C, name=name)
+    return t >> Share(weight) >> Reduce(C) >> Rename("o", "C")  # type: ignore[operator]
+
+
+def test_weights_stay_numbered_and_distinct_across_many_joins() -> None:
+    x = Input(N, C)
+    t: object = x
+    for index in range(300):
+        # a residual block (numbered w1, w2, ... after the weights t already reads) and, every
+        # 10th join, a named branch from the input: both sides of that join bring weights
+        t = t + _block(t, None) if index % 10 else t + _block(x, f"side{index}")  # type: ignore[operator,arg-type]
+    graph = t >> Output(N, C)  # type: ignore[operator]
+    names = [w.name for w in graph.weights]
+    assert len(names) == len(set(names)) == 300
+    assert kdsl.from_json(graph.to_json()) == graph
+    assert kdsl.parse(graph.to_dsl()).key == graph.key
+    # a weight name read through two different vertices is still an error, however deep
+    with pytest.raises(ShapeError, match="side0"):
+        _ = t + _block(x, "side0")  # type: ignore[operator]
+
+
+def test_a_blend_of_many_branches_of_the_input() -> None:
+    x = Input(N, C, L)
+    t: object = x
+    for _ in range(2000):
+        t = Blend("max", t, x >> Map("abs"))
+    graph = t >> Output(N, C, L)  # type: ignore[operator]
+    assert kdsl.from_json(graph.to_json()) == graph
+
+
+def _weighted(blocks: int) -> object:
+    t: object = Input(N, C)
+    for _ in range(blocks):
+        t = t + _block(t, None)  # type: ignore[operator,arg-type]
+    return t >> Output(N, C)  # type: ignore[operator]
+
+
+def test_a_kernel_of_many_weighted_blocks_builds_in_linear_time() -> None:
+    # each block's chain and join see every weight before it (for numbering and duplicates): a
+    # copy of them per block was quadratic
+    small = min(_seconds(lambda: _weighted(600)) for _ in range(2))
+    large = min(_seconds(lambda: _weighted(1200)) for _ in range(2))
+    assert large < 3 * small + 0.1, (small, large)

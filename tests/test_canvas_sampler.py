@@ -20,7 +20,7 @@ from kdsl.cli import main
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang.errors import SearchError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.search.canvas import IDENTITY_ON_NONNEGATIVE, KINDS, NONNEGATIVE, CanvasSampler, sample
 from kdsl.search.run import search
 from kdsl.search.space import Space
@@ -86,7 +86,7 @@ def test_every_kernel_checks_on_every_layer_after_filling_and_fits_the_budget():
         assert kernel.result["status"] == "valid"
 
 
-def _maps_in_a_row(graph: Graph) -> list[tuple[str, str]]:
+def _maps_in_a_row(graph: Operator) -> list[tuple[str, str]]:
     """(outer, inner) for every Map node whose argument is a Map node (or a Softmax: 'softmax')."""
     found = []
     for node in graph.nodes:
@@ -103,7 +103,7 @@ def test_no_map_is_the_identity_on_its_argument():
     """No ReLU of a ReLU (nor abs or ReLU of a tensor that is never negative)."""
     seen = 0
     for kernel in sample(SPACE, 60, seed=21, weights={"map": 4.0, "softmax": 2.0}):
-        if isinstance(kernel.op, Graph):
+        if not kernel.op.is_linear:
             for outer, inner in _maps_in_a_row(kernel.op):
                 seen += 1
                 assert not (outer in IDENTITY_ON_NONNEGATIVE and (inner in NONNEGATIVE or inner == "softmax"))
@@ -113,7 +113,7 @@ def test_no_map_is_the_identity_on_its_argument():
 def test_no_join_reads_one_tensor_twice():
     joins = 0
     for kernel in KERNELS:
-        if isinstance(kernel.op, Graph):
+        if not kernel.op.is_linear:
             for node in kernel.op.nodes:
                 if len(node.args) == 2:
                     joins += 1
@@ -308,7 +308,7 @@ def test_reference_and_pytorch_agree_on_sampled_kernels(kernel):
             parameter.copy_(torch.from_numpy(value))
         got = module(torch.from_numpy(x)).numpy()
     assert got.shape == expected.shape == tuple(layer[d.name] for d in SPACE.spec.outputs)
-    # float64, the same formulas in other orders: rounding only (as in test_graph_differential.py)
+    # float64, the same formulas in other orders: rounding only (as in test_codegen.py)
     scale = max(1.0, float(np.abs(expected).max()))
     assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
 

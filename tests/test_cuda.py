@@ -38,7 +38,7 @@ from kdsl.runtime.cuda_launch import (
 backend("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
 from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, _axes_split, contraction_tiles  # noqa: E402
-from kdsl.codegen.tvm.graph_lowering import lower  # noqa: E402
+from kdsl.codegen.tvm.lowering import lower  # noqa: E402
 from kdsl.runtime import gpu as gpu_description  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

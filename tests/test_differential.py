@@ -33,8 +33,8 @@ from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.lang import Dim, Input, Merge, Output, Reduce, Share, Split, Unfold, Weight, primary
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError
+from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 from kdsl.search.space import Space
 from kdsl.search.synthesis import State, children, is_complete, root, to_operators

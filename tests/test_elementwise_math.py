@@ -19,8 +19,8 @@ from backends import backend
 
 from kdsl.codegen import reference
 from kdsl.lang import Blend, Fold, Input, Map, Output, Softmax, Unfold, primary
-from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import MAP_FUNCTIONS
+from kdsl.lang.operator import Operator
 
 torch = backend("torch")
 kdsl_tvm = pytest.importorskip("kdsl.codegen.tvm")
@@ -33,7 +33,7 @@ SCALE_BY = 0.37  # Map("scale")'s factor in these tests (not a power of two: its
 SPECIALS = [NAN, 1.0, -2.0, 3.0, INF, -INF, 0.0, -0.0, 5.0, NAN, -7.5, 2.5]
 
 
-def _map_graph(fn: str) -> Graph:
+def _map_graph(fn: str) -> Operator:
     return Input(N, C) >> Map(fn, by=SCALE_BY) if fn == "scale" else Input(N, C) >> Map(fn)
 
 
@@ -61,12 +61,12 @@ def assert_same_nans_and_infinities(got: np.ndarray, expected: np.ndarray, what:
     assert not np.isinf(got[~infinite]).any(), f"{what}: infinite where PyTorch is finite"
 
 
-def _run_tvm(graph: Graph, layer: dict[str, int], x: np.ndarray, schedule: str | None) -> np.ndarray:
+def _run_tvm(graph: Operator, layer: dict[str, int], x: np.ndarray, schedule: str | None) -> np.ndarray:
     kernel = kdsl_tvm.build(graph, layer, dtype=str(x.dtype), schedule=schedule)
     return kernel(torch.from_numpy(x)).numpy()
 
 
-def check_like_torch(graph: Graph, layer: dict[str, int], x: np.ndarray, expected: torch.Tensor) -> None:
+def check_like_torch(graph: Operator, layer: dict[str, int], x: np.ndarray, expected: torch.Tensor) -> None:
     """TVM (unscheduled and default schedule) and the reference give PyTorch's NaNs and infinities,
     and agree with it elsewhere to float32 rounding."""
     want = expected.numpy()
@@ -275,7 +275,7 @@ def test_values_issue_26_found_wrong(fn: str, x: float) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _cuda_source(graph: Graph, layer: dict[str, int]) -> str:
+def _cuda_source(graph: Operator, layer: dict[str, int]) -> str:
     """Compile ``graph`` for CUDA, each stage its own kernel: its spatial loops fused, split by 32 and
     bound to blocks and threads (a reduction runs serially in its thread)."""
     tvm = kdsl_tvm.load_tvm()

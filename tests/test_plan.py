@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import kdsl
 from kdsl.lang import Dim, Expand, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.live import Live
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import BuildContext
 from kdsl.solve import Plan, Stage, View, cost, load_layers, plan, reference_binding
 from kdsl.testing import strategies as kst
@@ -175,7 +175,7 @@ def test_a_shift_that_only_the_output_reads_runs_last_on_the_output() -> None:
     layer = {"N": 1, "Cin": 8, "Cout": 4, "H": 6, "W": 5, "K": 3}
     reference = pytest.importorskip("kdsl.codegen.reference")
     np = pytest.importorskip("numpy")
-    reordered = Operator(op.inputs, p.steps, p.outputs, op.defaults)
+    reordered = Operator.from_steps(op.inputs, p.steps, p.outputs, op.defaults)
     x, weights = reference.random_inputs(op, layer, seed=3)
     assert np.allclose(reference.run(reordered, layer, x, weights), reference.run(op, layer, x, weights))
 
@@ -328,7 +328,7 @@ def test_random_plans_compute_the_same_function(op_and_layer: tuple[Operator, di
     np = pytest.importorskip("numpy")
     op, layer = op_and_layer
     p = plan(op, layer)
-    reordered = Operator(op.inputs, p.steps, p.outputs, op.defaults)
+    reordered = Operator.from_steps(op.inputs, p.steps, p.outputs, op.defaults)
     x, weights = reference.random_inputs(op, layer, seed=1)
     by_name = {w.name: array for w, array in zip(op.weights, weights)}
     expected = reference.run(op, layer, x, weights)

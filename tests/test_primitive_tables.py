@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 import kdsl
-from kdsl.codegen import reference, render, torch_graph
+from kdsl.codegen import reference, render
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.lang import FC, Blend, Fold, Input, Map, Output, Product, Rename, Softmax, Unfold, index
 from kdsl.lang import graph as lang_graph
+from kdsl.lang import operator as lang_operator
 from kdsl.lang.nonlinear import JOIN, JOINS, NONLINEAR, UNARY, Join
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive
 from kdsl.lang.sizes import Size, coefficient, primary
@@ -147,7 +148,7 @@ def test_every_index_expression_has_a_tvm_form_and_a_value():
 
 #: the kinds of graph node every backend lowers: the unary Canvas steps, the joins, and a chain
 #: (the input node is the argument, not a step)
-NODE_KINDS = sorted({*UNARY, *JOINS, lang_graph.CHAIN})
+NODE_KINDS = sorted({*UNARY, *JOINS, lang_operator.CHAIN})
 #: the field kinds the DSL printer, the JSON writer and reader and the content key handle
 FIELD_KINDS = {"ref", "refs", "name", "size", "int", "bool", "choice", "number", "weight"}
 
@@ -156,7 +157,7 @@ def _graph_tables() -> dict[str, dict]:
     """Each backend's per-node-kind table of branching kernels, by a readable name."""
     return {
         "reference.GRAPH_RULES": reference.GRAPH_RULES,
-        "torch_graph.GRAPH_RULES": torch_graph.GRAPH_RULES,
+        "torch.GRAPH_RULES": kdsl_torch.GRAPH_RULES,
         "tvm.GRAPH_RULES": kdsl_tvm.GRAPH_RULES,
         "render.LOOP_NEST_RULES": render.LOOP_NEST_RULES,
         # the cost model also counts the input node (0 FLOPs)
@@ -178,7 +179,7 @@ def test_node_kinds_are_declared_once():
     """No kind is both a linear primitive and a Canvas step or join: a chain holds only the
     linear primitives, and every pass tells the kinds apart by name."""
     assert not set(PRIMITIVES) & set(UNARY) and not set(PRIMITIVES) & set(JOINS) and not set(UNARY) & set(JOINS)
-    assert not {lang_graph.CHAIN, lang_graph.INPUT} & (set(PRIMITIVES) | set(UNARY) | set(JOINS))
+    assert not {lang_operator.CHAIN, lang_operator.INPUT} & (set(PRIMITIVES) | set(UNARY) | set(JOINS))
     assert lang_graph.JOIN_FUNCTIONS.keys() == JOINS.keys()
 
 

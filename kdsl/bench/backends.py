@@ -5,7 +5,7 @@ forward+backward time of the kdsl->PyTorch module, of the native PyTorch functio
 exists (:mod:`kdsl.codegen.native`; for the branching kernels, max pooling, squeeze-excitation,
 attention, Canvas's kernels, the hand-written PyTorch of its ``BRANCHING`` entries), and the
 forward time of the kdsl->TVM kernel with its default schedule. Linear operators and branching
-kernels (:class:`~kdsl.lang.graph.Graph`) go through the same calls: the solver binds and costs
+kernels (:class:`~kdsl.lang.operator.Operator`) go through the same calls: the solver binds and costs
 both, and both backends build both. PyTorch and TVM are timed in separate worker processes, because TVM pins its threads
 and then slows PyTorch down in the same process (see TVM.md); the timings of each case hold the
 machine's latency slot (:func:`kdsl.runtime.timing.latency_slot`). Times are medians over repeats

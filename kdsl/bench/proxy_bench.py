@@ -35,9 +35,9 @@ from kdsl.discover import prescreen
 from kdsl.discover.loop import DiscoverConfig, discovery_space
 from kdsl.discover.prescreen import spearman
 from kdsl.discover.proxy import ProxyConfig, proxy_net, train
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
 from kdsl.lang.library import load_operator
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.search.run import search
 from kdsl.search.store import Store

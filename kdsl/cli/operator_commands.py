@@ -1,7 +1,7 @@
 """``kdsl show``, ``kdsl check``, ``kdsl gallery`` and ``kdsl demo``: commands about one operator or the
 gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line.
 
-An operator may be a branching kernel (a :class:`~kdsl.lang.graph.Graph`): ``show`` then also lists its
+An operator may be a branching kernel (a :class:`~kdsl.lang.operator.Operator`): ``show`` then also lists its
 nodes (step, arguments, dims, MACs) and its memory, and ``check`` counts MACs (a multiply-accumulate,
 or an element-wise operation counted as one) and the peak of live elements per layer. Every count kdsl
 prints is in MACs (multiply-accumulates), as :func:`kdsl.solve.cost` counts."""
@@ -24,15 +24,14 @@ from kdsl.discover import records as run_records
 from kdsl.gallery.content import first_sentence
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, LayerError, printable
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.runtime.progress import Progress
 from kdsl.search.store import Store, candidate
 
 
-def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
+def load_operator(ref: str, db: str | None = None) -> Operator:
     """An operator from a gallery name, a DSL file, a JSON file, or (with ``db``) the canonical
     hash (or a unique prefix of it) of a candidate in a search results database."""
     if db is not None:
@@ -43,7 +42,7 @@ def load_operator(ref: str, db: str | None = None) -> Operator | Graph:
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=([0-9]+)", re.ASCII)
 
 
-def _parse_assignments(items: Sequence[str] | None, op: Operator | Graph, name: str) -> dict[str, int]:
+def _parse_assignments(items: Sequence[str] | None, op: Operator, name: str) -> dict[str, int]:
     """``--set NAME=INT[,NAME=INT...]`` as a dict, checked against ``op``'s coefficients so that a
     typo (``k=5``, ``Q=3``) is an error rather than a value silently ignored. ``re.ASCII`` keeps
     ``int()`` from seeing digits it does not take (``²``) or signs (``--3``)."""
@@ -67,7 +66,7 @@ def _parse_assignments(items: Sequence[str] | None, op: Operator | Graph, name: 
     return values
 
 
-def _unknown_variable(variable: str, op: Operator | Graph, name: str) -> str:
+def _unknown_variable(variable: str, op: Operator, name: str) -> str:
     coefficients = op.coefficient_variables
     if variable in op.primary_variables:
         return (
@@ -80,14 +79,14 @@ def _unknown_variable(variable: str, op: Operator | Graph, name: str) -> str:
     return f"--set {variable}: {name} has no variable {variable}; {known}{hint}"
 
 
-def _formula_lines(op: Operator | Graph) -> list[str]:
+def _formula_lines(op: Operator) -> list[str]:
     formulas = solve.cost(op)
     keys = ("flops", "params", "input", "output", "memory", "peak")
     # solve.cost's "flops" counts multiply-accumulates: printed as MACs, the one unit of every command
     return [f"  {'MACs' if key == 'flops' else key:<13}{formulas[key]}" for key in keys if key in formulas]
 
 
-def _node_lines(graph: Graph) -> list[str]:
+def _node_lines(graph: Operator) -> list[str]:
     """One line per node: its number, its step, the nodes it reads, its dims and its MACs."""
     flops = solve.node_flops(graph)
     lines = []
@@ -117,7 +116,7 @@ def command_show(args: argparse.Namespace) -> int:
     for weight in op.weights:
         dims = ", ".join(f"{d.name}: {d.size}" for d in weight.dims)
         print(f"  weight {weight.name:<6}[{dims}]")
-    if isinstance(op, Graph):
+    if not op.is_linear:
         print("nodes (number, step, the nodes it reads, result dims, MACs):")
         for line in _node_lines(op):
             print(line)
@@ -126,13 +125,13 @@ def command_show(args: argparse.Namespace) -> int:
         print("constraints:")
         for constraint in constraints:
             print(f"  {constraint.description}")
-    if isinstance(op, Graph):
+    if not op.is_linear:
         print("cost (MACs: multiply-accumulates, an element-wise op counted as one; weights' and memory's elements):")
     else:
         print("cost (MACs: multiply-accumulates; params: weights' elements):")
     for line in _formula_lines(op):
         print(line)
-    if isinstance(op, Graph):
+    if not op.is_linear:
         print("loop nest (node by node; each chain's stage plan at a reference size):")
     else:
         print("loop nest (the stage plan at a reference size):")
@@ -156,7 +155,7 @@ def command_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_cuda(op: Operator | Graph, args: argparse.Namespace) -> int:
+def _show_cuda(op: Operator, args: argparse.Namespace) -> int:
     """``kdsl show OP --target cuda [--layers L] [--arch sm_90]``: the CUDA C of the default GPU schedule at
     one layer of the operator's table (the first by default), led by its launches and buffers."""
     from kdsl.codegen.tvm.cuda import cuda_source
@@ -202,7 +201,7 @@ def command_check(args: argparse.Namespace) -> int:
                 ", ".join(f"{variable}={binding[variable]} on {printable(layer.name)}" for layer, binding in bindings)
             )
     paddings = {layer.name: padding for layer, padding in zip(report.layers, report.paddings) if padding is not None}
-    branching = isinstance(op, Graph)
+    branching = not op.is_linear
     rows = []
     for layer, binding in bindings:
         padding = paddings.get(layer.name)
@@ -249,7 +248,7 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 def _check_template(
-    args: argparse.Namespace, op: Operator | Graph, name: str, layers: tuple[solve.Layer, ...], given: dict[str, int]
+    args: argparse.Namespace, op: Operator, name: str, layers: tuple[solve.Layer, ...], given: dict[str, int]
 ) -> int:
     """A template (free widths): what each width must be a multiple of, then the widths filled
     per layer to the budgets (or their least channel-scaled values without one)."""

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from kdsl.lang.build import Operator
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, ShapeError
-from kdsl.lang.graph import Graph, Node
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
+from kdsl.lang.operator import Node, Operator
 from kdsl.lang.primitives import (
     CONTRACTION,
     REDUCTION,
@@ -56,7 +56,7 @@ __all__ = ["GRAPH_RULES", "RULES", "Shapes", "binding", "random_inputs", "run", 
 # ------------------------------------------------------------------------------------------------
 
 
-def binding(op: Operator | Graph, layer: Mapping[str, int]) -> dict[str, int]:
+def binding(op: Operator, layer: Mapping[str, int]) -> dict[str, int]:
     """The value of every variable ``op`` mentions: the layer's, else the operator's default.
 
     >>> from kdsl.lang import *
@@ -119,7 +119,7 @@ class Shapes:
     output: tuple[int, ...]
 
 
-def shapes(op: Operator | Graph, layer: Mapping[str, int], *, pad: bool = False) -> Shapes:
+def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shapes:
     """Check every size ``op`` creates at ``layer`` and return the concrete shapes.
 
     Raises ``LayerError`` for an unbound variable and ``DivisibilityError`` when a created size is
@@ -144,8 +144,14 @@ def shapes(op: Operator | Graph, layer: Mapping[str, int], *, pad: bool = False)
         padded = shapes(op, padding.padded_binding)
         return Shapes(input=padding.input_shape, weights=padded.weights, output=padding.output_shape)
     values = binding(op, layer)
-    if isinstance(op, Graph):
-        return _graph_shapes(op, values)
+    chain = op.chain if isinstance(op, Operator) else op
+    if chain is not None:
+        # a linear operator's shapes are its chain's, its errors worded by the chain's steps
+        return _chain_shapes(chain, values)
+    return _node_shapes(op, values)
+
+
+def _chain_shapes(op: Chain, values: Mapping[str, int]) -> Shapes:
     for dim in op.inputs:
         _concrete(dim.size, values, f"the input dim {dim.name}")
     # every size a step mentions or creates must be a positive integer at this layer
@@ -165,12 +171,12 @@ def shapes(op: Operator | Graph, layer: Mapping[str, int], *, pad: bool = False)
     )
 
 
-def _graph_shapes(graph: Graph, values: Mapping[str, int]) -> Shapes:
+def _node_shapes(graph: Operator, values: Mapping[str, int]) -> Shapes:
     weight_shapes: list[tuple[int, ...]] = []
     for index, node in enumerate(graph.nodes):
         what = f"node {index} ({node.kind})"
-        if isinstance(node.step, Operator):
-            weight_shapes.extend(shapes(node.step, values).weights)
+        if isinstance(node.step, Chain):
+            weight_shapes.extend(_chain_shapes(node.step, values).weights)
         elif isinstance(node.step, Primitive):
             for size in node.step.sizes():
                 _concrete(size, values, f"{what}: {node.step.describe()}")
@@ -185,7 +191,7 @@ def _graph_shapes(graph: Graph, values: Mapping[str, int]) -> Shapes:
     )
 
 
-def _padding(op: Operator | Graph, layer: Mapping[str, int]) -> Padding:
+def _padding(op: Operator, layer: Mapping[str, int]) -> Padding:
     """The padding of ``op`` at ``layer`` (a mapping that may bind coefficients, like every
     layer here; an unbound variable is the same LayerError as unpadded)."""
     if not isinstance(layer, Mapping):
@@ -344,7 +350,7 @@ def _check_array(array: object, expected: tuple[int, ...], names: Sequence[str],
 
 
 def run(
-    op: Operator | Graph, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray], *, pad: bool = False
+    op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray], *, pad: bool = False
 ) -> np.ndarray:
     """Evaluate ``op`` (an operator or a branching kernel) on the input ``x`` with ``weights`` (in
     ``op.weights`` order) at ``layer``.
@@ -399,9 +405,7 @@ def run(
         _check_array(array, shape, [d.name for d in weight.dims], f"the weight {weight.name}").astype(x.dtype)
         for array, shape, weight in zip(weights, expected.weights, op.weights)
     ]
-    if isinstance(op, Graph):
-        return _run_graph(op, values, x, arrays)
-    return _run_chain(op, values, x, arrays)
+    return _run_nodes(op, values, x, arrays)
 
 
 def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -455,7 +459,7 @@ class _GraphEnv:
 
     values: Mapping[str, int]
     arrays: Iterator[np.ndarray]
-    graph: Graph
+    graph: Operator
     index: int
     results: list[_Named]
 
@@ -601,8 +605,9 @@ GRAPH_RULES: dict[str, Callable[[list[_Named], Node, _GraphEnv], _Named]] = {
 }
 
 
-def _run_graph(graph: Graph, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """Evaluate the nodes in order; each reads its arguments' named arrays."""
+def _run_nodes(graph: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Evaluate the nodes in order, each by its rule in :data:`GRAPH_RULES`; each reads its arguments'
+    named arrays (a linear operator is its input and one chain node)."""
     results: list[_Named] = [_Named(x, [d.name for d in graph.inputs])]
     remaining = iter(arrays)
     for index, node in enumerate(graph.nodes[1:], 1):
@@ -612,7 +617,7 @@ def _run_graph(graph: Graph, values: Mapping[str, int], x: np.ndarray, arrays: S
 
 
 def random_inputs(
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     seed: int = 0,
     dtype: type | np.dtype = np.float64,

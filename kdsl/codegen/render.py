@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from html import escape
 
 from kdsl import solve
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph, Node, chain_step_texts
+from kdsl.lang.chain import Chain
 from kdsl.lang.index import Var, walk_up
 from kdsl.lang.nonlinear import FC, JOINS, UNARY, BlendJoin, Fold, Map, ProductJoin, Rename, Softmax
+from kdsl.lang.operator import Node, Operator, chain_step_texts
 from kdsl.lang.primitives import (
     Dim,
     Primitive,
@@ -72,12 +72,12 @@ def _chain_iterators(plan: solve.Plan, reserved: set[str]) -> Callable[[str, Siz
     return iterator
 
 
-def loop_nest(op: Operator | Graph, binding: Mapping[str, int] | None = None) -> str:
+def loop_nest(op: Operator, binding: Mapping[str, int] | None = None) -> str:
     """The operator's stage plan as loops over symbolic extents, one loop nest per stage.
 
     A branching kernel lists one block per node, headed by a comment that names the node, its
     step, the results it reads and the one it makes (see :func:`graph_loop_nest`)."""
-    if isinstance(op, Graph):
+    if not op.is_linear:
         return graph_loop_nest(op, binding)
     plan = solve.plan(op, binding)
     stage_names = [f"stage{number}" for number in range(len(plan.stages))]
@@ -178,7 +178,7 @@ class _NodeView:
     """What a node's loop-nest rule sees: the kernel, the node, the names of every result and the
     plans of the chains."""
 
-    graph: Graph
+    graph: Operator
     index: int
     names: tuple[str, ...]
     plans: Mapping[int, solve.Plan]
@@ -318,7 +318,7 @@ LOOP_NEST_RULES: dict[str, Callable[[_NodeView], list[str]]] = {
 assert set(LOOP_NEST_RULES) == {"Chain", *UNARY, *JOINS}
 
 
-def _result_names(graph: Graph) -> tuple[str, ...]:
+def _result_names(graph: Operator) -> tuple[str, ...]:
     """``x`` for the input, ``t1``, ``t2``, ... for the nodes, and ``out`` for the last one when
     its dims are already in the output's order."""
     names = ["x"] + [f"t{index}" for index in range(1, len(graph.nodes))]
@@ -327,7 +327,7 @@ def _result_names(graph: Graph) -> tuple[str, ...]:
     return tuple(names)
 
 
-def graph_loop_nest(graph: Graph, binding: Mapping[str, int] | None = None) -> str:
+def graph_loop_nest(graph: Operator, binding: Mapping[str, int] | None = None) -> str:
     """A branching kernel as loop nests, one block per node: a chain's stage plan (at ``binding``,
     else the reference point), then Canvas's steps; joins read both branches by dim name.
 
@@ -390,11 +390,11 @@ def _box_kind(step: Primitive) -> str:
     return "reshape"
 
 
-def svg(op: Operator | Graph) -> str:
+def svg(op: Operator) -> str:
     """An SVG drawing of the primitive graph: each dim is a vertical lane from the primitive that
     makes it to the one that consumes it; each primitive is a box across its lanes. A branching
     kernel is drawn node by node (:func:`graph_svg`)."""
-    if isinstance(op, Graph):
+    if not op.is_linear:
         return graph_svg(op)
     column: dict[str, int] = {}
     free: list[int] = []
@@ -484,20 +484,20 @@ def svg(op: Operator | Graph) -> str:
 _CHAR, _LINE, _PAD, _GAP_X, _GAP_Y, _LANE = 7, 15, 8, 28, 44, 6
 
 
-def _node_lines(graph: Graph, index: int) -> list[str]:
+def _node_lines(graph: Operator, index: int) -> list[str]:
     """The text of a node's box: what it is, a chain's steps one per line, its result's dims."""
     node = graph.nodes[index]
     dims = "[" + ", ".join(f"{d.name}: {d.size}" for d in node.dims) + "]"
     if node.step is None:
         return ["input x", dims]
-    if isinstance(node.step, Operator):
+    if isinstance(node.step, Chain):
         steps = chain_step_texts(node.step)
         return [f"{index}: chain", *(f"  {step}" for step in steps), dims]
     role = " (join)" if node.kind in JOINS else ""
     return [f"{index}: {node.describe()}{role}", dims]
 
 
-def graph_svg(graph: Graph) -> str:
+def graph_svg(graph: Operator) -> str:
     """An SVG drawing of a branching kernel: each node a box (its step, a chain's steps, its
     result's dims), placed in rows by depth, with an arrow from each argument; a join's two
     arrows are marked ``lhs`` and ``rhs``, and the output box shows the declared order. An arrow

@@ -43,8 +43,8 @@ from kdsl.codegen.native import native_function
 from kdsl.codegen.torch import build
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.discover.proxy import ProxyConfig, train
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import SearchError
+from kdsl.lang.operator import Operator
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.solve import bind, shapes, with_widths
 from kdsl.solve.cost import cost

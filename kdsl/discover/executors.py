@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.discover.evaluators import Context, evaluate_all
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, SearchError
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 from kdsl.runtime.timing import latency_slot

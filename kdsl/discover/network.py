@@ -49,9 +49,8 @@ from typing import Any
 from kdsl import gallery
 from kdsl.codegen.torch import build, load_torch
 from kdsl.lang import library
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ShapeError, printable
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.serialize import from_json, to_json
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.search.store import candidate
@@ -134,7 +133,7 @@ class NetworkOp:
     ``grouped_conv2d``)."""
 
     label: str
-    op: Operator | Graph
+    op: Operator
     coefficients: Mapping[str, int] = field(default_factory=dict)
 
     def binding(self, layer: Layer) -> dict[str, int]:
@@ -202,7 +201,7 @@ def resolve_ops(specs: Sequence[str | NetworkOp], db: str | None = None, resolut
     return resolved
 
 
-def _load(reference: str, db: str | None) -> Operator | Graph:
+def _load(reference: str, db: str | None) -> Operator:
     named = (
         reference in library.names() or Path(reference).suffix in (".dsl", ".py", ".json") or Path(reference).exists()
     )

@@ -48,8 +48,8 @@ from typing import Any
 from kdsl.codegen.torch import load_torch
 from kdsl.discover.evaluators import Context, Evaluator, Metrics
 from kdsl.discover.proxy import ProxyConfig, load_data, proxy_net, train
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import SearchError
+from kdsl.lang.operator import Operator
 
 __all__ = ["METHODS", "PrescreenEvaluator", "correlation", "score", "spearman", "zero_cost"]
 

@@ -37,8 +37,8 @@ import numpy as np
 from kdsl.codegen.torch import build, load_torch
 from kdsl.discover.data import load as load_dataset
 from kdsl.discover.data import parse_spec
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, SearchError, ShapeError
+from kdsl.lang.operator import Operator
 from kdsl.solve import shapes, with_widths
 from kdsl.solve.layers import Layer
 

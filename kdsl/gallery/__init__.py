@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kdsl import solve
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Graph
 from kdsl.lang.library import SUFFIX, describe, directory, load, names, path, source
 from kdsl.lang.names import check_identifier
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 
 __all__ = [
@@ -58,7 +57,7 @@ def layer_table(name: str) -> str | None:
 DISCOVERED = "Found by kdsl discover"
 
 
-def entry_source(op: Operator | Graph, name: str, provenance: Mapping[str, object]) -> str:
+def entry_source(op: Operator, name: str, provenance: Mapping[str, object]) -> str:
     """A gallery file for a discovered operator: a docstring with its provenance (where and how
     it was found, what it measured), then its DSL source bound to ``name``.
 
@@ -91,7 +90,7 @@ def entry_source(op: Operator | Graph, name: str, provenance: Mapping[str, objec
     return text
 
 
-def add(op: Operator | Graph, name: str, provenance: Mapping[str, object], folder: Path | None = None) -> Path:
+def add(op: Operator, name: str, provenance: Mapping[str, object], folder: Path | None = None) -> Path:
     """Write ``op`` as the gallery entry ``name`` (never over an existing one); return its path."""
     target = (folder or directory()) / f"{name}{SUFFIX}"
     if target.exists():

@@ -20,8 +20,7 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.codegen.torch import lazy_variables
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class Entry:
     ``new`` marks an operator that search found."""
 
     name: str
-    op: Operator | Graph
+    op: Operator
     description: str = ""
     table: str | None = None
     category: str = "other"
@@ -85,7 +84,7 @@ CATEGORY_OF: dict[str, str] = {
 _DISCOVERED = "Found by kdsl discover"
 
 
-def category(name: str, op: Operator | Graph, description: str = "") -> str:
+def category(name: str, op: Operator, description: str = "") -> str:
     """The slug of the section an operator is listed in: the explicit table, else a discovery when
     its description says so, else ``branching`` for a branching kernel, else ``other``.
 
@@ -97,7 +96,7 @@ def category(name: str, op: Operator | Graph, description: str = "") -> str:
         return CATEGORY_OF[name]
     if description.startswith(_DISCOVERED):
         return "discoveries"
-    return "branching" if isinstance(op, Graph) else "other"
+    return "branching" if not op.is_linear else "other"
 
 
 def first_sentence(text: str) -> str:
@@ -246,7 +245,7 @@ def search_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def use_it(name: str, op: Operator | Graph, table: str | None) -> str:
+def use_it(name: str, op: Operator, table: str | None) -> str:
     """Python that loads the operator and builds a PyTorch module of it at the first layer of its
     table (the sizes the weights need; the others bind at the first call), then runs it once.
 

@@ -3,7 +3,7 @@
 A page shows an operator's DSL text, a drawing of its primitive graph (SVG, written beside the
 page), its loop nest, its FLOPs and parameter formulas and their values on a layer table, any
 measured metrics, and optionally its PyTorch source. A branching kernel (a
-:class:`~kdsl.lang.graph.Graph`) gets the same page: the solver's cost and the renderers take both.
+:class:`~kdsl.lang.operator.Operator`) gets the same page: the solver's cost and the renderers take both.
 
 Measured latencies are recorded in ``latencies.json`` beside the pages' index (with the batch they
 were measured at), so rebuilding the pages without measuring, or measuring only some operators,
@@ -41,15 +41,14 @@ from kdsl.gallery.content import (
     use_it,
 )
 from kdsl.gallery.site import write_site
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 
 #: the file (in the gallery folder) that records measured latencies: {"batch": N, "operators": {name: {...}}}
 LATENCIES = "latencies.json"
 
 
-def _cost_rows(op: Operator | Graph, table: object) -> list[str]:
+def _cost_rows(op: Operator, table: object) -> list[str]:
     if table is None:
         return []
     rows = ["| layer | input | output | M MACs | params |", "| --- | --- | --- | ---: | ---: |"]
@@ -69,7 +68,7 @@ def _cost_rows(op: Operator | Graph, table: object) -> list[str]:
 
 def operator_page(
     title: str,
-    op: Operator | Graph,
+    op: Operator,
     *,
     description: str = "",
     svg_name: str | None = None,
@@ -99,7 +98,7 @@ def operator_page(
         lines += [
             f"![the primitive graph of {title}]({svg_name})",
             "",
-            GRAPH_LEGEND if isinstance(op, Graph) else LEGEND,
+            GRAPH_LEGEND if not op.is_linear else LEGEND,
             "",
         ]
     lines += [
@@ -137,7 +136,7 @@ def _format(value: Any) -> str:
 def gallery_entries(
     latencies: Mapping[str, Mapping[str, float]],
     rediscovery: Mapping[str, Mapping[str, Any]],
-    discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
+    discoveries: Sequence[tuple[str, Operator, Mapping[str, Any]]] = (),
 ) -> list[Entry]:
     """Every gallery operator (then search's discoveries) with what its pages show, in index order
     (by category, then name)."""
@@ -178,7 +177,7 @@ def build_gallery(
     latencies: Mapping[str, Mapping[str, float]] | None = None,
     batch: int = 1,
     rediscovery: Mapping[str, Mapping[str, Any]] | None = None,
-    discoveries: Sequence[tuple[str, Operator | Graph, Mapping[str, Any]]] = (),
+    discoveries: Sequence[tuple[str, Operator, Mapping[str, Any]]] = (),
     site: bool = True,
     recorded: Path | None = None,
 ) -> Path:

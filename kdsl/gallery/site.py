@@ -37,7 +37,6 @@ from kdsl.gallery.content import (
     use_it,
 )
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Graph
 
 STYLE = """\
 :root { --ink: #1d2433; --muted: #5b6475; --line: #d8dee9; --accent: #3a5a9a; --paper: #fbfcfe; }
@@ -259,7 +258,7 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
     parts += [
         "<h2>Primitive graph</h2>",
         f'<figure class="diagram"><img src="{entry.name}.svg" alt="the primitive graph of {escape(entry.name)}">'
-        f"<figcaption>{escape(GRAPH_LEGEND if isinstance(entry.op, Graph) else LEGEND)}</figcaption></figure>",
+        f"<figcaption>{escape(GRAPH_LEGEND if not entry.op.is_linear else LEGEND)}</figcaption></figure>",
         "<h2>DSL</h2>",
         f"<pre><code>{escape(entry.op.to_dsl().rstrip())}</code></pre>",
         "<h2>Cost</h2>",

@@ -4,7 +4,7 @@ joins of branches, operators and branching kernels, text and JSON.
 ``from kdsl.lang import *`` gives exactly the names a DSL program uses.
 """
 
-from kdsl.lang.build import Builder, Input, Operator, Output, Pipeline
+from kdsl.lang.build import Builder, Input, Output, Pipeline
 from kdsl.lang.errors import (
     AmbiguousDimError,
     DivisibilityError,
@@ -17,8 +17,9 @@ from kdsl.lang.errors import (
     UnboundDimError,
     ValidityError,
 )
-from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import FC, Fold, Map, Rename, Softmax
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse, parse_size
 from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.serialize import from_json
@@ -54,7 +55,6 @@ _PUBLIC = [
     AmbiguousDimError,
     Builder,
     DivisibilityError,
-    Graph,
     KdslError,
     LayerError,
     LoweringError,

@@ -81,7 +81,7 @@ def instance_key(design: str, coefficients: dict[str, int]) -> str:
 
 
 def graph_key(graph: Any) -> str:
-    """The content hash of a branching kernel (:class:`kdsl.lang.graph.Graph`).
+    """The content hash of a branching kernel (:class:`kdsl.lang.operator.Operator`).
 
     As for a chain, every dim gets a hash from how it was made, and every node (a tensor) one from
     its kind, parameters and the hashes of what it read: a chain by the hashes its steps give its

@@ -1,11 +1,8 @@
-"""Branching kernels: a DAG of linear chains joined by Canvas's non-linear primitives.
+"""Building branching operators: tensors, branches and their joins.
 
-A :class:`Graph` has one data input and one output. Its vertices (:class:`Node`) are, in
-topological order: the input (node 0); *chains*, each a linear :class:`~kdsl.lang.build.Operator`
-applied to one earlier node (everything Syno's half knows: planning, native ops, schedules);
-unary Canvas steps (:data:`~kdsl.lang.nonlinear.UNARY`: Map, Fold, Softmax, FC, Rename); and joins
-of two branches (Blend, Product). A linear operator is the special case of one chain, and a build
-that never branches nor leaves the linear primitives gives a plain ``Operator``, as before.
+An :class:`~kdsl.lang.operator.Operator` is a DAG of nodes (the input, linear chains, Canvas's
+unary steps, joins). A build that never branches nor leaves the linear primitives gives the
+linear operator (the input and one chain); one that does is built here, a tensor at a time.
 
 Tensors are built with the same ``>>``; a tensor may feed several branches, and ``+ - *``,
 :func:`Blend` and :func:`Product` join them again:
@@ -27,236 +24,19 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 
 from kdsl.lang import build as _build
-from kdsl.lang.build import Builder, Input, Operator, Sized, substitute_operator
-from kdsl.lang.canonical import graph_key
-from kdsl.lang.errors import KdslError, ShapeError, SizeError
+from kdsl.lang.build import Builder, Input
+from kdsl.lang.chain import Chain, substitute_chain
+from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.lang.live import Live
-from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Fold, Join, Map, ProductJoin
-from kdsl.lang.primitives import PRIMITIVES, WINDOWING, BuildContext, Dim, Output, Pipeline, Primitive, Reduce, Weight
-from kdsl.lang.printer import graph_to_dsl, graph_to_json
+from kdsl.lang.nonlinear import JOINS, UNARY, BlendJoin, Join, ProductJoin
+from kdsl.lang.operator import Match, Node, Operator, finish_nodes, weights_of
+from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Output, Pipeline, Primitive, Weight
 from kdsl.lang.sizes import Size, unify
 
-__all__ = ["Blend", "Graph", "Node", "Product", "Tensor", "chain_step_texts"]
+__all__ = ["Blend", "Product", "Tensor"]
 
-#: the kind of a node that applies a linear chain (an Operator)
-CHAIN = "Chain"
-INPUT = "Input"
-
-
-@dataclass(frozen=True)
-class Node:
-    """One vertex of a graph: ``step`` (``None`` for the input, an :class:`Operator` for a chain, a
-    unary step or a join), ``args`` (indices of earlier nodes) and its result's ``dims`` in order."""
-
-    step: Operator | Primitive | Join | None
-    args: tuple[int, ...]
-    dims: tuple[Dim, ...]
-
-    @property
-    def kind(self) -> str:
-        """``"Input"``, ``"Chain"``, or the primitive's kind (``"Map"``, ``"Blend"``, ...)."""
-        if self.step is None:
-            return INPUT
-        if isinstance(self.step, Operator):
-            return CHAIN
-        return self.step.kind
-
-    @property
-    def chain(self) -> Operator:
-        assert isinstance(self.step, Operator)
-        return self.step
-
-    def weights(self) -> tuple[Weight, ...]:
-        """The weights the node's step shares (a chain's in its own order, an FC's one)."""
-        return _weights_of(self.step)
-
-    def describe(self) -> str:
-        """A short text of the node's step, as messages, listings and generated code name it:
-        ``Input``, ``chain Unfold(H, K) >> Reduce(C, kh, mean)``, ``Map(relu)``, ``Fold(kh, kw, how=max)``,
-        ``FC(C -> r: R)``, ``Rename(c -> C)``, ``Blend(mul)``, ``Product(d)``."""
-        step = self.step
-        if step is None:
-            return INPUT
-        if isinstance(step, Operator):
-            return "chain " + " >> ".join(chain_step_texts(step)) if step.steps else "chain (no steps)"
-        if isinstance(step, Map):
-            return f"Map({step.fn}, by={step.by:g})" if step.fn == "scale" else f"Map({step.fn})"
-        if isinstance(step, Fold):
-            return f"Fold({', '.join(map(str, step.dims))}, how={step.how})"
-        return step.describe()
-
-
-def chain_step_texts(chain: Operator) -> list[str]:
-    """The chain's steps as short texts, consecutive Reduces of one kind written as one."""
-    texts: list[str] = []
-    previous: Reduce | None = None
-    for step in chain.steps:
-        if isinstance(step, Reduce) and isinstance(previous, Reduce) and previous.mean == step.mean:
-            dims = texts[-1][len("Reduce(") : -1].removesuffix(", mean")
-            texts[-1] = f"Reduce({dims}, {step.dim}{', mean' if step.mean else ''})"
-        elif isinstance(step, Reduce) and step.mean:
-            texts.append(step.describe()[:-1] + ", mean)")
-        else:
-            texts.append(step.describe())
-        previous = step if isinstance(step, Reduce) else None
-    return texts
-
-
-def _weights_of(step: object) -> tuple[Weight, ...]:
-    if isinstance(step, Operator):
-        return step.weights
-    if isinstance(step, Primitive):
-        return step.weights()
-    return ()
-
-
-@dataclass(frozen=True)
-class Match:
-    """A free width that shape matching solved at a join: ``variable = size``, because the dim
-    ``dim`` had the size ``left`` in the left branch and ``right`` in the right one."""
-
-    variable: str
-    size: Size
-    join: str
-    dim: str
-    left: Size
-    right: Size
-
-    def substituted(self, values: Mapping[str, Size]) -> Match:
-        return Match(
-            self.variable,
-            self.size.substitute(values),
-            self.join,
-            self.dim,
-            self.left.substitute(values),
-            self.right.substitute(values),
-        )
-
-    def describe(self) -> str:
-        """``Product(kh, kw): the dim g is Cin/S in the left branch and x2/K**2 in the right``."""
-        return f"{self.join}: the dim {self.dim} is {self.left} in the left branch and {self.right} in the right"
-
-
-@dataclass(frozen=True, eq=True)
-class Graph(Sized):
-    """A finished branching kernel: the input dims, the nodes (node 0 is the input, the last one
-    the result), the output dims (the last node's, in the declared order) and coefficient defaults.
-    It has the operator's surface: weights, variables, DSL text, JSON and a content key."""
-
-    inputs: tuple[Dim, ...]
-    nodes: tuple[Node, ...]
-    outputs: tuple[Dim, ...]
-    defaults: tuple[tuple[str, int], ...] = ()
-    #: the free widths shape matching solved while the kernel was built (for messages only: the
-    #: sizes already hold the solutions, and the text and JSON do not keep them)
-    matches: tuple[Match, ...] = field(default=(), compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._check_variables()
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.inputs, self.nodes, self.outputs, self.defaults, self.matches))
-
-    @cached_property
-    def weights(self) -> tuple[Weight, ...]:
-        """Every weight, in node order (a chain's in its own order)."""
-        return tuple(w for node in self.nodes for w in node.weights())
-
-    def _all_sizes(self) -> list[Size]:
-        sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
-        for node in self.nodes:
-            sizes.extend(d.size for d in node.dims)
-            if isinstance(node.step, Operator):
-                sizes.extend(node.step._all_sizes())
-            elif isinstance(node.step, Primitive):
-                sizes.extend(node.step.sizes())
-        return sizes
-
-    def padding_region(self, fold: int) -> tuple[int, ...]:
-        """The chain nodes whose windows' zero padding the Fold node ``fold`` leaves out, in the
-        order they run: the linear region it reads, followed back through chains and Renames (which
-        move no data) to the last non-linear node or the input; empty when no chain there has a
-        window. The Fold's mask is that region run on ones, weights ones too: positive exactly where
-        an element reads data (:class:`~kdsl.lang.nonlinear.Fold`).
-
-        >>> from kdsl.lang import *
-        >>> N, L = primary("N L")
-        >>> pool = Input(N, L) >> Unfold(L, 3, "k") >> Rename(L, "M") >> Shift("M") >> Fold("k") >> Output(N, "M")
-        >>> [pool.nodes[i].kind for i in pool.padding_region(4)]
-        ['Chain', 'Chain']
-        """
-        chains: list[int] = []
-        index = self.nodes[fold].args[0]
-        while self.nodes[index].kind in (CHAIN, "Rename"):
-            if self.nodes[index].kind == CHAIN:
-                chains.append(index)
-            index = self.nodes[index].args[0]
-        if not any(WINDOWING in step.facts for i in chains for step in self.nodes[i].chain.steps):
-            return ()
-        return tuple(reversed(chains))
-
-    @cached_property
-    def consumers(self) -> tuple[tuple[int, ...], ...]:
-        """For each node, the nodes that read it."""
-        readers: list[list[int]] = [[] for _ in self.nodes]
-        for index, node in enumerate(self.nodes):
-            for arg in node.args:
-                readers[arg].append(index)
-        return tuple(tuple(r) for r in readers)
-
-    def to_dsl(self, name: str = "op") -> str:
-        """DSL source that :func:`kdsl.parse` reads back to an equal graph."""
-        return graph_to_dsl(self, name)
-
-    def to_json(self) -> str:
-        """The versioned JSON form (nodes in order, each naming its arguments); :func:`kdsl.from_json`
-        reads it back."""
-        return graph_to_json(self)
-
-    @cached_property
-    def key(self) -> str:
-        """A content hash that ignores dim and weight names and the order of independent branches."""
-        return graph_key(self)
-
-    def substituted(self, values: Mapping[str, Size | int]) -> Graph:
-        """The same kernel with the variables named in ``values`` replaced by those sizes (a
-        dynamic variable by what shape matching or the budget solver found for it)."""
-        sizes = {name: Size.of(value) for name, value in values.items()}
-        steps: dict[int, Primitive] = {}
-
-        def dims(found: tuple[Dim, ...]) -> tuple[Dim, ...]:
-            return tuple(Dim(d.name, d.size.substitute(sizes)) for d in found)
-
-        nodes = []
-        for node in self.nodes:
-            step = node.step
-            if isinstance(step, Operator):
-                step = substitute_operator(step, sizes, steps)
-            elif isinstance(step, Primitive):
-                step = step.substituted(sizes)
-            nodes.append(Node(step, node.args, dims(node.dims)))
-        defaults = {k: v for k, v in self.defaults if k not in sizes}
-        graph = _finish_graph(dims(self.inputs), tuple(nodes), [d.name for d in self.outputs], defaults, Output)
-        matches = tuple(m.substituted(sizes) for m in self.matches)
-        return Graph(graph.inputs, graph.nodes, graph.outputs, graph.defaults, matches) if matches else graph
-
-    def with_defaults(self, **values: int) -> Graph:
-        merged = dict(self.defaults)
-        merged.update(values)
-        return _finish_graph(self.inputs, self.nodes, [d.name for d in self.outputs], merged, Output)
-
-    def __repr__(self) -> str:
-        ins = ", ".join(f"{d.name}: {d.size}" for d in self.inputs)
-        outs = ", ".join(f"{d.name}: {d.size}" for d in self.outputs)
-        return f"<Graph [{ins}] -> [{outs}], {len(self.nodes)} nodes, key {self.key}>"
-
-
-# ------------------------------------------------------------------------------------------------
-# Building
 # ------------------------------------------------------------------------------------------------
 
 
@@ -273,7 +53,7 @@ class _Vertex:
 
     __slots__ = ("step", "args", "dims", "root", "serial", "named")
 
-    def __init__(self, step: Operator | Primitive | Join | None, args: tuple[_Vertex, ...], dims: tuple[Dim, ...]):
+    def __init__(self, step: Chain | Primitive | Join | None, args: tuple[_Vertex, ...], dims: tuple[Dim, ...]):
         self.step, self.args, self.dims = step, args, dims
         self.root: _Vertex = args[0].root if args else self
         #: a unique number naming the vertex as a weight's owner (an id() could be reused)
@@ -350,7 +130,7 @@ def _merged(first: _Weights, second: _Weights) -> _Weights:
 def _own_weights(vertex: _Vertex, before: _Weights) -> _Weights:
     added: list[tuple[str, int, Weight]] = []
     names: set[str] = set()
-    for weight in _weights_of(vertex.step):
+    for weight in weights_of(vertex.step):
         assert weight.name is not None
         if weight.name in names or before.owner(weight.name) is not None:
             raise _Clash(weight.name)
@@ -411,7 +191,7 @@ def _weight_names(vertices: Sequence[_Vertex]) -> list[Weight]:
     found: list[Weight] = []
     seen: dict[str, Weight] = {}
     for vertex in vertices:
-        for weight in _weights_of(vertex.step):
+        for weight in weights_of(vertex.step):
             assert weight.name is not None
             if weight.name in seen:
                 # name both weights' dims: the two may be equal (one Share written in two
@@ -475,11 +255,11 @@ class Tensor:
                 raise ShapeError(
                     "a branch of a kernel reduces every dim away, which leaves a scalar; reduce fewer dims"
                 ).with_context(pending._text_so_far())
-            chain = pending.finish(Output(*pending.live.sizes))
+            chain = pending.finish_chain(Output(*pending.live.sizes))
             pending.closed_vertex = _Vertex(chain, (self.vertex,), chain.outputs)
         return pending.closed_vertex
 
-    def __rshift__(self, other: object) -> Tensor | Graph | Operator:
+    def __rshift__(self, other: object) -> Tensor | Operator:
         if isinstance(other, Pipeline):
             result: object = self
             for primitive in other.primitives:
@@ -558,20 +338,20 @@ class Tensor:
     def __rmul__(self, other: object) -> Tensor:
         return Tensor.of(other, "*").join(BlendJoin("mul"), self)
 
-    def finish(self, output: Output) -> Graph | Operator:
+    def finish(self, output: Output) -> Operator:
         vertex = self.closed()
         order = _topological(vertex)
-        if len(order) == 2 and isinstance(vertex.step, Operator):
-            # one linear chain on the input: a plain operator, the special case
+        if len(order) == 2 and isinstance(vertex.step, Chain):
+            # one linear chain on the input: the linear operator, the special case
             chain = vertex.step
             return Builder(chain.inputs, chain.steps, None, []).finish(output)
         if len(order) == 1:
             return Builder(vertex.dims, (), Live({d.name: d.size for d in vertex.dims}, ()), []).finish(output)
         index = {id(v): i for i, v in enumerate(order)}
         nodes = tuple(Node(v.step, tuple(index[id(a)] for a in v.args), v.dims) for v in order)
-        graph = _finish_graph(order[0].dims, nodes, list(output.refs), dict(output.defaults), Output)
+        graph = finish_nodes(order[0].dims, nodes, list(output.refs), dict(output.defaults))
         if self.matches:
-            graph = Graph(graph.inputs, graph.nodes, graph.outputs, graph.defaults, self.matches)
+            graph = Operator(graph.inputs, graph.nodes, graph.outputs, graph.defaults, self.matches)
         return graph
 
     def __repr__(self) -> str:
@@ -614,8 +394,8 @@ def _substitute_vertex(
         dims = tuple(Dim(d.name, d.size.substitute(sizes)) for d in vertex.dims)
         args = tuple(memo[id(a)] for a in vertex.args)
         step = vertex.step
-        if isinstance(step, Operator):
-            step = substitute_operator(step, sizes, steps)
+        if isinstance(step, Chain):
+            step = substitute_chain(step, sizes, steps)
         elif isinstance(step, Primitive):
             step = steps.setdefault(id(step), step.substituted(sizes))
         if step is vertex.step and args == vertex.args and dims == vertex.dims:
@@ -641,7 +421,7 @@ def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
     return memo[id(vertex)]
 
 
-def _common_prefix(first: Operator, second: Operator) -> int:
+def _common_prefix(first: Chain, second: Chain) -> int:
     length = 0
     for a, b in zip(first.steps, second.steps):
         # the same step objects: copied from one build by >>, never two equal steps written twice
@@ -656,7 +436,7 @@ def _chain_vertex(source: _Vertex, steps: tuple[Primitive, ...], outputs: Sequen
     if not steps:
         return source
     builder = Builder(source.dims, steps, None, [])
-    chain = builder.finish(Output(*(outputs if outputs is not None else builder.live.sizes)))
+    chain = builder.finish_chain(Output(*(outputs if outputs is not None else builder.live.sizes)))
     return _Vertex(chain, (source,), chain.outputs)
 
 
@@ -670,7 +450,7 @@ def _share_prefixes(root: _Vertex) -> _Vertex:
     for _ in range(64):  # each pass removes one shared prefix; kernels are far smaller than this
         chains: dict[int, list[_Vertex]] = {}
         for vertex in _topological(root):
-            if isinstance(vertex.step, Operator):
+            if isinstance(vertex.step, Chain):
                 chains.setdefault(id(vertex.args[0]), []).append(vertex)
         found = None
         for group in chains.values():
@@ -718,35 +498,6 @@ def _input_vertex(dims: tuple[Dim, ...]) -> _Vertex:
     return vertex
 
 
-def _finish_graph(
-    inputs: tuple[Dim, ...], nodes: tuple[Node, ...], refs: list[object], defaults: Mapping[str, int], output: type
-) -> Graph:
-    last = nodes[-1]
-    live = Live({d.name: d.size for d in last.dims}, ())
-    names: dict[str, None] = {}
-    for ref in refs:
-        name = live.resolve(ref, "Output")
-        if name in names:
-            raise ShapeError(f"Output: the dim {name} is listed twice")
-        names[name] = None
-    if len(names) != len(live):
-        missing = [n for n in live.sizes if n not in names]
-        raise ShapeError(
-            f"Output: the dims {', '.join(missing)} are still live but not in the output; "
-            f"Reduce, Fold or list them (the live dims are {live.describe()})"
-        )
-    checked = output(*names, defaults=dict(defaults) or None)
-    graph = Graph(inputs, nodes, tuple(Dim(n, live.size(n)) for n in names), checked.defaults)
-    coefficients = set(graph.coefficient_variables)
-    for key, _ in graph.defaults:
-        if key not in coefficients:
-            raise SizeError(
-                f"Output(defaults=...): {key} is not a coefficient variable of this kernel "
-                f"(its coefficients are {sorted(coefficients) or 'none'})"
-            )
-    return graph
-
-
 def Blend(how: str, lhs: object, rhs: object) -> Tensor:
     """Join two branches element-wise: ``how`` is ``add``, ``sub``, ``mul``, ``min`` or ``max``.
 
@@ -773,7 +524,7 @@ def Product(lhs: object, rhs: object, *reduce: str) -> Tensor:
     return Tensor.of(lhs, "Product").join(ProductJoin(*reduce), rhs)
 
 
-def _chain_to_tensor(builder: Builder, other: object) -> Tensor | Graph | Operator:
+def _chain_to_tensor(builder: Builder, other: object) -> Tensor | Operator:
     return Tensor.of(builder, "a chain") >> other
 
 

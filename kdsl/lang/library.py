@@ -18,9 +18,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError, ParseError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 
@@ -94,9 +93,9 @@ def source(name: str) -> str:
     return path(name).read_text(encoding="utf-8")
 
 
-def load(name: str) -> Operator | Graph:
-    """Parse the gallery file of the operator ``name``: an ``Operator``, or a ``Graph`` for a
-    branching kernel (max pooling, squeeze-excitation, attention, Canvas's kernels).
+def load(name: str) -> Operator:
+    """Parse the gallery file of the operator ``name`` (linear, or a branching kernel: max pooling,
+    squeeze-excitation, attention, Canvas's kernels).
 
     >>> load("matmul").weights[0].name
     'w'
@@ -111,7 +110,7 @@ def load(name: str) -> Operator | Graph:
         raise error.with_context(f"{where}\n{error.context}" if error.context else where) from None
 
 
-def load_operator(ref: str) -> Operator | Graph:
+def load_operator(ref: str) -> Operator:
     """An operator named the way every ``kdsl`` command takes one: a gallery name, a ``.dsl`` (or
     ``.py``) file of DSL source, or a ``.json`` file of its JSON form.
 

@@ -22,11 +22,12 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from kdsl.lang.build import Builder, Input, Operator
+from kdsl.lang.build import Builder, Input
 from kdsl.lang.errors import KdslError, ParseError
-from kdsl.lang.graph import JOIN_FUNCTIONS, Graph, Tensor
+from kdsl.lang.graph import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
 from kdsl.lang.nonlinear import MAX_SCALE, UNARY
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Weight
 from kdsl.lang.sizes import KINDS, Size, coefficient, dynamic, primary
 
@@ -265,7 +266,7 @@ def _syntax_tree(source: object, what: str) -> ast.Module:
         raise ParseError(f"{what} cannot be parsed: {type(error).__name__}") from None
 
 
-def parse(source: str) -> Operator | Graph:
+def parse(source: str) -> Operator:
     """Read DSL source and return its operator or branching kernel (the one bound to ``op``, or the
     only one). A tensor bound to a name must be read again: a branch that is never joined into the
     result is an error, not silently dropped.
@@ -279,7 +280,7 @@ def parse(source: str) -> Operator | Graph:
         interpreter.run(tree)
     except RecursionError:
         raise ParseError("the program is nested too deeply") from None
-    operators = [name for name in interpreter.order if isinstance(interpreter.env[name], (Operator, Graph))]
+    operators = [name for name in interpreter.order if isinstance(interpreter.env[name], Operator)]
     dangling = [
         name
         for name in interpreter.order

@@ -93,7 +93,7 @@ class Dim:
 
 
 class OperatorParts(Protocol):
-    """What printing needs of an operator (:class:`kdsl.lang.build.Operator` has it)."""
+    """What printing needs of an operator (a linear operator's :class:`kdsl.lang.chain.Chain` has it)."""
 
     inputs: tuple[Dim, ...]
     steps: tuple[Primitive, ...]

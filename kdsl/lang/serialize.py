@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kdsl.lang.build import Input, Operator
+from kdsl.lang.build import Input
 from kdsl.lang.errors import KdslError, ParseError
-from kdsl.lang.graph import JOIN_FUNCTIONS, Graph, Tensor
+from kdsl.lang.graph import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.nonlinear import JOINS, UNARY
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse_size
 from kdsl.lang.primitives import PRIMITIVES, Dim, Output, Pipeline, Primitive, Weight
 from kdsl.lang.printer import FORMAT, GRAPH_FORMAT, GRAPH_VERSION, VERSION, to_dict, to_json
@@ -100,7 +101,7 @@ def _variables_and_inputs(data: dict[str, Any], what: str) -> tuple[dict[str, st
     return variables, inputs
 
 
-def from_dict(data: Any) -> Operator | Graph:
+def from_dict(data: Any) -> Operator:
     """Rebuild an operator from :func:`to_dict`'s output, checking every step again."""
     if not isinstance(data, dict):
         raise ParseError(f"an operator's JSON must be an object, got {type(data).__name__}")
@@ -123,7 +124,7 @@ def from_dict(data: Any) -> Operator | Graph:
     return Input(*inputs) >> Pipeline(steps, Output(*outputs, defaults=defaults))  # type: ignore[return-value]
 
 
-def _graph_from_dict(data: dict[str, Any]) -> Operator | Graph:
+def _graph_from_dict(data: dict[str, Any]) -> Operator:
     """Rebuild a branching kernel node by node. Arguments must name earlier nodes (so the JSON
     cannot hold a cycle), and every node must reach the output (no branch left unjoined)."""
     version = data.get("version")
@@ -173,7 +174,7 @@ def _graph_from_dict(data: dict[str, Any]) -> Operator | Graph:
     return Tensor.of(tensors[-1], "kernel") >> Output(*outputs, defaults=defaults)  # type: ignore[return-value]
 
 
-def from_json(text: str) -> Operator | Graph:
+def from_json(text: str) -> Operator:
     """Read an operator from :func:`to_json` text; malformed input raises ``ParseError``."""
     if not isinstance(text, (str, bytes)):
         raise ParseError(f"operator JSON must be text, got {type(text).__name__}")

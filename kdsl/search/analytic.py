@@ -17,8 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.solve import check, cost
 from kdsl.solve.dynamic import BUDGETS
 

@@ -92,10 +92,11 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kdsl.lang.build import Input, Operator, Output
+from kdsl.lang.build import Input, Output
 from kdsl.lang.errors import KdslError, SearchError
-from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Merge, Reduce, Shift, Split, Unfold
 from kdsl.lang.sizes import Size, dynamic, unify
 from kdsl.search.analytic import evaluate
@@ -134,7 +135,7 @@ class Sample:
     status, FLOPs and params in total and per layer, coefficients), the ``steps`` sampled and the
     kinds they had."""
 
-    op: Operator | Graph
+    op: Operator
     key: str
     widths: dict[str, dict[str, int]]
     result: dict[str, Any]
@@ -333,7 +334,7 @@ class CanvasSampler:
         node = _Node(source, dict(source.shape), ("input",), ("input",))
         return _Attempt(rng, [node], [0], dict(rng.choice(self.space.assignments)))
 
-    def _sample(self, iteration: int) -> Operator | Graph | None:
+    def _sample(self, iteration: int) -> Operator | None:
         """Grow and finish the kernel of attempt ``iteration`` (None: a dead end, counted)."""
         attempt = self._start(random.Random(f"canvas:{self.seed}:{iteration}"))
         steps = attempt.rng.randint(*self.node_range) - 1
@@ -648,7 +649,7 @@ class CanvasSampler:
             all(d in dims for d in self.batch + self.spatial) and bool(rest) and set(rest) <= allowed and not node.plain
         )
 
-    def _finish(self, attempt: _Attempt) -> Operator | Graph | None:
+    def _finish(self, attempt: _Attempt) -> Operator | None:
         """The last node made into the spec's output (a Rename, a width matched, or an FC)."""
         last = attempt.nodes[-1]
         if not self._finishable(last) or sum(1 for count in attempt.readers if count == 0) != 1:
@@ -684,14 +685,14 @@ class CanvasSampler:
             return None
         return op
 
-    def _output(self, tensor: Any, channels: Sequence[str], target: Size) -> Operator | Graph:
+    def _output(self, tensor: Any, channels: Sequence[str], target: Size) -> Operator:
         """``tensor`` (after its Rename, if any) made the output: an FC of ``channels`` to the
         output's channel when there are any."""
         if channels:
             tensor = tensor >> FC(*channels, name=self.output.name, size=target, weight=OUTPUT_WEIGHT)
         return tensor >> Output(*(d.name for d in self.space.spec.outputs))
 
-    def _solve(self, op: Operator | Graph) -> tuple[dict[str, dict[str, int]], dict] | None:
+    def _solve(self, op: Operator) -> tuple[dict[str, dict[str, int]], dict] | None:
         """Fill the free widths to the budgets on every layer and check the result there: the
         widths per layer and the evaluation, or None (counted) for a kernel that cannot be made
         valid or does not fit the budgets. A kernel without free widths is evaluated as every

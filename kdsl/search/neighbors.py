@@ -54,8 +54,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.lang import library, sizes
-from kdsl.lang.build import Builder, Operator
+from kdsl.lang.build import Builder
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Dim, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight
 from kdsl.search.analytic import evaluate
 
@@ -133,7 +134,7 @@ def seeds(space: Any) -> list[tuple[str, Operator]]:
     found: list[tuple[str, Operator]] = []
     for name in library.names():  # the gallery's files, read by lang (search sits below kdsl.gallery)
         op = library.load(name)
-        if not isinstance(op, Operator) or not _fits(op, space):
+        if not op.is_linear or not _fits(op, space):
             continue
         variants = [op]
         for coefficient in op.coefficient_variables:

@@ -48,8 +48,8 @@ import numpy as np
 
 from kdsl.codegen import reference
 from kdsl.lang import library
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Shift
 from kdsl.search import semantic
 from kdsl.search.neighbors import rebuilt
@@ -118,7 +118,7 @@ class _Semantics:
 
 
 def _semantics(op: object) -> _Semantics | None:
-    if not isinstance(op, Operator):
+    if not isinstance(op, Operator) or not op.is_linear:
         return None
     batch = semantic._batch(op, semantic.BATCH)
     if batch is None:
@@ -334,7 +334,7 @@ def structure(op: Any) -> str:
     >>> structure(gallery.load("grouped_conv2d"))
     '1 weight w[g, co, ci, kh, kw]; windows over H, W; Cin split; channels merged'
     """
-    steps = list(getattr(op, "steps", ()))
+    steps = list(op.steps) if getattr(op, "is_linear", False) else []  # a branching one has nodes
     weights = list(getattr(op, "weights", ()))
     parts = [
         f"{len(weights)} weight{'s' if len(weights) != 1 else ''} "

@@ -45,7 +45,7 @@ w`` and ``w`` share a pattern), on purpose: a learned weight absorbs a constant.
 confuse re-parametrizations for different families, except through rounding (two entries within
 1e-11 relative of a rounding boundary: negligible) and through a twin bound on another rank layer
 (a false distinct, never a false duplicate). Branching kernels
-(:class:`kdsl.lang.graph.Graph`) are not linear: they get no fingerprint (None), nor do operators
+(:class:`kdsl.lang.operator.Operator`) are not linear: they get no fingerprint (None), nor do operators
 no small layer binds.
 
 **Spatial rolls and flips.** A convolutional network is translation-equivariant: rolling an
@@ -73,8 +73,8 @@ from typing import Any
 import numpy as np
 
 from kdsl.codegen import reference
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 
 __all__ = [
@@ -161,7 +161,7 @@ def pattern_key(
     """The cheap half of the fingerprint (one reference run): the equality pattern's hash, and
     the family's dimension when it comes free (one weight or none), else None (then
     :func:`rank_of` probes it: search asks only when another family has the same pattern)."""
-    if not isinstance(op, Operator):
+    if not isinstance(op, Operator) or not op.is_linear:
         return None
     name = _batch(op, batch)
     if name is None:
@@ -461,7 +461,7 @@ class Families:
             op = parse(op_or_text) if isinstance(op_or_text, str) else op_or_text
         except KdslError:
             return None
-        return pair_rank(op, self.batch) if isinstance(op, Operator) else None
+        return pair_rank(op, self.batch) if isinstance(op, Operator) and op.is_linear else None
 
     def classify(self, key: str, op: object) -> tuple[str | None, int | None, str | None]:
         """:meth:`lookup`, and :meth:`add` when the family is new."""
@@ -475,7 +475,7 @@ class Families:
             op = parse(op_or_text) if isinstance(op_or_text, str) else op_or_text
         except KdslError:
             return None
-        if not isinstance(op, Operator):
+        if not isinstance(op, Operator) or not op.is_linear:
             return None
         found = pattern_key(op, self.batch)
         if found is not None and found[1] is not None:

@@ -467,7 +467,7 @@ class Space:
             op = library.load(self.baseline_name)
         except KdslError:
             return frozenset()
-        steps = getattr(op, "steps", ())  # a branching baseline has no linear steps to read
+        steps = op.steps if op.is_linear else ()  # a branching baseline has no linear steps to read
         return frozenset(
             op.live[index][name]
             for index, step in enumerate(steps)

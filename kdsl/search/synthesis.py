@@ -24,8 +24,9 @@ import itertools
 import weakref
 from collections.abc import Collection, Iterable, Iterator
 
-from kdsl.lang.build import Input, Operator, Output, Pipeline
+from kdsl.lang.build import Input, Output, Pipeline
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Dim, Primitive
 from kdsl.lang.sizes import Size
 from kdsl.search.distance import state_distance

@@ -13,7 +13,7 @@
 >>> solve.cost(conv)["flops"]
 Cin*Cout*H*K**2*N*W
 
-Every function here takes a branching kernel (a :class:`~kdsl.lang.graph.Graph`) as well, except
+Every function here takes a branching kernel (a :class:`~kdsl.lang.operator.Operator`) as well, except
 :func:`plan`, which orders one linear chain (:func:`chain_plans` gives a kernel's plans).
 
 Note: the functions ``constraints``, ``plan`` and ``cost`` shadow the submodules of the same
@@ -27,7 +27,6 @@ from kdsl.solve.constraints import (
     assignments,
     bind,
     constraints,
-    graph_constraints,
     pad_binding,
 )
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
@@ -58,7 +57,6 @@ __all__ = [
     "cost",
     "fill",
     "freedom",
-    "graph_constraints",
     "load_layers",
     "multiples",
     "node_flops",

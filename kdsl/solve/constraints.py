@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from kdsl.lang.build import Operator
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Primitive
 from kdsl.lang.sizes import Size, Var
 from kdsl.solve.graph import node_label
@@ -202,69 +202,53 @@ class _Collector:
 
 
 @lru_cache(maxsize=512)
-def constraints(op: Operator | Graph) -> tuple[Constraint, ...]:
-    """The constraints of ``op``, in step order (coefficient positivity first), without duplicates.
+def constraints(op: Operator | Chain) -> tuple[Constraint, ...]:
+    """The constraints of ``op``, without duplicates: coefficient positivity, the input's dims, then,
+    node by node, the requirements of every step of a chain, of every unary step (an FC's output
+    size) and the integrality of every dim of a node's result; the output's dims last. In a
+    branching operator the step text names the node (``node 1 chain: Split(C, C/G)``, ``node 2
+    FC(C -> r: C/G)``); a linear operator's one chain node is named by its steps alone.
 
     >>> from kdsl.lang import *
     >>> H = primary("H"); s, K = coefficient("s K")
     >>> op = Input(H) >> Unfold(H, K, "k") >> Stride(H, s) >> Reduce("k") >> Output("H")
     >>> [c.description for c in constraints(op) if c.kind != "positive"]
     ['Unfold(H, K): the window K must be smaller than the dim H (H)', 'Stride(H, s): H/s must be a positive integer']
-
-    A branching kernel's constraints are the union of its chains' (each a linear operator), its
-    unary nodes' (an FC's output size is an integer) and the integrality of every node's dims;
-    the step text names the node (see :func:`graph_constraints`).
-    """
-    if isinstance(op, Graph):
-        return graph_constraints(op)
-    collect = _Collector()
-    collect.coefficients(op.coefficient_variables)
-    for dim in op.inputs:
-        collect.integral(dim.size, f"Input({dim.name})", dim.name)
-    for index, step in enumerate(op.steps):
-        collect.step(step, step.describe(), op.live[index], op.live[index + 1])
-    for dim in op.outputs:
-        collect.integral(dim.size, f"Output({dim.name})", dim.name)
-    return tuple(collect.found)
-
-
-def graph_constraints(graph: Graph) -> tuple[Constraint, ...]:
-    """The constraints of a branching kernel: coefficient positivity, then, node by node, the
-    requirements of every step of a chain (``node 1 chain: Split(C, C/G)``), of every unary step
-    (``node 2 FC(C -> r: C/G)``: the FC's output size), and the integrality of every dim of the
-    node's result; the input's and the output's dims are integers too.
-
-    >>> from kdsl.lang import *
     >>> N, C = primary("N C"); G = coefficient("G")
     >>> x = Input(N, C)
     >>> gate = x >> FC(C, name="r", size=C / G, weight="down") >> Map("relu") >> FC("r", name="C", size=C, weight="up")
     >>> kernel = (x * gate) >> Output(N, C, defaults={"G": 4})
-    >>> for c in graph_constraints(kernel):
+    >>> for c in constraints(kernel):
     ...     print(c.description)
     the coefficient G must be a positive integer
     node 1 FC(C -> r: C/G): the FC output dim r: C/G must be a positive integer
     """
+    if isinstance(op, Chain):  # a chain node's own constraints: those of its linear operator
+        op = Operator.linear(op)
+    # the one place a linear operator differs: its steps name themselves, and its dims are its
+    # steps' and its output's (no node dims to list)
+    linear = op.is_linear
     collect = _Collector()
-    collect.coefficients(graph.coefficient_variables)
-    for dim in graph.inputs:
+    collect.coefficients(op.coefficient_variables)
+    for dim in op.inputs:
         collect.integral(dim.size, f"Input({dim.name})", dim.name)
-    for match in graph.matches:
+    for match in op.matches:
         # first, so that a width shape matching fixed is reported with both dims that fixed it
         collect.integral(match.size, f"shape matching at {match.describe()}", match.dim, f"so {match.variable} = ")
-    for index, node in enumerate(graph.nodes):
-        label = node_label(graph, index)
+    for index, node in enumerate(op.nodes):
         step = node.step
-        if isinstance(step, Operator):
-            prefix = f"node {index} chain: "
+        if isinstance(step, Chain):
+            prefix = "" if linear else f"node {index} chain: "
             for position, chain_step in enumerate(step.steps):
                 text = prefix + chain_step.describe()
                 collect.step(chain_step, text, step.live[position], step.live[position + 1])
         elif isinstance(step, Primitive):
-            before = {d.name: d.size for d in graph.nodes[node.args[0]].dims}
-            collect.step(step, label, before, {d.name: d.size for d in node.dims})
-        for dim in node.dims:
-            collect.integral(dim.size, label, dim.name, f"the dim {dim.name}: ")
-    for dim in graph.outputs:
+            before = {d.name: d.size for d in op.nodes[node.args[0]].dims}
+            collect.step(step, node_label(op, index), before, {d.name: d.size for d in node.dims})
+        if not linear:
+            for dim in node.dims:
+                collect.integral(dim.size, node_label(op, index), dim.name, f"the dim {dim.name}: ")
+    for dim in op.outputs:
         collect.integral(dim.size, f"Output({dim.name})", dim.name)
     return tuple(collect.found)
 
@@ -287,9 +271,7 @@ def _coefficient_values(coefficients: Mapping[str, int] | None) -> dict[str, int
     return values
 
 
-def resolve_binding(
-    op: Operator | Graph, layer: Layer, coefficients: Mapping[str, int] | None = None
-) -> dict[str, int]:
+def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """Every variable of ``op`` bound for ``layer`` (no constraint is checked).
 
     Primaries come from the layer; a coefficient from ``coefficients``, else the layer, else
@@ -371,7 +353,7 @@ class CheckReport:
 
 
 def _violated(
-    op: Operator | Graph, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
+    op: Operator, layer: Layer, binding: Mapping[str, int], *, windows: bool, large: list[str] | None = None
 ) -> None:
     for constraint in constraints(op):
         if constraint.holds(binding):
@@ -385,7 +367,7 @@ def _violated(
 
 
 def check(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     coefficients: Mapping[str, int] | None = None,
     *,
@@ -430,7 +412,7 @@ def check(
     return CheckReport(table, tuple(bindings), tuple(large), tuple(paddings))
 
 
-def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """The concrete binding of every variable of ``op`` on one layer (a Layer or a dict).
 
     Integrality and positivity are checked (:class:`DivisibilityError`); window sizes are not,
@@ -448,7 +430,7 @@ def bind(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | 
     return binding
 
 
-def pad_binding(op: Operator | Graph, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
+def pad_binding(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
     """The least padding of ``op`` on one layer (a Layer or a dict): primaries rounded up until
     every size is an integer, coefficients fixed; window constraints are not checked (as in
     :func:`bind`). See :mod:`kdsl.solve.padding` for the semantics. Raises
@@ -470,7 +452,7 @@ def pad_binding(op: Operator | Graph, layer: object, coefficients: Mapping[str, 
 
 
 def assignments(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     choices: Mapping[str, Iterable[int]],
     *,
@@ -571,7 +553,6 @@ __all__ = [
     "bind",
     "check",
     "constraints",
-    "graph_constraints",
     "pad_binding",
     "resolve_binding",
 ]

@@ -10,7 +10,7 @@
 Symbolic formulas use the plan chosen at the reference point; numbers on a layer use the plan
 chosen at that layer's binding, so the two can differ where the best order depends on the sizes.
 
-**Branching kernels** (:class:`~kdsl.lang.graph.Graph`) cost the sum of their nodes' costs, one
+**Branching kernels** (:class:`~kdsl.lang.operator.Operator`) cost the sum of their nodes' costs, one
 rule per node kind (:data:`GRAPH_FLOPS`); every count is in FLOPs where a multiply-accumulate
 counts 1, as for chains:
 
@@ -65,10 +65,10 @@ from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from kdsl.lang.build import Operator
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError
-from kdsl.lang.graph import Graph
 from kdsl.lang.nonlinear import FC, JOINS, UNARY, ProductJoin
+from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import bind
 from kdsl.solve.graph import dim_elements, elements, node_label, storage
@@ -112,7 +112,7 @@ def _int(value: Fraction, what: str, where: str) -> int:
 
 
 def cost(
-    op: Operator | Graph,
+    op: Operator,
     layer: Layer | Mapping[str, int] | None = None,
     coefficients: Mapping[str, int] | None = None,
     *,
@@ -134,7 +134,7 @@ def cost(
     import sympy
 
     wanted = _wanted(op, metrics)
-    if isinstance(op, Graph):
+    if not op.is_linear:
         return _graph_cost(op, layer, coefficients, wanted)
     if layer is None:
         p = plan(op)
@@ -168,8 +168,8 @@ def cost(
     return result
 
 
-def _wanted(op: Operator | Graph, metrics: Sequence[str] | None) -> frozenset[str]:
-    known = GRAPH_METRICS if isinstance(op, Graph) else METRICS
+def _wanted(op: Operator, metrics: Sequence[str] | None) -> frozenset[str]:
+    known = GRAPH_METRICS if not op.is_linear else METRICS
     if metrics is None:
         return frozenset(known)
     if isinstance(metrics, str) or not all(m in known for m in metrics):
@@ -177,7 +177,7 @@ def _wanted(op: Operator | Graph, metrics: Sequence[str] | None) -> frozenset[st
     return frozenset(metrics)
 
 
-def total_cost(op: Operator | Graph, layers: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def total_cost(op: Operator, layers: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
     """:func:`cost` summed over the layers of a table (``intermediate`` and ``peak`` are the maximum).
 
     >>> from kdsl.lang import *
@@ -186,7 +186,7 @@ def total_cost(op: Operator | Graph, layers: object, coefficients: Mapping[str, 
     >>> total_cost(matmul, "resnet18")["params"] == 64**2 + 128**2 + 256**2 + 512**2
     True
     """
-    keys = GRAPH_METRICS if isinstance(op, Graph) else METRICS
+    keys = GRAPH_METRICS if not op.is_linear else METRICS
     totals = dict.fromkeys(keys, 0)
     for layer in as_layers(layers):
         each = cost(op, layer, coefficients)
@@ -196,7 +196,7 @@ def total_cost(op: Operator | Graph, layers: object, coefficients: Mapping[str, 
 
 
 def within_budget(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     max_flops: int | None = None,
     max_params: int | None = None,
@@ -221,7 +221,7 @@ def within_budget(
 
 
 def shapes(
-    op: Operator | Graph, layer: Layer | Mapping[str, int], coefficients: Mapping[str, int] | None = None
+    op: Operator, layer: Layer | Mapping[str, int], coefficients: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
     """Concrete shapes on one layer: ``input``, ``output`` (tuples of ints) and ``weights``
     (weight name -> tuple, in the weight's declared dim order)."""
@@ -242,10 +242,10 @@ def shapes(
 # ------------------------------------------------------------------------------------------------
 
 #: a node's FLOPs as monomials to add: (graph, node index, the binding its chains are planned at)
-NodeFlops = Callable[[Graph, int, Mapping[str, int]], list[Size]]
+NodeFlops = Callable[[Operator, int, Mapping[str, int]], list[Size]]
 
 
-def _arg_sizes(graph: Graph, index: int) -> dict[str, Size]:
+def _arg_sizes(graph: Operator, index: int) -> dict[str, Size]:
     """The sizes of the dims of every argument of a node, by name (a join's branches agree)."""
     sizes: dict[str, Size] = {}
     for arg in graph.nodes[index].args:
@@ -253,35 +253,35 @@ def _arg_sizes(graph: Graph, index: int) -> dict[str, Size]:
     return sizes
 
 
-def _no_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _no_flops(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     return []
 
 
-def _chain_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _chain_flops(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     return [stage.cost for stage in plan(graph.nodes[index].chain, point).stages]
 
 
-def _per_result(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _per_result(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     return [dim_elements(graph.nodes[index].dims)]
 
 
-def _per_input(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _per_input(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     return [dim_elements(graph.nodes[graph.nodes[index].args[0]].dims)]
 
 
-def _softmax_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _softmax_flops(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     # exp, the sum, the divide: 3 per element (the max subtracted for stability is not counted)
     return [3 * dim_elements(graph.nodes[index].dims)]
 
 
-def _fc_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _fc_flops(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     step = graph.nodes[index].step
     assert isinstance(step, FC)
     sizes = _arg_sizes(graph, index)
     return [dim_elements(graph.nodes[index].dims) * elements(sizes[str(name)] for name in step.dims)]
 
 
-def _product_flops(graph: Graph, index: int, point: Mapping[str, int]) -> list[Size]:
+def _product_flops(graph: Operator, index: int, point: Mapping[str, int]) -> list[Size]:
     step = graph.nodes[index].step
     assert isinstance(step, ProductJoin)
     sizes = _arg_sizes(graph, index)
@@ -303,7 +303,7 @@ GRAPH_FLOPS: dict[str, NodeFlops] = {
 assert set(GRAPH_FLOPS) == {"Input", "Chain", *UNARY, *JOINS}
 
 
-def _peak_candidates(graph: Graph) -> list[list[Size]]:
+def _peak_candidates(graph: Operator) -> list[list[Size]]:
     """For each node that makes data, the results alive while it runs (its own included): every
     result lives from its node to its last reader (a Rename's readers read its storage), the
     output to the end."""
@@ -327,7 +327,7 @@ def _largest_at(candidates: list[list[Size]], point: Mapping[str, int]) -> list[
 
 
 def _graph_terms(
-    graph: Graph, point: Mapping[str, int], wanted: frozenset[str] = frozenset(GRAPH_METRICS)
+    graph: Operator, point: Mapping[str, int], wanted: frozenset[str] = frozenset(GRAPH_METRICS)
 ) -> dict[str, list[list[Size]]]:
     """Each metric in ``wanted`` as a list of nodes' terms (sums of monomials) at the plan point
     ``point``."""
@@ -335,7 +335,7 @@ def _graph_terms(
     def tensors() -> list[list[Size]]:
         found = [[dim_elements(node.dims)] for node in graph.nodes]
         for node in graph.nodes:
-            if isinstance(node.step, Operator):
+            if isinstance(node.step, Chain):
                 found.extend([elements(size for _, size in dims)] for dims in plan(node.step, point).live)
         return found
 
@@ -356,7 +356,7 @@ def _graph_terms(
 
 
 def _graph_cost(
-    graph: Graph,
+    graph: Operator,
     layer: Layer | Mapping[str, int] | None,
     coefficients: Mapping[str, int] | None,
     wanted: frozenset[str] = frozenset(GRAPH_METRICS),
@@ -378,7 +378,7 @@ def _graph_cost(
 
 
 def node_flops(
-    graph: Graph, layer: Layer | Mapping[str, int] | None = None, coefficients: Mapping[str, int] | None = None
+    graph: Operator, layer: Layer | Mapping[str, int] | None = None, coefficients: Mapping[str, int] | None = None
 ) -> list[Any]:
     """The FLOPs of each node of a branching kernel, in node order: SymPy formulas, or ints on
     ``layer`` (the rules of :data:`GRAPH_FLOPS`; their sum is ``cost(graph)["flops"]``).
@@ -394,8 +394,8 @@ def node_flops(
     """
     import sympy
 
-    if not isinstance(graph, Graph):
-        raise LayerError(f"node_flops takes a branching kernel (a Graph), got {type(graph).__name__}")
+    if graph.is_linear:
+        raise LayerError("node_flops takes a branching operator; a linear one is one chain: use cost()")
     if layer is None:
         point = reference_binding(graph)
         return [

@@ -44,9 +44,8 @@ from functools import lru_cache
 from typing import Any
 
 from kdsl.lang import library
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import BudgetError, DivisibilityError, KdslError, LayerError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import check, constraints, resolve_binding
 from kdsl.solve.cost import cost
@@ -95,7 +94,7 @@ def parse_budget(text: str | int | float | None, baseline: int | None = None) ->
     return int(number)
 
 
-def _width_terms(op: Operator | Graph) -> list[tuple[str, int, Size, str]]:
+def _width_terms(op: Operator) -> list[tuple[str, int, Size, str]]:
     """For every integral constraint with exactly one free width ``x``: ``(x, e, rest, step)`` with
     the constrained size ``x**e * rest`` (Canvas's ``p x / q``)."""
     found = []
@@ -112,7 +111,7 @@ def _width_terms(op: Operator | Graph) -> list[tuple[str, int, Size, str]]:
     return found
 
 
-def freedom(op: Operator | Graph) -> dict[str, Size]:
+def freedom(op: Operator) -> dict[str, Size]:
     """What is left to choose of each free width: the monomial it must be a multiple of for every
     size it appears in to be an integer (the lcm of the denominators around it).
 
@@ -160,7 +159,7 @@ def _root_up_int(value: int, exponent: int) -> int:
 
 
 def _layer_multiples(
-    op: Operator | Graph, terms: list[tuple[str, int, Size, str]], binding: Mapping[str, int]
+    op: Operator, terms: list[tuple[str, int, Size, str]], binding: Mapping[str, int]
 ) -> dict[str, int]:
     """Each width's least valid value (its multiple) under ``binding`` (which binds the rest)."""
     result = dict.fromkeys(op.dynamic_variables, 1)
@@ -171,9 +170,7 @@ def _layer_multiples(
     return result
 
 
-def _bindings(
-    op: Operator | Graph, layers: tuple[Layer, ...], coefficients: Mapping[str, int] | None
-) -> list[dict[str, int]]:
+def _bindings(op: Operator, layers: tuple[Layer, ...], coefficients: Mapping[str, int] | None) -> list[dict[str, int]]:
     """Each layer's binding of everything but the free widths (which are set to 1 meanwhile)."""
     given = dict(coefficients or {})
     widths = {name: 1 for name in op.dynamic_variables}
@@ -187,9 +184,7 @@ def _bindings(
     return found
 
 
-def multiples(
-    op: Operator | Graph, layers: object, coefficients: Mapping[str, int] | None = None
-) -> list[dict[str, int]]:
+def multiples(op: Operator, layers: object, coefficients: Mapping[str, int] | None = None) -> list[dict[str, int]]:
     """Per layer, the least value of each free width that makes its sizes integers (``lcm_{i,j}``).
 
     >>> from kdsl.lang import *
@@ -204,7 +199,7 @@ def multiples(
     return [_layer_multiples(op, terms, binding) for binding in _bindings(op, table, coefficients)]
 
 
-def _channels(op: Operator | Graph, binding: Mapping[str, int]) -> Fraction:
+def _channels(op: Operator, binding: Mapping[str, int]) -> Fraction:
     """What base widths scale with: the input's channel dim (its second dim, NCHW-style; its only
     dim for a one-dim input)."""
     dim = op.inputs[1] if len(op.inputs) > 1 else op.inputs[0]
@@ -221,7 +216,7 @@ class Filled:
     least valid widths (``lcm``), ``base`` the channel-scaled start, ``values`` the result.
     """
 
-    op: Operator | Graph
+    op: Operator
     layers: tuple[Layer, ...]
     multiples: tuple[dict[str, int], ...]
     base: tuple[dict[str, int], ...]
@@ -242,7 +237,7 @@ class Filled:
                 return dict(values)
         raise LayerError(f"no layer named {layer!r}; the layers are {', '.join(x.name for x in self.layers)}")
 
-    def operator(self, layer: str) -> Operator | Graph:
+    def operator(self, layer: str) -> Operator:
         """The template with the layer's widths written in as constants (no free width left)."""
         return self.op.substituted(self.binding(layer))
 
@@ -270,7 +265,7 @@ class Filled:
 
 
 @lru_cache(maxsize=64)
-def _baseline_cost(op: Operator | Graph, layers: tuple[Layer, ...]) -> tuple[tuple[str, int], ...]:
+def _baseline_cost(op: Operator, layers: tuple[Layer, ...]) -> tuple[tuple[str, int], ...]:
     """The baseline's FLOPs and parameters over the layers (a search fills many kernels against one)."""
     totals = dict.fromkeys(BUDGETS, 0)
     for layer in layers:
@@ -286,12 +281,12 @@ def is_relative(text: object) -> bool:
 
 
 def fill(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     *,
     max_flops: str | int | float | None = None,
     max_params: str | int | float | None = None,
-    baseline: Operator | Graph | str | None = None,
+    baseline: Operator | str | None = None,
     coefficients: Mapping[str, int] | None = None,
 ) -> Filled:
     """Fill the free widths of ``op`` on every layer (Canvas §6.3) and return the result.
@@ -409,9 +404,7 @@ def _widths_text(layers: tuple[Layer, ...], values: list[dict[str, int]]) -> str
     )
 
 
-def with_widths(
-    op: Operator | Graph, layers: object, widths: Mapping[str, Mapping[str, int]] | None
-) -> tuple[Layer, ...]:
+def with_widths(op: Operator, layers: object, widths: Mapping[str, Mapping[str, int]] | None) -> tuple[Layer, ...]:
     """The layers with a template's free widths bound (``widths``: layer name -> width -> value, as
     :class:`Filled` finds them and the results store keeps them); an operator without free widths
     gets the layers as they are.

@@ -1,4 +1,4 @@
-"""Read-only facts about branching kernels (:class:`~kdsl.lang.graph.Graph`) that the solver, the
+"""Read-only facts about branching kernels (:class:`~kdsl.lang.operator.Operator`) that the solver, the
 cost model and the renderers share: how a node is named in messages, which node's storage a
 result lives in (a Rename moves no data), and element counts.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Dim
 from kdsl.lang.sizes import Size
 
@@ -39,12 +39,12 @@ def dim_elements(dims: Sequence[Dim]) -> Size:
     return elements(d.size for d in dims)
 
 
-def node_label(graph: Graph, index: int) -> str:
+def node_label(graph: Operator, index: int) -> str:
     """How messages name a node: ``node 2 FC(C -> r: R)``."""
     return f"node {index} {graph.nodes[index].describe()}"
 
 
-def storage(graph: Graph) -> tuple[int, ...]:
+def storage(graph: Operator) -> tuple[int, ...]:
     """For each node, the node whose result holds its data: itself, or for a Rename (which moves no
     data) the storage of its argument."""
     owners: list[int] = []

@@ -54,9 +54,8 @@ from fractions import Fraction
 from math import ceil, gcd, lcm, prod
 from typing import Protocol
 
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import DivisibilityError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 from kdsl.solve.layers import Layer, layer_label
 
@@ -216,7 +215,7 @@ def _search(
     )
 
 
-def pad_sizes(op: Operator | Graph, layer: Layer, binding: Mapping[str, int], found: Sequence[Condition]) -> Padding:
+def pad_sizes(op: Operator, layer: Layer, binding: Mapping[str, int], found: Sequence[Condition]) -> Padding:
     """The least padding of ``binding`` (every variable of ``op`` bound for ``layer``) under the
     constraints ``found`` (``constraints(op)``); window constraints are the caller's to check.
 

@@ -78,10 +78,10 @@ from functools import lru_cache
 from math import prod
 from typing import TYPE_CHECKING
 
-from kdsl.lang.build import Operator
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
-from kdsl.lang.graph import Graph
 from kdsl.lang.live import Live
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import (
     CONTRACTION,
     DROPS,
@@ -130,7 +130,7 @@ def _heavy(step: Primitive) -> bool:
     return HEAVY in step.facts
 
 
-def reference_binding(op: Operator | Graph) -> dict[str, int]:
+def reference_binding(op: Operator) -> dict[str, int]:
     """The reference point: every primary variable 256, every coefficient its default or 3.
 
     >>> from kdsl.lang import *
@@ -275,7 +275,8 @@ def folded(op: Operator) -> Operator:
         resolved = tuple(other.apply(live, context) for other in steps)
         # built directly, not with Output(...): a folded split's block may have been the only use of
         # a coefficient that the defaults still name
-        current = Operator(current.inputs, resolved, current.outputs, current.defaults)
+        chain = Chain(current.inputs, resolved, current.outputs, current.defaults)
+        current = Operator.linear(chain) if isinstance(current, Operator) else chain
 
 
 # ------------------------------------------------------------------------------------------------
@@ -730,7 +731,7 @@ def _plan(op: Operator, binding: tuple[tuple[str, int | Fraction], ...], reorder
     return min(plans, key=_cost)
 
 
-def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:
+def plan(op: Operator, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> Plan:
     """The cheapest plan of ``op`` at ``binding`` (a dict or Layer; variables it lacks, or all of
     them when it is ``None``, take the reference values: primaries 256, coefficients their
     default or 3). Plans are cached per operator and binding.
@@ -751,7 +752,7 @@ def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reor
 
     A branching kernel has one plan per chain: :func:`chain_plans`.
     """
-    if isinstance(op, Graph):
+    if not op.is_linear:
         raise LoweringError(
             "plan() orders the steps of one linear operator; a branching kernel has one plan per chain: "
             "use kdsl.solve.plan.chain_plans(kernel)"
@@ -766,7 +767,7 @@ def plan(op: Operator | Graph, binding: Mapping[str, int] | None = None, *, reor
     return _plan(op, tuple(point.items()), bool(reorder))
 
 
-def chain_plans(graph: Graph, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> dict[int, Plan]:
+def chain_plans(graph: Operator, binding: Mapping[str, int] | None = None, *, reorder: bool = True) -> dict[int, Plan]:
     """The plan of every chain of a branching kernel, by node index, at ``binding`` (variables it
     lacks take the kernel's reference values: primaries 256, coefficients its default or 3).
 
@@ -783,7 +784,7 @@ def chain_plans(graph: Graph, binding: Mapping[str, int] | None = None, *, reord
     return {
         index: plan(node.step, point, reorder=reorder)
         for index, node in enumerate(graph.nodes)
-        if isinstance(node.step, Operator)
+        if isinstance(node.step, Chain)
     }
 
 

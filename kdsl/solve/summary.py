@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.solve.constraints import CheckReport
 from kdsl.solve.constraints import check as check_constraints
 from kdsl.solve.cost import cost, shapes
@@ -25,7 +24,7 @@ class CheckSummary(CheckReport):
     table of the layers (cost in MACs, multiply-accumulates; a branching kernel's element-wise operations
     count as one MAC each, so that every count kdsl prints has the one unit)."""
 
-    op: Operator | Graph | None = field(default=None, compare=False, repr=False)
+    op: Operator | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         if self.op is None:
@@ -60,7 +59,7 @@ class CheckSummary(CheckReport):
 
 
 def check(
-    op: Operator | Graph,
+    op: Operator,
     layers: object,
     coefficients: Mapping[str, int] | None = None,
     *,

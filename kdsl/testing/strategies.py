@@ -18,7 +18,7 @@ in the vocabulary. No variable is named like something a backend's generated cod
 :func:`layers` binds every variable so that every size in the operator is a positive integer and
 no intermediate tensor gets large.
 
-:func:`graphs` draws branching kernels (:class:`kdsl.lang.Graph`) the same way, through the public
+:func:`graphs` draws branching kernels (:class:`kdsl.lang.Operator`) the same way, through the public
 API: linear chains drawn like the operators' steps, Canvas's Map, Fold, Softmax, FC and Rename, and
 branches joined by Blend (every kind, either branch broadcast) and Product;
 :func:`graphs_with_layers` gives one with a binding (``layers`` binds a kernel too).
@@ -37,10 +37,12 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from kdsl.lang.build import Builder, Input, Operator, Output
+from kdsl.lang.build import Builder, Input, Output
+from kdsl.lang.chain import Chain
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Blend, Graph, Product, Tensor
+from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, FOLD_KINDS, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
+from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import (
     Dim,
     Expand,
@@ -157,7 +159,7 @@ def operators(draw: Any, max_steps: int = 6, min_steps: int = 1) -> Operator:
         op = builder >> Output(*order)
     except KdslError:  # e.g. a merged dim of size 1 (G/(G*K)*K): the language refuses it here
         assume(False)
-    assert isinstance(op, Operator)
+    assert isinstance(op, Operator) and op.is_linear
     coefficients = op.coefficient_variables
     if coefficients and draw(st.booleans()):
         chosen = draw(st.sampled_from(coefficients))
@@ -178,7 +180,7 @@ def _live_sizes(op: Operator) -> list[list[Size]]:
 
 
 @st.composite
-def layers(draw: Any, op: Operator | Graph, max_elements: int = 20_000) -> dict[str, int]:
+def layers(draw: Any, op: Operator, max_elements: int = 20_000) -> dict[str, int]:
     """A binding of every variable of ``op`` (an operator or a branching kernel) under which every
     size is a positive integer and no intermediate tensor has more than ``max_elements`` elements."""
     binding: dict[str, int] = {}
@@ -187,7 +189,7 @@ def layers(draw: Any, op: Operator | Graph, max_elements: int = 20_000) -> dict[
     binding.update(op.defaults)
     # every primary is a multiple of every denominator a coefficient can put under it
     denominator = 1
-    if isinstance(op, Graph):
+    if not op.is_linear:
         sizes, snapshots = _graph_snapshots(op)
     else:
         sizes, snapshots = _sizes(op), _live_sizes(op)
@@ -380,7 +382,7 @@ def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
 
 
 @st.composite
-def graphs(draw: Any, max_actions: int = 6) -> Graph:
+def graphs(draw: Any, max_actions: int = 6) -> Operator:
     """Valid branching kernels over a 2-3 dim input: linear chains (drawn like :func:`operators`'
     steps) between Map, Fold (also as max/min pooling over an Unfold window), Softmax, FC and
     Rename steps, and branches joined by Blend (every kind, spelled ``+ - *`` or ``Blend``, the
@@ -388,10 +390,9 @@ def graphs(draw: Any, max_actions: int = 6) -> Graph:
     public API; a step the language refuses is skipped, so every drawn kernel is valid.
 
     >>> from hypothesis import given
-    >>> from kdsl.lang import Graph
     >>> @given(graphs())
     ... def test_kernels(graph):
-    ...     assert isinstance(graph, Graph) and graph.nodes[0].kind == "Input"
+    ...     assert not graph.is_linear and graph.nodes[0].kind == "Input"
     >>> test_kernels()
     """
     dim_names = draw(st.lists(st.sampled_from(PRIMARY), min_size=2, max_size=3, unique=True))
@@ -415,15 +416,15 @@ def graphs(draw: Any, max_actions: int = 6) -> Graph:
     result = made[-1]
     order = draw(st.permutations(list(_shape(result))))
     graph = result >> Output(*order)  # type: ignore[operator]
-    assume(isinstance(graph, Graph))  # a build that stayed one linear chain is a plain Operator
-    assert isinstance(graph, Graph)
+    assume(not graph.is_linear)  # a build that stayed one linear chain is a linear operator
+    assert not graph.is_linear
     coefficients = graph.coefficient_variables
     if coefficients and draw(st.booleans()):
         graph = graph.with_defaults(**{draw(st.sampled_from(coefficients)): draw(st.integers(2, 3))})
     return graph
 
 
-def _graph_snapshots(graph: Graph) -> tuple[list[Size], list[list[Size]]]:
+def _graph_snapshots(graph: Operator) -> tuple[list[Size], list[list[Size]]]:
     """Every size of the kernel, and the dims of every tensor it makes (chains' steps included,
     weights, and a Product's lhs-times-rhs iteration space), to bound each one."""
     sizes = [d.size for d in graph.inputs] + [d.size for d in graph.outputs]
@@ -431,7 +432,7 @@ def _graph_snapshots(graph: Graph) -> tuple[list[Size], list[list[Size]]]:
     for node in graph.nodes:
         sizes.extend(d.size for d in node.dims)
         snapshots.append([d.size for d in node.dims])
-        if isinstance(node.step, Operator):
+        if isinstance(node.step, Chain):
             sizes.extend(_sizes(node.step))
             snapshots.extend(_live_sizes(node.step))
         elif isinstance(node.step, Primitive):
@@ -444,7 +445,7 @@ def _graph_snapshots(graph: Graph) -> tuple[list[Size], list[list[Size]]]:
 
 
 @st.composite
-def graphs_with_layers(draw: Any, max_actions: int = 6, max_elements: int = 2_000) -> tuple[Graph, dict[str, int]]:
+def graphs_with_layers(draw: Any, max_actions: int = 6, max_elements: int = 2_000) -> tuple[Operator, dict[str, int]]:
     """A branching kernel and a layer binding for it (every tensor at most ``max_elements``)."""
     graph = draw(graphs(max_actions=max_actions))
     return graph, draw(layers(graph, max_elements=max_elements))
@@ -460,7 +461,7 @@ def _canvas_space(max_depth: int) -> Space:
 
 
 @st.composite
-def canvas_kernels(draw: Any, max_depth: int = 6) -> tuple[Operator | Graph, dict[str, int]]:
+def canvas_kernels(draw: Any, max_depth: int = 6) -> tuple[Operator, dict[str, int]]:
     """A kernel drawn by Canvas's sampler for the conv2d spec (``[N, Cin, H, W] -> [N, Cout, H,
     W]``, at most ``max_depth`` sampled steps, K=3, G=2) and the binding of :data:`CANVAS_LAYER`
     with its free widths filled (their least valid values) and its coefficients.

@@ -18,8 +18,8 @@ from typing import Any
 
 from kdsl.codegen.tvm.parameters import config_key, normalize
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor

@@ -23,8 +23,8 @@ from typing import Any
 from kdsl.codegen import reference
 from kdsl.codegen.tvm import default_target, load_tvm, lower
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import LoweringError
+from kdsl.lang.operator import Operator
 from kdsl.runtime.workers import Outcome, Slot, WorkerPool
 
 #: Seconds one compile may take before its configuration is declared invalid.

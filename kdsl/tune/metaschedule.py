@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.tvm import default_target
-from kdsl.lang.build import Operator
+from kdsl.lang.operator import Operator
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
 from kdsl.tune.records import Record, TuneResult, open_task
 

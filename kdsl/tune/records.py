@@ -25,8 +25,8 @@ from kdsl import solve
 from kdsl.codegen.tvm import default_target
 from kdsl.codegen.tvm.parameters import config_key, normalize
 from kdsl.codegen.tvm.schedule_space import VERSION
-from kdsl.lang.build import Operator
 from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
 from kdsl.runtime.storage import Database
 
 

@@ -25,8 +25,7 @@ from typing import Any
 from kdsl import solve
 from kdsl.codegen.tvm import build, lower
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.lang.build import Operator
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.tune.measurer import compile_module
 from kdsl.tune.records import Record, TuneError, open_task, target_mcpu
 
@@ -38,9 +37,7 @@ def _applicable(record: Record) -> bool:
     return "trace" not in record.config
 
 
-def best_record(
-    db: str | os.PathLike[str], op: Operator | Graph, layer: Mapping[str, int], tuner: str | None = None
-) -> Record:
+def best_record(db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], tuner: str | None = None) -> Record:
     """The fastest measured record of ``op`` at ``layer`` in the records database ``db`` (of one
     ``tuner`` if given) whose schedule kdsl can apply; :class:`TuneError` if there is none, saying why."""
     if not Path(db).is_file():
@@ -75,7 +72,7 @@ def best_record(
 
 def _record(
     source: str | os.PathLike[str] | Record | Mapping[str, Any],
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     tuner: str | None,
 ) -> Record:
@@ -88,7 +85,7 @@ def _record(
 
 def apply(
     source: str | os.PathLike[str] | Record | Mapping[str, Any],
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     *,
     tuner: str | None = None,
@@ -106,7 +103,7 @@ def apply(
 
 def export(
     source: str | os.PathLike[str] | Record | Mapping[str, Any],
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     path: str | os.PathLike[str],
     *,
@@ -135,9 +132,7 @@ def schedule_lines(config: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def tuned_schedule(
-    db: str | os.PathLike[str], op: Operator | Graph, layer: Mapping[str, int]
-) -> Callable[[Any], Any] | None:
+def tuned_schedule(db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int]) -> Callable[[Any], Any] | None:
     """The schedule (a ``Lowered -> Schedule`` function, as :func:`kdsl.codegen.tvm.build` takes it)
     of the best applicable record of ``op`` at ``layer`` in ``db``, or ``None`` when ``db`` holds
     none for this target: what ``kdsl discover`` times a candidate with when tuned records exist.

@@ -1,7 +1,7 @@
 """The TVM backend: lowering to ``te.compute`` stages, the schedule space, the default schedule.
 
-``lowering`` turns an operator bound to a layer into TE stages (``graph_lowering`` a branching kernel, one
-rule per node kind in ``GRAPH_RULES``); ``blocks`` analyses each stage's
+``lowering`` turns an operator bound to a layer into TE stages (one rule per node kind in
+``GRAPH_RULES``; a chain node lowers its linear chain); ``blocks`` analyses each stage's
 TIR block once for every schedule rule; ``schedule_space`` is the
 space of schedules the tuners search (its typed ``parameters``; ``schedule_apply`` applies a configuration
 as schedule primitives); ``default_schedule`` applies the space's rule-based
@@ -11,15 +11,16 @@ torch tensors (``build``).
 """
 
 from kdsl.codegen.tvm.cuda import cuda_bundle, cuda_source, cuda_target
-from kdsl.codegen.tvm.graph_lowering import GRAPH_RULES, lower
 from kdsl.codegen.tvm.kernel import Kernel, build, source
 from kdsl.codegen.tvm.lowering import (
+    GRAPH_RULES,
     Lowered,
     StageInfo,
     default_target,
     error_reason,
     invertible_copy,
     load_tvm,
+    lower,
 )
 
 __all__ = [

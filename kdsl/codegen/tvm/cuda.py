@@ -33,11 +33,9 @@ from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
-from kdsl.codegen.tvm.graph_lowering import lower
-from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
-from kdsl.lang.build import Operator
+from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm, lower
 from kdsl.lang.errors import LoweringError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.runtime.cuda_launch import BUNDLE_FORMAT
 from kdsl.runtime.gpu import DEFAULT_ARCH, Gpu, check_arch, from_arch
 
@@ -240,7 +238,7 @@ def _source(device: Any, target: Any) -> str:
 
 
 def cuda_bundle(
-    op: Operator | Graph,
+    op: Operator,
     binding: Mapping[str, int],
     *,
     arch: str = DEFAULT_ARCH,
@@ -282,7 +280,7 @@ def cuda_bundle(
 
 
 def cuda_source(
-    op: Operator | Graph, binding: Mapping[str, int], *, arch: str = DEFAULT_ARCH, config: GpuConfig | None = None
+    op: Operator, binding: Mapping[str, int], *, arch: str = DEFAULT_ARCH, config: GpuConfig | None = None
 ) -> str:
     """The CUDA C of ``op`` at ``binding`` with the default GPU schedule, led by a comment per kernel
     launch (name, grid, block, buffers): what :func:`cuda_bundle` stores, for reading."""

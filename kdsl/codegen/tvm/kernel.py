@@ -22,11 +22,9 @@ from kdsl.codegen.torch import build as build_torch
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm.cuda import cuda_source, cuda_target, schedule_verified
 from kdsl.codegen.tvm.default_schedule import default_schedule
-from kdsl.codegen.tvm.graph_lowering import lower
-from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm
-from kdsl.lang.build import Operator
+from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm, lower
 from kdsl.lang.errors import LoweringError, ShapeError
-from kdsl.lang.graph import Graph
+from kdsl.lang.operator import Operator
 from kdsl.runtime.gpu import from_arch
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding
@@ -234,7 +232,7 @@ class PaddedKernel:
 
 
 def build(
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     target: Any | None = None,
     *,
@@ -286,7 +284,7 @@ def build(
 
 
 def source(
-    op: Operator | Graph,
+    op: Operator,
     layer: Mapping[str, int],
     *,
     scheduled: bool = False,

@@ -63,7 +63,6 @@ from kdsl.codegen.tvm.parameters import (
 )
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, _Applier, _Tensor
 from kdsl.lang.errors import LoweringError
-from kdsl.lang.graph import Graph
 from kdsl.runtime.cpu import Machine
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
@@ -299,7 +298,7 @@ class ScheduleSpace:
                 config[f"{s}.tile.{vector.label}"] = (vector.extent // vf, 1, vf)
             budget = self.accumulators // max(1, vf // self.lanes)
             rolled = any(e > UNROLL_REDUCTION for _, e in stage.reduced)
-            if isinstance(self.lowered.op, Graph) and vf % self.lanes and self.lanes % vf and rolled:
+            if not self.lowered.op.is_linear and vf % self.lanes and self.lanes % vf and rolled:
                 # a short axis whole that is no multiple of a vector (28 = 16 + 8 + 4 lanes) under a reduction
                 # loop that stays rolled: the rows of a register tile start off vector boundaries in the local
                 # accumulator, which then stays in memory and is assembled lane by lane (attention's scores at
@@ -311,7 +310,7 @@ class ScheduleSpace:
             if register is not None:
                 config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
                 second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
-                if second is not None and not isinstance(self.lowered.op, Graph):
+                if second is not None and self.lowered.op.is_linear:
                     # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
                     # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
                     # AVX2, 2 threads: 14.7 ms with a 2 x 2-vector tile, 8.9 ms with 2 x 2 x 2 vectors)
@@ -331,7 +330,7 @@ class ScheduleSpace:
             config[f"{s}.cache"] = "local"
             if vector is None:
                 continue
-            if isinstance(self.lowered.op, Graph):
+            if not self.lowered.op.is_linear:
                 self._vector_last(stage, vector, config)
             panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
             for weight, dim in dict.fromkeys([*vector.packs, *panels]):
@@ -400,7 +399,7 @@ class ScheduleSpace:
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
-            if isinstance(self.lowered.op, Graph):
+            if not self.lowered.op.is_linear:
                 # a branching kernel's stage (plain operators keep their schedules): a short constant stride
                 # along the last dim (a max pool's Stride of 2: 0.87 -> 0.3-0.5 ms at 64x112x112) beats a
                 # gather across rows, whatever its vector width
@@ -426,7 +425,7 @@ class ScheduleSpace:
         """Whether ``reader`` indexes a padded dim of ``pad`` with its vector axis."""
         if vector is None:
             return False
-        if isinstance(self.lowered.op, Graph) and reader.axis(vector).gathers:
+        if not self.lowered.op.is_linear and reader.axis(vector).gathers:
             # a strided vector (a max pool's Stride of 2) loads element-wise anyway: bounds checks cost less
             # than a pass that pads the input (64x112x112, 1 thread: 0.63 -> 0.49 ms)
             return False
