@@ -147,3 +147,15 @@ def test_the_walk_takes_cheap_rewrites_first_and_reaches_a_shuffled_grouped_two_
     assert costs == sorted(costs)  # cheapest first: every design with a drop or shift after these
     # both stages grouped, the first stage's output channels interleaved: ShuffleNet's mixing
     assert reached is not None and reached < 200
+
+
+def test_a_grouped_weight_is_not_grouped_again():
+    from kdsl.search.neighbors import grouped
+
+    fixed = {"N", "H", "W"}
+    _, once = grouped(gallery.load("conv2d"), 2, 2, fixed)
+    share = next(i for i, step in enumerate(once.steps) if type(step).__name__ == "Share")
+    assert grouped(once, share, 2, fixed) is None  # G*G groups: grouped_conv2d at another G
+    known = gallery.load("grouped_conv2d")
+    share = next(i for i, step in enumerate(known.steps) if type(step).__name__ == "Share")
+    assert grouped(known, share, 2, fixed) is None

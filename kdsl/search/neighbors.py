@@ -183,9 +183,9 @@ def _fresh(taken: set[str], *names: str) -> str:
 def grouped(op: Operator, index: int, groups: int, fixed: Collection[str]) -> tuple[str, Operator] | None:
     """``op`` with the weight that step ``index`` shares grouped (the module doc's **group**) by the
     coefficient ``G`` (``groups``: its value where ``op`` has no ``G`` yet), and the words that say
-    so; None where that step is no ``Share`` of a weight contracting one channel dim (not a window,
-    not one of the ``fixed`` dims such as the batch and spatial ones, reduced later) into one
-    output dim of its own, or the result does not build.
+    so; None where that step is no ``Share`` of a weight contracting one whole channel dim (not a
+    window, not a part of a split, not one of the ``fixed`` dims such as the batch and spatial
+    ones, reduced later) into one output dim of its own, or the result does not build.
 
     >>> from kdsl.lang import library
     >>> words, op = grouped(library.load("conv2d"), 2, 2, fixed={"N", "H", "W"})
@@ -198,6 +198,10 @@ def grouped(op: Operator, index: int, groups: int, fixed: Collection[str]) -> tu
         return None
     weight, live = share.weight, op.live[index]
     windows = {step.name or "" for step in steps[:index] if isinstance(step, Unfold)}
+    # a part of a split channel is grouped already: grouping it again makes G*G groups, the same
+    # design at another G (the coefficient rewrite's job), so only whole channels are grouped
+    windows |= {step.inner or "" for step in steps[:index] if isinstance(step, Split)}
+    windows |= {step.outer or "" for step in steps[:index] if isinstance(step, Split)}
     outs = [d for d, new in zip(weight.dims, weight.new) if new]
     contracted = [
         d.name
