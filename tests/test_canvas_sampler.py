@@ -21,7 +21,8 @@ from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang.errors import SearchError
 from kdsl.lang.operator import Operator
-from kdsl.search.canvas import IDENTITY_ON_NONNEGATIVE, KINDS, NONNEGATIVE, CanvasSampler, sample
+from kdsl.search.canvas import KINDS, CanvasSampler, sample
+from kdsl.search.canvas_choices import IDENTITY_ON_NONNEGATIVE, NONNEGATIVE
 from kdsl.search.run import search
 from kdsl.search.space import Space
 from kdsl.search.store import Store
