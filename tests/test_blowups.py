@@ -5,7 +5,7 @@ The case from the issue: search's candidate ``Unfold(H, G) >> Split(Cin, G*s) >>
 Merge("d_2", "k") >> Merge("d", "g") >> Reduce("Cin_r")`` was lowered as one einsum producing the
 7-D product ``[N, d_2, k, H, W, g, d]`` (Cin x Cout times the image) and summed afterwards,
 because the Merges ended the contraction stage before its Reduce. The planner now folds a
-reshape whose outputs are only summed into the sum (:func:`kdsl.solve.plan.folded`) and runs a
+reshape whose outputs are only summed into the sum (:func:`kdsl.solve.dependencies.folded`) and runs a
 stage's ready Reduces before any view.
 
 Building, printing and reading branching kernels takes time linear in their size (issue 25).
@@ -53,7 +53,7 @@ from kdsl.lang.parser import MAX_SOURCE_CHARS
 from kdsl.lang.printer import CHUNK
 from kdsl.lang.serialize import MAX_JSON_CHARS
 from kdsl.solve import Stage, bind, cost, plan
-from kdsl.solve.plan import folded
+from kdsl.solve.dependencies import folded
 from kdsl.testing import strategies as kst
 
 N, Cin, Cout, H, W, C, D = primary("N Cin Cout H W C D")

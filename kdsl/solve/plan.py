@@ -84,19 +84,16 @@ from kdsl.lang.live import Live
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import (
     CONTRACTION,
-    DROPS,
     HEAVY,
-    ONE_TO_MANY,
     REDUCTION,
     VIEW,
-    WINDOWING,
     BuildContext,
     Dim,
     Primitive,
-    Reduce,
     Weight,
 )
 from kdsl.lang.sizes import Size
+from kdsl.solve.dependencies import NOT_PERMUTATIONS, DependencyGraph, dependency_graph, folded
 from kdsl.solve.layers import Layer
 
 if TYPE_CHECKING:
@@ -114,8 +111,6 @@ _NONE, _SHARING, _REDUCING = 0, 1, 2
 Dims = tuple[tuple[str, Size], ...]
 #: The ready light steps of a scheduler: (Reduces, other steps), each a heap of written indices.
 _Lights = tuple[list[int], list[int]]
-#: Facts of a view that is not a permutation of its elements (it replicates, pads or drops some).
-_NOT_PERMUTATIONS = frozenset({HEAVY, ONE_TO_MANY, WINDOWING, DROPS})
 
 
 def _kind(step: Primitive) -> int:
@@ -143,140 +138,6 @@ def reference_binding(op: Operator) -> dict[str, int]:
         v.name: REFERENCE_PRIMARY if v.kind != "coefficient" else defaults.get(v.name, REFERENCE_COEFFICIENT)
         for v in op.variables
     }
-
-
-# ------------------------------------------------------------------------------------------------
-# The dependency graph over dim versions
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Graph:
-    steps: tuple[Primitive, ...]
-    consumed: tuple[tuple[int, ...], ...]  # per step: versions, in the order of step.consumes
-    produced: tuple[tuple[int, ...], ...]  # per step: versions, in the order of step.produces
-    inherit: tuple[tuple[int, ...], ...]  # per produced version: the consumed version whose name it keeps, or -1
-    successors: tuple[tuple[int, ...], ...]
-    predecessors: tuple[int, ...]  # how many steps each step depends on
-    names: tuple[str, ...]  # per version
-    sizes: tuple[Size, ...]  # per version
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-
-
-@lru_cache(maxsize=512)
-def _graph(op: Operator) -> _Graph:
-    names: list[str] = []
-    sizes: list[Size] = []
-    producer: list[int] = []
-    current: dict[str, int] = {}
-
-    def new(name: str, size: Size, step: int) -> int:
-        names.append(name)
-        sizes.append(size)
-        producer.append(step)
-        return len(names) - 1
-
-    for dim in op.inputs:
-        current[dim.name] = new(dim.name, dim.size, -1)
-    inputs = tuple(current.values())
-    consumed: list[tuple[int, ...]] = []
-    produced: list[tuple[int, ...]] = []
-    inherit: list[tuple[int, ...]] = []
-    successors: list[set[int]] = [set() for _ in op.steps]
-    predecessors: list[int] = []
-    for index, step in enumerate(op.steps):
-        taken = tuple(current.pop(name) for name in step.consumes)
-        made = tuple(new(name, op.live[index + 1][name], index) for name in step.produces)
-        current.update(zip(step.produces, made))
-        sources = dict(zip(step.consumes, taken))
-        inherit.append(tuple(sources.get(name, -1) for name in step.produces))
-        before = {producer[v] for v in taken if producer[v] >= 0}
-        for earlier in before:
-            successors[earlier].add(index)
-        predecessors.append(len(before))
-        consumed.append(taken)
-        produced.append(made)
-    return _Graph(
-        steps=op.steps,
-        consumed=tuple(consumed),
-        produced=tuple(produced),
-        inherit=tuple(inherit),
-        successors=tuple(tuple(sorted(s)) for s in successors),
-        predecessors=tuple(predecessors),
-        names=tuple(names),
-        sizes=tuple(sizes),
-        inputs=inputs,
-        outputs=tuple(current[d.name] for d in op.outputs),
-    )
-
-
-# ------------------------------------------------------------------------------------------------
-# Folding views into the reductions that consume them
-# ------------------------------------------------------------------------------------------------
-
-
-def _foldable(graph: _Graph, index: int, reducer: dict[int, int]) -> list[int] | None:
-    """The Reduces that consume every dim step ``index`` makes, if it is a permutation of the data
-    (a view that neither replicates, drops nor pads: a reshape or a cyclic shift) whose outputs
-    are only ever summed (all with one ``mean`` flag), else None."""
-    step = graph.steps[index]
-    if VIEW not in step.facts or step.facts & _NOT_PERMUTATIONS:
-        return None
-    readers = [reducer.get(version) for version in graph.produced[index]]
-    if any(reader is None for reader in readers):
-        return None
-    means = {graph.steps[reader].mean for reader in readers}  # type: ignore[index,attr-defined]
-    return readers if len(means) == 1 else None  # type: ignore[return-value]
-
-
-@lru_cache(maxsize=512)
-def folded(op: Operator) -> Operator:
-    """``op`` with every reshape or cyclic shift whose outputs are only summed folded into the sum.
-
-    Such a view permutes the elements of its dims, and a sum over all of a permutation's outputs
-    is the sum over all of its inputs (a mean likewise, the sizes being equal): summing a merged
-    dim is summing both of its parts, summing the two parts of a split dim is summing the dim,
-    and summing a shifted dim is summing the dim. So ``Merge(a, b, "c") ... Reduce("c")`` becomes
-    ``Reduce(a, b)``; the Reduces take the view's place (nothing between them touches its
-    outputs, and the planner moves them again). This is what keeps a plan from ending a
-    contraction stage at the view: a Merge between a Share and the Reduce of the merged dim would
-    make the Share's whole product (every dim of the weight times every dim of the data) one
-    materialised tensor, summed only afterwards.
-
-    >>> from kdsl.lang import *
-    >>> N, C, D = primary("N C D"); G = coefficient("G")
-    >>> op = (Input(N, C) >> Split(C, G, "c", "g") >> Share(Weight("c", "g", D, name="w"))
-    ...       >> Merge("c", "g", "C2") >> Reduce("C2") >> Output(N, D))
-    >>> [step.describe() for step in folded(op).steps]
-    ['Split(C, G)', 'Share(w)', 'Reduce(c)', 'Reduce(g)']
-    """
-    current = op
-    while True:
-        graph = _graph(current)
-        reducer = {graph.consumed[index][0]: index for index, step in enumerate(graph.steps) if REDUCTION in step.facts}
-        for index in range(len(graph.steps)):
-            readers = _foldable(graph, index, reducer)
-            if readers is not None:
-                break
-        else:
-            return current
-        step = graph.steps[index]
-        mean = graph.steps[readers[0]].mean  # type: ignore[attr-defined]
-        sums = [Reduce(name, mean=mean) for name in step.consumes]  # every dim the view permutes
-        steps: list[Primitive] = []
-        for position, other in enumerate(current.steps):
-            if position == index:
-                steps.extend(sums)
-            elif position not in readers:
-                steps.append(other)
-        live = Live({d.name: d.size for d in current.inputs}, frozenset())
-        context = BuildContext()
-        resolved = tuple(other.apply(live, context) for other in steps)
-        # built directly, not with Output(...): a folded split's block may have been the only use of
-        # a coefficient that the defaults still name
-        chain = Chain(current.inputs, resolved, current.outputs, current.defaults)
-        current = Operator.linear(chain) if isinstance(current, Operator) else chain
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,7 +175,7 @@ class _State:
 
 
 class _Scheduler:
-    def __init__(self, graph: _Graph, binding: Mapping[str, int | Fraction]) -> None:
+    def __init__(self, graph: DependencyGraph, binding: Mapping[str, int | Fraction]) -> None:
         self.graph = graph
         values = [size.evaluate(binding) for size in graph.sizes]
         self.factor = [
@@ -332,7 +193,7 @@ class _Scheduler:
             step = graph.steps[index]
             if (
                 VIEW in step.facts
-                and not step.facts & _NOT_PERMUTATIONS
+                and not step.facts & NOT_PERMUTATIONS
                 and deferred.issuperset(graph.successors[index])
             ):
                 deferred.add(index)
@@ -665,7 +526,7 @@ def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage
 
 
 def _build(
-    op: Operator, ordered: Operator, graph: _Graph, order: list[int], binding: tuple[tuple[str, object], ...]
+    op: Operator, ordered: Operator, graph: DependencyGraph, order: list[int], binding: tuple[tuple[str, object], ...]
 ) -> Plan:
     names: dict[int, str] = {v: graph.names[v] for v in graph.inputs}
     taken = set(names.values())
@@ -716,14 +577,14 @@ def _cost(p: Plan) -> tuple[Fraction, int]:
 @lru_cache(maxsize=1024)
 def _plan(op: Operator, binding: tuple[tuple[str, int | Fraction], ...], reorder: bool) -> Plan:
     if not reorder:
-        graph = _graph(op)
+        graph = dependency_graph(op)
         return _build(op, op, graph, list(range(len(graph.steps))), binding)
     plans = []
     # the folded operator first: on a tie it wins (it writes no larger tensor); the operator as
     # written stays a candidate because summing a folded view's parts early can cost a pass more
     # (a part of size 1 at this binding is summed in a pass of its own)
     for source in dict.fromkeys((folded(op), op)):
-        graph = _graph(source)
+        graph = dependency_graph(source)
         order = _Scheduler(graph, dict(binding)).best_order()
         if len(order) != len(graph.steps):  # pragma: no cover - the dependency graph is acyclic
             raise AssertionError("the planner lost steps")
