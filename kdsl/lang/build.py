@@ -27,7 +27,8 @@ from kdsl.lang.chain import Chain, close_chain, partial_text, replay
 from kdsl.lang.errors import KdslError, ShapeError
 from kdsl.lang.live import Live
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Output, Pipeline, Primitive, Weight, WeightNames, dim_of
+from kdsl.lang.primitive_base import WeightNames
+from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Output, Pipeline, Primitive, Weight, dim_of
 from kdsl.lang.sizes import Size
 
 #: Set by :mod:`kdsl.lang.graph`: what a linear build does with a Canvas step (``"step"``) or an
