@@ -8,7 +8,7 @@ input and one chain node; ``op.chain`` gives it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
@@ -237,32 +237,44 @@ def replay(inputs: tuple[Dim, ...], steps: tuple[Primitive, ...]) -> tuple[tuple
     return tuple(resolved), live, context
 
 
+def output_names(live: Live, refs: Iterable[object], remedy: str) -> dict[str, None]:
+    """The dim names ``Output(*refs)`` lists, in order, checked against the ``live`` dims: each
+    listed once and none left out (``remedy`` says how to get rid of a live dim, e.g. "Reduce them")."""
+    names: dict[str, None] = {}
+    for ref in refs:
+        name = live.resolve(ref, "Output")
+        if name in names:
+            raise ShapeError(f"Output: the dim {name} is listed twice")
+        names[name] = None
+    if len(names) != len(live):
+        missing = [n for n in live.sizes if n not in names]
+        raise ShapeError(
+            f"Output: the dims {', '.join(missing)} are still live but not in the output; "
+            f"{remedy} or list them (the live dims are {live.describe()})"
+        )
+    return names
+
+
+def check_defaults(defaults: Iterable[tuple[str, int]], coefficients: set[str], what: str) -> None:
+    """Refuse ``Output(defaults=...)`` naming a variable that is no coefficient of the ``what``."""
+    for key, _ in defaults:
+        if key not in coefficients:
+            raise SizeError(
+                f"Output(defaults=...): {key} is not a coefficient variable of this {what} "
+                f"(its coefficients are {sorted(coefficients) or 'none'})"
+            )
+
+
 def close_chain(
     inputs: tuple[Dim, ...], steps: tuple[Primitive, ...], live: Live, output: Output, text: str | None = None
 ) -> Chain:
     """The chain of ``steps`` (whose live dims at the end are ``live``) with ``output``'s order and
     defaults; errors quote ``text`` (the partial build), if given."""
     try:
-        names: dict[str, None] = {}
-        for ref in output.refs:
-            name = live.resolve(ref, "Output")
-            if name in names:
-                raise ShapeError(f"Output: the dim {name} is listed twice")
-            names[name] = None
-        if len(names) != len(live):
-            missing = [n for n in live.sizes if n not in names]
-            raise ShapeError(
-                f"Output: the dims {', '.join(missing)} are still live but not in the output; "
-                f"Reduce them or list them (the live dims are {live.describe()})"
-            )
+        names = output_names(live, output.refs, "Reduce them")
         chain = Chain(inputs, steps, tuple(Dim(n, live.size(n)) for n in names), output.defaults)
         coefficients = {v.name for v in chain.variables if v.kind == "coefficient"}
-        for key, _ in output.defaults:
-            if key not in coefficients:
-                raise SizeError(
-                    f"Output(defaults=...): {key} is not a coefficient variable of this operator "
-                    f"(its coefficients are {sorted(coefficients) or 'none'})"
-                )
+        check_defaults(output.defaults, coefficients, "operator")
     except KdslError as error:
         raise (error.with_context(text) if text is not None else error) from None
     return chain

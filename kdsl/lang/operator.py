@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from kdsl.lang.canonical import graph_key
-from kdsl.lang.chain import Chain, Sized, close_chain, substitute_chain
-from kdsl.lang.errors import ShapeError, SizeError
+from kdsl.lang.chain import Chain, Sized, check_defaults, close_chain, output_names, substitute_chain
+from kdsl.lang.errors import ShapeError
 from kdsl.lang.live import Live
 from kdsl.lang.nonlinear import Fold, Join, Map
 from kdsl.lang.primitives import WINDOWING, Dim, Output, Primitive, Reduce, Weight
@@ -367,25 +367,8 @@ def finish_nodes(
         )
     last = nodes[-1]
     live = Live({d.name: d.size for d in last.dims}, ())
-    names: dict[str, None] = {}
-    for ref in refs:
-        name = live.resolve(ref, "Output")
-        if name in names:
-            raise ShapeError(f"Output: the dim {name} is listed twice")
-        names[name] = None
-    if len(names) != len(live):
-        missing = [n for n in live.sizes if n not in names]
-        raise ShapeError(
-            f"Output: the dims {', '.join(missing)} are still live but not in the output; "
-            f"Reduce, Fold or list them (the live dims are {live.describe()})"
-        )
+    names = output_names(live, refs, "Reduce, Fold")
     checked = Output(*names, defaults=dict(defaults) or None)
     graph = Operator(inputs, nodes, tuple(Dim(n, live.size(n)) for n in names), checked.defaults)
-    coefficients = set(graph.coefficient_variables)
-    for key, _ in graph.defaults:
-        if key not in coefficients:
-            raise SizeError(
-                f"Output(defaults=...): {key} is not a coefficient variable of this kernel "
-                f"(its coefficients are {sorted(coefficients) or 'none'})"
-            )
+    check_defaults(graph.defaults, set(graph.coefficient_variables), "kernel")
     return graph
