@@ -83,7 +83,7 @@ def _run_discover(monkeypatch, tmp_path, **fields):
 
 @pytest.mark.parametrize("prescreen", [None, "grad_norm"])
 def test_strategies_take_turns_though_the_first_is_never_exhausted(monkeypatch, tmp_path, prescreen):
-    from kdsl.discover.records import load_records
+    from kdsl.discover.ranking import load_records
     from kdsl.discover.turns import per_strategy
     from kdsl.search.store import Store
 

@@ -9,7 +9,7 @@ from kdsl.codegen import reference, render
 from kdsl.codegen import torch as kdsl_torch
 from kdsl.codegen import tvm as kdsl_tvm
 from kdsl.lang import FC, Blend, Fold, Input, Map, Output, Product, Rename, Softmax, Unfold, index
-from kdsl.lang import graph as lang_graph
+from kdsl.lang import branches as lang_graph
 from kdsl.lang import operator as lang_operator
 from kdsl.lang.nonlinear import JOIN, JOINS, NONLINEAR, UNARY, Join
 from kdsl.lang.primitives import PRIMITIVES, VIEW, Field, Primitive

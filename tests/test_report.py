@@ -9,7 +9,7 @@ import pytest
 
 from kdsl.cli import main
 from kdsl.discover.loop import Evaluations
-from kdsl.discover.records import load_records, rank, verdict
+from kdsl.discover.ranking import load_records, rank, verdict
 from kdsl.discover.report import summary, write_report
 from kdsl.search.run import search
 from kdsl.search.space import Space

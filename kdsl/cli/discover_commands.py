@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
-from kdsl.discover import records as run_records
+from kdsl.discover import ranking
 from kdsl.discover import report as discovery
 from kdsl.discover.evaluators import check_device
 from kdsl.discover.loop import NETS, DiscoverConfig, discover, discovery_space, strategy_sequence
@@ -205,12 +205,12 @@ class _Lines:
 
 def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
     """The run's answer at a glance: the summary sentences, the top of the ranking, the files."""
-    loaded = run_records.load_records(config.db) if Path(config.db).is_file() else None
+    loaded = ranking.load_records(config.db) if Path(config.db).is_file() else None
     print(f"kdsl discover: {summary['evaluated']} candidates evaluated, {summary['screened']} screened")
     if loaded is not None:
         records, baseline = loaded
         accuracy = baseline.get("accuracy") or 0.0
-        ranked = run_records.rank(records, baseline_accuracy=accuracy, margin=config.margin)
+        ranked = ranking.rank(records, baseline_accuracy=accuracy, margin=config.margin)
         # the summary's sentences are lines of their own: printable() alone shows each break as a literal \\n
         summary_text = discovery.summary(records, baseline_accuracy=accuracy, margin=config.margin)
         print(printable(summary_text, keep_newlines=True))

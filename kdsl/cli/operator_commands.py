@@ -20,7 +20,7 @@ from kdsl import gallery, solve
 from kdsl.bench.backends import gallery_latencies
 from kdsl.bench.rediscover import REDISCOVERY, SLOW, SLOW_RESTRICTED, rediscover
 from kdsl.codegen.render import loop_nest, svg
-from kdsl.discover import records as run_records
+from kdsl.discover import ranking
 from kdsl.gallery.content import first_sentence
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
@@ -288,7 +288,7 @@ def _gallery_add(args: argparse.Namespace) -> int:
     finally:
         store.close()
     op = parse(row["dsl"])
-    evaluated = run_records.load_records(args.db)
+    evaluated = ranking.load_records(args.db)
     record = next((r for r in evaluated[0] if r["key"] == row["key"]), {}) if evaluated else {}
     baseline = evaluated[1] if evaluated else {}
     provenance = {

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from kdsl.bench.search_throughput import run_bench
-from kdsl.discover import records as run_records
+from kdsl.discover import ranking
 from kdsl.discover import report as discovery
 from kdsl.lang.errors import KdslError, SearchError, printable
 from kdsl.search.run import STRATEGIES, search
@@ -118,15 +118,15 @@ def command_results(args: argparse.Namespace) -> int:
     """``kdsl results --db PATH``: the best stored candidates (the database is opened read-only).
 
     On a database that ``kdsl discover`` evaluated, the candidates are ranked as its
-    ``results.md`` ranks them (:func:`kdsl.discover.records.rank`), with each one's verdict and what
+    ``results.md`` ranks them (:func:`kdsl.discover.ranking.rank`), with each one's verdict and what
     it is; ``--json`` prints the same rows with the same fields (:func:`kdsl.discover.report.table_rows`)."""
-    evaluated = run_records.load_records(args.db)
+    evaluated = ranking.load_records(args.db)
     if evaluated is not None:
         records, baseline = evaluated
         accuracy = baseline.get("accuracy") or 0.0
-        ranked = run_records.rank(records, baseline_accuracy=accuracy, margin=args.margin)
+        ranked = ranking.rank(records, baseline_accuracy=accuracy, margin=args.margin)
         if args.json:  # the table's rows and fields (discovery.COLUMNS), as JSON
-            counts = run_records.family_counts(records, baseline_accuracy=accuracy, margin=args.margin)
+            counts = ranking.family_counts(records, baseline_accuracy=accuracy, margin=args.margin)
             print(
                 json.dumps(
                     {

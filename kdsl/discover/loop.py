@@ -46,7 +46,7 @@ from kdsl.discover.executors import Task, make_executor
 from kdsl.discover.families import FamilyTable, training_key
 from kdsl.discover.network import NetworkOp, network_latency
 from kdsl.discover.proxy import ProxyConfig, proxy_layers
-from kdsl.discover.records import family_counts, merged_strategy_counts, records_from, top_families
+from kdsl.discover.ranking import family_counts, merged_strategy_counts, records_from, top_families
 from kdsl.discover.report import write_report
 from kdsl.discover.turns import Turns, count_per_strategy, strategy_lines, usable
 from kdsl.lang.errors import KdslError, SearchError, printable

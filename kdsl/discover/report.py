@@ -1,6 +1,6 @@
 """The output of a discovery run: a ranked table (Markdown and JSON), a Pareto plot of accuracy
 against latency with the baseline marked, and one page per top candidate. What a record carries and
-how records rank: :mod:`kdsl.discover.records`.
+how records rank: :mod:`kdsl.discover.ranking`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.render import svg
-from kdsl.discover.records import (
+from kdsl.discover.ranking import (
     Record,
     family_counts,
     merged_strategy_counts,

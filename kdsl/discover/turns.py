@@ -1,10 +1,10 @@
 """What each search strategy of a discovery produced: per strategy, how many candidates it stored,
 how many were screened and trained, and how many are *usable* (within the margin of the
-baseline's accuracy and faster, as :func:`kdsl.discover.records.verdict` says).
+baseline's accuracy and faster, as :func:`kdsl.discover.ranking.verdict` says).
 
 The strategy of a candidate is the one that stored it first (the search store keeps one row per
 candidate, with the strategy that found it: ``Store.get(key)["strategy"]``); the records of
-:func:`kdsl.discover.records.load_records` carry it as ``strategy``.
+:func:`kdsl.discover.ranking.load_records` carry it as ``strategy``.
 
 >>> import os, tempfile
 >>> from kdsl.search.store import Store
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kdsl.discover.evaluation_store import Evaluations
-from kdsl.discover.records import verdict
+from kdsl.discover.ranking import verdict
 from kdsl.lang.errors import SearchError
 from kdsl.search.store import Store
 
@@ -88,7 +88,7 @@ def count_per_strategy(store: Store, evaluations: Evaluations, *, margin: float 
 
 def usable(metrics: Mapping[str, Any], baseline_accuracy: object, margin: float = 0.02) -> bool:
     """Whether a trained candidate's ``metrics`` make it usable: an accuracy within ``margin`` of the
-    baseline's and faster (:func:`kdsl.discover.records.verdict`); False without both accuracies.
+    baseline's and faster (:func:`kdsl.discover.ranking.verdict`); False without both accuracies.
 
     >>> usable({"accuracy": 0.95, "latency_ratio": 0.5}, 0.96), usable({"accuracy": 0.9, "latency_ratio": 0.5}, 0.96)
     (True, False)
@@ -101,7 +101,7 @@ def usable(metrics: Mapping[str, Any], baseline_accuracy: object, margin: float 
 
 def strategy_lines(counts: dict[str, dict[str, Any]]) -> list[str]:
     """One line per strategy, as the terminal shows them (with the new families where counted,
-    :func:`kdsl.discover.records.merged_strategy_counts`).
+    :func:`kdsl.discover.ranking.merged_strategy_counts`).
 
     >>> strategy_lines({"mcts": {"stored": 9, "screened": 8, "trained": 2, "failed": 0, "usable": 1,
     ...                          "best_accuracy": 0.95}})

@@ -4,6 +4,7 @@ joins of branches, operators and branching kernels, text and JSON.
 ``from kdsl.lang import *`` gives exactly the names a DSL program uses.
 """
 
+from kdsl.lang.branches import Blend, Product, Tensor
 from kdsl.lang.build import Builder, Input, Output, Pipeline
 from kdsl.lang.errors import (
     AmbiguousDimError,
@@ -17,7 +18,6 @@ from kdsl.lang.errors import (
     UnboundDimError,
     ValidityError,
 )
-from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import FC, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse, parse_size

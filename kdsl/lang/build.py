@@ -31,7 +31,7 @@ from kdsl.lang.primitive_base import WeightNames
 from kdsl.lang.primitives import PRIMITIVES, BuildContext, Dim, Output, Pipeline, Primitive, Weight, dim_of
 from kdsl.lang.sizes import Size
 
-#: Set by :mod:`kdsl.lang.graph`: what a linear build does with a Canvas step (``"step"``) or an
+#: Set by :mod:`kdsl.lang.branches`: what a linear build does with a Canvas step (``"step"``) or an
 #: arithmetic join of two tensors (``"blend"``). This module knows nothing of graphs.
 GRAPH_HOOKS: dict[str, Callable[..., Any]] = {}
 
@@ -94,7 +94,7 @@ class Builder(_Joinable):
         self.steps = steps
         self._live = live
         self._context: BuildContext | None = BuildContext(list(weights), earlier) if live is not None else None
-        #: the graph vertex this build closes into when it branches (kdsl.lang.graph), made once
+        #: the graph vertex this build closes into when it branches (kdsl.lang.branches), made once
         self.closed_vertex: Any = None
 
     @staticmethod

@@ -208,7 +208,7 @@ class Chain(Sized):
 
 def substitute_chain(op: Chain, sizes: Mapping[str, Size], steps: dict[int, Primitive]) -> Chain:
     """``op`` with ``sizes`` substituted; ``steps`` maps a step's id to its substituted copy, so
-    steps that several chains share (by identity, see kdsl.lang.graph) stay shared."""
+    steps that several chains share (by identity, see kdsl.lang.branches) stay shared."""
     if not any(var.name in sizes for var in op.variables):
         return op
     inputs = tuple(Dim(d.name, d.size.substitute(sizes)) for d in op.inputs)

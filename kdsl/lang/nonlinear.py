@@ -2,7 +2,7 @@
 
 Each is declared once here, like the eight linear primitives in :mod:`kdsl.lang.primitives`: its
 fields (text, JSON, content key), its shape rule and its semantics. They are the vertices of a
-branching kernel (:mod:`kdsl.lang.graph`) between linear chains; a linear chain never holds one,
+branching kernel (:mod:`kdsl.lang.branches`) between linear chains; a linear chain never holds one,
 so the planner, search and its canonicalization rules, which commute linear steps, never see a
 non-linear step to commute past.
 

@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from kdsl.lang.branches import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.build import Builder, Input
 from kdsl.lang.errors import KdslError, ParseError
-from kdsl.lang.graph import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.names import MAX_CONSTANT, MAX_EXPONENT
 from kdsl.lang.nonlinear import MAX_SCALE, UNARY
 from kdsl.lang.operator import Operator

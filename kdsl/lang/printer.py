@@ -268,7 +268,7 @@ def to_json(op: OperatorParts) -> str:
     return json.dumps(to_dict(op), sort_keys=True)
 
 
-# -- branching kernels (kdsl.lang.graph) --------------------------------------------------------
+# -- branching kernels (kdsl.lang.branches) --------------------------------------------------------
 
 #: The JSON form of a branching kernel.
 GRAPH_FORMAT = "kdsl-graph"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kdsl.lang.branches import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.build import Input
 from kdsl.lang.errors import KdslError, ParseError
-from kdsl.lang.graph import JOIN_FUNCTIONS, Tensor
 from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse_size

@@ -92,9 +92,9 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdsl.lang.branches import Blend, Product, Tensor
 from kdsl.lang.build import Input, Output
 from kdsl.lang.errors import KdslError, SearchError
-from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Merge, Reduce, Shift, Split, Unfold

@@ -42,8 +42,8 @@ from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Primitive
 from kdsl.lang.sizes import Size, Var
-from kdsl.solve.graph import node_label
 from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
+from kdsl.solve.node_facts import node_label
 from kdsl.solve.padding import Padding, pad_sizes
 
 KINDS = ("positive", "integral", "window")

@@ -71,8 +71,8 @@ from kdsl.lang.nonlinear import FC, JOINS, UNARY, ProductJoin
 from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import bind
-from kdsl.solve.graph import dim_elements, elements, node_label, storage
 from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
+from kdsl.solve.node_facts import dim_elements, elements, node_label, storage
 from kdsl.solve.plan import Plan, plan, reference_binding
 
 METRICS = ("flops", "params", "input", "output", "intermediate")

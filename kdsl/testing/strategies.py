@@ -37,10 +37,10 @@ from typing import Any
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from kdsl.lang.branches import Blend, Product, Tensor
 from kdsl.lang.build import Builder, Input, Output
 from kdsl.lang.chain import Chain
 from kdsl.lang.errors import KdslError
-from kdsl.lang.graph import Blend, Product, Tensor
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, FOLD_KINDS, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import (
@@ -215,7 +215,7 @@ def operators_with_layers(draw: Any, max_steps: int = 6) -> tuple[Operator, dict
 
 
 # ------------------------------------------------------------------------------------------------
-# Branching kernels (kdsl.lang.graph): linear chains between Canvas's steps, branches joined again
+# Branching kernels (kdsl.lang.branches): linear chains between Canvas's steps, branches joined again
 # ------------------------------------------------------------------------------------------------
 
 #: the factors a drawn Map("scale") takes (every other Map function takes none)
