@@ -87,22 +87,8 @@ def _describe_commands(parser: argparse.ArgumentParser) -> None:
                 _describe_commands(subparser)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``kdsl`` argument parser: one vocabulary across commands (``--layers``, ``--set``,
-    ``--db``, ``--out``, ``--seed``, ``--json``), defaults shown in every ``--help``.
-
-    >>> args = build_parser().parse_args(["search", "conv2d", "--set", "K=3", "--db", "r.db"])
-    >>> args.coefficient, args.layers
-    (['K=3'], 'resnet18')
-    """
-    parser = _Parser(
-        prog="kdsl",
-        description="kdsl: a DSL for neural tensor operators. An operator is named by a gallery name "
-        "(conv2d), a .dsl file or a .json file; costs are counted in multiply-accumulates (MACs).",
-    )
-    parser.add_argument("--version", action="version", version=f"kdsl {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="(kdsl COMMAND --help)")
-
+def _add_show(commands: typing.Any) -> None:
+    """``kdsl show``: an operator's DSL, shapes, constraints and cost formulas."""
     show = commands.add_parser("show", help="print an operator's DSL, shapes, constraints and cost formulas")
     show.add_argument("operator", help="gallery name, .dsl file or .json file (with --db: a candidate's hash)")
     show.add_argument("--svg", metavar="FILE", help="also draw the primitive graph as SVG")
@@ -114,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--arch", default="sm_90", help="the CUDA architecture (with --target cuda)")
     show.set_defaults(run=command_show)
 
+
+def _add_check(commands: typing.Any) -> None:
+    """``kdsl check``: an operator on a table of layers."""
     check = commands.add_parser("check", help="check an operator on a table of layers")
     check.add_argument("operator", help="gallery name, .dsl file or .json file")
     check.add_argument("--layers", default="resnet18", help="built-in table (resnet18, resnet18_stride2) or JSON file")
@@ -137,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the shapes and costs as JSON instead of a table")
     check.set_defaults(run=command_check)
 
+
+def _add_gallery(commands: typing.Any) -> None:
+    """``kdsl gallery``: list, build, rediscover or add to the gallery."""
     gallery = commands.add_parser("gallery", help="the gallery of named operators")
     gallery.add_argument(
         "action",
@@ -166,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")
     gallery.set_defaults(run=command_gallery)
 
+
+def _add_bench(commands: typing.Any) -> None:
+    """``kdsl bench``: the benchmarks, each printing ratios measured side by side."""
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH", help="(kdsl bench BENCH --help)")
 
@@ -198,15 +193,35 @@ def build_parser() -> argparse.ArgumentParser:
     screen = bench_kinds.add_parser("prescreen", help="how well cheap scores predict the proxy accuracy (Spearman)")
     proxy_bench.add_prescreen_arguments(screen)
     screen.set_defaults(run=proxy_bench.bench_prescreen)
-    search_commands.add_search_commands(commands)
 
     tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")
     tune_commands.add_bench_arguments(tune_bench)
     tune_bench.set_defaults(run=tune_commands.bench_tune)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kdsl`` argument parser: one vocabulary across commands (``--layers``, ``--set``,
+    ``--db``, ``--out``, ``--seed``, ``--json``), defaults shown in every ``--help``.
+
+    >>> args = build_parser().parse_args(["search", "conv2d", "--set", "K=3", "--db", "r.db"])
+    >>> args.coefficient, args.layers
+    (['K=3'], 'resnet18')
+    """
+    parser = _Parser(
+        prog="kdsl",
+        description="kdsl: a DSL for neural tensor operators. An operator is named by a gallery name "
+        "(conv2d), a .dsl file or a .json file; costs are counted in multiply-accumulates (MACs).",
+    )
+    parser.add_argument("--version", action="version", version=f"kdsl {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="(kdsl COMMAND --help)")
+
+    _add_show(commands)
+    _add_check(commands)
+    _add_gallery(commands)
+    _add_bench(commands)
+    search_commands.add_search_commands(commands)
     tune_commands.add_tune_commands(commands)
-
     add_discover_command(commands)
-
     demo = commands.add_parser("demo", help="a tour of kdsl")
     demo.set_defaults(run=command_demo)
     _describe_commands(parser)

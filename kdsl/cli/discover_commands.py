@@ -24,6 +24,15 @@ __all__ = ["add_discover_command"]
 def add_discover_command(subparsers: Any) -> None:
     """Register ``kdsl discover``."""
     parser = subparsers.add_parser("discover", help="search, evaluate and rank replacements for a network's convs")
+    _add_space_arguments(parser)
+    _add_run_arguments(parser)
+    _add_proxy_arguments(parser)
+    _add_timing_arguments(parser)
+    parser.set_defaults(run=_command)
+
+
+def _add_space_arguments(parser: Any) -> None:
+    """What is searched: the network, the spec, the budgets, depth and strategies."""
     parser.add_argument(
         "--net", default="proxy-resnet", choices=NETS, help="the proxy network whose convs are replaced"
     )
@@ -65,6 +74,10 @@ def add_discover_command(subparsers: Any) -> None:
         f"designs and their rewrites, so they get one turn in three; MCTS and Canvas's sampler start from "
         f"nothing, where new families come from",
     )
+
+
+def _add_run_arguments(parser: Any) -> None:
+    """The run itself: time, database, report folder, executor, workers, seed."""
     parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--db", default="runs.sqlite", help="SQLite database of the run (a run resumes from it)")
     parser.add_argument("--out", default="out", help="folder for results.md, results.json, pareto.png and pages/")
@@ -75,6 +88,10 @@ def add_discover_command(subparsers: Any) -> None:
     parser.add_argument(
         "--eval-timeout", type=positive_float, default=240.0, help="seconds per candidate before it is killed"
     )
+
+
+def _add_proxy_arguments(parser: Any) -> None:
+    """How candidates are trained: epochs, data, and the screen that picks them."""
     parser.add_argument("--epochs", type=positive_int, default=DiscoverConfig.epochs, help="proxy training epochs")
     parser.add_argument(
         "--data",
@@ -94,6 +111,10 @@ def add_discover_command(subparsers: Any) -> None:
         default=DiscoverConfig.screen_factor,
         help="candidates screened per trained",
     )
+
+
+def _add_timing_arguments(parser: Any) -> None:
+    """How candidates are timed: backend, device, tuned schedules, baseline cache, the network."""
     parser.add_argument(
         "--latency-backend",
         choices=("tvm", "torch"),
@@ -129,7 +150,6 @@ def add_discover_command(subparsers: Any) -> None:
         help="after the time limit, time ResNet-18 end to end (PyTorch and TVM, batch 1 and 8) with the top N "
         "families in its stage convolutions and add it to the report (a few minutes; default 0: not at all)",
     )
-    parser.set_defaults(run=_command)
 
 
 def _tuned(path: str | None) -> dict[str, str] | None:
