@@ -398,81 +398,11 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
     evaluators = config.evaluators()
     baseline_op = gallery.load("conv2d")
     try:
-        done = evaluations.done()
-        if baseline_op.key not in done:
+        if baseline_op.key not in evaluations.done():
             _baseline(config, executor, evaluations, baseline_op, evaluators, progress)
         baseline_metrics = evaluations.rows("baseline")[0]["metrics"]
-        strategies = strategy_sequence(config.strategy)
-        exhausted: set[str] = set()
-        trained = 0
-        # the strategies take turns, each resuming its own progress from the store: one that is
-        # never exhausted (sampling, MCTS) must not starve the others, and the one whose trained
-        # candidates are usable most often gets the most turns (kdsl.discover.turns.Turns)
-        turns = Turns(strategies, counts=count_per_strategy(store, evaluations, margin=config.margin))
-        while time.monotonic() - start < config.time_limit:
-            remaining = config.time_limit - (time.monotonic() - start)
-            name = turns.next()
-            if name is None:
-                _say(progress, "the search space is exhausted and every candidate is evaluated")
-                break
-            if name not in exhausted:
-                report = search(
-                    space,
-                    name,
-                    store=store,
-                    seed=config.seed,
-                    time_limit=max(1.0, min(30.0, remaining / 4)),
-                    max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
-                    # untrained candidates: use of the FLOPs budget, below what accurate trained
-                    # ones earn (measured_reward), so MCTS follows measured accuracy (Syno §7.2)
-                    # and otherwise leans to operators with the capacity to learn
-                    evaluator=budget_reward,
-                )
-                _say(
-                    progress,
-                    f"search ({name}): {report.new} new candidates ({report.valid} valid), {report.nodes} nodes",
-                )
-                if report.finished:  # its remaining candidates are still evaluated in its turns
-                    exhausted.add(name)
-            done = evaluations.done()
-            if config.prescreen:
-                batch, failed = _screen(config, executor, store, evaluations, families, progress, strategy=name)
-                for result in failed:  # a candidate that cannot be scored cannot be trained either
-                    evaluations.add(result)
-                    store.set_reward(result["key"], 0.0)
-            else:
-                batch = _fresh(store, evaluations, families, done | set(evaluations.screened()), config.batch, name)
-            if trained and time.monotonic() - start > config.time_limit:
-                break  # screening took the rest of the time: no more training past the limit
-            if not batch:
-                if name in exhausted and not _pending(store, evaluations.done() | set(evaluations.screened()), 1, name):
-                    turns.skip(name)  # nothing left to search or evaluate: no more turns
-                continue
-
-            # a template from Canvas's sampler carries its widths, filled per layer of the space
-            tasks = [Task.of(parse(row["dsl"]), evaluators, _widths(row)) for row in batch]
-            for task, result in executor.map(tasks):
-                evaluations.add(result)
-                value = measured_reward(result["metrics"], result["status"], baseline_metrics, config.margin)
-                store.set_reward(task.key, value)
-                accuracy = result["metrics"].get("accuracy")
-                ratio = result["metrics"].get("latency_ratio")
-                trained += 1
-                ok = result["status"] == "ok"
-                turns.record(name, ok and usable(result["metrics"], baseline_metrics.get("accuracy"), config.margin))
-                left = max(0.0, config.time_limit - (time.monotonic() - start))
-                what = families.get([task.key]).get(task.key, {}).get("line")
-                _say(
-                    progress,
-                    f"evaluated {task.key}: {result['status']}"
-                    + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
-                    + (f", latency x{ratio:.2f}" if ratio is not None else "")
-                    + (f" ({result['error'][:120]})" if result.get("error") else "")
-                    + (f"; {what}" if what else "")
-                    + f" [trained {trained}, screened {len(evaluations.screened())}, {left:.0f} s left]",
-                )
-                if time.monotonic() - start > config.time_limit:
-                    break
+        run = _Run(config, space, store, evaluations, families, executor, evaluators, baseline_metrics, progress, start)
+        run.take_turns()
         return _write(config, store, evaluations, families, baseline_metrics, progress, write_report)
     finally:
         executor_close = getattr(executor, "close", None)
@@ -484,6 +414,120 @@ def discover(config: DiscoverConfig, progress: TextIO | None = sys.stderr) -> di
             store.release(lease)
         finally:
             store.close()
+
+
+@dataclass
+class _Run:
+    """One discovery's turns: the strategies take turns searching, screening and training until the
+    time limit (the stores, the executor and the baseline are the run's, opened by :func:`discover`)."""
+
+    config: DiscoverConfig
+    space: Space
+    store: Store
+    evaluations: Evaluations
+    families: FamilyTable
+    executor: Any
+    evaluators: list[Any]
+    baseline_metrics: dict[str, Any]
+    progress: TextIO | None
+    start: float
+    trained: int = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def take_turns(self) -> None:
+        config = self.config
+        exhausted: set[str] = set()
+        # the strategies take turns, each resuming its own progress from the store: one that is
+        # never exhausted (sampling, MCTS) must not starve the others, and the one whose trained
+        # candidates are usable most often gets the most turns (kdsl.discover.turns.Turns)
+        counts = count_per_strategy(self.store, self.evaluations, margin=config.margin)
+        turns = Turns(strategy_sequence(config.strategy), counts=counts)
+        while self.elapsed() < config.time_limit:
+            name = turns.next()
+            if name is None:
+                _say(self.progress, "the search space is exhausted and every candidate is evaluated")
+                break
+            if name not in exhausted and self.search_turn(name, config.time_limit - self.elapsed()):
+                exhausted.add(name)  # its remaining candidates are still evaluated in its turns
+            batch = self.next_batch(name)
+            if self.trained and self.elapsed() > config.time_limit:
+                break  # screening took the rest of the time: no more training past the limit
+            if not batch:
+                seen = self.evaluations.done() | set(self.evaluations.screened())
+                if name in exhausted and not _pending(self.store, seen, 1, name):
+                    turns.skip(name)  # nothing left to search or evaluate: no more turns
+                continue
+            self.train(name, batch, turns)
+
+    def search_turn(self, name: str, remaining: float) -> bool:
+        """One search turn of strategy ``name`` into the run's store; True when it finished its space."""
+        config = self.config
+        report = search(
+            self.space,
+            name,
+            store=self.store,
+            seed=config.seed,
+            time_limit=max(1.0, min(30.0, remaining / 4)),
+            max_results=config.batch * max(4, 2 * config.screen_factor if config.prescreen else 0),
+            # untrained candidates: use of the FLOPs budget, below what accurate trained
+            # ones earn (measured_reward), so MCTS follows measured accuracy (Syno §7.2)
+            # and otherwise leans to operators with the capacity to learn
+            evaluator=budget_reward,
+        )
+        _say(
+            self.progress, f"search ({name}): {report.new} new candidates ({report.valid} valid), {report.nodes} nodes"
+        )
+        return report.finished
+
+    def next_batch(self, name: str) -> list[dict[str, Any]]:
+        """The candidates strategy ``name`` trains next: the best screened (with a prescreen), else the
+        best fresh ones."""
+        config, evaluations = self.config, self.evaluations
+        done = evaluations.done()
+        if not config.prescreen:
+            return _fresh(
+                self.store, evaluations, self.families, done | set(evaluations.screened()), config.batch, name
+            )
+        batch, failed = _screen(config, self.executor, self.store, evaluations, self.families, self.progress, name)
+        for result in failed:  # a candidate that cannot be scored cannot be trained either
+            evaluations.add(result)
+            self.store.set_reward(result["key"], 0.0)
+        return batch
+
+    def train(self, name: str, batch: list[dict[str, Any]], turns: Turns) -> None:
+        """Train and time ``batch``; store each result and its reward, and credit strategy ``name``."""
+        config = self.config
+        # a template from Canvas's sampler carries its widths, filled per layer of the space
+        tasks = [Task.of(parse(row["dsl"]), self.evaluators, _widths(row)) for row in batch]
+        for task, result in self.executor.map(tasks):
+            self.evaluations.add(result)
+            metrics = result["metrics"]
+            self.store.set_reward(
+                task.key, measured_reward(metrics, result["status"], self.baseline_metrics, config.margin)
+            )
+            self.trained += 1
+            ok = result["status"] == "ok"
+            turns.record(name, ok and usable(metrics, self.baseline_metrics.get("accuracy"), config.margin))
+            _say(self.progress, self.evaluated_line(task.key, result))
+            if self.elapsed() > config.time_limit:
+                break
+
+    def evaluated_line(self, key: str, result: dict[str, Any]) -> str:
+        """The progress line of one trained candidate."""
+        accuracy = result["metrics"].get("accuracy")
+        ratio = result["metrics"].get("latency_ratio")
+        left = max(0.0, self.config.time_limit - self.elapsed())
+        what = self.families.get([key]).get(key, {}).get("line")
+        return (
+            f"evaluated {key}: {result['status']}"
+            + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
+            + (f", latency x{ratio:.2f}" if ratio is not None else "")
+            + (f" ({result['error'][:120]})" if result.get("error") else "")
+            + (f"; {what}" if what else "")
+            + f" [trained {self.trained}, screened {len(self.evaluations.screened())}, {left:.0f} s left]"
+        )
 
 
 def _baseline(
