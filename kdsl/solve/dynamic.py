@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any
@@ -312,47 +312,17 @@ def fill(
     names = op.dynamic_variables
     if not names:
         raise LayerError("the operator has no free width (dynamic variable) to fill; check it with kdsl.solve.check")
-    budgets = {"flops": max_flops, "params": max_params}
-    reference: dict[str, int] | None = None
-    if any(is_relative(value) for value in budgets.values()):
-        base_op = library.load(baseline or "conv2d") if baseline is None or isinstance(baseline, str) else baseline
-        reference = dict(_baseline_cost(base_op, table))
-    limits = {
-        metric: parse_budget(value, reference[metric] if reference and is_relative(value) else None)  # type: ignore[arg-type]
-        for metric, value in budgets.items()
-    }
+    limits, reference = _limits(table, baseline, {"flops": max_flops, "params": max_params})
     bindings = _bindings(op, table, coefficients)
-    terms = _width_terms(op)
-    least = [_layer_multiples(op, terms, binding) for binding in bindings]
-    channels = [_channels(op, binding) for binding in bindings]
-    smallest = min(range(len(table)), key=lambda i: channels[i])
-    base = []
-    for i in range(len(table)):
-        values = {}
-        for name in names:
-            ratio = Fraction(channels[i] * least[smallest][name], channels[smallest] * least[i][name])
-            values[name] = math.ceil(ratio) * least[i][name]
-        base.append(values)
-
-    seen: dict[tuple[int, tuple[int, ...]], dict[str, int]] = {}
-
-    def layer_cost(i: int, values: Mapping[str, int]) -> dict[str, int]:
-        key = (i, tuple(values[name] for name in names))
-        if key not in seen:  # a round prices each doubling, then takes some of them: price once
-            each = cost(op, {**bindings[i], **values}, metrics=BUDGETS)
-            seen[key] = {metric: int(each[metric]) for metric in BUDGETS}
-        return seen[key]
-
-    def over(totals: Mapping[str, int]) -> list[str]:
-        return [m for m in BUDGETS if limits[m] is not None and totals[m] > limits[m]]  # type: ignore[operator]
-
+    least, base = _base_widths(op, bindings)
+    prices = _Prices(op, bindings, names, limits)
     values = [dict(b) for b in base]
     try:
-        costs = [layer_cost(i, values[i]) for i in range(len(table))]
+        costs = [prices.layer_cost(i, values[i]) for i in range(len(table))]
     except KdslError as error:
         raise type(error)(f"{error} (with the base widths {_widths_text(table, values)})") from None
     totals = {m: sum(c[m] for c in costs) for m in BUDGETS}
-    exceeded = over(totals)
+    exceeded = prices.over(totals)
     if exceeded:
         metric = exceeded[0]
         raise BudgetError(
@@ -360,28 +330,7 @@ def fill(
             f"more than the budget of {limits[metric]}; raise the budget or shrink the kernel"
         )
     if any(limit is not None for limit in limits.values()):
-        for _ in range(MAX_ROUNDS):
-            order = []
-            for i in range(len(table)):
-                for name in names:
-                    trial = layer_cost(i, {**values[i], name: values[i][name] * 2})
-                    # the share of the budget each added unit of width costs (the tightest budget)
-                    delta = max(
-                        (trial[m] - costs[i][m]) / limits[m] / values[i][name]  # type: ignore[operator]
-                        for m in BUDGETS
-                        if limits[m] is not None
-                    )
-                    if delta > 0:  # a width that costs nothing has no budget to fill
-                        order.append((delta, i, name))
-            doubled = False
-            for _, i, name in sorted(order):
-                candidate = {**values[i], name: values[i][name] * 2}
-                trial = layer_cost(i, candidate)
-                new_totals = {m: totals[m] - costs[i][m] + trial[m] for m in BUDGETS}
-                if not over(new_totals):
-                    values[i], costs[i], totals, doubled = candidate, trial, new_totals, True
-            if not doubled:
-                break
+        _double_widths(prices, values, costs, totals)
     filled_layers = tuple(
         Layer(layer.name, {**layer.values, **{k: v for k, v in binding.items() if k not in names}, **widths})
         for layer, binding, widths in zip(table, bindings, values)
@@ -395,6 +344,92 @@ def fill(
             f"widths in one size are not solved by fill"
         ) from None
     return Filled(op, filled_layers, tuple(least), tuple(base), tuple(values), tuple(costs), limits, reference)
+
+
+def _limits(
+    table: tuple[Layer, ...], baseline: Operator | str | None, budgets: Mapping[str, str | int | float | None]
+) -> tuple[dict[str, int | None], dict[str, int] | None]:
+    """Each budget as a number (a relative one, ``0.5x``, of ``baseline``'s cost over ``table``), and
+    that reference cost when some budget is relative."""
+    reference: dict[str, int] | None = None
+    if any(is_relative(value) for value in budgets.values()):
+        base_op = library.load(baseline or "conv2d") if baseline is None or isinstance(baseline, str) else baseline
+        reference = dict(_baseline_cost(base_op, table))
+    limits = {
+        metric: parse_budget(value, reference[metric] if reference and is_relative(value) else None)  # type: ignore[arg-type]
+        for metric, value in budgets.items()
+    }
+    return limits, reference
+
+
+def _base_widths(op: Operator, bindings: list[dict[str, int]]) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+    """Per layer, each width's least valid value, and the base widths: the least values of the layer
+    with the fewest input channels, scaled with each layer's channels (rounded up to a valid value)."""
+    names = op.dynamic_variables
+    terms = _width_terms(op)
+    least = [_layer_multiples(op, terms, binding) for binding in bindings]
+    channels = [_channels(op, binding) for binding in bindings]
+    smallest = min(range(len(bindings)), key=lambda i: channels[i])
+    base = []
+    for i in range(len(bindings)):
+        values = {}
+        for name in names:
+            ratio = Fraction(channels[i] * least[smallest][name], channels[smallest] * least[i][name])
+            values[name] = math.ceil(ratio) * least[i][name]
+        base.append(values)
+    return least, base
+
+
+@dataclass
+class _Prices:
+    """The cost of widths on one layer of the table, priced once each, and which budgets totals break."""
+
+    op: Operator
+    bindings: list[dict[str, int]]
+    names: tuple[str, ...]
+    limits: Mapping[str, int | None]
+    seen: dict[tuple[int, tuple[int, ...]], dict[str, int]] = field(default_factory=dict)
+
+    def layer_cost(self, i: int, values: Mapping[str, int]) -> dict[str, int]:
+        key = (i, tuple(values[name] for name in self.names))
+        if key not in self.seen:  # a round prices each doubling, then takes some of them: price once
+            each = cost(self.op, {**self.bindings[i], **values}, metrics=BUDGETS)
+            self.seen[key] = {metric: int(each[metric]) for metric in BUDGETS}
+        return self.seen[key]
+
+    def over(self, totals: Mapping[str, int]) -> list[str]:
+        return [m for m in BUDGETS if self.limits[m] is not None and totals[m] > self.limits[m]]  # type: ignore[operator]
+
+
+def _double_widths(
+    prices: _Prices, values: list[dict[str, int]], costs: list[dict[str, int]], totals: dict[str, int]
+) -> None:
+    """Double widths in rounds, least budget share per unit of width first, while the totals stay
+    within the budgets (``values``, ``costs`` and ``totals`` are updated in place)."""
+    limits = prices.limits
+    for _ in range(MAX_ROUNDS):
+        order = []
+        for i in range(len(values)):
+            for name in prices.names:
+                trial = prices.layer_cost(i, {**values[i], name: values[i][name] * 2})
+                # the share of the budget each added unit of width costs (the tightest budget)
+                delta = max(
+                    (trial[m] - costs[i][m]) / limits[m] / values[i][name]  # type: ignore[operator]
+                    for m in BUDGETS
+                    if limits[m] is not None
+                )
+                if delta > 0:  # a width that costs nothing has no budget to fill
+                    order.append((delta, i, name))
+        doubled = False
+        for _, i, name in sorted(order):
+            candidate = {**values[i], name: values[i][name] * 2}
+            trial = prices.layer_cost(i, candidate)
+            new_totals = {m: totals[m] - costs[i][m] + trial[m] for m in BUDGETS}
+            if not prices.over(new_totals):
+                values[i], costs[i], doubled = candidate, trial, True
+                totals.update(new_totals)
+        if not doubled:
+            break
 
 
 def _widths_text(layers: tuple[Layer, ...], values: list[dict[str, int]]) -> str:
