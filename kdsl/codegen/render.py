@@ -510,6 +510,40 @@ def graph_svg(graph: Operator) -> str:
     >>> picture.count("<rect"), "2: Blend(add) (join)" in picture, ">rhs<" in picture
     (5, True, True)
     """
+    layout = _layout(graph)
+    width, height = layout.width, layout.height
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="monospace" font-size="11">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    parts += _arrows(layout)
+    parts += _boxes(graph, layout)
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+@dataclass
+class _GraphLayout:
+    """Where :func:`graph_svg` draws each item: the nodes, the output box, then the lanes arrows run
+    through (``depth`` is an item's row; ``left`` its x; ``tops``/``bottoms`` a row's y range)."""
+
+    texts: list[list[str]]
+    depth: list[int]
+    widths: list[int]
+    heights: list[int]
+    edges: list[tuple[list[int], int, int]]  # (items along the arrow, position, arguments)
+    left: dict[int, int]
+    tops: list[int]
+    bottoms: list[int]
+    width: int
+    height: int
+
+
+def _layout(graph: Operator) -> _GraphLayout:
+    """Rows by depth; an arrow over several rows passes through a lane in each row it crosses."""
     count = len(graph.nodes)
     texts = [_node_lines(graph, index) for index in range(count)]
     texts.append(["output [" + ", ".join(f"{d.name}: {d.size}" for d in graph.outputs) + "]"])
@@ -520,7 +554,7 @@ def graph_svg(graph: Operator) -> str:
     widths = [_PAD * 2 + _CHAR * max(len(line) for line in lines) for lines in texts]
     heights = [_PAD + _LINE * len(lines) for lines in texts]
     # an arrow over several rows passes through a lane (an item of width _LANE, no box) in each
-    edges: list[tuple[list[int], int, int]] = []  # (items along the arrow, position, arguments)
+    edges: list[tuple[list[int], int, int]] = []
     for target in range(count + 1):
         for position, source in enumerate(args[target]):
             path = [source]
@@ -559,44 +593,58 @@ def graph_svg(graph: Operator) -> str:
         shift = (width - 2 * _MARGIN - row_width[row]) / 2 + _MARGIN
         for i in members:
             left[i] = int(centre[i] - widths[i] / 2 + shift)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="monospace" font-size="11">',
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-    ]
+    return _GraphLayout(texts, depth, widths, heights, edges, left, tops, bottoms, width, height)
 
-    def curve(x1: int, y1: int, x2: int, y2: int) -> str:
-        bend = (y2 - y1) // 2
-        return f" C{x1},{y1 + bend} {x2},{y2 - bend} {x2},{y2}"
 
-    for path, position, arity in edges:
+def _curve(x1: int, y1: int, x2: int, y2: int) -> str:
+    bend = (y2 - y1) // 2
+    return f" C{x1},{y1 + bend} {x2},{y2 - bend} {x2},{y2}"
+
+
+def _arrows(layout: _GraphLayout) -> list[str]:
+    """Each argument's arrow, through its lanes; a join's two marked ``lhs`` and ``rhs``."""
+    left, widths, heights, depth, tops, bottoms = (
+        layout.left,
+        layout.widths,
+        layout.heights,
+        layout.depth,
+        layout.tops,
+        layout.bottoms,
+    )
+    parts = []
+    for path, position, arity in layout.edges:
         source, target = path[0], path[-1]
         x, y = left[source] + widths[source] // 2, tops[depth[source]] + heights[source]
         d = f"M{x},{y}"
         for lane in path[1:-1]:
             lane_x = left[lane] + _LANE // 2
-            d += curve(x, y, lane_x, tops[depth[lane]]) + f" L{lane_x},{bottoms[depth[lane]]}"
+            d += _curve(x, y, lane_x, tops[depth[lane]]) + f" L{lane_x},{bottoms[depth[lane]]}"
             x, y = lane_x, bottoms[depth[lane]]
         x2 = left[target] + int(widths[target] * (position + 1) / (arity + 1))
         y2 = tops[depth[target]]
-        d += curve(x, y, x2, y2)
+        d += _curve(x, y, x2, y2)
         parts.append(f'<path d="{d}" fill="none" stroke="#555" marker-end="url(#arrow)"/>')
         if arity == 2:
             parts.append(f'<text x="{x2 + 3}" y="{y2 - 4}" fill="#a33">{("lhs", "rhs")[position]}</text>')
+    return parts
+
+
+def _boxes(graph: Operator, layout: _GraphLayout) -> list[str]:
+    """Each node's box and lines, then the output's (joins in another colour)."""
+    count = len(graph.nodes)
+    parts = []
     for index in range(count + 1):
         fill = "#fdf1e6" if index < count and graph.nodes[index].kind in JOINS else "#eef3fb"
-        x, y = left[index], tops[depth[index]]
+        x, y = layout.left[index], layout.tops[layout.depth[index]]
         parts.append(
-            f'<rect x="{x}" y="{y}" width="{widths[index]}" height="{heights[index]}" rx="6" '
+            f'<rect x="{x}" y="{y}" width="{layout.widths[index]}" height="{layout.heights[index]}" rx="6" '
             f'fill="{fill}" stroke="#3a5a9a"/>'
         )
-        for number, line in enumerate(texts[index]):
-            colour = ' fill="#225"' if number == len(texts[index]) - 1 and index < count else ""
+        texts = layout.texts[index]
+        for number, line in enumerate(texts):
+            colour = ' fill="#225"' if number == len(texts) - 1 and index < count else ""
             parts.append(
                 f'<text x="{x + _PAD}" y="{y + _PAD + _LINE * number + 9}" xml:space="preserve"{colour}>'
                 f"{escape(line)}</text>"
             )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    return parts
