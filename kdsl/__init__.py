@@ -14,30 +14,9 @@ True
 
 import importlib
 
-from kdsl.lang import (
-    FC,
-    Blend,
-    Dim,
-    Expand,
-    Fold,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Product,
-    Reduce,
-    Rename,
-    Share,
-    Shift,
-    Softmax,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-    coefficient,
-    dynamic,
-    primary,
-)
+# the DSL's vocabulary is lang's (`from kdsl.lang import *`), declared once in kdsl.lang.__all__
+from kdsl.lang import *  # noqa: F403
+from kdsl.lang import __all__ as _DSL_NAMES
 from kdsl.lang.build import Pipeline
 from kdsl.lang.errors import KdslError
 from kdsl.lang.operator import Operator
@@ -65,32 +44,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'kdsl' has no attribute {name!r}")
 
 
-__all__ = [
-    "FC",
-    "Blend",
-    "Dim",
-    "Expand",
-    "Fold",
-    "Input",
-    "Map",
-    "Product",
-    "Rename",
-    "Softmax",
-    "KdslError",
-    "Merge",
-    "Operator",
-    "Output",
-    "Pipeline",
-    "Reduce",
-    "Share",
-    "Shift",
-    "Split",
-    "Stride",
-    "Unfold",
-    "Weight",
-    "coefficient",
-    "dynamic",
-    "from_json",
-    "parse",
-    "primary",
-]
+__all__ = [*_DSL_NAMES, "KdslError", "Operator", "Pipeline", "from_json", "parse"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from kdsl.bench.argument_types import positive_int
 from kdsl.discover.evaluators import AnalyticEvaluator, Context, LatencyEvaluator
 from kdsl.lang.errors import KdslError, printable
 from kdsl.lang.library import load_operator
@@ -203,25 +204,15 @@ def bench_lowering(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="results database (read only): measure its best candidates")
-    parser.add_argument("--top", type=_positive, default=30, help="how many candidates of --db")
+    parser.add_argument("--top", type=positive_int, default=30, help="how many candidates of --db")
     parser.add_argument("--all", action="store_true", help="include candidates that are not 'valid'")
     parser.add_argument("--ops", nargs="*", help="gallery names or .dsl/.json files to measure instead of --db")
     parser.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
-    parser.add_argument("--batch", type=_positive, default=1, help="batch size N (1, as discover)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="batch size N (1, as discover)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while timing (0: keep)")
-    parser.add_argument("--repeats", type=_positive, default=9, help="interleaved rounds per layer (at least)")
+    parser.add_argument("--repeats", type=positive_int, default=9, help="interleaved rounds per layer (at least)")
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per operator before its worker is killed (default 300)"
     )

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering_bench, network_bench, proxy_bench
+from kdsl.bench.argument_types import budget
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
@@ -114,13 +115,11 @@ def _add_check(commands: typing.Any) -> None:
     )
     check.add_argument(
         "--max-flops",
-        type=search_commands.budget,
+        type=budget,
         metavar="BUDGET",
         help="fill free widths to this budget of MACs (1e9, 150M, 0.5x)",
     )
-    check.add_argument(
-        "--max-params", type=search_commands.budget, metavar="BUDGET", help="fill free widths to this parameter budget"
-    )
+    check.add_argument("--max-params", type=budget, metavar="BUDGET", help="fill free widths to this parameter budget")
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
     check.add_argument("--pad", action="store_true", help="round sizes that do not divide up (zero padding), per layer")
     check.add_argument("--json", action="store_true", help="print the shapes and costs as JSON instead of a table")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kdsl.cli.search_commands import optional_budget, positive_float, positive_int
+from kdsl.bench.argument_types import count, optional_budget, positive_float, positive_int
 from kdsl.discover import ranking
 from kdsl.discover import report as discovery
 from kdsl.discover.evaluators import check_device
@@ -144,7 +144,7 @@ def _add_timing_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--network-top",
-        type=_count,
+        type=count,
         default=0,
         metavar="N",
         help="after the time limit, time ResNet-18 end to end (PyTorch and TVM, batch 1 and 8) with the top N "
@@ -238,25 +238,6 @@ def _print_summary(summary: dict[str, Any], config: DiscoverConfig) -> None:
     where = f"pages in {printable(summary['pages'])}, plot {printable(summary['plot'])}"
     print(f"report: {printable(summary['table'])} ({where})")
     print(f"all results: kdsl results --db {printable(config.db)}")
-
-
-def _count(text: str) -> int:
-    """argparse type: an integer of at least 0.
-
-    >>> _count("3")
-    3
-    >>> _count("-1")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: expected a count (0 or more), got '-1'
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a count (0 or more), got {text!r}")
-    return value
 
 
 def _strategies(text: str) -> str:

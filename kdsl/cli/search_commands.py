@@ -18,23 +18,20 @@ import json
 import sys
 from typing import Any
 
+from kdsl.bench.argument_types import budget, positive_float, positive_int
 from kdsl.bench.search_throughput import run_bench
 from kdsl.discover import ranking
 from kdsl.discover import report as discovery
-from kdsl.lang.errors import KdslError, SearchError, printable
+from kdsl.lang.errors import SearchError, printable
 from kdsl.search.run import STRATEGIES, search
-from kdsl.search.space import Space, parse_budget
+from kdsl.search.space import Space
 from kdsl.search.store import Store
 
 __all__ = [
     "add_search_commands",
     "bench_search",
-    "budget",
     "command_results",
     "command_search",
-    "optional_budget",
-    "positive_float",
-    "positive_int",
     "space_from_args",
 ]
 
@@ -174,60 +171,6 @@ def command_results(args: argparse.Namespace) -> int:
         print(f"\n#{rank}  key {printable(row['key'])}")
         print(printable(row["dsl"].rstrip(), keep_newlines=True))
     return 0
-
-
-def budget(text: str) -> str:
-    """argparse type of the budget options: the text itself, once :func:`parse_budget` accepts it.
-
-    A plain number is an absolute count, so ``0.5`` (no ``x``) would be a budget of 0 FLOPs that
-    nothing fits; it is refused with a pointer to ``0.5x``.
-
-    >>> budget("0.5x"), budget("150M")
-    ('0.5x', '150M')
-    >>> budget("0.5")
-    Traceback (most recent call last):
-    ...
-    argparse.ArgumentTypeError: '0.5' is an absolute count below 1; write 0.5x for a multiple of ...
-    """
-    relative = text.strip().lower().endswith("x")
-    try:
-        # any baseline checks a relative budget's syntax; the real one comes from the spec
-        value = parse_budget(text, baseline=1 if relative else None)
-    except KdslError as error:
-        raise argparse.ArgumentTypeError(error.message) from None
-    if not relative and value is not None and value < 1:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is an absolute count below 1; write {text.strip()}x for a multiple of the baseline "
-            f"operator's, or a count like 150M or 2G"
-        )
-    return text
-
-
-def optional_budget(text: str) -> str | None:
-    """:func:`budget`, or None for ``none`` (no limit)."""
-    return None if text.strip().lower() == "none" else budget(text)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number above 0 (seconds)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_search_commands(subparsers: Any) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kdsl import gallery, solve
+from kdsl.bench.argument_types import positive_int
 from kdsl.bench.target import (
     add_mcpu_argument,
     machine_line,
@@ -41,7 +42,6 @@ from kdsl.bench.target import (
     select_mcpu,
 )
 from kdsl.cli.operator_commands import load_operator
-from kdsl.cli.search_commands import positive_int
 from kdsl.codegen.native import native_function
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.machine import current_machine

@@ -326,27 +326,22 @@ def _absorbed(space: Space, state: State, step: BStep) -> bool:
     return step.produced[0].size in space.reduction_index
 
 
-@rule(
+# a split or a window whose dims one weight contracts and sums right away: one check serves both
+rule(
     "split_absorbed_by_weight",
     "Split",
     "exact",
     "Split(C -> a, b) >> Share(w[a, b, ..]) >> Reduce(a, b) == Share(w[C, ..]) >> Reduce(C): the weight "
     "absorbs the split (reshaped)",
-)
-def _split_absorbed_by_weight(space: Space, state: State, step: BStep) -> bool:
-    return _absorbed(space, state, step)
-
-
-@rule(
+)(_absorbed)
+rule(
     "window_absorbed_by_weight",
     "Unfold",
     "exact",
     "Unfold(C, K -> k) >> Share(w[C, k, ..]) >> Reduce(C, k) == Share(w'[C, ..]) >> Reduce(C): a window "
     "whose dims one weight contracts adds up to one weight entry per input position (w' = the sum of "
     "the taps that reach it; any w' is the window's centre tap alone)",
-)
-def _window_absorbed_by_weight(space: Space, state: State, step: BStep) -> bool:
-    return _absorbed(space, state, step)
+)(_absorbed)
 
 
 # -- views against views ---------------------------------------------------------------------------
