@@ -43,7 +43,8 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import analyze
-from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
+from kdsl.codegen.tvm.lowering import Lowered
+from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.gpu import Gpu, from_arch
 

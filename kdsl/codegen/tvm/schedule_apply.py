@@ -16,7 +16,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
-from kdsl.codegen.tvm.lowering import error_reason
+from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
 #: Most vectors along the vector axis in one register tile (and in any vectorized loop).
