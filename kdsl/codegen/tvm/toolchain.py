@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kdsl.lang.errors import LoweringError
+from kdsl.lang.errors import LoweringError, import_or_explain
 
 
 def load_tvm() -> Any:
@@ -16,14 +16,14 @@ def load_tvm() -> Any:
     # nothing here (syno_op1 at conv3_x timed the same either way; on these VMs a kernel's time drifts
     # by up to 1.5x between processes and minutes whatever the setting: compare alternated runs only).
     os.environ.setdefault("TVM_BIND_THREADS", "0")
-    try:
-        import tvm
-        import tvm.te
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise LoweringError(
-            f"the TVM backend needs apache-tvm ({error}); install it with: pip install 'kdsl[tvm]' "
-            "(apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1)"
-        ) from None
+    import_or_explain(
+        "tvm.te",
+        LoweringError,
+        "the TVM backend needs apache-tvm",
+        "pip install 'kdsl[tvm]' (apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1)",
+    )
+    import tvm  # imported above, with the te that every caller uses
+
     return tvm
 
 
