@@ -126,7 +126,7 @@ def _every_index_node() -> list[index.Index]:
 def test_every_index_expression_has_a_tvm_form_and_a_value():
     """The TVM backend lowers every node of the coordinate algebra, to the value evaluate() gives."""
     from kdsl.codegen.tvm import load_tvm
-    from kdsl.codegen.tvm.lowering import _tir
+    from kdsl.codegen.tvm.chain_stages import _tir
 
     tvm = load_tvm()
 

@@ -8,6 +8,9 @@ layer involved and say what to do. Public entry points may attach the operator's
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class KdslError(Exception):
     """Base class of every error kdsl raises on bad input."""
@@ -106,3 +109,12 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
             # repr() spells a non-printable character as \xNN, \uNNNN or \n: visible, inert
             out.append(repr(char)[1:-1])
     return "".join(out)
+
+
+def import_or_explain(module: str, error: type[KdslError], needs: str, install: str) -> Any:
+    """``module`` imported, or ``error`` saying ``needs`` (what needs which package) and how to ``install``
+    it: how kdsl loads an optional dependency on first use, so that ``import kdsl`` pays for none of them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as cause:  # pragma: no cover - depends on the environment
+        raise error(f"{needs} ({cause}); install it with: {install}") from None

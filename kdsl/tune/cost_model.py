@@ -43,6 +43,7 @@ import numpy as np
 
 from kdsl.codegen.tvm.parameters import Categorical, Discrete, Factorization, Parameter, Permutation, config_key
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.lang.errors import import_or_explain
 from kdsl.tune import gensor_model
 from kdsl.tune.records import Record, TuneError, is_number
 
@@ -55,14 +56,12 @@ def load_ensemble() -> Any:
     """scikit-learn's ``sklearn.ensemble``, imported on first use (or a :class:`TuneError` saying how to
     install it). Lazy like the torch and TVM loads: importing it takes ~1.5 s and pulls scipy, which
     ``import kdsl`` and every tuner without a model should not pay for."""
-    try:
-        from sklearn import ensemble
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise TuneError(
-            f"ALT's cost model needs scikit-learn ({error}); install it with: pip install 'kdsl[search]', "
-            "or run ALT without it (--tuner-option model=false)"
-        ) from None
-    return ensemble
+    return import_or_explain(
+        "sklearn.ensemble",
+        TuneError,
+        "ALT's cost model needs scikit-learn",
+        "pip install 'kdsl[search]', or run ALT without it (--tuner-option model=false)",
+    )
 
 
 def have_sklearn() -> bool:

@@ -1,7 +1,8 @@
 """The TVM backend: lowering to ``te.compute`` stages, the schedule space, the default schedule.
 
 ``lowering`` turns an operator bound to a layer into TE stages (one rule per node kind in
-``GRAPH_RULES``; a chain node lowers its linear chain); ``blocks`` analyses each stage's
+``node_rules.GRAPH_RULES``; a chain node lowers its linear chain by ``chain_stages``); ``toolchain``
+loads TVM and makes the CPU target; ``blocks`` analyses each stage's
 TIR block once for every schedule rule; ``schedule_space`` is the
 space of schedules the tuners search (its typed ``parameters``; ``schedule_apply`` applies a configuration
 as schedule primitives); ``default_schedule`` applies the space's rule-based
@@ -10,18 +11,13 @@ bundles; the GPU description is :mod:`kdsl.runtime.gpu`); ``kernel`` compiles a 
 torch tensors (``build``).
 """
 
+from kdsl.codegen.tvm.blocks import invertible_copy
+from kdsl.codegen.tvm.chain_stages import StageInfo
 from kdsl.codegen.tvm.cuda import cuda_bundle, cuda_source, cuda_target
 from kdsl.codegen.tvm.kernel import Kernel, build, source
-from kdsl.codegen.tvm.lowering import (
-    GRAPH_RULES,
-    Lowered,
-    StageInfo,
-    default_target,
-    error_reason,
-    invertible_copy,
-    load_tvm,
-    lower,
-)
+from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.node_rules import GRAPH_RULES
+from kdsl.codegen.tvm.toolchain import default_target, error_reason, load_tvm
 
 __all__ = [
     "GRAPH_RULES",

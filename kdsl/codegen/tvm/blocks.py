@@ -1,6 +1,6 @@
 """The one analysis of a lowered operator's TIR blocks that every schedule rule reads.
 
-For every TE stage (:class:`~kdsl.codegen.tvm.lowering.StageInfo`) it records the block's axes (label,
+For every TE stage (:class:`~kdsl.codegen.tvm.chain_stages.StageInfo`) it records the block's axes (label,
 extent, spatial or reduction, weight-only) and what each read does along each axis: which buffer dims
 an axis indexes, with which stride, and so whether a vector along the axis would load contiguous
 elements, a broadcast, a gather, or a weight that a packing copy can make contiguous. The schedule
@@ -15,7 +15,50 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.lowering import Lowered, invertible_copy, load_tvm
+from kdsl.codegen.tvm.lowering import Lowered
+from kdsl.codegen.tvm.toolchain import load_tvm
+
+
+def invertible_copy(block: Any) -> bool:
+    """Whether ``reverse_compute_inline`` may fold the copy ``block`` (a TIR ``SBlock``) into its producer.
+
+    The copy must read one buffer, as many elements as it writes, at indices built only from sums of
+    its iter vars times constants, ``// c`` and ``% c`` (the fused splits that Split and Merge produce),
+    with every iter var of extent > 1 used (a broadcast is not a bijection). A constant term is refused:
+    TVM 0.27 accepted the read ``stage0[(v + 1) // 2]`` (``v`` in [0, 2), a bijection) as affine and
+    inverted it to ``out[2*v - 1]`` under ``T.where(v == 1)``, so ``out[0]`` was never written. Anything
+    else stays a separate pass, which is only slower."""
+    tvm = load_tvm()
+    tirx = tvm.tirx
+    if len(block.reads) != 1 or len(block.writes) != 1:
+        return False
+    used: list[Any] = []
+
+    def plain(expr: Any) -> bool:
+        if isinstance(expr, tirx.Var):
+            used.append(expr)
+            return True
+        if isinstance(expr, tirx.Add):
+            return plain(expr.a) and plain(expr.b)
+        if isinstance(expr, tirx.Mul):
+            if isinstance(expr.b, tirx.IntImm):
+                return int(expr.b.value) > 0 and plain(expr.a)
+            if isinstance(expr.a, tirx.IntImm):
+                return int(expr.a.value) > 0 and plain(expr.b)
+            return False
+        if isinstance(expr, (tirx.FloorDiv, tirx.FloorMod)):
+            return isinstance(expr.b, tirx.IntImm) and int(expr.b.value) > 0 and plain(expr.a)
+        return False
+
+    for rng in block.reads[0].region:
+        if isinstance(rng.min, tirx.IntImm) and int(rng.min.value) == 0:
+            continue  # a size-1 dim of the producer
+        if not plain(rng.min):
+            return False
+    every_var = all(any(iv.var.same_as(u) for u in used) for iv in block.iter_vars if int(iv.dom.extent) > 1)
+    # as many elements read as written: a strided read (out[i] = y[2*i]) covers only part of its producer
+    same_count = prod(int(iv.dom.extent) for iv in block.iter_vars) == prod(int(n) for n in block.reads[0].source.shape)
+    return every_var and same_count
 
 
 @dataclass
@@ -48,7 +91,7 @@ class StageBlock:
     axes: list[Axis] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
     padded: tuple[int, ...] = ()  # a pad stage's padded dims
-    invertible: bool = False  # a copy that reverse_compute_inline folds correctly (lowering.invertible_copy)
+    invertible: bool = False  # a copy that reverse_compute_inline folds correctly (invertible_copy)
     elementwise: bool = False  # a branching kernel's element-wise stage (StageInfo.elementwise)
     lane_reduce: bool = False  # StageInfo.lane_reduce
     lane_run: int = 1  # trailing reduced axes that every read walks as one contiguous run (_trailing_run)

@@ -33,7 +33,8 @@ from dataclasses import replace
 from typing import Any
 
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
-from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm, lower
+from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.cuda_launch import BUNDLE_FORMAT

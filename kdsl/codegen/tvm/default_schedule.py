@@ -17,7 +17,7 @@ the vector axis), copies folded into the write-back, zero-padded copies material
 checks would fall inside a vector; other stages get their outer loops fused and parallel and their
 innermost loop vectorized where its reads are contiguous.
 
-Branching kernels (:mod:`kdsl.codegen.tvm.lowering`) add stages of their own: max/min folds, FCs,
+Branching kernels (:mod:`kdsl.codegen.tvm.node_rules`) add stages of their own: max/min folds, FCs,
 Products and the softmax's max and sum are reduction stages and get the same register-tiled
 micro-kernel (the softmax's over a contiguous row keep vector lanes of partial results instead); Maps,
 Blends and the softmax's division are element-wise and are inlined into readers that read each element

@@ -43,7 +43,8 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import analyze
-from kdsl.codegen.tvm.lowering import Lowered, error_reason, load_tvm
+from kdsl.codegen.tvm.lowering import Lowered
+from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.gpu import Gpu, from_arch
 
@@ -439,52 +440,16 @@ def contraction_tiles(
     >>> (t.t_d * t.reg_d, t.split)  # a tile past the output's end: no split-K (its write-back is unguarded)
     (32, 1)
     """
-    threads = _pow2_at_most(min(config.threads, gpu.max_threads_per_block))
-    has_weight = weight_extent > 1 or last_weight > 1
-    reg_o = max(1, min(config.reg_o, _pow2_at_most(last_weight))) if has_weight else 1
-    t_o = min(_pow2_at_most(config.thread_split), _pow2_at_most(max(1, weight_extent // reg_o)), threads)
-    t_o = t_o if has_weight else 1
-    t_d = threads // t_o
-    while t_d > 32 and t_d > data_extent:
-        t_d //= 2
-    reg_d = max(1, min(config.reg_d, _pow2_at_most(last_data), _pow2_at_most(max(1, data_extent // t_d))))
+    t_d, t_o, reg_d, reg_o = _block_tile(data_extent, weight_extent, last_data, last_weight, config, gpu)
     k_outer = reduce_extents[0] if reduce_extents else 1
     rest = prod(reduce_extents[1:]) if reduce_extents else 1
     if rows and data_extent > last_data:
-        # a block's data tile is whole rows of the image (or a divisor of one row): the region of the input it
-        # reads is then the same size for every block, rows x (row + window halo), which TVM can allocate in
-        # shared memory; a tile that straddles rows at varying offsets has a symbolic region, which TVM
-        # widens to the whole image
-        reg_d = min(_divisors(last_data), key=lambda d: (abs(d - config.reg_d), -d))
-        per_row = last_data // reg_d
-        if per_row <= t_d:
-            # rows a block: a divisor of the image's height, or whole images (a tile that wraps from one
-            # image into the next at varying rows has a varying region again)
-            want = max(1, min(t_d // per_row, data_extent // last_data))
-            height = max(1, height)
-            rows_per_block = (
-                height * (want // height) if want >= height else max(d for d in _divisors(height) if d <= want)
-            )
-            t_d = per_row * rows_per_block
-        else:
-            t_d = max(d for d in _divisors(per_row) if d <= t_d)
+        t_d, reg_d = _row_aligned(t_d, data_extent, last_data, height, config)
 
     def grid() -> int:
         return -(-data_extent // (t_d * reg_d)) * -(-weight_extent // (t_o * reg_o))
 
-    # split-K: the automatic factor is the smallest power of two that fills the SMs, a slice keeping at
-    # least MIN_SLICE reduction elements; a fixed one is the largest divisor of the outer axis up to it
-    split = 1
-    if config.split_k == 0:
-        while (
-            config.fill
-            and grid() * split < gpu.sms
-            and k_outer % (split * 2) == 0
-            and k_outer // (split * 2) * rest >= MIN_SLICE
-        ):
-            split *= 2
-    else:
-        split = max(d for d in _divisors(k_outer) if d <= config.split_k)
+    split = _split_k(grid(), k_outer, rest, config, gpu)
     # then smaller tiles: registers first (the block keeps its warps to hide latency), then threads; a
     # row-aligned data tile keeps its shape, the weight side shrinks
     while config.fill and grid() * split < gpu.sms:
@@ -509,6 +474,60 @@ def contraction_tiles(
     want = max(1, round(config.k_chunk / rest))
     chunk = max(d for d in _divisors(slice_extent) if d <= max(1, want))
     return Tiles(t_d, t_o, reg_d, reg_o, chunk, split, grid() * split)
+
+
+def _block_tile(
+    data_extent: int, weight_extent: int, last_data: int, last_weight: int, config: GpuConfig, gpu: Gpu
+) -> tuple[int, int, int, int]:
+    """The block's threads along the data and weight-only outputs and each thread's register tile,
+    ``(t_d, t_o, reg_d, reg_o)``, from ``config`` within the outputs' extents."""
+    threads = _pow2_at_most(min(config.threads, gpu.max_threads_per_block))
+    has_weight = weight_extent > 1 or last_weight > 1
+    reg_o = max(1, min(config.reg_o, _pow2_at_most(last_weight))) if has_weight else 1
+    t_o = min(_pow2_at_most(config.thread_split), _pow2_at_most(max(1, weight_extent // reg_o)), threads)
+    t_o = t_o if has_weight else 1
+    t_d = threads // t_o
+    while t_d > 32 and t_d > data_extent:
+        t_d //= 2
+    reg_d = max(1, min(config.reg_d, _pow2_at_most(last_data), _pow2_at_most(max(1, data_extent // t_d))))
+    return t_d, t_o, reg_d, reg_o
+
+
+def _row_aligned(t_d: int, data_extent: int, last_data: int, height: int, config: GpuConfig) -> tuple[int, int]:
+    """``(t_d, reg_d)`` for a data tile of whole rows of the image (or a divisor of one row).
+
+    The region of the input a block reads is then the same size for every block, rows x (row + window
+    halo), which TVM can allocate in shared memory; a tile that straddles rows at varying offsets has a
+    symbolic region, which TVM widens to the whole image."""
+    reg_d = min(_divisors(last_data), key=lambda d: (abs(d - config.reg_d), -d))
+    per_row = last_data // reg_d
+    if per_row > t_d:
+        return max(d for d in _divisors(per_row) if d <= t_d), reg_d
+    # rows a block: a divisor of the image's height, or whole images (a tile that wraps from one image into
+    # the next at varying rows has a varying region again)
+    want = max(1, min(t_d // per_row, data_extent // last_data))
+    height = max(1, height)
+    rows_per_block = height * (want // height) if want >= height else max(d for d in _divisors(height) if d <= want)
+    return per_row * rows_per_block, reg_d
+
+
+def _split_k(grid: int, k_outer: int, rest: int, config: GpuConfig, gpu: Gpu) -> int:
+    """How many slices of the outer reduction axis run in separate blocks (``grid``: blocks without split-K).
+
+    The automatic factor is the smallest power of two that fills the SMs, a slice keeping at least
+    :data:`MIN_SLICE` reduction elements (``rest``: the elements of the other reduction axes); a fixed one
+    is the largest divisor of the outer axis up to it."""
+    if config.split_k != 0:
+        return max(d for d in _divisors(k_outer) if d <= config.split_k)
+    split = 1
+    while (
+        config.fill
+        and grid * split < gpu.sms
+        and k_outer % (split * 2) == 0
+        and k_outer // (split * 2) * rest >= MIN_SLICE
+    ):
+        split *= 2
+    return split
 
 
 #: the fewest reduction elements a split-K slice keeps: below this, a block's loads and its share of the

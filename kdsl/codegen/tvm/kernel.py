@@ -22,7 +22,8 @@ from kdsl.codegen.torch import build as build_torch
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm.cuda import cuda_source, cuda_target, schedule_verified
 from kdsl.codegen.tvm.default_schedule import default_schedule
-from kdsl.codegen.tvm.lowering import Lowered, default_target, load_tvm, lower
+from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.toolchain import default_target, load_tvm
 from kdsl.lang.errors import LoweringError, ShapeError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.gpu import from_arch

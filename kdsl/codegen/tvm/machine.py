@@ -12,7 +12,7 @@ import functools
 import os
 from typing import Any
 
-from kdsl.codegen.tvm.lowering import default_target, load_tvm
+from kdsl.codegen.tvm.toolchain import default_target, load_tvm
 from kdsl.runtime.cpu import Machine, from_features, host_caches, host_ghz, host_model
 
 __all__ = ["current_machine"]
@@ -29,7 +29,7 @@ def _machine(mcpu: str, cores: int) -> Machine:
 
 
 def current_machine(target: Any = None) -> Machine:
-    """The machine of ``target`` (an LLVM target), by default :func:`~kdsl.codegen.tvm.lowering.default_target`'s:
+    """The machine of ``target`` (an LLVM target), by default :func:`~kdsl.codegen.tvm.toolchain.default_target`'s:
     the host, or the ``mcpu`` that ``KDSL_MCPU`` names. Cached per ``mcpu`` and core count."""
     if target is None:
         target = default_target()

@@ -11,12 +11,12 @@ The space imports this module (never the other way round), so the applier takes 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
-from kdsl.codegen.tvm.lowering import error_reason
+from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
 #: Most vectors along the vector axis in one register tile (and in any vectorized loop).
@@ -35,6 +35,32 @@ class _Tensor:
     shape: tuple[int, ...]
     kind: str  # "input", "weight" or "intermediate"
     reader: str  # the first stage that reads it (or the producer's name, for intermediates)
+
+
+@dataclass
+class _TileLoops:
+    """A reduction stage's loops split by their tile factors (tiles of 1 make no loop)."""
+
+    outer: list[Any] = field(default_factory=list)  # outer spatial tiles and unit spatial loops: fused, parallel
+    r_inner: list[tuple[Any, int]] = field(default_factory=list)  # inner reduction tiles (and unit ones), extents
+    s_inner: list[Any] = field(default_factory=list)  # the register tile's loops but the vector axis's
+    inner_axes: list[int] = field(default_factory=list)  # block iters of the register tile's axes, vector last
+    middle: dict[str, list[Any]] = field(default_factory=dict)  # label -> its loops at the label's place in the order
+    r_tiles: dict[int, int] = field(
+        default_factory=dict
+    )  # id of an inner reduction tile placed with its outer tile -> extent
+    vector_inner: Any = None
+    vector_outer: Any = None
+
+
+@dataclass
+class _Nest:
+    """The ordered nest of a reduction stage: the middle loops below the accumulator's place (with their
+    labels), the register tile's loops (vector loop last) and the accumulator's place (``None``: the root)."""
+
+    below: list[tuple[str, Any]]
+    inner: list[Any]
+    at: Any
 
 
 def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
@@ -188,7 +214,6 @@ class _Applier:
         sch, config, s = self.sch, self.config, stage.name
         block = sch.get_sblock(s)
         loops = sch.get_loops(block)
-        nspatial = len(stage.spatial)
         if config.get(f"{s}.rfactor"):
             self._rfactor(stage, block, loops)
             return "rfactor: a parallel partial sum"
@@ -197,109 +222,138 @@ class _Applier:
         vector = config.get(f"{s}.vector")
         if vector is not None and config[f"{s}.tile.{vector}"][2] == 1:
             vector = None  # no vector tile: nothing to vectorize or to lay out last
+        tiles = self._split_tiles(stage, loops, vector)
+        nest = self._order_nest(stage, tiles, vector)
+        if config[f"{s}.cache"] == "local":
+            self._local_accumulator(stage, block, tiles, nest, vector)
+        # vectorize and parallelize before decompose_reduction: afterwards the update block is no longer
+        # a complete reduction block under the tile loops and both refuse it
+        if tiles.vector_inner is not None:
+            sch.vectorize(tiles.vector_inner)
+        self._unroll_tiles(stage, tiles, nest)
+        if tiles.outer:  # else a serial reduction to one value (rfactor parallelizes it)
+            fused = sch.fuse(*tiles.outer) if len(tiles.outer) > 1 else tiles.outer[0]
+            sch.parallel(fused)
+            self.outer[s] = fused
+        spatial_labels = {a for a, _ in stage.spatial}
+        reductions = [*(lp for a, lp in nest.below if a not in spatial_labels), *(p for p, _ in tiles.r_inner)]
+        if reductions:
+            init = sch.decompose_reduction(block, reductions[0])
+            init_loops = sch.get_loops(init)
+            if tiles.vector_inner is not None and init_loops:
+                sch.vectorize(init_loops[-1])
+        tile_shape = "x".join(str(int(sch.get(lp).extent)) for lp in reversed(nest.inner)) or "1"
+        packed = sum(
+            1 for t in self.space.tensors if t.reader == s and config.get(f"layout.{t.name}.tile", "none") != "none"
+        )
+        return f"register tile {tile_shape} (vector axis {vector}), packed {packed}"
+
+    def _split_tiles(self, stage: StageBlock, loops: Sequence[Any], vector: str | None) -> _TileLoops:
+        """Split every loop of a reduction stage by its ``tile`` factors: spatial axes into outer, middle and
+        register tiles, reductions into outer and inner tiles (an inner one with its outer tile, in the
+        middle loops, when ``S.reductions`` is ``whole``)."""
+        sch, config, s = self.sch, self.config, stage.name
+        nspatial = len(stage.spatial)
         whole = config.get(f"{s}.reductions") == "whole"
-        outer, r_inner, s_inner = [], [], []
-        inner_axes: list[int] = []  # block iter indices of the register tile's axes, vector axis last
-        vector_inner = vector_outer = None
-        middle_labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
-        middle_loops: dict[str, list[Any]] = {}  # label -> its loops at the label's place in the order
-        r_tiles: dict[int, int] = {}  # id of an inner reduction tile placed with its outer tile -> extent
+        tiles = _TileLoops()
         for k, (loop, (axis, extent)) in enumerate(zip(loops, stage.spatial + stage.reduced)):
             if extent == 1:  # unit loops: spatial ones fuse into the parallel loop, reductions are inner
                 if k < nspatial:
-                    outer.append(loop)
+                    tiles.outer.append(loop)
                 else:
-                    r_inner.append((loop, 1))
+                    tiles.r_inner.append((loop, 1))
                 continue
             factors = config[f"{s}.tile.{axis}"]
             parts = _split(sch, loop, factors, keep_outer=k < nspatial)
             if k < nspatial:
                 if parts[0] is not None:
-                    outer.append(parts[0])
+                    tiles.outer.append(parts[0])
                     if axis == vector:
-                        vector_outer = parts[0]
-                middle_loops[axis] = [lp for lp in parts[1:2] if lp is not None]
+                        tiles.vector_outer = parts[0]
+                tiles.middle[axis] = [lp for lp in parts[1:2] if lp is not None]
                 if axis == vector:
-                    vector_inner = parts[2]
+                    tiles.vector_inner = parts[2]
                 elif parts[2] is not None:
-                    s_inner.append(parts[2])
-                    inner_axes.append(k)
+                    tiles.s_inner.append(parts[2])
+                    tiles.inner_axes.append(k)
             else:
-                middle_loops[axis] = [lp for lp in parts[:1] if lp is not None]
+                tiles.middle[axis] = [lp for lp in parts[:1] if lp is not None]
                 if parts[1] is not None and whole:
-                    middle_loops[axis].append(parts[1])
-                    r_tiles[id(parts[1])] = factors[1]
+                    tiles.middle[axis].append(parts[1])
+                    tiles.r_tiles[id(parts[1])] = factors[1]
                 elif parts[1] is not None:
-                    r_inner.append((parts[1], factors[1]))
-        if vector_inner is not None:
-            inner_axes.append([a for a, _ in stage.spatial].index(vector))
+                    tiles.r_inner.append((parts[1], factors[1]))
+        if tiles.vector_inner is not None:
+            tiles.inner_axes.append([a for a, _ in stage.spatial].index(vector))
+        return tiles
+
+    def _order_nest(self, stage: StageBlock, tiles: _TileLoops, vector: str | None) -> _Nest:
+        """Reorder the split loops: outer tiles (a weight-only vector axis's first), the middle loops in
+        ``order``, the inner reduction tiles, the register tile with the vector loop last."""
+        sch, config, s = self.sch, self.config, stage.name
+        outer = tiles.outer
+        middle_labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
         order = config.get(f"{s}.order", tuple(range(len(middle_labels))))
-        if vector_outer is not None and vector in stage.weight_only:
-            outer.insert(0, outer.pop(next(i for i, lp in enumerate(outer) if lp.same_as(vector_outer))))
+        if tiles.vector_outer is not None and vector in stage.weight_only:
+            outer.insert(0, outer.pop(next(i for i, lp in enumerate(outer) if lp.same_as(tiles.vector_outer))))
         spatial_labels = {a for a, _ in stage.spatial}
-        middle = [(middle_labels[i], middle_loops[middle_labels[i]]) for i in order]
+        middle = [(middle_labels[i], tiles.middle[middle_labels[i]]) for i in order]
         # the accumulator's place: below the last middle spatial loop before the first reduction loop
         # (none when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
         first_reduce = next((i for i, (a, _) in enumerate(middle) if a not in spatial_labels), len(middle))
         spatial_before = [lp for _, lps in middle[:first_reduce] for lp in lps]
         below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
         middle_nest = [*spatial_before, *(lp for _, lp in below)]
-        inner = s_inner + ([vector_inner] if vector_inner is not None else [])
-        ordered = [*outer, *middle_nest, *[lp for lp, _ in r_inner], *inner]
+        inner = tiles.s_inner + ([tiles.vector_inner] if tiles.vector_inner is not None else [])
+        ordered = [*outer, *middle_nest, *[lp for lp, _ in tiles.r_inner], *inner]
         if len(ordered) > 1:
             sch.reorder(*ordered)
         at = spatial_before[-1] if spatial_before else outer[-1] if outer else None
-        if config[f"{s}.cache"] == "local":
-            tile = prod(int(sch.get(lp).extent) for lp in inner)
-            tile *= prod(int(sch.get(lp).extent) for a, lp in below if a in spatial_labels)
-            if tile > MAX_LOCAL:
-                raise LoweringError(f"{s}: a local accumulator of {tile} elements (more than {MAX_LOCAL})")
-            self._check_layout_tile(stage, [a for a, _ in below])
-            writeback = sch.cache_write(block, 0, "local")
-            if at is not None:
-                sch.reverse_compute_at(writeback, at)
-            self._tile_last(block, inner_axes)
-            if vector_inner is not None and stage.spatial[-1][0] == vector:
-                # with a short reduction (a depthwise window) the write-back costs as much as the FMAs
-                _vectorize_inner(sch, sch.get_loops(writeback)[-1], self.space.lanes)
-            self.local[s] = True
-        # vectorize and parallelize before decompose_reduction: afterwards the update block is no longer
-        # a complete reduction block under the tile loops and both refuse it
-        if vector_inner is not None:
-            sch.vectorize(vector_inner)
+        return _Nest(below, inner, at)
+
+    def _local_accumulator(
+        self, stage: StageBlock, block: Any, tiles: _TileLoops, nest: _Nest, vector: str | None
+    ) -> None:
+        """Accumulate the register tile in a local buffer laid out with the tile innermost, written back
+        below the accumulator's place in the nest."""
+        sch, s = self.sch, stage.name
+        spatial_labels = {a for a, _ in stage.spatial}
+        tile = prod(int(sch.get(lp).extent) for lp in nest.inner)
+        tile *= prod(int(sch.get(lp).extent) for a, lp in nest.below if a in spatial_labels)
+        if tile > MAX_LOCAL:
+            raise LoweringError(f"{s}: a local accumulator of {tile} elements (more than {MAX_LOCAL})")
+        self._check_layout_tile(stage, [a for a, _ in nest.below])
+        writeback = sch.cache_write(block, 0, "local")
+        if nest.at is not None:
+            sch.reverse_compute_at(writeback, nest.at)
+        self._tile_last(block, tiles.inner_axes)
+        if tiles.vector_inner is not None and stage.spatial[-1][0] == vector:
+            # with a short reduction (a depthwise window) the write-back costs as much as the FMAs
+            _vectorize_inner(sch, sch.get_loops(writeback)[-1], self.space.lanes)
+        self.local[s] = True
+
+    def _unroll_tiles(self, stage: StageBlock, tiles: _TileLoops, nest: _Nest) -> None:
+        """Unroll the register tile (``unroll_tile``), then the inner reduction tiles innermost first while
+        the ``unroll`` budget lasts."""
+        sch, config, s = self.sch, self.config, stage.name
         unrolled = 1
         if config[f"{s}.unroll_tile"]:
             # fully unrolled register tiles only: a larger unrolled body compiles for minutes
-            tile = prod(int(sch.get(lp).extent) for lp in s_inner)
+            tile = prod(int(sch.get(lp).extent) for lp in tiles.s_inner)
             if tile <= MAX_UNROLLED_TILE:
                 unrolled = tile
-                for lp in s_inner:
+                for lp in tiles.s_inner:
                     sch.unroll(lp)
         budget = min(config[f"{s}.unroll"], max(1, 1024 // unrolled))
         # the inner reduction tiles in nest order, wherever S.reductions put them (a long reduction
         # between two of them is not unrolled: the budget counts only these)
-        unrollable = [(lp, r_tiles[id(lp)]) for _, lp in below if id(lp) in r_tiles] + r_inner
+        unrollable = [(lp, tiles.r_tiles[id(lp)]) for _, lp in nest.below if id(lp) in tiles.r_tiles] + tiles.r_inner
         for lp, extent in reversed(unrollable):
             if extent <= budget:
                 sch.unroll(lp)
                 budget //= extent
             else:
                 break
-        if outer:  # else a serial reduction to one value (rfactor parallelizes it)
-            fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-            sch.parallel(fused)
-            self.outer[s] = fused
-        reductions = [*(lp for a, lp in below if a not in spatial_labels), *(p for p, _ in r_inner)]
-        if reductions:
-            init = sch.decompose_reduction(block, reductions[0])
-            init_loops = sch.get_loops(init)
-            if vector_inner is not None and init_loops:
-                sch.vectorize(init_loops[-1])
-        tile_shape = "x".join(str(int(sch.get(lp).extent)) for lp in reversed(inner)) or "1"
-        packed = sum(
-            1 for t in self.space.tensors if t.reader == s and config.get(f"layout.{t.name}.tile", "none") != "none"
-        )
-        return f"register tile {tile_shape} (vector axis {vector}), packed {packed}"
 
     def _check_layout_tile(self, stage: StageBlock, below: Sequence[str]) -> None:
         """Refuse a local accumulator whose tile is not a box of the stage's tiled layout.

@@ -50,7 +50,6 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze
-from kdsl.codegen.tvm.lowering import error_reason, load_tvm
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.parameters import (
     Categorical,
@@ -62,6 +61,7 @@ from kdsl.codegen.tvm.parameters import (
     largest_divisor,
 )
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
@@ -85,7 +85,7 @@ UNROLL_LIMITS = (1, 4, 16, 64, 256)
 
 
 class ScheduleSpace:
-    """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering`)."""
+    """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering.lower`)."""
 
     def __init__(self, lowered: Any, machine: Machine | None = None) -> None:
         tvm = load_tvm()
