@@ -160,17 +160,21 @@ def canvas_rates(
 def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: TextIO | None = None) -> dict[str, Any]:
     """All measurements; ``lines`` is a printable summary."""
     lines = ["kdsl bench search: conv2d spec, ResNet-18 layers, K=3 G=32 s=2"]
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if stream is not None:
+            stream.write(line + "\n")
+
     enumeration = []
     for depth in range(2, max_depth + 1):
         row = enumeration_rates(depth, seconds)
         enumeration.append(row)
-        lines.append(
+        say(
             f"  enumerate depth {depth}: {row['nodes']} nodes in {row['seconds']}s ({row['nodes_per_second']}/s), "
             f"{row['operators']} canonical operators ({row['valid']} valid; {row['operators_per_second']}/s)"
             + ("" if row["finished"] else "  [time limit]")
         )
-        if stream is not None:
-            stream.write(lines[-1] + "\n")
         if not row["finished"]:
             break
     sampling = []
@@ -180,15 +184,13 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
             max_depth, seconds, canonicalize=canonicalize, use_distance=distance, seed=seed, steer=steer
         )
         sampling.append(row)
-        lines.append(
+        say(
             f"  random rollouts (canonicalization {'on' if canonicalize else 'off'}, shape distance "
             f"{'on' if distance else 'off'}, {'steered' if steer else 'plain'}): {row['trials']} trials in "
             f"{row['seconds']}s, {row['complete']} complete, "
             f"canonical {row['canonical']} ({row['canonical_rate']}), {row['distinct']} distinct, "
             f"{row['distinct_valid']} distinct valid"
         )
-        if stream is not None:
-            stream.write(lines[-1] + "\n")
     syno = sampling[0]  # canonicalization and shape distance on: the search's own setting
     syno_per_minute = 60 * syno["distinct_valid"] / syno["seconds"] if syno["seconds"] else 0.0
     canvas = []
@@ -196,17 +198,15 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         row = canvas_rates(seconds / 2, max_flops=budget, max_depth=max_depth, seed=seed)
         canvas.append(row)
         ratio = f"{row['distinct_per_minute'] / syno_per_minute:.2f}x" if syno_per_minute else "-"
-        lines.append(
+        say(
             f"  canvas sampler ({'FLOPs <= 0.5x conv2d' if budget else 'no budget'}): {row['attempts']} attempts in "
             f"{row['seconds']}s ({row['attempts_per_second']}/s), {row['legal']} legal ({row['legal_per_second']}/s), "
             f"valid after solving {row['valid_after_solving']}, {row['distinct_per_minute']} distinct canonical/min "
             f"({ratio} the rollouts' distinct valid/min), {row['ms_per_legal']} ms per legal kernel "
             f"(sampling {row['sample_ms_per_legal']}, solving {row['solve_ms_per_legal']})"
         )
-        if stream is not None:
-            stream.write(lines[-1] + "\n")
     dedupe = semantic_duplicates(seconds, max_depth=max_depth)
-    lines.append(
+    say(
         f"  semantic dedupe (enumerate {dedupe['seconds']}s): {dedupe['stored']} results stored, "
         f"{dedupe['stored'] - dedupe['families']} of them re-parametrizations of another "
         f"({dedupe['duplicate_share']:.1%}); {dedupe['duplicates']} recorded as duplicates; "
@@ -216,8 +216,6 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         f"({dedupe['equal_channel_duplicate_share']:.1%}), {dedupe['across_goals']} of them Cin -> Cin results "
         f"that re-parametrize a Cin -> Cout one"
     )
-    if stream is not None:
-        stream.write(lines[-1] + "\n")
     return {"enumeration": enumeration, "sampling": sampling, "canvas": canvas, "dedupe": dedupe, "lines": lines}
 
 

@@ -158,44 +158,68 @@ def _add_gallery(commands: typing.Any) -> None:
     gallery.set_defaults(run=command_gallery)
 
 
+def _add_search_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
+    parser.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies")
+    parser.add_argument("--json", action="store_true", help="print the rates as JSON instead of lines")
+
+
+#: ``kdsl bench`` BENCH: (name, help, what registers its arguments, what runs it), in --help's order
+BENCHES: tuple[tuple[str, str, typing.Callable[..., None], typing.Callable[..., int]], ...] = (
+    (
+        "codegen",
+        "kdsl->PyTorch and kdsl->TVM against native PyTorch",
+        codegen_bench.add_arguments,
+        codegen_bench.bench_codegen,
+    ),
+    (
+        "lowering",
+        "latency ratio / MACs ratio to conv2d of stored candidates",
+        lowering_bench.add_arguments,
+        lowering_bench.bench_lowering,
+    ),
+    (
+        "network",
+        "ResNet-18 end to end with its stage 3x3 convs replaced: PyTorch and TVM, against conv2d",
+        network_bench.add_arguments,
+        network_bench.bench_network,
+    ),
+    (
+        "search",
+        "enumeration and sampling rates (conv2d spec)",
+        _add_search_bench_arguments,
+        search_commands.bench_search,
+    ),
+    (
+        "proxy",
+        "the accuracy proxy's seed-to-seed spread against operators' gaps",
+        proxy_bench.add_arguments,
+        proxy_bench.bench_proxy,
+    ),
+    (
+        "prescreen",
+        "how well cheap scores predict the proxy accuracy (Spearman)",
+        proxy_bench.add_prescreen_arguments,
+        proxy_bench.bench_prescreen,
+    ),
+    (
+        "tune",
+        "schedule tuners side by side against PyTorch",
+        tune_commands.add_bench_arguments,
+        tune_commands.bench_tune,
+    ),
+)
+
+
 def _add_bench(commands: typing.Any) -> None:
     """``kdsl bench``: the benchmarks, each printing ratios measured side by side."""
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side")
     bench_kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH", help="(kdsl bench BENCH --help)")
-
-    codegen = bench_kinds.add_parser("codegen", help="kdsl->PyTorch and kdsl->TVM against native PyTorch")
-    codegen_bench.add_arguments(codegen)
-    codegen.set_defaults(run=codegen_bench.bench_codegen)
-
-    lowering = bench_kinds.add_parser("lowering", help="latency ratio / MACs ratio to conv2d of stored candidates")
-    lowering_bench.add_arguments(lowering)
-    lowering.set_defaults(run=lowering_bench.bench_lowering)
-
-    network = bench_kinds.add_parser(
-        "network", help="ResNet-18 end to end with its stage 3x3 convs replaced: PyTorch and TVM, against conv2d"
-    )
-    network_bench.add_arguments(network)
-    network.set_defaults(run=network_bench.bench_network)
-
-    search_bench = bench_kinds.add_parser("search", help="enumeration and sampling rates (conv2d spec)")
-    search_bench.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
-    search_bench.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
-    search_bench.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies")
-    search_bench.add_argument("--json", action="store_true", help="print the rates as JSON instead of lines")
-
-    search_bench.set_defaults(run=search_commands.bench_search)
-
-    proxy = bench_kinds.add_parser("proxy", help="the accuracy proxy's seed-to-seed spread against operators' gaps")
-    proxy_bench.add_arguments(proxy)
-    proxy.set_defaults(run=proxy_bench.bench_proxy)
-
-    screen = bench_kinds.add_parser("prescreen", help="how well cheap scores predict the proxy accuracy (Spearman)")
-    proxy_bench.add_prescreen_arguments(screen)
-    screen.set_defaults(run=proxy_bench.bench_prescreen)
-
-    tune_bench = bench_kinds.add_parser("tune", help="schedule tuners side by side against PyTorch")
-    tune_commands.add_bench_arguments(tune_bench)
-    tune_bench.set_defaults(run=tune_commands.bench_tune)
+    for name, help_text, add_arguments, run in BENCHES:
+        parser = bench_kinds.add_parser(name, help=help_text)
+        add_arguments(parser)
+        parser.set_defaults(run=run)
 
 
 def build_parser() -> argparse.ArgumentParser:

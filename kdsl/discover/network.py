@@ -48,6 +48,7 @@ from typing import Any
 
 from kdsl import gallery
 from kdsl.codegen.torch import build, load_torch
+from kdsl.discover.proxy import conv_shape_mismatch
 from kdsl.lang import library
 from kdsl.lang.errors import KdslError, ShapeError, printable
 from kdsl.lang.operator import Operator
@@ -141,12 +142,11 @@ class NetworkOp:
         ``[N, Cin, H, W]`` to ``[N, Cout, H, W]`` there (the shape of the convolution it replaces)."""
         binding = bind(self.op, layer, dict(self.coefficients))
         sizes = shapes(self.op, binding)
-        wanted_in = tuple(layer[v] for v in ("N", "Cin", "H", "W"))
-        wanted_out = tuple(layer[v] for v in ("N", "Cout", "H", "W"))
-        if tuple(sizes["input"]) != wanted_in or tuple(sizes["output"]) != wanted_out:
+        wanted = conv_shape_mismatch(sizes, layer)
+        if wanted is not None:
             raise ShapeError(
                 f"{self.label} cannot replace ResNet-18's 3x3 convolutions at {layer.name}: they map "
-                f"[N, Cin, H, W] = {list(wanted_in)} -> {list(wanted_out)}, the operator maps "
+                f"[N, Cin, H, W] = {wanted[0]} -> {wanted[1]}, the operator maps "
                 f"{list(sizes['input'])} -> {list(sizes['output'])}"
             )
         return binding

@@ -343,15 +343,25 @@ def _torch() -> Any:
     return load_torch()
 
 
+def conv_shape_mismatch(sizes: Mapping[str, Sequence[int]], layer: Layer) -> tuple[list[int], list[int]] | None:
+    """None when ``sizes`` (:func:`kdsl.solve.shapes` of an operator) map ``[N, Cin, H, W]`` to
+    ``[N, Cout, H, W]`` on ``layer``, as the convolution an operator replaces does; else those two
+    shapes, for the caller's message."""
+    wanted_in = [layer[v] for v in ("N", "Cin", "H", "W")]
+    wanted_out = [layer[v] for v in ("N", "Cout", "H", "W")]
+    if list(sizes["input"]) == wanted_in and list(sizes["output"]) == wanted_out:
+        return None
+    return wanted_in, wanted_out
+
+
 def _check_fits(op: Operator, layer: Layer) -> None:
     """Raise a ShapeError unless ``op`` maps ``[N, Cin, H, W]`` to ``[N, Cout, H, W]`` on ``layer``."""
     sizes = shapes(op, layer)
-    wanted_in = tuple(layer[v] for v in ("N", "Cin", "H", "W"))
-    wanted_out = tuple(layer[v] for v in ("N", "Cout", "H", "W"))
-    if tuple(sizes["input"]) != wanted_in or tuple(sizes["output"]) != wanted_out:
+    wanted = conv_shape_mismatch(sizes, layer)
+    if wanted is not None:
         raise ShapeError(
-            f"layer {layer.name} of the proxy network needs [N, Cin, H, W] = {list(wanted_in)} -> "
-            f"[N, Cout, H, W] = {list(wanted_out)}, but the operator maps {list(sizes['input'])} -> "
+            f"layer {layer.name} of the proxy network needs [N, Cin, H, W] = {wanted[0]} -> "
+            f"[N, Cout, H, W] = {wanted[1]}, but the operator maps {list(sizes['input'])} -> "
             f"{list(sizes['output'])}; search it with the conv2d spec"
         )
 

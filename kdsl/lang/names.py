@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from collections.abc import Collection
 
 from kdsl.lang.errors import NameRuleError, SizeError
 
@@ -88,3 +89,18 @@ def check_offset(value: object, what: str) -> int:
     if abs(value) >= MAX_OFFSET:
         raise SizeError(f"{what}: the offset {value} is too large (|offset| must be below 2**31 = {MAX_OFFSET})")
     return value
+
+
+def unused_name(name: str, taken: Collection[str], separator: str = "_") -> str:
+    """``name`` when ``taken`` does not hold it, else ``name``, ``separator`` and the least number from
+    2 that is not taken (new dims and weights made by a rewrite or a plan take their names here).
+
+    >>> unused_name("w", {"v"}), unused_name("w", {"w", "w_2"}), unused_name("g", {"g"}, separator="")
+    ('w', 'w_3', 'g2')
+    """
+    if name not in taken:
+        return name
+    number = 2
+    while f"{name}{separator}{number}" in taken:
+        number += 1
+    return f"{name}{separator}{number}"

@@ -56,6 +56,7 @@ from typing import Any
 from kdsl.lang import library, sizes
 from kdsl.lang.build import Builder
 from kdsl.lang.errors import KdslError
+from kdsl.lang.names import unused_name
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Dim, Merge, Output, Reduce, Share, Shift, Split, Unfold, Weight
 from kdsl.search.analytic import evaluate
@@ -169,17 +170,6 @@ def rebuilt(op: Operator, steps: tuple[Any, ...], defaults: Mapping[str, int] | 
     return built if [d.size for d in built.outputs] == [d.size for d in op.outputs] else None
 
 
-def _fresh(taken: set[str], *names: str) -> str:
-    """The first of ``names`` not in ``taken``, else the first with the least number appended."""
-    for name in names:
-        if name not in taken:
-            return name
-    number = 2
-    while f"{names[0]}{number}" in taken:
-        number += 1
-    return f"{names[0]}{number}"
-
-
 def grouped(op: Operator, index: int, groups: int, fixed: Collection[str]) -> tuple[str, Operator] | None:
     """``op`` with the weight that step ``index`` shares grouped (the module doc's **group**) by the
     coefficient ``G`` (``groups``: its value where ``op`` has no ``G`` yet), and the words that say
@@ -221,7 +211,7 @@ def grouped(op: Operator, index: int, groups: int, fixed: Collection[str]) -> tu
     out, channel = outs[0], contracted[0]
     G = sizes.coefficient(GROUPS)
     names = {name for sizes in op.live for name in sizes} | {d.name for w in op.weights for d in w.dims}
-    group, inner, part = _fresh(names, "g"), _fresh(names, f"{channel}_i"), _fresh(names, f"{out.name}_o")
+    group, inner, part = (unused_name(name, names, separator="") for name in ("g", f"{channel}_i", f"{out.name}_o"))
     entries: list[object] = [group]
     for d, new in zip(weight.dims, weight.new):
         if d.name == out.name:

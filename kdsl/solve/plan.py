@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING
 from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError
 from kdsl.lang.live import Live
+from kdsl.lang.names import unused_name
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import (
     CONTRACTION,
@@ -468,15 +469,6 @@ def _as_mapping(binding: object) -> Mapping[str, int]:
     return binding
 
 
-def _fresh(name: str, taken: set[str]) -> str:
-    if name not in taken:
-        return name
-    number = 2
-    while f"{name}_{number}" in taken:
-        number += 1
-    return f"{name}_{number}"
-
-
 def _stages(steps: tuple[Primitive, ...], live: tuple[Dims, ...]) -> tuple[Stage, ...]:
     stages: list[Stage] = []
     start = -1
@@ -542,7 +534,7 @@ def _build(
                 taken.add(names[version])
         for version, source in zip(made, graph.inherit[index]):
             if source < 0:
-                names[version] = _fresh(graph.names[version], taken)
+                names[version] = unused_name(graph.names[version], taken)
                 taken.add(names[version])
         consumed = {name: names[v] for name, v in zip(step.consumes, graph.consumed[index])}
         produced = {name: names[v] for name, v in zip(step.produces, made)}
