@@ -1,10 +1,10 @@
 """Checking and scoring search results: the solver's check on every layer, FLOPs and parameters
 per layer, and the analytic reward MCTS uses (high for low FLOPs with enough parameters).
 
->>> from kdsl import gallery
+>>> from kdsl.lang import library
 >>> from kdsl.search.space import Space
 >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]})
->>> result = evaluate(space, gallery.load("pointwise_conv2d"))
+>>> result = evaluate(space, library.load("pointwise_conv2d"))
 >>> result["status"], result["flops"] == sum(result["flops_per_layer"])
 ('valid', True)
 >>> 0 < analytic_reward(space, result) <= 1
@@ -94,11 +94,11 @@ def budget_reward(space, result: Mapping[str, Any]) -> float:
     (:func:`kdsl.discover.loop.measured_reward`: at least ``0.5 / (1 + r)`` at the accuracy
     margin), so measured accuracy and speed lead the search.
 
-    >>> from kdsl import gallery
+    >>> from kdsl.lang import library
     >>> from kdsl.search.space import Space
     >>> space = Space("conv2d", "resnet18", coefficients={"K": [3], "G": [2, 8]}, max_flops="0.5x")
-    >>> grouped = evaluate(space, gallery.load("grouped_conv2d"))  # its default G: half the budget
-    >>> pointwise = evaluate(space, gallery.load("pointwise_conv2d"))  # 1x1: 0.11x
+    >>> grouped = evaluate(space, library.load("grouped_conv2d"))  # its default G: half the budget
+    >>> pointwise = evaluate(space, library.load("pointwise_conv2d"))  # 1x1: 0.11x
     >>> round(budget_reward(space, grouped), 3), budget_reward(space, pointwise) < budget_reward(space, grouped)
     (0.125, True)
     """

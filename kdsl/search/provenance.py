@@ -28,10 +28,10 @@ content key only). A family is the fingerprint ``pattern:rank``; coefficient val
 ``4``) are not part of it (the fingerprint's layers fix them), so one design at two group counts is
 one family, and the line says which values the candidate uses.
 
->>> from kdsl import gallery
->>> describe(gallery.load("grouped_conv2d").with_defaults(G=2)).line
+>>> from kdsl.lang import library
+>>> describe(library.load("grouped_conv2d").with_defaults(G=2)).line
 'is `grouped_conv2d` (G=2, K=3)'
->>> found = describe(gallery.load("grouped_conv2d_shifted_window"), names=["grouped_conv2d"])
+>>> found = describe(library.load("grouped_conv2d_shifted_window"), names=["grouped_conv2d"])
 >>> found.kind, found.line
 ('known', '`grouped_conv2d` (G=2, K=3) with its output rolled by 2 along W')
 """
@@ -234,9 +234,9 @@ def _references(names: tuple[str, ...] | None) -> References:
 def without_shifts(op: Operator) -> Operator | None:
     """``op`` with every ``Shift`` step removed, or None when it has none or no longer builds.
 
-    >>> from kdsl import gallery
-    >>> shifted = gallery.load("grouped_conv2d_shifted_window")
-    >>> without_shifts(shifted) == gallery.load("grouped_conv2d").with_defaults(G=2)
+    >>> from kdsl.lang import library
+    >>> shifted = library.load("grouped_conv2d_shifted_window")
+    >>> without_shifts(shifted) == library.load("grouped_conv2d").with_defaults(G=2)
     True
     """
     steps = tuple(step for step in op.steps if not isinstance(step, Shift))
@@ -330,8 +330,8 @@ _VIEW_WORDS = {
 def structure(op: Any) -> str:
     """A short description of what ``op`` is made of: its weights, windows, groups and views.
 
-    >>> from kdsl import gallery
-    >>> structure(gallery.load("grouped_conv2d"))
+    >>> from kdsl.lang import library
+    >>> structure(library.load("grouped_conv2d"))
     '1 weight w[g, co, ci, kh, kw]; windows over H, W; Cin split; channels merged'
     """
     steps = list(op.steps) if getattr(op, "is_linear", False) else []  # a branching one has nodes

@@ -57,10 +57,10 @@ relabelled by first occurrence, the least one is hashed (:func:`canonical_patter
 dimension does not change under a permutation of outputs. A Shift inside the operator (of the
 input, or of a window) is *not* folded: it changes what is computed near the image's border.
 
->>> from kdsl import gallery
->>> fingerprint(gallery.load("conv2d")) == fingerprint(gallery.load("conv2d"))
+>>> from kdsl.lang import library
+>>> fingerprint(library.load("conv2d")) == fingerprint(library.load("conv2d"))
 True
->>> fingerprint(gallery.load("conv2d")) == fingerprint(gallery.load("pointwise_conv2d"))
+>>> fingerprint(library.load("conv2d")) == fingerprint(library.load("pointwise_conv2d"))
 False
 """
 
@@ -278,9 +278,9 @@ def pair_rank(
     groups, so the dimension of the family restricted to those two input channels tells them apart;
     a re-parametrization keeps the family, hence every such dimension, so it never splits one.
 
-    >>> from kdsl import gallery
-    >>> grouped = gallery.load("grouped_conv2d").with_defaults(G=2)
-    >>> pair_rank(grouped) < pair_rank(gallery.load("conv2d"))
+    >>> from kdsl.lang import library
+    >>> grouped = library.load("grouped_conv2d").with_defaults(G=2)
+    >>> pair_rank(grouped) < pair_rank(library.load("conv2d"))
     True
     """
     name = _batch(op, batch)
@@ -394,8 +394,8 @@ def coefficient_tag(op: object) -> str:
     """The coefficient values an operator is a candidate at, as a suffix of its family's name
     (``""`` when it has none).
 
-    >>> from kdsl import gallery
-    >>> coefficient_tag(gallery.load("grouped_conv2d").with_defaults(G=2)), coefficient_tag(gallery.load("matmul"))
+    >>> from kdsl.lang import library
+    >>> coefficient_tag(library.load("grouped_conv2d").with_defaults(G=2)), coefficient_tag(library.load("matmul"))
     ('|G=2,K=3', '')
     """
     values = getattr(op, "coefficient_values", ())
@@ -409,9 +409,9 @@ class Families:
     has its pattern (the expensive half, paid on a pattern collision only); a stored operator
     whose rank was not needed then is read back from its DSL text when it is.
 
-    >>> from kdsl import gallery
+    >>> from kdsl.lang import library
     >>> families = Families(None)
-    >>> families.classify("a", gallery.load("conv2d"))[2], families.classify("b", gallery.load("conv2d"))[2]
+    >>> families.classify("a", library.load("conv2d"))[2], families.classify("b", library.load("conv2d"))[2]
     (None, 'a')
     """
 
@@ -495,8 +495,8 @@ def duplicates(
     ``rank_layers``: where the fingerprints are taken (:data:`EQUAL_CHANNEL_LAYERS` for families
     equal where ``Cout = Cin``, as on ResNet's stage convolutions).
 
-    >>> from kdsl import gallery
-    >>> duplicates([gallery.load("conv2d").to_dsl()] * 2 + [gallery.load("pointwise_conv2d").to_dsl()])
+    >>> from kdsl.lang import library
+    >>> duplicates([library.load("conv2d").to_dsl()] * 2 + [library.load("pointwise_conv2d").to_dsl()])
     (3, 2)
     """
     by_fingerprint: dict[str, list[Any]] = {}

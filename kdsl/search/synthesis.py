@@ -226,9 +226,9 @@ def spec_twin(space: Space, state: State) -> State | None:
     that a twin that is not canonical still counts: its canonical form is in the spec's goal).
 
     >>> from kdsl.search.space import Space
-    >>> from kdsl import gallery
+    >>> from kdsl.lang import library
     >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
-    >>> depthwise = canonical_path(space, gallery.load("depthwise_conv2d"))
+    >>> depthwise = canonical_path(space, library.load("depthwise_conv2d"))
     >>> spec_twin(space, depthwise) is None
     True
     >>> square = Space("matmul", "resnet18", max_depth=2, canonicalize=False)
@@ -409,9 +409,9 @@ def canonical_path(space: Space, op: Operator, *, check: bool = True) -> State:
     """The bottom-up path search would take to build ``op`` (its steps linearized in the canonical
     order). With ``check``, raises :class:`KdslError` naming the first rule the path breaks.
 
-    >>> from kdsl import gallery
+    >>> from kdsl.lang import library
     >>> space = Space("conv2d", "resnet18", coefficients={"K": [3]}, max_depth=6)
-    >>> state = canonical_path(space, gallery.load("conv2d"))
+    >>> state = canonical_path(space, library.load("conv2d"))
     >>> [step.kind for step in state.steps]
     ['Reduce', 'Reduce', 'Reduce', 'Share', 'Unfold', 'Unfold']
     """

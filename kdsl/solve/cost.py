@@ -127,8 +127,8 @@ def cost(
     asks for some keys only (a budget solver pricing many widths needs ``("flops", "params")``,
     and the peak of a kernel costs more to find than its FLOPs).
 
-    >>> from kdsl import gallery
-    >>> cost(gallery.load("squeeze_excitation"), {"N": 1, "Cin": 64, "H": 8, "W": 8}, metrics=("params",))
+    >>> from kdsl.lang import library
+    >>> cost(library.load("squeeze_excitation"), {"N": 1, "Cin": 64, "H": 8, "W": 8}, metrics=("params",))
     {'params': 512}
     """
     import sympy

@@ -1,9 +1,9 @@
 """The dependency graph of a chain's steps over dim versions, and folding the views whose outputs
 are only summed into the sums (:func:`folded`): what :mod:`kdsl.solve.plan` orders into stages.
 
->>> from kdsl import gallery
->>> graph = dependency_graph(gallery.load("conv2d").chain)
->>> len(graph.steps) == len(gallery.load("conv2d").steps)
+>>> from kdsl.lang import library
+>>> graph = dependency_graph(library.load("conv2d").chain)
+>>> len(graph.steps) == len(library.load("conv2d").steps)
 True
 """
 

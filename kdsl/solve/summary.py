@@ -69,8 +69,8 @@ def check(
     """:func:`kdsl.solve.constraints.check` (same arguments, same errors), returning a report that
     prints as a table.
 
-    >>> from kdsl import gallery
-    >>> print(check(gallery.load("conv2d"), "resnet18"))
+    >>> from kdsl.lang import library
+    >>> print(check(library.load("conv2d"), "resnet18"))
     valid on 4 layers
       layer    K        input       output  M MACs   params
       conv2_x  3   1x64x56x56   1x64x56x56  115.61    36864

@@ -168,10 +168,10 @@ def blocked_order(space: ScheduleSpace, stage: Any) -> dict[str, Any]:
     """The ``S.order`` and ``S.reductions`` of the levels' nest: the middle loops of the reductions
     first, then those of the spatial axes, and the inner reduction tiles below them all (``split``).
 
-    >>> from kdsl import gallery
+    >>> from kdsl.lang import library
     >>> from kdsl.codegen.tvm import lower
     >>> from kdsl.runtime.cpu import from_features
-    >>> space = ScheduleSpace(lower(gallery.load("matmul"), {"M": 8, "Cin": 8, "Cout": 8}),
+    >>> space = ScheduleSpace(lower(library.load("matmul"), {"M": 8, "Cin": 8, "Cout": 8}),
     ...               machine=from_features("x", {"avx2"}, cores=1, ghz=1.0))
     >>> blocked_order(space, space.stages[0])
     {'stage0.order': (2, 0, 1), 'stage0.reductions': 'split'}
