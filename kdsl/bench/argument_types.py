@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 
 from kdsl.lang.errors import KdslError
-from kdsl.solve.dynamic import parse_budget
+from kdsl.solve.dynamic import read_budget
 
 __all__ = ["budget", "count", "optional_budget", "positive_float", "positive_int"]
 
 
 def budget(text: str) -> str:
-    """argparse type of the budget options: the text itself, once :func:`parse_budget` accepts it.
+    """argparse type of the budget options: the text itself, once :func:`~kdsl.solve.dynamic.read_budget` accepts it.
 
     A plain number is an absolute count, so ``0.5`` (no ``x``) would be a budget of 0 FLOPs that
     nothing fits; it is refused with a pointer to ``0.5x``.
@@ -29,13 +29,12 @@ def budget(text: str) -> str:
     ...
     argparse.ArgumentTypeError: '0.5' is an absolute count below 1; write 0.5x for a multiple of ...
     """
-    relative = text.strip().lower().endswith("x")
     try:
-        # any baseline checks a relative budget's syntax; the real one comes from the spec
-        value = parse_budget(text, baseline=1 if relative else None)
+        # the syntax and sign now; a relative budget's baseline comes from the spec later
+        value, relative = read_budget(text)
     except KdslError as error:
         raise argparse.ArgumentTypeError(error.message) from None
-    if not relative and value is not None and value < 1:
+    if not relative and value < 1:
         raise argparse.ArgumentTypeError(
             f"{text!r} is an absolute count below 1; write {text.strip()}x for a multiple of the baseline "
             f"operator's, or a count like 150M or 2G"

@@ -24,7 +24,7 @@ from kdsl.discover import ranking
 from kdsl.gallery.content import first_sentence
 from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
-from kdsl.lang.errors import KdslError, LayerError, printable
+from kdsl.lang.errors import BudgetError, KdslError, LayerError, printable
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.runtime.progress import Progress
@@ -223,6 +223,7 @@ def command_check(args: argparse.Namespace) -> int:
             | ({"peak": costs["peak"]} if branching else {})
             | ({"padded": [str(v) for v in padding.variables]} if padding is not None else {})
         )
+    _check_budgets(args, name, len(layers), rows)
     if getattr(args, "json", False):
         coefficients = {v: sorted({b[v] for _, b in bindings}) for v in op.coefficient_variables}
         summary = {"operator": args.operator, "layers": args.layers, "coefficients": coefficients, "rows": rows}
@@ -245,6 +246,27 @@ def command_check(args: argparse.Namespace) -> int:
             f"{row['macs'] / 1e6:>12.2f}{row['params']:>12}{peak}"
         )
     return 0
+
+
+def _check_budgets(args: argparse.Namespace, name: str, count: int, rows: list[dict[str, object]]) -> None:
+    """A kernel without free widths has nothing to fill: ``--max-flops``/``--max-params`` then bound
+    its total cost over the layers, and a kernel over a budget is a :class:`BudgetError`."""
+    flops, params = getattr(args, "max_flops", None), getattr(args, "max_params", None)
+    if flops is None and params is None:
+        return
+    baseline = getattr(args, "baseline", None) or "conv2d"
+    limits = solve.budget_limits(args.layers, max_flops=flops, max_params=params, baseline=baseline)
+    for metric, option, text, column, unit in (
+        ("flops", "--max-flops", flops, "macs", "MACs"),
+        ("params", "--max-params", params, "params", "parameters"),
+    ):
+        total = sum(int(row[column]) for row in rows)  # type: ignore[call-overload]
+        limit = limits[metric]
+        if limit is not None and total > limit:
+            raise BudgetError(
+                f"{name} needs {total} {unit} over the {count} layers, more than {option} {printable(str(text))} "
+                f"= {limit}; the operator has no free width to shrink (raise the budget or pick a smaller operator)"
+            )
 
 
 def _check_template(

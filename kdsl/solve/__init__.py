@@ -30,7 +30,7 @@ from kdsl.solve.constraints import (
     pad_binding,
 )
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
-from kdsl.solve.dynamic import BudgetError, Filled, fill, freedom, multiples, with_widths
+from kdsl.solve.dynamic import BudgetError, Filled, budget_limits, fill, freedom, multiples, with_widths
 from kdsl.solve.layers import Layer, load_layers
 from kdsl.solve.padding import DimPad, PaddedVariable, Padding
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
@@ -55,6 +55,7 @@ __all__ = [
     "check",
     "constraints",
     "cost",
+    "budget_limits",
     "fill",
     "freedom",
     "load_layers",

@@ -62,9 +62,38 @@ MAX_ROUNDS = 40
 _BUDGET = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kKmMgGtT]?)\s*(x?)\s*$")
 
 
+def read_budget(text: str | int | float) -> tuple[float, bool]:
+    """The number a budget's text says and whether it is relative (``0.5x``), before any baseline:
+    a :class:`BudgetError` unless it is a positive, finite number.
+
+    >>> read_budget("0.5x"), read_budget("150M")
+    ((0.5, True), (150000000.0, False))
+    >>> read_budget("1e400")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.BudgetError: bad budget '1e400': it is too large to be a number (at most about 1e308)
+    """
+    if isinstance(text, bool):
+        raise BudgetError(f"bad budget {text!r}: expected a number or a string like 0.5x")
+    if isinstance(text, (int, float)):
+        if text <= 0 or not math.isfinite(text):
+            raise BudgetError(f"bad budget {text!r}: it must be positive")
+        return float(text), False
+    match = _BUDGET.match(str(text))
+    if not match:
+        raise BudgetError(f"bad budget {text!r}: write a number (1e9, 150M, 2G) or a multiple of the baseline (0.5x)")
+    number = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2).lower()]
+    if not math.isfinite(number):
+        raise BudgetError(f"bad budget {text!r}: it is too large to be a number (at most about 1e308)")
+    if number <= 0:
+        raise BudgetError(f"bad budget {text!r}: it must be positive")
+    return number, bool(match.group(3))
+
+
 def parse_budget(text: str | int | float | None, baseline: int | None = None) -> int | None:
     """A budget: an absolute number (``1e9``, ``150M``, ``2G``) or a multiple of ``baseline``
-    (``0.5x``). ``None`` means no limit.
+    (``0.5x``). ``None`` means no limit. A budget that comes to less than one, or overflows, is a
+    :class:`BudgetError` naming it.
 
     >>> parse_budget("0.5x", baseline=1000), parse_budget("150M"), parse_budget(None)
     (500, 150000000, None)
@@ -72,25 +101,27 @@ def parse_budget(text: str | int | float | None, baseline: int | None = None) ->
     Traceback (most recent call last):
     ...
     kdsl.lang.errors.BudgetError: bad budget 'half': write a number (1e9, 150M, 2G) or a multiple ...
+    >>> parse_budget("1e-9x", baseline=1000)
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.BudgetError: bad budget '1e-9x': it comes to 1e-06, less than one (MAC or parameter)
     """
     if text is None:
         return None
-    if isinstance(text, bool):
-        raise BudgetError(f"bad budget {text!r}: expected a number or a string like 0.5x")
-    if isinstance(text, (int, float)):
-        if text <= 0 or not math.isfinite(text):
-            raise BudgetError(f"bad budget {text!r}: it must be positive")
-        return int(text)
-    match = _BUDGET.match(str(text))
-    if not match:
-        raise BudgetError(f"bad budget {text!r}: write a number (1e9, 150M, 2G) or a multiple of the baseline (0.5x)")
-    number = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[match.group(2).lower()]
-    if match.group(3):
+    number, relative = read_budget(text)
+    if relative:
         if baseline is None:
             raise BudgetError(f"budget {text!r} is relative, but there is no baseline operator to compare with")
         number *= baseline
-    if number <= 0:
-        raise BudgetError(f"bad budget {text!r}: it must be positive")
+    return _whole_budget(number, text)
+
+
+def _whole_budget(number: float, text: object) -> int:
+    """``number`` as a whole budget: a count of at least one, and finite (``1e400`` overflows a float)."""
+    if not math.isfinite(number):
+        raise BudgetError(f"bad budget {text!r}: it is too large to be a number (at most about 1e308)")
+    if number < 1:
+        raise BudgetError(f"bad budget {text!r}: it comes to {number:.3g}, less than one (MAC or parameter)")
     return int(number)
 
 
@@ -315,8 +346,13 @@ def fill(
     limits, reference = _limits(table, baseline, {"flops": max_flops, "params": max_params})
     bindings = _bindings(op, table, coefficients)
     least, base = _base_widths(op, bindings)
-    prices = _Prices(op, bindings, names, limits)
-    values = [dict(b) for b in base]
+    # a width the layer (or ``coefficients``) gives is that layer's, not filled: kept as given
+    pinned = [{name for name in names if name in layer or name in (coefficients or {})} for layer in table]
+    prices = _Prices(op, bindings, names, limits, pinned)
+    values = [
+        {name: bindings[i][name] if name in pinned[i] else value for name, value in b.items()}
+        for i, b in enumerate(base)
+    ]
     try:
         costs = [prices.layer_cost(i, values[i]) for i in range(len(table))]
     except KdslError as error:
@@ -344,6 +380,22 @@ def fill(
             f"widths in one size are not solved by fill"
         ) from None
     return Filled(op, filled_layers, tuple(least), tuple(base), tuple(values), tuple(costs), limits, reference)
+
+
+def budget_limits(
+    layers: object,
+    *,
+    max_flops: str | int | float | None = None,
+    max_params: str | int | float | None = None,
+    baseline: Operator | str | None = None,
+) -> dict[str, int | None]:
+    """The budgets over ``layers`` as counts (``flops`` and ``params``; None where not given): a
+    relative one (``0.5x``) is that multiple of ``baseline``'s total cost (default ``conv2d``).
+
+    >>> budget_limits("resnet18", max_flops="0.5x", max_params="1M")
+    {'flops': 231211008, 'params': 1000000}
+    """
+    return _limits(as_layers(layers), baseline, {"flops": max_flops, "params": max_params})[0]
 
 
 def _limits(
@@ -388,6 +440,7 @@ class _Prices:
     bindings: list[dict[str, int]]
     names: tuple[str, ...]
     limits: Mapping[str, int | None]
+    pinned: list[set[str]]
     seen: dict[tuple[int, tuple[int, ...]], dict[str, int]] = field(default_factory=dict)
 
     def layer_cost(self, i: int, values: Mapping[str, int]) -> dict[str, int]:
@@ -411,6 +464,8 @@ def _double_widths(
         order = []
         for i in range(len(values)):
             for name in prices.names:
+                if name in prices.pinned[i]:
+                    continue
                 trial = prices.layer_cost(i, {**values[i], name: values[i][name] * 2})
                 # the share of the budget each added unit of width costs (the tightest budget)
                 delta = max(
