@@ -14,10 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kdsl import solve
-from kdsl.codegen.torch.graph_nodes import own_names
-from kdsl.codegen.torch.identifiers import _class_name, _identifiers
+from kdsl.codegen.torch.identifiers import _class_name
 from kdsl.codegen.torch.module_signature import _known_binding
-from kdsl.codegen.torch.module_source import padded_source, source
+from kdsl.codegen.torch.module_source import module_identifiers, padded_source, source
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
@@ -87,7 +86,7 @@ def build(
     recipe = (op.to_dsl(), item.name, tuple(item.items), name, pad)
     code, padding, binding, cls = _generated(op, recipe)
     variables = [v.name for v in op.variables]
-    ids = _identifiers(variables, own_names(op)) if not op.is_linear else _identifiers(variables)
+    ids = module_identifiers(op)
     module = cls(**{ids[v]: binding[v] for v in variables if v in binding}, bias=bias)
     module.kdsl_source = code
     module.padding = padding

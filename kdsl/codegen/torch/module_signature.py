@@ -23,26 +23,11 @@ from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import Layer, as_layer, layer_label
 
 
-def _free_inputs(op: Operator) -> set[int]:
-    """Positions of the input dims whose size the forward reads from its input (the batch): the
-    dim's size is one primary variable that no other size mentions, and no step touches the dim,
-    so any value gives the same operator on more (or fewer) rows."""
-    touched = {name for step in op.steps for name in step.consumes}
-    mentioned: list[str] = [v.name for step in op.steps for s in step.sizes() for v in s.variables]
-    for dim in op.inputs:
-        mentioned += [v.name for v in dim.size.variables]
-    free = set()
-    for position, dim in enumerate(op.inputs):
-        var = dim.size.variable_name
-        if var is not None and dim.name not in touched and mentioned.count(var) == 1 and var in op.primary_variables:
-            free.add(position)
-    return free
-
-
 def free_inputs(graph: Operator) -> set[int]:
-    """Positions of the input dims whose size the forward reads from its input (the batch), as for
-    an operator: no node reads the dim by name, and no step and no other input dim mentions its
-    variable, so any value gives the same kernel on more (or fewer) rows."""
+    """Positions of the input dims whose size the forward reads from its input (the batch): no node
+    reads the dim by name (no step of a linear operator touches it), and its size is one primary
+    variable that no step and no other input dim mentions, so any value gives the same operator on
+    more (or fewer) rows."""
     touched: set[str] = set()
     mentioned: list[str] = [v.name for d in graph.inputs for v in d.size.variables]
     for node in graph.nodes:
