@@ -9,7 +9,7 @@ from fractions import Fraction
 from math import prod
 from typing import Any
 
-from kdsl.codegen.torch.fast_paths import _native_conv, _native_im2col, _native_matmul, _native_pool
+from kdsl.codegen.torch.fast_paths import STAGE_FAST_PATHS, StageViews, _native_im2col, _native_matmul
 from kdsl.codegen.torch.identifiers import _Axes
 from kdsl.codegen.torch.views import einsum_code, parse_pattern
 from kdsl.codegen.torch.writer import _atom, _rolls, _shift, _Writer
@@ -63,10 +63,8 @@ def _chain_body(writer: _Writer, op: Operator, plan: Any, weight_index: dict[str
             block = steps[stage.start : stage.stop]
             result = [name for name, _ in stage.result]
             sizes = dict(plan.live[position])  # the live dims before these views
-            native = _native_conv(
-                writer, views, block, sizes, result, weight_index, dict(plan.binding)
-            ) or _native_pool(writer, views, block, sizes, result)
-            if native:
+            found = StageViews(views, block, sizes, weight_index, dict(plan.binding))
+            if any(fast_path(writer, found) for fast_path in STAGE_FAST_PATHS):
                 position = stage.stop
                 continue
         ordered = _reshapes_last(views)

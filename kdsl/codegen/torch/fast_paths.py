@@ -6,8 +6,8 @@ the views and one einsum."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.codegen.torch.writer import _atom, _rearrange, _rolls, _weight_lengths, _Writer
@@ -67,48 +67,116 @@ class _Spatial:
     stride: Size | None = None
 
 
-def _native_conv(
-    writer: _Writer,
-    views: list[Primitive],
-    block: list[Primitive],
-    sizes: dict[str, Size],
-    result: list[str],
-    weight_index: dict[str, int],
-    binding: Mapping[str, int],
-) -> bool:
+@dataclass
+class _ConvViews:
+    """The views before a stage read as a convolution's: a window per spatial dim (with its stride,
+    dilation and offset), the Splits of data dims (groups), the rolls of the input."""
+
+    sizes: dict[str, Size]  # the live dims before the views
+    spatial: dict[str, _Spatial] = field(default_factory=dict)  # sliding dim -> its window
+    splits: dict[str, Split] = field(default_factory=dict)
+    by_window: dict[str, _Spatial] = field(default_factory=dict)  # window dim -> its sliding dim's entry
+    rolls: list[Shift] = field(default_factory=list)
+
+    def untouched(self, dim: str) -> bool:
+        """Whether ``dim`` is a dim of the data that no view before unfolded or split."""
+        return dim in self.sizes and dim not in self.spatial and dim not in self.splits
+
+
+def _sliding_window(found: _ConvViews, step: Unfold) -> bool:
+    if not found.untouched(step.dim):
+        return False
+    entry = _Spatial(step.dim, step.name, step.window)
+    found.spatial[step.dim] = entry
+    found.by_window[step.name] = entry
+    return True
+
+
+def _group_split(found: _ConvViews, step: Split) -> bool:
+    if not found.untouched(step.dim):
+        return False
+    found.splits[step.dim] = step
+    return True
+
+
+def _strided_slide(found: _ConvViews, step: Stride) -> bool:
+    entry = found.spatial.get(step.dim)
+    if entry is None or entry.stride is not None:
+        return False
+    entry.stride = step.stride
+    return True
+
+
+def _dilated_window(found: _ConvViews, step: Stride) -> bool:
+    entry = found.by_window.get(step.dim)
+    if entry is None or entry.dilation is not None:
+        return False
+    entry.dilation = step.stride
+    entry.taps = entry.size / step.stride
+    return True
+
+
+def _input_roll(found: _ConvViews, step: Shift) -> bool:
+    if not found.untouched(step.dim):
+        return False
+    found.rolls.append(step)  # a cyclic shift of the input before it is unfolded: a roll
+    return True
+
+
+def _shifted_window(found: _ConvViews, step: Shift) -> bool:
+    entry = found.by_window.get(step.dim)
+    if entry is None or entry.dilation is not None or entry.offset or step.offset < 0:
+        return False
+    entry.offset = step.offset
+    return True
+
+
+#: The views a convolution's input may go through, by primitive kind: an Unfold of a data dim slides
+#: a window along it, a Split of one makes groups, a Stride of the sliding dim strides and one of the
+#: window dilates, a Shift of the input rolls it and one of the window (before a dilation) offsets it.
+#: Each rule takes the view (True) or declines (False), in order; a view none takes is no convolution.
+CONV_VIEW_RULES: dict[str, tuple[Callable[[_ConvViews, Any], bool], ...]] = {
+    "Unfold": (_sliding_window,),
+    "Split": (_group_split,),
+    "Stride": (_strided_slide, _dilated_window),
+    "Shift": (_input_roll, _shifted_window),
+}
+
+
+def _read_conv_views(views: list[Primitive], sizes: dict[str, Size]) -> _ConvViews | None:
+    """The views read by :data:`CONV_VIEW_RULES`, or None where one is not a convolution's."""
+    found = _ConvViews(sizes)
+    for step in views:
+        if not any(rule(found, step) for rule in CONV_VIEW_RULES.get(step.kind, ())):
+            return None
+    return found
+
+
+@dataclass(frozen=True)
+class StageViews:
+    """A contraction stage of a chain's plan with the views before it, as a fast path reads them."""
+
+    views: list[Primitive]  # the views before the stage
+    block: list[Primitive]  # the stage: its Shares and Reduces
+    sizes: dict[str, Size]  # the live dims before the views
+    weight_index: dict[str, int]  # weight name -> the position of its code in ``writer.weights``
+    binding: Mapping[str, int]
+
+
+def _native_conv(writer: _Writer, stage: StageViews) -> bool:
     """Emit ``F.conv{1,2,3}d`` for views + stage when they are exactly a (grouped, strided,
     dilated) convolution; return False (emitting nothing) otherwise."""
-    shares = [step for step in block if isinstance(step, Share)]
-    reduces = [step for step in block if isinstance(step, Reduce)]
+    shares = [step for step in stage.block if isinstance(step, Share)]
+    reduces = [step for step in stage.block if isinstance(step, Reduce)]
     if len(shares) != 1 or any(r.mean for r in reduces):
         return False
     weight = shares[0].weight
     assert isinstance(weight, Weight)
-    spatial: dict[str, _Spatial] = {}
-    splits: dict[str, Split] = {}
-    by_window: dict[str, _Spatial] = {}
-    rolls: list[Shift] = []
-    for step in views:
-        if isinstance(step, Unfold) and step.dim in sizes and step.dim not in spatial and step.dim not in splits:
-            entry = _Spatial(step.dim, step.name, step.window)
-            spatial[step.dim] = entry
-            by_window[step.name] = entry
-        elif isinstance(step, Split) and step.dim in sizes and step.dim not in spatial and step.dim not in splits:
-            splits[step.dim] = step
-        elif isinstance(step, Stride) and step.dim in spatial and spatial[step.dim].stride is None:
-            spatial[step.dim].stride = step.stride
-        elif isinstance(step, Shift) and step.dim in sizes and step.dim not in spatial and step.dim not in splits:
-            rolls.append(step)  # a cyclic shift of the input before it is unfolded: a roll
-        elif isinstance(step, Shift) and step.dim in by_window and by_window[step.dim].dilation is None:
-            if by_window[step.dim].offset or step.offset < 0:
-                return False
-            by_window[step.dim].offset = step.offset
-        elif isinstance(step, Stride) and step.dim in by_window and by_window[step.dim].dilation is None:
-            entry = by_window[step.dim]
-            entry.dilation = step.stride
-            entry.taps = entry.size / step.stride
-        else:
-            return False
+    sizes = stage.sizes
+    found = _read_conv_views(stage.views, sizes)
+    if found is None:
+        return False
+    spatial, splits, rolls = found.spatial, found.splits, found.rolls
     if len(spatial) > 3:
         return False
     weight_dims = [d.name for d in weight.dims]
@@ -138,7 +206,7 @@ def _native_conv(
             if entry.dilation is None or entry.taps is None:
                 return False
             # the last tap d*(taps-1) + offset stays inside the window d*taps iff offset < d
-            if entry.offset >= entry.dilation.evaluate(binding):
+            if entry.offset >= entry.dilation.evaluate(stage.binding):
                 return False
     # data-only dims after the channels (W in a K x 1 conv of NCHW data) stay in place as spatial
     # dims with a 1-wide kernel, so the input needs no transposed copy
@@ -156,16 +224,13 @@ def _native_conv(
     order = [d for d in data if d in spatial]
     if rolls:
         _rolls(writer, rolls)
-    return _emit_conv(
-        writer, splits, spatial, order, batch, groups, channels, outs, weight, known, result, weight_index
-    )
+    return _emit_conv(writer, splits, spatial, order, batch, groups, channels, outs, weight, known, stage.weight_index)
 
 
-def _native_pool(
-    writer: _Writer, views: list[Primitive], block: list[Primitive], sizes: dict[str, Size], result: list[str]
-) -> bool:
+def _native_pool(writer: _Writer, stage: StageViews) -> bool:
     """Emit ``F.avg_pool{1,2,3}d`` when the views split dims into (outer, tile) and the stage
     takes the mean over the tiles; return False (emitting nothing) otherwise."""
+    views, block, sizes = stage.views, stage.block, stage.sizes
     if any(not isinstance(step, Reduce) or not step.mean for step in block):
         return False
     splits = [step for step in views if isinstance(step, Split)]
@@ -208,7 +273,6 @@ def _emit_conv(
     outs: list[str],
     weight: Weight,
     sizes: dict[str, Size],
-    result: list[str],
     weight_index: dict[str, int],
 ) -> bool:
     left = []
@@ -330,3 +394,10 @@ def _native_matmul(
     if flat != writer.pattern(unflat):
         writer.lay_out(flat, lengths)
     return True
+
+
+#: The native ops a contraction stage with the views before it may be, tried in order: each emits
+#: its op and returns True, or declines with False, emitting nothing (then the views are written one
+#: by one and the stage is one einsum, or :func:`_native_matmul`). A chain that is exactly
+#: ``F.unfold`` is :func:`_native_im2col`, tried before its stages.
+STAGE_FAST_PATHS: tuple[Callable[[_Writer, StageViews], bool], ...] = (_native_conv, _native_pool)
