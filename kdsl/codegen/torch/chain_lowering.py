@@ -15,18 +15,7 @@ from kdsl.codegen.torch.views import einsum_code, parse_pattern
 from kdsl.codegen.torch.writer import _atom, _rolls, _shift, _Writer
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import (
-    Expand,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitives import Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 
 

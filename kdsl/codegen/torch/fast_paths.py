@@ -11,17 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.codegen.torch.writer import _atom, _rearrange, _rolls, _weight_lengths, _Writer
-from kdsl.lang.primitives import (
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitives import Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 
 # -- native-op peepholes: a stage (with the views before it) that is exactly one of PyTorch's
@@ -99,47 +89,38 @@ def _group_split(found: _ConvViews, step: Split) -> bool:
     return True
 
 
-def _strided_slide(found: _ConvViews, step: Stride) -> bool:
-    entry = found.spatial.get(step.dim)
-    if entry is None or entry.stride is not None:
+def _stride_or_dilation(found: _ConvViews, step: Stride) -> bool:
+    slide, window = found.spatial.get(step.dim), found.by_window.get(step.dim)
+    if slide is not None and slide.stride is None:
+        slide.stride = step.stride  # every S-th position: a strided convolution
+    elif window is not None and window.dilation is None:
+        window.dilation, window.taps = step.stride, window.size / step.stride  # every S-th tap: a dilated one
+    else:
         return False
-    entry.stride = step.stride
     return True
 
 
-def _dilated_window(found: _ConvViews, step: Stride) -> bool:
-    entry = found.by_window.get(step.dim)
-    if entry is None or entry.dilation is not None:
+def _roll_or_offset(found: _ConvViews, step: Shift) -> bool:
+    window = found.by_window.get(step.dim)
+    if found.untouched(step.dim):
+        found.rolls.append(step)  # a cyclic shift of the input before it is unfolded: a roll
+    elif window is not None and window.dilation is None and not window.offset and step.offset >= 0:
+        window.offset = step.offset  # a shifted window (before any dilation): less padding before
+    else:
         return False
-    entry.dilation = step.stride
-    entry.taps = entry.size / step.stride
     return True
 
 
-def _input_roll(found: _ConvViews, step: Shift) -> bool:
-    if not found.untouched(step.dim):
-        return False
-    found.rolls.append(step)  # a cyclic shift of the input before it is unfolded: a roll
-    return True
-
-
-def _shifted_window(found: _ConvViews, step: Shift) -> bool:
-    entry = found.by_window.get(step.dim)
-    if entry is None or entry.dilation is not None or entry.offset or step.offset < 0:
-        return False
-    entry.offset = step.offset
-    return True
-
-
-#: The views a convolution's input may go through, by primitive kind: an Unfold of a data dim slides
-#: a window along it, a Split of one makes groups, a Stride of the sliding dim strides and one of the
-#: window dilates, a Shift of the input rolls it and one of the window (before a dilation) offsets it.
-#: Each rule takes the view (True) or declines (False), in order; a view none takes is no convolution.
-CONV_VIEW_RULES: dict[str, tuple[Callable[[_ConvViews, Any], bool], ...]] = {
-    "Unfold": (_sliding_window,),
-    "Split": (_group_split,),
-    "Stride": (_strided_slide, _dilated_window),
-    "Shift": (_input_roll, _shifted_window),
+#: How a convolution's input may be viewed, one rule per primitive kind: an Unfold of a data dim
+#: slides a window along it, a Split of one makes groups, a Stride of the sliding dim strides and one
+#: of the window dilates, a Shift of the input rolls it and one of the window offsets it. A rule takes
+#: the view (True) or declines (False); a view of another kind, or one its rule declines, is no
+#: convolution's.
+CONV_VIEW_RULES: dict[str, Callable[[_ConvViews, Any], bool]] = {
+    "Unfold": _sliding_window,
+    "Split": _group_split,
+    "Stride": _stride_or_dilation,
+    "Shift": _roll_or_offset,
 }
 
 
@@ -147,7 +128,8 @@ def _read_conv_views(views: list[Primitive], sizes: dict[str, Size]) -> _ConvVie
     """The views read by :data:`CONV_VIEW_RULES`, or None where one is not a convolution's."""
     found = _ConvViews(sizes)
     for step in views:
-        if not any(rule(found, step) for rule in CONV_VIEW_RULES.get(step.kind, ())):
+        rule = CONV_VIEW_RULES.get(step.kind)
+        if rule is None or not rule(found, step):
             return None
     return found
 

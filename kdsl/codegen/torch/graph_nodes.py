@@ -15,11 +15,7 @@ from kdsl.codegen.torch.views import einsum_code, rearrange_code
 from kdsl.codegen.torch.writer import _size_code, _Writer
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Node, Operator
-from kdsl.lang.primitives import (
-    Split,
-    Stride,
-    Unfold,
-)
+from kdsl.lang.primitives import Split, Stride, Unfold
 from kdsl.lang.sizes import Size
 
 #: Helpers only the modules of branching kernels use (added after :data:`HELPERS`).

@@ -12,12 +12,7 @@ from kdsl.codegen.torch.identifiers import RESERVED_ATTRIBUTES
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.nonlinear import ProductJoin
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import (
-    Primitive,
-    Reduce,
-    Share,
-    Weight,
-)
+from kdsl.lang.primitives import Primitive, Reduce, Share, Weight
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import resolve_binding
 from kdsl.solve.layers import Layer, as_layer, layer_label

@@ -8,13 +8,7 @@ from collections.abc import Mapping
 
 from kdsl import solve
 from kdsl.codegen.torch.chain_lowering import _forward_body
-from kdsl.codegen.torch.graph_nodes import (
-    GRAPH_HELPERS,
-    _graph_body,
-    _graph_dim_names,
-    masked_folds,
-    own_names,
-)
+from kdsl.codegen.torch.graph_nodes import GRAPH_HELPERS, _graph_body, _graph_dim_names, masked_folds, own_names
 from kdsl.codegen.torch.identifiers import _Axes, _class_name, _einops_ok, _identifiers
 from kdsl.codegen.torch.module_signature import (
     _bias_dim,
