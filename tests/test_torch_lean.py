@@ -190,11 +190,11 @@ def _pattern(groups, bare):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_rearrange_code_does_what_einops_does(seed):
-    """torch_views.rearrange_code against einops.rearrange itself on random groupings and orders."""
+    """torch.views.rearrange_code against einops.rearrange itself on random groupings and orders."""
     einops = pytest.importorskip("einops")
     import numpy as np
 
-    from kdsl.codegen.torch_views import rearrange_code
+    from kdsl.codegen.torch.views import rearrange_code
 
     rng = np.random.default_rng(seed)
     names = ["a", "b", "c", "d", "e"][: int(rng.integers(1, 6))]

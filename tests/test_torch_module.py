@@ -20,6 +20,7 @@ from torch import nn
 from kdsl import gallery
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
+from kdsl.codegen.torch import module_class
 from kdsl.lang import Input, Output, Reduce, Share, Weight, primary
 from kdsl.lang.errors import DivisibilityError, LayerError, ShapeError
 
@@ -269,7 +270,7 @@ def test_reserved_attributes_cover_every_nn_module_attribute():
 
 
 def test_generated_classes_do_not_pile_up_in_sys_modules(monkeypatch):
-    monkeypatch.setattr(kdsl_torch, "CACHED_CLASSES", 2)
+    monkeypatch.setattr(module_class, "CACHED_CLASSES", 2)  # where build reads it
     op = gallery.load("pointwise_conv2d")
     kept = kdsl_torch.build(op, {"Cin": 2, "Cout": 3})
     names = set()

@@ -3,11 +3,10 @@
 :class:`_Writer` holds the lines of one linear chain's forward, the data's dims in order (by DSL
 name), and what waits to be done to the data until a line reads it: Merges (fused into one view
 or copy) and a layout (a convolution's grouped output, a Split) that a Merge back makes free.
-Every rearrangement goes through :func:`~kdsl.codegen.torch_views.rearrange_code`, so the forward
-calls ``reshape``/``permute`` with shapes worked out here. :mod:`kdsl.codegen.torch` (the view
-rules, the stages and their native-op peepholes, the module) writes through it. (The peepholes stay
-there: they name seven of the eight primitives, and the project keeps the files that know most
-primitives few.)
+Every rearrangement goes through :func:`~kdsl.codegen.torch.views.rearrange_code`, so the forward
+calls ``reshape``/``permute`` with shapes worked out here. The view rules and stages
+(:mod:`kdsl.codegen.torch.chain_lowering`) and the native fast paths
+(:mod:`kdsl.codegen.torch.fast_paths`) write through it.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kdsl.codegen.torch_views import rearrange_code
+from kdsl.codegen.torch.views import rearrange_code
 from kdsl.lang.primitives import Shift, Weight
 from kdsl.lang.sizes import Size
 
@@ -84,7 +83,7 @@ class _Writer:
 
     def move(self, source: str, target: str, lengths: Mapping[str, str] | None = None, comment: str = "") -> None:
         """Rearrange the data from the einops pattern ``source`` to ``target`` as torch views
-        (:func:`~kdsl.codegen.torch_views.rearrange_code`; nothing where it changes nothing)."""
+        (:func:`~kdsl.codegen.torch.views.rearrange_code`; nothing where it changes nothing)."""
         code = rearrange_code(self.current, source, target, lengths or {})
         if code is not None:
             self.append(f"{self.var} = {code}  # {source} -> {target}{comment}")
