@@ -30,20 +30,8 @@ from kdsl.lang.chain import Chain
 from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, ShapeError
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Node, Operator
-from kdsl.lang.primitives import (
-    CONTRACTION,
-    REDUCTION,
-    Expand,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitive_base import CONTRACTION, REDUCTION
+from kdsl.lang.primitives import Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding

@@ -35,19 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kdsl.lang.primitives import (
-    Dim,
-    Expand,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.search.state import (
     MERGE_INNER,

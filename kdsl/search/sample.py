@@ -58,13 +58,19 @@ def rollout(
     return _walk(space, rng, state, stop, stats, budget)
 
 
+def _options(space: Space, state: State, stats: dict | None) -> list[State]:
+    """The children of ``state`` (one more node visited in ``stats``)."""
+    options = [child for _, child in children(space, state, stats)]
+    if stats is not None:
+        stats["nodes"] = stats.get("nodes", 0) + 1
+    return options
+
+
 def _walk(space: Space, rng: random.Random, state: State, stop: float, stats: dict | None, budget: list[int]):
     complete = is_complete(space, state)
     if complete and rng.random() < stop:
         return state
-    options = [child for _, child in children(space, state, stats)]
-    if stats is not None:
-        stats["nodes"] = stats.get("nodes", 0) + 1
+    options = _options(space, state, stats)
     rng.shuffle(options)
     if space.use_distance:
         options = _steered(space, state, options)
@@ -83,9 +89,7 @@ def _plain(space: Space, rng: random.Random, state: State, stop: float, stats: d
         complete = is_complete(space, state)
         if complete and rng.random() < stop:
             return state
-        options = [child for _, child in children(space, state, stats)]
-        if stats is not None:
-            stats["nodes"] = stats.get("nodes", 0) + 1
+        options = _options(space, state, stats)
         if not options:
             return state if complete else None
         state = rng.choice(options)

@@ -2,17 +2,13 @@
 cost model and the renderers share: how a node is named in messages, which node's storage a
 result lives in (a Rename moves no data), and element counts.
 
->>> from kdsl.lang import *
->>> N, C, H, W, R = primary("N C H W R")
->>> x = Input(N, C, H, W)
->>> gate = (x >> Reduce(H, W, mean=True) >> FC(C, name="r", size=R, weight="squeeze") >> Map("relu")
-...         >> FC("r", name="c", size=C, weight="excite") >> Map("sigmoid") >> Rename("c", "C"))
->>> se = (x * gate) >> Output(N, C, H, W)
+>>> from kdsl.lang import library
+>>> se = library.load("squeeze_excitation")
 >>> [node.describe() for node in se.nodes]  # doctest: +NORMALIZE_WHITESPACE
-['Input', 'chain Reduce(H, W, mean)', 'FC(C -> r: R)', 'Map(relu)', 'FC(r -> c: C)', 'Map(sigmoid)',
- 'Rename(c -> C)', 'Blend(mul)']
+['Input', 'chain Reduce(H, W, mean)', 'FC(Cin -> z: Cin/r)', 'Map(relu)', 'FC(z -> c: Cin)', 'Map(sigmoid)',
+ 'Rename(c -> Cin)', 'Blend(mul)']
 >>> node_label(se, 2)
-'node 2 FC(C -> r: R)'
+'node 2 FC(Cin -> z: Cin/r)'
 >>> storage(se)
 (0, 1, 2, 3, 4, 5, 5, 7)
 """

@@ -43,19 +43,7 @@ from kdsl.lang.chain import Chain
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, FOLD_KINDS, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import (
-    Dim,
-    Expand,
-    Merge,
-    Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-)
+from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size, coefficient, primary
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.space import Space

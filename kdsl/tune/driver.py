@@ -28,6 +28,9 @@ from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
 
+#: the tuners ``kdsl tune`` and ``kdsl bench tune`` offer (``random`` is the baseline besides them)
+TUNERS = ("opevo", "alt", "gensor", "metaschedule")
+
 
 def make_tuner(name: str, space: ScheduleSpace, history: Sequence[Record], seed: int = 0, **options: Any) -> Tuner:
     """A tuner by name (``opevo``, ``gensor``, ``alt``, ``random``) over ``space``, resuming from ``history``.
