@@ -22,6 +22,7 @@ import ...``.
 """
 
 from kdsl.solve.constraints import (
+    Binding,
     CheckReport,
     Constraint,
     assignments,
@@ -37,6 +38,7 @@ from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_bind
 from kdsl.solve.summary import CheckSummary, check
 
 __all__ = [
+    "Binding",
     "BudgetError",
     "CheckReport",
     "CheckSummary",

@@ -311,6 +311,31 @@ def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] 
     return binding
 
 
+class Binding(dict):
+    """A binding the solver checked for one operator (what :func:`bind` and :func:`check` return): a
+    backend given it builds from it instead of solving the sizes again. It reads and changes like the
+    dict it is; once changed it is no longer taken as checked (:meth:`checked_for`).
+
+    >>> from kdsl.lang import library
+    >>> conv = library.load("conv2d")
+    >>> binding = bind(conv, {"N": 1, "Cin": 8, "Cout": 8, "H": 5, "W": 5})
+    >>> binding.checked_for(conv), binding.checked_for(library.load("matmul"))
+    (True, False)
+    >>> binding["K"] = 5
+    >>> binding.checked_for(conv)
+    False
+    """
+
+    def __init__(self, values: Mapping[str, int], operator_key: str) -> None:
+        super().__init__(values)
+        self._checked = (operator_key, tuple(sorted(self.items())))
+
+    def checked_for(self, op: Operator) -> bool:
+        """Whether the solver checked these exact values for ``op``."""
+        key, items = self._checked
+        return key == op.key and tuple(sorted(self.items())) == items
+
+
 @dataclass(frozen=True)
 class CheckReport:
     """The result of a successful :func:`check`: the concrete binding of each layer.
@@ -324,12 +349,13 @@ class CheckReport:
     bindings: tuple[tuple[tuple[str, int], ...], ...]
     large_windows: tuple[str, ...] = ()
     paddings: tuple[Padding | None, ...] = ()
+    operator_key: str = ""  # the key of the operator checked: its bindings are Bindings of it
 
     def binding(self, layer: str) -> dict[str, int]:
-        """The binding of the layer named ``layer``."""
+        """The binding of the layer named ``layer`` (a :class:`Binding`: backends build from it as is)."""
         for item, binding in zip(self.layers, self.bindings):
             if item.name == layer:
-                return dict(binding)
+                return Binding(binding, self.operator_key)
         raise LayerError(f"no layer named {layer!r}; the layers are {', '.join(x.name for x in self.layers)}")
 
     def padded_binding(self, layer: str) -> dict[str, int]:
@@ -341,7 +367,7 @@ class CheckReport:
         return self.binding(layer)
 
     def __iter__(self) -> Iterator[tuple[Layer, dict[str, int]]]:
-        return ((layer, dict(binding)) for layer, binding in zip(self.layers, self.bindings))
+        return ((layer, Binding(binding, self.operator_key)) for layer, binding in zip(self.layers, self.bindings))
 
     def __len__(self) -> int:
         return len(self.layers)
@@ -409,10 +435,10 @@ def check(
         else:
             _violated(op, layer, binding, windows=not allow_large_windows, large=large)
         bindings.append(tuple(binding.items()))
-    return CheckReport(table, tuple(bindings), tuple(large), tuple(paddings))
+    return CheckReport(table, tuple(bindings), tuple(large), tuple(paddings), op.key)
 
 
-def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> dict[str, int]:
+def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> Binding:
     """The concrete binding of every variable of ``op`` on one layer (a Layer or a dict).
 
     Integrality and positivity are checked (:class:`DivisibilityError`); window sizes are not,
@@ -427,7 +453,7 @@ def bind(op: Operator, layer: object, coefficients: Mapping[str, int] | None = N
     item = as_layer(layer)
     binding = resolve_binding(op, item, coefficients)
     _violated(op, item, binding, windows=False)
-    return binding
+    return Binding(binding, op.key)
 
 
 def pad_binding(op: Operator, layer: object, coefficients: Mapping[str, int] | None = None) -> Padding:
@@ -546,6 +572,7 @@ def assignments(
 
 
 __all__ = [
+    "Binding",
     "CheckReport",
     "Constraint",
     "KINDS",

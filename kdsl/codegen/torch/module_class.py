@@ -20,6 +20,7 @@ from kdsl.codegen.torch.module_source import module_identifiers, padded_source, 
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
+from kdsl.solve.constraints import Binding
 from kdsl.solve.layers import Layer, as_layer
 from kdsl.solve.padding import Padding
 
@@ -84,7 +85,8 @@ def build(
     load_torch()
     item = as_layer(layer)
     recipe = (op.to_dsl(), item.name, tuple(item.items), name, pad)
-    code, padding, binding, cls = _generated(op, recipe)
+    checked = layer if isinstance(layer, Binding) and layer.checked_for(op) and not pad else None
+    code, padding, binding, cls = _generated(op, recipe, checked)
     variables = [v.name for v in op.variables]
     ids = module_identifiers(op)
     module = cls(**{ids[v]: binding[v] for v in variables if v in binding}, bias=bias)
@@ -111,8 +113,11 @@ _INSTANCES: dict[str, weakref.WeakSet[Any]] = {}
 _DERIVED = ("kdsl_source", "padding", "_kdsl_recipe")
 
 
-def _generated(op: Operator, recipe: tuple[Any, ...]) -> tuple[str, Padding | None, dict[str, int], type]:
-    """The source, padding, binding and class of ``op`` built by ``recipe`` (cached)."""
+def _generated(
+    op: Operator, recipe: tuple[Any, ...], checked: Binding | None = None
+) -> tuple[str, Padding | None, dict[str, int], type]:
+    """The source, padding, binding and class of ``op`` built by ``recipe`` (cached); ``checked`` is
+    the solver's binding of the recipe's layer when the caller has it (not solved again)."""
     found = _GENERATED.get(recipe)
     if found is not None:
         _GENERATED.move_to_end(recipe)
@@ -120,7 +125,10 @@ def _generated(op: Operator, recipe: tuple[Any, ...]) -> tuple[str, Padding | No
     _, layer_name, items, name, pad = recipe
     layer = Layer(layer_name, items)
     padding = solve.pad_binding(op, layer) if pad else None
-    binding = padding.padded_binding if padding is not None else _known_binding(op, layer)
+    if padding is not None:
+        binding = padding.padded_binding
+    else:
+        binding = checked if checked is not None else _known_binding(op, layer)
     code = padded_source(op, padding, name=name) if padding is not None else source(op, binding, name=name)
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
     module_name = f"kdsl_generated_{op.key}_{digest}"

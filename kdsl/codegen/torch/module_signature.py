@@ -14,7 +14,7 @@ from kdsl.lang.nonlinear import ProductJoin
 from kdsl.lang.operator import Operator
 from kdsl.lang.primitives import Primitive, Reduce, Share, Weight
 from kdsl.lang.sizes import Size
-from kdsl.solve.constraints import resolve_binding
+from kdsl.solve.constraints import Binding, resolve_binding
 from kdsl.solve.layers import Layer, as_layer, layer_label
 
 
@@ -158,6 +158,8 @@ def _known_binding(op: Operator, layer: object) -> dict[str, int]:
     left out when :func:`lazy_variables` allows it (the module reads it from its input); else
     :class:`LayerError` names it and what needs it. The constraints whose variables are all bound
     are checked (:class:`DivisibilityError`); the forward checks the others on its input."""
+    if isinstance(layer, Binding) and layer.checked_for(op):
+        return layer  # the solver's own binding of op (solve.bind, solve.check): nothing to solve again
     item = as_layer(layer)
     missing = [v.name for v in op.variables if v.kind == "primary" and item.get(v.name) is None]
     if not missing:
@@ -177,7 +179,7 @@ def _known_binding(op: Operator, layer: object) -> dict[str, int]:
         known = constraint.kind != "window" and set(constraint.variables) <= set(binding)
         if known and not constraint.holds(binding):
             raise DivisibilityError(constraint.failure(item.name, binding))
-    return binding
+    return Binding(binding, op.key)  # checked as far as the layer goes; the forward reads the rest
 
 
 def _fraction_code(size: Size, identifiers: Mapping[str, str]) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from kdsl.codegen.tvm.node_rules import GRAPH_RULES, GraphContext, read_names
 from kdsl.codegen.tvm.toolchain import load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
-from kdsl.solve.constraints import resolve_binding
+from kdsl.solve.constraints import Binding, resolve_binding
 from kdsl.solve.layers import as_layer
 
 
@@ -62,7 +62,10 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         raise LoweringError(f"expected an Operator, got {type(op).__name__}")
     # the one place a linear operator differs: it is bound and checked as a whole (solve.bind), and its
     # chain's stages keep their plain names (_chain)
-    binding = solve.bind(op, layer) if op.is_linear else resolve_binding(op, as_layer(layer))
+    if isinstance(layer, Binding) and layer.checked_for(op):
+        binding = dict(layer)  # the solver's own binding of op: nothing to solve again
+    else:
+        binding = solve.bind(op, layer) if op.is_linear else resolve_binding(op, as_layer(layer))
     ctx = GraphContext(op, binding, dtype)
     for index, node in enumerate(op.nodes[1:], 1):
         rule = GRAPH_RULES.get(node.kind)
