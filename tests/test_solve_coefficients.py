@@ -106,11 +106,15 @@ def test_no_valid_value_is_a_clear_error():
     op = Input(N, Cin) >> Split(Cin, Cin / (3 * G), "g", "c") >> Reduce("g", "c") >> Output(N)
     with pytest.raises(DivisibilityError, match="no value of the coefficient G") as caught:
         solve_coefficients(op, "resnet18")
-    assert isinstance(caught.value, KdslError)
-    # a bound that excludes every divisor: no assignment, and the message names the coefficients
-    with pytest.raises(DivisibilityError, match="G in") as bounded:
+    assert isinstance(caught.value, KdslError) and "Cin/(3*G) is not an integer" in str(caught.value)
+    # a bound that excludes every divisor: the message names the coefficient, its condition and the bound
+    with pytest.raises(DivisibilityError, match="no value of the coefficient G") as bounded:
         solve_coefficients(library.load("grouped_conv2d"), "resnet18", bounds={"G": [3, 5]})
-    assert "G" in str(bounded.value)
+    assert "G divides 64" in str(bounded.value) and "within the bound {3, 5}" in str(bounded.value)
+    # each value allowed alone, no pair jointly: the first layer that rejects the pair is named
+    with pytest.raises(DivisibilityError, match="no assignment of the coefficients") as joint:
+        solve_coefficients(library.load("syno_op1"), "resnet18", bounds={"G": [64], "s": [2], "K": [3]})
+    assert "layer conv2_x" in str(joint.value) and "Cout/(G*s) = 1/2" in str(joint.value)
 
 
 def test_layer_bound_coefficients_are_not_solved():

@@ -278,7 +278,7 @@ def solve_coefficients(
         reasons[name] = reason
     solved = assignments(op, table, candidates, allow_large_windows=allow_large_windows)
     if not solved:
-        raise DivisibilityError(_no_assignment(op, table, candidates, allow_large_windows))
+        raise DivisibilityError(_no_assignment(op, table, candidates, reasons, allow_large_windows))
     return CoefficientSolution(tuple(names), candidates, reasons, tuple(found), tuple(solved))
 
 
@@ -287,17 +287,22 @@ def _primaries(op: Operator, layer: Layer) -> dict[str, int]:
 
 
 def _no_assignment(
-    op: Operator, table: tuple[Layer, ...], candidates: Mapping[str, tuple[int, ...]], windows_allowed: bool
+    op: Operator,
+    table: tuple[Layer, ...],
+    candidates: Mapping[str, tuple[int, ...]],
+    reasons: Mapping[str, str],
+    windows_allowed: bool,
 ) -> str:
-    """Why no assignment is valid: the coefficient left without candidates, else the first layer
-    that rejects the smallest combination."""
-    sets = ", ".join(f"{name} in {_value_set(values)}" for name, values in candidates.items())
+    """Why no assignment is valid: the coefficient left without candidates (with the conditions
+    that emptied its set), else the first layer that rejects the smallest combination."""
     empty = [name for name, values in candidates.items() if not values]
     if empty:
+        why = "; ".join(f"{name}: {reasons[name]}" for name in empty)
         return (
-            f"no value of the coefficient {', '.join(empty)} is valid on every layer ({sets}): "
-            f"its divisibility conditions and bounds leave nothing; check the layer table or the bounds"
+            f"no value of the coefficient {', '.join(empty)} is valid on every layer ({why}); "
+            f"choose other bounds or layers whose sizes these values divide"
         )
+    sets = ", ".join(f"{name} in {_value_set(values)}" for name, values in candidates.items())
     smallest = {name: values[0] for name, values in candidates.items()}
     for layer in table:
         binding = resolve_binding(op, layer, smallest)
