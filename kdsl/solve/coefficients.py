@@ -104,6 +104,8 @@ def _primary_value(size: Size, binding: Mapping[str, int]) -> Fraction:
     value = Fraction(size.constant)
     for var, exp in size.exponents:
         if var.kind != "coefficient":
+            if var.name not in binding:
+                raise LayerError(f"a layer does not bind the variable {var.name} (needed by the size {size})")
             value *= Fraction(binding[var.name]) ** exp
     return value
 
