@@ -52,6 +52,26 @@ def test_check_failure_names_layer_and_constraint(capsys):
     assert "conv2_x" in err and "Cin/G" in err and "64/3" in err
 
 
+def test_check_solve_lists_the_valid_coefficients(capsys):
+    code, out, _ = run(capsys, "check", "grouped_conv2d", "--layers", "resnet18", "--solve")
+    assert code == 0
+    # 64 is the gcd of ResNet-18's channels; K < 7, the last stage's H
+    assert "G in {1, 2, 4, 8, 16, 32, 64}: G divides 64" in out
+    assert "K in {1, 2, 3, 4, 5, 6}" in out and "(42 assignments)" in out
+    assert "valid on all 4 layers of resnet18 with G=4, K=3" in out  # the usual check follows
+    code, out, _ = run(capsys, "check", "syno_op1", "--layers", "resnet18", "--solve", "--set", "K=3")
+    assert code == 0 and "jointly: G*s divides 64" in out and "K in {3}" in out
+    code, out, _ = run(capsys, "check", "strided_conv2d", "--layers", "resnet18_stride2", "--solve", "--json")
+    assert code == 0
+    solved = json.loads(out)["solved"]
+    assert solved["values"]["s"] == [1, 2, 7, 14] and {"K": 3, "s": 2} in solved["assignments"]
+
+
+def test_check_solve_without_valid_values_fails_cleanly(capsys):
+    code, _, err = run(capsys, "check", "grouped_conv2d", "--solve", "--set", "G=3")
+    assert code == 2 and "no value of the coefficient G" in err and "within the bound {3}" in err
+
+
 def test_check_accepts_a_json_layer_table(capsys, tmp_path):
     table = tmp_path / "layers.json"
     table.write_text(json.dumps([{"name": "tiny", "N": 2, "Cin": 8, "Cout": 4, "H": 6, "W": 6}]))

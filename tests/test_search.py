@@ -431,3 +431,49 @@ def test_the_enumeration_yields_no_twin_and_finds_depthwise_in_the_conv2d_spec()
             keys.update(op.key for op in to_operators(space, state))
     assert gallery.load("depthwise_conv2d").key in keys and gallery.load("pointwise_conv2d").key in keys
     assert walk.stats["twin"] > 0 and walk.finished
+
+
+def test_search_solves_coefficients_given_without_a_list():
+    # G without a list: every value above 1 that divides a gcd over the layers (64 for the channels, 7 for H, W)
+    spec, options, depth = REDISCOVERY["grouped_conv2d"]
+    solved = Space(spec, "resnet18", max_depth=depth, **{**options, "coefficients": {"K": [3], "G": None}})
+    assert {c.name: c.values for c in solved.coefficients} == {"G": (2, 4, 7, 8, 16, 32, 64), "K": (3,)}
+    assert len(solved.assignments) == 7
+    # found operators default to their first valid assignment (G=2); the gallery's defaults to G=4
+    target = gallery.load("grouped_conv2d").with_defaults(G=2)
+    found = None
+    for state in Enumeration(solved).states():
+        if state is not None:
+            found = next((op for op in to_operators(solved, state) if op.key == target.key), None)
+            if found is not None:
+                break
+    assert found is not None
+    check(found, "resnet18", {"G": 64})  # valid with the largest solved G too
+
+
+def test_a_coefficient_of_the_spec_is_solved_when_left_out():
+    # conv2d_stride2's output H/s, W/s: s divides gcd(56, 28, 14) = 14 on resnet18_stride2
+    space = Space("conv2d_stride2", "resnet18_stride2", coefficients={"K": [3]}, max_depth=2)
+    assert {c.name: c.values for c in space.coefficients} == {"K": (3,), "s": (2, 7, 14)}
+    pinned = Space("conv2d_stride2", "resnet18_stride2", coefficients={"K": [3], "s": [2]}, max_depth=2)
+    assert pinned.assignments == ({"K": 3, "s": 2},)  # a list still pins
+    with pytest.raises(KdslError, match="coefficient s: no value above 1"):
+        Space(
+            "conv2d_stride2", [{"name": "odd", "N": 1, "Cin": 8, "Cout": 8, "H": 9, "W": 10}], coefficients={"K": [3]}
+        )
+
+
+def test_cli_search_solves_a_coefficient(tmp_path, capsys):
+    import argparse
+    import json
+
+    from kdsl.cli.search_commands import add_search_commands
+
+    parser = argparse.ArgumentParser(prog="kdsl")
+    add_search_commands(parser.add_subparsers(dest="command"))
+    db = str(tmp_path / "s.db")
+    argv = ["search", "conv2d", "--max-depth", "3", "--set", "K=3", "--set", "G=solve", "--db", db, "--json"]
+    args = parser.parse_args(argv)
+    assert args.run(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "G in (2, 4, 7, 8, 16, 32, 64)" in summary["space"]

@@ -122,6 +122,12 @@ def _add_check(commands: typing.Any) -> None:
     check.add_argument("--max-params", type=budget, metavar="BUDGET", help="fill free widths to this parameter budget")
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
     check.add_argument("--pad", action="store_true", help="round sizes that do not divide up (zero padding), per layer")
+    check.add_argument(
+        "--solve",
+        action="store_true",
+        help="also list the coefficient values valid on every layer (divisors of the layers' gcds, window "
+        "ranges); --set pins a coefficient",
+    )
     check.add_argument("--json", action="store_true", help="print the shapes and costs as JSON instead of a table")
     check.set_defaults(run=command_check)
 

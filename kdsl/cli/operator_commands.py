@@ -184,8 +184,18 @@ def command_check(args: argparse.Namespace) -> int:
     name = printable(args.operator)
     layers = solve.load_layers(args.layers)
     given = _parse_assignments(args.set, op, name)
+    solving = bool(getattr(args, "solve", False))
     if op.dynamic_variables:
+        if solving:
+            raise KdslError(
+                f"{name}: --solve derives coefficients of an operator without free widths; this one is a "
+                f"template ({', '.join(op.dynamic_variables)}): check it without --solve, or pin them with --set"
+            )
         return _check_template(args, op, name, layers, given)
+    # --set pins a coefficient: the solver keeps only that value
+    solved = solve.solve_coefficients(op, layers, bounds={k: [v] for k, v in given.items()}) if solving else None
+    if solved is not None and not getattr(args, "json", False):
+        print("\n".join(_solved_lines(solved, name, len(layers), printable(args.layers))))
     # only --set overrides: a coefficient the layer binds wins over the operator's default, so the
     # values printed below are the ones the check used (README: --set, else the layer, else default)
     pad = bool(getattr(args, "pad", False))
@@ -227,6 +237,8 @@ def command_check(args: argparse.Namespace) -> int:
     if getattr(args, "json", False):
         coefficients = {v: sorted({b[v] for _, b in bindings}) for v in op.coefficient_variables}
         summary = {"operator": args.operator, "layers": args.layers, "coefficients": coefficients, "rows": rows}
+        if solved is not None:
+            summary["solved"] = solved.as_dict()
         print(json.dumps(summary))  # json escapes control characters: the output stays inert
         return 0
     print(f"{name}: valid on all {len(layers)} layers of {printable(args.layers)}", end="")
@@ -267,6 +279,21 @@ def _check_budgets(args: argparse.Namespace, name: str, count: int, rows: list[d
                 f"{name} needs {total} {unit} over the {count} layers, more than {option} {printable(str(text))} "
                 f"= {limit}; the operator has no free width to shrink (raise the budget or pick a smaller operator)"
             )
+
+
+def _solved_lines(solved: solve.CoefficientSolution, name: str, count: int, table: str) -> list[str]:
+    """``kdsl check --solve``'s section: each coefficient's valid values and why, then the joint
+    conditions (a product of coefficients that must divide a gcd)."""
+    total = len(solved.assignments)
+    lines = [f"{name}: coefficient values valid on all {count} layers of {table} ({total} assignments)"]
+    for variable, values in solved.values.items():
+        lines.append(f"  {variable} in {{{', '.join(map(str, values))}}}: {solved.reasons[variable]}")
+    for condition in solved.divides:
+        if len(condition.monomial.variables) > 1:
+            lines.append(f"  jointly: {condition}")
+    if not solved.names:
+        lines.append("  (no coefficient to solve)")
+    return lines
 
 
 def _check_template(

@@ -49,8 +49,14 @@ def _coefficients(items: list[str] | None) -> dict[str, Any] | None:
                 raise SearchError(f"--set {item!r}: the allowance after ':' must be an integer")
             allowance = int(text)
         parts = [v.strip() for v in values.split(",") if v.strip()]
+        if sep and name.strip() and parts == ["solve"]:
+            # the values come from the layers (kdsl.search.space.Space._solved_values)
+            found[name.strip()] = (None, allowance) if allowance is not None else None
+            continue
         if not sep or not name.strip() or not parts or not all(p.isdigit() for p in parts):
-            raise SearchError(f"--set expects NAME=V1,V2[:ALLOWANCE] (like K=3 or G=2,4:3), got {item!r}")
+            raise SearchError(
+                f"--set expects NAME=V1,V2[:ALLOWANCE] or NAME=solve (like K=3, G=2,4:3 or G=solve), got {item!r}"
+            )
         ints = [int(p) for p in parts]
         found[name.strip()] = (ints, allowance) if allowance is not None else ints
     return found
@@ -194,7 +200,9 @@ def add_search_commands(subparsers: Any) -> None:
         action="append",
         dest="coefficient",
         metavar="NAME=V1,V2[:ALLOWANCE]",
-        help="coefficient values the search may use, e.g. K=3 or G=2,4:3 (as kdsl check's --set, with a list)",
+        help="coefficient values the search may use, e.g. K=3 or G=2,4:3 (as kdsl check's --set, with a list); "
+        "G=solve takes every value above 1 that divides a layer size on all layers (a coefficient of the spec's "
+        "own sizes, like s in conv2d_stride2, is solved when --set leaves it out)",
     )
     # the old spelling, kept working for scripts that use it
     search.add_argument("--coefficient", action="append", dest="coefficient", help=argparse.SUPPRESS)

@@ -109,7 +109,10 @@ class DiscoverConfig:
     screen_factor: int = 4
     #: other ProxyConfig fields (e.g. ``{"widths": [8, 16]}`` for a smaller proxy network)
     proxy: dict[str, Any] = field(default_factory=dict)
-    coefficients: dict[str, list[int]] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
+    #: the search's coefficient values; ``None`` (JSON null) for a coefficient derives its values from
+    #: the layers (every value above 1 that divides a layer size on all of them, see
+    #: :class:`~kdsl.search.space.Space`), and a coefficient of the spec's own sizes left out is derived
+    coefficients: dict[str, list[int] | None] = field(default_factory=lambda: {"K": [3], "G": [2, 4, 8], "s": [2]})
     #: what ``latency_ratio`` (the ranking) divides: ``tvm``, the TVM kernel kdsl would deploy over
     #: conv2d's TVM kernel (eager PyTorch and PyTorch's conv2d are timed beside it), or ``torch``,
     #: kdsl's eager PyTorch module over PyTorch's conv2d

@@ -13,6 +13,9 @@ assignment can make the operator valid and the branch is pruned. No SymPy in any
 (['N', 'Cin', 'H', 'W'], ['N', 'Cout', 'H', 'W'])
 >>> space.assignments
 ({'G': 2, 'K': 3}, {'G': 32, 'K': 3})
+>>> solved = Space("conv2d_stride2", "resnet18_stride2", coefficients={"K": [3], "G": None})
+>>> {c.name: c.values for c in solved.coefficients}  # s from H/s, G from the gcds of Cin, Cout, H
+{'G': (2, 4, 7, 8, 14, 16, 32, 64, 128), 'K': (3,), 's': (2, 7, 14)}
 >>> from kdsl.lang.sizes import primary, coefficient
 >>> Cin = primary("Cin"); G, K = coefficient("G K")
 >>> bin(space.mask(Cin / G)), bin(space.mask(Cin / K))
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from kdsl.lang.sizes import Size, Var
 from kdsl.search.kinds import DEFAULT_CAPS, KINDS
 from kdsl.search.state import div, mul, size_order
 from kdsl.solve import total_cost
+from kdsl.solve.coefficients import divides, divisors
 from kdsl.solve.dynamic import is_relative, parse_budget
 from kdsl.solve.layers import Layer, load_layers
 
@@ -241,7 +246,14 @@ class Space:
     ``spec``: a built-in name (see :data:`SPECS`), a JSON file or a :class:`Spec`. ``layers``: a
     layer table (``"resnet18"``, a JSON file, ...): every result is valid on all of them.
     ``coefficients``: name -> candidate values (or ``(values, allowance)``), default
-    ``{"K": [3], "G": [32], "s": [2]}``. ``max_depth``: the most primitives per operator.
+    ``{"K": [3], "G": [32], "s": [2]}``. Values ``None`` (or ``(None, allowance)``) ask the
+    solver: the coefficient takes every value above 1 that can divide a layer size on all layers
+    (:meth:`_solved_values`; ``s`` in ``conv2d_stride2`` on ``resnet18_stride2``: 2, 7, 14, the
+    divisors of the gcd of H); a coefficient the spec's sizes use gets them without being named.
+    Each solved value multiplies the assignments the validity masks track (G and s solved on
+    ``resnet18`` give 7 x 7; a depth-4 enumeration of conv2d that ends in 25 s with G=32, s=2
+    has not ended after 60 s with them solved), so keep windows like
+    ``K``, which divide nothing, to a list. ``max_depth``: the most primitives per operator.
     ``caps``: per-kind caps (see :data:`DEFAULT_CAPS`). ``max_flops``/``max_params``: budgets,
     absolute or relative to the spec's baseline gallery operator (``"0.5x"``); FLOPs and params
     are summed over the layers. ``min_params``/``min_flops``: floors, written the same way; an
@@ -371,13 +383,15 @@ class Space:
 
     # -- construction helpers ------------------------------------------------------------------
     def _coefficients(self, given: Mapping[str, object] | None) -> tuple[Coefficient, ...]:
+        used = {v.name for v in self.spec.variables if v.kind == "coefficient"}
         if given is None:
             given = {"K": [3], "G": [32], "s": [2]}
-            used = {v.name for v in self.spec.variables if v.kind == "coefficient"}
             if "s" not in used:
                 given = {"K": [3], "G": [32]}
         if not isinstance(given, Mapping):
             raise SearchError(f"coefficients must map names to candidate values, got {given!r}")
+        # a coefficient of the spec's own sizes without a list is solved, like one given as None
+        given = {**dict.fromkeys(used), **given}
         made = []
         for name, item in sorted(given.items()):
             allowance = 2
@@ -387,6 +401,8 @@ class Space:
                 continue
             if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], int):
                 values, allowance = item
+            if values is None:
+                values = self._solved_values(str(name))
             if isinstance(values, int) and not isinstance(values, bool):
                 values = [values]
             if not isinstance(values, Iterable) or isinstance(values, (str, bytes)):
@@ -400,6 +416,37 @@ class Space:
                 raise SearchError(f"coefficient name {name!r} is not an identifier")
             made.append(Coefficient(str(name), values, allowance))
         return tuple(made)
+
+    def _solved_values(self, name: str) -> tuple[int, ...]:
+        """The values of a coefficient given without a list, derived from the layers
+        (:mod:`kdsl.solve.coefficients`): where the spec's sizes divide by it (``H/s``), the divisors
+        of the gcd over the layers that those sizes allow; otherwise any divisor of the gcd over the
+        layers of one of the spec's non-batch primaries (``Cin``, ``Cout``, ``H``, ``W``), since a
+        size with the coefficient in its denominator is only valid where such a gcd is a multiple of
+        it. 1 is left out: it makes the coefficient vanish (``Cin/G = Cin``), so it adds no operator
+        and would make every ``P/G`` size pass the validity mask, disabling the pruning."""
+        spec_sizes = [d.size for d in self.spec.inputs + self.spec.outputs if d.size.exponent(name) < 0]
+        if spec_sizes:
+            found: set[int] | None = None
+            for size in spec_sizes:
+                condition = divides(size, self.layer_values, f"the spec's size {size}")
+                allowed = set(condition.values(name)) if condition is not None else set()
+                found = allowed if found is None else found & allowed
+            where = f"the spec's sizes {', '.join(map(str, spec_sizes))}"
+        else:
+            batch = {v.name for d in self.spec.inputs if d.name in self.spec.batch for v in d.size.variables}
+            found = set()
+            for var in self.spec.variables:
+                if var.kind == "primary" and var.name not in batch and all(var.name in v for v in self.layer_values):
+                    found |= set(divisors(math.gcd(*(values[var.name] for values in self.layer_values))))
+            where = "a gcd over the layers of the spec's primaries"
+        values = tuple(sorted((found or set()) - {1}))
+        if not values:
+            raise SearchError(
+                f"coefficient {name}: no value above 1 divides {where} on every layer, so it has no useful "
+                f"value; give it a list (--set {name}=2) or leave it out"
+            )
+        return values
 
     def _equalities(self) -> tuple[tuple[str, str], ...]:
         """Each primary of the output alone paired with the first primary of the input (by name)

@@ -10,6 +10,8 @@
 4
 >>> solve.assignments(conv, "resnet18", {"K": [3, 5, 7, 9]})
 [{'K': 3}, {'K': 5}]
+>>> solve.solve_coefficients(conv, "resnet18").values
+{'K': (1, 2, 3, 4, 5, 6)}
 >>> solve.cost(conv)["flops"]
 Cin*Cout*H*K**2*N*W
 
@@ -21,6 +23,7 @@ name as attributes of this package; import from the submodules with ``from kdsl.
 import ...``.
 """
 
+from kdsl.solve.coefficients import CoefficientSolution, Divides, solve_coefficients
 from kdsl.solve.constraints import (
     Binding,
     CheckReport,
@@ -42,8 +45,10 @@ __all__ = [
     "BudgetError",
     "CheckReport",
     "CheckSummary",
+    "CoefficientSolution",
     "Constraint",
     "DimPad",
+    "Divides",
     "Filled",
     "Layer",
     "PaddedVariable",
@@ -67,6 +72,7 @@ __all__ = [
     "plan",
     "reference_binding",
     "shapes",
+    "solve_coefficients",
     "total_cost",
     "with_widths",
     "within_budget",
