@@ -42,3 +42,39 @@ def backend(name: str) -> ModuleType:
             f"install it or leave it out with KDSL_TEST_BACKENDS",
             pytrace=False,
         )
+
+
+def listed() -> list[str]:
+    """The requested backends, in the order reference, torch, tvm (for tests that loop over them)."""
+    chosen = requested()
+    return [name for name in MODULES if name in chosen]
+
+
+def codegen(name: str) -> ModuleType:
+    """kdsl's code generator for backend ``torch`` or ``tvm``, imported (TVM loaded): a test file calls this
+    at collection for each backend the run requests, so one that fails to import fails the run there."""
+    module = importlib.import_module(f"kdsl.codegen.{name}")
+    if name == "tvm":
+        module.load_tvm()
+    return module
+
+
+def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> object:
+    """Backend ``name``'s float64 output of ``op`` on ``x`` (numpy), or the exception it raised."""
+    from kdsl.codegen import reference
+
+    try:
+        if name == "reference":
+            return reference.run(op, layer, x, weights)
+        import torch
+
+        if name == "torch":
+            module = codegen("torch").build(op, layer).double()
+            with torch.no_grad():
+                for parameter, value in zip(module.weights, weights):
+                    parameter.copy_(torch.from_numpy(value))
+                return module(torch.from_numpy(x)).numpy()
+        kernel = codegen("tvm").build(op, layer, dtype="float64")
+        return kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
+    except Exception as error:  # the caller tells a KdslError from a crash
+        return error

@@ -9,16 +9,15 @@ import math
 import os
 import random
 
+import backends
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from kdsl import parse, solve
 from kdsl.bench.search_throughput import run_bench
 from kdsl.cli import main
 from kdsl.codegen import reference
-from kdsl.codegen import torch as kdsl_torch
 from kdsl.lang.errors import SearchError
 from kdsl.lang.operator import Operator
 from kdsl.search.canvas import KINDS, CanvasSampler, sample
@@ -295,42 +294,34 @@ def test_the_search_bench_prints_the_sampler_beside_the_rollouts():
 # -- the reference and PyTorch agree on sampled kernels ----------------------------------------------
 
 DRAWS = int(os.environ.get("KDSL_CANVAS_DRAWS", "12"))
+TVM_DRAWS = int(os.environ.get("KDSL_CANVAS_TVM_DRAWS", "8"))
+
+
+def assert_agrees_with_the_reference(backend: str, kernel) -> None:
+    """The backend's float64 output of a sampled kernel has the space's output shape and is the
+    reference's output: the same formulas in other orders, rounding only (as in test_codegen.py)."""
+    op, layer = kernel
+    x, weights = reference.random_inputs(op, layer)
+    expected = reference.run(op, layer, x, weights)
+    got = backends.output_or_error(backend, op, layer, x, weights)
+    if isinstance(got, Exception):
+        raise got
+    assert got.shape == expected.shape == tuple(layer[d.name] for d in SPACE.spec.outputs)
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
 
 
 @settings(max_examples=DRAWS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kst.canvas_kernels())
 def test_reference_and_pytorch_agree_on_sampled_kernels(kernel):
-    op, layer = kernel
-    x, weights = reference.random_inputs(op, layer)
-    expected = reference.run(op, layer, x, weights)
-    module = kdsl_torch.build(op, layer).double()
-    with torch.no_grad():
-        for parameter, value in zip(module.weights, weights):
-            parameter.copy_(torch.from_numpy(value))
-        got = module(torch.from_numpy(x)).numpy()
-    assert got.shape == expected.shape == tuple(layer[d.name] for d in SPACE.spec.outputs)
-    # float64, the same formulas in other orders: rounding only (as in test_codegen.py)
-    scale = max(1.0, float(np.abs(expected).max()))
-    assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
-
-
-TVM_DRAWS = int(os.environ.get("KDSL_CANVAS_TVM_DRAWS", "8"))
+    assert_agrees_with_the_reference("torch", kernel)
 
 
 @settings(max_examples=TVM_DRAWS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kst.canvas_kernels())
 def test_tvm_agrees_with_the_reference_on_sampled_kernels(kernel):
     """Every kernel search can emit lowers on every backend: TVM too, drawn from the sampler itself."""
-    from kdsl.codegen import tvm as kdsl_tvm
-
-    op, layer = kernel
-    x, weights = reference.random_inputs(op, layer)
-    expected = reference.run(op, layer, x, weights)
-    compiled = kdsl_tvm.build(op, layer, dtype="float64")
-    got = compiled(torch.from_numpy(x), *(torch.from_numpy(w) for w in weights)).numpy()
-    assert got.shape == expected.shape
-    scale = max(1.0, float(np.abs(expected).max()))
-    assert np.abs(got - expected).max() <= 1e-9 * scale, op.to_dsl()
+    assert_agrees_with_the_reference("tvm", kernel)
 
 
 def test_kdsl_show_prints_a_stored_templates_widths_per_layer(capsys, tmp_path):

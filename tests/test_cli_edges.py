@@ -39,7 +39,9 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start(*argv: str) -> subprocess.Popen:
+def start(*argv: str, own_group: bool = False) -> subprocess.Popen:
+    """``kdsl argv`` running (without KDSL_DEBUG), its output on pipes; ``own_group``: in a new
+    session, so that a signal to its process group reaches every process it starts."""
     env = {k: v for k, v in os.environ.items() if k != "KDSL_DEBUG"}
     return subprocess.Popen(
         [sys.executable, "-m", "kdsl.cli", *argv],
@@ -47,6 +49,7 @@ def start(*argv: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=own_group,
         preexec_fn=_default_sigint,
     )
 
@@ -221,17 +224,8 @@ def test_ctrl_c_in_search_is_one_line_130_and_keeps_the_data(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="signals a process group")
 def test_ctrl_c_in_discover_is_one_line_130(tmp_path):
     db = tmp_path / "runs.sqlite"
-    env = {k: v for k, v in os.environ.items() if k != "KDSL_DEBUG"}
     argv = ["discover", "--db", str(db), "--out", str(tmp_path / "out"), "--epochs", "1", "--time-limit", "60"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kdsl.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_default_sigint,
-    )
+    process = start(*argv, own_group=True)
     # progress on a pipe is whole lines: "discover: started", then the run says it is measuring the
     # baseline (its worker is up)
     lines = [process.stderr.readline(), process.stderr.readline()]

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from math import prod
 
+import backends
 import numpy as np
 import pytest
+from backends import output_or_error
+from helpers import assert_generated_source_runs_without_kdsl
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
 from test_gallery import CASES
@@ -42,39 +42,20 @@ import kdsl
 from kdsl import gallery, solve
 from kdsl.codegen import reference
 from kdsl.codegen.native import NATIVE
-from kdsl.lang import (
-    Blend,
-    Dim,
-    Fold,
-    Input,
-    Map,
-    Operator,
-    Output,
-    Reduce,
-    Rename,
-    Share,
-    Shift,
-    Unfold,
-    Weight,
-    primary,
-)
+from kdsl.lang import Blend, Fold, Input, Map, Operator, Output, Rename, primary
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, COMMUTATIVE_BLENDS, FOLD_KINDS, JOINS, UNARY
+from kdsl.lang.primitives import Dim, Reduce, Share, Shift, Unfold, Weight
 from kdsl.testing import strategies as kst
 
-BACKENDS = [b.strip() for b in os.environ.get("KDSL_TEST_BACKENDS", "reference,torch,tvm").split(",") if b.strip()]
-UNKNOWN = set(BACKENDS) - {"reference", "torch", "tvm"}
-assert not UNKNOWN, f"KDSL_TEST_BACKENDS names unknown backends: {UNKNOWN}"
-
+BACKENDS = backends.listed()
 # A requested backend that fails to import fails here, at collection, on purpose.
 if "torch" in BACKENDS:
     import torch
 
-    from kdsl.codegen import torch as kdsl_torch
+    kdsl_torch = backends.codegen("torch")
 if "tvm" in BACKENDS:
-    from kdsl.codegen import tvm as kdsl_tvm
-
-    kdsl_tvm.load_tvm()
+    kdsl_tvm = backends.codegen("tvm")
 
 
 def scaled_inputs(op, layer, seed, dtype=np.float64):
@@ -224,30 +205,8 @@ def test_random_gradients_match_finite_differences(op_and_layer):
 def test_generated_source_runs_without_kdsl(tmp_path, name):
     op = gallery.load(name)
     layer = CASES[name][1][0]
-    binding = solve.bind(op, layer)
     x, weights = scaled_inputs(op, layer, seed=1)
-    expected = reference.run(op, layer, x, weights)
-    (tmp_path / "generated.py").write_text(kdsl_torch.source(op, binding, name="Generated"))
-    np.savez(tmp_path / "data.npz", *weights, x=x, expected=expected)
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["kdsl"] = None  # any `import kdsl` now fails
-        sys.path.insert(0, {str(tmp_path)!r})
-        import numpy as np, torch
-        from generated import Generated
-        data = np.load({str(tmp_path / "data.npz")!r})
-        module = Generated(**{dict(binding)!r}).double()
-        with torch.no_grad():
-            for i, parameter in enumerate(module.weights):
-                parameter.copy_(torch.from_numpy(data[f"arr_{{i}}"]))
-            out = module(torch.from_numpy(data["x"])).numpy()
-        assert np.allclose(out, data["expected"], rtol=1e-10, atol=1e-12), "mismatch"
-        print("ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert_generated_source_runs_without_kdsl(tmp_path, op, layer, solve.bind(op, layer), x, weights)
 
 
 @pytest.mark.skipif("torch" not in BACKENDS, reason="PyTorch backend not requested")
@@ -308,23 +267,7 @@ def test_search_results_pass_the_solver_and_agree_on_every_backend(data):
 SLOW = bool(os.environ.get("KDSL_SLOW_TESTS"))
 
 
-assert not UNKNOWN, f"KDSL_TEST_BACKENDS names unknown backends: {UNKNOWN}"
-
-
 OTHERS = tuple(b for b in BACKENDS if b != "reference")
-
-
-# A requested backend that fails to import fails here, at collection, on purpose.
-if "torch" in BACKENDS:
-    import torch
-
-    from kdsl.codegen import torch as kdsl_torch
-
-
-if "tvm" in BACKENDS:
-    from kdsl.codegen import tvm as kdsl_tvm
-
-    kdsl_tvm.load_tvm()
 
 
 #: float64 tolerance, relative to the output's largest magnitude. The backends compute the same
@@ -564,31 +507,12 @@ def test_the_key_sees_a_window_before_or_after_a_map_that_moves_zero():
     assert before.key != after.key
 
 
-def run_backend_branching(
-    backend: str, graph: Operator, layer: dict[str, int], x: np.ndarray, weights: list[np.ndarray]
-) -> object:
-    """The backend's float64 output, or the exception it raised."""
-    try:
-        if backend == "reference":
-            return reference.run(graph, layer, x, weights)
-        if backend == "torch":
-            module = kdsl_torch.build(graph, layer).double()
-            with torch.no_grad():
-                for parameter, value in zip(module.weights, weights):
-                    parameter.copy_(torch.from_numpy(value))
-                return module(torch.from_numpy(x)).numpy()
-        kernel = kdsl_tvm.build(graph, layer, dtype="float64")
-        return kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
-    except Exception as error:  # anything but a KdslError is reported as a crash below
-        return error
-
-
 def disagreement(
     graph: Operator, layer: dict[str, int], backends: tuple[str, ...], seed: int = 0, runner=None
 ) -> str | None:
     """None when every backend gives the reference's output or all raise the same KdslError
-    subclass; else what differs. (``runner`` replaces :func:`run_backend`, to test this check.)"""
-    runner = runner or run_backend_branching
+    subclass; else what differs. (``runner`` replaces :func:`backends.output_or_error`, to test this check.)"""
+    runner = runner or output_or_error
     try:
         x, weights = tie_free_inputs(graph, layer, seed)
     except KdslError:  # the layer does not fit: every backend must refuse it the same way
@@ -673,7 +597,7 @@ def test_backends_agree_on_folds_whose_padding_comes_from_an_earlier_chain(name)
     expected = reference.run(graph, layer, x, weights)
     assert (expected < 0).all() or name == "two_windows"
     for backend in OTHERS:
-        got = run_backend_branching(backend, graph, layer, x, weights)
+        got = output_or_error(backend, graph, layer, x, weights)
         assert not isinstance(got, Exception), f"{backend} raised {got!r}"
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12, err_msg=backend)
 

@@ -26,6 +26,7 @@ from math import lcm, prod
 import numpy as np
 import pytest
 import torch
+from backends import output_or_error
 from hypothesis import find, given, settings
 
 from kdsl import gallery
@@ -170,23 +171,6 @@ def _inputs(op: Operator, layer: dict[str, int], seed: int) -> tuple[np.ndarray,
     return x, weights
 
 
-def _run(backend: str, op: Operator, layer: dict[str, int], x: np.ndarray, weights: list[np.ndarray]) -> object:
-    """The backend's output, or the exception it raised."""
-    try:
-        if backend == "reference":
-            return reference.run(op, layer, x, weights)
-        if backend == "torch":
-            module = kdsl_torch.build(op, layer).double()
-            with torch.no_grad():
-                for parameter, value in zip(module.weights, weights):
-                    parameter.copy_(torch.from_numpy(value))
-                return module(torch.from_numpy(x)).numpy()
-        kernel = kdsl_tvm.build(op, layer, dtype="float64")
-        return kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
-    except Exception as error:  # anything but a KdslError is reported as a crash by disagreement()
-        return error
-
-
 def disagreement(op: Operator, layer: dict[str, int], backends: tuple[str, ...], seed: int = 0) -> str | None:
     """None when every backend gives the reference's output (float64: rtol 1e-9, atol 1e-9 times
     the output's scale) or all raise the same KdslError; else what differs."""
@@ -194,7 +178,7 @@ def disagreement(op: Operator, layer: dict[str, int], backends: tuple[str, ...],
         x, weights = _inputs(op, layer, seed)
     except KdslError:  # the layer does not fit: every backend must refuse it the same way
         x, weights = np.zeros(1), []
-    outcomes = {backend: _run(backend, op, layer, x, weights) for backend in ("reference",) + backends}
+    outcomes = {backend: output_or_error(backend, op, layer, x, weights) for backend in ("reference",) + backends}
     expected = outcomes["reference"]
     problems = []
     for backend, outcome in outcomes.items():

@@ -15,22 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import TINY_DISCOVERY
 
 from kdsl.discover.families import FamilyTable
 from kdsl.search.store import Store
 
-TINY = {
-    "time_limit": 40.0,
-    "batch": 2,
-    "workers": 1,
-    "epochs": 1,
-    "max_depth": 4,
-    "eval_timeout": 120.0,
-    # all clean training images: one epoch of the tiny network must learn something
-    "proxy": {"widths": [8], "image_size": 8, "train_samples": None, "shift": 0, "noise": 0.0},
-    "latency_layers": [{"name": "tiny", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}],
-    "coefficients": {"K": [3], "G": [2], "s": [2]},
-}
+TINY = {**TINY_DISCOVERY, "time_limit": 40.0, "eval_timeout": 120.0}
 
 
 def _script(db: Path, out: Path, **overrides) -> str:
@@ -45,6 +35,15 @@ def _script(db: Path, out: Path, **overrides) -> str:
     )
 
 
+def _run_to_the_end(db: Path, out: Path, time_limit: float) -> subprocess.CompletedProcess:
+    """A discovery run in a fresh Python that ends within five minutes, and ends well."""
+    result = subprocess.run(
+        [sys.executable, "-c", _script(db, out, time_limit=time_limit)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def _evaluations(db: Path) -> dict[str, tuple[str, float]]:
     connection = sqlite3.connect(db)
     try:
@@ -57,13 +56,7 @@ def _evaluations(db: Path) -> dict[str, tuple[str, float]]:
 
 
 def test_discover_writes_table_plot_and_pages(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", _script(tmp_path / "runs.sqlite", tmp_path / "out", time_limit=25.0)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = _run_to_the_end(tmp_path / "runs.sqlite", tmp_path / "out", time_limit=25.0)
     summary = json.loads(result.stdout.split("SUMMARY", 1)[1])
     assert summary["evaluated"] >= 1
     # candidates are pre-screened, and only screened ones are trained
@@ -83,13 +76,7 @@ def test_discover_writes_table_plot_and_pages(tmp_path):
         assert row["latency_baseline_ms"] == pytest.approx(row["baseline_tvm_latency_ms"])
     assert "measuring the baseline" in result.stdout and ranked["baseline"].get("baseline_cache") is None
     # a second run on this machine with the same settings reuses the baseline (a fresh database)
-    again = subprocess.run(
-        [sys.executable, "-c", _script(tmp_path / "again.sqlite", tmp_path / "again", time_limit=5.0)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    again = _run_to_the_end(tmp_path / "again.sqlite", tmp_path / "again", time_limit=5.0)
     assert "using the cached baseline" in again.stdout and "measuring the baseline" not in again.stdout
     reused = json.loads((tmp_path / "again" / "results.json").read_text())["baseline"]
     assert reused["accuracy"] == ranked["baseline"]["accuracy"] and reused["baseline_cache"]["file"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
+from helpers import TINY_DISCOVERY
 
 from kdsl import gallery
 from kdsl.discover.turns import Turns
@@ -15,16 +16,7 @@ from kdsl.search.analytic import budget_reward, evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.space import Space
 
-TINY = {
-    "time_limit": 10.0,
-    "batch": 2,
-    "workers": 1,
-    "epochs": 1,
-    "max_depth": 4,
-    "proxy": {"widths": [8], "image_size": 8, "train_samples": None, "shift": 0, "noise": 0.0},
-    "latency_layers": [{"name": "tiny", "N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}],
-    "coefficients": {"K": [3], "G": [2], "s": [2]},
-}
+TINY = {**TINY_DISCOVERY, "time_limit": 10.0}
 
 
 class InstantExecutor:

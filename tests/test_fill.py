@@ -7,32 +7,16 @@ filled to a budget, after which PyTorch's hand-written kernels agree with ours o
 
 from __future__ import annotations
 
+import graph_kernels
 import pytest
 from backends import backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdsl import solve
-from kdsl.lang import (
-    FC,
-    Dim,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Product,
-    Reduce,
-    Rename,
-    Share,
-    Split,
-    Unfold,
-    Weight,
-    coefficient,
-    dynamic,
-    library,
-    primary,
-)
+from kdsl.lang import FC, Input, Map, Output, Product, Rename, coefficient, dynamic, library, primary
 from kdsl.lang.errors import LayerError
+from kdsl.lang.primitives import Dim, Merge, Reduce, Share, Split, Unfold, Weight
 from kdsl.solve.dynamic import BudgetError, fill, freedom, multiples
 
 N, Cin, H, W = primary("N Cin H W")
@@ -41,17 +25,8 @@ x1, x2 = dynamic("x1 x2")
 
 
 def squeeze_excitation(width=x1, defaults=None):
-    x = Input(N, Cin, H, W)
-    gate = (
-        x
-        >> Reduce(H, W, mean=True)
-        >> FC(Cin, name="z", size=width, weight="squeeze")
-        >> Map("relu")
-        >> FC("z", name="c", size=Cin, weight="excite")
-        >> Map("sigmoid")
-        >> Rename("c", "Cin")
-    )
-    return (x * gate) >> Output(N, Cin, H, W, defaults=defaults)
+    """The gallery's squeeze-excitation (channels Cin, hidden dim z) with its hidden width free."""
+    return graph_kernels.squeeze_excitation(width, defaults, channels="Cin", hidden_name="z")
 
 
 def involution(hidden=x1, span=x2, defaults=None):

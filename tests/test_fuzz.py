@@ -367,20 +367,20 @@ def test_gallery_sources_read_back():
         assert kdsl.parse(op.to_dsl()) == op and kdsl.from_json(op.to_json()) == op
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_fuzzed_dsl_raises_only_kdsl_errors_and_round_trips(seed):
-    tally = Tally()
-    for text in dsl_inputs(DSL_COUNT // 2, seed):
-        tally.check(kdsl.parse, text)
-    tally.assert_sound(DSL_COUNT // 2)
+FORMATS = {  # each text format: what fuzzes it, how many inputs, what reads it
+    "dsl": (dsl_inputs, DSL_COUNT, kdsl.parse),
+    "json": (json_inputs, JSON_COUNT, kdsl.from_json),
+}
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_fuzzed_json_raises_only_kdsl_errors_and_round_trips(seed):
+@pytest.mark.parametrize("text_format", sorted(FORMATS))
+def test_fuzzed_text_raises_only_kdsl_errors_and_round_trips(text_format, seed):
+    inputs, count, read = FORMATS[text_format]
     tally = Tally()
-    for text in json_inputs(JSON_COUNT // 2, seed):
-        tally.check(kdsl.from_json, text)
-    tally.assert_sound(JSON_COUNT // 2)
+    for text in inputs(count // 2, seed):
+        tally.check(read, text)
+    tally.assert_sound(count // 2)
 
 
 def test_the_tally_catches_what_it_should():

@@ -18,8 +18,8 @@ backend that cannot be loaded fails the run instead of being skipped.
 """
 
 import ast
-import os
 
+import backends
 import numpy as np
 import pytest
 from backends import backend
@@ -174,6 +174,12 @@ def hand_written(name):
     return equivalent
 
 
+# the layers of grouped_conv2d and of its shifted-window variant
+GROUPED_LAYERS = [
+    {"N": 1, "Cin": 8, "Cout": 4, "H": 5, "W": 5},
+    {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
+]
+
 # name -> (equivalent function, layers to check it on: batch 1, odd sizes, H smaller than the window)
 CASES = {
     "conv1d": (
@@ -202,10 +208,7 @@ CASES = {
     ),
     "grouped_conv2d": (
         torch_grouped_conv2d,
-        [
-            {"N": 1, "Cin": 8, "Cout": 4, "H": 5, "W": 5},
-            {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
-        ],
+        GROUPED_LAYERS,
     ),
     "depthwise_separable_conv2d": (
         torch_depthwise_separable_conv2d,
@@ -264,10 +267,7 @@ CASES = {
     ),
     "grouped_conv2d_shifted_window": (
         torch_grouped_conv2d_shifted_window,
-        [
-            {"N": 1, "Cin": 8, "Cout": 4, "H": 5, "W": 5},
-            {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
-        ],
+        GROUPED_LAYERS,
     ),
     "syno_op2_input_shift": (
         numpy_syno_op2_input_shift,
@@ -285,44 +285,25 @@ CASES = {
             {"N": 1, "Cin": 64, "Cout": 128, "H": 4, "W": 3},
         ],
     ),
-    # branching operators; ResNet-like channel counts where a default coefficient divides them
-    "max_pool2d": (
-        hand_written("max_pool2d"),
-        [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
-    ),
-    "max_pool2d_2x2": (
-        hand_written("max_pool2d_2x2"),
-        [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
-    ),
-    "residual_conv2d": (
-        hand_written("residual_conv2d"),
-        [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
-    ),
-    "squeeze_excitation": (
-        hand_written("squeeze_excitation"),
-        [{"N": 2, "Cin": 32, "H": 3, "W": 5}, {"N": 1, "Cin": 6, "H": 4, "W": 1, "r": 3}],
-    ),
-    "involution": (
-        hand_written("involution"),
-        [
-            {"N": 1, "Cin": 32, "H": 5, "W": 4},  # the defaults: 2 groups of 16, hidden width 8
-            {"N": 2, "Cin": 6, "H": 2, "W": 3, "S": 3, "r": 2, "K": 5},
-            {"N": 1, "Cin": 4, "H": 3, "W": 3, "S": 1, "r": 4, "K": 1},
-        ],
-    ),
-    "spatial_attention": (
-        hand_written("spatial_attention"),
-        [{"N": 1, "Cin": 16, "H": 3, "W": 4}, {"N": 2, "Cin": 3, "H": 1, "W": 5, "r": 3}],
-    ),
-    "shift_add": (
-        hand_written("shift_add"),
-        [{"N": 1, "Cin": 3, "H": 5, "W": 4}, {"N": 2, "Cin": 2, "H": 2, "W": 1, "K": 5}],
-    ),
-    "canvas_resnet34": (
-        hand_written("canvas_resnet34"),
-        [{"N": 1, "Cin": 4, "H": 5, "W": 6}, {"N": 2, "Cin": 3, "H": 1, "W": 3, "K": 5}],
-    ),
 }
+
+# branching operators, each checked against its hand-written PyTorch; ResNet-like channel counts where
+# a default coefficient divides them
+BRANCHING_LAYERS = {
+    "max_pool2d": [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
+    "max_pool2d_2x2": [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
+    "residual_conv2d": [{"N": 1, "Cin": 3, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "H": 2, "W": 3, "K": 5}],
+    "squeeze_excitation": [{"N": 2, "Cin": 32, "H": 3, "W": 5}, {"N": 1, "Cin": 6, "H": 4, "W": 1, "r": 3}],
+    "involution": [
+        {"N": 1, "Cin": 32, "H": 5, "W": 4},  # the defaults: 2 groups of 16, hidden width 8
+        {"N": 2, "Cin": 6, "H": 2, "W": 3, "S": 3, "r": 2, "K": 5},
+        {"N": 1, "Cin": 4, "H": 3, "W": 3, "S": 1, "r": 4, "K": 1},
+    ],
+    "spatial_attention": [{"N": 1, "Cin": 16, "H": 3, "W": 4}, {"N": 2, "Cin": 3, "H": 1, "W": 5, "r": 3}],
+    "shift_add": [{"N": 1, "Cin": 3, "H": 5, "W": 4}, {"N": 2, "Cin": 2, "H": 2, "W": 1, "K": 5}],
+    "canvas_resnet34": [{"N": 1, "Cin": 4, "H": 5, "W": 6}, {"N": 2, "Cin": 3, "H": 1, "W": 3, "K": 5}],
+}
+CASES.update({name: (hand_written(name), layers) for name, layers in BRANCHING_LAYERS.items()})
 
 EQUIVALENCE = [(name, index) for name, (_, layers) in CASES.items() for index in range(len(layers))]
 
@@ -515,24 +496,12 @@ from kdsl import gallery, solve  # noqa: E402
 from kdsl.codegen.native import NATIVE  # noqa: E402
 from kdsl.lang.errors import DivisibilityError  # noqa: E402
 
-BACKENDS = [b.strip() for b in os.environ.get("KDSL_TEST_BACKENDS", "reference,torch,tvm").split(",") if b.strip()]
-
-
-UNKNOWN = set(BACKENDS) - {"reference", "torch", "tvm"}
-
-
-assert not UNKNOWN, f"KDSL_TEST_BACKENDS names unknown backends: {UNKNOWN}"
-
-
+BACKENDS = backends.listed()
 # A requested backend that fails to import fails here, at collection, on purpose.
 if "torch" in BACKENDS:
-    from kdsl.codegen import torch as kdsl_torch
-
-
+    kdsl_torch = backends.codegen("torch")
 if "tvm" in BACKENDS:
-    from kdsl.codegen import tvm as kdsl_tvm
-
-    kdsl_tvm.load_tvm()
+    kdsl_tvm = backends.codegen("tvm")
 
 
 KERNELS = sorted(BRANCHING)

@@ -16,27 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kdsl
-from kdsl.lang import (
-    FC,
-    Dim,
-    Expand,
-    Fold,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Reduce,
-    Rename,
-    Share,
-    Shift,
-    Split,
-    Stride,
-    Tensor,
-    Unfold,
-    Weight,
-    coefficient,
-    primary,
-)
+from kdsl.lang import FC, Fold, Input, Map, Output, Rename, Tensor, coefficient, primary
 from kdsl.lang.errors import (
     AmbiguousDimError,
     KdslError,
@@ -46,6 +26,7 @@ from kdsl.lang.errors import (
     UnboundDimError,
     ValidityError,
 )
+from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.testing import strategies as kst
 

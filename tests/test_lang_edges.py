@@ -18,33 +18,13 @@ import time
 import pytest
 
 import kdsl
-from kdsl.lang import (
-    FC,
-    Blend,
-    Dim,
-    Expand,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Product,
-    Reduce,
-    Rename,
-    Share,
-    Shift,
-    Softmax,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-    coefficient,
-    primary,
-)
+from kdsl.lang import FC, Blend, Input, Map, Output, Product, Rename, Softmax, coefficient, primary
 from kdsl.lang.build import Builder
 from kdsl.lang.errors import KdslError, NameRuleError, ParseError, ShapeError, SizeError, UnboundDimError
 from kdsl.lang.live import Live
 from kdsl.lang.names import MAX_CONSTANT, MAX_NAME_LENGTH, MAX_OFFSET, check_identifier
 from kdsl.lang.nonlinear import Fold
+from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Var
 
 N, C, H, W = primary("N C H W")

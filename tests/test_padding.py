@@ -13,13 +13,14 @@ magnitude of the expected output is far above the few ulps per term of these sho
 from __future__ import annotations
 
 import itertools
-import os
 import re
 
+import backends
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from graph_kernels import max_pool_3x3_stride_2
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,39 +28,19 @@ from kdsl import solve
 from kdsl.cli import main
 from kdsl.codegen import reference
 from kdsl.codegen import torch as kdsl_torch
-from kdsl.lang import (
-    Dim,
-    Fold,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Reduce,
-    Share,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-    coefficient,
-    library,
-    primary,
-)
+from kdsl.lang import Input, Map, Output, coefficient, library, primary
 from kdsl.lang.errors import DivisibilityError, KdslError
 from kdsl.lang.parser import parse
+from kdsl.lang.primitives import Dim, Merge, Reduce, Share, Split, Unfold, Weight
 from kdsl.search.analytic import evaluate
 from kdsl.search.space import Space
 
-BACKENDS = [b.strip() for b in os.environ.get("KDSL_TEST_BACKENDS", "reference,torch,tvm").split(",") if b.strip()]
-UNKNOWN = set(BACKENDS) - {"reference", "torch", "tvm"}
-assert not UNKNOWN, f"KDSL_TEST_BACKENDS names unknown backends: {UNKNOWN}"
-
+BACKENDS = backends.listed()
 # torch builds the expected values of the conv tests (F.conv2d), so it is imported whatever the
 # backends; a requested TVM that fails to import fails here, at collection, on purpose
 if "tvm" in BACKENDS:
-    from kdsl.codegen import tvm as kdsl_tvm
+    kdsl_tvm = backends.codegen("tvm")
     from kdsl.codegen.tvm.kernel import PaddedKernel
-
-    kdsl_tvm.load_tvm()
 
 TOLERANCE = 1e-10
 RESNET18 = {layer.name: layer for layer in solve.load_layers("resnet18")}
@@ -85,20 +66,6 @@ def _grouped_relu():
     )
 
 
-def _max_pool_s2():
-    """A branching kernel: a 3x3 max pool at stride 2 (a Fold: the zero padding takes part)."""
-    x = Input(N, C, H, W)
-    return (
-        x
-        >> Unfold(H, 3, "kh")
-        >> Stride(H, 2)
-        >> Unfold(W, 3, "kw")
-        >> Stride(W, 2)
-        >> Fold("kh", "kw")
-        >> Output(N, C, H / 2, W / 2)
-    )
-
-
 def _merge_split():
     """Constraints over one primary (C/G) and over two (H*W/4)."""
     return (
@@ -116,7 +83,7 @@ CASES = [
     ("strided_s2", STRIDED, {"N": 2, "Cin": 3, "Cout": 4, "H": 7, "W": 5, "s": 2, "K": 3}),
     ("strided_s3", STRIDED, {"N": 1, "Cin": 2, "Cout": 3, "H": 8, "W": 7, "s": 3, "K": 3}),
     ("grouped_relu", _grouped_relu(), {"N": 2, "C": 7, "L": 3}),
-    ("max_pool_s2", _max_pool_s2(), {"N": 1, "C": 2, "H": 7, "W": 5}),
+    ("max_pool_s2", max_pool_3x3_stride_2(), {"N": 1, "C": 2, "H": 7, "W": 5}),
 ]
 
 

@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kdsl
-from kdsl.lang import Dim, Expand, Input, Output, Reduce, Share, Shift, Split, Unfold, Weight, coefficient, primary
+from kdsl.lang import Input, Output, coefficient, library, primary
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.live import Live
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import BuildContext
+from kdsl.lang.primitives import BuildContext, Dim, Expand, Reduce, Share, Shift, Split, Unfold, Weight
 from kdsl.solve import Plan, Stage, View, cost, load_layers, plan, reference_binding
 from kdsl.testing import strategies as kst
 
@@ -68,17 +68,6 @@ def two_weights_fused() -> Operator:
     )
 
 
-def conv2d() -> Operator:
-    return (
-        Input(N, Cin, H, W)
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(Weight(Cout, Cin, "kh", "kw", name="w"))
-        >> Reduce(Cin, "kh", "kw")
-        >> Output(N, Cout, H, W, defaults={"K": 3})
-    )
-
-
 def syno_op1() -> Operator:
     w2 = Weight(Cin, "kw", Dim("c", Cout / (G * s)), name="W2")
     w1 = Weight("g", "kh", "kw", Cout, "c", name="W1")
@@ -96,7 +85,7 @@ def syno_op1() -> Operator:
 
 
 def test_conv2d_is_one_stage_with_the_mac_count() -> None:
-    op = conv2d()
+    op = library.load("conv2d")
     p = plan(op)
     check_structure(op, p)
     assert len(p.stages) == 1
@@ -280,7 +269,7 @@ def test_expand_and_share_of_its_dim() -> None:
 
 
 def test_segments_walk_views_and_stages() -> None:
-    p = plan(conv2d())
+    p = plan(library.load("conv2d"))
     items = p.segments()
     assert [type(item).__name__ for item in items] == ["View", "View", "Stage"]
     first = items[0]
@@ -324,16 +313,13 @@ def test_random_plans_are_valid_orders(op_and_layer: tuple[Operator, dict[str, i
 
 @given(kst.operators_with_layers(max_steps=7))
 def test_random_plans_compute_the_same_function(op_and_layer: tuple[Operator, dict[str, int]]) -> None:
-    reference = pytest.importorskip("kdsl.codegen.reference")
-    np = pytest.importorskip("numpy")
+    pytest.importorskip("numpy")
+    from helpers import assert_same_function  # the reference interpreter needs numpy
+
     op, layer = op_and_layer
     p = plan(op, layer)
     reordered = Operator.from_steps(op.inputs, p.steps, p.outputs, op.defaults)
-    x, weights = reference.random_inputs(op, layer, seed=1)
-    by_name = {w.name: array for w, array in zip(op.weights, weights)}
-    expected = reference.run(op, layer, x, weights)
-    got = reference.run(reordered, layer, x, [by_name[w.name] for w in reordered.weights])
-    assert np.allclose(got, expected, rtol=1e-9, atol=1e-9)
+    assert_same_function(op, reordered, layer, seed=1)
 
 
 def test_gallery_style_operator_text_round_trip_keeps_the_plan() -> None:

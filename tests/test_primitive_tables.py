@@ -19,16 +19,6 @@ from kdsl.solve.cost import GRAPH_FLOPS
 from kdsl.testing import strategies
 
 
-def _tables() -> dict[str, dict]:
-    """Each backend's (or pass's) per-primitive table, by a readable name."""
-    return {
-        "reference.RULES": reference.RULES,
-        "torch.RULES": kdsl_torch.RULES,
-        "search.kinds.SEARCH_RULES": kinds.SEARCH_RULES,
-        "testing.strategies.DRAWS": strategies.DRAWS,
-    }
-
-
 @pytest.mark.parametrize("kind", sorted(PRIMITIVES))
 def test_every_primitive_is_declared_once_with_fields_facts_and_rank(kind):
     cls = PRIMITIVES[kind]
@@ -39,15 +29,6 @@ def test_every_primitive_is_declared_once_with_fields_facts_and_rank(kind):
     assert not cls.ports or len(cls.ports) >= 2  # ports name the dims of a step that makes several
     if VIEW in cls.facts:  # a view has a bottom-up coordinate rule of its own
         assert cls.coordinate is not Primitive.coordinate
-
-
-@pytest.mark.parametrize("table", sorted(_tables()))
-def test_every_table_has_a_rule_for_every_primitive(table):
-    rules = _tables()[table]
-    missing = sorted(set(PRIMITIVES) - set(rules))
-    extra = sorted(set(rules) - set(PRIMITIVES))
-    assert not missing, f"{table} has no rule for {', '.join(missing)}"
-    assert not extra, f"{table} has rules for unknown primitives {', '.join(extra)}"
 
 
 def _one_step_operator(kind: str):
@@ -153,26 +134,33 @@ NODE_KINDS = sorted({*UNARY, *JOINS, lang_operator.CHAIN})
 FIELD_KINDS = {"ref", "refs", "name", "size", "int", "bool", "choice", "number", "weight"}
 
 
-def _graph_tables() -> dict[str, dict]:
-    """Each backend's per-node-kind table of branching kernels, by a readable name."""
+def _tables() -> dict[str, tuple[dict, list[str], str]]:
+    """Each backend's (or pass's) per-primitive table and each backend's per-node-kind table of
+    branching kernels, by a readable name, with the kinds it covers and what they are called."""
+    primitives = sorted(PRIMITIVES)
     return {
-        "reference.GRAPH_RULES": reference.GRAPH_RULES,
-        "torch.GRAPH_RULES": kdsl_torch.GRAPH_RULES,
-        "tvm.GRAPH_RULES": kdsl_tvm.GRAPH_RULES,
-        "render.LOOP_NEST_RULES": render.LOOP_NEST_RULES,
+        "reference.RULES": (reference.RULES, primitives, "primitives"),
+        "torch.RULES": (kdsl_torch.RULES, primitives, "primitives"),
+        "search.kinds.SEARCH_RULES": (kinds.SEARCH_RULES, primitives, "primitives"),
+        "testing.strategies.DRAWS": (strategies.DRAWS, primitives, "primitives"),
+        "reference.GRAPH_RULES": (reference.GRAPH_RULES, NODE_KINDS, "node kinds"),
+        "torch.GRAPH_RULES": (kdsl_torch.GRAPH_RULES, NODE_KINDS, "node kinds"),
+        "tvm.GRAPH_RULES": (kdsl_tvm.GRAPH_RULES, NODE_KINDS, "node kinds"),
+        "render.LOOP_NEST_RULES": (render.LOOP_NEST_RULES, NODE_KINDS, "node kinds"),
         # the cost model also counts the input node (0 FLOPs)
-        "cost.GRAPH_FLOPS": {k: v for k, v in GRAPH_FLOPS.items() if k != "Input"},
+        "cost.GRAPH_FLOPS": ({k: v for k, v in GRAPH_FLOPS.items() if k != "Input"}, NODE_KINDS, "node kinds"),
     }
 
 
-@pytest.mark.parametrize("table", sorted(_graph_tables()))
-def test_every_graph_table_has_a_rule_for_every_node_kind(table):
-    rules = _graph_tables()[table]
-    missing = sorted(set(NODE_KINDS) - set(rules))
-    extra = sorted(set(rules) - set(NODE_KINDS))
+@pytest.mark.parametrize("table", sorted(_tables()))
+def test_every_table_has_a_rule_for_every_kind(table):
+    rules, kinds_covered, what = _tables()[table]
+    missing = sorted(set(kinds_covered) - set(rules))
+    extra = sorted(set(rules) - set(kinds_covered))
     assert not missing, f"{table} has no rule for {', '.join(missing)}"
-    assert not extra, f"{table} has rules for unknown node kinds {', '.join(extra)}"
-    assert all(callable(rule) for rule in rules.values())
+    assert not extra, f"{table} has rules for unknown {what} {', '.join(extra)}"
+    # a node kind's rule is a function (a primitive's may be a record, as search's KindRule)
+    assert what == "primitives" or all(callable(rule) for rule in rules.values())
 
 
 def test_node_kinds_are_declared_once():
@@ -183,23 +171,21 @@ def test_node_kinds_are_declared_once():
     assert lang_graph.JOIN_FUNCTIONS.keys() == JOINS.keys()
 
 
-@pytest.mark.parametrize("kind", sorted(UNARY))
-def test_every_canvas_step_is_declared_with_fields_facts_and_rank(kind):
-    cls = UNARY[kind]
-    assert issubclass(cls, Primitive) and cls.kind == kind
-    assert cls.fields and all(isinstance(f, Field) for f in cls.fields)
-    assert {f.kind for f in cls.fields} <= FIELD_KINDS
-    assert cls.facts and isinstance(cls.rank, int) and JOIN not in cls.facts
-    _check_choices(cls)
+CANVAS_KINDS = {**UNARY, **JOINS}  # disjoint: test_node_kinds_are_declared_once
 
 
-@pytest.mark.parametrize("kind", sorted(JOINS))
-def test_every_join_is_declared_with_fields_and_facts(kind):
-    cls = JOINS[kind]
-    assert issubclass(cls, Join) and cls.kind == kind
+@pytest.mark.parametrize("kind", sorted(CANVAS_KINDS))
+def test_every_canvas_step_and_join_is_declared_with_fields_and_facts(kind):
+    """A Canvas step is a Primitive with a rank and is no join; a join is a non-linear Join."""
+    cls = CANVAS_KINDS[kind]
+    joins = kind in JOINS
+    assert issubclass(cls, Join if joins else Primitive) and cls.kind == kind
     assert cls.fields and all(isinstance(f, Field) for f in cls.fields)
     assert {f.kind for f in cls.fields} <= FIELD_KINDS
-    assert JOIN in cls.facts and NONLINEAR in cls.facts
+    if joins:
+        assert JOIN in cls.facts and NONLINEAR in cls.facts
+    else:
+        assert cls.facts and isinstance(cls.rank, int) and JOIN not in cls.facts
     _check_choices(cls)
 
 

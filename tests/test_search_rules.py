@@ -31,28 +31,24 @@ import pytest
 from hypothesis import given
 
 from kdsl.codegen import reference
-from kdsl.lang import (
+from kdsl.lang import Fold, Input, Map, Output, Rename, coefficient, primary
+from kdsl.lang.errors import KdslError
+from kdsl.lang.nonlinear import JOINS, MAP_FUNCTIONS, NONLINEAR, UNARY, ZERO_PRESERVING
+from kdsl.lang.operator import Operator
+from kdsl.lang.primitives import (
+    CONTRACTION,
+    PRIMITIVES,
     Dim,
     Expand,
-    Fold,
-    Input,
-    Map,
     Merge,
-    Output,
+    Pipeline,
     Reduce,
-    Rename,
     Share,
     Shift,
     Split,
     Unfold,
     Weight,
-    coefficient,
-    primary,
 )
-from kdsl.lang.errors import KdslError
-from kdsl.lang.nonlinear import JOINS, MAP_FUNCTIONS, NONLINEAR, UNARY, ZERO_PRESERVING
-from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import CONTRACTION, PRIMITIVES, Pipeline
 from kdsl.search import kinds
 from kdsl.search.rules import RULES, trace
 from kdsl.search.sample import rollout

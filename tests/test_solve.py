@@ -13,34 +13,18 @@ import time
 
 import pytest
 import sympy
-from graph_kernels import attention, squeeze_excitation
+from graph_kernels import attention, residual_conv, squeeze_excitation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kdsl
 from kdsl import gallery, solve
 from kdsl.codegen import reference
-from kdsl.lang import (
-    FC,
-    Dim,
-    Fold,
-    Input,
-    Map,
-    Merge,
-    Output,
-    Reduce,
-    Rename,
-    Share,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-    coefficient,
-    primary,
-)
+from kdsl.lang import FC, Fold, Input, Map, Output, coefficient, primary
 from kdsl.lang.errors import DivisibilityError, KdslError, LayerError, LoweringError
 from kdsl.lang.nonlinear import JOINS, UNARY
 from kdsl.lang.operator import Operator
+from kdsl.lang.primitives import Dim, Merge, Reduce, Share, Split, Stride, Unfold, Weight
 from kdsl.solve import (
     Layer,
     assignments,
@@ -72,18 +56,15 @@ def conv2d(defaults: dict[str, int] | None = None) -> kdsl.Operator:
     )
 
 
-def grouped_conv2d() -> kdsl.Operator:
+def grouped_conv2d(*windows) -> kdsl.Operator:
+    """A grouped conv (G groups) whose ``windows`` (Unfolds and Strides) cut its windows over H and W;
+    without them K x K at stride 1, K = 3 by default. The output keeps the names H and W."""
     weight = Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w")
-    return (
-        Input(N, Cin, H, W)
-        >> Split(Cin, Cin / G, "g", "ci")
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(weight)
-        >> Reduce("ci", "kh", "kw")
-        >> Merge("g", "co", "Cout")
-        >> Output(N, Cout, H, W, defaults={"K": 3})
-    )
+    kernel = Input(N, Cin, H, W) >> Split(Cin, Cin / G, "g", "ci")
+    for window in windows or (Unfold(H, K, "kh"), Unfold(W, K, "kw")):
+        kernel = kernel >> window
+    kernel = kernel >> Share(weight) >> Reduce("ci", "kh", "kw") >> Merge("g", "co", "Cout")
+    return kernel >> Output(N, Cout, "H", "W", defaults=None if windows else {"K": 3})
 
 
 def strided_conv2d() -> kdsl.Operator:
@@ -101,19 +82,7 @@ def strided_conv2d() -> kdsl.Operator:
 
 def five_coefficients() -> kdsl.Operator:
     """A grouped conv with separate strides and windows per axis: coefficients G, J, K, s, t."""
-    weight = Weight("g", Dim("co", Cout / G), "ci", "kh", "kw", name="w")
-    return (
-        Input(N, Cin, H, W)
-        >> Split(Cin, Cin / G, "g", "ci")
-        >> Unfold(H, K, "kh")
-        >> Stride(H, s)
-        >> Unfold(W, J, "kw")
-        >> Stride(W, t)
-        >> Share(weight)
-        >> Reduce("ci", "kh", "kw")
-        >> Merge("g", "co", "Cout")
-        >> Output(N, Cout, "H", "W")
-    )
+    return grouped_conv2d(Unfold(H, K, "kh"), Stride(H, s), Unfold(W, J, "kw"), Stride(W, t))
 
 
 def matmul() -> kdsl.Operator:
@@ -527,20 +496,6 @@ def split_pool() -> Operator:
     """Max pooling over 2x2 blocks cut by Splits: H/2 and W/2 must be integers (a chain's constraint)."""
     x = Input(N, C, H, W)
     kernel = x >> Split(H, 2, "ho", "kh") >> Split(W, 2, "wo", "kw") >> Fold("kh", "kw") >> Output(N, C, "ho", "wo")
-    assert not kernel.is_linear
-    return kernel
-
-
-def residual_conv() -> Operator:
-    x = Input(N, C, H, W)
-    conv = (
-        x
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(Weight(Dim("o", C), C, "kh", "kw", name="w"))
-        >> Reduce(C, "kh", "kw")
-    )
-    kernel = (x + (conv >> Rename("o", "C"))) >> Output(N, C, H, W, defaults={"K": 3})
     assert not kernel.is_linear
     return kernel
 

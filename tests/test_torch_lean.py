@@ -12,39 +12,18 @@ exactly one, stand-alone source, and the KdslErrors of bad layers and bad inputs
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
-import textwrap
 
 import graph_kernels as shared_kernels
 import numpy as np
 import pytest
 from backends import backend
+from helpers import assert_generated_source_runs_without_kdsl, assert_module_matches_reference
 
 from kdsl import parse
-from kdsl.lang import (
-    FC,
-    Blend,
-    Dim,
-    Fold,
-    Input,
-    Map,
-    Output,
-    Product,
-    Reduce,
-    Rename,
-    Share,
-    Shift,
-    Softmax,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
-    coefficient,
-    primary,
-)
+from kdsl.lang import FC, Blend, Fold, Input, Map, Output, Product, Rename, Softmax, coefficient, primary
 from kdsl.lang.errors import DivisibilityError, KdslError, ShapeError
 from kdsl.lang.nonlinear import BLEND_KINDS, MAP_FUNCTIONS
+from kdsl.lang.primitives import Reduce, Share, Shift, Split, Stride, Unfold, Weight
 
 torch = backend("torch")
 
@@ -242,17 +221,7 @@ def max_pool_3x3():
 
 
 def max_pool_3x3_stride_2():
-    x = Input(N, C, H, W)
-    graph = (
-        x
-        >> Unfold(H, 3, "kh")
-        >> Stride(H, 2)
-        >> Unfold(W, 3, "kw")
-        >> Stride(W, 2)
-        >> Fold("kh", "kw")
-        >> Output(N, C, H / 2, W / 2)
-    )
-    return graph, IMAGE
+    return shared_kernels.max_pool_3x3_stride_2(), IMAGE
 
 
 def max_pool_2x2_split():
@@ -324,16 +293,7 @@ def fold_without_windows():
 
 
 def residual_conv():
-    x = Input(N, C, H, W)
-    conv = (
-        x
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(Weight(Dim("o", C), C, "kh", "kw", name="w"))
-        >> Reduce(C, "kh", "kw")
-    )
-    graph = (x + (conv >> Rename("o", "C"))) >> Output(N, C, H, W, defaults={"K": 3})
-    return graph, IMAGE
+    return shared_kernels.residual_conv(), IMAGE
 
 
 def squeeze_excitation():
@@ -567,11 +527,7 @@ def test_any_batch_size_runs_like_the_operators_modules():
     module = kdsl_torch.build(graph, layer).double()
     bigger = {**layer, "N": 5}
     x, weights = distinct_inputs(graph, bigger)
-    with torch.no_grad():
-        for parameter, value in zip(module.weights, weights):
-            parameter.copy_(torch.from_numpy(value))
-        got = module(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, reference.run(graph, bigger, x, weights), rtol=1e-10, atol=1e-12)
+    assert_module_matches_reference(module, graph, bigger, x, weights, rtol=1e-10, atol=1e-12)
 
 
 def test_a_padding_mask_is_computed_once_per_input_shape():
@@ -580,11 +536,7 @@ def test_a_padding_mask_is_computed_once_per_input_shape():
     for batch in (2, 2, 5):  # the second call reuses the mask; a new batch size gets a new one
         sizes = {**layer, "N": batch}
         x, weights = distinct_inputs(graph, sizes)
-        with torch.no_grad():
-            for parameter, value in zip(module.weights, weights):
-                parameter.copy_(torch.from_numpy(value))
-            got = module(torch.from_numpy(x)).numpy()
-        np.testing.assert_allclose(got, reference.run(graph, sizes, x, weights), rtol=1e-10, atol=1e-12)
+        assert_module_matches_reference(module, graph, sizes, x, weights, rtol=1e-10, atol=1e-12)
         (mask,) = module.masks.values()
         assert mask.dtype == torch.bool and mask.shape[0] == batch and not bool(mask.all())
 
@@ -658,30 +610,5 @@ def test_a_variable_named_like_a_graph_forwards_own_names_cannot_break_it(name):
 @pytest.mark.parametrize("name", ["max_pool_3x3", "masked_min_through_rename", "squeeze_excitation", "attention"])
 def test_generated_source_runs_without_kdsl(tmp_path, name):
     graph, layer = BRANCHING_KERNELS[name]()
-    binding = reference.binding(graph, layer)
     x, weights = distinct_inputs(graph, layer, seed=1)
-    expected = reference.run(graph, layer, x, weights)
-    (tmp_path / "generated.py").write_text(kdsl_torch.source(graph, binding, name="Generated"))
-    np.savez(tmp_path / "data.npz", *weights, x=x, expected=expected)
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["kdsl"] = None  # any `import kdsl` now fails
-        sys.path.insert(0, {str(tmp_path)!r})
-        import numpy as np, torch
-        from generated import Generated, ShapeError
-        data = np.load({str(tmp_path / "data.npz")!r})
-        module = Generated(**{dict(binding)!r}).double()
-        with torch.no_grad():
-            for i, parameter in enumerate(module.weights):
-                parameter.copy_(torch.from_numpy(data[f"arr_{{i}}"]))
-            out = module(torch.from_numpy(data["x"])).numpy()
-        assert np.allclose(out, data["expected"], rtol=1e-10, atol=1e-12), "mismatch"
-        try:
-            module(torch.zeros(1))
-        except ShapeError:
-            print("ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert_generated_source_runs_without_kdsl(tmp_path, graph, layer, reference.binding(graph, layer), x, weights)

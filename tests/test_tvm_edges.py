@@ -25,11 +25,12 @@ Compiles dominate the runtime (~0.05-0.5 s each), so kernels are small and each 
 import os
 import random
 
+import graph_kernels
 import numpy as np
 import pytest
 from backends import backend
 
-from kdsl.lang import FC, Blend, Dim, Fold, Map, Product, Rename, Shift, Softmax, Stride, Unfold
+from kdsl.lang import FC, Blend, Fold, Map, Product, Rename, Shift, Softmax, Unfold
 from kdsl.lang.nonlinear import BLEND_KINDS, JOINS, MAP_FUNCTIONS, UNARY
 from kdsl.lang.operator import Operator
 
@@ -353,16 +354,7 @@ def _kernels() -> dict[str, tuple[Operator, dict[str, int]]]:
         x >> Unfold(H, K, "kh") >> Unfold(W, K, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W, defaults={"K": 3}),
         LAYER,
     )
-    kernels["max_pool_3x3_s2_p1"] = (
-        x
-        >> Unfold(H, 3, "kh")
-        >> Stride(H, 2)
-        >> Unfold(W, 3, "kw")
-        >> Stride(W, 2)
-        >> Fold("kh", "kw")
-        >> Output(N, C, H / 2, W / 2),
-        LAYER,
-    )
+    kernels["max_pool_3x3_s2_p1"] = (graph_kernels.max_pool_3x3_stride_2(), LAYER)
     kernels["max_pool_2x2_s2_split"] = (
         x >> Split(H, 2, "ho", "kh") >> Split(W, 2, "wo", "kw") >> Fold("kh", "kw") >> Output(N, C, "ho", "wo"),
         LAYER,
@@ -399,30 +391,9 @@ def _kernels() -> dict[str, tuple[Operator, dict[str, int]]]:
         Input(N, C, H) >> Unfold(H, 3, "k") >> Map("neg") >> Fold("k") >> Output(N, C, H),
         {"N": 2, "C": 3, "H": 7},
     )
-    conv = (
-        x
-        >> Unfold(H, K, "kh")
-        >> Unfold(W, K, "kw")
-        >> Share(Weight(Dim("o", C), C, "kh", "kw", name="w"))
-        >> Reduce(C, "kh", "kw")
-    )
-    kernels["residual_conv"] = ((x + (conv >> Rename("o", "C"))) >> Output(N, C, H, W, defaults={"K": 3}), LAYER)
-    gate = (
-        x
-        >> Reduce(H, W, mean=True)
-        >> FC(C, name="r", size=R, weight="squeeze")
-        >> Map("relu")
-        >> FC("r", name="c", size=C, weight="excite")
-        >> Map("sigmoid")
-        >> Rename("c", "C")
-    )
-    kernels["squeeze_excitation"] = ((x * gate) >> Output(N, C, H, W), LAYER)
-    seq = Input(N, C, P)
-    query = seq >> FC(C, name="d", size=D, weight="wq")
-    key = seq >> FC(C, name="d", size=D, weight="wk") >> Rename(P, "Q")
-    value = seq >> FC(C, name="c", size=C, weight="wv") >> Rename(P, "Q")
-    scores = Product(query, key, "d") >> Softmax("Q")
-    kernels["attention"] = (Product(scores, value, "Q") >> Output(N, "c", P), LAYER)
+    kernels["residual_conv"] = (graph_kernels.residual_conv(), LAYER)
+    kernels["squeeze_excitation"] = (graph_kernels.squeeze_excitation(), LAYER)
+    kernels["attention"] = (graph_kernels.attention(), LAYER)
     # attention over an image: keys indexed by two dims, softmax over both
     q2 = x >> FC(C, name="d", size=D, weight="wq")
     k2 = x >> FC(C, name="d", size=D, weight="wk") >> Rename(H, "h2") >> Rename(W, "w2")

@@ -23,6 +23,14 @@ from kdsl.testing.strategies import operators_with_layers  # noqa: E402
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
+# the layers of grouped_conv2d and of its shifted-window variant
+GROUPED = [
+    {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
+    {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
+]
+# the layers of syno_op1 and syno_op2
+SYNO = [{"N": 1, "Cin": 64, "Cout": 64, "H": 8, "W": 8}, {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3}]
+
 # name -> layers: one with vector-friendly extents (whole AVX-512 vectors, tiles that divide),
 # then odd ones (7x7, primes, H smaller than the window) that force small or no tiles.
 LAYERS = {
@@ -43,14 +51,8 @@ LAYERS = {
         {"N": 1, "Cin": 8, "Cout": 16, "H": 7, "W": 8},
         {"N": 1, "Cin": 2, "Cout": 3, "H": 3, "W": 5, "d": 3},
     ],
-    "grouped_conv2d": [
-        {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
-        {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
-    ],
-    "grouped_conv2d_shifted_window": [
-        {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
-        {"N": 2, "Cin": 6, "Cout": 9, "H": 2, "W": 3, "G": 3, "K": 5},
-    ],
+    "grouped_conv2d": GROUPED,
+    "grouped_conv2d_shifted_window": GROUPED,
     "syno_op2_input_shift": [
         {"N": 1, "Cin": 32, "Cout": 64, "H": 7, "W": 7},
         {"N": 2, "Cin": 6, "Cout": 6, "H": 2, "W": 3, "G": 3, "s": 1, "K": 5},
@@ -68,14 +70,8 @@ LAYERS = {
         {"N": 1, "Cin": 8, "Cout": 32, "H": 16, "W": 16},
         {"N": 1, "Cin": 2, "Cout": 2, "H": 9, "W": 3, "s": 3},
     ],
-    "syno_op1": [
-        {"N": 1, "Cin": 64, "Cout": 64, "H": 8, "W": 8},
-        {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3},
-    ],
-    "syno_op2": [
-        {"N": 1, "Cin": 64, "Cout": 64, "H": 8, "W": 8},
-        {"N": 1, "Cin": 8, "Cout": 12, "H": 3, "W": 5, "G": 2, "s": 3},
-    ],
+    "syno_op1": SYNO,
+    "syno_op2": SYNO,
     "unfold2d": [{"N": 1, "Cin": 4, "H": 8, "W": 16}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
     # branching kernels (Canvas's primitives)
     "max_pool2d": [{"N": 1, "Cin": 8, "H": 7, "W": 16}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
