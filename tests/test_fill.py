@@ -17,7 +17,8 @@ from kdsl import solve
 from kdsl.lang import FC, Input, Map, Output, Product, Rename, coefficient, dynamic, library, primary
 from kdsl.lang.errors import LayerError
 from kdsl.lang.primitives import Dim, Merge, Reduce, Share, Split, Unfold, Weight
-from kdsl.solve.dynamic import BudgetError, fill, freedom, multiples
+from kdsl.solve.dynamic import BudgetError, fill, multiples
+from kdsl.solve.widths import freedom
 
 N, Cin, H, W = primary("N Cin H W")
 G, K, S, r = coefficient("G K S r")

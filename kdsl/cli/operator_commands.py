@@ -305,8 +305,15 @@ def _check_template(
     print(f"{name}: a template with the free widths {widths} (dynamic variables), filled per layer")
     for match in getattr(op, "matches", ()):
         print(f"  shape matching: {match.variable} = {match.size}  ({match.describe()})")
+    bounds = solve.divisor_bounds(op)
     for variable, multiple in solve.freedom(op).items():
-        print(f"  {variable} must be a multiple of {multiple}" if multiple != 1 else f"  {variable} may be any width")
+        if variable in bounds:  # matching by factors left it in a denominator: it must divide those sizes
+            of = f" that is a multiple of {multiple}" if multiple != 1 else ""
+            print(f"  {variable} must divide {' and '.join(map(str, bounds[variable]))}{of}")
+        else:
+            print(
+                f"  {variable} must be a multiple of {multiple}" if multiple != 1 else f"  {variable} may be any width"
+            )
     filled = solve.fill(
         op,
         layers,

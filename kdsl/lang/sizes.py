@@ -248,32 +248,59 @@ def unify(left: Size, right: Size) -> tuple[str, Size] | None:
     """Solve ``left == right`` for one dynamic variable: ``(name, size)`` such that substituting
     gives equal sizes, or ``None`` when no dynamic variable can make them equal.
 
-    The equation is a ratio of monomials equal to 1; a dynamic variable with exponent +-1 in it is
-    solved for (Canvas §6.2: by its Theorem 1 a dim holds at most one, in the numerator). When both
-    sides have one, the later-named variable is expressed in the other, so ``x1`` stays free.
+    The equation is a ratio of monomials equal to 1. A dynamic variable with exponent +-1 in it is
+    solved for by monomial algebra (Canvas §6.2: by its Theorem 1 a dim holds at most one, in the
+    numerator); one that stands squared or higher, by SymPy, where the root is again a monomial. When
+    both sides have one, the later-named variable is expressed in the other, so ``x1`` stays free.
 
     >>> C, H = primary("C H"); G, K = coefficient("G K"); x1, x2 = dynamic("x1 x2")
     >>> name, size = unify(x2 / G, C * K**2 / G); name, str(size)
     ('x2', 'C*K**2')
     >>> name, size = unify(x1, x2 * K); name, str(size)
     ('x2', 'x1/K')
-    >>> unify(C, H) is None, unify(x1 * C, H) is None  # x1 = H/C is no width
-    (True, True)
+    >>> name, size = unify(x1**2, C**2 * K**2); name, str(size)  # SymPy takes the root
+    ('x1', 'C*K')
+    >>> unify(C, H) is None, unify(x1 * C, H) is None, unify(x1**2, C * K) is None  # x1 = H/C is no width
+    (True, True, True)
     """
     if left is right:
         return None
     ratio = left / right  # == 1 is the equation
     candidates = sorted(
-        ((var, e) for var, e in ratio.exponents if var.kind == "dynamic" and e in (1, -1)),
+        ((var, e) for var, e in ratio.exponents if var.kind == "dynamic"),
         key=lambda ve: ve[0].name,
         reverse=True,
     )
     for var, e in candidates:
         rest = Size.make(ratio.constant, {v: x for v, x in ratio.exponents if v != var})
-        solution = rest ** (-e)  # ratio = var**e * rest == 1, so var = rest**(-1/e)
+        # ratio = var**e * rest == 1, so var = rest**(-1/e)
+        solution = rest ** (-e) if e in (1, -1) else _monomial_root(rest, -e)
         # a width divided by a layer's size or by another width is not a width (Theorem 1)
-        if all(x > 0 for v, x in solution.exponents if v.kind != "coefficient"):
+        if solution is not None and all(x > 0 for v, x in solution.exponents if v.kind != "coefficient"):
             return var.name, solution
+    return None
+
+
+def _monomial_root(size: Size, power: int) -> Size | None:
+    """``size ** (1/power)`` when it is a monomial (integer exponents, rational constant), by SymPy;
+    else None (``(C*K) ** (1/2)`` is no size)."""
+    import sympy
+
+    symbols = {var.name: var for var, _ in size.exponents}
+    x = sympy.Symbol("_root", positive=True)
+    roots = sympy.solve(sympy.Eq(x ** abs(power), size.to_sympy() if power > 0 else 1 / size.to_sympy()), x)
+    for root in roots:
+        constant, factors = sympy.Rational(1), {}
+        for factor in sympy.Mul.make_args(root):
+            base, exponent = factor.as_base_exp()
+            if base.is_Symbol and base.name in symbols and exponent.is_Integer:
+                factors[symbols[base.name]] = factors.get(symbols[base.name], 0) + int(exponent)
+            elif factor.is_Rational:
+                constant *= factor
+            else:
+                break  # a fractional power: the root is no monomial
+        else:
+            return Size.make(Fraction(int(constant.p), int(constant.q)), factors)
     return None
 
 

@@ -34,11 +34,12 @@ from kdsl.solve.constraints import (
     pad_binding,
 )
 from kdsl.solve.cost import cost, node_flops, shapes, total_cost, within_budget
-from kdsl.solve.dynamic import BudgetError, Filled, budget_limits, fill, freedom, multiples, with_widths
+from kdsl.solve.dynamic import BudgetError, Filled, budget_limits, fill, multiples, with_widths
 from kdsl.solve.layers import Layer, load_layers
 from kdsl.solve.padding import DimPad, PaddedVariable, Padding
 from kdsl.solve.plan import Plan, Stage, View, chain_plans, plan, reference_binding
 from kdsl.solve.summary import CheckSummary, check
+from kdsl.solve.widths import divisor_bounds, freedom
 
 __all__ = [
     "Binding",
@@ -64,6 +65,7 @@ __all__ = [
     "cost",
     "budget_limits",
     "fill",
+    "divisor_bounds",
     "freedom",
     "load_layers",
     "multiples",

@@ -41,15 +41,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
 
 from kdsl.lang import library
 from kdsl.lang.errors import BudgetError, DivisibilityError, KdslError, LayerError
 from kdsl.lang.operator import Operator
-from kdsl.lang.sizes import Size
-from kdsl.solve.constraints import check, constraints, resolve_binding
+from kdsl.solve.constraints import check, resolve_binding
 from kdsl.solve.cost import cost
 from kdsl.solve.layers import Layer, as_layers, layer_label
+from kdsl.solve.widths import WidthRule, freedom, layer_rules, width_terms
 
 __all__ = ["BudgetError", "Filled", "fill", "freedom", "is_relative", "multiples", "parse_budget", "with_widths"]
 
@@ -125,82 +124,6 @@ def _whole_budget(number: float, text: object) -> int:
     return int(number)
 
 
-def _width_terms(op: Operator) -> list[tuple[str, int, Size, str]]:
-    """For every integral constraint with exactly one free width ``x``: ``(x, e, rest, step)`` with
-    the constrained size ``x**e * rest`` (Canvas's ``p x / q``)."""
-    found = []
-    for constraint in constraints(op):
-        if constraint.kind != "integral":
-            continue
-        size = constraint.sizes[0]
-        widths = [(var, e) for var, e in size.exponents if var.kind == "dynamic"]
-        if len(widths) != 1:
-            continue  # none, or several in one size: the final check judges those
-        var, e = widths[0]
-        rest = Size.make(size.constant, {v: x for v, x in size.exponents if v != var})
-        found.append((var.name, e, rest, constraint.step))
-    return found
-
-
-def freedom(op: Operator) -> dict[str, Size]:
-    """What is left to choose of each free width: the monomial it must be a multiple of for every
-    size it appears in to be an integer (the lcm of the denominators around it).
-
-    >>> from kdsl.lang import *
-    >>> N, Cin = primary("N Cin"); G, K = coefficient("G K"); x1 = dynamic("x1")
-    >>> op = (Input(N, Cin) >> Share(Weight(Cin, Dim("z", x1), name="w")) >> Reduce(Cin)
-    ...       >> Split("z", G * K, "q", "c") >> Output(N, "q", "c"))
-    >>> {name: str(size) for name, size in freedom(op).items()}
-    {'x1': 'G*K'}
-    """
-    result: dict[str, Size] = {name: Size.of(1) for name in op.dynamic_variables}
-    for name, exponent, rest, _ in _width_terms(op):
-        # x**e * rest is an integer for any layer when x is a multiple of rest's denominator
-        need = Size.make(rest.constant.denominator, {v: -x for v, x in rest.exponents if x < 0})
-        if exponent > 1:
-            need = _root_up(need, exponent)
-        result[name] = _lcm_monomial(result[name], need)
-    return result
-
-
-def _lcm_monomial(a: Size, b: Size) -> Size:
-    exponents: dict[Any, int] = dict(a.exponents)
-    for var, e in b.exponents:
-        exponents[var] = max(exponents.get(var, 0), e)
-    return Size.make(math.lcm(int(a.constant), int(b.constant)), exponents)
-
-
-def _root_up(size: Size, exponent: int) -> Size:
-    """The least monomial whose ``exponent``-th power is a multiple of ``size`` (integral sizes)."""
-    constant = _root_up_int(int(size.constant), exponent)
-    return Size.make(constant, {v: -(-e // exponent) for v, e in size.exponents})
-
-
-def _root_up_int(value: int, exponent: int) -> int:
-    """The least m with ``value | m**exponent``."""
-    result, factor, rest = 1, 2, value
-    while factor * factor <= rest:
-        count = 0
-        while rest % factor == 0:
-            rest //= factor
-            count += 1
-        result *= factor ** -(-count // exponent)
-        factor += 1
-    return result * rest if rest > 1 else result
-
-
-def _layer_multiples(
-    op: Operator, terms: list[tuple[str, int, Size, str]], binding: Mapping[str, int]
-) -> dict[str, int]:
-    """Each width's least valid value (its multiple) under ``binding`` (which binds the rest)."""
-    result = dict.fromkeys(op.dynamic_variables, 1)
-    for name, exponent, rest, _ in terms:
-        value = rest.evaluate(binding)
-        need = value.denominator if exponent == 1 else _root_up_int(value.denominator, exponent)
-        result[name] = math.lcm(result[name], need)
-    return result
-
-
 def _bindings(op: Operator, layers: tuple[Layer, ...], coefficients: Mapping[str, int] | None) -> list[dict[str, int]]:
     """Each layer's binding of everything but the free widths (which are set to 1 meanwhile)."""
     given = dict(coefficients or {})
@@ -226,8 +149,9 @@ def multiples(op: Operator, layers: object, coefficients: Mapping[str, int] | No
     [{'x1': 12}, {'x1': 20}]
     """
     table = as_layers(layers)
-    terms = _width_terms(op)
-    return [_layer_multiples(op, terms, binding) for binding in _bindings(op, table, coefficients)]
+    terms = width_terms(op)
+    rules = [layer_rules(op, binding, terms) for binding in _bindings(op, table, coefficients)]
+    return [{name: rule.least() for name, rule in each.items()} for each in rules]  # type: ignore[misc]
 
 
 def _channels(op: Operator, binding: Mapping[str, int]) -> Fraction:
@@ -345,10 +269,11 @@ def fill(
         raise LayerError("the operator has no free width (dynamic variable) to fill; check it with kdsl.solve.check")
     limits, reference = _limits(table, baseline, {"flops": max_flops, "params": max_params})
     bindings = _bindings(op, table, coefficients)
-    least, base = _base_widths(op, bindings)
+    rules = [layer_rules(op, binding) for binding in bindings]
+    least, base = _base_widths(op, bindings, rules)
     # a width the layer (or ``coefficients``) gives is that layer's, not filled: kept as given
     pinned = [{name for name in names if name in layer or name in (coefficients or {})} for layer in table]
-    prices = _Prices(op, bindings, names, limits, pinned)
+    prices = _Prices(op, bindings, names, limits, pinned, rules)
     values = [
         {name: bindings[i][name] if name in pinned[i] else value for name, value in b.items()}
         for i, b in enumerate(base)
@@ -414,20 +339,23 @@ def _limits(
     return limits, reference
 
 
-def _base_widths(op: Operator, bindings: list[dict[str, int]]) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
+def _base_widths(
+    op: Operator, bindings: list[dict[str, int]], rules: list[dict[str, WidthRule]]
+) -> tuple[list[dict[str, int]], list[dict[str, int]]]:
     """Per layer, each width's least valid value, and the base widths: the least values of the layer
-    with the fewest input channels, scaled with each layer's channels (rounded up to a valid value)."""
+    with the fewest input channels, scaled with each layer's channels (rounded up to a valid value;
+    a width that must divide a size takes its largest valid value where the scaled one passes it)."""
     names = op.dynamic_variables
-    terms = _width_terms(op)
-    least = [_layer_multiples(op, terms, binding) for binding in bindings]
+    least = [{name: rule.least() or 1 for name, rule in each.items()} for each in rules]
     channels = [_channels(op, binding) for binding in bindings]
     smallest = min(range(len(bindings)), key=lambda i: channels[i])
     base = []
     for i in range(len(bindings)):
         values = {}
         for name in names:
-            ratio = Fraction(channels[i] * least[smallest][name], channels[smallest] * least[i][name])
-            values[name] = math.ceil(ratio) * least[i][name]
+            target = Fraction(channels[i] * least[smallest][name], channels[smallest])
+            rule = rules[i][name]
+            values[name] = rule.at_least(target) or rule.largest() or least[i][name]
         base.append(values)
     return least, base
 
@@ -441,6 +369,7 @@ class _Prices:
     names: tuple[str, ...]
     limits: Mapping[str, int | None]
     pinned: list[set[str]]
+    rules: list[dict[str, WidthRule]]
     seen: dict[tuple[int, tuple[int, ...]], dict[str, int]] = field(default_factory=dict)
 
     def layer_cost(self, i: int, values: Mapping[str, int]) -> dict[str, int]:
@@ -464,12 +393,13 @@ def _double_widths(
         order = []
         for i in range(len(values)):
             for name in prices.names:
-                if name in prices.pinned[i]:
+                grown = prices.rules[i][name].grown(values[i][name])
+                if name in prices.pinned[i] or grown is None:
                     continue
-                trial = prices.layer_cost(i, {**values[i], name: values[i][name] * 2})
+                trial = prices.layer_cost(i, {**values[i], name: grown})
                 # the share of the budget each added unit of width costs (the tightest budget)
                 delta = max(
-                    (trial[m] - costs[i][m]) / limits[m] / values[i][name]  # type: ignore[operator]
+                    (trial[m] - costs[i][m]) / limits[m] / (grown - values[i][name])  # type: ignore[operator]
                     for m in BUDGETS
                     if limits[m] is not None
                 )
@@ -477,7 +407,7 @@ def _double_widths(
                     order.append((delta, i, name))
         doubled = False
         for _, i, name in sorted(order):
-            candidate = {**values[i], name: values[i][name] * 2}
+            candidate = {**values[i], name: prices.rules[i][name].grown(values[i][name])}
             trial = prices.layer_cost(i, candidate)
             new_totals = {m: totals[m] - costs[i][m] + trial[m] for m in BUDGETS}
             if not prices.over(new_totals):
