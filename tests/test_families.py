@@ -8,8 +8,7 @@ from pathlib import Path
 
 from kdsl import gallery
 from kdsl.cli import main
-from kdsl.discover import records as run_records
-from kdsl.discover import report
+from kdsl.discover import ranking, report
 from kdsl.discover.families import FamilyTable
 from kdsl.discover.loop import Evaluations, _fresh
 from kdsl.lang import Output, Shift, primary
@@ -98,13 +97,13 @@ def discovery_db(tmp_path: Path) -> Path:
 
 
 def test_records_say_what_each_candidate_is_and_count_known_and_new_apart(tmp_path):
-    records, _ = run_records.load_records(str(discovery_db(tmp_path)))
+    records, _ = ranking.load_records(str(discovery_db(tmp_path)))
     lines = {r["provenance"] for r in records}
     assert "is `grouped_conv2d` (G=2, K=3)" in lines
     assert "is `depthwise_separable_conv2d` (K=3)" in lines
     assert any(line.startswith("`grouped_conv2d` (G=2, K=3) with Shift(H, 1) at step 2") for line in lines)
     assert {r["strategy"] for r in records} == {"neighbors"}
-    counts = run_records.family_counts(records, baseline_accuracy=0.96, margin=0.02)
+    counts = ranking.family_counts(records, baseline_accuracy=0.96, margin=0.02)
     assert counts["trained"] == {"known": 2, "variant": 1} and counts["new families"] == 0
     assert counts["usable"] == {"known": 1, "variant": 1}
     text = report.summary(records, baseline_accuracy=0.96, margin=0.02)
@@ -127,7 +126,7 @@ def test_results_json_carries_the_rows_and_fields_of_its_table(tmp_path, capsys)
 
 
 def test_report_files_say_what_each_candidate_is(tmp_path):
-    records, baseline = run_records.load_records(str(discovery_db(tmp_path)))
+    records, baseline = ranking.load_records(str(discovery_db(tmp_path)))
     paths = report.write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02)
     markdown = paths["table"].read_text()
     assert "what it is" in markdown and "is `grouped_conv2d` (G=2, K=3)" in markdown
@@ -140,8 +139,8 @@ def test_report_files_say_what_each_candidate_is(tmp_path):
 
 
 def test_the_report_times_the_top_families_end_to_end_when_given_rows(tmp_path):
-    records, baseline = run_records.load_records(str(discovery_db(tmp_path)))
-    chosen = run_records.top_families(records, baseline_accuracy=0.96, margin=0.02, count=3)
+    records, baseline = ranking.load_records(str(discovery_db(tmp_path)))
+    chosen = ranking.top_families(records, baseline_accuracy=0.96, margin=0.02, count=3)
     # usable: the grouped conv and its shifted variant, one family each (the variant's differs)
     assert [r["kind"] for r in chosen] == ["known", "variant"]
     rows = [
@@ -175,7 +174,7 @@ def test_every_usable_new_family_gets_a_page(tmp_path):
     metrics = {"accuracy": 0.955, "latency_ratio": 0.9, "flops_ratio": 0.2, "params": 10}
     evaluations.add({"key": one_by_three.key, "status": "ok", "metrics": metrics, "seconds": 1.0})
     evaluations.close()
-    records, baseline = run_records.load_records(str(db))
+    records, baseline = ranking.load_records(str(db))
     paths = report.write_report(records, baseline, tmp_path / "out", baseline_accuracy=0.96, margin=0.02, top=1)
     pages = {page.stem for page in paths["pages"].glob("*.md")}
     assert one_by_three.key in pages and len(pages) == 2  # the top one, and the new family ranked last
