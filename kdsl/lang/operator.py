@@ -71,7 +71,7 @@ class Node:
         ``FC(C -> r: R)``, ``Rename(c -> C)``, ``Blend(mul)``, ``Product(d)``."""
         step = self.step
         if step is None:
-            return INPUT
+            return INPUT if self.name is None else f"Input {self.name}{_dims_text(self.dims)}"
         if isinstance(step, Chain):
             return "chain " + " >> ".join(chain_step_texts(step)) if step.steps else "chain (no steps)"
         if isinstance(step, Map):
