@@ -54,7 +54,7 @@ def names() -> list[str]:
     """The gallery's operator names, sorted.
 
     >>> names()[:3]
-    ['avg_pool2d', 'canvas_resnet34', 'conv1d']
+    ['attention_qk', 'avg_pool2d', 'bmm']
     """
     return sorted(p.name[: -len(SUFFIX)] for p in directory().glob(f"*{SUFFIX}") if p.is_file())
 
