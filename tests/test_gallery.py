@@ -253,6 +253,19 @@ CASES = {
     ),
     "linear": (torch_linear, [{"N": 1, "Cin": 3, "Cout": 5}, {"N": 4, "Cin": 1, "Cout": 2}]),
     "matmul": (torch_matmul, [{"M": 3, "Cin": 4, "Cout": 2}, {"M": 1, "Cin": 1, "Cout": 3}]),
+    # two data inputs: x is the tuple of them (tests/test_multi_input.py runs them on every backend)
+    "bmm": (
+        lambda x, ws, v: torch.bmm(t(x[0]), t(x[1])),
+        [{"B": 3, "M": 4, "K": 5, "N": 2}, {"B": 1, "M": 1, "K": 1, "N": 3}],
+    ),
+    "bmm_tn": (
+        lambda x, ws, v: torch.bmm(t(x[0]).transpose(1, 2), t(x[1])),
+        [{"B": 3, "M": 4, "K": 5, "N": 2}, {"B": 2, "M": 1, "K": 3, "N": 1}],
+    ),
+    "attention_qk": (
+        lambda x, ws, v: torch.matmul(t(x[0]), t(x[1]).transpose(-2, -1)),
+        [{"B": 2, "M": 3, "N": 4, "D": 5}, {"B": 1, "M": 2, "N": 1, "D": 3}],
+    ),
     "shift_conv2d": (
         torch_shift_conv2d,
         [{"N": 1, "Cin": 3, "Cout": 2, "H": 4, "W": 5}, {"N": 2, "Cin": 2, "Cout": 3, "H": 1, "W": 3}],
@@ -390,7 +403,7 @@ def test_names_are_sorted_and_match_the_files():
 
 @pytest.mark.parametrize("bad", ["no_such_op", "../pyproject", "conv2d.dsl", ""])
 def test_unknown_names_raise_and_list_the_gallery(bad):
-    with pytest.raises(KdslError, match=r"available: avg_pool2d, canvas_resnet34, conv1d"):
+    with pytest.raises(KdslError, match=r"available: attention_qk, avg_pool2d, bmm"):
         gallery.load(bad)
     with pytest.raises(KdslError):
         gallery.describe(bad)
@@ -584,7 +597,12 @@ def assert_backend_matches_hand_written(backend, name, layer, seed):
 
 
 def test_the_branching_kernels_are_the_gallerys_graphs():
-    graphs = sorted(name for name in gallery.names() if not gallery.load(name).is_linear)
+    # (the kernels of several inputs are checked against torch in tests/test_multi_input.py)
+    graphs = sorted(
+        name
+        for name in gallery.names()
+        if not gallery.load(name).is_linear and len(gallery.load(name).input_nodes) == 1
+    )
     assert graphs == KERNELS
     assert set(LAYOUTS) == set(KERNELS)
     assert set(KERNELS) <= set(NATIVE)  # one table: kdsl bench codegen times against the same functions

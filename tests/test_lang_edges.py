@@ -503,7 +503,7 @@ def test_two_inputs_with_different_dims():
         "Blend",
         "different inputs",
         r"\[N: N, C: C, H: H\] and \[N: N, C: C, W: W\]",
-        "one data input",
+        r"several inputs names each one \(Input\(\.\.\., name=",
     )
     raises(ShapeError, lambda: Product(_x(), Input(N, H, C), "C"), "Product", r"\[N: N, H: H, C: C\]")
 

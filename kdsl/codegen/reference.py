@@ -100,11 +100,18 @@ def _weight(step: Share) -> Weight:
 
 @dataclass(frozen=True)
 class Shapes:
-    """Concrete shapes of an operator at one layer: the input, each weight (in order), the output."""
+    """Concrete shapes of an operator at one layer: the input, each weight (in order), the output;
+    a kernel of several inputs has the others' in ``extra_inputs`` (:attr:`inputs` lists all)."""
 
     input: tuple[int, ...]
     weights: tuple[tuple[int, ...], ...]
     output: tuple[int, ...]
+    extra_inputs: tuple[tuple[int, ...], ...] = field(default=(), repr=False)
+
+    @property
+    def inputs(self) -> tuple[tuple[int, ...], ...]:
+        """Every input's shape, in the order the kernel takes them."""
+        return (self.input, *self.extra_inputs)
 
 
 def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shapes:
@@ -128,6 +135,7 @@ def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shap
     Shapes(input=(2, 3, 7), weights=(), output=(2, 3, 4))
     """
     if pad:
+        _one_input(op, "padding (pad=True)")
         padding = _padding(op, layer)
         padded = shapes(op, padding.padded_binding)
         return Shapes(input=padding.input_shape, weights=padded.weights, output=padding.output_shape)
@@ -172,11 +180,21 @@ def _node_shapes(graph: Operator, values: Mapping[str, int]) -> Shapes:
                 weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
         for dim in node.dims:
             _concrete(dim.size, values, f"{what}: the dim {dim.name}")
+    first, *others = (tuple(_concrete(d.size, values, d.name) for d in dims) for dims in graph.input_dims)
     return Shapes(
-        input=tuple(_concrete(d.size, values, d.name) for d in graph.inputs),
+        input=first,
         weights=tuple(weight_shapes),
         output=tuple(_concrete(d.size, values, d.name) for d in graph.outputs),
+        extra_inputs=tuple(others),
     )
+
+
+def _one_input(op: Operator, what: str) -> None:
+    if isinstance(op, Operator) and len(op.input_nodes) > 1:
+        raise LoweringError(
+            f"{what} is not supported for a kernel of several inputs ({', '.join(op.input_names)}) yet; "
+            f"pass sizes that divide"
+        )
 
 
 def _padding(op: Operator, layer: Mapping[str, int]) -> Padding:
@@ -338,7 +356,12 @@ def _check_array(array: object, expected: tuple[int, ...], names: Sequence[str],
 
 
 def run(
-    op: Operator, layer: Mapping[str, int], x: np.ndarray, weights: Sequence[np.ndarray], *, pad: bool = False
+    op: Operator,
+    layer: Mapping[str, int],
+    x: np.ndarray | Sequence[np.ndarray],
+    weights: Sequence[np.ndarray],
+    *,
+    pad: bool = False,
 ) -> np.ndarray:
     """Evaluate ``op`` (an operator or a branching kernel) on the input ``x`` with ``weights`` (in
     ``op.weights`` order) at ``layer``.
@@ -365,6 +388,14 @@ def run(
     ...
     kdsl.lang.errors.ShapeError: the input x: the dim Cin has size 3 but this layer needs 4
 
+    A kernel of several inputs takes ``x`` as a tuple of arrays, in ``op.input_names`` order:
+
+    >>> B, M, K, N = primary("B M K N")
+    >>> bmm = Product(Input(B, M, K, name="a"), Input(B, K, N, name="b"), "K") >> Output(B, M, N)
+    >>> a, b = np.ones((1, 2, 3)), np.full((1, 3, 2), 2.0)
+    >>> run(bmm, {"B": 1, "M": 2, "K": 3, "N": 2}, (a, b), []).tolist()
+    [[[6.0, 6.0], [6.0, 6.0]]]
+
     Padded: a sum over windows of 3 at a stride of 2 on 5 elements runs on 6 (the sixth a zero)
     and keeps ceil(5/2) = 3 results.
 
@@ -374,6 +405,7 @@ def run(
     array([3., 9., 9.])
     """
     if pad:
+        _one_input(op, "padding (pad=True)")
         padding = _padding(op, layer)
         x = _check_array(x, padding.input_shape, [d.name for d in op.inputs], "the input x")
         padded = np.pad(x, [(0, d.amount) for d in padding.inputs])
@@ -381,9 +413,8 @@ def run(
         return np.ascontiguousarray(result[tuple(slice(0, d.original) for d in padding.outputs)])
     expected = shapes(op, layer)
     values = binding(op, layer)
-    x = _check_array(x, expected.input, [d.name for d in op.inputs], "the input x")
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating)):
-        raise LoweringError(f"the input x has dtype {x.dtype}; pass a floating array, e.g. x.astype(np.float64)")
+    xs = _input_arrays(op, x, expected)
+    x = xs[0]
     if isinstance(weights, np.ndarray) or not isinstance(weights, Sequence):
         raise ShapeError(f"weights must be a list of arrays (one per weight), got {type(weights).__name__}")
     if len(weights) != len(op.weights):
@@ -393,7 +424,31 @@ def run(
         _check_array(array, shape, [d.name for d in weight.dims], f"the weight {weight.name}").astype(x.dtype)
         for array, shape, weight in zip(weights, expected.weights, op.weights)
     ]
-    return _run_nodes(op, values, x, arrays)
+    return _run_nodes(op, values, xs, arrays)
+
+
+def _input_arrays(op: Operator, x: object, expected: Shapes) -> list[np.ndarray]:
+    """The input arrays, checked: ``x`` itself for one input, ``x``'s items (a tuple or list, in
+    ``op.input_names`` order) for several."""
+    names = op.input_names
+    if len(names) == 1:
+        given = [x]
+    elif isinstance(x, (tuple, list)) and len(x) == len(names):
+        given = list(x)
+    else:
+        count = f"{len(x)} arrays" if isinstance(x, (tuple, list)) else f"a {type(x).__name__}"
+        raise ShapeError(
+            f"the kernel takes {len(names)} inputs ({', '.join(names)}); pass a tuple of that many arrays, got {count}"
+        )
+    arrays = []
+    for name, array, shape, dims in zip(names, given, expected.inputs, op.input_dims):
+        checked = _check_array(array, shape, [d.name for d in dims], f"the input {name}")
+        if not (np.issubdtype(checked.dtype, np.floating) or np.issubdtype(checked.dtype, np.complexfloating)):
+            raise LoweringError(
+                f"the input {name} has dtype {checked.dtype}; pass a floating array, e.g. {name}.astype(np.float64)"
+            )
+        arrays.append(checked)
+    return arrays
 
 
 def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -593,12 +648,18 @@ GRAPH_RULES: dict[str, Callable[[list[_Named], Node, _GraphEnv], _Named]] = {
 }
 
 
-def _run_nodes(graph: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+def _run_nodes(
+    graph: Operator, values: Mapping[str, int], xs: Sequence[np.ndarray], arrays: Sequence[np.ndarray]
+) -> np.ndarray:
     """Evaluate the nodes in order, each by its rule in :data:`GRAPH_RULES`; each reads its arguments'
-    named arrays (a linear operator is its input and one chain node)."""
-    results: list[_Named] = [_Named(x, [d.name for d in graph.inputs])]
+    named arrays (a linear operator is its input and one chain node; an input node takes the next
+    of ``xs``, in the kernel's input order)."""
+    results: list[_Named] = [_Named(xs[0], [d.name for d in graph.inputs])]
     remaining = iter(arrays)
     for index, node in enumerate(graph.nodes[1:], 1):
+        if node.step is None:
+            results.append(_Named(xs[graph.input_nodes.index(index)], [d.name for d in node.dims]))
+            continue
         env = _GraphEnv(values, remaining, graph, index, results)
         results.append(GRAPH_RULES[node.kind]([results[a] for a in node.args], node, env))
     return np.ascontiguousarray(_as(results[-1], [d.name for d in graph.outputs]))
@@ -626,4 +687,7 @@ def random_inputs(
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(expected.input).astype(dtype)
     weights = [rng.standard_normal(shape).astype(dtype) for shape in expected.weights]
+    if expected.extra_inputs:  # several inputs: a tuple of them, as run takes them
+        others = [rng.standard_normal(shape).astype(dtype) for shape in expected.extra_inputs]
+        return (x, *others), weights  # type: ignore[return-value]
     return x, weights

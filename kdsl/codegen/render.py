@@ -322,6 +322,8 @@ def _result_names(graph: Operator) -> tuple[str, ...]:
     """``x`` for the input, ``t1``, ``t2``, ... for the nodes, and ``out`` for the last one when
     its dims are already in the output's order."""
     names = ["x"] + [f"t{index}" for index in range(1, len(graph.nodes))]
+    for index in graph.input_nodes if len(graph.input_nodes) > 1 else ():  # several inputs: by name
+        names[index] = str(graph.nodes[index].name)
     if [d.name for d in graph.nodes[-1].dims] == [d.name for d in graph.outputs] and graph.nodes[-1].kind != "Rename":
         names[-1] = "out"
     return tuple(names)
@@ -345,8 +347,11 @@ def graph_loop_nest(graph: Operator, binding: Mapping[str, int] | None = None) -
     names = _result_names(graph)
     plans = solve.chain_plans(graph, binding)
     lines: list[str] = []
+    if len(graph.input_nodes) > 1:
+        inputs = (f"{names[i]}[{', '.join(d.name for d in graph.nodes[i].dims)}]" for i in graph.input_nodes)
+        lines.append(f"# inputs {', '.join(inputs)}")
     for index, node in enumerate(graph.nodes):
-        if index == 0:
+        if node.step is None:
             continue
         reads = ", ".join(names[arg] for arg in node.args)
         dims = ", ".join(d.name for d in node.dims)
@@ -489,7 +494,7 @@ def _node_lines(graph: Operator, index: int) -> list[str]:
     node = graph.nodes[index]
     dims = "[" + ", ".join(f"{d.name}: {d.size}" for d in node.dims) + "]"
     if node.step is None:
-        return ["input x", dims]
+        return [f"input {node.name or 'x'}", dims]
     if isinstance(node.step, Chain):
         steps = chain_step_texts(node.step)
         return [f"{index}: chain", *(f"  {step}" for step in steps), dims]

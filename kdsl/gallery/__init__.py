@@ -33,8 +33,13 @@ __all__ = [
 ]
 
 
+#: The operators that are not layers of a ResNet: the built-in table of their own shapes.
+OWN_TABLES = {"bmm": "opevo_bmm", "bmm_tn": "opevo_bmm", "attention_qk": "bert_attention"}
+
+
 def layer_table(name: str) -> str | None:
-    """The first built-in ResNet-18 layer table on which the operator is valid with its default
+    """The table of :data:`OWN_TABLES` (OpEvo's batched matmuls, BERT's attention), else the first
+    built-in ResNet-18 layer table on which the operator is valid with its default
     coefficients: ``resnet18`` (the stride-1 3x3 layers), else ``resnet18_stride2`` (the stride-2
     layers, whose inputs are 56, 28 and 14 pixels wide, where operators that shrink the image by 2
     belong); ``None`` if neither. Branching kernels are checked the same way.
@@ -42,6 +47,8 @@ def layer_table(name: str) -> str | None:
     >>> layer_table("conv2d"), layer_table("strided_conv2d"), layer_table("max_pool2d_2x2")
     ('resnet18', 'resnet18_stride2', 'resnet18_stride2')
     """
+    if name in OWN_TABLES:
+        return OWN_TABLES[name]
     op = load(name)
     for table in ("resnet18", "resnet18_stride2"):
         try:

@@ -71,12 +71,16 @@ CATEGORY_OF: dict[str, str] = {
             "strided_conv2d",
             "linear",
             "matmul",
+            "bmm",
+            "bmm_tn",
         ],
         "convolutions",
     ),
     **dict.fromkeys(["avg_pool2d", "max_pool2d", "max_pool2d_2x2"], "pooling"),
     **dict.fromkeys(["pixel_shuffle", "pixel_unshuffle", "unfold2d"], "reshuffles"),
-    **dict.fromkeys(["involution", "spatial_attention", "squeeze_excitation", "residual_conv2d"], "branching"),
+    **dict.fromkeys(
+        ["involution", "spatial_attention", "squeeze_excitation", "residual_conv2d", "attention_qk"], "branching"
+    ),
     **dict.fromkeys(["syno_op1", "syno_op2", "canvas_resnet34", "shift_add"], "papers"),
 }
 
@@ -273,6 +277,7 @@ def use_it(name: str, op: Operator, table: str | None) -> str:
     later = f"; {', '.join(lazy)} bind{'s' if len(lazy) == 1 else ''} at the first call" if lazy else ""
     bound = "{" + ", ".join(f'"{k}": {v}' for k, v in sizes.items()) + "}"
     lines.append(f"module = kdsl_torch.build(op, {bound})  # an nn.Module{later}")
-    shape = ", ".join(str(n) for n in shapes["input"])
-    lines.append(f"y = module(torch.randn({shape}))  # y: {list(shapes['output'])}")
+    inputs = shapes.get("inputs", {"x": shapes["input"]})  # a kernel of several inputs takes them in order
+    arguments = ", ".join(f"torch.randn({', '.join(str(n) for n in shape)})" for shape in inputs.values())
+    lines.append(f"y = module({arguments})  # y: {list(shapes['output'])}")
     return "\n".join(lines)

@@ -47,18 +47,35 @@ class _Vertex:
     """A node while building: compared by identity, so a tensor used twice is one vertex.
 
     Besides its step, arguments and dims it keeps what joins would otherwise find by walking the
-    whole graph (which made building quadratic): its input (``root``) and the weights of
+    whole graph (which made building quadratic): its inputs (``roots``) and the weights of
     everything it reads (``named``, a :class:`_Weights` view made on first use).
     """
 
-    __slots__ = ("step", "args", "dims", "root", "serial", "named")
+    __slots__ = ("step", "args", "dims", "roots", "serial", "named", "name")
 
-    def __init__(self, step: Chain | Primitive | Join | None, args: tuple[_Vertex, ...], dims: tuple[Dim, ...]):
+    def __init__(
+        self,
+        step: Chain | Primitive | Join | None,
+        args: tuple[_Vertex, ...],
+        dims: tuple[Dim, ...],
+        name: str | None = None,
+    ):
         self.step, self.args, self.dims = step, args, dims
-        self.root: _Vertex = args[0].root if args else self
+        #: an input vertex's name (None for an unnamed input and for every other vertex)
+        self.name = name
+        #: every input the vertex reads, in the order a kernel takes them (left branch first)
+        self.roots: tuple[_Vertex, ...] = (
+            (self,) if not args else args[0].roots if len(args) == 1 else _union(args[0].roots, args[1].roots)
+        )
         #: a unique number naming the vertex as a weight's owner (an id() could be reused)
         self.serial = next(_SERIALS)
         self.named: _Weights | None = None
+
+
+def _union(first: tuple[_Vertex, ...], second: tuple[_Vertex, ...]) -> tuple[_Vertex, ...]:
+    if first == second:
+        return first
+    return first + tuple(v for v in second if all(v is not u for u in first))
 
 
 class _Clash(Exception):
@@ -229,9 +246,9 @@ class Tensor:
         if isinstance(value, Tensor):
             return value
         if isinstance(value, Input):
-            return Tensor(_input_vertex(value.dims))
+            return Tensor(_input_vertex(value.dims, value.name))
         if isinstance(value, Builder):
-            return Tensor(_input_vertex(value.inputs), value)
+            return Tensor(_input_vertex(value.inputs, value.input_name), value)
         raise ShapeError(f"{role}: expected a tensor (Input(...) >> ...), got {type(value).__name__}")
 
     @property
@@ -291,12 +308,7 @@ class Tensor:
     def join(self, step: Join, other: object) -> Tensor:
         right = Tensor.of(other, step.kind)
         lhs, rhs = self.closed(), right.closed()
-        if lhs.root.dims != rhs.root.dims:
-            raise ShapeError(
-                f"{step.kind}: the branches start from different inputs {_describe(lhs.root.dims)} and "
-                f"{_describe(rhs.root.dims)}; a kernel has one data input"
-            )
-        rhs = _rebase(rhs, lhs.root)
+        rhs = _rebase(rhs, _same_inputs(step.kind, lhs.roots, rhs.roots))
         lhs, rhs, found = _match(step, lhs, rhs)
         solved = {m.variable: m.size for m in found}
         earlier = tuple(m.substituted(solved) for m in dict.fromkeys(self.matches + right.matches))
@@ -348,7 +360,11 @@ class Tensor:
         if len(order) == 1:
             return Builder(vertex.dims, (), Live({d.name: d.size for d in vertex.dims}, ()), []).finish(output)
         index = {id(v): i for i, v in enumerate(order)}
-        nodes = tuple(Node(v.step, tuple(index[id(a)] for a in v.args), v.dims) for v in order)
+        # a kernel of one input keeps no name (it is x): its text, JSON and key stay as they were
+        named = len(vertex.roots) > 1
+        nodes = tuple(
+            Node(v.step, tuple(index[id(a)] for a in v.args), v.dims, v.name if named else None) for v in order
+        )
         graph = finish_nodes(order[0].dims, nodes, list(output.refs), dict(output.defaults))
         if self.matches:
             graph = Operator(graph.inputs, graph.nodes, graph.outputs, graph.defaults, self.matches)
@@ -401,21 +417,45 @@ def _substitute_vertex(
         if step is vertex.step and args == vertex.args and dims == vertex.dims:
             memo[id(vertex)] = vertex
         elif not vertex.args:
-            memo[id(vertex)] = _input_vertex(dims)
+            memo[id(vertex)] = _input_vertex(dims, vertex.name)
         else:
             memo[id(vertex)] = _Vertex(step, args, dims)
     return memo[id(root)]
 
 
-def _rebase(vertex: _Vertex, root: _Vertex) -> _Vertex:
-    """``vertex`` with its input replaced by ``root`` (two Input(...) values with equal dims are the
-    same input), sharing every vertex it can."""
-    if vertex.root is root:
+def _same_inputs(kind: str, left: tuple[_Vertex, ...], right: tuple[_Vertex, ...]) -> dict[int, _Vertex]:
+    """Which of the right branch's inputs are the left one's (by id): two Input(...) values of one
+    name (or both unnamed) and equal dims are one input. Inputs of one name and other dims, or a
+    second input where one is unnamed, are errors that name them."""
+    same: dict[int, _Vertex] = {}
+    for vertex in right:
+        found = next((v for v in left if v.name == vertex.name), None)
+        if found is not None and found.dims == vertex.dims:
+            if found is not vertex:
+                same[id(vertex)] = found
+            continue
+        if found is not None and vertex.name is not None:
+            raise ShapeError(
+                f"{kind}: two inputs are named {vertex.name!r}, {_describe(found.dims)} and {_describe(vertex.dims)}; "
+                f"give each input its own name"
+            )
+        if found is not None or vertex.name is None or any(v.name is None for v in left):
+            raise ShapeError(
+                f"{kind}: the branches start from different inputs {_describe(left[0].dims)} and "
+                f"{_describe(vertex.dims)}; a kernel of several inputs names each one (Input(..., name='q'))"
+            )
+    return same
+
+
+def _rebase(vertex: _Vertex, same: Mapping[int, _Vertex]) -> _Vertex:
+    """``vertex`` with the inputs in ``same`` (by id) replaced by theirs (two Input(...) values
+    with equal dims and names are the same input), sharing every vertex it can."""
+    if not same or all(id(r) not in same for r in vertex.roots):
         return vertex
     memo: dict[int, _Vertex] = {}
     for v in _topological(vertex):
         if not v.args:
-            memo[id(v)] = root
+            memo[id(v)] = same.get(id(v), v)
         else:
             memo[id(v)] = _Vertex(v.step, tuple(memo[id(a)] for a in v.args), v.dims)
     return memo[id(vertex)]
@@ -485,16 +525,16 @@ def _share_prefixes(root: _Vertex) -> _Vertex:
     return root
 
 
-_INPUTS: dict[tuple[Dim, ...], _Vertex] = {}
+_INPUTS: dict[tuple[str | None, tuple[Dim, ...]], _Vertex] = {}
 
 
-def _input_vertex(dims: tuple[Dim, ...]) -> _Vertex:
+def _input_vertex(dims: tuple[Dim, ...], name: str | None = None) -> _Vertex:
     # one vertex per distinct input: branches of x = Input(...) built separately meet at one node
-    vertex = _INPUTS.get(dims)
+    vertex = _INPUTS.get((name, dims))
     if vertex is None:
         if len(_INPUTS) > 4096:
             _INPUTS.clear()
-        vertex = _INPUTS[dims] = _Vertex(None, (), dims)
+        vertex = _INPUTS[name, dims] = _Vertex(None, (), dims, name)
     return vertex
 
 

@@ -19,6 +19,7 @@ one :class:`~kdsl.lang.chain.Chain`).
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,13 +54,26 @@ class _Joinable:
 
 @dataclass(frozen=True, init=False)
 class Input(_Joinable):
-    """The data input: its dims in order (variables, or ``Dim(name, size)``)."""
+    """A data input: its dims in order (variables, or ``Dim(name, size)``) and, in a kernel of
+    several inputs, its ``name`` (the generated ``forward``'s argument; each input of such a
+    kernel is named, each name once). A kernel of one input ignores the name: it is ``x``.
+
+    >>> from kdsl.lang import *
+    >>> B, M, N, D = primary("B M N D")
+    >>> q, k = Input(B, M, D, name="q"), Input(B, N, D, name="k")
+    >>> scores = Product(q, k, "D") >> Output(B, M, N)
+    >>> scores.input_names
+    ('q', 'k')
+    """
 
     dims: tuple[Dim, ...]
+    name: str | None
 
-    def __init__(self, *dims: object) -> None:
+    def __init__(self, *dims: object, name: str | None = None) -> None:
         if not dims:
             raise ShapeError("Input() needs at least one dim")
+        if name is not None:
+            check_input_name(name)
         made = tuple(dim_of(d, "Input") for d in dims)
         seen: set[str] = set()
         for dim in made:
@@ -67,9 +81,20 @@ class Input(_Joinable):
                 raise ShapeError(f"Input: the dim name {dim.name!r} appears twice; name each dim differently")
             seen.add(dim.name)
         object.__setattr__(self, "dims", made)
+        object.__setattr__(self, "name", name)
 
     def __rshift__(self, other: object) -> Any:
-        return Builder.start(self.dims) >> other
+        return Builder.start(self.dims, self.name) >> other
+
+
+def check_input_name(name: object) -> str:
+    """``name`` if it can name an input (a Python identifier, not a keyword, not ``self``)."""
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in ("self", "op"):
+        raise ShapeError(
+            f"Input(..., name={name!r:.40}): an input's name must be a Python identifier (it names the "
+            f"generated forward's argument), like 'q'"
+        )
+    return name
 
 
 class Builder(_Joinable):
@@ -80,7 +105,7 @@ class Builder(_Joinable):
     O(n + d), not O(n * d)); a builder extended a second time replays its steps to get them back.
     """
 
-    __slots__ = ("inputs", "steps", "_live", "_context", "closed_vertex")
+    __slots__ = ("inputs", "steps", "_live", "_context", "closed_vertex", "input_name")
 
     def __init__(
         self,
@@ -89,8 +114,11 @@ class Builder(_Joinable):
         live: Live | None,
         weights: list[Weight],
         earlier: WeightNames | None = None,
+        input_name: str | None = None,
     ) -> None:
         self.inputs = inputs
+        #: the name of the Input this build starts from (kept for a kernel of several inputs)
+        self.input_name = input_name
         self.steps = steps
         self._live = live
         self._context: BuildContext | None = BuildContext(list(weights), earlier) if live is not None else None
@@ -98,8 +126,8 @@ class Builder(_Joinable):
         self.closed_vertex: Any = None
 
     @staticmethod
-    def start(inputs: tuple[Dim, ...]) -> Builder:
-        return Builder(inputs, (), Live({d.name: d.size for d in inputs}, ()), [])
+    def start(inputs: tuple[Dim, ...], input_name: str | None = None) -> Builder:
+        return Builder(inputs, (), Live({d.name: d.size for d in inputs}, ()), [], input_name=input_name)
 
     def _state(self) -> tuple[Live, BuildContext]:
         """The live dims and weights after the steps, replayed if they were handed on."""
@@ -136,7 +164,7 @@ class Builder(_Joinable):
                     steps.append(single.apply(live, context))
         except KdslError as error:
             raise error.with_context(partial_text(self.inputs, tuple(steps))) from None
-        built = Builder(self.inputs, tuple(steps), None, [])
+        built = Builder(self.inputs, tuple(steps), None, [], input_name=self.input_name)
         built._live, built._context = live, context
         return built
 

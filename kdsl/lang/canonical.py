@@ -95,8 +95,15 @@ def graph_key(graph: Any) -> str:
     """
     tensors: list[str] = []
     dims: list[dict[str, str]] = []
+    several = len(graph.input_nodes) > 1
     for node in graph.nodes:
-        if node.kind == "Input":
+        if node.kind == "Input" and several:
+            # the input's position in the kernel's signature is part of its identity: (q, k) -> q·kᵀ
+            # is not (k, q) -> q·kᵀ; its name is not (names never are)
+            position = graph.input_nodes.index(len(tensors))
+            tensor = _h("input", position, [str(d.size) for d in node.dims])
+            made = {d.name: _h("input", position, i, str(d.size)) for i, d in enumerate(node.dims)}
+        elif node.kind == "Input":
             tensor = _h("input", [str(d.size) for d in node.dims])
             made = {d.name: _h("input", i, str(d.size)) for i, d in enumerate(node.dims)}
         elif len(node.args) == 2:

@@ -38,12 +38,14 @@ INPUT = "Input"
 
 @dataclass(frozen=True)
 class Node:
-    """One vertex of an operator: ``step`` (``None`` for the input, a :class:`Chain` for a chain, a
-    unary step or a join), ``args`` (indices of earlier nodes) and its result's ``dims`` in order."""
+    """One vertex of an operator: ``step`` (``None`` for an input, a :class:`Chain` for a chain, a
+    unary step or a join), ``args`` (indices of earlier nodes), its result's ``dims`` in order and,
+    for an input of a kernel of several inputs, the input's ``name`` (``None`` otherwise)."""
 
     step: Chain | Primitive | Join | None
     args: tuple[int, ...]
     dims: tuple[Dim, ...]
+    name: str | None = None
 
     @property
     def kind(self) -> str:
@@ -69,7 +71,7 @@ class Node:
         ``FC(C -> r: R)``, ``Rename(c -> C)``, ``Blend(mul)``, ``Product(d)``."""
         step = self.step
         if step is None:
-            return INPUT
+            return INPUT if self.name is None else f"Input {self.name}{_dims_text(self.dims)}"
         if isinstance(step, Chain):
             return "chain " + " >> ".join(chain_step_texts(step)) if step.steps else "chain (no steps)"
         if isinstance(step, Map):
@@ -135,6 +137,11 @@ class Operator(Sized):
     """A finished operator: the input dims, the nodes (node 0 is the input, the last one the
     result), the output dims (the last node's, in the declared order) and coefficient defaults.
 
+    A kernel may read several inputs (:attr:`input_nodes`, in the order the kernel takes them:
+    the order in which its nodes first reach them, left branch first; node 0 is the first and
+    :attr:`inputs` its dims). Each is then named (:attr:`input_names`), each name once, and a dim
+    name two inputs share has one size in both.
+
     A linear operator's nodes are the input and one chain (:attr:`is_linear`); its chain carries
     the same outputs and defaults. Equal operators have equal fields; :attr:`key` is a content hash
     that is also the same for operators that differ only in dim names, weight-dim order or the order
@@ -158,7 +165,57 @@ class Operator(Sized):
                 "a linear operator's one chain carries its inputs, outputs and defaults; build it with "
                 "Operator.linear(chain) or Operator.from_steps(...)"
             )
+        if len(self.input_nodes) > 1:
+            self._check_inputs()
         self._check_variables()
+
+    def _check_inputs(self) -> None:
+        """Several inputs: each named, each name once, each read, and one size per dim name."""
+        seen: dict[str, int] = {}
+        sizes: dict[str, tuple[Size, str]] = {}
+        for index in self.input_nodes:
+            node = self.nodes[index]
+            if node.name is None:
+                raise ShapeError(
+                    f"a kernel of {len(self.input_nodes)} inputs names each one; the input "
+                    f"{_dims_text(node.dims)} has no name: Input(..., name='q')"
+                )
+            if node.name in seen:
+                raise ShapeError(f"two inputs are named {node.name!r}; give each input its own name")
+            seen[node.name] = index
+            if not self.consumers[index]:
+                raise ShapeError(f"the input {node.name!r} is never used; join it into the result or leave it out")
+            for dim in node.dims:
+                earlier = sizes.setdefault(dim.name, (dim.size, node.name))
+                if earlier[0] != dim.size:
+                    raise ShapeError(
+                        f"the dim {dim.name} is {earlier[0]} in the input {earlier[1]!r} but {dim.size} in the input "
+                        f"{node.name!r}; a dim name two inputs share has one size (rename one: Input(Dim('N2', ...)))"
+                    )
+
+    @cached_property
+    def input_nodes(self) -> tuple[int, ...]:
+        """The indices of the input nodes, in the order the kernel takes its inputs (node 0 first).
+
+        >>> from kdsl.lang import *
+        >>> M, K, N = primary("M K N")
+        >>> mm = Product(Input(M, K, name="a"), Input(K, N, name="b"), "K") >> Output(M, N)
+        >>> mm.input_nodes, mm.input_names
+        ((0, 1), ('a', 'b'))
+        """
+        return tuple(i for i, node in enumerate(self.nodes) if node.step is None)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The inputs' names in order: ``("x",)`` for an operator of one input."""
+        if len(self.input_nodes) == 1:
+            return ("x",)
+        return tuple(str(self.nodes[i].name) for i in self.input_nodes)
+
+    @property
+    def input_dims(self) -> tuple[tuple[Dim, ...], ...]:
+        """Each input's dims, in the order of :attr:`input_nodes` (the first is :attr:`inputs`)."""
+        return tuple(self.nodes[i].dims for i in self.input_nodes)
 
     @staticmethod
     def linear(chain: Chain) -> Operator:
@@ -225,7 +282,7 @@ class Operator(Sized):
         """Every weight, in node order (a chain's in the order it shares them)."""
         return tuple(w for node in self.nodes for w in node.weights())
 
-    def _all_sizes(self) -> list[Size]:
+    def _all_sizes(self) -> list[Size]:  # every input's dims are some node's dims
         sizes = [d.size for d in self.inputs] + [d.size for d in self.outputs]
         for node in self.nodes:
             sizes.extend(d.size for d in node.dims)
@@ -329,7 +386,7 @@ class Operator(Sized):
                 step = substitute_chain(step, sizes, steps)
             elif isinstance(step, Primitive):
                 step = step.substituted(sizes)
-            nodes.append(Node(step, node.args, dims(node.dims)))
+            nodes.append(Node(step, node.args, dims(node.dims), node.name))
         defaults = {k: v for k, v in self.defaults if k not in sizes}
         graph = finish_nodes(dims(self.inputs), tuple(nodes), [d.name for d in self.outputs], defaults)
         matches = tuple(m.substituted(sizes) for m in self.matches)
@@ -351,6 +408,10 @@ class Operator(Sized):
         if chain is not None:
             return f"<Operator [{ins}] -> [{outs}], {len(chain.steps)} steps, key {self.key}>"
         return f"<Operator [{ins}] -> [{outs}], {len(self.nodes)} nodes, key {self.key}>"
+
+
+def _dims_text(dims: tuple[Dim, ...]) -> str:
+    return "[" + ", ".join(f"{d.name}: {d.size}" for d in dims) + "]"
 
 
 def finish_nodes(

@@ -41,7 +41,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., Any], frozenset[str]]] = {
     "dynamic": (dynamic, frozenset()),
     "Dim": (Dim, frozenset()),
     "Weight": (Weight, frozenset({"name"})),
-    "Input": (Input, frozenset()),
+    "Input": (Input, frozenset({"name"})),
     "Output": (Output, frozenset({"defaults"})),
     # each primitive accepts its optional and keyword fields as keywords (declared once, in
     # kdsl.lang.primitives and kdsl.lang.nonlinear)
@@ -286,6 +286,18 @@ def parse(source: str) -> Operator:
         for name in interpreter.order
         if isinstance(interpreter.env[name], (Builder, Tensor)) and name not in interpreter.read
     ]
+    unread = [
+        name
+        for name in interpreter.order
+        if isinstance(interpreter.env[name], Input)
+        and interpreter.env[name].name is not None
+        and name not in interpreter.read
+    ]
+    if unread and operators:
+        raise ParseError(
+            f"the input {unread[0]} = {interpreter.env[unread[0]]!r:.200} is never used: join it into the result "
+            f"or leave it out"
+        )
     if dangling and operators:
         raise ParseError(
             f"the tensor {dangling[0]} = {interpreter.env[dangling[0]]!r:.200} is never used: a branch must be "

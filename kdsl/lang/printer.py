@@ -280,6 +280,8 @@ def _graph_statement_nodes(graph: Any) -> set[int]:
     once, and the branches of a join; a node read once by a unary step is written inline."""
     named = {0}
     for index, node in enumerate(graph.nodes):
+        if node.kind == "Input":
+            named.add(index)
         if len(graph.consumers[index]) > 1:
             named.add(index)
         if len(node.args) > 1:
@@ -315,7 +317,8 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
     expressions: dict[int, list[str]] = {}
     for index, node in enumerate(graph.nodes):
         if node.kind == "Input":
-            lines = [f"Input({', '.join(_dim_text(d) for d in node.dims)})"]
+            name = "" if node.name is None else f", name={_q(node.name)}"
+            lines = [f"Input({', '.join(_dim_text(d) for d in node.dims)}{name})"]
         elif node.kind in ("Blend", "Product"):
             left, right = (tensor_vars[a] for a in node.args)
             if node.kind == "Blend":
@@ -336,7 +339,10 @@ def graph_to_dsl(graph: Any, op_name: str = "op") -> str:
                 expressions[index] = lines
                 break
             lines = _split_pipeline(lines, fresh, statements)
-            variable = fresh("x" if index == 0 else "t")
+            # a named input is bound to its own name where that is free (q = Input(..., name="q"))
+            own = node.name if node.kind == "Input" and node.name not in taken | DSL_NAMES else None
+            variable = own or fresh("x" if index == 0 else "t")
+            taken.add(variable)
             tensor_vars[index] = variable
             statements.append(_statement(variable, lines))
         else:
@@ -392,12 +398,14 @@ def _graph_sizes(graph: Any) -> Iterable[Size]:
 def graph_to_dict(graph: Any) -> dict[str, Any]:
     """The JSON-ready dict of a branching kernel: nodes in order, each with its arguments' indices."""
     variables: dict[str, Var] = {}
-    for size in [d.size for d in graph.inputs] + list(_graph_sizes(graph)):
+    for size in [d.size for dims in graph.input_dims for d in dims] + list(_graph_sizes(graph)):
         for var in size.variables:
             variables.setdefault(var.name, var)
     nodes: list[dict[str, Any]] = []
     for node in graph.nodes[1:]:
-        if node.kind == "Chain":
+        if node.kind == "Input":  # a second input: its name and dims
+            entry = {"op": "Input", "name": node.name, "inputs": _dims_dicts(node.dims)}
+        elif node.kind == "Chain":
             entry: dict[str, Any] = {"op": "Chain", "steps": [_step_dict(step) for step in node.step.steps]}
         else:
             entry = _step_dict(node.step)
@@ -407,11 +415,16 @@ def graph_to_dict(graph: Any) -> dict[str, Any]:
         "format": GRAPH_FORMAT,
         "version": GRAPH_VERSION,
         "variables": {v.name: v.kind for v in sorted(variables.values(), key=Var.sort_key)},
-        "inputs": [{"name": d.name, "size": str(d.size)} for d in graph.inputs],
+        "inputs": _dims_dicts(graph.inputs),
+        **({"input_name": graph.nodes[0].name} if graph.nodes[0].name is not None else {}),
         "nodes": nodes,
         "outputs": [d.name for d in graph.outputs],
         "defaults": dict(graph.defaults),
     }
+
+
+def _dims_dicts(dims: Iterable[Any]) -> list[dict[str, str]]:
+    return [{"name": d.name, "size": str(d.size)} for d in dims]
 
 
 def graph_to_json(graph: Any) -> str:

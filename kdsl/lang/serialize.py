@@ -134,10 +134,17 @@ def _graph_from_dict(data: dict[str, Any]) -> Operator:
     nodes = _field(data, "nodes", list, "kernel")
     if not nodes:
         raise ParseError("a kernel's JSON needs at least one node")
-    tensors: list[Any] = [Input(*inputs)]
+    first_name = data.get("input_name")
+    if first_name is not None and not isinstance(first_name, str):
+        raise ParseError("input_name must be a string")
+    tensors: list[Any] = [Input(*inputs, name=first_name)]
     readers = [0] * (len(nodes) + 1)
     for index, node in enumerate(nodes, 1):
         where = f"nodes[{index - 1}]"
+        if isinstance(node, dict) and node.get("op") == "Input":  # a second input: no arguments
+            _, dims = _variables_and_inputs({"variables": data.get("variables"), **node}, where)
+            tensors.append(Input(*dims, name=_field(node, "name", str, where)))
+            continue
         args = _field(node, "args", list, where)
         for arg in args:
             if isinstance(arg, bool) or not isinstance(arg, int) or not 0 <= arg < len(tensors):

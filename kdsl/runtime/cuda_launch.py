@@ -135,9 +135,10 @@ def plan(bundle: Mapping[str, Any]) -> LaunchPlan:
             raise BundleError(f"{where}: dtype {dtype!r} of {name!r} is not one of {', '.join(_DTYPES)}")
         shapes[name], dtypes[name] = tuple(shape), dtype
         roles[role].append(name)
-    if len(roles["input"]) != 1 or len(roles["output"]) != 1:
+    # a kernel of several inputs lists them in its input order; a call passes them first, in that order
+    if not roles["input"] or len(roles["output"]) != 1:
         raise BundleError(
-            f"bundle: expected one input and one output buffer, got {roles['input']} and {roles['output']}"
+            f"bundle: expected at least one input and one output buffer, got {roles['input']} and {roles['output']}"
         )
     launches = []
     for i, launch in enumerate(_field(bundle, "launches", list, "bundle")):
@@ -403,7 +404,8 @@ class BundleKernel:
             function(grid, block, tuple(pointers[i] for i in slots), shared_mem=shared)
 
     def __call__(self, *tensors: Any, out: Any | None = None) -> Any:
-        """Run every launch in order on ``tensors`` (the data input, then the weights); returns the output."""
+        """Run every launch in order on ``tensors`` (the data inputs in order, then the weights); returns the
+        output."""
         torch, cupy = self._torch, self._cupy
         inputs = self._check(tensors)
         result = self._output if out is None else out

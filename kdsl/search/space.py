@@ -154,6 +154,11 @@ def load_spec(spec: str | Spec | Mapping) -> Spec:
 
 
 def _spec_from_mapping(data: Mapping) -> Spec:
+    if "inputs" in data:
+        raise SearchError(
+            "spec: search synthesizes operators of one data input ('input'); a kernel of several inputs "
+            "(Input(..., name='q')) is written by hand"
+        )
     kinds: dict[str, str] = {}
     for key, kind in (("primary", "primary"), ("coefficients", "coefficient")):
         names = data.get(key, [])

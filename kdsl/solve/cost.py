@@ -224,17 +224,28 @@ def shapes(
     op: Operator, layer: Layer | Mapping[str, int], coefficients: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
     """Concrete shapes on one layer: ``input``, ``output`` (tuples of ints) and ``weights``
-    (weight name -> tuple, in the weight's declared dim order)."""
+    (weight name -> tuple, in the weight's declared dim order); a kernel of several inputs adds
+    ``inputs`` (input name -> tuple, in the order it takes them; ``input`` is the first's).
+
+    >>> from kdsl.lang import *
+    >>> B, M, K, N = primary("B M K N")
+    >>> bmm = Product(Input(B, M, K, name="a"), Input(B, K, N, name="b"), "K") >> Output(B, M, N)
+    >>> shapes(bmm, {"B": 2, "M": 3, "K": 4, "N": 5})["inputs"]
+    {'a': (2, 3, 4), 'b': (2, 4, 5)}
+    """
     binding = bind(op, as_layer(layer), coefficients)
 
     def ints(sizes: list[Size]) -> tuple[int, ...]:
         return tuple(int(size.evaluate(binding)) for size in sizes)
 
-    return {
+    found: dict[str, Any] = {
         "input": ints([d.size for d in op.inputs]),
         "output": ints([d.size for d in op.outputs]),
         "weights": {w.name: ints(list(w.shape)) for w in op.weights},
     }
+    if len(op.input_nodes) > 1:  # several inputs: each by name, in order ("input" is the first's)
+        found["inputs"] = {name: ints([d.size for d in dims]) for name, dims in zip(op.input_names, op.input_dims)}
+    return found
 
 
 # ------------------------------------------------------------------------------------------------
@@ -346,7 +357,7 @@ def _graph_terms(
     rules: dict[str, Callable[[], list[list[Size]]]] = {
         "flops": lambda: [GRAPH_FLOPS[node.kind](graph, index, point) for index, node in enumerate(graph.nodes)],
         "params": lambda: [[elements(w.shape)] for w in graph.weights],
-        "input": lambda: [[dim_elements(graph.inputs)]],
+        "input": lambda: [[dim_elements(dims)] for dims in graph.input_dims],  # every input's elements
         "output": lambda: [[dim_elements(graph.outputs)]],
         "intermediate": lambda: [_largest_at(tensors(), point)],
         "memory": memory,

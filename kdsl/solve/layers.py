@@ -148,10 +148,29 @@ def _resnet18_stride2() -> tuple[Layer, ...]:
     return tuple(Layer(name, _views({"N": 1, "Cin": cin, "Cout": cout, "H": h, "W": h})) for name, cin, cout, h in rows)
 
 
+def _opevo_bmm() -> tuple[Layer, ...]:
+    # OpEvo's BatchMatMuls (appendix B.2, from BERT): 960 batches of [M, K] x [K, N]; BMM1 is
+    # 128x128 · 128x64, BMM2 the same with the left matrix transposed first, BMM3 128x64 transposed · 128x64
+    rows = (("bmm1", 128, 128, 64), ("bmm2", 128, 128, 64), ("bmm3", 64, 128, 64))
+    return tuple(Layer(name, {"B": 960, "M": m, "K": k, "N": n}) for name, m, k, n in rows)
+
+
+def _bert_attention() -> tuple[Layer, ...]:
+    # BERT-base's attention scores as OpEvo's BMMs see them: 80 sequences x 12 heads = 960 batches,
+    # 128 queries and keys of head width 64
+    return (Layer("bert_base", {"B": 960, "M": 128, "N": 128, "D": 64}),)
+
+
 #: Built-in tables. ``resnet18``: the distinct stride-1 3x3 convs of ResNet-18 on ImageNet (N=1).
 #: ``resnet18_stride2``: the first conv of stages 3-5 (stride 2; H, W are input sizes). Each layer
 #: also binds ``M = N*H*W`` (the rows of the pixel-wise matmul view) and ``L = H*W`` (a 1-D view).
-BUILTIN_TABLES = {"resnet18": _resnet18, "resnet18_stride2": _resnet18_stride2}
+#: ``opevo_bmm``: OpEvo's three BatchMatMuls (B, M, K, N); ``bert_attention``: BERT-base's Q·Kᵀ (B, M, N, D).
+BUILTIN_TABLES = {
+    "resnet18": _resnet18,
+    "resnet18_stride2": _resnet18_stride2,
+    "opevo_bmm": _opevo_bmm,
+    "bert_attention": _bert_attention,
+}
 
 
 def _from_json(path: Path) -> object:

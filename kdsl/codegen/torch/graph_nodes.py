@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from kdsl import solve
 from kdsl.codegen.torch.chain_lowering import _chain_body, _dim_names
 from kdsl.codegen.torch.identifiers import _Axes
+from kdsl.codegen.torch.module_signature import forward_arguments
 from kdsl.codegen.torch.views import einsum_code, rearrange_code
 from kdsl.codegen.torch.writer import _size_code, _Writer
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, MAP_FUNCTIONS, BlendJoin, Fold, Map, Rename, Softmax
@@ -378,7 +379,11 @@ def forward_lines(
 ) -> list[str]:
     """The forward's lines after the input check (the input is ``x``, ``weights`` the code of each
     weight in :attr:`Operator.weights` order), ending in ``return``; the caller indents them."""
-    writer = _GraphWriter(graph, axis, size, emit_chain, list(weights), names=["x"] * len(graph.nodes))
+    arguments = forward_arguments(graph, _node_names(graph))
+    names = ["x"] * len(graph.nodes)
+    for position, index in enumerate(graph.input_nodes):  # an input is the forward's argument
+        names[index] = arguments[position]
+    writer = _GraphWriter(graph, axis, size, emit_chain, list(weights), names=names)
     count = 0
     for node in graph.nodes:
         writer.first_weight.append(count)
@@ -393,6 +398,8 @@ def forward_lines(
         if node.kind == "Chain" and readers and all(reader in writer.poolings for reader in readers):
             writer.skipped.add(index)
     for index, node in enumerate(graph.nodes[1:], 1):
+        if node.step is None:
+            continue  # another input: its argument, named above
         writer.names[index] = f"x{index}"
         writer.lines.append(_describe_node(graph, index))
         axes = GRAPH_RULES[node.kind](writer, index, node)
@@ -406,12 +413,21 @@ def forward_lines(
     return writer.lines
 
 
-def own_names(graph: Operator) -> frozenset[str]:
-    """The forward's own variables besides :data:`OWN_NAMES` (a size variable must not take one)."""
+def _node_names(graph: Operator) -> frozenset[str]:
     count = len(graph.nodes)
     return frozenset(
-        {"ones", "_pool", "_masked_fold"} | {f"x{i}" for i in range(count)} | {f"mask{i}" for i in range(count)}
+        {"ones", "_pool", "_masked_fold", "_check_named"}
+        | {f"x{i}" for i in range(count)}
+        | {f"mask{i}" for i in range(count)}
     )
+
+
+def own_names(graph: Operator) -> frozenset[str]:
+    """The forward's own variables besides :data:`OWN_NAMES` (a size variable must not take one):
+    its node variables and, with several inputs, its arguments."""
+    if len(graph.input_nodes) > 1:
+        return _node_names(graph) | set(forward_arguments(graph, _node_names(graph)))
+    return _node_names(graph)
 
 
 def _graph_body(

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from math import prod
 
 from kdsl import solve
-from kdsl.codegen.torch.identifiers import RESERVED_ATTRIBUTES
+from kdsl.codegen.torch.identifiers import MODULE_NAMES, RESERVED_ATTRIBUTES
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.nonlinear import ProductJoin
 from kdsl.lang.operator import Operator
@@ -23,6 +23,8 @@ def free_inputs(graph: Operator) -> set[int]:
     reads the dim by name (no step of a linear operator touches it), and its size is one primary
     variable that no step and no other input dim mentions, so any value gives the same operator on
     more (or fewer) rows."""
+    if len(graph.input_nodes) > 1:
+        return set()  # several inputs: every size is bound when the module is built
     touched: set[str] = set()
     mentioned: list[str] = [v.name for d in graph.inputs for v in d.size.variables]
     for node in graph.nodes:
@@ -38,6 +40,28 @@ def free_inputs(graph: Operator) -> set[int]:
         if var is not None and dim.name not in touched and mentioned.count(var) == 1 and var in graph.primary_variables:
             free.add(position)
     return free
+
+
+def forward_arguments(op: Operator, taken: frozenset[str] = frozenset()) -> list[str]:
+    """The generated ``forward``'s arguments, one per input in order: ``x`` for one input, else
+    the inputs' names (with ``_`` appended while a name is one the module uses itself: ``taken``
+    and :data:`~kdsl.codegen.torch.identifiers.MODULE_NAMES`).
+
+    >>> from kdsl.lang import *
+    >>> B, M, K, N = primary("B M K N")
+    >>> bmm = Product(Input(B, M, K, name="a"), Input(B, K, N, name="torch"), "K") >> Output(B, M, N)
+    >>> forward_arguments(bmm)
+    ['a', 'torch_']
+    """
+    if len(op.input_nodes) == 1:
+        return ["x"]
+    arguments: list[str] = []
+    for name in op.input_names:
+        argument = name
+        while argument in MODULE_NAMES or argument in taken or argument in arguments:
+            argument += "_"
+        arguments.append(argument)
+    return arguments
 
 
 def weight_attributes(op: Operator) -> list[str]:
@@ -143,6 +167,8 @@ def lazy_variables(op: Operator) -> dict[str, int]:
     >>> lazy_variables(gallery.load("conv2d"))
     {'H': 2, 'N': 0, 'W': 3}
     """
+    if len(op.input_nodes) > 1:
+        return {}  # several inputs: the module is built with every size (which input would it read?)
     needed = _needed_variables(op)
     positions = {}
     for position, dim in enumerate(op.inputs):

@@ -8,7 +8,14 @@ from collections.abc import Mapping
 
 from kdsl import solve
 from kdsl.codegen.torch.chain_lowering import _forward_body
-from kdsl.codegen.torch.graph_nodes import GRAPH_HELPERS, _graph_body, _graph_dim_names, masked_folds, own_names
+from kdsl.codegen.torch.graph_nodes import (
+    GRAPH_HELPERS,
+    _graph_body,
+    _graph_dim_names,
+    _node_names,
+    masked_folds,
+    own_names,
+)
 from kdsl.codegen.torch.identifiers import _Axes, _class_name, _einops_ok, _identifiers
 from kdsl.codegen.torch.module_signature import (
     _bias_dim,
@@ -16,6 +23,7 @@ from kdsl.codegen.torch.module_signature import (
     _known_binding,
     _one_line,
     _summed_dims,
+    forward_arguments,
     free_inputs,
     lazy_variables,
     weight_attributes,
@@ -75,6 +83,17 @@ def _check_input(x, dims, sizes):
     raise ShapeError(f"the input must have shape [{expected}] ({len(dims)} dims), got {list(shape)}")
 """
 
+#: The input check of a kernel of several inputs, which names the input (only their modules have it:
+#: the text of every one-input module stays as it was).
+INPUTS_HELPER = """
+def _check_named(x, name, dims, sizes):
+    \"\"\"_check_input, its error naming the input.\"\"\"
+    try:
+        _check_input(x, dims, sizes)
+    except ShapeError as error:
+        raise ShapeError(f"the input {name}: {error}") from None
+"""
+
 #: kdsl's ShapeError where kdsl is installed (callers catch KdslError), else a ValueError of that name.
 ERROR_IMPORT = """
 try:
@@ -130,6 +149,11 @@ def source(
     if pad:
         if layer is None:
             raise LoweringError("source(..., pad=True) pads the sizes of one layer: pass the layer")
+        if len(op.input_nodes) > 1:
+            raise LoweringError(
+                f"padding (pad=True) is not supported for a kernel of several inputs ({', '.join(op.input_names)}) "
+                f"yet; pass sizes that divide"
+            )
         return padded_source(op, solve.pad_binding(op, layer), name=name)
     binding = _known_binding(op, layer) if layer is not None else None
     ids, axis = module_identifiers(op), _einops_axes(op)
@@ -152,7 +176,7 @@ def source(
         "import torch.nn.functional as F",
         "from torch import nn",
         ERROR_IMPORT,
-        HELPERS + (GRAPH_HELPERS if not op.is_linear else ""),
+        HELPERS + (GRAPH_HELPERS if not op.is_linear else "") + (INPUTS_HELPER if len(op.input_nodes) > 1 else ""),
         "",
         *_renaming_notes(op, ids, axis, attributes),
         f"class {_class_name(name)}(nn.Module):",
@@ -291,6 +315,8 @@ def _forward_lines(op: Operator, ids: dict[str, str], body: list[str]) -> list[s
         else:
             expected.append(_size_code(d.size, ids))
     dim_list = "[" + ", ".join(f'"{d.name}"' for d in op.inputs) + "]"
+    if len(op.input_nodes) > 1:
+        return _several_inputs_forward(op, ids, body)
     return [
         "    def forward(self, x):",
         f"        {', '.join(ids[v] for v in variables)}{',' if len(variables) == 1 else ''} = self.sizes.values()"
@@ -305,6 +331,23 @@ def _forward_lines(op: Operator, ids: dict[str, str], body: list[str]) -> list[s
         *_lazy_size_lines(op, ids, dim_list if late else None),
         *("        " + line for line in _with_bias(op, body)),
     ]
+
+
+def _several_inputs_forward(op: Operator, ids: dict[str, str], body: list[str]) -> list[str]:
+    """``forward(self, q, k)`` of a kernel of several inputs: every size bound when the module was
+    built (none read from an input), each input's shape checked under its name."""
+    variables = [v.name for v in op.variables]
+    arguments = forward_arguments(op, _node_names(op))  # as the body (graph_nodes) names them
+    lines = [f"    def forward(self, {', '.join(arguments)}):"]
+    if variables:
+        lines.append(
+            f"        {', '.join(ids[v] for v in variables)}{',' if len(variables) == 1 else ''} = self.sizes.values()"
+        )
+    for argument, name, dims in zip(arguments, op.input_names, op.input_dims):
+        names = "[" + ", ".join(f'"{d.name}"' for d in dims) + "]"
+        sizes = ", ".join(_size_code(d.size, ids) for d in dims)
+        lines.append(f"        _check_named({argument}, {name!r}, {names}, [{sizes}])")
+    return lines + ["        " + line for line in _with_bias(op, body)]
 
 
 def _lazy_size_lines(op: Operator, ids: dict[str, str], late_check: str | None) -> list[str]:

@@ -254,10 +254,12 @@ def cuda_bundle(
     lowered = lower(op, binding, dtype)
     _, host, device, used, report = schedule_verified(lowered, gpu, config, target)
     launches, declared = _launches(host)
-    roles = {lowered.x.op.name: "input", lowered.out.op.name: "output"}
+    roles = {t.op.name: "input" for t in lowered.inputs}
+    roles[lowered.out.op.name] = "output"
     roles.update({w.op.name: "weight" for w in lowered.weights})
     buffers = []
-    ordered = [lowered.x.op.name, *(w.op.name for w in lowered.weights), lowered.out.op.name]
+    # the inputs (several: in the kernel's order), the weights, the output
+    ordered = [*(t.op.name for t in lowered.inputs), *(w.op.name for w in lowered.weights), lowered.out.op.name]
     by_name = {name: (shape, dt, allocated) for name, shape, dt, allocated in declared.values()}
     for name in ordered:
         if name not in by_name:

@@ -24,7 +24,7 @@ from kdsl.codegen.tvm.cuda import cuda_source, cuda_target, schedule_verified
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.lowering import Lowered, lower
 from kdsl.codegen.tvm.toolchain import default_target, load_tvm
-from kdsl.lang.errors import LoweringError, ShapeError
+from kdsl.lang.errors import KdslError, LoweringError, ShapeError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.gpu import from_arch
 from kdsl.solve.constraints import pad_binding
@@ -41,13 +41,15 @@ def _aligned(tensor: Any) -> Any:
 
 
 class Kernel:
-    """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack)."""
+    """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack); a
+    kernel of several inputs takes them first, in its input order: ``kernel(q, k, *weights)``."""
 
     def __init__(self, executable: Any, lowered: Lowered, schedule: Any | None) -> None:
         self.executable = executable
         self.lowered = lowered
         self.schedule = schedule
-        self.input_shape = tuple(int(d) for d in lowered.x.shape)
+        self.input_shapes = [tuple(int(d) for d in t.shape) for t in lowered.inputs]
+        self.input_shape = self.input_shapes[0]
         self.weight_shapes = [tuple(int(d) for d in w.shape) for w in lowered.weights]
         self.output_shape = lowered.output_shape
 
@@ -56,11 +58,42 @@ class Kernel:
         """The element type the kernel was compiled for (its inputs must have it)."""
         return str(self.lowered.x.dtype)
 
-    def _tensors(self, x: Any, weights: Sequence[Any]) -> tuple[Any, list[Any]]:
+    def _split(self, tensors: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """A call's positional tensors as (the inputs, the weights)."""
+        count = len(self.input_shapes)
+        if len(tensors) < count:
+            names = ", ".join(self.lowered.op.input_names)
+            raise ShapeError(
+                f"the kernel takes {count} inputs ({names}) before its weights, got {len(tensors)} tensors"
+            )
+        return list(tensors[:count]), list(tensors[count:])
+
+    def _inputs(self, xs: Sequence[Any], weights: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """Every input and the weights as torch tensors, checked (:meth:`_tensors`)."""
+        names = self.lowered.op.input_names
+        checked, checked_weights = [], []
+        for position, (x, shape) in enumerate(zip(xs, self.input_shapes)):
+            what = "" if len(names) == 1 else f"{names[position]}: "
+            try:
+                tensor, found = self._tensors(x, weights, shape, weighted=position == 0)
+                checked_weights = found if position == 0 else checked_weights
+            except KdslError as error:
+                raise type(error)(what + str(error)) from None
+            checked.append(tensor)
+        for x in checked[1:]:
+            if x.dtype != checked[0].dtype:
+                raise LoweringError(f"the inputs have dtypes {[str(t.dtype) for t in checked]}; pass one dtype")
+        return checked, checked_weights
+
+    def _tensors(
+        self, x: Any, weights: Sequence[Any], input_shape: tuple[int, ...] | None = None, weighted: bool = True
+    ) -> tuple[Any, list[Any]]:
         """``x`` and ``weights`` as torch tensors, checked the way the reference interpreter checks its
         arrays (the same :class:`KdslError` subclasses), so that no bad input reaches TVM's own checks."""
         import numpy as np
         import torch
+
+        input_shape = self.input_shape if input_shape is None else input_shape
 
         def tensor(value: Any, what: str) -> Any:
             if isinstance(value, np.ndarray):
@@ -70,8 +103,8 @@ class Kernel:
             return value
 
         x = tensor(x, "the input x")
-        if tuple(x.shape) != self.input_shape:
-            raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {self.input_shape}")
+        if tuple(x.shape) != input_shape:
+            raise ShapeError(f"the input has shape {tuple(x.shape)}, expected {input_shape}")
         if not (x.dtype.is_floating_point or x.dtype.is_complex):
             raise LoweringError(
                 f"the input x has dtype {x.dtype}; pass a floating tensor, e.g. x.to(torch.{self.dtype})"
@@ -82,6 +115,8 @@ class Kernel:
                 f"the input x has dtype {x.dtype} but this kernel was compiled for {self.dtype}: "
                 f"pass x.to(torch.{self.dtype}) or build with dtype={str(x.dtype).removeprefix('torch.')!r}"
             )
+        if not weighted:
+            return x, []  # another input of several: the weights are checked with the first
         if len(weights) != len(self.weight_shapes):
             raise ShapeError(f"expected {len(self.weight_shapes)} weights, got {len(weights)}")
         checked = []
@@ -97,24 +132,31 @@ class Kernel:
         requires grad, the result takes part in autograd (see :func:`_autograd_function`)."""
         import torch
 
-        x, weights = self._tensors(x, weights)
+        if len(self.input_shapes) == 1:
+            x, weights = self._tensors(x, weights)
+            xs = [x]
+        else:
+            xs, weights = self._inputs(*self._split((x, *weights)))
+            x = xs[0]
         if out is not None and (
             not isinstance(out, torch.Tensor) or tuple(out.shape) != self.output_shape or out.dtype != x.dtype
         ):
             raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
-        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in [*xs, *weights]):
             if out is not None:
                 raise LoweringError("out= writes in place and cannot take part in autograd: call without out=")
-            return _autograd_function().apply(self, x, *weights)
-        return self._forward(x, weights, out)
+            return _autograd_function().apply(self, *xs, *weights)
+        return self._forward(xs, weights, out)
 
-    def _forward(self, x: Any, weights: Sequence[Any], out: Any | None = None) -> Any:
+    def _forward(self, xs: Any, weights: Sequence[Any], out: Any | None = None) -> Any:
         import torch
 
-        dtype = x.dtype
-        args = [_aligned(x.contiguous())] + [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
+        xs = list(xs) if isinstance(xs, (list, tuple)) else [xs]
+        dtype = xs[0].dtype
+        inputs = [_aligned(x.contiguous()).detach() for x in xs]
+        args = [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
         result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)
-        self.executable(args[0].detach(), *args[1:], result)
+        self.executable(*inputs, *args, result)
         if out is not None and result is not out:
             out.copy_(result)
             return out
@@ -125,7 +167,8 @@ class Kernel:
         import torch
 
         tvm = load_tvm()
-        args = [_aligned(x.contiguous())] + [_aligned(w.detach().contiguous()) for w in weights]
+        # several inputs come first among the tensors, as a call takes them
+        args = [_aligned(t.contiguous()) for t in (x, *weights)]
         out = torch.empty(self.output_shape, dtype=x.dtype)
         timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
         return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
@@ -155,23 +198,27 @@ def _autograd_function() -> Any:
 
     class KernelFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, kernel: Kernel, x: Any, *weights: Any) -> Any:
+        def forward(ctx: Any, kernel: Kernel, *tensors: Any) -> Any:
+            # tensors: the inputs (one, or several in the kernel's order), then the weights
             ctx.kernel = kernel
-            ctx.save_for_backward(x, *weights)
-            return kernel._forward(x.detach(), [w.detach() for w in weights])
+            ctx.save_for_backward(*tensors)
+            count = len(kernel.input_shapes)
+            return kernel._forward([t.detach() for t in tensors[:count]], [w.detach() for w in tensors[count:]])
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
-            x, *weights = ctx.saved_tensors
+            tensors = ctx.saved_tensors
+            count = len(ctx.kernel.input_shapes)
             module = ctx.kernel.torch_module()
             needs = ctx.needs_input_grad[1:]
+            dtype = tensors[0].dtype
             with torch.enable_grad():
-                leaves = [t.detach().to(x.dtype).requires_grad_(need) for t, need in zip([x, *weights], needs)]
-                names = [name for name, _ in module.named_parameters()][: len(weights)]
-                y = torch.func.functional_call(module, dict(zip(names, leaves[1:])), (leaves[0],))
+                leaves = [t.detach().to(dtype).requires_grad_(need) for t, need in zip(tensors, needs)]
+                names = [name for name, _ in module.named_parameters()][: len(tensors) - count]
+                y = torch.func.functional_call(module, dict(zip(names, leaves[count:])), tuple(leaves[:count]))
                 wanted = [leaf for leaf in leaves if leaf.requires_grad]
                 grads = iter(torch.autograd.grad(y, wanted, grad) if wanted else ())
-            return (None, *(next(grads).to(t.dtype) if need else None for t, need in zip([x, *weights], needs)))
+            return (None, *(next(grads).to(t.dtype) if need else None for t, need in zip(tensors, needs)))
 
     return KernelFunction
 
@@ -262,6 +309,11 @@ def build(
     (6,)
     """
     if pad:
+        if len(op.input_nodes) > 1:
+            raise LoweringError(
+                f"padding (pad=True) is not supported for a kernel of several inputs ({', '.join(op.input_names)}) "
+                f"yet; pass sizes that divide"
+            )
         padding = pad_binding(op, layer)
         return PaddedKernel(build(op, padding.padded_binding, target, dtype=dtype, schedule=schedule), padding)
     tvm = load_tvm()

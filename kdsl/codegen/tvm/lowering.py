@@ -11,7 +11,7 @@ needs to know of it. The kernel built from these stages is :mod:`kdsl.codegen.tv
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl import solve
@@ -35,10 +35,17 @@ class Lowered:
     out: Any
     stages: list[StageInfo]
     output_shape: tuple[int, ...]
+    #: the placeholders of a kernel's other inputs, in its input order (``x`` is the first's)
+    extra_inputs: list[Any] = field(default_factory=list)
+
+    @property
+    def inputs(self) -> list[Any]:
+        """Every input's placeholder, in the kernel's input order."""
+        return [self.x, *self.extra_inputs]
 
     def prim_func(self) -> Any:
         tvm = load_tvm()
-        func = tvm.te.create_prim_func([self.x, *self.weights, self.out])
+        func = tvm.te.create_prim_func([*self.inputs, *self.weights, self.out])
         return func.with_attr("global_symbol", "main")
 
     def module(self) -> Any:
@@ -47,9 +54,10 @@ class Lowered:
 
 
 def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Lowered:
-    """Lower an operator at the sizes of ``layer`` to TE placeholders and stages: one input ``x``, one
-    placeholder per weight (``op.weights`` order), one output (its axes in ``op.outputs`` order). Each
-    node lowers by its rule in :data:`GRAPH_RULES`; a linear operator is its input and one chain node.
+    """Lower an operator at the sizes of ``layer`` to TE placeholders and stages: one input ``x`` (a
+    kernel of several inputs: ``x`` the first, ``x_<name>`` each other one), one placeholder per
+    weight (``op.weights`` order), one output (its axes in ``op.outputs`` order). Each node lowers
+    by its rule in :data:`GRAPH_RULES`; a linear operator is its input and one chain node.
 
     >>> from kdsl.lang import *
     >>> N, C, L = primary("N C L")
@@ -68,6 +76,9 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
         binding = solve.bind(op, layer) if op.is_linear else resolve_binding(op, as_layer(layer))
     ctx = GraphContext(op, binding, dtype)
     for index, node in enumerate(op.nodes[1:], 1):
+        if node.step is None:  # another input: its placeholder
+            ctx.values.append(ctx.input_value(index))
+            continue
         rule = GRAPH_RULES.get(node.kind)
         if rule is None:
             raise LoweringError(f"the TVM backend has no rule for the node kind {node.kind}")
@@ -76,9 +87,9 @@ def lower(op: Operator, layer: Mapping[str, int], dtype: str = "float32") -> Low
     out_dims = [d.name for d in op.outputs]
     output_shape = tuple(ctx.size(d.size, f"the output dim {d.name}") for d in op.outputs)
     out = result.tensor
-    if out is None or out is ctx.x or result.dims != out_dims:
+    if out is None or any(out is tensor for tensor in ctx.inputs) or result.dims != out_dims:
         # the last node's result in the output's order (or a copy of the input, for a kernel of Renames)
         assert result.tensor is not None
         info = StageInfo("out", out_dims, [], is_copy=True, reads_from=read_names(result))
         out = ctx.stage(info, output_shape, lambda *i: result.at(dict(zip(out_dims, i))))
-    return Lowered(op, binding, ctx.x, ctx.weights, out, ctx.stages, output_shape)
+    return Lowered(op, binding, ctx.x, ctx.weights, out, ctx.stages, output_shape, ctx.inputs[1:])

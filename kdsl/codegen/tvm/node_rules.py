@@ -97,8 +97,14 @@ class GraphContext:
         self.binding = binding
         self.dtype = dtype
         self.stages: list[StageInfo] = []
-        shape = tuple(self.size(d.size, f"the input dim {d.name}") for d in graph.inputs)
-        self.x = self.te.placeholder(shape, dtype, name="x")
+        # one placeholder per input: x, then x_<name> for each other input of a kernel of several
+        self.inputs: list[Any] = []
+        for position, dims in enumerate(graph.input_dims):
+            name = "x" if position == 0 else f"x_{graph.input_names[position]}"
+            where = "the input" if position == 0 else f"the input {graph.input_names[position]}:"
+            shape = tuple(self.size(d.size, f"{where} dim {d.name}") for d in dims)
+            self.inputs.append(self.te.placeholder(shape, dtype, name=name))
+        self.x = self.inputs[0]
         self.weights: list[Any] = []
         self.weight_tensors: dict[str, Any] = {}
         for weight in graph.weights:
@@ -107,6 +113,11 @@ class GraphContext:
             self.weights.append(tensor)
             self.weight_tensors[str(weight.name)] = tensor
         self.values: list[_Value] = [_Value([d.name for d in graph.inputs], self.x)]
+
+    def input_value(self, index: int) -> _Value:
+        """The value of the input node ``index``: its placeholder, its dims by name."""
+        position = self.graph.input_nodes.index(index)
+        return _Value([d.name for d in self.graph.nodes[index].dims], self.inputs[position])
 
     def size(self, size: Size, what: str) -> int:
         value = size.evaluate(self.binding)
