@@ -1,6 +1,6 @@
 """What every primitive is made of: dims and weights (:class:`Dim`, :class:`Weight`), the
 :class:`Primitive` base class with its fields and the facts the passes read (:data:`VIEW`,
-:data:`REDUCTION`, ...), and the build context a primitive applies in. The eight primitives
+:data:`REDUCTION`, ...), and the build context a primitive applies in. The primitives
 themselves are declared in :mod:`kdsl.lang.primitives`, each once.
 """
 
