@@ -80,6 +80,22 @@ def torch_strided_conv2d(x, ws, v):
     return F.conv2d(t(x), t(ws[0]), stride=v["s"], padding=v["K"] // 2)
 
 
+def torch_conv2d_valid(x, ws, v):
+    return F.conv2d(t(x), t(ws[0]), stride=v.get("s", 1), padding=0)
+
+
+def torch_conv_transpose(x, ws, v):
+    """F.conv_transpose{2,3}d with the gallery's weight flipped in its windows and its channels
+    swapped, padding K - 1 - K//2 and the output padding that makes the output s times the input."""
+    K, s = v["K"], v["s"]
+    windows = ws[0].ndim - 2
+    weight = t(ws[0]).flip(list(range(-windows, 0))).transpose(0, 1)
+    padding, size = K - 1 - K // 2, x.shape[-1]
+    output_padding = s * size - ((size - 1) * s - 2 * padding + K)
+    function = F.conv_transpose2d if windows == 2 else F.conv_transpose3d
+    return function(t(x), weight, stride=s, padding=padding, output_padding=output_padding)
+
+
 def torch_conv2d_kx1_1xk(x, ws, v):
     K = v["K"]
     w_kx1, w_1xk = (t(w) for w in ws)
@@ -229,6 +245,35 @@ CASES = {
             {"N": 1, "Cin": 3, "Cout": 2, "H": 6, "W": 8},
             {"N": 2, "Cin": 2, "Cout": 3, "H": 2, "W": 6, "K": 5},
             {"N": 1, "Cin": 2, "Cout": 2, "H": 9, "W": 3, "s": 3},
+        ],
+    ),
+    "conv2d_valid": (
+        torch_conv2d_valid,
+        [
+            {"N": 1, "Cin": 3, "Cout": 2, "H": 6, "W": 8, "Ho": 4, "Wo": 6},
+            {"N": 2, "Cin": 2, "Cout": 3, "H": 5, "W": 7, "Ho": 1, "Wo": 3, "K": 5},
+        ],
+    ),
+    "alexnet_c1": (
+        torch_conv2d_valid,
+        [
+            {"N": 1, "Cin": 3, "Cout": 2, "H": 27, "W": 23, "Ho": 5, "Wo": 4},  # (23 - 11) // 4 + 1: floor
+            {"N": 2, "Cin": 2, "Cout": 3, "H": 7, "W": 9, "Ho": 3, "Wo": 4, "K": 3, "s": 2},
+        ],
+    ),
+    "conv_transpose2d": (
+        torch_conv_transpose,
+        [
+            {"N": 1, "Cin": 3, "Cout": 2, "H": 3, "W": 4},  # K=4, s=2, padding 1: output 2H
+            {"N": 2, "Cin": 2, "Cout": 3, "H": 2, "W": 3, "K": 3, "s": 2},  # output_padding 1
+            {"N": 1, "Cin": 2, "Cout": 2, "H": 4, "W": 3, "K": 3, "s": 1},
+        ],
+    ),
+    "conv_transpose3d": (
+        torch_conv_transpose,
+        [
+            {"N": 1, "Cin": 2, "Cout": 3, "D": 2, "H": 3, "W": 2},
+            {"N": 1, "Cin": 2, "Cout": 2, "D": 3, "H": 2, "W": 2, "K": 3, "s": 1},
         ],
     ),
     "conv2d_kx1_1xk": (
@@ -403,7 +448,7 @@ def test_names_are_sorted_and_match_the_files():
 
 @pytest.mark.parametrize("bad", ["no_such_op", "../pyproject", "conv2d.dsl", ""])
 def test_unknown_names_raise_and_list_the_gallery(bad):
-    with pytest.raises(KdslError, match=r"available: attention_qk, avg_pool2d, bmm"):
+    with pytest.raises(KdslError, match=r"available: alexnet_c1, attention_qk, avg_pool2d, bmm"):
         gallery.load(bad)
     with pytest.raises(KdslError):
         gallery.describe(bad)
@@ -430,9 +475,12 @@ def test_gallery_operator_is_valid_on_resnet18_layers(name):
     from kdsl import solve
 
     table = gallery.layer_table(name)
-    assert table is not None, f"{name} is valid on no ResNet-18 table with its defaults"
+    assert table is not None, f"{name} is valid on no built-in table with its defaults"
     expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle", "max_pool2d_2x2"}
     assert (table == "resnet18_stride2") == (name in expected)
+    # windows without padding need tables that bind their output sizes; 3-D ones a depth
+    others = {"conv2d_valid": "valid3x3", "alexnet_c1": "opevo_alexnet", "conv_transpose3d": "transposed3d"}
+    assert table == others.get(name, table)
     report = solve.check(gallery.load(name), table)
     assert len(report) == len(solve.load_layers(table))
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kdsl
-from kdsl.lang import FC, Fold, Input, Map, Output, Rename, Tensor, coefficient, primary
+from kdsl.lang import FC, Dilate, Fold, Input, Map, Output, Rename, Slide, Tensor, coefficient, primary
 from kdsl.lang.errors import (
     AmbiguousDimError,
     KdslError,
@@ -191,9 +191,46 @@ def test_every_primitive_has_a_printer_json_form_and_key_rule():
         >> Reduce("cg", "kh", mean=True)
         >> Output(N, "o", H, "e")
     )
-    assert {type(step).__name__ for step in op.steps} == set(PRIMITIVES)
-    assert kdsl.parse(op.to_dsl()) == op
-    assert kdsl.from_json(op.to_json()) == op
+    # the two primitives of windows without padding and transposed convolutions, on another input
+    Hi, Ho = primary("Hi Ho")
+    valid = (
+        Input(N, Cin, Hi)
+        >> Dilate(Cin, s)
+        >> Slide(Hi, K, Ho, "kh", stride=s)
+        >> Reduce("kh")
+        >> Output(N, "Cin", "Hi", defaults={"s": 2})
+    )
+    steps = [*op.steps, *valid.steps]
+    assert {type(step).__name__ for step in steps} == set(PRIMITIVES)
+    for each in (op, valid):
+        assert kdsl.parse(each.to_dsl()) == each
+        assert kdsl.from_json(each.to_json()) == each
+    assert 'Slide(Hi, K, Ho, "kh", stride=s)' in valid.to_dsl()
+
+
+def test_slide_and_unfold_differ_in_the_content_key_and_check_their_sizes():
+    """A window without padding is another operator than a same-padded one (the key tells them
+    apart), and its number of windows is checked at every layer against PyTorch's floor rule."""
+    from kdsl import solve
+    from kdsl.lang.errors import DivisibilityError
+
+    Ho = primary("Ho")
+    w = Weight(Cout, Cin, "kh", name="w")
+    same = Input(N, Cin, H) >> Unfold(H, K, "kh") >> Share(w) >> Reduce(Cin, "kh") >> Output(N, Cout, "H")
+    valid = Input(N, Cin, H) >> Slide(H, K, Ho, "kh") >> Share(w) >> Reduce(Cin, "kh") >> Output(N, Cout, "H")
+    strided = (
+        Input(N, Cin, H) >> Slide(H, K, Ho, "kh", stride=s) >> Share(w) >> Reduce(Cin, "kh") >> Output(N, Cout, "H")
+    )
+    assert len({same.key, valid.key, strided.key}) == 3
+    layer = {"N": 1, "Cin": 3, "Cout": 2, "H": 227, "Ho": 55, "K": 11, "s": 4}
+    assert solve.bind(strided, layer)["Ho"] == 55  # (227 - 11) // 4 + 1
+    assert solve.bind(strided, layer | {"H": 229})["Ho"] == 55  # floor: two rows left over, as in PyTorch
+    with pytest.raises(DivisibilityError, match=r"\(227 - 11\) // 1 \+ 1 = 217 windows, not Ho=55"):
+        solve.bind(valid, layer)
+    with pytest.raises(DivisibilityError, match="the window K=11 does not fit in the dim H of size 7"):
+        solve.bind(valid, layer | {"H": 7, "Ho": 1})
+    with pytest.raises(ShapeError, match="the window 3 is larger than the dim H of size 2"):
+        Input(Dim("H", Size.of(2))) >> Slide("H", 3, Ho, "k")
 
 
 # -- printing, parsing, JSON, keys ------------------------------------------------------------

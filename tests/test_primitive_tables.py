@@ -33,7 +33,7 @@ def test_every_primitive_is_declared_once_with_fields_facts_and_rank(kind):
 
 def _one_step_operator(kind: str):
     """A small operator whose only view step is ``kind``, with its concrete layer."""
-    from kdsl.lang import Expand, Input, Merge, Output, Shift, Split, Stride, Unfold
+    from kdsl.lang import Dilate, Expand, Input, Merge, Output, Shift, Slide, Split, Stride, Unfold
 
     N, L = primary("N L")
     K, B = coefficient("K"), coefficient("B")
@@ -50,6 +50,11 @@ def _one_step_operator(kind: str):
         return Input(N, L) >> Unfold(L, K, "k") >> Output(N, L, "k"), layer
     if kind == "Stride":
         return Input(N, L) >> Unfold(L, K, "k") >> Stride("L", B) >> Output(N, "L", "k"), layer
+    if kind == "Slide":  # (L - K) // B + 1 windows: P = 2 at L = 6, K = 3, B = 2
+        P = primary("P")
+        return Input(N, L) >> Slide(L, K, P, "k", stride=B) >> Output(N, "L", "k"), layer | {"P": 2}
+    if kind == "Dilate":
+        return Input(N, L) >> Dilate(L, B) >> Output(N, "L"), layer
     raise AssertionError(f"no example for {kind}")
 
 
@@ -62,6 +67,9 @@ def test_coordinate_rules_read_what_the_reference_computes(kind, sizes, bound):
     sizes (the loop-nest listing) and over the sizes at the binding (TVM), size-1 dims included."""
     op, layer = _one_step_operator(kind)
     layer = layer | sizes
+    if "P" in layer:  # a Slide's number of windows follows from its dim, window and stride
+        layer["K"] = min(layer["K"], layer["L"])
+        layer["P"] = (layer["L"] - layer["K"]) // layer["B"] + 1
     shape = reference.shapes(op, layer).input
     x = np.arange(1.0, 1.0 + np.prod(shape)).reshape(shape)
     expected = reference.run(op, layer, x, [])
@@ -75,7 +83,7 @@ def test_coordinate_rules_read_what_the_reference_computes(kind, sizes, bound):
     for position in np.ndindex(*expected.shape):
         coords, guards = index.walk_up(views, {n: index.Var(n) for n in names})
         indices = dict(zip(names, position))
-        inside = all(0 <= index.evaluate(g.expr, indices, layer) < int(g.extent.evaluate(layer)) for g in guards)
+        inside = all(g.holds(indices, layer) for g in guards)
         source = tuple(index.evaluate(coords[d.name], indices, layer) for d in op.inputs)
         assert expected[position] == (x[source] if inside else 0.0)
         checked += 1

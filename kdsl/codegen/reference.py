@@ -31,7 +31,20 @@ from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, Shape
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Node, Operator
 from kdsl.lang.primitive_base import CONTRACTION, REDUCTION
-from kdsl.lang.primitives import Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import (
+    Dilate,
+    Expand,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Slide,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
 from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding
@@ -291,6 +304,28 @@ def _stride(t: _Named, step: Stride, env: _Env) -> _Named:
     return _Named(np.take(t.data, kept, axis=axis), list(t.axes))
 
 
+def _slide(t: _Named, step: Slide, env: _Env) -> _Named:
+    # out[i, j] = in[s*i + j] for i < P: every read is inside [0, N) (the solver checked P)
+    axis = t.axis(step.dim)
+    window = _concrete(step.window, env.values, step.describe())
+    count = _concrete(step.size, env.values, step.describe())
+    stride = _concrete(step.stride, env.values, step.describe())
+    source = np.arange(count)[:, np.newaxis] * stride + np.arange(window)[np.newaxis, :]
+    data = np.take(t.data, source, axis=axis)  # axes (.., P, K, ..)
+    return _Named(data, [*t.axes[: axis + 1], step.name, *t.axes[axis + 1 :]])
+
+
+def _dilate(t: _Named, step: Dilate, env: _Env) -> _Named:
+    # out[i] = in[i / s] where s divides i, else 0: every element followed by s - 1 zeros
+    axis = t.axis(step.dim)
+    factor = _concrete(step.factor, env.values, step.describe())
+    shape = list(t.data.shape)
+    shape[axis] *= factor
+    data = np.zeros(shape, dtype=t.data.dtype)
+    data[(slice(None),) * axis + (slice(None, None, factor),)] = t.data
+    return _Named(data, list(t.axes))
+
+
 def _reduce(t: _Named, step: Reduce, env: _Env) -> _Named:
     # out = sum_i in[i] (or the mean)
     axis = t.axis(step.dim)
@@ -336,6 +371,8 @@ RULES: dict[str, Callable[[_Named, Any, _Env], _Named]] = {
     "Expand": _expand,
     "Unfold": _unfold,
     "Stride": _stride,
+    "Slide": _slide,
+    "Dilate": _dilate,
     "Reduce": _reduce,
     "Share": _share,
 }

@@ -39,18 +39,21 @@ OWN_TABLES = {"bmm": "opevo_bmm", "bmm_tn": "opevo_bmm", "attention_qk": "bert_a
 
 def layer_table(name: str) -> str | None:
     """The table of :data:`OWN_TABLES` (OpEvo's batched matmuls, BERT's attention), else the first
-    built-in ResNet-18 layer table on which the operator is valid with its default
-    coefficients: ``resnet18`` (the stride-1 3x3 layers), else ``resnet18_stride2`` (the stride-2
-    layers, whose inputs are 56, 28 and 14 pixels wide, where operators that shrink the image by 2
-    belong); ``None`` if neither. Branching kernels are checked the same way.
+    built-in layer table on which the operator is valid with its default coefficients: ``resnet18``
+    (the stride-1 3x3 layers), else ``resnet18_stride2`` (the stride-2 layers, whose inputs are 56, 28
+    and 14 pixels wide, where operators that shrink the image by 2 belong), else the tables of windows
+    without padding (``valid3x3``, ``opevo_alexnet``: they bind the output sizes Ho, Wo) and of 3-D
+    layers (``transposed3d``); ``None`` if none. Branching kernels are checked the same way.
 
     >>> layer_table("conv2d"), layer_table("strided_conv2d"), layer_table("max_pool2d_2x2")
     ('resnet18', 'resnet18_stride2', 'resnet18_stride2')
+    >>> layer_table("conv2d_valid"), layer_table("alexnet_c1"), layer_table("conv_transpose3d")
+    ('valid3x3', 'opevo_alexnet', 'transposed3d')
     """
     if name in OWN_TABLES:
         return OWN_TABLES[name]
     op = load(name)
-    for table in ("resnet18", "resnet18_stride2"):
+    for table in ("resnet18", "resnet18_stride2", "valid3x3", "opevo_alexnet", "transposed3d"):
         try:
             solve.check(op, table)
         except KdslError:

@@ -21,13 +21,14 @@ from kdsl.lang.errors import (
 from kdsl.lang.nonlinear import FC, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse, parse_size
-from kdsl.lang.primitives import Dim, Expand, Merge, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import Dilate, Dim, Expand, Merge, Reduce, Share, Shift, Slide, Split, Stride, Unfold, Weight
 from kdsl.lang.serialize import from_json
 from kdsl.lang.sizes import Size, coefficient, dynamic, primary, unify
 
 __all__ = [
     "FC",
     "Blend",
+    "Dilate",
     "Dim",
     "Expand",
     "Fold",
@@ -42,6 +43,7 @@ __all__ = [
     "Share",
     "Shift",
     "Split",
+    "Slide",
     "Stride",
     "Unfold",
     "Weight",

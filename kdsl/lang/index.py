@@ -212,9 +212,25 @@ class Guard:
     dim: str
     window: Size
     paddable: bool = True
+    #: a Dilate's read: zero unless ``divisor`` divides ``expr`` too (between two elements is a zero)
+    divisor: Size | None = None
 
     def __str__(self) -> str:
+        if self.divisor is not None:
+            return f"{_wrap(self.expr)} % {_wrap_size(self.divisor)} == 0"
         return f"0 <= {self.expr} < {self.extent}"
+
+    def holds(self, indices: Mapping[str, int], binding: Mapping[str, int]) -> bool:
+        """Whether the read is valid at ``indices`` (sizes at ``binding``).
+
+        >>> from kdsl.lang.sizes import Size
+        >>> Guard(Var("i"), Size.of(6), "L", Size.of(1), False, Size.of(2)).holds({"i": 3}, {})
+        False
+        """
+        value = evaluate(self.expr, indices, binding)
+        if not 0 <= value < int(_size_value(self.extent, binding)):
+            return False
+        return self.divisor is None or value % int(_size_value(self.divisor, binding)) == 0
 
 
 def _size_value(size: Size, binding: Mapping[str, int]) -> Fraction:

@@ -1,6 +1,6 @@
 """What every primitive is made of: dims and weights (:class:`Dim`, :class:`Weight`), the
 :class:`Primitive` base class with its fields and the facts the passes read (:data:`VIEW`,
-:data:`REDUCTION`, ...), and the build context a primitive applies in. The eight primitives
+:data:`REDUCTION`, ...), and the build context a primitive applies in. The primitives
 themselves are declared in :mod:`kdsl.lang.primitives`, each once.
 """
 
@@ -148,7 +148,7 @@ WINDOWING = "windowing"  # reads outside the input are zero (a sliding window)
 DROPS = "drops"  # skips input elements (valid only on windowed or repeated dims)
 REDUCTION = "reduction"  # sums a dim away
 CONTRACTION = "contraction"  # multiplies by a weight
-LINEAR = "linear"  # linear in the data input (all eight primitives are)
+LINEAR = "linear"  # linear in the data input (all primitives are)
 
 
 @dataclass(frozen=True)
@@ -172,8 +172,9 @@ class Field:
 
 @dataclass(frozen=True)
 class Requirement:
-    """One condition a step puts on sizes: ``"integral"`` (``sizes[0]`` is a positive integer) or
-    ``"window"`` (a window ``sizes[0]`` smaller than the dim ``sizes[1]`` it slides over). ``dim``
+    """One condition a step puts on sizes: ``"integral"`` (``sizes[0]`` is a positive integer),
+    ``"window"`` (a window ``sizes[0]`` smaller than the dim ``sizes[1]`` it slides over) or
+    ``"slide"`` (``sizes = (N, K, P, s)``: ``P = (N - K) // s + 1``, a Slide's windows). ``dim``
     names the dim concerned; ``what`` prefixes the size in messages (``"the outer dim g: "``)."""
 
     kind: str

@@ -1,4 +1,4 @@
-"""The eight primitives of kdsl, each declared once: fields, shape rule, semantics.
+"""The primitives of kdsl, each declared once: fields, shape rule, semantics.
 
 Every primitive is an immutable value. Built by the user it may hold *references* (a dim name, or
 a size that identifies a dim); applied to the live dims of a partial operator it is *resolved*
@@ -14,6 +14,8 @@ Shift     ``[N] -> [N]``          ``out[i] = in[(i + offset) mod N]``
 Expand    ``[] -> [C]``           ``out[.., c] = in[..]``
 Unfold    ``[N] -> [N, K]``       ``out[i, j] = in[i + j - K//2]`` (0 outside)
 Stride    ``[S*K] -> [K]``        ``out[i] = in[S*i]``
+Slide     ``[N] -> [P, K]``       ``out[i, j] = in[s*i + j]``, ``P = (N-K)//s + 1`` (no padding)
+Dilate    ``[N] -> [s*N]``        ``out[i] = in[i / s]`` where s divides i, else 0
 Reduce    ``[N] -> []``           ``out = sum_i in[i]`` (or the mean)
 Share     data ``[N]``, weight    ``out[i] = in[i] * w[i]``; weight-only dims
           ``[N]`` -> ``[N]``      become new dims of the result
@@ -27,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kdsl.lang.errors import ShapeError, ValidityError
+from kdsl.lang.errors import KdslError, ShapeError, ValidityError
 from kdsl.lang.index import Const, Cyclic, Guard, Half, Index
 from kdsl.lang.live import Live
 from kdsl.lang.names import check_offset, reserve
@@ -58,6 +60,9 @@ from kdsl.lang.primitive_base import (
     step_role,
 )
 from kdsl.lang.sizes import Size
+
+#: the size 1 (sizes are interned: this is the one object every ``Size.of(1)`` gives)
+_ONE = Size.of(1)
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,117 @@ class Stride(Primitive):
         return [Requirement("integral", (after[self.dim],), self.dim)]
 
 
+@dataclass(frozen=True)
+class Slide(Primitive):
+    """``[N] -> [P, K]``: a window without padding (PyTorch's ``padding=0``, a "valid" convolution):
+    ``out[i, j] = in[s*i + j]`` for ``i < P``, ``j < K``, every read inside ``[0, N)``.
+
+    ``size`` is P, the number of windows, named by the user (a monomial like ``Ho``, since ``N-K+1``
+    is no monomial); the solver checks ``P = (N - K) // s + 1`` at every layer, PyTorch's floor rule,
+    so a stride that does not divide ``N - K`` drops the last rows as PyTorch does. The sliding dim
+    keeps its name with the size P; the window is a new dim called ``name`` (default ``{dim}_{K}``).
+
+    >>> from kdsl.lang.sizes import primary, coefficient
+    >>> H, Ho = primary("H Ho"); K, s = coefficient("K s")
+    >>> Slide(H, K, Ho, "kh", stride=s).describe()
+    'Slide(H, K, Ho, s)'
+    """
+
+    dim: DimRef
+    window: Size
+    size: Size
+    name: str | None = None
+    stride: Size = _ONE
+    kind: ClassVar[str] = "Slide"
+    keeps: ClassVar[bool] = True
+    fields: ClassVar[tuple[Field, ...]] = (
+        Field("dim", "ref"),
+        Field("window", "size"),
+        Field("size", "size"),
+        Field("name", "name", optional=True),
+        Field("stride", "size", optional=True, default=_ONE, keyword=True),
+    )
+    ports: ClassVar[tuple[str, ...]] = ("main", "window")
+    # no WINDOWING: it never reads outside the input, so nothing is zero-padded
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, HEAVY, ONE_TO_MANY, LINEAR})
+    rank: ClassVar[int] = 3
+
+    def apply(self, live: Live, context: BuildContext) -> Slide:
+        role = step_role("Slide", f"{self.dim}, {self.window}, {self.size}")
+        dim = live.resolve(self.dim, role)
+        window = check_size(self.window, f"{role}: the window")
+        size = check_size(self.size, f"{role}: the number of windows")
+        try:
+            stride = Size.of(self.stride)
+        except KdslError as error:
+            raise ShapeError(f"{role}: the stride: {error.message}") from None
+        if stride != 1:
+            stride = check_size(stride, f"{role}: the stride")
+        ratio = window / live.size(dim)
+        if ratio.is_constant and ratio.constant > 1:
+            raise ShapeError(f"{role}: the window {window} is larger than the dim {dim} of size {live.size(dim)}")
+        default = f"{dim}_{window}" if window.variable_name else f"{dim}_win"
+        name = check_name(self.name or default, "Slide window")
+        live.resize(dim, size)
+        live.add(name, window, role)
+        live.windowed.update((dim, name))
+        return Slide(dim, window, size, name, stride)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        # s*i + j: inside [0, N) whenever P = (N-K)//s + 1 (the solver's check), so no guard
+        offset = coords.pop(self.name)
+        coords[self.dim] = coords[self.dim] * self.stride + offset
+        return None
+
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        found = [
+            Requirement("integral", (self.window,), self.name),
+            Requirement("integral", (self.size,), self.dim, "the number of windows "),
+        ]
+        if self.stride != 1:
+            found.append(Requirement("integral", (self.stride,), self.dim, "the stride "))
+        found.append(Requirement("slide", (before[self.dim], self.window, self.size, self.stride), self.dim))
+        return found
+
+
+@dataclass(frozen=True)
+class Dilate(Primitive):
+    """``[N] -> [s*N]``: ``out[i] = in[i / s]`` where ``s`` divides ``i``, else 0: ``s - 1`` zeros after
+    every element (the zero insertion of a transposed convolution, which a window then slides over).
+
+    >>> from kdsl.lang.sizes import primary, coefficient
+    >>> H = primary("H"); s = coefficient("s")
+    >>> Dilate(H, s).describe()
+    'Dilate(H, s)'
+    """
+
+    dim: DimRef
+    factor: Size
+    kind: ClassVar[str] = "Dilate"
+    keeps: ClassVar[bool] = True
+    fields: ClassVar[tuple[Field, ...]] = (Field("dim", "ref"), Field("factor", "size"))
+    facts: ClassVar[frozenset[str]] = frozenset({VIEW, HEAVY, LINEAR})
+    rank: ClassVar[int] = 3
+
+    def apply(self, live: Live, context: BuildContext) -> Dilate:
+        role = step_role("Dilate", f"{self.dim}, {self.factor}")
+        name = live.resolve(self.dim, role)
+        factor = check_size(self.factor, f"{role}: the factor")
+        live.resize(name, check_size(live.size(name) * factor, f"{role}: the dilated dim {name}"))
+        return Dilate(name, factor)
+
+    def coordinate(self, coords: dict[str, Index], sizes: Mapping[str, Size]) -> Guard | None:
+        if self.factor == 1:  # at a binding with s = 1: a plain copy
+            return None
+        spread = coords[self.dim]
+        coords[self.dim] = spread // self.factor
+        # a read between two elements is one of the inserted zeros
+        return Guard(spread, sizes[self.dim] * self.factor, self.dim, Size.of(1), False, self.factor)
+
+    def requirements(self, before: Mapping[str, Size], after: Mapping[str, Size]) -> list[Requirement]:
+        return [Requirement("integral", (self.factor,), self.dim, "the factor ")]
+
+
 @dataclass(frozen=True, init=False)
 class Reduce(Primitive):
     """``[N] -> []``: sum over the dim (``mean=True`` divides by its size).
@@ -413,7 +529,7 @@ class Share(Primitive):
 
 
 PRIMITIVES: dict[str, type[Primitive]] = {
-    cls.kind: cls for cls in (Split, Merge, Shift, Expand, Unfold, Stride, Reduce, Share)
+    cls.kind: cls for cls in (Split, Merge, Shift, Expand, Unfold, Stride, Slide, Dilate, Reduce, Share)
 }
 reserve(*PRIMITIVES)  # a name the DSL binds cannot also name a dim, weight or variable
 
@@ -432,6 +548,7 @@ __all__ = [
     "Pipeline",
     "Dim",
     "DimRef",
+    "Dilate",
     "Expand",
     "OperatorParts",
     "Merge",
@@ -440,6 +557,7 @@ __all__ = [
     "Reduce",
     "Share",
     "Shift",
+    "Slide",
     "Split",
     "Stride",
     "Unfold",

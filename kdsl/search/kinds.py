@@ -18,13 +18,15 @@ Share      takes frontier dims into a new weight: weight-only dims (like Cout) l
 Unfold     joins a main dim N and a window K into N
 Stride     turns K into S*K; the result must then be consumed by an Unfold (or a Shift first)
 Expand     drops a frontier dim
+Slide      not placed (cap 0): its input dim's size N is no monomial of its windows P and K
+Dilate     not placed (cap 0): a transposed convolution is written by hand, not searched for
 =========  ==================================================================================
 
 The order of the rows is the order in which synthesis tries the kinds (and the order of
 ``State.counts``).
 
 >>> KINDS
-('Reduce', 'Merge', 'Split', 'Shift', 'Share', 'Unfold', 'Stride', 'Expand')
+('Reduce', 'Merge', 'Split', 'Shift', 'Share', 'Unfold', 'Stride', 'Expand', 'Slide', 'Dilate')
 >>> DEFAULT_CAPS["Stride"], SEARCH_RULES["Share"].distance
 (1, 'shares')
 """
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kdsl.lang.errors import SearchError
 from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 from kdsl.search.state import (
@@ -371,6 +374,27 @@ def _expand_build(step: BStep, names: Names, weight: str) -> Primitive:
     return Expand(names[d.id], d.size)
 
 
+# -- Slide and Dilate: written by hand, never placed by search ----------------------------------
+# A Slide's input dim has N = s*(P-1) + K + (a remainder below s) elements, no monomial of the sizes
+# search works with, and a Dilate only serves a transposed convolution; both stay out of synthesis
+# (cap 0), so bottom-up synthesis neither proposes nor mirrors them.
+
+
+def _not_generated(space: SpaceParts, state: State, weight_choices: WeightChoices) -> Iterator[Candidate]:
+    return iter(())
+
+
+def _not_mirrored(state: State, step: Primitive, sizes: Mapping[str, Size], by_name: Mapping[str, FDim]):
+    raise SearchError(
+        f"{step.describe()}: search does not place {step.kind} steps (a window without padding or a "
+        f"transposed convolution's zero insertion), so it has no bottom-up path to this operator"
+    )
+
+
+def _not_built(step: BStep, names: Names, weight: str) -> Primitive:
+    raise SearchError(f"search does not place {step.kind} steps")
+
+
 #: The table, in the order synthesis tries the kinds.
 SEARCH_RULES: dict[str, KindRule] = {
     rule.kind: rule
@@ -383,6 +407,8 @@ SEARCH_RULES: dict[str, KindRule] = {
         KindRule("Unfold", _unfold_generate, 2, None, _first_keeps_name, _unfold_mirror, _unfold_build),
         KindRule("Stride", _stride_generate, 1, "strides", _first_keeps_name, _stride_mirror, _stride_build),
         KindRule("Expand", _expand_generate, 1, None, _no_names, _expand_mirror, _expand_build),
+        KindRule("Slide", _not_generated, 0, None, _no_names, _not_mirrored, _not_built),
+        KindRule("Dilate", _not_generated, 0, None, _no_names, _not_mirrored, _not_built),
     )
 }
 

@@ -631,7 +631,9 @@ class Space:
                 "depth": self.max_depth,
                 # only where a goal was added, so that the fingerprints of other stores stay
                 **({"goals": [[str(s) for s in goal] for goal in self.output_goals]} if self.equalities else {}),
-                "caps": [self.caps[k] for k in KINDS],
+                # a kind kept out of search by default appears only when enabled, so that the
+                # fingerprints of existing stores stay
+                "caps": [self.caps[k] for k in KINDS if DEFAULT_CAPS[k] != 0 or self.caps[k] != 0],
                 "reductions": [str(s) for s in self.reductions],
                 # the FLOPs floor only where set, so that the fingerprints of existing stores stay
                 "budgets": [self.max_flops, self.max_params, self.min_params]

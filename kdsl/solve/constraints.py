@@ -46,7 +46,7 @@ from kdsl.solve.layers import Layer, as_layer, as_layers, layer_label
 from kdsl.solve.node_facts import node_label
 from kdsl.solve.padding import Padding, pad_sizes
 
-KINDS = ("positive", "integral", "window")
+KINDS = ("positive", "integral", "window", "slide")
 
 
 def _ratio(size: Size, binding: Mapping[str, int]) -> tuple[int, int]:
@@ -84,8 +84,9 @@ class Constraint:
     """One condition on the variables, with the step and dim it comes from.
 
     ``kind`` is ``"positive"`` (a coefficient is at least 1; ``sizes`` is the variable),
-    ``"integral"`` (``sizes[0]`` is a positive integer) or ``"window"`` (the window ``sizes[0]``
-    is smaller than the dim's size ``sizes[1]``). ``step`` is the step as text
+    ``"integral"`` (``sizes[0]`` is a positive integer), ``"window"`` (the window ``sizes[0]``
+    is smaller than the dim's size ``sizes[1]``) or ``"slide"`` (a Slide's ``(N, K, P, s)``: P is
+    ``(N - K) // s + 1``, PyTorch's number of windows without padding). ``step`` is the step as text
     (``"Stride(H, s)"``), ``dim`` the dim involved.
     """
 
@@ -110,6 +111,8 @@ class Constraint:
         if self.kind == "integral":
             num, den = _ratio(self.sizes[0], binding)
             return den > 0 and num > 0 and num % den == 0
+        if self.kind == "slide":
+            return _slide_count(self.sizes, binding) is not None
         window_num, window_den = _ratio(self.sizes[0], binding)
         dim_num, dim_den = _ratio(self.sizes[1], binding)
         if window_den <= 0 or dim_den <= 0:
@@ -124,6 +127,19 @@ class Constraint:
         if self.kind == "integral":
             size = self.sizes[0]
             return f"{self.step}: {self.what}{size} = {_value_text(size, binding)} is not an integer"
+        if self.kind == "slide":
+            _, window, count, _ = self.sizes
+            values = [_value_text(size, binding) for size in self.sizes]
+            expected = _slide_expected(self.sizes, binding)
+            if expected is None:
+                return (
+                    f"{self.step}: the window {_size_value(window, binding)} does not fit in the dim {self.dim} "
+                    f"of size {values[0]}"
+                )
+            return (
+                f"{self.step}: the dim {self.dim} of size {values[0]} has (N - K) // s + 1 = ({values[0]} - "
+                f"{values[1]}) // {values[3]} + 1 = {expected} windows, not {_size_value(count, binding)}"
+            )
         window, dim_size = self.sizes
         dim_text = _size_value(dim_size, binding)
         if dim_size.variable_name != self.dim:
@@ -142,6 +158,8 @@ class Constraint:
                 "choose a smaller window or layers where the dim is larger; pass allow_large_windows=True "
                 "to accept it (backends that zero-pad, like PyTorch, handle it)"
             )
+        elif self.kind == "slide":
+            hint = "bind the number of windows to (N - K) // s + 1 in the layer table, or choose another window"
         elif self.kind == "positive":
             hint = "coefficients must be integers of at least 1"
         else:
@@ -153,6 +171,26 @@ class Constraint:
 
     def __str__(self) -> str:
         return self.description
+
+
+def _slide_expected(sizes: tuple[Size, ...], binding: Mapping[str, int]) -> int | None:
+    """PyTorch's number of windows without padding, ``(N - K) // s + 1``, or None where N, K and s
+    are not positive integers or the window is larger than the dim."""
+    dim_size, window, _, stride = (_ratio(size, binding) for size in sizes)
+    values = []
+    for num, den in (dim_size, window, stride):
+        if den <= 0 or num <= 0 or num % den:
+            return None
+        values.append(num // den)
+    n, k, s = values
+    return (n - k) // s + 1 if k <= n else None
+
+
+def _slide_count(sizes: tuple[Size, ...], binding: Mapping[str, int]) -> int | None:
+    """The number of windows of a Slide where it is PyTorch's (:func:`_slide_expected`), else None."""
+    expected = _slide_expected(sizes, binding)
+    num, den = _ratio(sizes[2], binding)
+    return expected if expected is not None and den > 0 and num == expected * den else None
 
 
 def _trivially_integral(size: Size) -> bool:
@@ -190,6 +228,17 @@ class _Collector:
         for need in step.requirements(before, after):
             if need.kind == "integral":
                 self.integral(need.sizes[0], text, need.dim, need.what)
+            elif need.kind == "slide":  # a window without padding: (N - K) // s + 1 windows
+                dim_size, window, count, stride = need.sizes
+                by = "" if stride == 1 else f" with stride {stride}"
+                self.add(
+                    "slide",
+                    need.sizes,
+                    text,
+                    need.dim,
+                    f"{text}: {count} must be the number of windows {window}{by} in the dim {need.dim} "
+                    f"({dim_size}): ({dim_size} - {window}) // {stride} + 1",
+                )
             else:  # a window must be smaller than the dim it slides over
                 window, dim_size = need.sizes
                 self.add(

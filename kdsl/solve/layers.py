@@ -161,13 +161,44 @@ def _bert_attention() -> tuple[Layer, ...]:
     return (Layer("bert_base", {"B": 960, "M": 128, "N": 128, "D": 64}),)
 
 
+def _valid3x3() -> tuple[Layer, ...]:
+    # ResNet-18's stride-1 3x3 convs with their input padded beforehand: a window without padding
+    # (Slide) gives Ho = H - 2 windows, the layer's own output size
+    rows = (("conv2_x", 64, 56), ("conv3_x", 128, 28), ("conv4_x", 256, 14), ("conv5_x", 512, 7))
+    return tuple(
+        Layer(name, _views({"N": 1, "Cin": c, "Cout": c, "H": h + 2, "W": h + 2, "Ho": h, "Wo": h}))
+        for name, c, h in rows
+    )
+
+
+def _opevo_alexnet() -> tuple[Layer, ...]:
+    # OpEvo's C1 (appendix B.3): (512, 3, 227, 227) convolved with (64, 3, 11, 11), stride 4, padding 0
+    return (Layer("C1", _views({"N": 512, "Cin": 3, "Cout": 64, "H": 227, "W": 227, "Ho": 55, "Wo": 55})),)
+
+
+def _transposed3d() -> tuple[Layer, ...]:
+    # upsampling stages of a 3-D generator (a transposed convolution doubles D, H and W); ALT evaluates
+    # T2D/T3D on random configurations it does not list, so these are representative sizes, not ALT's
+    rows = (("up1", 256, 128, 4, 8), ("up2", 128, 64, 8, 16), ("up3", 64, 32, 16, 32))
+    return tuple(
+        Layer(name, _views({"N": 1, "Cin": cin, "Cout": cout, "D": d, "H": h, "W": h}))
+        for name, cin, cout, d, h in rows
+    )
+
+
 #: Built-in tables. ``resnet18``: the distinct stride-1 3x3 convs of ResNet-18 on ImageNet (N=1).
-#: ``resnet18_stride2``: the first conv of stages 3-5 (stride 2; H, W are input sizes). Each layer
-#: also binds ``M = N*H*W`` (the rows of the pixel-wise matmul view) and ``L = H*W`` (a 1-D view).
+#: ``resnet18_stride2``: the first conv of stages 3-5 (stride 2; H, W are input sizes).
+#: ``valid3x3``: the ``resnet18`` layers on inputs padded beforehand, with the output sizes Ho, Wo a
+#: window without padding needs. ``opevo_alexnet``: OpEvo's AlexNet C1 (Ho, Wo = 55).
+#: ``transposed3d``: 3-D upsampling layers (D, H, W input sizes). Each of these layers also binds
+#: ``M = N*H*W`` (the rows of the pixel-wise matmul view) and ``L = H*W`` (a 1-D view).
 #: ``opevo_bmm``: OpEvo's three BatchMatMuls (B, M, K, N); ``bert_attention``: BERT-base's Q·Kᵀ (B, M, N, D).
 BUILTIN_TABLES = {
     "resnet18": _resnet18,
     "resnet18_stride2": _resnet18_stride2,
+    "valid3x3": _valid3x3,
+    "opevo_alexnet": _opevo_alexnet,
+    "transposed3d": _transposed3d,
     "opevo_bmm": _opevo_bmm,
     "bert_attention": _bert_attention,
 }

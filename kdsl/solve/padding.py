@@ -236,7 +236,7 @@ def pad_sizes(op: Operator, layer: Layer, binding: Mapping[str, int], found: Seq
     for condition in found:
         if condition.kind == "window" or condition.holds(binding):
             continue
-        if condition.kind == "positive":
+        if condition.kind in ("positive", "slide"):  # padding cannot change a number of windows
             raise DivisibilityError(condition.failure(layer.name, binding))
         if _unfixable(condition, condition.sizes[0], primaries):
             raise DivisibilityError(

@@ -43,7 +43,21 @@ from kdsl.lang.chain import Chain
 from kdsl.lang.errors import KdslError
 from kdsl.lang.nonlinear import BLEND_KINDS, FC, FOLD_KINDS, MAP_FUNCTIONS, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import Dim, Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import (
+    Dilate,
+    Dim,
+    Expand,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Slide,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
 from kdsl.lang.sizes import Size, coefficient, primary
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.space import Space
@@ -87,6 +101,16 @@ def _stride(draw: Any, builder: Builder, index: int, live: list, pick: Any, size
     return Stride(draw(st.sampled_from(windowed)), size) if windowed else None
 
 
+def _slide(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    # the number of windows is a primary of its own, P<index>, that layers() binds to (N - K) // s + 1
+    stride = draw(st.sampled_from((Size.of(1), _var("s"))))
+    return Slide(draw(pick), size, primary(f"P{index}"), f"k{index}", stride)
+
+
+def _dilate(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
+    return Dilate(draw(pick), size)
+
+
 def _reduce(draw: Any, builder: Builder, index: int, live: list, pick: Any, size: Size) -> Any:
     return Reduce(draw(pick), mean=draw(st.booleans())) if len(live) >= 2 else None
 
@@ -110,6 +134,8 @@ DRAWS: dict[str, Callable[..., Any]] = {
     "Expand": _expand,
     "Unfold": _unfold,
     "Stride": _stride,
+    "Slide": _slide,
+    "Dilate": _dilate,
     "Reduce": _reduce,
     "Share": _share,
 }
@@ -187,12 +213,43 @@ def layers(draw: Any, op: Operator, max_elements: int = 20_000) -> dict[str, int
         denominator = lcm(denominator, Fraction(value.evaluate(binding)).denominator)
     for name in op.primary_variables:
         binding[name] = denominator * draw(st.integers(1, 3))
+    # a Slide's number of windows follows from its dim, window and stride (in step order: one Slide's
+    # windows may be the dim another slides over)
+    for step in _slides(op):
+        values = [step_size.evaluate(binding) for step_size in (step.window, step.stride)]
+        dim_size = _size_before(op, step).evaluate(binding)
+        assume(all(v.denominator == 1 for v in (*values, dim_size)) and values[0] <= dim_size)
+        count = step.size.variable_name
+        assert count is not None  # drawn as a primary of its own
+        binding[count] = int((dim_size - values[0]) // values[1]) + 1
+    for step in _slides(op):
+        dim_size, window, stride = (x.evaluate(binding) for x in (_size_before(op, step), step.window, step.stride))
+        assume(step.size.evaluate(binding) == (dim_size - window) // stride + 1)
     for size in every_size:
         value = size.evaluate(binding)
         assume(value.denominator == 1 and value >= 1)
     for snapshot in snapshots:
         assume(prod(int(s.evaluate(binding)) for s in snapshot) <= max_elements)
     return binding
+
+
+def _chains(op: Operator) -> list[Any]:
+    """The linear chains of ``op``: itself, or a kernel's chain nodes."""
+    return [op] if op.is_linear else [node.step for node in op.nodes if isinstance(node.step, Chain)]
+
+
+def _slides(op: Operator) -> list[Slide]:
+    """Every Slide step of ``op``, in order."""
+    return [step for chain in _chains(op) for step in chain.steps if isinstance(step, Slide)]
+
+
+def _size_before(op: Operator, slide: Slide) -> Size:
+    """The size of the dim ``slide`` slides over."""
+    for chain in _chains(op):
+        for position, step in enumerate(chain.steps):
+            if step is slide:
+                return dict(chain.live[position])[slide.dim]
+    raise AssertionError("the Slide is no step of the operator")
 
 
 @st.composite

@@ -15,7 +15,20 @@ from kdsl.codegen.torch.views import einsum_code, parse_pattern
 from kdsl.codegen.torch.writer import _atom, _rolls, _shift, _Writer
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import Expand, Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import (
+    Dilate,
+    Expand,
+    Merge,
+    Primitive,
+    Reduce,
+    Share,
+    Shift,
+    Slide,
+    Split,
+    Stride,
+    Unfold,
+    Weight,
+)
 from kdsl.lang.sizes import Size
 
 
@@ -185,6 +198,26 @@ def _stride(writer: _Writer, step: Stride) -> None:
     writer.emit(f"{writer.var} = {writer.data}[{index}]  # Stride({step.dim})")
 
 
+def _slide(writer: _Writer, step: Slide) -> None:
+    # Tensor.unfold(dim, K, s) is exactly a window without padding: (N - K) // s + 1 windows, the window last
+    position = writer.axes.index(step.dim)
+    data, window, stride = writer.data, writer.size(step.window), writer.size(step.stride)
+    writer.emit(f"{writer.var} = {data}.unfold({position}, {window}, {stride})  # Slide({step.dim}) -> {step.name}")
+    writer.axes = writer.axes + [step.name]
+
+
+def _dilate(writer: _Writer, step: Dilate) -> None:
+    # each element followed by s - 1 zeros: stack the data with zeros along a new axis after the dim, then
+    # flatten the pair (autograd flows through the stack)
+    position = writer.axes.index(step.dim)
+    data = writer.data
+    zeros = f"[torch.zeros_like({data})] * ({writer.size(step.factor)} - 1)"
+    writer.emit(
+        f"{writer.var} = torch.stack([{data}, *{zeros}], {position + 1}).flatten({position}, {position + 1})"
+        f"  # Dilate({step.dim})"
+    )
+
+
 def _contracted(writer: _Writer, step: Primitive) -> None:
     raise LoweringError(f"{step.describe()} is lowered as part of a contraction stage (one einsum), not alone")
 
@@ -199,6 +232,8 @@ RULES: dict[str, Callable[[_Writer, Any], None]] = {
     "Expand": _expand,
     "Unfold": _unfold,
     "Stride": _stride,
+    "Slide": _slide,
+    "Dilate": _dilate,
     "Share": _contracted,
     "Reduce": _contracted,
 }

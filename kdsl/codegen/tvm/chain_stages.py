@@ -106,6 +106,8 @@ def walk_views(
         source, window = _tir(tvm, guard.expr, coords), _int(guard.window)
         # bounded by the size of the dim being unfolded, not by the window
         condition = tvm.tirx.all(source >= 0, source < _int(guard.extent))
+        if guard.divisor is not None:  # a Dilate's inserted zeros lie between multiples of its factor
+            condition = tvm.tirx.all(condition, tvm.tirx.floormod(source, _int(guard.divisor)) == 0)
         checks.append(_Guard(condition, guard.dim, (window // 2, window - 1 - window // 2) if guard.paddable else None))
     return result, checks
 
