@@ -22,30 +22,18 @@ import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import Any
 
 import numpy as np
 
+from kdsl.codegen.reference_steps import RULES, Named, StepEnv, concrete
 from kdsl.lang.chain import Chain
-from kdsl.lang.errors import DivisibilityError, LayerError, LoweringError, ShapeError
+from kdsl.lang.errors import LayerError, LoweringError, ShapeError
 from kdsl.lang.nonlinear import FC, BlendJoin, Fold, Map, Rename, Softmax
 from kdsl.lang.operator import Node, Operator
 from kdsl.lang.primitive_base import CONTRACTION, REDUCTION
 from kdsl.lang.primitives import (
-    Dilate,
-    Expand,
-    Merge,
     Primitive,
-    Reduce,
-    Share,
-    Shift,
-    Slide,
-    Split,
-    Stride,
-    Unfold,
-    Weight,
 )
-from kdsl.lang.sizes import Size
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding
 
@@ -90,25 +78,6 @@ def binding(op: Operator, layer: Mapping[str, int]) -> dict[str, int]:
             f"operator's defaults are {defaults or 'none'}; add {', '.join(missing)} to the layer"
         )
     return values
-
-
-def _concrete(size: Size, values: Mapping[str, int], what: str) -> int:
-    """``size`` at this layer, which must be a positive integer (else a DivisibilityError)."""
-    value = size.evaluate(values)
-    if value.denominator != 1 or value <= 0:
-        used = ", ".join(f"{v.name}={values[v.name]}" for v in size.variables) or "no variables"
-        raise DivisibilityError(
-            f"{what}: the size {size} is {value} at this layer ({used}); it must be a positive integer, "
-            f"so choose sizes where it divides"
-        )
-    return int(value)
-
-
-def _weight(step: Share) -> Weight:
-    weight = step.weight
-    if not isinstance(weight, Weight) or not weight.resolved:
-        raise LoweringError(f"the step {step!r} is not resolved; build operators with Input(...) >> ...")
-    return weight
 
 
 @dataclass(frozen=True)
@@ -162,21 +131,21 @@ def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shap
 
 def _chain_shapes(op: Chain, values: Mapping[str, int]) -> Shapes:
     for dim in op.inputs:
-        _concrete(dim.size, values, f"the input dim {dim.name}")
+        concrete(dim.size, values, f"the input dim {dim.name}")
     # every size a step mentions or creates must be a positive integer at this layer
     weight_shapes = []
     for step, after in zip(op.steps, op.live[1:]):
         what = step.describe()
         for size in step.sizes():
-            _concrete(size, values, what)
+            concrete(size, values, what)
         for name in step.produces:
-            _concrete(after[name], values, f"{what}: the dim {name}")
+            concrete(after[name], values, f"{what}: the dim {name}")
         for weight in step.weights():
-            weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
+            weight_shapes.append(tuple(concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
     return Shapes(
-        input=tuple(_concrete(d.size, values, d.name) for d in op.inputs),
+        input=tuple(concrete(d.size, values, d.name) for d in op.inputs),
         weights=tuple(weight_shapes),
-        output=tuple(_concrete(op.live[-1][d.name], values, d.name) for d in op.outputs),
+        output=tuple(concrete(op.live[-1][d.name], values, d.name) for d in op.outputs),
     )
 
 
@@ -188,16 +157,16 @@ def _node_shapes(graph: Operator, values: Mapping[str, int]) -> Shapes:
             weight_shapes.extend(_chain_shapes(node.step, values).weights)
         elif isinstance(node.step, Primitive):
             for size in node.step.sizes():
-                _concrete(size, values, f"{what}: {node.step.describe()}")
+                concrete(size, values, f"{what}: {node.step.describe()}")
             for weight in node.step.weights():
-                weight_shapes.append(tuple(_concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
+                weight_shapes.append(tuple(concrete(d.size, values, f"{what}: {d.name}") for d in weight.dims))
         for dim in node.dims:
-            _concrete(dim.size, values, f"{what}: the dim {dim.name}")
-    first, *others = (tuple(_concrete(d.size, values, d.name) for d in dims) for dims in graph.input_dims)
+            concrete(dim.size, values, f"{what}: the dim {dim.name}")
+    first, *others = (tuple(concrete(d.size, values, d.name) for d in dims) for dims in graph.input_dims)
     return Shapes(
         input=first,
         weights=tuple(weight_shapes),
-        output=tuple(_concrete(d.size, values, d.name) for d in graph.outputs),
+        output=tuple(concrete(d.size, values, d.name) for d in graph.outputs),
         extra_inputs=tuple(others),
     )
 
@@ -221,161 +190,6 @@ def _padding(op: Operator, layer: Mapping[str, int]) -> Padding:
 # ------------------------------------------------------------------------------------------------
 # The interpreter: the data as an ndarray plus the name of each axis
 # ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Named:
-    """An array whose axes are named by dims (``axes[i]`` names ``data``'s axis ``i``)."""
-
-    data: np.ndarray
-    axes: list[str]
-
-    def axis(self, name: str) -> int:
-        return self.axes.index(name)
-
-    def size(self, name: str) -> int:
-        return self.data.shape[self.axis(name)]
-
-
-@dataclass
-class _Env:
-    """What a rule may need besides the data: the layer's values, the weight arrays not used yet,
-    and (for a contraction) the reductions right after it, which it sums inside its einsum."""
-
-    values: Mapping[str, int]
-    arrays: Iterator[np.ndarray]
-    following: list[Primitive] = field(default_factory=list)
-
-
-def _split(t: _Named, step: Split, env: _Env) -> _Named:
-    # out[i, j] = in[B*i + j] is exactly a row-major reshape of the axis into (G, B).
-    axis = t.axis(step.dim)
-    block = _concrete(step.block, env.values, step.describe())
-    shape = t.data.shape
-    data = t.data.reshape((*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :]))
-    return _Named(data, [*t.axes[:axis], step.outer, step.inner, *t.axes[axis + 1 :]])
-
-
-def _merge(t: _Named, step: Merge, env: _Env) -> _Named:
-    # out[i] = in[i // B, i % B]: put the inner axis right after the outer one, then reshape.
-    axes = [a for a in t.axes if a != step.inner]
-    position = axes.index(step.outer)
-    axes.insert(position + 1, step.inner)
-    data = np.transpose(t.data, [t.axis(a) for a in axes])
-    shape = data.shape
-    data = data.reshape((*shape[:position], shape[position] * shape[position + 1], *shape[position + 2 :]))
-    return _Named(data, [*axes[:position], step.name, *axes[position + 2 :]])
-
-
-def _shift(t: _Named, step: Shift, env: _Env) -> _Named:
-    # out[i] = in[(i + offset) mod N]
-    axis = t.axis(step.dim)
-    n = t.data.shape[axis]
-    source = (np.arange(n) + step.offset) % n
-    return _Named(np.take(t.data, source, axis=axis), list(t.axes))
-
-
-def _expand(t: _Named, step: Expand, env: _Env) -> _Named:
-    # out[..., c] = in[...]: a new last axis along which the data repeats.
-    size = _concrete(step.size, env.values, step.describe())
-    data = np.broadcast_to(t.data[..., np.newaxis], (*t.data.shape, size)).copy()
-    return _Named(data, [*t.axes, step.name])
-
-
-def _unfold(t: _Named, step: Unfold, env: _Env) -> _Named:
-    # out[i, j] = in[i + j - K//2], and 0 where that index falls outside [0, N). The bound is the
-    # dim's size N, not the window K (the window may be larger than the dim).
-    axis = t.axis(step.dim)
-    n = t.data.shape[axis]
-    window = _concrete(step.window, env.values, step.describe())
-    source = np.arange(n)[:, np.newaxis] + np.arange(window)[np.newaxis, :] - window // 2
-    inside = (source >= 0) & (source < n)
-    gathered = np.take(t.data, np.clip(source, 0, n - 1), axis=axis)  # axes (.., N, K, ..)
-    mask = inside.reshape((1,) * axis + (n, window) + (1,) * (t.data.ndim - axis - 1))
-    data = np.where(mask, gathered, np.zeros((), dtype=t.data.dtype))
-    return _Named(data, [*t.axes[: axis + 1], step.name, *t.axes[axis + 1 :]])
-
-
-def _stride(t: _Named, step: Stride, env: _Env) -> _Named:
-    # out[i] = in[S*i], for i < N/S
-    axis = t.axis(step.dim)
-    stride = _concrete(step.stride, env.values, step.describe())
-    kept = np.arange(t.data.shape[axis] // stride) * stride
-    return _Named(np.take(t.data, kept, axis=axis), list(t.axes))
-
-
-def _slide(t: _Named, step: Slide, env: _Env) -> _Named:
-    # out[i, j] = in[s*i + j] for i < P: every read is inside [0, N) (the solver checked P)
-    axis = t.axis(step.dim)
-    window = _concrete(step.window, env.values, step.describe())
-    count = _concrete(step.size, env.values, step.describe())
-    stride = _concrete(step.stride, env.values, step.describe())
-    source = np.arange(count)[:, np.newaxis] * stride + np.arange(window)[np.newaxis, :]
-    data = np.take(t.data, source, axis=axis)  # axes (.., P, K, ..)
-    return _Named(data, [*t.axes[: axis + 1], step.name, *t.axes[axis + 1 :]])
-
-
-def _dilate(t: _Named, step: Dilate, env: _Env) -> _Named:
-    # out[i] = in[i / s] where s divides i, else 0: every element followed by s - 1 zeros
-    axis = t.axis(step.dim)
-    factor = _concrete(step.factor, env.values, step.describe())
-    shape = list(t.data.shape)
-    shape[axis] *= factor
-    data = np.zeros(shape, dtype=t.data.dtype)
-    data[(slice(None),) * axis + (slice(None, None, factor),)] = t.data
-    return _Named(data, list(t.axes))
-
-
-def _reduce(t: _Named, step: Reduce, env: _Env) -> _Named:
-    # out = sum_i in[i] (or the mean)
-    axis = t.axis(step.dim)
-    data = t.data.mean(axis=axis) if step.mean else t.data.sum(axis=axis)
-    return _Named(data, [a for a in t.axes if a != step.dim])
-
-
-def _share(t: _Named, step: Share, env: _Env) -> _Named:
-    """out = data * weight, matching the shared axes by name; the weight-only dims become new axes.
-
-    ``reductions`` are the Reduce steps that directly follow; they are summed inside the same
-    einsum so that the (often large) product is never materialized. That is the same function as
-    multiplying first and reducing afterwards.
-    """
-    weight, array, reductions = _weight(step), next(env.arrays), env.following
-    weight_axes = [d.name for d in weight.dims]
-    all_axes = list(t.axes) + [d.name for d, is_new in zip(weight.dims, weight.new) if is_new]
-    if len(all_axes) > len(string.ascii_letters):
-        raise LoweringError(f"Share({weight.name}): more than {len(string.ascii_letters)} axes at once")
-    letter = dict(zip(all_axes, string.ascii_letters))
-    reduced = {r.dim for r in reductions}
-    kept = [a for a in all_axes if a not in reduced]
-    spec = (
-        "".join(letter[a] for a in t.axes)
-        + ","
-        + "".join(letter[a] for a in weight_axes)
-        + "->"
-        + "".join(letter[a] for a in kept)
-    )
-    data = np.einsum(spec, t.data, array, optimize=True)
-    sizes = dict(zip(t.axes, t.data.shape)) | dict(zip(weight_axes, array.shape))
-    for r in reductions:
-        if r.mean:
-            data = data / np.asarray(sizes[r.dim], dtype=data.dtype)
-    return _Named(np.asarray(data, dtype=t.data.dtype), kept)
-
-
-#: The interpreter's table: one rule per primitive kind (a test checks that none is missing).
-RULES: dict[str, Callable[[_Named, Any, _Env], _Named]] = {
-    "Split": _split,
-    "Merge": _merge,
-    "Shift": _shift,
-    "Expand": _expand,
-    "Unfold": _unfold,
-    "Stride": _stride,
-    "Slide": _slide,
-    "Dilate": _dilate,
-    "Reduce": _reduce,
-    "Share": _share,
-}
 
 
 def _check_array(array: object, expected: tuple[int, ...], names: Sequence[str], what: str) -> np.ndarray:
@@ -490,7 +304,7 @@ def _input_arrays(op: Operator, x: object, expected: Shapes) -> list[np.ndarray]
 
 def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """The chain's result, axes in ``op.outputs`` order."""
-    tensor = _Named(x, [d.name for d in op.inputs])
+    tensor = Named(x, [d.name for d in op.inputs])
     remaining = iter(arrays)
     index = 0
     while index < len(op.steps):
@@ -504,7 +318,7 @@ def _run_chain(op: Operator, values: Mapping[str, int], x: np.ndarray, arrays: S
         rule = RULES.get(step.kind)
         if rule is None:
             raise LoweringError(f"the reference interpreter has no rule for {step!r}")
-        tensor = rule(tensor, step, _Env(values, remaining, following))
+        tensor = rule(tensor, step, StepEnv(values, remaining, following))
     order = [tensor.axis(d.name) for d in op.outputs]
     return np.ascontiguousarray(np.transpose(tensor.data, order))
 
@@ -541,10 +355,10 @@ class _GraphEnv:
     arrays: Iterator[np.ndarray]
     graph: Operator
     index: int
-    results: list[_Named]
+    results: list[Named]
 
 
-def _as(t: _Named, axes: Sequence[str]) -> np.ndarray:
+def _as(t: Named, axes: Sequence[str]) -> np.ndarray:
     """``t``'s data with its axes in the order ``axes`` (a name ``t`` lacks becomes a length-1 axis)."""
     present = [a for a in axes if a in t.axes]
     data = np.transpose(t.data, [t.axis(a) for a in present])
@@ -552,17 +366,17 @@ def _as(t: _Named, axes: Sequence[str]) -> np.ndarray:
     return data.reshape(shape)
 
 
-def _chain_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _chain_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     chain = node.chain
     arrays = [next(env.arrays) for _ in chain.weights]
     data = _run_chain(chain, env.values, _as(args[0], [d.name for d in chain.inputs]), arrays)
-    return _Named(data, [d.name for d in chain.outputs])
+    return Named(data, [d.name for d in chain.outputs])
 
 
-def _map_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _map_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     step = node.step
     assert isinstance(step, Map)
-    return _Named(MAP_RULES[step.fn](args[0].data, step.by), list(args[0].axes))
+    return Named(MAP_RULES[step.fn](args[0].data, step.by), list(args[0].axes))
 
 
 def _padding_mask(env: _GraphEnv, fold: int) -> np.ndarray | None:
@@ -575,22 +389,22 @@ def _padding_mask(env: _GraphEnv, fold: int) -> np.ndarray | None:
     if not region:
         return None
     source = env.results[graph.nodes[region[0]].args[0]]
-    current = _Named(np.ones(source.data.shape, dtype=source.data.dtype), list(source.axes))
+    current = Named(np.ones(source.data.shape, dtype=source.data.dtype), list(source.axes))
     for index in region:
         node = graph.nodes[index]
         if current.axes != [d.name for d in graph.nodes[node.args[0]].dims]:
             # Renames between two chains: same axes in the same order, other names
-            current = _Named(current.data, [d.name for d in graph.nodes[node.args[0]].dims])
+            current = Named(current.data, [d.name for d in graph.nodes[node.args[0]].dims])
         weights = [
-            np.ones(tuple(_concrete(d.size, env.values, d.name) for d in w.dims), current.data.dtype)
+            np.ones(tuple(concrete(d.size, env.values, d.name) for d in w.dims), current.data.dtype)
             for w in node.chain.weights
         ]
         data = _run_chain(node.chain, env.values, _as(current, [d.name for d in node.chain.inputs]), weights)
-        current = _Named(data, [d.name for d in node.chain.outputs])
+        current = Named(data, [d.name for d in node.chain.outputs])
     return current.data > 0
 
 
-def _fold_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _fold_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     # out = max (or min) over the dims of the elements that read data: padding takes no part, as in
     # F.max_pool2d's padding; where none does, 0
     step = node.step
@@ -607,16 +421,16 @@ def _fold_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
     folded = np.where(mask, t.data, empty)
     data = folded.max(axis=axes) if step.how == "max" else folded.min(axis=axes)
     data = np.where(mask.any(axis=axes), data, 0).astype(t.data.dtype)
-    return _Named(data, [a for a in t.axes if a not in step.dims])
+    return Named(data, [a for a in t.axes if a not in step.dims])
 
 
-def _softmax_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _softmax_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     step = node.step
     assert isinstance(step, Softmax)
     t = args[0]
     axes = tuple(t.axis(d) for d in step.dims)  # type: ignore[arg-type]
     shifted = np.exp(t.data - t.data.max(axis=axes, keepdims=True))  # the max cancels; it keeps exp finite
-    return _Named(shifted / shifted.sum(axis=axes, keepdims=True), list(t.axes))
+    return Named(shifted / shifted.sum(axis=axes, keepdims=True), list(t.axes))
 
 
 def _letters(axes: Sequence[str], what: str) -> dict[str, str]:
@@ -626,7 +440,7 @@ def _letters(axes: Sequence[str], what: str) -> dict[str, str]:
     return dict(zip(unique, string.ascii_letters))
 
 
-def _fc_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _fc_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     # out[.., o] = sum_c in[.., c] * w[o, c]
     step = node.step
     assert isinstance(step, FC)
@@ -636,13 +450,13 @@ def _fc_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
     letter = _letters([*t.axes, step.name], step.describe())
     spec = "".join(letter[a] for a in t.axes) + "," + "".join(letter[a] for a in weight_axes)
     spec += "->" + "".join(letter[a] for a in out_axes)
-    return _Named(np.asarray(np.einsum(spec, t.data, array), dtype=t.data.dtype), out_axes)
+    return Named(np.asarray(np.einsum(spec, t.data, array), dtype=t.data.dtype), out_axes)
 
 
-def _rename_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _rename_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     step = node.step
     assert isinstance(step, Rename)
-    return _Named(args[0].data, [step.name if a == step.dim else a for a in args[0].axes])
+    return Named(args[0].data, [step.name if a == step.dim else a for a in args[0].axes])
 
 
 BLEND_RULES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -654,26 +468,26 @@ BLEND_RULES: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
-def _blend_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _blend_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     # the smaller branch broadcasts over the larger one's dims, matched by name
     step = node.step
     assert isinstance(step, BlendJoin)
     axes = [d.name for d in node.dims]
-    return _Named(BLEND_RULES[step.how](_as(args[0], axes), _as(args[1], axes)), axes)
+    return Named(BLEND_RULES[step.how](_as(args[0], axes), _as(args[1], axes)), axes)
 
 
-def _product_node(args: list[_Named], node: Node, env: _GraphEnv) -> _Named:
+def _product_node(args: list[Named], node: Node, env: _GraphEnv) -> Named:
     # out = sum over the reduced dims of lhs * rhs; a name indexes both branches
     lhs, rhs = args
     out_axes = [d.name for d in node.dims]
     letter = _letters([*lhs.axes, *rhs.axes], "Product")
     spec = "".join(letter[a] for a in lhs.axes) + "," + "".join(letter[a] for a in rhs.axes)
     spec += "->" + "".join(letter[a] for a in out_axes)
-    return _Named(np.asarray(np.einsum(spec, lhs.data, rhs.data), dtype=lhs.data.dtype), out_axes)
+    return Named(np.asarray(np.einsum(spec, lhs.data, rhs.data), dtype=lhs.data.dtype), out_axes)
 
 
 #: One rule per node kind of a branching kernel (a test checks that none is missing).
-GRAPH_RULES: dict[str, Callable[[list[_Named], Node, _GraphEnv], _Named]] = {
+GRAPH_RULES: dict[str, Callable[[list[Named], Node, _GraphEnv], Named]] = {
     "Chain": _chain_node,
     "Map": _map_node,
     "Fold": _fold_node,
@@ -691,11 +505,11 @@ def _run_nodes(
     """Evaluate the nodes in order, each by its rule in :data:`GRAPH_RULES`; each reads its arguments'
     named arrays (a linear operator is its input and one chain node; an input node takes the next
     of ``xs``, in the kernel's input order)."""
-    results: list[_Named] = [_Named(xs[0], [d.name for d in graph.inputs])]
+    results: list[Named] = [Named(xs[0], [d.name for d in graph.inputs])]
     remaining = iter(arrays)
     for index, node in enumerate(graph.nodes[1:], 1):
         if node.step is None:
-            results.append(_Named(xs[graph.input_nodes.index(index)], [d.name for d in node.dims]))
+            results.append(Named(xs[graph.input_nodes.index(index)], [d.name for d in node.dims]))
             continue
         env = _GraphEnv(values, remaining, graph, index, results)
         results.append(GRAPH_RULES[node.kind]([results[a] for a in node.args], node, env))
