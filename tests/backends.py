@@ -60,7 +60,8 @@ def codegen(name: str) -> ModuleType:
 
 
 def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> object:
-    """Backend ``name``'s float64 output of ``op`` on ``x`` (numpy), or the exception it raised."""
+    """Backend ``name``'s float64 output of ``op`` on ``x`` (numpy; a tuple of arrays for a kernel of
+    several inputs), or the exception it raised."""
     from kdsl.codegen import reference
 
     try:
@@ -68,13 +69,14 @@ def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> o
             return reference.run(op, layer, x, weights)
         import torch
 
+        xs = [torch.from_numpy(a) for a in (x if isinstance(x, tuple) else (x,))]
         if name == "torch":
             module = codegen("torch").build(op, layer).double()
             with torch.no_grad():
                 for parameter, value in zip(module.weights, weights):
                     parameter.copy_(torch.from_numpy(value))
-                return module(torch.from_numpy(x)).numpy()
+                return module(*xs).numpy()
         kernel = codegen("tvm").build(op, layer, dtype="float64")
-        return kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
+        return kernel(*xs, *[torch.from_numpy(w) for w in weights]).numpy()
     except Exception as error:  # the caller tells a KdslError from a crash
         return error

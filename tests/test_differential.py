@@ -159,16 +159,16 @@ def small_layers(op: Operator, rng: random.Random) -> list[dict[str, int]]:
 # -- running and comparing ------------------------------------------------------------------------
 
 
-def _inputs(op: Operator, layer: dict[str, int], seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def _inputs(op: Operator, layer: dict[str, int], seed: int) -> tuple[object, list[np.ndarray]]:
     """float64 inputs in [-1, 1] and weights scaled by 1/sqrt(fan-in) (outputs of order one)."""
     rng = np.random.default_rng(seed)
     shapes = reference.shapes(op, layer)
-    x = rng.uniform(-1, 1, shapes.input)
+    xs = tuple(rng.uniform(-1, 1, shape) for shape in shapes.inputs)
     weights = []
     for weight, shape in zip(op.weights, shapes.weights):
         fan_in = prod(s for s, new in zip(shape, weight.new) if not new)
         weights.append(rng.uniform(-1, 1, shape) / np.sqrt(fan_in))
-    return x, weights
+    return (xs[0] if len(xs) == 1 else xs), weights  # several inputs: a tuple, as the backends take them
 
 
 def disagreement(op: Operator, layer: dict[str, int], backends: tuple[str, ...], seed: int = 0) -> str | None:
@@ -238,6 +238,17 @@ def test_strategy_operators_agree_on_every_backend(op_and_layer):
     op, layer = op_and_layer
     problem = disagreement(op, layer, ("torch", "tvm"))
     assert problem is None, f"{problem}\nlayer {layer}\n{op.to_dsl()}"
+
+
+@settings(max_examples=120 if SLOW else 20, deadline=None)
+@given(kst.graphs_with_layers(max_actions=4, max_elements=600, inputs=2))
+def test_strategy_kernels_of_two_inputs_agree_on_every_backend(graph_and_layer):
+    """Drawn branching kernels that read two named inputs (first joined by a Product, as Q·Kᵀ): the
+    reference, PyTorch and TVM agree (or all raise the same error)."""
+    graph, layer = graph_and_layer
+    assert len(graph.input_names) == 2
+    problem = disagreement(graph, layer, ("torch", "tvm"))
+    assert problem is None, f"{problem}\nlayer {layer}\n{graph.to_dsl()}"
 
 
 @settings(max_examples=120 if SLOW else 25, deadline=None)

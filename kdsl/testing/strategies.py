@@ -427,7 +427,7 @@ def _join(draw: Any, action: str, pool: list[object], names: _Names) -> object:
 
 
 @st.composite
-def graphs(draw: Any, max_actions: int = 6) -> Operator:
+def graphs(draw: Any, max_actions: int = 6, inputs: int = 1) -> Operator:
     """Valid branching kernels over a 2-3 dim input: linear chains (drawn like :func:`operators`'
     steps) between Map, Fold (also as max/min pooling over an Unfold window), Softmax, FC and
     Rename steps, and branches joined by Blend (every kind, spelled ``+ - *`` or ``Blend``, the
@@ -439,11 +439,22 @@ def graphs(draw: Any, max_actions: int = 6) -> Operator:
     ... def test_kernels(graph):
     ...     assert not graph.is_linear and graph.nodes[0].kind == "Input"
     >>> test_kernels()
+
+    With ``inputs=2`` the kernel reads two named inputs (``a`` and ``b``, over dims drawn apart, some
+    of them shared), first joined by a Product over some of their dims, as attention's Q·Kᵀ is.
     """
     dim_names = draw(st.lists(st.sampled_from(PRIMARY), min_size=2, max_size=3, unique=True))
     names = _Names()
-    pool: list[object] = [Input(*(_var(n) for n in dim_names))]
     made: list[object] = []
+    if inputs == 1:
+        pool: list[object] = [Input(*(_var(n) for n in dim_names))]
+    else:
+        others = draw(st.lists(st.sampled_from(PRIMARY), min_size=1, max_size=3, unique=True))
+        pool = [Input(*(_var(n) for n in dim_names), name="a"), Input(*(_var(n) for n in others), name="b")]
+        union = list(dict.fromkeys([*dim_names, *others]))
+        reduce = draw(st.lists(st.sampled_from(union), max_size=min(2, len(union) - 1), unique=True))
+        pool.append(Product(pool[0], pool[1], *reduce))
+        made.append(pool[-1])
     for _ in range(draw(st.integers(min(2, max_actions), max_actions))):
         action = draw(st.sampled_from(GRAPH_ACTIONS))
         try:
@@ -462,6 +473,7 @@ def graphs(draw: Any, max_actions: int = 6) -> Operator:
     order = draw(st.permutations(list(_shape(result))))
     graph = result >> Output(*order)  # type: ignore[operator]
     assume(not graph.is_linear)  # a build that stayed one linear chain is a linear operator
+    assume(len(graph.input_nodes) == inputs)  # the result may have left the second input unread
     assert not graph.is_linear
     coefficients = graph.coefficient_variables
     if coefficients and draw(st.booleans()):
@@ -490,9 +502,12 @@ def _graph_snapshots(graph: Operator) -> tuple[list[Size], list[list[Size]]]:
 
 
 @st.composite
-def graphs_with_layers(draw: Any, max_actions: int = 6, max_elements: int = 2_000) -> tuple[Operator, dict[str, int]]:
-    """A branching kernel and a layer binding for it (every tensor at most ``max_elements``)."""
-    graph = draw(graphs(max_actions=max_actions))
+def graphs_with_layers(
+    draw: Any, max_actions: int = 6, max_elements: int = 2_000, inputs: int = 1
+) -> tuple[Operator, dict[str, int]]:
+    """A branching kernel (of ``inputs`` data inputs) and a layer binding for it (every tensor at most
+    ``max_elements``)."""
+    graph = draw(graphs(max_actions=max_actions, inputs=inputs))
     return graph, draw(layers(graph, max_elements=max_elements))
 
 
