@@ -65,8 +65,8 @@ def test_budget_limits_count_a_relative_budget_against_the_baseline_over_the_lay
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--max-flops", "1", "--max-params", "1"], "needs 462422016 MACs over the 4 layers, more than --max-flops 1"),
-        (["--max-flops", "0.5x"], "more than --max-flops 0.5x = 231211008"),
+        (["--max-macs", "1", "--max-params", "1"], "needs 462422016 MACs over the 4 layers, more than --max-macs 1"),
+        (["--max-flops", "0.5x"], "more than --max-macs 0.5x = 231211008"),  # the old spelling, same option
         (["--max-params", "1M"], "parameters over the 4 layers, more than --max-params 1M = 1000000"),
         (["--max-flops", "1e400"], "too large to be a number"),
         (["--max-flops", "1e-9x"], "less than one"),

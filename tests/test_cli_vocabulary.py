@@ -178,3 +178,33 @@ def test_show_json_has_the_cost_formulas_in_macs(capsys):
     shown = json.loads(out)
     assert code == 0 and shown["key"] == gallery.load("conv2d").key
     assert shown["cost"]["macs"] == "Cin*Cout*H*K**2*N*W" and "flops" not in shown["cost"]
+
+
+#: one word per thing: an old or other spelling may stay only as an alias of the word itself
+CANONICAL = {
+    "--max-flops": "--max-macs",
+    "--min-flops": "--min-macs",
+    "--seconds": "--time-limit",
+    "--coefficient": "--set",
+    "--layer": "--layers",
+}
+
+
+def test_no_flag_is_spelled_two_ways():
+    """Every command's options, read from its parser (what ``--help`` prints): a flag spelled another
+    way somewhere is either an alias in the same option as the word every command uses, or hidden."""
+    found = []
+    for name, parser in parsers(build_parser()):
+        for action in parser._actions:
+            for spelling in action.option_strings:
+                word = CANONICAL.get(spelling)
+                if word is None or word in action.option_strings or action.help == argparse.SUPPRESS:
+                    continue
+                found.append(f"{name}: {spelling} (say {word})")
+            if action.help != argparse.SUPPRESS and action.option_strings and action.option_strings[0] in CANONICAL:
+                found.append(
+                    f"{name}: {action.option_strings[0]} is shown first (say {CANONICAL[action.option_strings[0]]})"
+                )
+    assert not found, found
+    shown = {s for _, parser in parsers(build_parser()) for a in parser._actions for s in a.option_strings[:1]}
+    assert {"--max-macs", "--min-macs", "--time-limit", "--set", "--layers"} <= shown

@@ -15,12 +15,12 @@
     kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
     kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
     kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
-    kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit S --db F --out DIR
+    kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
 An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file. Every count is
 in MACs (multiply-accumulates, as :func:`kdsl.solve.cost` counts; a branching kernel's element-wise
-operations count one each); ``--max-flops`` budgets are in the same unit.
+operations count one each); ``--max-macs`` budgets are in the same unit (``--max-flops`` is the same option).
 """
 
 from __future__ import annotations
@@ -114,10 +114,12 @@ def _add_check(commands: typing.Any) -> None:
         help="coefficient values, e.g. --set K=3,G=32 (default: the layer's, else the operator's)",
     )
     check.add_argument(
+        "--max-macs",
         "--max-flops",
+        dest="max_flops",
         type=budget,
         metavar="BUDGET",
-        help="fill free widths to this budget of MACs (1e9, 150M, 0.5x)",
+        help="fill free widths to this budget of MACs (1e9, 150M, 0.5x); --max-flops is the same option",
     )
     check.add_argument("--max-params", type=budget, metavar="BUDGET", help="fill free widths to this parameter budget")
     check.add_argument("--baseline", default="conv2d", help="gallery operator that relative budgets (0.5x) refer to")
@@ -166,7 +168,14 @@ def _add_gallery(commands: typing.Any) -> None:
 
 def _add_search_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
-    parser.add_argument("--seconds", type=float, default=60.0, help="time per measurement")
+    parser.add_argument(
+        "--time-limit",
+        "--seconds",
+        dest="seconds",
+        type=float,
+        default=60.0,
+        help="seconds per measurement; --seconds is the same option",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies")
     parser.add_argument("--json", action="store_true", help="print the rates as JSON instead of lines")
 

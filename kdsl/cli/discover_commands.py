@@ -43,10 +43,13 @@ def _add_space_arguments(parser: Any) -> None:
         "(conv2d, conv2d_same_channels, or a JSON spec of that shape)",
     )
     parser.add_argument(
+        "--max-macs",
         "--max-flops",
+        dest="max_flops",
         type=optional_budget,
         default="0.5x",
-        help="budget of MACs: a multiple of conv2d's (0.5x), a count (150M), or none; a plain 0.5 is refused",
+        help="budget of MACs: a multiple of conv2d's (0.5x), a count (150M), or none; a plain 0.5 is refused; "
+        "--max-flops is the same option",
     )
     parser.add_argument(
         "--min-params",
@@ -56,11 +59,13 @@ def _add_space_arguments(parser: Any) -> None:
         "scale does not), a count, or none; candidates below it are not trained",
     )
     parser.add_argument(
+        "--min-macs",
         "--min-flops",
+        dest="min_flops",
         type=optional_budget,
         default=DiscoverConfig.min_flops,
         help="fewest MACs relative to conv2d (default 0.1x: below it a candidate rarely trains to within a point "
-        "of conv2d), a count, or none; candidates below it are not trained",
+        "of conv2d), a count, or none; candidates below it are not trained; --min-flops is the same option",
     )
     parser.add_argument(
         "--max-depth", type=positive_int, default=DiscoverConfig.max_depth, help="most primitives per operator"

@@ -261,7 +261,7 @@ def command_check(args: argparse.Namespace) -> int:
 
 
 def _check_budgets(args: argparse.Namespace, name: str, count: int, rows: list[dict[str, object]]) -> None:
-    """A kernel without free widths has nothing to fill: ``--max-flops``/``--max-params`` then bound
+    """A kernel without free widths has nothing to fill: ``--max-macs``/``--max-params`` then bound
     its total cost over the layers, and a kernel over a budget is a :class:`BudgetError`."""
     flops, params = getattr(args, "max_flops", None), getattr(args, "max_params", None)
     if flops is None and params is None:
@@ -269,7 +269,7 @@ def _check_budgets(args: argparse.Namespace, name: str, count: int, rows: list[d
     baseline = getattr(args, "baseline", None) or "conv2d"
     limits = solve.budget_limits(args.layers, max_flops=flops, max_params=params, baseline=baseline)
     for metric, option, text, column, unit in (
-        ("flops", "--max-flops", flops, "macs", "MACs"),
+        ("flops", "--max-macs", flops, "macs", "MACs"),
         ("params", "--max-params", params, "params", "parameters"),
     ):
         total = sum(int(row[column]) for row in rows)  # type: ignore[call-overload]

@@ -187,14 +187,23 @@ def add_search_commands(subparsers: Any) -> None:
     search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate", help="how the space is walked")
     search.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
     search.add_argument(
+        "--max-macs",
         "--max-flops",
+        dest="max_flops",
         type=budget,
         help="budget of MACs (multiply-accumulates) over all layers: a count (150M, 2G) or a multiple of the "
-        "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x)",
+        "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x); --max-flops is the "
+        "same option",
     )
     search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
     search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
-    search.add_argument("--min-flops", type=budget, help="fewest FLOPs (a count or relative, like 0.1x)")
+    search.add_argument(
+        "--min-macs",
+        "--min-flops",
+        dest="min_flops",
+        type=budget,
+        help="fewest MACs (a count or relative, like 0.1x); --min-flops is the same option",
+    )
     search.add_argument(
         "--set",
         action="append",

@@ -144,6 +144,12 @@ def _slide(t: Named, step: Slide, env: StepEnv) -> Named:
     window = concrete(step.window, env.values, step.describe())
     count = concrete(step.size, env.values, step.describe())
     stride = concrete(step.stride, env.values, step.describe())
+    length = t.data.shape[axis]
+    if window > length or count != (length - window) // stride + 1:  # a layer the solver did not check
+        raise DivisibilityError(
+            f"{step.describe()}: {length} positions with a window of {window} and stride {stride} give "
+            f"{max(0, (length - window) // stride + 1)} windows, not {step.size} = {count}"
+        )
     source = np.arange(count)[:, np.newaxis] * stride + np.arange(window)[np.newaxis, :]
     data = np.take(t.data, source, axis=axis)  # axes (.., P, K, ..)
     return Named(data, [*t.axes[: axis + 1], step.name, *t.axes[axis + 1 :]])

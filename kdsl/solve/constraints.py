@@ -349,7 +349,7 @@ def resolve_binding(op: Operator, layer: Layer, coefficients: Mapping[str, int] 
             raise LayerError(
                 f"the dynamic variable {name} (a free width) has no value on {layer_label(layer.name)}: the "
                 f"operator is a template; fill it with kdsl.solve.fill(op, layers, max_flops=...) (or "
-                f"`kdsl check --max-flops`), or pass {{'{name}': 16}} with the coefficients"
+                f"`kdsl check --max-macs`), or pass {{'{name}': 16}} with the coefficients"
             )
         else:
             raise LayerError(
