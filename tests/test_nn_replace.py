@@ -137,6 +137,13 @@ def test_the_pixels_each_output_reads_decide_when_the_shapes_match():
     pointwise = fit(gallery.load("pointwise_conv2d"), ConvSpec.of(nn.Conv2d(8, 8, 3, padding=1)))
     assert pointwise.reasons == ("kernel 3x3, an output pixel of the operator reads a 1x1 window",)
     assert fit(gallery.load("pointwise_conv2d"), ConvSpec.of(nn.Conv2d(8, 16, 1))).serves
+    # search-found stand-ins for a 3x3 conv read a shifted or sparse 3x3 window: they serve it
+    conv3x3 = ConvSpec.of(nn.Conv2d(64, 64, 3, padding=1))
+    for name in ("grouped_conv2d_shifted_window", "canvas_resnet34", "max_pool2d"):  # max_pool2d: no weight
+        assert fit(gallery.load(name), conv3x3).serves, name
+    assert fit(gallery.load("spatial_attention"), conv3x3).reasons == (
+        "kernel 3x3, an output pixel of the operator reads a 8x8 window",
+    )
 
 
 def test_the_replacements_keep_dtype_device_training_mode_and_bias():

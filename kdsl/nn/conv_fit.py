@@ -18,9 +18,12 @@ The checks run in order, and every one that fails adds a reason:
    (:func:`kdsl.solve.bind`) and its output shape is compared with the conv's;
 5. the module: the resolution must be a size the module reads from its input
    (:func:`kdsl.codegen.torch.lazy_variables`), since a conv does not fix it;
-6. the pixels: the module, its weights all ones, runs on one impulse per input pixel, and the
-   output pixels each impulse reaches must be the conv's (an impulse response comparison, in
-   float64, of nonzero patterns only).
+6. the pixels: the module, its weights all ones, runs on one impulse per input pixel (float64, at
+   a few channels: which pixels an output reads does not depend on how many there are); the
+   output pixels each impulse reaches must be the conv's, or at least the centre output must
+   read a window of the conv's extent (a search-found operator may shift its window or read it
+   sparsely, as grouped_conv2d_shifted_window and canvas_resnet34 do; pointwise_conv2d, which
+   keeps a 3x3 conv's shape, reads 1x1 and does not serve it).
 
 >>> import torch
 >>> from kdsl.lang import library
@@ -48,6 +51,8 @@ __all__ = ["ConvSpec", "Fit", "fit"]
 
 #: the batch of the solver's probe (the module reads N from its input)
 _PROBE_BATCH = 2
+#: the pixel check narrows the channels to no fewer than this (:func:`_narrow`)
+_NARROW = 16
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,8 @@ def fit(op: Operator, spec: ConvSpec, coefficients: Mapping[str, int] | None = N
     if fixed:
         return Fit({}, (f"the operator's weights depend on {', '.join(fixed)} (its module fixes the resolution)",))
     built = {name: value for name, value in binding.items() if name not in lazy}
-    pixels = _pixel_reason(op, built, spec, size)
+    narrow = _narrow(op, binding, values, (cin, outputs[1]))
+    pixels = _pixel_reason(op, {k: v for k, v in narrow.items() if k not in lazy}, narrow[cin], size, spec)
     return Fit(built, (pixels,) if pixels else ())
 
 
@@ -249,15 +255,38 @@ def _shape_reason(spec: ConvSpec, size: int, got: tuple[int, ...], want: tuple[i
     return f"{what}: the operator maps {size}x{size} pixels to {got[2]}x{got[3]}, the conv to {conv}"
 
 
-def _pixel_reason(op: Operator, binding: Mapping[str, int], spec: ConvSpec, size: int) -> str | None:
-    """Step 6: None when every output pixel of the operator reads the conv's input pixels."""
+def _narrow(
+    op: Operator, binding: Mapping[str, int], values: Mapping[str, int], channels: tuple[str, str | None]
+) -> Mapping[str, int]:
+    """``binding`` with its channel counts divided by the largest power of two that leaves each at
+    least :data:`_NARROW` and still binds (``binding`` itself where none does): which pixels an
+    output reads does not depend on how many channels there are, and the pixel check's cost grows
+    with their square."""
+    names = [name for name in dict.fromkeys(channels) if name is not None]
+    factor = 1
+    while all(binding[name] % (2 * factor) == 0 and binding[name] // (2 * factor) >= _NARROW for name in names):
+        factor *= 2
+    while factor > 1:
+        narrowed = {**binding, **{name: binding[name] // factor for name in names}}
+        try:
+            return bind(op, narrowed, values)
+        except KdslError:
+            factor //= 2
+    return binding
+
+
+def _pixel_reason(op: Operator, binding: Mapping[str, int], channels: int, size: int, spec: ConvSpec) -> str | None:
+    """Step 6: None when the operator (built at ``binding``, taking ``channels`` input channels)
+    reads the conv's pixels, or a window of the conv's extent at the centre output (a search-found
+    operator may shift its window or read it sparsely: grouped_conv2d_shifted_window still stands
+    for a 3x3 conv, pointwise_conv2d does not)."""
     torch = load_torch()
     module = build(op, binding).double()
     with torch.no_grad():
         for parameter in module.parameters():
             parameter.fill_(1.0)
         impulses = torch.eye(size * size, dtype=torch.float64).reshape(size * size, 1, size, size)
-        ours = module(impulses.expand(-1, spec.in_channels, -1, -1)).abs().sum(1) != 0
+        ours = module(impulses.expand(-1, channels, -1, -1)).abs().sum(1) != 0
         ones = torch.ones(1, 1, *spec.kernel, dtype=torch.float64)
         theirs = torch.nn.functional.conv2d(
             impulses, ones, stride=spec.stride, padding=spec.padding or 0, dilation=spec.dilation
@@ -266,9 +295,19 @@ def _pixel_reason(op: Operator, binding: Mapping[str, int], spec: ConvSpec, size
     if torch.equal(ours, theirs):
         return None
     center = (spec.output_size(size, 0) // 2) * spec.output_size(size, 1) + spec.output_size(size, 1) // 2
-    read = ours.reshape(size * size, -1)[:, center].reshape(size, size).nonzero()
-    if len(read) == 0:
-        return "the operator's outputs read no input pixel like the conv's do"
-    rows, cols = read[:, 0], read[:, 1]
-    window = f"{int(rows.max() - rows.min()) + 1}x{int(cols.max() - cols.min()) + 1}"
-    return f"kernel {_window(spec.kernel)}, an output pixel of the operator reads a {window} window"
+    window, wanted = (_extent(reads.reshape(size * size, -1)[:, center], size) for reads in (ours, theirs))
+    if window == wanted:
+        return None
+    if window is None:
+        return "the operator's centre output reads no input pixel"
+    return f"kernel {_window(spec.kernel)}, an output pixel of the operator reads a {_window(window)} window"
+
+
+def _extent(read: Any, size: int) -> tuple[int, int] | None:
+    """The height and width of the box around the input pixels one output reads (``read``: a mask
+    over the ``size * size`` input pixels)."""
+    found = read.reshape(size, size).nonzero()
+    if len(found) == 0:
+        return None
+    rows, cols = found[:, 0], found[:, 1]
+    return int(rows.max() - rows.min()) + 1, int(cols.max() - cols.min()) + 1
