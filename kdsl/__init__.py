@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 #: subpackages that ``kdsl.<name>`` loads on first use (PEP 562), so ``import kdsl`` stays light
 #: (no torch, no tvm) and ``kdsl.gallery.load("conv2d")`` still works without importing them first
 _SUBPACKAGES = frozenset(
-    {"bench", "cli", "codegen", "discover", "gallery", "lang", "runtime", "search", "solve", "testing", "tune"}
+    {"bench", "cli", "codegen", "discover", "gallery", "lang", "nn", "runtime", "search", "solve", "testing", "tune"}
 )
 
 

@@ -31,6 +31,7 @@ RANK = {
     "tune": 3,
     "discover": 4,
     "gallery": 4,
+    "nn": 4,
     "testing": 4,
     "bench": 5,
     "cli": 6,
