@@ -62,25 +62,37 @@ def scaled_inputs(op, layer, seed, dtype=np.float64):
     """Inputs in [-1, 1] and weights scaled by 1/sqrt(fan-in), so outputs are of order one."""
     rng = np.random.default_rng(seed)
     shapes = reference.shapes(op, layer)
-    x = rng.uniform(-1, 1, shapes.input).astype(dtype)
+    xs = tuple(rng.uniform(-1, 1, shape).astype(dtype) for shape in shapes.inputs)
     weights = []
     for weight, shape in zip(op.weights, shapes.weights):
         fan_in = int(np.prod([s for s, new in zip(shape, weight.new) if not new] or [1]))
         weights.append((rng.uniform(-1, 1, shape) / np.sqrt(fan_in)).astype(dtype))
-    return x, weights
+    return (xs[0] if len(xs) == 1 else xs), weights  # a kernel of several inputs takes a tuple
+
+
+def _arrays(x):
+    """The data inputs: one array, or the tuple a kernel of several inputs takes."""
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _cast(x, dtype):
+    cast = tuple(a.astype(dtype) for a in _arrays(x))
+    return cast if isinstance(x, tuple) else cast[0]
 
 
 def run_backend(backend, op, layer, x, weights):
     if backend == "reference":
         return reference.run(op, layer, x, weights)
+    arrays = _arrays(x)
+    double = arrays[0].dtype == np.float64
     if backend == "torch":
-        module = kdsl_torch.build(op, layer).to(torch.float64 if x.dtype == np.float64 else torch.float32)
+        module = kdsl_torch.build(op, layer).to(torch.float64 if double else torch.float32)
         with torch.no_grad():
             for parameter, value in zip(module.weights, weights):
                 parameter.copy_(torch.from_numpy(value))
-            return module(torch.from_numpy(x)).numpy()
-    kernel = kdsl_tvm.build(op, layer, dtype="float64" if x.dtype == np.float64 else "float32")
-    return kernel(torch.from_numpy(x), *[torch.from_numpy(w) for w in weights]).numpy()
+            return module(*[torch.from_numpy(a) for a in arrays]).numpy()
+    kernel = kdsl_tvm.build(op, layer, dtype="float64" if double else "float32")
+    return kernel(*[torch.from_numpy(a) for a in arrays], *[torch.from_numpy(w) for w in weights]).numpy()
 
 
 def assert_backends_agree(op, layer, seed=0, dtype=np.float32):
@@ -99,7 +111,7 @@ def assert_backends_agree(op, layer, seed=0, dtype=np.float32):
                 shapes = {"x": np.zeros(1)}  # the layer is bad: the backend must refuse it while building
                 outcomes[backend] = run_backend(backend, op, layer, shapes["x"], [])
             else:
-                x, weights = x64.astype(dtype), [w.astype(dtype) for w in weights64]
+                x, weights = _cast(x64, dtype), [w.astype(dtype) for w in weights64]
                 outcomes[backend] = run_backend(backend, op, layer, x, weights)
         except KdslError as error:
             outcomes[backend] = error
@@ -158,29 +170,33 @@ def assert_gradients_match_finite_differences(op, layer, seed=0, probes=4):
     reference interpreter (float64) at a few random coordinates."""
     rng = np.random.default_rng(seed)
     x, weights = scaled_inputs(op, layer, seed)
+    inputs = list(_arrays(x))
     probe = rng.standard_normal(reference.run(op, layer, x, weights).shape)
 
-    def objective(x_value, weight_values):
-        return float((reference.run(op, layer, x_value, weight_values) * probe).sum())
+    def objective(arrays):
+        data, weight_values = arrays[: len(inputs)], arrays[len(inputs) :]
+        value = tuple(data) if isinstance(x, tuple) else data[0]
+        return float((reference.run(op, layer, value, weight_values) * probe).sum())
 
     module = kdsl_torch.build(op, layer).double()
     with torch.no_grad():
         for parameter, value in zip(module.weights, weights):
             parameter.copy_(torch.from_numpy(value))
-    x_tensor = torch.from_numpy(x.copy()).requires_grad_(True)
-    (module(x_tensor) * torch.from_numpy(probe)).sum().backward()
-    tensors = [(x, x_tensor.grad.numpy())] + [(w, p.grad.numpy()) for w, p in zip(weights, module.weights)]
+    input_tensors = [torch.from_numpy(a.copy()).requires_grad_(True) for a in inputs]
+    (module(*input_tensors) * torch.from_numpy(probe)).sum().backward()
+    tensors = [(a, t.grad.numpy()) for a, t in zip(inputs, input_tensors)]
+    tensors += [(w, p.grad.numpy()) for w, p in zip(weights, module.weights)]
     step = 1e-6
     checked = 0
     for which, (value, gradient) in enumerate(tensors):
         for _ in range(probes):
             index = tuple(int(rng.integers(0, n)) for n in value.shape)
-            arrays = [x] + list(weights)
+            arrays = inputs + list(weights)
             plus = [a.copy() for a in arrays]
             minus = [a.copy() for a in arrays]
             plus[which][index] += step
             minus[which][index] -= step
-            numeric = (objective(plus[0], plus[1:]) - objective(minus[0], minus[1:])) / (2 * step)
+            numeric = (objective(plus) - objective(minus)) / (2 * step)
             assert abs(numeric - gradient[index]) <= 1e-6 * max(1.0, abs(numeric)), (which, index, numeric)
             checked += 1
     assert checked == probes * len(tensors)
@@ -651,7 +667,8 @@ def test_the_strategy_reaches_every_node_kind_and_every_blend_both_ways():
     broadcast and with none, and a Fold over a padded window."""
     seen: set[object] = set()
 
-    @settings(max_examples=500, derandomize=True, phases=[Phase.generate], database=None, deadline=None)
+    # 800: with Slide and Dilate among the drawn steps, 500 kernels no longer reached every Blend both ways
+    @settings(max_examples=800, derandomize=True, phases=[Phase.generate], database=None, deadline=None)
     @given(kst.graphs())
     def collect(graph):
         assert not graph.is_linear
