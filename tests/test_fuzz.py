@@ -356,7 +356,9 @@ class Tally:
         assert self.checked >= target
         # both outcomes must be common, or the sample tests one side only
         assert self.accepted >= target // 50, f"only {self.accepted} of {self.checked} inputs were accepted"
-        assert self.refused >= target // 2, f"only {self.refused} of {self.checked} inputs were refused"
+        # at least 2 in 5 refused: per gallery source the share refused is 38-59% (200 one-edit mutants
+        # each, measured when attention_qk and bmm joined); the mix of sources moved the total just below a half
+        assert self.refused >= target * 2 // 5, f"only {self.refused} of {self.checked} inputs were refused"
         assert self.slowest <= MAX_SECONDS
 
 
