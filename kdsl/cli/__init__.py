@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
-from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_bench
+from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
@@ -220,9 +220,9 @@ BENCHES: tuple[tuple[str, str, typing.Callable[..., None], typing.Callable[..., 
     ),
     (
         "tune",
-        "schedule tuners side by side against PyTorch",
-        tune_bench.add_arguments,
-        tune_bench.bench_tune,
+        "schedule tuners side by side against PyTorch (--suite: the papers' suites, several runs)",
+        tune_suite_bench.add_arguments,
+        tune_suite_bench.bench_tune,
     ),
 )
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from kdsl.lang.errors import KdslError
 
-__all__ = ["BRANCHING", "NATIVE", "native_function"]
+__all__ = ["BRANCHING", "NATIVE", "WINDOWS_AND_PRODUCTS", "has_native", "native_function"]
 
 Sizes = Mapping[str, int]
 
@@ -159,18 +159,76 @@ BRANCHING: dict[str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable
 NATIVE.update(BRANCHING)
 
 
+# -- valid and transposed windows, products of two inputs (issue 27's operators) ------------------
+# Kept beside NATIVE rather than in it: the tests and benches that walk NATIVE give every entry one
+# input and a tiny layer without the output sizes (Ho, Wo) a window without padding needs. For the
+# products, ``x`` is the tuple of the kernel's data inputs, in its input order.
+
+
+def _flipped(weights: Sequence[Any], v: Sizes) -> list[Any]:
+    """The gallery's transposed-convolution weight w[o, c, k...] as PyTorch's v[c, o, k...]: flipped in
+    every window, channels swapped (``gallery/conv_transpose2d.dsl``)."""
+    weight = weights[0]
+    windows = weight.ndim - 2
+    return [weight.flip(list(range(-windows, 0))).transpose(0, 1).contiguous()]
+
+
+def _conv_transpose(x: Any, w: list[Any], v: Sizes) -> Any:
+    """F.conv_transpose{2,3}d with padding K - 1 - K//2 and the output padding that gives s times the input."""
+    K, s = v["K"], v["s"]
+    padding, size = K - 1 - K // 2, x.shape[-1]
+    output_padding = s * size - ((size - 1) * s - 2 * padding + K)
+    function = _f().conv_transpose2d if w[0].ndim == 4 else _f().conv_transpose3d
+    return function(x, w[0], stride=s, padding=padding, output_padding=output_padding)
+
+
+def _bmm(x: Any, w: list[Any], v: Sizes) -> Any:
+    import torch
+
+    return torch.bmm(x[0], x[1])
+
+
+def _bmm_tn(x: Any, w: list[Any], v: Sizes) -> Any:
+    import torch
+
+    return torch.bmm(x[0].transpose(1, 2), x[1])
+
+
+WINDOWS_AND_PRODUCTS: dict[
+    str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable[[Any, list[Any], Sizes], Any]]
+] = {
+    "conv2d_valid": (_conv2d_prepare, lambda x, w, v: _f().conv2d(x, w[0], padding=0)),
+    "alexnet_c1": (_conv2d_prepare, lambda x, w, v: _f().conv2d(x, w[0], stride=v["s"], padding=0)),
+    "conv_transpose2d": (_flipped, _conv_transpose),
+    "conv_transpose3d": (_flipped, _conv_transpose),
+    "bmm": (_as_is, _bmm),
+    "bmm_tn": (_as_is, _bmm_tn),
+}
+
+
+def has_native(name: str) -> bool:
+    """Whether PyTorch has a baseline for the gallery operator ``name`` (:data:`NATIVE` or
+    :data:`WINDOWS_AND_PRODUCTS`).
+
+    >>> has_native("bmm"), has_native("syno_op1")
+    (True, False)
+    """
+    return name in NATIVE or name in WINDOWS_AND_PRODUCTS
+
+
 def native_function(name: str, x: Any, weights: Sequence[Any], sizes: Sizes) -> Callable[[], Any]:
     """PyTorch's own ``name`` on ``x`` as a call without arguments (for timing): ``weights`` are in the
-    gallery operator's layouts and are prepared once, here.
+    gallery operator's layouts and are prepared once, here; for a kernel of several inputs ``x`` is
+    the tuple of them.
 
     >>> native_function("syno_op1", None, [], {})
     Traceback (most recent call last):
     ...
     kdsl.lang.errors.KdslError: PyTorch has no native function for 'syno_op1'; ...
     """
-    if name not in NATIVE:
-        known = ", ".join(sorted(NATIVE))
+    if not has_native(name):
+        known = ", ".join(sorted({*NATIVE, *WINDOWS_AND_PRODUCTS}))
         raise KdslError(f"PyTorch has no native function for {name!r}; the table knows {known}")
-    prepare, call = NATIVE[name]
+    prepare, call = NATIVE[name] if name in NATIVE else WINDOWS_AND_PRODUCTS[name]
     prepared = prepare(weights, sizes)
     return lambda: call(x, prepared, sizes)

@@ -121,7 +121,7 @@ def tune(
     if tuner == "metaschedule":
         if options:
             raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
-        return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer)
+        return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
     binding, key, store = open_task(op, layer, db)

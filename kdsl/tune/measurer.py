@@ -73,11 +73,13 @@ def compile_module(module: Any, path: str) -> None:
 
 
 def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
-    """The measuring worker's state: TVM, random inputs on its device, an output buffer."""
+    """The measuring worker's state: TVM, random inputs (every data input of a kernel of several, in
+    its input order) on its device, an output buffer."""
     import numpy as np
 
     tvm = load_tvm()
     x, weights = reference.random_inputs(op, layer, dtype=np.float32)
+    inputs = list(x) if isinstance(x, tuple) else [x]  # a kernel of several inputs: a tuple of them
     dev = tvm.cpu(0)
     output_shape = tuple(int(d) for d in _lowered(op, layer).output_shape)
     return {
@@ -87,7 +89,7 @@ def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
         "x": x,
         "weights": weights,
         "dev": dev,
-        "args": [tvm.runtime.tensor(a, dev) for a in (x, *weights)],
+        "args": [tvm.runtime.tensor(a, dev) for a in (*inputs, *weights)],  # the PrimFunc's order
         "out": tvm.runtime.empty(output_shape, "float32", dev),
         "expected": None,
     }
@@ -100,7 +102,8 @@ def _expected(state: dict[str, Any]) -> Any:
     if state["expected"] is None:
         x, weights = state["x"], state["weights"]
         as64 = [w.astype(np.float64) for w in weights]
-        state["expected"] = reference.run(state["op"], state["layer"], x.astype(np.float64), as64)
+        x64 = tuple(a.astype(np.float64) for a in x) if isinstance(x, tuple) else x.astype(np.float64)
+        state["expected"] = reference.run(state["op"], state["layer"], x64, as64)
     return state["expected"]
 
 

@@ -1,0 +1,403 @@
+"""``kdsl bench tune --suite opevo|alt|gensor|all``: the seed papers' benchmark suites, several runs each.
+
+For every case of the suite (:mod:`kdsl.bench.tune_suites`) and every run, each tuner tunes the case
+from a fresh records database (seed = the run's index) with its budget: ``--trials`` for kdsl's
+tuners, each of ``--metaschedule-trials`` (64 and 256 by default) for MetaSchedule, a column each.
+Then every tuner's best schedule and the default schedule are recompiled and re-measured in one
+measuring process, in alternation with PyTorch's native op (:func:`kdsl.codegen.native.native_function`)
+timed in a worker process of its own, for ``--rounds`` rounds, each keeping its best median (as plain
+``kdsl bench tune`` does). Over the runs: the mean ± std of each tuner's best latency and of its
+speed ratio to PyTorch. Into ``--out``: ``results.md`` (the tables, and the cases that are not
+expressible yet with the reason), ``curves.csv`` (best-so-far after each trial, every run) and one
+``<suite>-<case>.png`` of the curves per case (when matplotlib is installed).
+
+Without ``--suite``, ``kdsl bench tune`` is :func:`kdsl.bench.tune_bench.bench_tune`, unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdsl import gallery, solve
+from kdsl.bench import target as bench_target
+from kdsl.bench import tune_bench
+from kdsl.bench.argument_types import positive_int
+from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
+from kdsl.codegen import reference
+from kdsl.codegen.native import native_function
+from kdsl.codegen.tvm.default_schedule import default_schedule
+from kdsl.codegen.tvm.machine import current_machine
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.lang.errors import KdslError
+from kdsl.runtime.timing import median_seconds
+from kdsl.runtime.workers import Slot, WorkerPool
+from kdsl.tune.driver import tune
+from kdsl.tune.measurer import Measurer, _lowered, compile_module
+
+
+def budgets(text: str) -> list[int]:
+    """argparse type of ``--metaschedule-trials``: comma-separated positive trial counts.
+
+    >>> budgets("64,256")
+    [64, 256]
+    >>> budgets("64,x")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected positive trial counts separated by commas (e.g. 64,256), got '64,x'
+    """
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive trial counts separated by commas (e.g. 64,256), got {text!r}"
+        )
+    return counts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``kdsl bench tune``: :func:`kdsl.bench.tune_bench.add_arguments` and the suites'."""
+    tune_bench.add_arguments(parser)
+    parser.add_argument("--suite", default=None, help=f"a papers' benchmark suite: {', '.join(suite_names())}")
+    parser.add_argument("--only", nargs="+", default=None, metavar="LABEL", help="with --suite: only these cases")
+    parser.add_argument("--runs", type=positive_int, default=3, help="with --suite: runs per tuner (mean ± std)")
+    parser.add_argument(
+        "--metaschedule-trials",
+        type=budgets,
+        default=[64, 256],
+        help="with --suite: MetaSchedule's budgets, one column each (default 64,256)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)"
+    )
+
+
+def bench_tune(args: argparse.Namespace) -> int:
+    """``kdsl bench tune``: the suite of ``--suite``, else the plain bench (:mod:`kdsl.bench.tune_bench`)."""
+    if getattr(args, "suite", None) is None:
+        return tune_bench.bench_tune(args)
+    return bench_suite(args)
+
+
+# ------------------------------------------------------------------------------------------------
+# PyTorch's baseline, in a worker process of its own (TVM's pinned threads would slow it down)
+
+
+def _native_job(
+    state: None, job: tuple[str, list[tuple[int, ...]], list[tuple[int, ...]], dict[str, int]], slot: Slot
+) -> float:
+    """One median of PyTorch's native op on random inputs of the kernel's shapes, in the latency slot."""
+    import torch
+
+    name, input_shapes, weight_shapes, sizes = job
+    inputs = [torch.randn(shape) for shape in input_shapes]
+    weights = [torch.randn(shape) for shape in weight_shapes]
+    function = native_function(name, inputs[0] if len(inputs) == 1 else tuple(inputs), weights, sizes)
+    with torch.no_grad(), slot():
+        return median_seconds(function, repeats=5, target=0.04, warmup=3)
+
+
+def native_pool() -> WorkerPool:
+    """The PyTorch worker: :func:`kdsl.bench.tune_bench.torch_pool`'s settings with :func:`_native_job`."""
+    threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    return WorkerPool(
+        _native_job,
+        setup=functools.partial(tune_bench._torch_setup, int(threads)),
+        environment={"OMP_NUM_THREADS": threads, **bench_target.pytorch_environment()},
+        name="kdsl-torch-baseline",
+    )
+
+
+def native_job(
+    name: str, binding: Mapping[str, int]
+) -> tuple[str, list[tuple[int, ...]], list[tuple[int, ...]], dict[str, int]]:
+    """The job of :func:`_native_job` for the gallery operator ``name`` at ``binding``."""
+    shapes = reference.shapes(gallery.load(name), binding)
+    return name, [tuple(s) for s in shapes.inputs], [tuple(s) for s in shapes.weights], dict(binding)
+
+
+# ------------------------------------------------------------------------------------------------
+# One case: runs of every column, then the statistics
+
+
+@dataclass
+class Column:
+    """One column of a case's table: a tuner with its trial budget (``metaschedule@64``)."""
+
+    name: str
+    tuner: str
+    trials: int
+
+
+@dataclass
+class CaseResult:
+    """Every run of one case: per column the re-measured best seconds (``None``: no valid schedule),
+    its best-so-far curve and tuning seconds; PyTorch's seconds per run; the errors seen."""
+
+    case: SuiteCase
+    macs: float = 0.0
+    latencies: dict[str, list[float | None]] = field(default_factory=dict)
+    curves: dict[str, list[list[float]]] = field(default_factory=dict)
+    tuning: dict[str, list[float]] = field(default_factory=dict)
+    torch: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def columns(tuners: Sequence[str], trials: int, metaschedule_trials: Sequence[int]) -> list[Column]:
+    """The columns: each tuner at ``trials``, MetaSchedule once per budget.
+
+    >>> [c.name for c in columns(["opevo", "metaschedule"], 64, [64, 256])]
+    ['opevo', 'metaschedule@64', 'metaschedule@256']
+    """
+    out = []
+    for tuner in tuners:
+        if tuner == "metaschedule":
+            out += [Column(f"metaschedule@{n}", tuner, n) for n in metaschedule_trials]
+        else:
+            out.append(Column(tuner, tuner, trials))
+    return out
+
+
+def _slug(case: SuiteCase) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", f"{suite_of(case)}-{case.label}").strip("-").lower()
+
+
+def _one_run(case: SuiteCase, cols: Sequence[Column], run: int, folder: Path, rounds: int, result: CaseResult) -> None:
+    """Tune every column once (fresh databases, seed ``run``), then re-measure the bests and PyTorch."""
+    op = gallery.load(case.operator)
+    binding = solve.bind(op, case.layer)
+    has_baseline = baseline_reason(case) is None
+    libraries: dict[str, str] = {}
+    with Measurer(op, binding) as measurer, native_pool() as torch_worker:
+        space: ScheduleSpace | None = None
+        for col in cols:
+            db = folder / "records" / f"{_slug(case)}-run{run}-{col.name.replace('@', '-')}.db"
+            log = functools.partial(print, f"  [{case.label} run {run + 1}]", file=sys.stderr)
+            try:
+                outcome = tune(op, binding, col.tuner, col.trials, str(db), seed=run, measurer=measurer, log=log)
+            except KdslError as error:
+                result.errors.append(f"{col.name}, run {run + 1}: {error}")
+                continue
+            result.curves.setdefault(col.name, []).append(list(outcome.curve))
+            result.tuning.setdefault(col.name, []).append(outcome.seconds)
+            if col.tuner == "metaschedule":
+                if outcome.library:
+                    libraries[col.name] = outcome.library
+            elif outcome.best is not None and outcome.best.latency is not None:
+                space = space or ScheduleSpace(_lowered(op, binding))
+                path = str(folder / "records" / f"{_slug(case)}-run{run}-{col.name}.so")
+                compile_module(space.apply(outcome.best.config).mod, path)
+                libraries[col.name] = path
+        path = str(folder / "records" / f"{_slug(case)}-run{run}-default.so")
+        compile_module(default_schedule(_lowered(op, binding)).mod, path)
+        libraries["default schedule"] = path
+        final, torch_s = _remeasure(measurer, libraries, rounds, torch_worker if has_baseline else None, case, binding)
+    for name in [c.name for c in cols] + ["default schedule"]:
+        result.latencies.setdefault(name, []).append(final.get(name))
+    if torch_s is not None:
+        result.torch.append(torch_s)
+
+
+def _remeasure(
+    measurer: Measurer,
+    libraries: Mapping[str, str],
+    rounds: int,
+    torch_worker: WorkerPool | None,
+    case: SuiteCase,
+    binding: Mapping[str, int],
+) -> tuple[dict[str, float], float | None]:
+    """Each library's and PyTorch's best median over ``rounds`` rounds in alternation (these VMs drift
+    by up to 1.5x over minutes: a baseline timed once, minutes away from the kernels, misleads)."""
+    final: dict[str, float] = {}
+    torch_s = float("inf")
+    job = native_job(case.operator, binding) if torch_worker is not None else None
+    for _ in range(rounds):
+        for name, library in libraries.items():
+            latency, error = measurer.time_library(library, check=True)
+            if latency is not None:
+                final[name] = min(final.get(name, float("inf")), latency)
+            elif error:
+                print(f"  {case.label} {name}: re-measurement failed: {error}", file=sys.stderr)
+        if torch_worker is not None and job is not None:
+            outcome = torch_worker.call(job)
+            if not outcome.ok:
+                raise KdslError(f"timing PyTorch's {case.operator} failed: {outcome.error}")
+            torch_s = min(torch_s, outcome.value)
+    return final, (torch_s if torch_worker is not None else None)
+
+
+def mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 3) -> str:
+    """``mean ± std`` of ``values`` times ``scale`` (the std of one value is 0), ``-`` when empty.
+
+    >>> mean_std([1.0, 2.0, 3.0]), mean_std([0.5], 1e3, 1), mean_std([])
+    ('2.000 ± 1.000', '500.0 ± 0.0', '-')
+    """
+    if not values:
+        return "-"
+    mean = statistics.fmean(values) * scale
+    std = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def case_table(result: CaseResult, cols: Sequence[Column]) -> list[str]:
+    """The Markdown lines of one case: PyTorch, then every column and the default schedule."""
+    case = result.case
+    lines = [
+        f"### {suite_of(case)} {case.label}: {case.operator} at {dict(case.layer)} ({case.paper}; "
+        f"{result.macs / 1e9:.3f} GMAC)",
+        "",
+        "| schedule | trials | best ms (mean ± std) | vs PyTorch, speed (mean ± std) | valid runs | tuning s (mean) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    torch_text = mean_std(result.torch, 1e3) if result.torch else f"not expressible yet: {baseline_reason(case)}"
+    lines.append(f"| PyTorch | - | {torch_text} | 1 | {len(result.torch)} | - |")
+    torch_mean = statistics.fmean(result.torch) if result.torch else None
+    for name, trials in [(c.name, str(c.trials)) for c in cols] + [("default schedule", "-")]:
+        runs = result.latencies.get(name, [])
+        valid = [v for v in runs if v is not None]
+        # the ratio of each run to that run's own PyTorch time, when both exist
+        ratios = [t / v for t, v in zip(result.torch, runs) if v is not None] if torch_mean else []
+        spent = result.tuning.get(name)
+        tuning = f"{statistics.fmean(spent):.0f}" if spent else "-"
+        lines.append(
+            f"| {name} | {trials} | {mean_std(valid, 1e3)} | {mean_std(ratios, 1.0, 2)} | "
+            f"{len(valid)}/{len(runs)} | {tuning} |"
+        )
+    lines += ["", *(f"- error: {e}" for e in result.errors)]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Output files
+
+
+def write_curves_csv(path: Path, results: Sequence[CaseResult]) -> None:
+    """Every best-so-far curve as rows ``suite, case, column, run, trial, best_ms`` (empty: none yet)."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["suite", "case", "column", "run", "trial", "best_ms"])
+        for result in results:
+            for name, runs in result.curves.items():
+                for run, curve in enumerate(runs):
+                    for trial, seconds in enumerate(curve, 1):
+                        best = "" if seconds == float("inf") else f"{seconds * 1e3:.6f}"
+                        writer.writerow([suite_of(result.case), result.case.label, name, run + 1, trial, best])
+
+
+def plot_curves(path: Path, result: CaseResult) -> bool:
+    """A PNG of one case's best-so-far curves (mean over the runs, min-max band; PyTorch dashed);
+    ``False`` when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for name, runs in result.curves.items():
+        length = max((len(c) for c in runs), default=0)
+        if not length:
+            continue
+        points = []
+        for trial in range(length):
+            values = [c[min(trial, len(c) - 1)] * 1e3 for c in runs if c and c[min(trial, len(c) - 1)] != float("inf")]
+            if values:
+                points.append((trial + 1, statistics.fmean(values), min(values), max(values)))
+        if points:
+            xs, mean, low, high = zip(*points)
+            (line,) = axes.plot(xs, mean, label=name)
+            axes.fill_between(xs, low, high, alpha=0.2, color=line.get_color())
+    if result.torch:
+        axes.axhline(statistics.fmean(result.torch) * 1e3, linestyle="--", color="black", label="PyTorch")
+    axes.set_yscale("log")  # tuners and baselines can be orders of magnitude apart
+    axes.set_xlabel("trial")
+    axes.set_ylabel("best latency so far (ms)")
+    axes.set_title(f"{suite_of(result.case)} {result.case.label}: {result.case.operator}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def bench_suite(args: argparse.Namespace) -> int:
+    """Run the suite of ``args.suite``: tables on stdout and, in ``args.out``, results.md, curves.csv, PNGs."""
+    cases = suite_cases(args.suite)  # an unknown name: a KdslError listing the suites
+    if args.only:
+        unknown = sorted(set(args.only) - {c.label for c in cases})
+        if unknown:
+            labels = ", ".join(c.label for c in cases)
+            raise KdslError(f"--only: no case {', '.join(unknown)} in the suite {args.suite}; it has {labels}")
+        cases = [c for c in cases if c.label in args.only]
+    if args.db:
+        raise KdslError("--db is not used with --suite: every run starts from fresh databases under --out")
+    bench_target.select_mcpu(args.mcpu)  # before anything compiles or a worker starts
+    trials = args.trials or (12 if args.quick else 64)
+    rounds = 1 if args.quick else args.rounds
+    cols = columns(args.tuners, trials, args.metaschedule_trials)
+    folder = Path(args.out or f"kdsl-tune-{args.suite}")
+    (folder / "records").mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    metaschedule = ""
+    if "metaschedule" in args.tuners:
+        metaschedule = f", MetaSchedule at {', '.join(map(str, args.metaschedule_trials))}"
+    header = [
+        f"# kdsl bench tune --suite {args.suite}",
+        "",
+        f"{args.runs} runs; {trials} trials per kdsl tuner{metaschedule}; {rounds} re-measurement rounds; "
+        f"load average {load:.2f} at start.",
+        bench_target.machine_line(current_machine()),
+        "",
+    ]
+    print("\n".join(header), flush=True)
+    results, blocked = [], []
+    started = time.time()
+    for case in cases:
+        reason = blocked_reason(case)
+        if reason:
+            blocked.append(
+                f"- {suite_of(case)} {case.label} ({case.operator}, {case.paper}): not expressible yet: {reason}"
+            )
+            print(blocked[-1], flush=True)
+            continue
+        op = gallery.load(case.operator)
+        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["flops"]))
+        for run in range(args.runs):
+            _one_run(case, cols, run, folder, rounds, result)
+        results.append(result)
+        print("\n".join(case_table(result, cols)), flush=True)
+    plotted = [f"{_slug(r.case)}.png" for r in results if plot_curves(folder / f"{_slug(r.case)}.png", r)]
+    write_curves_csv(folder / "curves.csv", results)
+    body = [line for r in results for line in case_table(r, cols)]
+    notes = [
+        "",
+        "Best ms: each run's best schedule recompiled and re-measured in one process, alternating with PyTorch, "
+        "best median over the rounds; the ratio is PyTorch's time over the schedule's, run by run. "
+        "MetaSchedule's curves are its own reported times (optimistic).",
+        f"Curves: curves.csv; plots: {', '.join(plotted) if plotted else 'none (matplotlib is not installed)'}.",
+        f"{time.time() - started:.0f} s in all.",
+    ]
+    if blocked:
+        notes += ["", "## Not expressible yet", "", *blocked]
+    (folder / "results.md").write_text("\n".join(header + body + notes) + "\n", encoding="utf-8")
+    print("\n".join(notes[1:]), flush=True)
+    print(f"(written to {folder})")
+    return 0
+
+
+if __name__ == "__main__":  # python -m kdsl.bench.tune_suite_bench [bench options]
+    parser = argparse.ArgumentParser(prog="kdsl bench tune")
+    add_arguments(parser)
+    sys.exit(bench_tune(parser.parse_args()))
