@@ -46,6 +46,7 @@ def _add_space_arguments(parser: Any) -> None:
         "--max-macs",
         "--max-flops",
         dest="max_flops",
+        metavar="BUDGET",
         type=optional_budget,
         default="0.5x",
         help="budget of MACs: a multiple of conv2d's (0.5x), a count (150M), or none; a plain 0.5 is refused; "
@@ -62,6 +63,7 @@ def _add_space_arguments(parser: Any) -> None:
         "--min-macs",
         "--min-flops",
         dest="min_flops",
+        metavar="BUDGET",
         type=optional_budget,
         default=DiscoverConfig.min_flops,
         help="fewest MACs relative to conv2d (default 0.1x: below it a candidate rarely trains to within a point "

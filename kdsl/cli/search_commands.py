@@ -190,6 +190,7 @@ def add_search_commands(subparsers: Any) -> None:
         "--max-macs",
         "--max-flops",
         dest="max_flops",
+        metavar="BUDGET",
         type=budget,
         help="budget of MACs (multiply-accumulates) over all layers: a count (150M, 2G) or a multiple of the "
         "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x); --max-flops is the "
@@ -201,6 +202,7 @@ def add_search_commands(subparsers: Any) -> None:
         "--min-macs",
         "--min-flops",
         dest="min_flops",
+        metavar="BUDGET",
         type=budget,
         help="fewest MACs (a count or relative, like 0.1x); --min-flops is the same option",
     )
