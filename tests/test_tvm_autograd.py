@@ -25,8 +25,9 @@ def assert_tvm_gradients_match(name: str, probes: int = 2) -> None:
     op = gallery.load(name)
     layer = CASES[name][1][0]
     x, weights = scaled_inputs(op, layer, seed=5)
+    inputs = list(x) if isinstance(x, tuple) else [x]  # a kernel of several inputs takes each in order
     kernel = kdsl_tvm.build(op, layer, dtype="float64")
-    leaves = [torch.from_numpy(a.copy()).requires_grad_(True) for a in [x, *weights]]
+    leaves = [torch.from_numpy(a.copy()).requires_grad_(True) for a in [*inputs, *weights]]
     out = kernel(*leaves)
     assert out.requires_grad
     probe = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(out.shape)))
@@ -36,9 +37,9 @@ def assert_tvm_gradients_match(name: str, probes: int = 2) -> None:
     with torch.no_grad():
         for parameter, value in zip(module.weights, weights):
             parameter.copy_(torch.from_numpy(value))
-    x_torch = torch.from_numpy(x.copy()).requires_grad_(True)
-    (module(x_torch) * probe).sum().backward()
-    expected = [x_torch.grad] + [p.grad for p in module.weights]
+    x_torch = [torch.from_numpy(a.copy()).requires_grad_(True) for a in inputs]
+    (module(*x_torch) * probe).sum().backward()
+    expected = [t.grad for t in x_torch] + [p.grad for p in module.weights]
     for leaf, want in zip(leaves, expected):
         np.testing.assert_allclose(leaf.grad.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
 
@@ -47,7 +48,7 @@ def assert_tvm_gradients_match(name: str, probes: int = 2) -> None:
             return float((kernel(*[torch.from_numpy(a) for a in arrays]) * probe).sum())
 
     rng = np.random.default_rng(2)
-    arrays = [x, *weights]
+    arrays = [*inputs, *weights]
     step = 1e-6
     for which, leaf in enumerate(leaves):
         for _ in range(probes):

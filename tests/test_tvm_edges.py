@@ -39,7 +39,7 @@ torch = backend("torch")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-from kdsl import gallery  # noqa: E402
+from kdsl import gallery, solve  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen.tvm import build, invertible_copy, load_tvm, lower, source  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
@@ -258,6 +258,7 @@ def small_layers(op, rng, count):
             if primaries:
                 layer[rng.choice(sorted(primaries))] = 1
         try:
+            solve.bind(op, layer)  # the solver's checks too (a Slide's count of windows), not only whole sizes
             shapes = reference.shapes(op, layer)
         except KdslError:
             continue

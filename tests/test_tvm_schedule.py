@@ -14,6 +14,7 @@ backend("tvm")
 torch = backend("torch")
 
 from hypothesis import given, settings  # noqa: E402
+from test_gallery import CASES  # noqa: E402
 
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen import reference  # noqa: E402
@@ -85,6 +86,12 @@ LAYERS = {
     "spatial_attention": [{"N": 1, "Cin": 16, "H": 4, "W": 6}, {"N": 2, "Cin": 6, "H": 3, "W": 1, "r": 2}],
     "shift_add": [{"N": 1, "Cin": 16, "H": 7, "W": 8}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
     "canvas_resnet34": [{"N": 1, "Cin": 16, "H": 7, "W": 8}, {"N": 2, "Cin": 3, "H": 2, "W": 3, "K": 5}],
+    # windows without padding, zero insertion, and kernels of two data inputs: the gallery tests' layers
+    **{
+        name: CASES[name][1]
+        for name in ("conv2d_valid", "alexnet_c1", "conv_transpose2d", "conv_transpose3d", "bmm", "bmm_tn")
+    },
+    "attention_qk": CASES["attention_qk"][1],
 }
 
 
@@ -92,12 +99,12 @@ def input_arrays(op, layer, seed=0):
     """Input and weights in float64, weights uniform(+-1/sqrt(fan_in)) so outputs stay O(1)."""
     shapes = reference.shapes(op, layer)
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shapes.input)
+    xs = tuple(rng.standard_normal(shape) for shape in shapes.inputs)
     weights = []
     for shape in shapes.weights:
         bound = 1 / np.sqrt(max(1, int(np.prod(shape[1:]))))
         weights.append(rng.uniform(-bound, bound, shape))
-    return x, weights
+    return (xs[0] if len(xs) == 1 else xs), weights  # a kernel of several inputs takes a tuple
 
 
 def check_scheduled(op, layer, dtype="float64"):
@@ -106,7 +113,10 @@ def check_scheduled(op, layer, dtype="float64"):
     expected = reference.run(op, layer, x, weights)
     report = []
     kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: default_schedule(lowered, report))
-    got = kernel(torch.from_numpy(x.astype(dtype)), *(torch.from_numpy(w.astype(dtype)) for w in weights))
+    inputs = x if isinstance(x, tuple) else (x,)
+    got = kernel(
+        *(torch.from_numpy(a.astype(dtype)) for a in inputs), *(torch.from_numpy(w.astype(dtype)) for w in weights)
+    )
     tolerance = 1e-9 if dtype == "float64" else 1e-4
     np.testing.assert_allclose(got.numpy(), expected, rtol=tolerance, atol=tolerance)
     assert got.shape == expected.shape
@@ -272,6 +282,7 @@ def test_random_configurations_with_whole_or_split_reductions_match_the_referenc
         except LoweringError:
             continue
         kernel = build(op, layer, dtype="float64", schedule=lambda lowered, config=config: space.apply(config))
-        got = kernel(torch.from_numpy(x), *(torch.from_numpy(w) for w in weights))
+        inputs = x if isinstance(x, tuple) else (x,)
+        got = kernel(*(torch.from_numpy(a) for a in inputs), *(torch.from_numpy(w) for w in weights))
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9, err_msg=str(config))
         checked += 1

@@ -54,7 +54,7 @@ def names() -> list[str]:
     """The gallery's operator names, sorted.
 
     >>> names()[:3]
-    ['attention_qk', 'avg_pool2d', 'bmm']
+    ['alexnet_c1', 'attention_qk', 'avg_pool2d']
     """
     return sorted(p.name[: -len(SUFFIX)] for p in directory().glob(f"*{SUFFIX}") if p.is_file())
 
@@ -67,7 +67,7 @@ def path(name: str) -> Path:
     >>> path("no_such_op")
     Traceback (most recent call last):
     ...
-    kdsl.lang.errors.KdslError: the gallery has no operator 'no_such_op'; available: attention_qk, ...
+    kdsl.lang.errors.KdslError: the gallery has no operator 'no_such_op'; available: alexnet_c1, ...
     """
     available = names()
     if name not in available:  # also keeps names like "../x" from reaching the file system
