@@ -27,7 +27,7 @@ test: $(STAMP)
 # (local executor, SQLite); re-running resumes it.
 demo: $(STAMP)
 	$(BIN)/kdsl demo
-	$(BIN)/kdsl discover --net proxy-resnet --spec conv2d --max-flops 0.5x --time-limit 270 \
+	$(BIN)/kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit 270 \
 		--workers 2 --db out/demo/runs.sqlite --out out/demo
 	@echo "results: out/demo/results.md (ranked table), out/demo/pareto.png, out/demo/pages/"
 
