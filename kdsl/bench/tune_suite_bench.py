@@ -395,9 +395,3 @@ def bench_suite(args: argparse.Namespace) -> int:
     print("\n".join(notes[1:]), flush=True)
     print(f"(written to {folder})")
     return 0
-
-
-if __name__ == "__main__":  # python -m kdsl.bench.tune_suite_bench [bench options]
-    parser = argparse.ArgumentParser(prog="kdsl bench tune")
-    add_arguments(parser)
-    sys.exit(bench_tune(parser.parse_args()))

@@ -13,7 +13,7 @@ out = stage0
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -219,13 +219,18 @@ def _map_nest(view: _NodeView) -> list[str]:
     return [_loops(view.node.dims, coords), f"  {_ref(view.name, view.node.dims, coords)} = {value}"]
 
 
+def _summed(dims: Sequence[Dim], names: Collection[str], coords: Mapping[str, str]) -> tuple[list[Dim], str]:
+    """The dims of ``dims`` named in ``names`` (a fold's or a softmax's), and the range text over them."""
+    inner = [d for d in dims if d.name in names]
+    return inner, ", ".join(f"{coords[d.name]} < {d.size}" for d in inner)
+
+
 def _fold_nest(view: _NodeView) -> list[str]:
     step = view.node.step
     assert isinstance(step, Fold)
     source, dims = view.arg()
     coords = _iterators(dims)
-    folded = [d for d in dims if d.name in step.dims]
-    over = ", ".join(f"{coords[d.name]} < {d.size}" for d in folded)
+    _, over = _summed(dims, step.dims, coords)
     note = ""
     if view.graph.padding_region(view.index):
         note = "    # a window's zero padding takes no part (0 where no element is data)"
@@ -240,11 +245,10 @@ def _softmax_nest(view: _NodeView) -> list[str]:
     assert isinstance(step, Softmax)
     source, dims = view.arg()
     coords = _iterators(dims)
-    inner = [d for d in dims if d.name in step.dims]
+    inner, over = _summed(dims, step.dims, coords)
     outer = [d for d in dims if d.name not in step.dims]
     total = f"s{view.index}"
     read = _ref(source, dims, coords)
-    over = ", ".join(f"{coords[d.name]} < {d.size}" for d in inner)
     indent = "  " if outer else ""
     lines = [_loops(outer, coords)] if outer else []
     lines.append(f"{indent}{total} = sum(exp({read}) for {over})")
