@@ -141,6 +141,7 @@ def _generated(
         exec(compile(code, filename, "exec"), module.__dict__)
         linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)  # tracebacks
         module.__dict__[_class_name(name)].__reduce_ex__ = _reduce_ex
+        module.__dict__[_class_name(name)]._load_from_state_dict = _load_from_state_dict
         sys.modules[module_name] = module  # importable by name: torch.compile looks classes up there
         _INSTANCES[module_name] = weakref.WeakSet()
     found = (code, padding, dict(binding), getattr(module, _class_name(name)))
@@ -161,6 +162,17 @@ def _forget_unused() -> None:
             del _INSTANCES[module_name]
             sys.modules.pop(module_name, None)
             linecache.cache.pop(f"<{module_name}>", None)
+
+
+def _load_from_state_dict(module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+    """Load a state dict, taking torch.nn's name for a layer's one weight, ``weight``, as the operator's
+    one weight (``w`` of the gallery's conv2d), so an ``nn.Conv2d``'s or ``nn.Linear``'s ``state_dict``
+    of the same layout loads; a weight of another shape is refused by PyTorch's own size check."""
+    own = [name for name in module._parameters if name != "bias"]
+    key = prefix + "weight"
+    if key in state_dict and len(own) == 1 and own[0] != "weight" and prefix + own[0] not in state_dict:
+        state_dict[prefix + own[0]] = state_dict.pop(key)
+    load_torch().nn.Module._load_from_state_dict(module, state_dict, prefix, *args, **kwargs)
 
 
 def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:
