@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kdsl import gallery, solve
@@ -86,13 +86,13 @@ def _torch_job(state: None, job: tuple[str, dict[str, Any], dict[str, int], int]
     return best
 
 
-def torch_pool() -> WorkerPool:
-    """A worker process for :func:`torch_seconds`: PyTorch timed apart from TVM, whose pinned threads
-    would slow it down in the same process (TVM.md), with as many threads as the TVM kernels, held to
-    the ISA they are compiled for (:func:`~kdsl.bench.target.pytorch_environment`)."""
+def torch_pool(job: Callable[..., float] = _torch_job) -> WorkerPool:
+    """A worker process for :func:`torch_seconds` (or another timing ``job``): PyTorch timed apart from
+    TVM, whose pinned threads would slow it down in the same process (TVM.md), with as many threads as
+    the TVM kernels, held to the ISA they are compiled for (:func:`~kdsl.bench.target.pytorch_environment`)."""
     threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     return WorkerPool(
-        _torch_job,
+        job,
         setup=functools.partial(_torch_setup, int(threads)),
         environment={"OMP_NUM_THREADS": threads, **bench_target.pytorch_environment()},
         name="kdsl-torch-baseline",
@@ -115,6 +115,30 @@ def torch_seconds(op: str, layer: Mapping[str, int], rounds: int = 3, pool: Work
     if not outcome.ok:
         raise KdslError(f"timing PyTorch failed: {outcome.error}")
     return outcome.value
+
+
+def remeasure(
+    measurer: Measurer,
+    libraries: Mapping[str, str],
+    rounds: int,
+    time_torch: Callable[[], float] | None,
+    failed: Callable[[str, str], None],
+) -> tuple[dict[str, float], float]:
+    """Each compiled library's and PyTorch's (``time_torch``, when given) best median over ``rounds``
+    rounds in alternation: these VMs drift by up to 1.5x over minutes, so a baseline timed once,
+    minutes away from the kernels, misleads. ``failed(name, error)`` hears of a library that fails."""
+    final: dict[str, float] = {}
+    torch_s = float("inf")
+    for _ in range(rounds):
+        for name, library in libraries.items():
+            latency, error = measurer.time_library(library, check=True)
+            if latency is not None:
+                final[name] = min(final.get(name, float("inf")), latency)
+            elif error:
+                failed(name, error)
+        if time_torch is not None:
+            torch_s = min(torch_s, time_torch())
+    return final, torch_s
 
 
 def _at(curve: list[float], n: int) -> str:
@@ -164,18 +188,13 @@ def bench_tune(args: argparse.Namespace) -> int:
             path = os.path.join(folder, f"{name}-default.so")
             compile_module(default_schedule(_lowered(op, binding)).mod, path)
             libraries["default schedule"] = path
-            final: dict[str, float] = {}
-            torch_s = float("inf")
-            # alternate the kernels and PyTorch, keep each one's best median: these VMs drift by up to
-            # 1.5x over minutes, so a baseline timed once, minutes away from the kernels, misleads
-            for _ in range(rounds):
-                for tuner, library in libraries.items():
-                    latency, error = measurer.time_library(library, check=True)
-                    if latency is not None:
-                        final[tuner] = min(final.get(tuner, float("inf")), latency)
-                    elif error:
-                        print(f"  {tuner}: re-measurement failed: {error}")
-                torch_s = min(torch_s, torch_seconds(name, binding, 1, torch_worker))
+            final, torch_s = remeasure(
+                measurer,
+                libraries,
+                rounds,
+                functools.partial(torch_seconds, name, binding, 1, torch_worker),
+                lambda tuner, error: print(f"  {tuner}: re-measurement failed: {error}"),
+            )
         print(
             f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {torch_s * 1e3:.3f} ms, {macs / torch_s / 1e9:.1f} GMAC/s "
             f"({bench_target.percent_of_peak(macs, torch_s, peak):.0f}% of peak)"

@@ -109,14 +109,8 @@ def _native_job(
 
 
 def native_pool() -> WorkerPool:
-    """The PyTorch worker: :func:`kdsl.bench.tune_bench.torch_pool`'s settings with :func:`_native_job`."""
-    threads = os.environ.get("TVM_NUM_THREADS", str(os.cpu_count() or 1))
-    return WorkerPool(
-        _native_job,
-        setup=functools.partial(tune_bench._torch_setup, int(threads)),
-        environment={"OMP_NUM_THREADS": threads, **bench_target.pytorch_environment()},
-        name="kdsl-torch-baseline",
-    )
+    """The PyTorch worker: :func:`kdsl.bench.tune_bench.torch_pool` timing :func:`_native_job`."""
+    return tune_bench.torch_pool(_native_job)
 
 
 def native_job(
@@ -217,23 +211,22 @@ def _remeasure(
     case: SuiteCase,
     binding: Mapping[str, int],
 ) -> tuple[dict[str, float], float | None]:
-    """Each library's and PyTorch's best median over ``rounds`` rounds in alternation (these VMs drift
-    by up to 1.5x over minutes: a baseline timed once, minutes away from the kernels, misleads)."""
-    final: dict[str, float] = {}
-    torch_s = float("inf")
-    job = native_job(case.operator, binding) if torch_worker is not None else None
-    for _ in range(rounds):
-        for name, library in libraries.items():
-            latency, error = measurer.time_library(library, check=True)
-            if latency is not None:
-                final[name] = min(final.get(name, float("inf")), latency)
-            elif error:
-                print(f"  {case.label} {name}: re-measurement failed: {error}", file=sys.stderr)
-        if torch_worker is not None and job is not None:
+    """Each library's and PyTorch's best median over ``rounds`` rounds in alternation
+    (:func:`kdsl.bench.tune_bench.remeasure`); no PyTorch time without a worker."""
+    time_torch = None
+    if torch_worker is not None:
+        job = native_job(case.operator, binding)
+
+        def time_torch() -> float:
             outcome = torch_worker.call(job)
             if not outcome.ok:
                 raise KdslError(f"timing PyTorch's {case.operator} failed: {outcome.error}")
-            torch_s = min(torch_s, outcome.value)
+            return outcome.value
+
+    def failed(name: str, error: str) -> None:
+        print(f"  {case.label} {name}: re-measurement failed: {error}", file=sys.stderr)
+
+    final, torch_s = tune_bench.remeasure(measurer, libraries, rounds, time_torch, failed)
     return final, (torch_s if torch_worker is not None else None)
 
 
