@@ -59,6 +59,12 @@ def codegen(name: str) -> ModuleType:
     return module
 
 
+def data_inputs(x) -> tuple:
+    """The data inputs of a call: ``x`` itself when it is the tuple a kernel of several inputs takes, else
+    the one array."""
+    return x if isinstance(x, tuple) else (x,)
+
+
 def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> object:
     """Backend ``name``'s float64 output of ``op`` on ``x`` (numpy; a tuple of arrays for a kernel of
     several inputs), or the exception it raised."""
@@ -69,7 +75,7 @@ def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> o
             return reference.run(op, layer, x, weights)
         import torch
 
-        xs = [torch.from_numpy(a) for a in (x if isinstance(x, tuple) else (x,))]
+        xs = [torch.from_numpy(a) for a in data_inputs(x)]
         if name == "torch":
             module = codegen("torch").build(op, layer).double()
             with torch.no_grad():

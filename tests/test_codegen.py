@@ -32,7 +32,7 @@ from math import prod
 import backends
 import numpy as np
 import pytest
-from backends import output_or_error
+from backends import data_inputs, output_or_error
 from helpers import assert_generated_source_runs_without_kdsl
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -70,20 +70,15 @@ def scaled_inputs(op, layer, seed, dtype=np.float64):
     return (xs[0] if len(xs) == 1 else xs), weights  # a kernel of several inputs takes a tuple
 
 
-def _arrays(x):
-    """The data inputs: one array, or the tuple a kernel of several inputs takes."""
-    return x if isinstance(x, tuple) else (x,)
-
-
 def _cast(x, dtype):
-    cast = tuple(a.astype(dtype) for a in _arrays(x))
+    cast = tuple(a.astype(dtype) for a in data_inputs(x))
     return cast if isinstance(x, tuple) else cast[0]
 
 
 def run_backend(backend, op, layer, x, weights):
     if backend == "reference":
         return reference.run(op, layer, x, weights)
-    arrays = _arrays(x)
+    arrays = data_inputs(x)
     double = arrays[0].dtype == np.float64
     if backend == "torch":
         module = kdsl_torch.build(op, layer).to(torch.float64 if double else torch.float32)
@@ -170,7 +165,7 @@ def assert_gradients_match_finite_differences(op, layer, seed=0, probes=4):
     reference interpreter (float64) at a few random coordinates."""
     rng = np.random.default_rng(seed)
     x, weights = scaled_inputs(op, layer, seed)
-    inputs = list(_arrays(x))
+    inputs = list(data_inputs(x))
     probe = rng.standard_normal(reference.run(op, layer, x, weights).shape)
 
     def objective(arrays):

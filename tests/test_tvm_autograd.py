@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from backends import backend
+from backends import backend, data_inputs
 
 torch = backend("torch")
 kdsl_tvm = pytest.importorskip("kdsl.codegen.tvm")
@@ -25,7 +25,7 @@ def assert_tvm_gradients_match(name: str, probes: int = 2) -> None:
     op = gallery.load(name)
     layer = CASES[name][1][0]
     x, weights = scaled_inputs(op, layer, seed=5)
-    inputs = list(x) if isinstance(x, tuple) else [x]  # a kernel of several inputs takes each in order
+    inputs = list(data_inputs(x))  # a kernel of several inputs takes each in order
     kernel = kdsl_tvm.build(op, layer, dtype="float64")
     leaves = [torch.from_numpy(a.copy()).requires_grad_(True) for a in [*inputs, *weights]]
     out = kernel(*leaves)

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from backends import backend
+from backends import backend, data_inputs
 
 backend("tvm")
 torch = backend("torch")
@@ -113,7 +113,7 @@ def check_scheduled(op, layer, dtype="float64"):
     expected = reference.run(op, layer, x, weights)
     report = []
     kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: default_schedule(lowered, report))
-    inputs = x if isinstance(x, tuple) else (x,)
+    inputs = data_inputs(x)
     got = kernel(
         *(torch.from_numpy(a.astype(dtype)) for a in inputs), *(torch.from_numpy(w.astype(dtype)) for w in weights)
     )
@@ -282,7 +282,7 @@ def test_random_configurations_with_whole_or_split_reductions_match_the_referenc
         except LoweringError:
             continue
         kernel = build(op, layer, dtype="float64", schedule=lambda lowered, config=config: space.apply(config))
-        inputs = x if isinstance(x, tuple) else (x,)
+        inputs = data_inputs(x)
         got = kernel(*(torch.from_numpy(a) for a in inputs), *(torch.from_numpy(w) for w in weights))
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9, err_msg=str(config))
         checked += 1
