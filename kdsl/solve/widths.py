@@ -28,6 +28,7 @@ from typing import Any
 from kdsl.lang.errors import DivisibilityError
 from kdsl.lang.operator import Operator
 from kdsl.lang.sizes import Size
+from kdsl.solve.coefficients import divisors
 from kdsl.solve.constraints import constraints
 
 __all__ = ["WidthRule", "divisor_bounds", "freedom", "layer_rules", "width_terms"]
@@ -97,7 +98,7 @@ class WidthRule:
     def _values(self) -> list[int]:
         """Every valid value, ascending (only for a width with a divisor bound: finitely many)."""
         smallest = min(bound for bound, _ in self.divides)
-        return [d for d in _divisors(smallest) if self.valid(d)]
+        return [d for d in divisors(smallest) if self.valid(d)]
 
     def least(self) -> int | None:
         """The least valid value, or None when there is none."""
@@ -155,12 +156,6 @@ def layer_rules(
                 f"no width {name} fits: it must be a multiple of {rule.multiple} and divide {bounds} here"
             )
     return rules
-
-
-def _divisors(value: int) -> list[int]:
-    """The divisors of ``value``, ascending."""
-    small = [d for d in range(1, math.isqrt(value) + 1) if value % d == 0]
-    return sorted(set(small + [value // d for d in small]))
 
 
 def _lcm_monomial(a: Size, b: Size) -> Size:
