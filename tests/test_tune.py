@@ -255,3 +255,34 @@ def test_packing_copies_vectorize_at_most_two_vectors():
         assert all(w <= 2 * space.lanes for w in widths), widths  # wider vectors take LLVM minutes
         checked += 1
     assert checked > 1
+
+
+def test_a_large_batch_is_checked_on_its_first_and_last_rows(tmp_path):
+    import contextlib
+
+    from kdsl import gallery
+    from kdsl.lang import Input, Output, Reduce, Share, Unfold, Weight, primary
+    from kdsl.tune.measurer import _compile_job, _compile_setup, _measure_job, _measure_setup, batch_rows
+
+    layer = {"M": 40, "Cin": 8, "Cout": 16}
+    op = gallery.load("matmul")
+    assert batch_rows(op, layer) == (0, 1, 38, 39)
+    # a window along the leading dim mixes its rows: every row is checked
+    L, Cin, Cout = primary("L Cin Cout")
+    along = Input(L, Cin) >> Unfold(L, 3, "k") >> Share(Weight(Cin, "k", Cout, name="w")) >> Reduce(Cin, "k")
+    assert batch_rows(along >> Output(L, Cout), {"L": 40, "Cin": 4, "Cout": 4}) is None
+
+    space = _compile_setup(op, layer)
+    path = str(tmp_path / "k.so")
+    assert _compile_job(space, (space.heuristic(), path), contextlib.nullcontext) is None
+    state = _measure_setup(op, layer)
+    latency, error = _measure_job(state, (path, True), contextlib.nullcontext)
+    assert error is None and latency > 0
+    for row in (0, 39):  # the kernel now reads a row the reference did not: the check must see it
+        changed = _measure_setup(op, layer)
+        changed["expected"] = state["expected"]
+        data = changed["args"][0].numpy()
+        data[row] += 1.0
+        changed["args"][0].copyfrom(data)
+        latency, error = _measure_job(changed, (path, True), contextlib.nullcontext)
+        assert latency is None and "wrong result" in error
