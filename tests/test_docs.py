@@ -18,6 +18,7 @@ from backends import backend
 
 from kdsl import gallery
 from kdsl.gallery.docs_site import guide_order
+from kdsl.gallery.markdown import headings, slug
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide"
@@ -57,6 +58,23 @@ def test_examples_end_before_their_closing_fence() -> None:
         for block in re.findall(r"(?ms)^```python\n(.*?)^```", page.read_text()):
             if ">>>" in block:
                 assert block.endswith("\n\n"), f"{page.name}: end the block with a blank line:\n{block}"
+
+
+def test_the_guides_and_the_readmes_links_resolve_in_the_repository() -> None:
+    # read on a code host, the Markdown links its own files: each must exist, with the heading it names
+    checked = 0
+    for page in [*PAGES, ROOT / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, fragment = target.partition("#")
+            resolved = (page.parent / file).resolve() if file else page
+            assert resolved.exists(), f"{page.name}: {target} does not exist"
+            if fragment:
+                anchors = {slug(words) for _, words in headings(resolved.read_text())}
+                assert fragment in anchors, f"{page.name}: no heading #{fragment} in {resolved.name}"
+            checked += 1
+    assert checked >= 2 * len(PAGES)
 
 
 def _kdsl(*argv: str) -> str:
