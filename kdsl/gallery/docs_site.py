@@ -64,7 +64,11 @@ def _relative(target: Path, start: Path) -> str:
 
 def _banner(root: Path, here: Path, current: str) -> str:
     """The navigation bar on every page (links relative to ``here``'s folder)."""
-    items = [("kdsl", "index.html", "guide"), ("API reference", "api.html", "api"), ("Gallery", "gallery/index.html", "gallery")]
+    items = [
+        ("kdsl", "index.html", "guide"),
+        ("API reference", "api.html", "api"),
+        ("Gallery", "gallery/index.html", "gallery"),
+    ]
     links = []
     for label, target, section in items:
         mark = ' class="here"' if section == current else ""

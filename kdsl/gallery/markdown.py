@@ -6,8 +6,9 @@ images, ``**strong**`` and ``*emphasis*``. Raw HTML in the text is shown as text
 a page cannot inject markup. ``link`` rewrites each link target (e.g. ``page.md`` to ``page.html``); a
 target it maps to ``None`` is shown as its text only (the site has no such file).
 
->>> to_html("# Hello *world*\\n\\nSee [the guide](guide.md) and `a < b`.", link=lambda t: "guide.html")
-'<h1 id="hello-world">Hello <em>world</em></h1>\\n<p>See <a href="guide.html">the guide</a> and <code>a &lt; b</code>.</p>'
+>>> print(to_html("# Hello *world*\\n\\nSee [the guide](guide.md) and `a < b`.", link=lambda t: "guide.html"))
+<h1 id="hello-world">Hello <em>world</em></h1>
+<p>See <a href="guide.html">the guide</a> and <code>a &lt; b</code>.</p>
 >>> print(to_html("| a | b |\\n| --- | ---: |\\n| 1 | 2 |"))
 <table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td class="num">2</td></tr></tbody></table>
 >>> print(to_html("```python\\n>>> 1 + 1\\n2\\n\\n```"))
@@ -33,7 +34,9 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _ITEM = re.compile(r"^\s{0,3}([-*+]|\d+[.)])\s+(.*)$")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 # one inline token: a code span, an image or a link (whose text may hold code spans), else plain text
-_INLINE = re.compile(r"(?P<ticks>`+)(?P<code>.+?)(?P=ticks)|(?P<bang>!?)\[(?P<text>(?:[^\]`]|`[^`]*`)*)\]\((?P<href>[^)\s]*)\)")
+_INLINE = re.compile(
+    r"(?P<ticks>`+)(?P<code>.+?)(?P=ticks)|(?P<bang>!?)\[(?P<text>(?:[^\]`]|`[^`]*`)*)\]\((?P<href>[^)\s]*)\)"
+)
 
 
 def _same(target: str) -> str:

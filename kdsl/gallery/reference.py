@@ -105,7 +105,9 @@ def _entry(module_name: str, name: str, value: Any) -> str:
         shown = repr(value)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         head, body = f"{name}: {type(value).__name__} = {shown}", []
-    return f'<section class="api" id="{escape(anchor)}">\n<h3><code>{escape(head)}</code></h3>\n{"".join(body)}</section>'
+    return (
+        f'<section class="api" id="{escape(anchor)}">\n<h3><code>{escape(head)}</code></h3>\n{"".join(body)}</section>'
+    )
 
 
 def _summary(module: ModuleType) -> str:
@@ -143,14 +145,19 @@ def api_html(modules: Sequence[ModuleType], missing: Mapping[str, str] | None = 
             value = getattr(module, name)
             home = homes.get(id(value), f"{module.__name__}.{name}")
             if home != f"{module.__name__}.{name}":
-                entries.append(f'<p class="see"><code>{escape(name)}</code>: see <a href="#{escape(home)}">{escape(home)}</a></p>')
+                entries.append(
+                    f'<p class="see"><code>{escape(name)}</code>: see <a href="#{escape(home)}">{escape(home)}</a></p>'
+                )
             else:
                 entries.append(_entry(module.__name__, name, value))
+        name = escape(module.__name__)
         sections.append(
-            f'<section class="module" id="{escape(module.__name__)}">\n<h2><code>{escape(module.__name__)}</code></h2>\n'
+            f'<section class="module" id="{name}">\n<h2><code>{name}</code></h2>\n'
             f"{docstring_html(inspect.getdoc(module))}\n{''.join(entries)}\n</section>"
         )
     absent = "".join(f"<li><code>{escape(name)}</code>: {escape(why)}</li>" for name, why in (missing or {}).items())
     if absent:
-        sections.append(f'<section class="module" id="not-imported"><h2>Not imported here</h2><ul>{absent}</ul></section>')
+        sections.append(
+            f'<section class="module" id="not-imported"><h2>Not imported here</h2><ul>{absent}</ul></section>'
+        )
     return f'<ul class="contents">{"".join(contents)}</ul>\n' + "\n".join(sections)
