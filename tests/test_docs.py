@@ -125,6 +125,7 @@ def test_the_site_has_every_page_and_one_navigation(site: Path) -> None:
     for anchor in ("kdsl.solve.check", "kdsl.codegen.torch.build", "kdsl.search.search", "kdsl.lang.Unfold"):
         assert f'id="{anchor}"' in api, anchor
     assert "Not imported here" not in api, "an API module failed to import in the test environment"
+    assert not re.search(r" at 0x[0-9a-f]+", api), "a memory address makes two builds differ"
 
 
 def _chromium() -> str | None:

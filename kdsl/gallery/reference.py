@@ -68,9 +68,14 @@ def public_names(module: ModuleType) -> list[str]:
     ]
 
 
+# a default's repr may hold a memory address (``<function f at 0x7f...>``): dropped, so that two builds
+# of the site are the same files
+_ADDRESS = re.compile(r" (?:object )?at 0x[0-9a-f]+")
+
+
 def _signature(value: Any) -> str:
     try:
-        return str(inspect.signature(value))
+        return _ADDRESS.sub("", str(inspect.signature(value)))
     except (TypeError, ValueError):  # some builtins and C types have none
         return ""
 
@@ -94,6 +99,8 @@ def _members(cls: type) -> list[str]:
 
 def _entry(module_name: str, name: str, value: Any) -> str:
     anchor = f"{module_name}.{name}"
+    if callable(value) and not inspect.isclass(value):
+        value = inspect.unwrap(value)  # a cached function (functools.lru_cache) is documented as the function
     if inspect.isclass(value) or inspect.isfunction(value) or inspect.isbuiltin(value):
         kind = "class" if inspect.isclass(value) else "def"
         head = f"{kind} {name}{_signature(value)}"
@@ -102,12 +109,24 @@ def _entry(module_name: str, name: str, value: Any) -> str:
     elif isinstance(value, ModuleType):
         head, body = f"module {value.__name__}", [docstring_html(_summary(value))]
     else:  # a constant or table: its type and a short repr (never the whole table)
-        shown = repr(value)
+        shown = _ADDRESS.sub("", _stable_repr(value))
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         head, body = f"{name}: {type(value).__name__} = {shown}", []
     return (
         f'<section class="api" id="{escape(anchor)}">\n<h3><code>{escape(head)}</code></h3>\n{"".join(body)}</section>'
     )
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr``, with a set's items sorted (a set's order changes between runs with string hashing).
+
+    >>> _stable_repr(frozenset({"b", "a"})), _stable_repr([2, 1])
+    ("frozenset({'a', 'b'})", '[2, 1]')
+    """
+    if isinstance(value, (set, frozenset)) and value:
+        items = "{" + ", ".join(sorted(map(repr, value))) + "}"
+        return items if type(value) is set else f"{type(value).__name__}({items})"
+    return repr(value)
 
 
 def _summary(module: ModuleType) -> str:
