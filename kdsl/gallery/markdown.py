@@ -59,28 +59,32 @@ def _emphasis(escaped: str) -> str:
 
 
 def inline(text: str, link: Link = _same) -> str:
-    """One line or paragraph of inline Markdown as HTML.
+    """One line or paragraph of inline Markdown as HTML. Code spans and links are set aside first, so
+    emphasis may span them (``**a `b` c**``) and never looks inside them.
 
     >>> inline("**MACs** of `g*Cin` via [`kdsl check`](cli.md#check); g*Cin stays", link=lambda t: None)
     '<strong>MACs</strong> of <code>g*Cin</code> via <code>kdsl check</code>; g*Cin stays'
+    >>> inline("**A `group` rewrite** and [*x* < y](a.md)")
+    '<strong>A <code>group</code> rewrite</strong> and <a href="a.md"><em>x</em> &lt; y</a>'
     """
-    parts = []
-    position = 0
-    for match in _INLINE.finditer(text):
-        parts.append(_emphasis(escape(text[position : match.start()], quote=False)))
-        position = match.end()
+    held: list[str] = []
+
+    def hold(match: re.Match[str]) -> str:
         if match.group("ticks"):
-            parts.append(f"<code>{escape(match.group('code').strip(), quote=False)}</code>")
-            continue
-        label, target = match.group("text"), link(match.group("href"))
-        if match.group("bang"):
-            parts.append(f'<img src="{escape(target)}" alt="{escape(label)}">' if target else escape(label))
-        elif target is None:
-            parts.append(inline(label, link))
+            html = f"<code>{escape(match.group('code').strip(), quote=False)}</code>"
         else:
-            parts.append(f'<a href="{escape(target)}">{inline(label, link)}</a>')
-    parts.append(_emphasis(escape(text[position:], quote=False)))
-    return "".join(parts)
+            label, target = match.group("text"), link(match.group("href"))
+            if match.group("bang"):
+                html = f'<img src="{escape(target)}" alt="{escape(label)}">' if target else escape(label)
+            elif target is None:
+                html = inline(label, link)
+            else:
+                html = f'<a href="{escape(target)}">{inline(label, link)}</a>'
+        held.append(html)
+        return f"\x00{len(held) - 1}\x00"
+
+    marked = _emphasis(escape(_INLINE.sub(hold, text.replace("\x00", "")), quote=False))
+    return re.sub("\x00(\\d+)\x00", lambda match: held[int(match.group(1))], marked)
 
 
 def _cells(line: str) -> list[str]:
