@@ -94,6 +94,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_a_site_folder_that_is_a_file_is_one_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "site").write_text("not a folder")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "kdsl.cli", "docs", "build", "--out", str(tmp_path / "site")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert result.returncode == 2 and "is a file: choose another --out" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def _ids(path: Path) -> set[str]:
     return set(re.findall(r'\bid="([^"]+)"', path.read_text()))
 

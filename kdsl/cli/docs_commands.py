@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kdsl import gallery
-from kdsl.gallery.docs_site import write_docs
+from kdsl.gallery.docs_site import site_folder, write_docs
 from kdsl.gallery.pages import gallery_entries, load_latencies, load_rediscovery
 from kdsl.gallery.reference import api_html
 from kdsl.lang.errors import KdslError, printable
@@ -64,7 +64,7 @@ def _modules() -> tuple[list[ModuleType], dict[str, str]]:
 
 def command_docs(args: argparse.Namespace) -> int:
     """Build the site into ``--out`` and print the path of its index."""
-    out = Path(args.out)
+    out = site_folder(args.out)
     recorded = gallery.directory() / "latencies.json"
     batch = json.loads(recorded.read_text()).get("batch", 1) if recorded.is_file() else 1
     entries = gallery_entries(

@@ -41,7 +41,7 @@ from kdsl.gallery.markdown import title, to_html
 from kdsl.gallery.site import STYLE, page_html, write_site
 from kdsl.lang.errors import KdslError
 
-__all__ = ["guide_order", "write_docs"]
+__all__ = ["guide_order", "site_folder", "write_docs"]
 
 _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
 
@@ -139,11 +139,19 @@ class _Site:
         return f'<nav class="pages">{" ".join(links)}</nav>\n'
 
 
+def site_folder(out: str | os.PathLike[str]) -> Path:
+    """``out`` as the site's folder; a :class:`KdslError` if it is a file (checked before any work)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise KdslError(f"the docs site goes into a folder, and {out} is a file: choose another --out")
+    return out
+
+
 def write_docs(out: Path, guide: Path, api_body: str, entries: Sequence[Entry], *, batch: int = 1) -> Path:
     """Write the docs site into ``out``: the guide's pages from ``guide`` (Markdown), ``api_body`` (the
     API reference's HTML, :func:`kdsl.gallery.reference.api_html`) and the gallery's ``entries``; return
     ``out/index.html``."""
-    out = Path(out)
+    out = site_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "style.css").write_text(STYLE)
     site = _Site(out, Path(guide), entries)
