@@ -23,6 +23,8 @@ site does not hold is shown as its text, so every link of the site resolves.
 ['api.html', 'gallery', 'index.html', 'style.css', 'writing.html']
 >>> 'href="writing.html#first"' in (out / "index.html").read_text()
 True
+>>> '<a href="index.html">← kdsl</a>' in (out / "writing.html").read_text()
+True
 >>> text = (out / "writing.html").read_text()
 >>> "and x.</p>" in text, "nowhere.py" in text
 (True, False)
@@ -118,7 +120,7 @@ class _Site:
         text = source.read_text()
         body = to_html(text, link=lambda target: self.link(source, target))
         if current == "guide":
-            body = self._guide_pages(source) + body
+            body = self._guide_pages(source) + body + self._next(source)
         page.parent.mkdir(parents=True, exist_ok=True)
         html = page_html(
             f"{title(text)} · kdsl",
@@ -127,6 +129,21 @@ class _Site:
             stylesheet=_relative(self.out / "style.css", page.parent),
         )
         page.write_text(html)
+
+    def _next(self, source: Path) -> str:
+        """Links to the guide's previous and next pages, at the foot of a guide page."""
+        guide = [path for path in self.pages if path.parent == self.guide]
+        number = guide.index(source)
+        links = []
+        if number > 0:
+            links.append(
+                f'<a href="{self.pages[guide[number - 1]].name}">← {escape(title(guide[number - 1].read_text()))}</a>'
+            )
+        if number + 1 < len(guide):
+            links.append(
+                f'<a href="{self.pages[guide[number + 1]].name}">{escape(title(guide[number + 1].read_text()))} →</a>'
+            )
+        return f'\n<nav class="pages next">{" ".join(links)}</nav>' if links else ""
 
     def _guide_pages(self, source: Path) -> str:
         """The row of the guide's pages above each guide page (the current one not linked)."""

@@ -91,6 +91,7 @@ nav.site { background: var(--ink); padding: 10px 24px; display: flex; gap: 22px;
 nav.site a { color: white; text-decoration: none; }
 nav.site a.here { border-bottom: 2px solid #9fb6e8; }
 nav.pages { display: flex; flex-wrap: wrap; gap: 6px 14px; font-size: 0.92rem; margin: 10px 0; }
+nav.pages.next { justify-content: space-between; margin: 32px 0; border-top: 1px solid var(--line); padding-top: 12px; }
 blockquote { margin: 0; padding: 2px 14px; border-left: 4px solid var(--line); color: var(--muted); }
 section.api { margin: 14px 0 22px; }
 section.api h3 { font-size: 1rem; margin: 0 0 4px; overflow-wrap: anywhere; }
