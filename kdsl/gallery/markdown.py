@@ -39,6 +39,10 @@ _INLINE = re.compile(
 )
 
 
+# a link that would run code when followed is shown as its text
+_UNSAFE = re.compile(r"^\s*(?:javascript|vbscript|data):", re.IGNORECASE)
+
+
 def _same(target: str) -> str:
     return target
 
@@ -66,6 +70,8 @@ def inline(text: str, link: Link = _same) -> str:
     '<strong>MACs</strong> of <code>g*Cin</code> via <code>kdsl check</code>; g*Cin stays'
     >>> inline("**A `group` rewrite** and [*x* < y](a.md)")
     '<strong>A <code>group</code> rewrite</strong> and <a href="a.md"><em>x</em> &lt; y</a>'
+    >>> inline('[click](javascript:alert(1)) <script>"x"</script>')
+    'click) &lt;script&gt;"x"&lt;/script&gt;'
     """
     held: list[str] = []
 
@@ -73,7 +79,8 @@ def inline(text: str, link: Link = _same) -> str:
         if match.group("ticks"):
             html = f"<code>{escape(match.group('code').strip(), quote=False)}</code>"
         else:
-            label, target = match.group("text"), link(match.group("href"))
+            label, href = match.group("text"), match.group("href")
+            target = None if _UNSAFE.match(href) else link(href)
             if match.group("bang"):
                 html = f'<img src="{escape(target)}" alt="{escape(label)}">' if target else escape(label)
             elif target is None:
