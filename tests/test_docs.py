@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "guide"
 PAGES = sorted(GUIDE.glob("*.md"))
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS  # pyproject's doctest_optionflags
-#: the backends a page's examples load, read from what they import
+#: the backends a page's examples load, read from their code
 NEEDS = {"torch": re.compile(r"import torch|codegen import torch|kdsl\.nn|kdsl_torch"), "tvm": re.compile(r"tvm")}
 
 
@@ -39,9 +39,9 @@ def test_the_guide_has_its_pages() -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.stem for page in PAGES])
 def test_each_guide_page_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    text = page.read_text()
+    code = "\n".join(re.findall(r"(?m)^(?:>>>|\.\.\.) (.*)$", page.read_text()))
     for name, pattern in NEEDS.items():
-        if pattern.search(text):
+        if pattern.search(code):
             backend(name)  # skips when KDSL_TEST_BACKENDS leaves it out
     monkeypatch.chdir(tmp_path)  # files the examples write (databases, kernels) land here
     failed, attempted = doctest.testfile(
