@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint format clean
+.PHONY: setup test demo docs lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 setup: $(STAMP)
 
+# the docs' headless-browser test needs Chromium: installed here when apt-get can (never fails; else it skips)
 test: $(STAMP)
+	-sh scripts/ensure_browser.sh
 	$(BIN)/ruff format --check kdsl tests
 	$(BIN)/ruff check kdsl tests
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q
@@ -30,6 +32,10 @@ demo: $(STAMP)
 	$(BIN)/kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit 270 \
 		--workers 2 --db out/demo/runs.sqlite --out out/demo
 	@echo "results: out/demo/results.md (ranked table), out/demo/pareto.png, out/demo/pages/"
+
+# the guide (docs/guide), the API reference and the gallery as one static site: out/docs/index.html
+docs: $(STAMP)
+	$(BIN)/kdsl docs build --out out/docs
 
 lint: $(STAMP)
 	$(BIN)/ruff format kdsl tests

@@ -17,6 +17,7 @@
     kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
     kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
+    kdsl docs build --out DIR      the docs site: guide, API reference and gallery
 
 An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file. Every count is
 in MACs (multiply-accumulates, as :func:`kdsl.solve.cost` counts; a branching kernel's element-wise
@@ -38,6 +39,7 @@ from kdsl.bench.argument_types import budget
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
+from kdsl.cli.docs_commands import add_docs_command
 from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
 from kdsl.lang.errors import KdslError, printable
 
@@ -260,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     search_commands.add_search_commands(commands)
     tune_commands.add_tune_commands(commands)
     add_discover_command(commands)
+    add_docs_command(commands)
     demo = commands.add_parser("demo", help="a tour of kdsl")
     demo.set_defaults(run=command_demo)
     _describe_commands(parser)

@@ -87,6 +87,19 @@ th, td { border-bottom: 1px solid var(--line); padding: 5px 12px; text-align: le
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 footer { margin: 40px auto; color: var(--muted); font-size: 0.9rem; }
 .hidden { display: none; }
+nav.site { background: var(--ink); padding: 10px 24px; display: flex; gap: 22px; flex-wrap: wrap; }
+nav.site a { color: white; text-decoration: none; }
+nav.site a.here { border-bottom: 2px solid #9fb6e8; }
+nav.pages { display: flex; flex-wrap: wrap; gap: 6px 14px; font-size: 0.92rem; margin: 10px 0; }
+nav.pages.next { justify-content: space-between; margin: 32px 0; border-top: 1px solid var(--line); padding-top: 12px; }
+blockquote { margin: 0; padding: 2px 14px; border-left: 4px solid var(--line); color: var(--muted); }
+section.api { margin: 14px 0 22px; }
+section.api h3 { font-size: 1rem; margin: 0 0 4px; overflow-wrap: anywhere; }
+section.module > h2 code, h1 code, h2 code, h3 code { font-size: inherit; }
+section.api h3 code { font-size: 0.95rem; font-weight: 600; }
+p.see { margin: 2px 0; font-size: 0.92rem; }
+div.member { margin-left: 18px; }
+div.member h4 { font-size: 0.92rem; margin: 8px 0 2px; overflow-wrap: anywhere; }
 """
 
 # the index's filter: hides the cards (and then empty sections) whose text does not hold the query;
@@ -110,12 +123,13 @@ filter();
 """
 
 
-def _page(title: str, body: str) -> str:
+def page_html(title: str, body: str, *, banner: str = "", stylesheet: str = "style.css") -> str:
+    """A whole HTML page: ``banner`` (the docs site's navigation, HTML) above ``body``."""
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f'<title>{escape(title)}</title>\n<link rel="stylesheet" href="style.css">\n</head>\n<body>\n'
-        f"{body}\n</body>\n</html>\n"
+        f'<title>{escape(title)}</title>\n<link rel="stylesheet" href="{escape(stylesheet)}">\n</head>\n<body>\n'
+        f"{banner}{body}\n</body>\n</html>\n"
     )
 
 
@@ -165,7 +179,7 @@ def _numbers(entry: Entry) -> str:
     return "<br>".join(escape(line) for line in lines)
 
 
-def _index(entries: Sequence[Entry], batch: int) -> str:
+def _index(entries: Sequence[Entry], batch: int, banner: str = "") -> str:
     present = [c for c in CATEGORIES if any(e.category == c[0] for e in entries)]
     toc = "".join(f'<a href="#{slug}">{escape(title)}</a>' for slug, title, _ in present)
     sections = []
@@ -203,7 +217,7 @@ found the operator again from its input and output shapes.</p>
 <footer>Built by <code>kdsl gallery build</code>. The same pages in Markdown: <code>README.md</code> and
 <code>pages/</code> beside this folder.</footer>
 {_FILTER}"""
-    return _page("The kdsl gallery", body)
+    return page_html("The kdsl gallery", body, banner=banner)
 
 
 def _cost_table(entry: Entry) -> str:
@@ -231,7 +245,9 @@ def _rows(pairs: Sequence[tuple[str, str]], *, code: bool = False) -> str:
     return "<table>" + "".join(f"<tr><th>{escape(a)}</th>{cell.format(escape(b))}</tr>" for a, b in pairs) + "</table>"
 
 
-def _operator(entry: Entry, previous: Entry | None, following: Entry | None, titles: Mapping[str, str]) -> str:
+def _operator(
+    entry: Entry, previous: Entry | None, following: Entry | None, titles: Mapping[str, str], banner: str = ""
+) -> str:
     crumbs = [
         '<a href="index.html">← the gallery</a>',
         f'<a href="index.html#{entry.category}">{escape(titles[entry.category])}</a>',
@@ -281,15 +297,16 @@ def _operator(entry: Entry, previous: Entry | None, following: Entry | None, tit
     if entry.new:
         parts += ["<h2>PyTorch source</h2>", f"<pre><code>{escape(source(entry.op).rstrip())}</code></pre>"]
     parts.append(f"</main>\n<footer>{nav}</footer>")
-    return _page(f"{entry.name} · kdsl gallery", "\n".join(parts))
+    return page_html(f"{entry.name} · kdsl gallery", "\n".join(parts), banner=banner)
 
 
 def _format(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
-def write_site(folder: Path, entries: Sequence[Entry], *, batch: int = 1) -> Path:
-    """Write the site for ``entries`` (in index order) into ``folder``; return ``folder/index.html``."""
+def write_site(folder: Path, entries: Sequence[Entry], *, batch: int = 1, banner: str = "") -> Path:
+    """Write the site for ``entries`` (in index order) into ``folder``; return ``folder/index.html``.
+    ``banner``: HTML put at the top of every page (the docs site's navigation)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "style.css").write_text(STYLE)
     titles = {slug: title for slug, title, _ in CATEGORIES}
@@ -297,6 +314,6 @@ def write_site(folder: Path, entries: Sequence[Entry], *, batch: int = 1) -> Pat
         previous = entries[number - 1] if number else None
         following = entries[number + 1] if number + 1 < len(entries) else None
         (folder / f"{entry.name}.svg").write_text(svg(entry.op))
-        (folder / f"{entry.name}.html").write_text(_operator(entry, previous, following, titles))
-    (folder / "index.html").write_text(_index(entries, batch))
+        (folder / f"{entry.name}.html").write_text(_operator(entry, previous, following, titles, banner))
+    (folder / "index.html").write_text(_index(entries, batch, banner))
     return folder / "index.html"
