@@ -35,10 +35,10 @@ from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
-from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
-from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
+from kdsl.cli.gallery_commands import add_gallery_commands
+from kdsl.cli.operator_commands import command_check, command_demo, command_show, load_operator
 from kdsl.lang.errors import KdslError, printable
 
 __all__ = ["build_parser", "load_operator", "main"]
@@ -134,38 +134,6 @@ def _add_check(commands: typing.Any) -> None:
     check.set_defaults(run=command_check)
 
 
-def _add_gallery(commands: typing.Any) -> None:
-    """``kdsl gallery``: list, build, rediscover or add to the gallery."""
-    gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument(
-        "action",
-        choices=["list", "build", "rediscover", "add"],
-        nargs="?",
-        default="list",
-        help="list the operators, build their pages, rediscover them by search, or add a discovered one",
-    )
-    gallery.add_argument(
-        "name", nargs="?", help="add: the new entry's name (a Python identifier); rediscover: only this operator"
-    )
-    gallery.add_argument("--db", help="add: the discovery database that holds the candidate")
-    gallery.add_argument("--key", help="add: the candidate's key (or a unique prefix)")
-    gallery.add_argument(
-        "--skip-slow", action="store_true", help="rediscover: skip the operators that take minutes to reach"
-    )
-    gallery.add_argument(
-        "--restricted", action="store_true", help="rediscover: in spaces restricted to each kind (seconds)"
-    )
-    gallery.add_argument(
-        "--time-limit", type=float, default=REDISCOVERY_TIME_LIMIT, help="rediscover: CPU seconds per operator"
-    )
-    gallery.add_argument(
-        "--out", help="folder for README.md, pages/ and the website site/ (default: the gallery folder)"
-    )
-    gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
-    gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")
-    gallery.set_defaults(run=command_gallery)
-
-
 def _add_search_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
     parser.add_argument(
@@ -255,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_show(commands)
     _add_check(commands)
-    _add_gallery(commands)
+    add_gallery_commands(commands)
     _add_bench(commands)
     search_commands.add_search_commands(commands)
     tune_commands.add_tune_commands(commands)

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from kdsl import solve
-from kdsl.bench.argument_types import positive_int
+from kdsl.bench.argument_types import TUNE_DB, positive_int
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -91,7 +91,7 @@ def add_tune_commands(subparsers: Any) -> None:
         help="the search over schedules (default: opevo; with --apply: the best record of any tuner)",
     )
     tune.add_argument("--trials", type=positive_int, default=64, help="new measurements in this run")
-    tune.add_argument("--db", default="tune.db", help="SQLite tuning records (a run resumes from them)")
+    tune.add_argument("--db", default=TUNE_DB, help="SQLite tuning records (a run resumes from them)")
     tune.add_argument("--seed", type=int, default=0, help="seed of the tuner")
     tune.add_argument(
         "--tuner-option",
