@@ -51,19 +51,58 @@ def make_tuner(name: str, space: ScheduleSpace, history: Sequence[Record], seed:
     raise TuneError(f"unknown tuner {name!r}; choose one of alt, gensor, metaschedule, opevo, random")
 
 
-def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``options`` if ``cls`` takes every one of them (``--tuner-option`` names), else a :class:`TuneError`
-    listing what it takes (its internal ``fixed``, ``start``, ``seen`` are not offered).
+#: ``--tuner-option`` names that differ from the tuner's own argument: the papers' symbols, which the help
+#: and every error use, each beside the argument it sets (``lambda=4`` and ``parents=4`` are the same option)
+OPTION_ALIASES: dict[str, dict[str, str]] = {"opevo": {"lambda": "parents", "rho": "offspring"}}
+#: ``--tuner-option`` names a tuner reads itself rather than passing on (OpEvo's ``setting=paper``)
+_EXTRA_OPTIONS: dict[str, tuple[str, ...]] = {"opevo": ("setting",)}
 
-    >>> _known(OpEvo, "opevo", {"wings": 2})  # doctest: +ELLIPSIS
+
+def option_names(tuner: str) -> list[str]:
+    """The ``--tuner-option`` names ``tuner`` takes, in the words the help uses (an alias beside its argument).
+
+    >>> option_names("opevo")
+    ['lambda (parents)', 'q', 'walks', 'explore', 'rho (offspring)', 'init', 'setting']
+    >>> option_names("random")
+    []
+    """
+    cls = {"opevo": OpEvo, "gensor": Gensor, "alt": Alt}.get(tuner)
+    if cls is None:
+        return []
+    aliases = {argument: alias for alias, argument in OPTION_ALIASES.get(tuner, {}).items()}
+    taken = [p for p in inspect.signature(cls).parameters if p not in ("space", "history", "seed", *_INTERNAL)]
+    return [f"{aliases[p]} ({p})" if p in aliases else p for p in taken] + list(_EXTRA_OPTIONS.get(tuner, ()))
+
+
+def check_options(tuner: str, options: Mapping[str, Any]) -> None:
+    """Refuse ``options`` that ``tuner`` does not take, before anything is compiled or measured.
+
+    >>> check_options("opevo", {"lambda": 4, "q": 0.3})
+    >>> check_options("opevo", {"wings": 2})
     Traceback (most recent call last):
     ...
-    kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes parents, q, walks, explore, ...
+    kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes lambda (parents), q, walks, explore, ...
     """
+    if not options:
+        return
+    if tuner not in ("opevo", "gensor", "alt"):
+        raise TuneError(f"{tuner} takes no tuner options (given {', '.join(options)})")
+    extra = _EXTRA_OPTIONS.get(tuner, ())
+    names = OPTION_ALIASES.get(tuner, {})
+    _known(
+        {"opevo": OpEvo, "gensor": Gensor, "alt": Alt}[tuner],
+        tuner,
+        {names.get(k, k): v for k, v in options.items() if k not in extra},
+    )
+
+
+def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` if ``cls`` takes every one of them (``--tuner-option`` names), else a :class:`TuneError`
+    listing what it takes (its internal ``fixed``, ``start``, ``seen`` are not offered)."""
     taken = [p for p in inspect.signature(cls).parameters if p not in ("space", "history", "seed", *_INTERNAL)]
     for option in options:
         if option not in taken:
-            raise TuneError(f"{name} has no option {option!r}; it takes {', '.join(taken)}")
+            raise TuneError(f"{name} has no option {option!r}; it takes {', '.join(option_names(name))}")
     return options
 
 
@@ -118,9 +157,8 @@ def tune(
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
     is set to the trials measured so far after each batch."""
+    check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     if tuner == "metaschedule":
-        if options:
-            raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
