@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kdsl import gallery
+from kdsl.bench.argument_types import positive_int
 from kdsl.discover import prescreen
 from kdsl.discover.loop import DiscoverConfig, discovery_space
 from kdsl.discover.prescreen import spearman
@@ -171,7 +172,10 @@ def lines(result: Mapping[str, Any]) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench proxy``."""
     defaults = ProxyConfig()
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    parser.add_argument(
+        "--runs", dest="seeds", type=positive_int, default=3, help="runs per operator, seeds 0, 1, ... (as bench tune)"
+    )
+    parser.add_argument("--seeds", dest="seeds", type=positive_int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")
     parser.add_argument("--data", default=defaults.data, help="digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR")
     parser.add_argument(

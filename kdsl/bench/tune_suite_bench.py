@@ -366,7 +366,7 @@ def bench_suite(args: argparse.Namespace) -> int:
             print(blocked[-1], flush=True)
             continue
         op = gallery.load(case.operator)
-        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["flops"]))
+        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["macs"]))
         for run in range(args.runs):
             _one_run(case, cols, run, folder, rounds, result)
         results.append(result)

@@ -55,6 +55,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
             "default" not in text  # a help that already says its default (in its own words) is left alone
             and default is not None
             and default is not False  # identity: a default of 0 (--seed) is shown, a flag's False is not
+            and default != []  # a repeatable option given no times: nothing to show
             and default != argparse.SUPPRESS
             and not isinstance(action, argparse._VersionAction)
             and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))

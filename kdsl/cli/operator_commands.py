@@ -72,9 +72,8 @@ def _unknown_variable(variable: str, op: Operator, name: str) -> str:
 
 def _formula_lines(op: Operator) -> list[str]:
     formulas = solve.cost(op)
-    keys = ("flops", "params", "input", "output", "memory", "peak")
-    # solve.cost's "flops" counts multiply-accumulates: printed as MACs, the one unit of every command
-    return [f"  {'MACs' if key == 'flops' else key:<13}{formulas[key]}" for key in keys if key in formulas]
+    keys = ("macs", "params", "input", "output", "memory", "peak")
+    return [f"  {'MACs' if key == 'macs' else key:<13}{formulas[key]}" for key in keys if key in formulas]
 
 
 def _node_lines(graph: Operator) -> list[str]:
@@ -94,7 +93,8 @@ def command_show(args: argparse.Namespace) -> int:
         return _show_cuda(op, args)
     if getattr(args, "json", False):
         # the operator's own JSON form (kdsl.lang.serialize) with its checks and its cost formulas in MACs
-        formulas = {("macs" if k == "flops" else k): str(v) for k, v in solve.cost(op).items()}
+        # "flops" is solve.cost's older name of the same count: the JSON says MACs only
+        formulas = {k: str(v) for k, v in solve.cost(op).items() if k != "flops"}
         constraints = [c.description for c in solve.constraints(op)]
         extra = {"key": op.key, "dsl": op.to_dsl(), "constraints": constraints, "cost": formulas}
         print(json.dumps({"operator": json.loads(op.to_json()), **extra}))
@@ -218,7 +218,7 @@ def command_check(args: argparse.Namespace) -> int:
                 "layer": layer.name,
                 "input": list(shapes["input"]),
                 "output": list(shapes["output"]),
-                "macs": costs["flops"],
+                "macs": costs["macs"],
                 "params": costs["params"],
             }
             | ({"peak": costs["peak"]} if branching else {})
@@ -313,7 +313,9 @@ def _check_template(
         baseline=args.baseline,
         coefficients=given,
     )
-    budgets = [f"{metric} <= {limit}" for metric, limit in filled.budgets.items() if limit]
+    budgets = [
+        f"{'MACs' if metric == 'flops' else metric} <= {limit}" for metric, limit in filled.budgets.items() if limit
+    ]
     print(f"valid on all {len(layers)} layers of {printable(args.layers)}", end="")
     print(f" within {', '.join(budgets)}" if budgets else " (no budget: the least channel-scaled widths)")
     print(filled.report())
@@ -333,7 +335,7 @@ def command_demo(args: argparse.Namespace) -> int:
             print("   not valid on the ResNet-18 tables with its defaults")
         else:
             layers = solve.load_layers(table)
-            macs = sum(solve.cost(op, layer)["flops"] for layer in layers)
+            macs = sum(solve.cost(op, layer)["macs"] for layer in layers)
             params = sum(solve.cost(op, layer)["params"] for layer in layers)
             defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
             print(

@@ -21,6 +21,7 @@ from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
+from kdsl.runtime.units import duration
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
@@ -210,10 +211,10 @@ def tune(
                 store.add(key, record)
             search.update(records)
             if progress is not None:
-                progress.set(measured, rejected=rejected, best=f"{best * 1e3:.3f} ms")
+                progress.set(measured, rejected=rejected, best=duration(best))
             if log:
                 log(
-                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {best * 1e3:.3f} ms "
+                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {duration(best)} "
                     f"(compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
                     f"{time.time() - started:.0f} s in all)"
                 )
@@ -258,4 +259,4 @@ def _confirm(
         if path is not None:
             Path(path).unlink(missing_ok=True)
     if log:
-        log(f"{tuner}: re-timed the {len(top)} fastest; best {min(fastest.values()) * 1e3:.3f} ms")
+        log(f"{tuner}: re-timed the {len(top)} fastest; best {duration(min(fastest.values()))}")
