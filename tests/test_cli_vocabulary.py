@@ -233,17 +233,22 @@ def test_every_command_and_sub_command_prints_its_own_help(capsys):
 
 
 def _normal(option: str) -> str:
-    """One spelling's word: ``--time-limit``, ``--timelimit`` and ``--time_limit`` are one; so are a
-    singular and its plural (``--layer``, ``--layers``)."""
-    word = option.lstrip("-").replace("-", "").replace("_", "").lower()
-    return word[:-1] if word.endswith("s") else word
+    """One spelling's word: ``--time-limit``, ``--timelimit`` and ``--time_limit`` are one."""
+    return option.lstrip("-").replace("-", "").replace("_", "").lower()
+
+
+def _several(action: argparse.Action) -> bool:
+    """Whether an option takes several values (a plural name says so: ``--layers a b``, ``--tuners``)."""
+    return action.nargs in ("+", "*") or isinstance(action, (argparse._AppendAction, argparse._ExtendAction))
 
 
 def spelled_two_ways(parsers_by_name: dict[str, argparse.ArgumentParser]) -> list[str]:
     """Options shown (not hidden) in the tree that name one thing two ways: the same word spelled
-    differently (:func:`_normal`), or a spelling :data:`CANONICAL` maps to another word, unless it is an
-    alias beside that word in the same option."""
+    differently (:func:`_normal`), a spelling :data:`CANONICAL` maps to another word (unless it is an
+    alias beside that word in the same option), or a singular and a plural of one word where the
+    plural does not take several values or the singular does (``--tuner X`` and ``--tuners X Y`` are fine)."""
     shown: dict[str, set[str]] = {}
+    several: dict[str, bool] = {}
     found = []
     for name, parser in parsers_by_name.items():
         for action in parser._actions:
@@ -252,10 +257,15 @@ def spelled_two_ways(parsers_by_name: dict[str, argparse.ArgumentParser]) -> lis
             for spelling in action.option_strings:
                 if spelling.startswith("--"):
                     shown.setdefault(_normal(spelling), set()).add(spelling)
+                    several[spelling] = several.get(spelling, False) or _several(action)
                 word = CANONICAL.get(spelling)
                 if word is not None and word not in action.option_strings:
                     found.append(f"{name}: {spelling} (say {word})")
     found += [f"{' and '.join(sorted(s))} are one word" for s in shown.values() if len(s) > 1]
+    for word, spellings in shown.items():
+        plural = shown.get(word + "s")
+        if plural and (any(several[s] for s in spellings) or not all(several[s] for s in plural)):
+            found.append(f"{' and '.join(sorted(spellings | plural))}: a plural takes several values, a singular one")
     return found
 
 
@@ -273,9 +283,13 @@ def test_the_two_ways_check_can_fail():
     two = commands.add_parser("two")
     two.add_argument("--layers")
     two.add_argument("--time-limit", "--seconds")  # an alias beside the word: allowed
+    two.add_argument("--tuner")
+    two.add_argument("--tuners", nargs="+")  # one tuner, or several: both words are right
+    two.add_argument("--time_limit")
     found = spelled_two_ways(dict(parsers(top)))
-    assert "kdsl one: --seconds (say --time-limit)" in found and "--layer and --layers are one word" in found
-    assert "kdsl one: --layer (say --layers)" in found and len(found) == 3, found
+    assert "kdsl one: --seconds (say --time-limit)" in found and "--time-limit and --time_limit are one word" in found
+    assert "--layer and --layers: a plural takes several values, a singular one" in found
+    assert "kdsl one: --layer (say --layers)" in found and len(found) == 4, found
 
 
 def _readme_cli_block() -> str:
