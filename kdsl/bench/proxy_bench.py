@@ -173,7 +173,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench proxy``."""
     defaults = ProxyConfig()
     parser.add_argument(
-        "--runs", dest="seeds", type=positive_int, default=3, help="runs per operator, seeds 0, 1, ... (as bench tune)"
+        "--runs",
+        dest="seeds",
+        type=positive_int,
+        metavar="N",
+        default=3,
+        help="runs per operator, seeds 0, 1, ... (as bench tune)",
     )
     parser.add_argument("--seeds", dest="seeds", type=positive_int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")

@@ -2,25 +2,23 @@
 
     kdsl show NAME|FILE            DSL text, shapes, constraints, MACs/params formulas
     kdsl show --db PATH HASH       the same for a candidate of a search results database
-    kdsl search SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D --db PATH
-    kdsl results --db PATH [--top K] [--json]
-    kdsl bench search
-    kdsl bench proxy [--seeds 3]     the accuracy proxy's noise against gallery and weak operators
-    kdsl bench prescreen [--db F]    how well zero-cost scores and a 1-epoch run predict the proxy
-    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
-    kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
-    kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...] [--mcpu NAME]
-    kdsl bench network [--ops conv2d grouped_conv2d OP[:G=2]] [--batch 1 8] [--db PATH]   ResNet-18 end to end
-    kdsl bench lowering --db RUNS [--top N]   latency ratio / MACs ratio to conv2d (median, max)
-    kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
-    kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
-    kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
-    kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --db F --out DIR
+    kdsl search SPEC|--spec SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D
+    kdsl results [--db runs.sqlite] [--top K] [--json]
+    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad] [--max-macs 0.5x]
+    kdsl gallery [list|build|rediscover|add]   the operators; their pages; search's rediscovery records
+    kdsl tune OP --layers conv3_x [conv4_x ...] --tuner opevo|gensor|alt|metaschedule --trials N [--out K.so]
+    kdsl tune OP --layers LAYER ... --apply [--out K.so]   each layer's best record: its schedule, built
+    kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --out DIR
+    kdsl bench codegen|lowering|network|search|proxy|prescreen|tune   ratios measured side by side
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
-An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file. Every count is
-in MACs (multiply-accumulates, as :func:`kdsl.solve.cost` counts; a branching kernel's element-wise
-operations count one each); ``--max-macs`` budgets are in the same unit (``--max-flops`` is the same option).
+One word for one thing in every command: ``--spec``, ``--layers``, ``--set``, ``--db`` (always optional:
+``runs.sqlite`` for search results, ``tune.db`` for tuning records), ``--time-limit`` (seconds),
+``--seed``, ``--runs``, ``--out``, ``--json``. An operator is named by a gallery name (``conv2d``), a
+``.dsl`` file, or a ``.json`` file. Every count is in MACs (multiply-accumulates, as
+:func:`kdsl.solve.cost` counts under ``"macs"``; a branching kernel's element-wise operations count one
+each); ``--max-macs`` budgets are in the same unit (``--max-flops`` is the same option).
+tests/test_cli_vocabulary.py reads every command's ``--help`` and the README's list against this parser.
 """
 
 from __future__ import annotations
@@ -141,6 +139,7 @@ def _add_search_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-limit",
         "--seconds",
         dest="seconds",
+        metavar="SECONDS",
         type=float,
         default=60.0,
         help="seconds per measurement; --seconds is the same option",

@@ -55,6 +55,7 @@ def _add_space_arguments(parser: Any) -> None:
     parser.add_argument(
         "--min-params",
         type=optional_budget,
+        metavar="BUDGET",
         default=DiscoverConfig.min_params,
         help="fewest parameters relative to conv2d (default 0.002x: a depthwise 3x3 conv passes, a per-channel "
         "scale does not), a count, or none; candidates below it are not trained",
@@ -85,7 +86,9 @@ def _add_space_arguments(parser: Any) -> None:
 
 def _add_run_arguments(parser: Any) -> None:
     """The run itself: time, database, report folder, executor, workers, seed."""
-    parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
+    parser.add_argument(
+        "--time-limit", type=positive_float, default=300.0, metavar="SECONDS", help="seconds for the whole run"
+    )
     parser.add_argument(
         "--db",
         default=RESULTS_DB,

@@ -58,7 +58,11 @@ def add_gallery_commands(commands: Any) -> None:
     )
     again.add_argument("name", nargs="?", help="only this operator (default: every rediscovery target)")
     again.add_argument(
-        "--time-limit", type=positive_float, default=REDISCOVERY_TIME_LIMIT, help="CPU seconds per operator"
+        "--time-limit",
+        type=positive_float,
+        default=REDISCOVERY_TIME_LIMIT,
+        metavar="SECONDS",
+        help="CPU seconds per operator",
     )
     again.add_argument("--restricted", action="store_true", help="search spaces restricted to each kind (seconds)")
     again.add_argument("--skip-slow", action="store_true", help="skip the operators that take minutes to reach")

@@ -222,8 +222,10 @@ def add_search_commands(subparsers: Any) -> None:
         "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x); --max-flops is the "
         "same option",
     )
-    search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
-    search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
+    search.add_argument(
+        "--max-params", type=budget, metavar="BUDGET", help="parameter budget (a count or relative, e.g. 0.5x)"
+    )
+    search.add_argument("--min-params", type=budget, metavar="BUDGET", help="fewest parameters (a count or relative)")
     search.add_argument(
         "--min-macs",
         "--min-flops",
@@ -252,7 +254,9 @@ def add_search_commands(subparsers: Any) -> None:
         "output variable to an input one's value (ResNet's Cout = Cin), operators may also map Cin to Cin "
         "(a depthwise conv for conv2d)",
     )
-    search.add_argument("--time-limit", type=positive_float, help="seconds before stopping (resume later)")
+    search.add_argument(
+        "--time-limit", type=positive_float, metavar="SECONDS", help="seconds before stopping (resume later)"
+    )
     search.add_argument("--max-results", type=positive_int, help="stop after this many new operators")
     search.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies (a run resumes per seed)")
     search.add_argument(
