@@ -396,6 +396,10 @@ def test_a_tuner_option_is_refused_in_the_help_s_words_before_anything_starts(ca
     assert "opevo has no option 'wings'; it takes lambda (parents)" in err and "rho (offspring)" in err
     code, _, err = run(capsys, "tune", "matmul", "--layers", "conv3_x", "--tuner", "random", "--tuner-option", "q=1")
     assert code == 2 and "random takes no tuner options" in err and "started" not in err
+    code, _, err = run(
+        capsys, "tune", "matmul", "--layers", "conv3_x", "--tuner-option", "lambda=4", "--tuner-option", "parents=2"
+    )
+    assert code == 2 and "lambda and parents are the same option" in err and "started" not in err
 
 
 def test_tune_takes_several_layers():

@@ -78,7 +78,11 @@ def option_names(tuner: str) -> list[str]:
 def check_options(tuner: str, options: Mapping[str, Any]) -> None:
     """Refuse ``options`` that ``tuner`` does not take, before anything is compiled or measured.
 
-    >>> check_options("opevo", {"lambda": 4, "q": 0.3})
+    >>> check_options("opevo", {"lambda": 4, "q": 0.3, "setting": "paper"})
+    >>> check_options("opevo", {"lambda": 4, "parents": 2})
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: opevo: lambda and parents are the same option; give one
     >>> check_options("opevo", {"wings": 2})
     Traceback (most recent call last):
     ...
@@ -88,13 +92,10 @@ def check_options(tuner: str, options: Mapping[str, Any]) -> None:
         return
     if tuner not in ("opevo", "gensor", "alt"):
         raise TuneError(f"{tuner} takes no tuner options (given {', '.join(options)})")
-    extra = _EXTRA_OPTIONS.get(tuner, ())
-    names = OPTION_ALIASES.get(tuner, {})
-    _known(
-        {"opevo": OpEvo, "gensor": Gensor, "alt": Alt}[tuner],
-        tuner,
-        {names.get(k, k): v for k, v in options.items() if k not in extra},
-    )
+    if tuner == "opevo":  # its aliases, setting=paper and an option given twice (lambda and parents)
+        _known(OpEvo, tuner, opevo_options(options))
+    else:
+        _known({"gensor": Gensor, "alt": Alt}[tuner], tuner, options)
 
 
 def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
