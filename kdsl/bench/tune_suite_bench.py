@@ -79,7 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --suite: MetaSchedule's budgets, one column each (default 64,256)",
     )
     parser.add_argument(
-        "--out", default=None, help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)"
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)",
     )
 
 

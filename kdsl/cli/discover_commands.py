@@ -94,7 +94,9 @@ def _add_run_arguments(parser: Any) -> None:
         default=RESULTS_DB,
         help="SQLite results database of the run (a run resumes from it; kdsl results reads it)",
     )
-    parser.add_argument("--out", default="out", help="folder for results.md, results.json, pareto.png and pages/")
+    parser.add_argument(
+        "--out", default="out", metavar="DIR", help="folder for results.md, results.json, pareto.png and pages/"
+    )
     parser.add_argument("--executor", default="local", help="local, ray or ray:ADDRESS")
     parser.add_argument("--workers", type=positive_int, default=1, help="candidates evaluated in parallel")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the proxy training")
