@@ -143,7 +143,7 @@ def test_kdsl_debug_shows_the_traceback():
 
 
 def test_usage_errors_are_one_line():
-    assert_one_line_error(kdsl("search", "conv2d"), "--db")
+    assert_one_line_error(kdsl("search", "conv2d", "--max-depth", "0"), "--max-depth")
     assert_one_line_error(kdsl("results", "--db", "r.db", "--top", "-1"), "--top")
 
 

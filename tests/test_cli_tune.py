@@ -76,3 +76,23 @@ def test_apply_for_another_target_names_the_mcpu_the_records_were_tuned_for(caps
     monkeypatch.setenv("KDSL_MCPU", other)
     code, _, err = run(capsys, "tune", "matmul", "--layers", TINY, "--db", tuned, "--apply")
     assert code == 2 and f"only for mcpu {host}" in err and f"add --mcpu {host}" in err
+
+
+def test_tune_takes_several_layers_and_ends_with_one_table(capsys, tmp_path):
+    other = '{"M": 8, "Cin": 8, "Cout": 8}'
+    db = str(tmp_path / "two.db")
+    argv = ["tune", "matmul", "--layers", TINY, other, "--trials", "1", "--batch", "1", "--db", db]
+    code, out, err = run(capsys, *argv)
+    lines = out.splitlines()
+    assert code == 0, err
+    assert lines[0].split()[:2] == ["layer", "best"] and lines[0].split()[2] in ("s", "ms", "us", "ns")
+    assert lines[1].startswith("layer1") or lines[1].startswith(TINY[:12])
+    assert len([line for line in lines if "opevo" in line]) == 2 and f"tune (opevo, {other})" in err
+    library = tmp_path / "k.so"
+    code, out, _ = run(capsys, "tune", "matmul", "--layers", TINY, other, "--db", db, "--apply", "--out", str(library))
+    assert code == 0 and (tmp_path / "k_layer1.so").stat().st_size > 0 and (tmp_path / "k_layer2.so").is_file()
+    code, out, _ = run(capsys, "tune", "matmul", "--layers", TINY, other, "--db", db, "--apply", "--json")
+    summaries = json.loads(out)["layers"]
+    assert (
+        code == 0 and [s["layer"] for s in summaries] == [TINY, other] and all(s["latency_ms"] > 0 for s in summaries)
+    )

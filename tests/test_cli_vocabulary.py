@@ -10,13 +10,14 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from backends import backend
 
 import kdsl
 from kdsl import gallery
-from kdsl.cli import build_parser, discover_commands, main
+from kdsl.cli import build_parser, discover_commands, main, search_commands, tune_commands
 from kdsl.runtime.progress import Progress
 
 
@@ -208,3 +209,224 @@ def test_no_flag_is_spelled_two_ways():
     assert not found, found
     shown = {s for _, parser in parsers(build_parser()) for a in parser._actions for s in a.option_strings[:1]}
     assert {"--max-macs", "--min-macs", "--time-limit", "--set", "--layers"} <= shown
+
+
+def _command_parsers() -> dict[str, argparse.ArgumentParser]:
+    return dict(parsers(build_parser()))
+
+
+def test_every_command_and_sub_command_prints_its_own_help(capsys):
+    """Every ``--help`` of the tree, read as a user reads it: it exits 0, says its own usage, and lists
+    every option that parser shows (and no other command's: ``gallery build`` has no ``--key``)."""
+    commands = _command_parsers()
+    assert {"kdsl gallery build", "kdsl gallery add", "kdsl gallery rediscover", "kdsl gallery list"} <= set(commands)
+    for name, parser in commands.items():
+        with pytest.raises(SystemExit) as stop:
+            main([*name.split()[1:], "--help"])
+        text = capsys.readouterr().out
+        assert stop.value.code == 0 and text.startswith(f"usage: {name}"), name
+        shown = {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+        assert all(option in text for option in shown), (name, sorted(o for o in shown if o not in text))
+        assert "(default: )" not in text, name
+    build = commands["kdsl gallery build"]
+    assert not {"--key", "--restricted", "--db"} & {s for a in build._actions for s in a.option_strings}
+
+
+def _normal(option: str) -> str:
+    """One spelling's word: ``--time-limit``, ``--timelimit`` and ``--time_limit`` are one."""
+    return option.lstrip("-").replace("-", "").replace("_", "").lower()
+
+
+def _several(action: argparse.Action) -> bool:
+    """Whether an option takes several values (a plural name says so: ``--layers a b``, ``--tuners``)."""
+    return action.nargs in ("+", "*") or isinstance(action, (argparse._AppendAction, argparse._ExtendAction))
+
+
+def spelled_two_ways(parsers_by_name: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """Options shown (not hidden) in the tree that name one thing two ways: the same word spelled
+    differently (:func:`_normal`), a spelling :data:`CANONICAL` maps to another word (unless it is an
+    alias beside that word in the same option), or a singular and a plural of one word where the
+    plural does not take several values or the singular does (``--tuner X`` and ``--tuners X Y`` are fine)."""
+    shown: dict[str, set[str]] = {}
+    several: dict[str, bool] = {}
+    found = []
+    for name, parser in parsers_by_name.items():
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue
+            for spelling in action.option_strings:
+                if spelling.startswith("--"):
+                    shown.setdefault(_normal(spelling), set()).add(spelling)
+                    several[spelling] = several.get(spelling, False) or _several(action)
+                word = CANONICAL.get(spelling)
+                if word is not None and word not in action.option_strings:
+                    found.append(f"{name}: {spelling} (say {word})")
+    found += [f"{' and '.join(sorted(s))} are one word" for s in shown.values() if len(s) > 1]
+    for word, spellings in shown.items():
+        plural = shown.get(word + "s")
+        if plural and (any(several[s] for s in spellings) or not all(several[s] for s in plural)):
+            found.append(f"{' and '.join(sorted(spellings | plural))}: a plural takes several values, a singular one")
+    return found
+
+
+def test_no_flag_is_spelled_two_ways_across_every_help():
+    assert spelled_two_ways(_command_parsers()) == []
+
+
+def test_the_two_ways_check_can_fail():
+    """The check above on a made-up tree with each kind of slip."""
+    top = argparse.ArgumentParser(prog="kdsl")
+    commands = top.add_subparsers()
+    one = commands.add_parser("one")
+    one.add_argument("--layer")
+    one.add_argument("--seconds")
+    two = commands.add_parser("two")
+    two.add_argument("--layers")
+    two.add_argument("--time-limit", "--seconds")  # an alias beside the word: allowed
+    two.add_argument("--tuner")
+    two.add_argument("--tuners", nargs="+")  # one tuner, or several: both words are right
+    two.add_argument("--time_limit")
+    found = spelled_two_ways(dict(parsers(top)))
+    assert "kdsl one: --seconds (say --time-limit)" in found and "--time-limit and --time_limit are one word" in found
+    assert "--layer and --layers: a plural takes several values, a singular one" in found
+    assert "kdsl one: --layer (say --layers)" in found and len(found) == 4, found
+
+
+def _readme_cli_block() -> str:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL)
+    assert blocks, "the README's command line section has no command block"
+    return blocks[0]
+
+
+def readme_commands(block: str) -> list[tuple[str, set[str]]]:
+    """Each ``kdsl ...`` entry of the README's block (with its indented continuation lines) as the
+    command it names (the longest prefix that is a command) and the ``--flags`` it writes."""
+    commands = _command_parsers()
+    entries: list[tuple[str, set[str]]] = []
+    for line in block.splitlines():
+        if line.startswith("kdsl "):
+            words = line.split()
+            name = "kdsl"
+            for word in words[1:]:
+                if f"{name} {word}" not in commands:
+                    break
+                name = f"{name} {word}"
+            entries.append((name, set()))
+        if entries and not line.lstrip().startswith(("#",)):
+            # flags up to the description (two spaces after the command text start it)
+            entries[-1][1].update(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line))
+    assert entries, "no kdsl command in the README's block"
+    return entries
+
+
+def test_the_readme_lists_every_command_and_only_flags_that_exist():
+    commands = _command_parsers()
+    entries = readme_commands(_readme_cli_block())
+    missing_flags = []
+    for name, flags in entries:
+        taken = {s for a in commands[name]._actions for s in a.option_strings} | {"--help", "--version"}
+        missing_flags += [f"{name} {flag}" for flag in sorted(flags - taken)]
+    assert not missing_flags, missing_flags
+    # every command a user can run (a parser without sub-commands of its own) has a line
+    leaves = {
+        name
+        for name, parser in commands.items()
+        if not any(isinstance(a, argparse._SubParsersAction) for a in parser._actions) or name == "kdsl gallery"
+    }
+    listed = {name for name, _ in entries}
+    assert not leaves - listed, sorted(leaves - listed)
+    # and a hidden old spelling is never what the README teaches
+    hidden = {s for p in commands.values() for a in p._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+    assert not {flag for _, flags in entries for flag in flags} & hidden
+
+
+def test_the_readme_check_can_fail():
+    entries = readme_commands("kdsl search SPEC --no-such-flag\nkdsl gallery build --out DIR\n")
+    assert entries == [("kdsl search", {"--no-such-flag"}), ("kdsl gallery build", {"--out"})]
+
+
+@pytest.mark.parametrize(
+    ("argv", "spec"),
+    [
+        (["search", "matmul"], "matmul"),
+        (["search", "--spec", "matmul"], "matmul"),
+        (["search", "m", "--spec", "m"], "m"),
+    ],
+)
+def test_search_takes_its_spec_as_discover_does(argv, spec):
+    args = build_parser().parse_args(argv)
+    assert search_commands.spec_from_args(args) == spec
+
+
+def test_search_refuses_two_different_specs_or_none(capsys, tmp_path):
+    db = str(tmp_path / "r.db")
+    code, _, err = run(capsys, "search", "conv2d", "--spec", "matmul", "--db", db)
+    assert code == 2 and "two specs, conv2d and --spec matmul" in err
+    code, _, err = run(capsys, "search", "--db", db)
+    assert code == 2 and "needs a spec" in err
+
+
+def test_search_with_spec_writes_the_default_database_that_results_reads(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "search", "--spec", "conv2d", "--max-depth", "3", "--set", "K=3", "--quiet")
+    assert code == 0 and "-> runs.sqlite" in out, err
+    code, out, _ = run(capsys, "results", "--top", "1")
+    assert code == 0 and "candidates:" in out and (tmp_path / "runs.sqlite").is_file()
+
+
+def test_every_db_is_optional_and_its_help_names_its_default(capsys):
+    commands = _command_parsers()
+    for name, parser in commands.items():
+        for action in parser._actions:
+            if "--db" in action.option_strings:
+                assert not action.required, name
+    for name, default in [("search", "runs.sqlite"), ("results", "runs.sqlite"), ("discover", "runs.sqlite")]:
+        assert commands[f"kdsl {name}"].get_default("db") == default, name
+    assert commands["kdsl tune"].get_default("db") == "tune.db"
+    assert commands["kdsl gallery add"].get_default("db") == "runs.sqlite"
+
+
+def test_a_tuner_option_is_refused_in_the_help_s_words_before_anything_starts(capsys):
+    code, _, err = run(
+        capsys, "tune", "matmul", "--layers", '{"M": 4, "Cin": 8, "Cout": 8}', "--tuner-option", "wings=2"
+    )
+    assert code == 2 and "started" not in err
+    assert "opevo has no option 'wings'; it takes lambda (parents)" in err and "rho (offspring)" in err
+    code, _, err = run(capsys, "tune", "matmul", "--layers", "conv3_x", "--tuner", "random", "--tuner-option", "q=1")
+    assert code == 2 and "random takes no tuner options" in err and "started" not in err
+    code, _, err = run(
+        capsys, "tune", "matmul", "--layers", "conv3_x", "--tuner-option", "lambda=4", "--tuner-option", "parents=2"
+    )
+    assert code == 2 and "lambda and parents are the same option" in err and "started" not in err
+
+
+def test_tune_takes_several_layers():
+    args = build_parser().parse_args(["tune", "conv2d", "--layers", "conv2_x", "conv3_x", "--layers", "conv4_x"])
+    assert [name for name, _ in tune_commands.parse_layers(args.layers)] == ["conv2_x", "conv3_x", "conv4_x"]
+    assert len(tune_commands.parse_layers(["resnet18"])) == 4
+    with pytest.raises(kdsl.KdslError, match="conv2_x twice"):
+        tune_commands.parse_layers(["conv2_x", "resnet18"])
+
+
+def test_cost_has_macs_and_keeps_flops_as_its_alias():
+    op = gallery.load("conv2d")
+    layer = {"N": 1, "Cin": 8, "Cout": 8, "H": 4, "W": 4}
+    found = kdsl.solve.cost(op, layer)
+    assert found["macs"] == found["flops"] == 8 * 8 * 9 * 4 * 4
+    assert kdsl.solve.cost(op, layer, metrics=("macs",)).keys() == {"macs", "flops"}
+    totals = kdsl.solve.total_cost(op, "resnet18")
+    assert totals["macs"] == totals["flops"] > 0
+
+
+def test_progress_lines_show_counts_and_rounded_seconds():
+    stream = io.StringIO()
+    with Progress("discover", total=60.0, unit="s", stream=stream, every=0) as bar:
+        bar.set(14.040596484000048)
+    lines = stream.getvalue().splitlines()
+    assert lines[1].startswith("discover: 14 s / 60 s (") and "14.04" not in stream.getvalue()
+    stream = io.StringIO()
+    with Progress("tune", total=64, unit="trials", stream=stream, every=0) as bar:
+        bar.update(3)
+    assert stream.getvalue().splitlines()[1].startswith("tune: 3/64 trials (")

@@ -105,7 +105,7 @@ def test_relative_budget_is_a_multiple_of_conv2d_and_is_used_not_exceeded():
             + solve.cost(filled.op, {**layer.values, **more})["flops"]
         )
         assert grown > conv_flops // 4
-    assert "flops budget" in filled.report()
+    assert "MACs budget" in filled.report()
 
 
 def test_base_widths_over_budget_is_a_budget_error_that_names_the_widths():
@@ -221,7 +221,7 @@ def test_kdsl_check_fills_a_template_to_a_relative_budget(capsys, tmp_path):
     for layer, widths in zip(filled.layers, filled.values):
         row = next(line for line in out.splitlines() if line.strip().startswith(layer.name))
         assert row.split()[2] == str(widths["x1"])
-    assert "flops budget" in out and "% used" in out
+    assert "MACs budget" in out and "% used" in out
     # a budget the least widths cannot meet is a clear error, not a traceback
     assert main(["check", str(source), "--max-flops", "1"]) != 0
     assert "more than the budget" in capsys.readouterr().err

@@ -105,7 +105,7 @@ def test_bench_proxy_on_the_command_line(capsys):
         [
             "bench",
             "proxy",
-            "--seeds",
+            "--runs",
             "1",
             "--epochs",
             "1",

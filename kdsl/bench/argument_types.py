@@ -13,7 +13,15 @@ import argparse
 from kdsl.lang.errors import KdslError
 from kdsl.solve.dynamic import read_budget
 
-__all__ = ["budget", "count", "optional_budget", "positive_float", "positive_int"]
+__all__ = ["RESULTS_DB", "TUNE_DB", "budget", "count", "optional_budget", "positive_float", "positive_int"]
+
+#: ``--db``'s one rule: every command that keeps or reads results defaults to the same file in the
+#: working folder, so that ``kdsl search`` (or ``kdsl discover``) and then ``kdsl results`` need no
+#: ``--db``; a search results database (:class:`kdsl.search.store.Store`, written by search and
+#: discover, read by results, ``gallery add`` and the benches that take ``--db``) ...
+RESULTS_DB = "runs.sqlite"
+#: ... and a tuning records database (``kdsl tune``; ``kdsl discover --tuned`` reads it when it exists)
+TUNE_DB = "tune.db"
 
 
 def budget(text: str) -> str:

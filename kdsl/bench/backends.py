@@ -43,6 +43,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.library import load_operator
 from kdsl.runtime.progress import Progress
 from kdsl.runtime.timing import interleaved_medians, latency_slot, median_seconds
+from kdsl.runtime.units import format_time, time_unit
 from kdsl.solve.layers import load_layers, with_batch
 
 
@@ -68,7 +69,7 @@ def _cases(names: Sequence[str] | None, table: str, batch: int) -> list[tuple[st
         for layer_name, values in _layers(table, batch):
             try:
                 binding = solve.bind(op, values)
-                macs = solve.cost(op, binding)["flops"]
+                macs = solve.cost(op, binding)["macs"]
             except KdslError:
                 continue
             cases.append((name, layer_name, binding, macs))
@@ -158,8 +159,8 @@ def _run_worker(kind: str, args: argparse.Namespace, bar: Progress | None = None
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def _ms(value: float | None) -> str:
-    return f"{value * 1e3:9.3f}" if value is not None else f"{'-':>9}"
+#: the table's time columns: one unit for all of them (kdsl.runtime.units, chosen by the fastest)
+_TIMES = ("kdsl_fwd", "native_fwd", "kdsl_fwdbwd", "native_fwdbwd", "tvm_fwd")
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -191,7 +192,12 @@ def bench_codegen(args: argparse.Namespace) -> int:
         return 0
     machine = current_machine()  # what the TVM worker compiled for (the same KDSL_MCPU)
     peak = measured_peak_gflops(machine)  # after the workers: nothing else runs while it is timed
-    print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in ms (median), ratios kdsl/native")
+    unit, scale, decimals = time_unit(row.get(key) for row in rows for key in _TIMES)
+
+    def _ms(value: float | None) -> str:  # a time cell in the table's unit
+        return f"{format_time(value, scale, decimals):>9}"
+
+    print(f"kdsl bench codegen: layers {args.layers}, batch {args.batch}; times in {unit} (median), ratios kdsl/native")
     print(machine_line(machine, measured=peak))
     print("native: PyTorch's own function, or hand-written PyTorch for a branching kernel (kdsl.codegen.native).")
     print("MMAC: millions of multiply-accumulates, GMAC/s: billions a second. PyTorch and TVM in separate processes.")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kdsl import gallery
+from kdsl.bench.argument_types import positive_float, positive_int
 from kdsl.discover import prescreen
 from kdsl.discover.loop import DiscoverConfig, discovery_space
 from kdsl.discover.prescreen import spearman
@@ -171,7 +172,15 @@ def lines(result: Mapping[str, Any]) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench proxy``."""
     defaults = ProxyConfig()
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    parser.add_argument(
+        "--runs",
+        dest="seeds",
+        type=positive_int,
+        metavar="N",
+        default=3,
+        help="runs per operator, seeds 0, 1, ... (as bench tune)",
+    )
+    parser.add_argument("--seeds", dest="seeds", type=positive_int, help=argparse.SUPPRESS)  # the old spelling
     parser.add_argument("--epochs", type=int, default=defaults.epochs, help="training epochs per run")
     parser.add_argument("--data", default=defaults.data, help="digits, cifar10:DIR, cifar100:DIR, npz:FILE, folder:DIR")
     parser.add_argument(
@@ -230,7 +239,15 @@ def add_prescreen_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="score the gallery operators that fit the proxy and the weak ones instead",
     )
-    parser.add_argument("--search-seconds", type=float, default=60.0, help="without --db: seconds of search")
+    parser.add_argument(
+        "--time-limit",
+        dest="search_seconds",
+        type=positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="without --db: seconds of search",
+    )
+    parser.add_argument("--search-seconds", dest="search_seconds", type=positive_float, help=argparse.SUPPRESS)
     parser.add_argument("--strategy", default="random", help="without --db: the search strategy")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the training runs")
     parser.add_argument("--epochs", type=int, default=ProxyConfig.epochs, help="epochs of the full proxy run")

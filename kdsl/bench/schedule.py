@@ -57,7 +57,7 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
     for label, name, layer in cases:
         op = gallery.load(name)
         binding = solve.bind(op, layer)
-        macs = solve.cost(op, binding)["flops"]  # a branching kernel has no single plan; cost takes both
+        macs = solve.cost(op, binding)["macs"]  # a branching kernel has no single plan; cost takes both
         kernel = build(op, layer)
         x = torch.randn(kernel.input_shape)
         ws = [torch.randn(shape) for shape in kernel.weight_shapes]

@@ -23,6 +23,7 @@ import time
 from typing import Any, TextIO
 
 from kdsl.lang.parser import parse
+from kdsl.runtime.units import seconds as rounded_seconds
 from kdsl.search.analytic import evaluate
 from kdsl.search.canvas import CanvasSampler
 from kdsl.search.enumerate import Enumeration
@@ -171,7 +172,8 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         row = enumeration_rates(depth, seconds)
         enumeration.append(row)
         say(
-            f"  enumerate depth {depth}: {row['nodes']} nodes in {row['seconds']}s ({row['nodes_per_second']}/s), "
+            f"  enumerate depth {depth}: {row['nodes']} nodes in {rounded_seconds(row['seconds'])} "
+            f"({row['nodes_per_second']}/s), "
             f"{row['operators']} canonical operators ({row['valid']} valid; {row['operators_per_second']}/s)"
             + ("" if row["finished"] else "  [time limit]")
         )
@@ -187,7 +189,7 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         say(
             f"  random rollouts (canonicalization {'on' if canonicalize else 'off'}, shape distance "
             f"{'on' if distance else 'off'}, {'steered' if steer else 'plain'}): {row['trials']} trials in "
-            f"{row['seconds']}s, {row['complete']} complete, "
+            f"{rounded_seconds(row['seconds'])}, {row['complete']} complete, "
             f"canonical {row['canonical']} ({row['canonical_rate']}), {row['distinct']} distinct, "
             f"{row['distinct_valid']} distinct valid"
         )
@@ -200,14 +202,15 @@ def run_bench(max_depth: int = 6, seconds: float = 60.0, seed: int = 0, stream: 
         ratio = f"{row['distinct_per_minute'] / syno_per_minute:.2f}x" if syno_per_minute else "-"
         say(
             f"  canvas sampler ({'FLOPs <= 0.5x conv2d' if budget else 'no budget'}): {row['attempts']} attempts in "
-            f"{row['seconds']}s ({row['attempts_per_second']}/s), {row['legal']} legal ({row['legal_per_second']}/s), "
+            f"{rounded_seconds(row['seconds'])} ({row['attempts_per_second']}/s), {row['legal']} legal "
+            f"({row['legal_per_second']}/s), "
             f"valid after solving {row['valid_after_solving']}, {row['distinct_per_minute']} distinct canonical/min "
             f"({ratio} the rollouts' distinct valid/min), {row['ms_per_legal']} ms per legal kernel "
             f"(sampling {row['sample_ms_per_legal']}, solving {row['solve_ms_per_legal']})"
         )
     dedupe = semantic_duplicates(seconds, max_depth=max_depth)
     say(
-        f"  semantic dedupe (enumerate {dedupe['seconds']}s): {dedupe['stored']} results stored, "
+        f"  semantic dedupe (enumerate {rounded_seconds(dedupe['seconds'])}): {dedupe['stored']} results stored, "
         f"{dedupe['stored'] - dedupe['families']} of them re-parametrizations of another "
         f"({dedupe['duplicate_share']:.1%}); {dedupe['duplicates']} recorded as duplicates; "
         f"without dedupe {dedupe['plain_stored']} stored, {dedupe['plain_families']} distinct "

@@ -29,6 +29,7 @@ from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import KdslError
 from kdsl.runtime.progress import Progress
 from kdsl.runtime.timing import median_seconds
+from kdsl.runtime.units import duration, format_time, time_unit
 from kdsl.runtime.workers import Slot, WorkerPool
 from kdsl.tune.driver import TUNERS, tune
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
@@ -141,11 +142,12 @@ def remeasure(
     return final, torch_s
 
 
-def _at(curve: list[float], n: int) -> str:
+def _at(curve: list[float], n: int) -> float | None:
+    """The best time after ``n`` trials (None before the first valid one)."""
     if not curve:
-        return "-"
+        return None
     value = curve[min(n, len(curve)) - 1]
-    return "-" if value == float("inf") else f"{value * 1e3:.2f}"
+    return None if value == float("inf") else value
 
 
 def bench_tune(args: argparse.Namespace) -> int:
@@ -166,7 +168,7 @@ def bench_tune(args: argparse.Namespace) -> int:
     for label, name, layer in cases:
         op = gallery.load(name)
         binding = solve.bind(op, layer)
-        macs = solve.cost(op, binding)["flops"]  # multiply-accumulates, the unit of every kdsl command
+        macs = solve.cost(op, binding)["macs"]  # multiply-accumulates, the unit of every kdsl command
         results = {}
         libraries: dict[str, str] = {}
         with Measurer(op, binding) as measurer, torch_pool() as torch_worker:
@@ -196,23 +198,29 @@ def bench_tune(args: argparse.Namespace) -> int:
                 lambda tuner, error: print(f"  {tuner}: re-measurement failed: {error}"),
             )
         print(
-            f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {torch_s * 1e3:.3f} ms, {macs / torch_s / 1e9:.1f} GMAC/s "
+            f"\n### {label} ({macs / 1e9:.3f} GMAC); PyTorch {duration(torch_s)}, {macs / torch_s / 1e9:.1f} GMAC/s "
             f"({bench_target.percent_of_peak(macs, torch_s, peak):.0f}% of peak)"
         )
-        head = " | ".join(f"best ms @{n}" for n in checkpoints)
-        print(f"| tuner | trials | {head} | final ms | GMAC/s | % of peak | vs PyTorch (speed) | tuning s |")
+        # one unit for the table's times, chosen by the fastest (runtime.units)
+        times = [_at(r.curve, n) for r in results.values() for n in checkpoints] + list(final.values())
+        unit, scale, decimals = time_unit(times)
+        head = " | ".join(f"best {unit} @{n}" for n in checkpoints)
+        print(f"| tuner | trials | {head} | final {unit} | GMAC/s | % of peak | vs PyTorch (speed) | tuning s |")
         print("| --- | ---: | " + " | ".join("---:" for _ in checkpoints) + " | ---: | ---: | ---: | ---: | ---: |")
         for tuner in [*args.tuners, "default schedule"]:
             result = results.get(tuner)
             seconds = final.get(tuner)
-            curve = " | ".join(_at(result.curve, n) if result else "-" for n in checkpoints)
+            curve = " | ".join(
+                format_time(_at(result.curve, n) if result else None, scale, decimals) for n in checkpoints
+            )
             measured = str(result.measured) if result else "-"
             spent = f"{result.seconds:.0f}" if result else "-"
             if seconds is None:
                 print(f"| {tuner} | {measured} | {curve} | - | - | - | - | {spent} |")
                 continue
             print(
-                f"| {tuner} | {measured} | {curve} | {seconds * 1e3:.3f} | {macs / seconds / 1e9:.1f} | "
+                f"| {tuner} | {measured} | {curve} | {format_time(seconds, scale, decimals)} | "
+                f"{macs / seconds / 1e9:.1f} | "
                 f"{bench_target.percent_of_peak(macs, seconds, peak):.0f}% | {torch_s / seconds:.2f}x | {spent} |"
             )
         print(flush=True)

@@ -79,7 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --suite: MetaSchedule's budgets, one column each (default 64,256)",
     )
     parser.add_argument(
-        "--out", default=None, help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)"
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)",
     )
 
 
@@ -366,7 +369,7 @@ def bench_suite(args: argparse.Namespace) -> int:
             print(blocked[-1], flush=True)
             continue
         op = gallery.load(case.operator)
-        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["flops"]))
+        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["macs"]))
         for run in range(args.runs):
             _one_run(case, cols, run, folder, rounds, result)
         results.append(result)

@@ -2,26 +2,24 @@
 
     kdsl show NAME|FILE            DSL text, shapes, constraints, MACs/params formulas
     kdsl show --db PATH HASH       the same for a candidate of a search results database
-    kdsl search SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D --db PATH
-    kdsl results --db PATH [--top K] [--json]
-    kdsl bench search
-    kdsl bench proxy [--seeds 3]     the accuracy proxy's noise against gallery and weak operators
-    kdsl bench prescreen [--db F]    how well zero-cost scores and a 1-epoch run predict the proxy
-    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad]
-    kdsl gallery list|build|rediscover   the operators; their pages; search's rediscovery records
-    kdsl bench codegen [--layers resnet18] [--batch 8] [--ops conv2d ...] [--mcpu NAME]
-    kdsl bench network [--ops conv2d grouped_conv2d OP[:G=2]] [--batch 1 8] [--db PATH]   ResNet-18 end to end
-    kdsl bench lowering --db RUNS [--top N]   latency ratio / MACs ratio to conv2d (median, max)
-    kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
-    kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
-    kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
-    kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --db F --out DIR
+    kdsl search SPEC|--spec SPEC --layers resnet18 [--set K=3] --strategy enumerate|random|mcts --max-depth D
+    kdsl results [--db runs.sqlite] [--top K] [--json]
+    kdsl check NAME|FILE --layers resnet18|FILE.json [--set K=3] [--pad] [--max-macs 0.5x]
+    kdsl gallery [list|build|rediscover|add]   the operators; their pages; search's rediscovery records
+    kdsl tune OP --layers conv3_x [conv4_x ...] --tuner opevo|gensor|alt|metaschedule --trials N [--out K.so]
+    kdsl tune OP --layers LAYER ... --apply [--out K.so]   each layer's best record: its schedule, built
+    kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --out DIR
+    kdsl bench codegen|lowering|network|search|proxy|prescreen|tune   ratios measured side by side
     kdsl demo                      a tour of the gallery on ResNet-18's layers
     kdsl docs build --out DIR      the docs site: guide, API reference and gallery
 
-An operator is named by a gallery name (``conv2d``), a ``.dsl`` file, or a ``.json`` file. Every count is
-in MACs (multiply-accumulates, as :func:`kdsl.solve.cost` counts; a branching kernel's element-wise
-operations count one each); ``--max-macs`` budgets are in the same unit (``--max-flops`` is the same option).
+One word for one thing in every command: ``--spec``, ``--layers``, ``--set``, ``--db`` (always optional:
+``runs.sqlite`` for search results, ``tune.db`` for tuning records), ``--time-limit`` (seconds),
+``--seed``, ``--runs``, ``--out``, ``--json``. An operator is named by a gallery name (``conv2d``), a
+``.dsl`` file, or a ``.json`` file. Every count is in MACs (multiply-accumulates, as
+:func:`kdsl.solve.cost` counts under ``"macs"``; a branching kernel's element-wise operations count one
+each); ``--max-macs`` budgets are in the same unit (``--max-flops`` is the same option).
+tests/test_cli_vocabulary.py reads every command's ``--help`` and the README's list against this parser.
 """
 
 from __future__ import annotations
@@ -36,11 +34,11 @@ from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
 from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
-from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
 from kdsl.cli.docs_commands import add_docs_command
-from kdsl.cli.operator_commands import command_check, command_demo, command_gallery, command_show, load_operator
+from kdsl.cli.gallery_commands import add_gallery_commands
+from kdsl.cli.operator_commands import command_check, command_demo, command_show, load_operator
 from kdsl.lang.errors import KdslError, printable
 
 __all__ = ["build_parser", "load_operator", "main"]
@@ -57,6 +55,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
             "default" not in text  # a help that already says its default (in its own words) is left alone
             and default is not None
             and default is not False  # identity: a default of 0 (--seed) is shown, a flag's False is not
+            and default != []  # a repeatable option given no times: nothing to show
             and default != argparse.SUPPRESS
             and not isinstance(action, argparse._VersionAction)
             and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
@@ -136,44 +135,13 @@ def _add_check(commands: typing.Any) -> None:
     check.set_defaults(run=command_check)
 
 
-def _add_gallery(commands: typing.Any) -> None:
-    """``kdsl gallery``: list, build, rediscover or add to the gallery."""
-    gallery = commands.add_parser("gallery", help="the gallery of named operators")
-    gallery.add_argument(
-        "action",
-        choices=["list", "build", "rediscover", "add"],
-        nargs="?",
-        default="list",
-        help="list the operators, build their pages, rediscover them by search, or add a discovered one",
-    )
-    gallery.add_argument(
-        "name", nargs="?", help="add: the new entry's name (a Python identifier); rediscover: only this operator"
-    )
-    gallery.add_argument("--db", help="add: the discovery database that holds the candidate")
-    gallery.add_argument("--key", help="add: the candidate's key (or a unique prefix)")
-    gallery.add_argument(
-        "--skip-slow", action="store_true", help="rediscover: skip the operators that take minutes to reach"
-    )
-    gallery.add_argument(
-        "--restricted", action="store_true", help="rediscover: in spaces restricted to each kind (seconds)"
-    )
-    gallery.add_argument(
-        "--time-limit", type=float, default=REDISCOVERY_TIME_LIMIT, help="rediscover: CPU seconds per operator"
-    )
-    gallery.add_argument(
-        "--out", help="folder for README.md, pages/ and the website site/ (default: the gallery folder)"
-    )
-    gallery.add_argument("--no-measure", action="store_true", help="skip the latency measurements")
-    gallery.add_argument("--batch", type=int, default=1, help="batch size of the latency measurements")
-    gallery.set_defaults(run=command_gallery)
-
-
 def _add_search_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-depth", type=int, default=6, help="most primitives per operator")
     parser.add_argument(
         "--time-limit",
         "--seconds",
         dest="seconds",
+        metavar="SECONDS",
         type=float,
         default=60.0,
         help="seconds per measurement; --seconds is the same option",
@@ -257,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_show(commands)
     _add_check(commands)
-    _add_gallery(commands)
+    add_gallery_commands(commands)
     _add_bench(commands)
     search_commands.add_search_commands(commands)
     tune_commands.add_tune_commands(commands)

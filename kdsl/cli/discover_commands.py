@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kdsl.bench.argument_types import count, optional_budget, positive_float, positive_int
+from kdsl.bench.argument_types import RESULTS_DB, TUNE_DB, count, optional_budget, positive_float, positive_int
 from kdsl.discover import ranking
 from kdsl.discover import report as discovery
 from kdsl.discover.evaluators import check_device
@@ -55,6 +55,7 @@ def _add_space_arguments(parser: Any) -> None:
     parser.add_argument(
         "--min-params",
         type=optional_budget,
+        metavar="BUDGET",
         default=DiscoverConfig.min_params,
         help="fewest parameters relative to conv2d (default 0.002x: a depthwise 3x3 conv passes, a per-channel "
         "scale does not), a count, or none; candidates below it are not trained",
@@ -85,9 +86,17 @@ def _add_space_arguments(parser: Any) -> None:
 
 def _add_run_arguments(parser: Any) -> None:
     """The run itself: time, database, report folder, executor, workers, seed."""
-    parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds for the whole run")
-    parser.add_argument("--db", default="runs.sqlite", help="SQLite database of the run (a run resumes from it)")
-    parser.add_argument("--out", default="out", help="folder for results.md, results.json, pareto.png and pages/")
+    parser.add_argument(
+        "--time-limit", type=positive_float, default=300.0, metavar="SECONDS", help="seconds for the whole run"
+    )
+    parser.add_argument(
+        "--db",
+        default=RESULTS_DB,
+        help="SQLite results database of the run (a run resumes from it; kdsl results reads it)",
+    )
+    parser.add_argument(
+        "--out", default="out", metavar="DIR", help="folder for results.md, results.json, pareto.png and pages/"
+    )
     parser.add_argument("--executor", default="local", help="local, ray or ray:ADDRESS")
     parser.add_argument("--workers", type=positive_int, default=1, help="candidates evaluated in parallel")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search and of the proxy training")
@@ -163,7 +172,7 @@ def _tuned(path: str | None) -> dict[str, str] | None:
     """The latency evaluator's tuned-schedule source of ``--tuned``: a records database and the
     function of :mod:`kdsl.tune.tuned` that finds a schedule in it."""
     if path is None:
-        path = "tune.db" if Path("tune.db").is_file() else "none"
+        path = TUNE_DB if Path(TUNE_DB).is_file() else "none"
     if path == "none":
         return None
     if not Path(path).is_file():

@@ -1,4 +1,4 @@
-"""``kdsl show``, ``kdsl check``, ``kdsl gallery`` and ``kdsl demo``: commands about one operator or the
+"""``kdsl show``, ``kdsl check`` and ``kdsl demo``: commands about one operator or the
 gallery, and :func:`load_operator`, which every command uses to read an operator named on the command line.
 
 An operator may be a branching kernel (a :class:`~kdsl.lang.operator.Operator`): ``show`` then also lists its
@@ -11,23 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
 from kdsl import gallery, solve
-from kdsl.bench.backends import gallery_latencies
-from kdsl.bench.rediscover import REDISCOVERY, SLOW, SLOW_RESTRICTED, rediscover
 from kdsl.codegen.render import loop_nest, svg
-from kdsl.discover import ranking
-from kdsl.gallery.content import first_sentence
-from kdsl.gallery.pages import build_gallery, load_rediscovery
 from kdsl.lang import library
 from kdsl.lang.errors import BudgetError, KdslError, LayerError, printable
 from kdsl.lang.operator import Operator
-from kdsl.lang.parser import parse
-from kdsl.runtime.progress import Progress
 from kdsl.search.store import Store, candidate
 
 
@@ -81,9 +72,8 @@ def _unknown_variable(variable: str, op: Operator, name: str) -> str:
 
 def _formula_lines(op: Operator) -> list[str]:
     formulas = solve.cost(op)
-    keys = ("flops", "params", "input", "output", "memory", "peak")
-    # solve.cost's "flops" counts multiply-accumulates: printed as MACs, the one unit of every command
-    return [f"  {'MACs' if key == 'flops' else key:<13}{formulas[key]}" for key in keys if key in formulas]
+    keys = ("macs", "params", "input", "output", "memory", "peak")
+    return [f"  {'MACs' if key == 'macs' else key:<13}{formulas[key]}" for key in keys if key in formulas]
 
 
 def _node_lines(graph: Operator) -> list[str]:
@@ -103,7 +93,8 @@ def command_show(args: argparse.Namespace) -> int:
         return _show_cuda(op, args)
     if getattr(args, "json", False):
         # the operator's own JSON form (kdsl.lang.serialize) with its checks and its cost formulas in MACs
-        formulas = {("macs" if k == "flops" else k): str(v) for k, v in solve.cost(op).items()}
+        # "flops" is solve.cost's older name of the same count: the JSON says MACs only
+        formulas = {k: str(v) for k, v in solve.cost(op).items() if k != "flops"}
         constraints = [c.description for c in solve.constraints(op)]
         extra = {"key": op.key, "dsl": op.to_dsl(), "constraints": constraints, "cost": formulas}
         print(json.dumps({"operator": json.loads(op.to_json()), **extra}))
@@ -227,7 +218,7 @@ def command_check(args: argparse.Namespace) -> int:
                 "layer": layer.name,
                 "input": list(shapes["input"]),
                 "output": list(shapes["output"]),
-                "macs": costs["flops"],
+                "macs": costs["macs"],
                 "params": costs["params"],
             }
             | ({"peak": costs["peak"]} if branching else {})
@@ -322,101 +313,12 @@ def _check_template(
         baseline=args.baseline,
         coefficients=given,
     )
-    budgets = [f"{metric} <= {limit}" for metric, limit in filled.budgets.items() if limit]
+    budgets = [
+        f"{'MACs' if metric == 'flops' else metric} <= {limit}" for metric, limit in filled.budgets.items() if limit
+    ]
     print(f"valid on all {len(layers)} layers of {printable(args.layers)}", end="")
     print(f" within {', '.join(budgets)}" if budgets else " (no budget: the least channel-scaled widths)")
     print(filled.report())
-    return 0
-
-
-def _gallery_add(args: argparse.Namespace) -> int:
-    """``kdsl gallery add NAME --db RUNS --key HASH``: a discovered operator becomes a gallery file
-    whose docstring records where it came from and what it measured."""
-    if not args.name or not args.db or not args.key:
-        raise KdslError("kdsl gallery add needs a name, --db RUNS and --key HASH (see kdsl results --db RUNS)")
-    store = Store(args.db, readonly=True)
-    try:
-        found = store.find(args.key)
-        if len(found) != 1:
-            what = "no candidate" if not found else f"{len(found)} candidates"
-            raise KdslError(f"{what} in {printable(args.db)} has a key starting with {printable(args.key)!r}")
-        row = store.get(found[0][0]) or {}
-    finally:
-        store.close()
-    op = parse(row["dsl"])
-    evaluated = ranking.load_records(args.db)
-    record = next((r for r in evaluated[0] if r["key"] == row["key"]), {}) if evaluated else {}
-    baseline = evaluated[1] if evaluated else {}
-    provenance = {
-        "key": row["key"],
-        "command": f"kdsl gallery add {args.name} --db {args.db} --key {args.key}",
-        "search": f"strategy {row.get('strategy')}, seed {row.get('seed')}, depth {row.get('depth')}",
-        "accuracy": record.get("accuracy"),
-        "baseline accuracy (conv2d)": baseline.get("accuracy"),
-        "latency ratio to conv2d": record.get("latency_ratio"),
-        "MACs ratio to conv2d": record.get("flops_ratio"),
-        "params": record.get("params"),
-    }
-    folder = Path(args.out) if args.out else None
-    written = gallery.add(op, args.name, provenance, folder)
-    print(f"wrote {printable(str(written))}; kdsl gallery build adds its page")
-    return 0
-
-
-def command_gallery(args: argparse.Namespace) -> int:
-    if args.action == "add":
-        return _gallery_add(args)
-    if args.action == "rediscover":
-        out = Path(args.out) if args.out else gallery.directory()
-        if args.name is not None and args.name not in REDISCOVERY:
-            raise KdslError(
-                f"kdsl gallery rediscover: no rediscovery target {printable(args.name)!r}; "
-                f"choose from {', '.join(sorted(REDISCOVERY))}"
-            )
-        names = [args.name] if args.name is not None else sorted(REDISCOVERY)
-        if args.skip_slow and args.name is None:
-            names = [n for n in names if n not in (SLOW_RESTRICTED if args.restricted else SLOW)]
-        records = {}
-        # a bar over the operators (a slow one searches for up to --time-limit CPU seconds)
-        with Progress("rediscover", total=len(names), unit="operators", stream=sys.stderr) as bar:
-            for name in names:
-                bar.update(0, searching=name)
-                records[name] = rediscover(name, args.time_limit, restricted=args.restricted)
-                found = records[name]
-                text = (
-                    f"depth {found.get('depth')}, {found['nodes']} nodes, {found['seconds']:.2f} s "
-                    f"({found['space']} space)"
-                    if found["found"]
-                    else f"not found: {found['why']}"
-                )
-                print(f"{name:<28}{printable(text)}", flush=True)
-                bar.update(1, searching="-")
-        if args.name is not None:  # one operator: its record replaces its old one, the others stay
-            records = load_rediscovery(out / "rediscovery.json") | records
-        (out / "rediscovery.json").write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {out / 'rediscovery.json'}")
-        return 0
-    if args.action == "build":
-        out = Path(args.out) if args.out else gallery.directory()
-        # the gallery's own records are the source; a record kept in --out DIR (an earlier build or
-        # `gallery rediscover --out DIR`) overrides the gallery's for the same operator
-        records = load_rediscovery(gallery.directory() / "rediscovery.json")
-        if out.resolve() != gallery.directory().resolve():
-            records |= load_rediscovery(out / "rediscovery.json")
-        latencies = None if args.no_measure else gallery_latencies(gallery.names(), args.batch)
-        written = build_gallery(
-            out, latencies=latencies, batch=args.batch, rediscovery=records, recorded=gallery.directory()
-        )
-        print(f"wrote {written / 'README.md'} and {len(gallery.names())} pages in {written / 'pages'}")
-        print(f"wrote the website {written / 'site' / 'index.html'} (open it in a browser)")
-        return 0
-    names = gallery.names()
-    column = max([28, *(len(name) + 2 for name in names)])  # a long name never runs into its text
-    for name in names:  # the whole first sentence, wrapped under the name
-        lines = textwrap.wrap(first_sentence(gallery.describe(name)), 90) or [""]
-        print(f"{name:<{column}}{lines[0]}")
-        for line in lines[1:]:
-            print(" " * column + line)
     return 0
 
 
@@ -433,7 +335,7 @@ def command_demo(args: argparse.Namespace) -> int:
             print("   not valid on the ResNet-18 tables with its defaults")
         else:
             layers = solve.load_layers(table)
-            macs = sum(solve.cost(op, layer)["flops"] for layer in layers)
+            macs = sum(solve.cost(op, layer)["macs"] for layer in layers)
             params = sum(solve.cost(op, layer)["params"] for layer in layers)
             defaults = ", ".join(f"{k}={v}" for k, v in op.defaults) or "no coefficients"
             print(

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from kdsl.bench.argument_types import budget, positive_float, positive_int
+from kdsl.bench.argument_types import RESULTS_DB, budget, positive_float, positive_int
 from kdsl.bench.search_throughput import run_bench
 from kdsl.discover import ranking
 from kdsl.discover import report as discovery
@@ -33,6 +33,7 @@ __all__ = [
     "command_results",
     "command_search",
     "space_from_args",
+    "spec_from_args",
 ]
 
 
@@ -75,10 +76,33 @@ def _caps(items: list[str] | None) -> dict[str, int] | None:
     return caps
 
 
+def spec_from_args(args: argparse.Namespace) -> str:
+    """``kdsl search``'s spec: the positional SPEC or ``--spec SPEC`` (kdsl discover's spelling), one of
+    them, the same if both.
+
+    >>> import argparse
+    >>> spec_from_args(argparse.Namespace(spec=None, spec_option="matmul"))
+    'matmul'
+    >>> spec_from_args(argparse.Namespace(spec="conv2d", spec_option="matmul"))
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.SearchError: kdsl search got two specs, conv2d and --spec matmul; give one
+    """
+    positional, option = args.spec, getattr(args, "spec_option", None)
+    if positional is not None and option is not None and positional != option:
+        raise SearchError(
+            f"kdsl search got two specs, {printable(positional)} and --spec {printable(option)}; give one"
+        )
+    spec = positional if positional is not None else option
+    if spec is None:
+        raise SearchError("kdsl search needs a spec: kdsl search conv2d, or --spec conv2d (or a JSON spec file)")
+    return spec
+
+
 def space_from_args(args: argparse.Namespace):
     """The :class:`~kdsl.search.space.Space` the command-line arguments describe."""
     return Space(
-        args.spec,
+        spec_from_args(args),
         args.layers,
         coefficients=_coefficients(args.coefficient),
         max_depth=args.max_depth,
@@ -182,7 +206,9 @@ def command_results(args: argparse.Namespace) -> int:
 def add_search_commands(subparsers: Any) -> None:
     """Register ``search`` and ``results`` on an argparse subparsers object."""
     search = subparsers.add_parser("search", help="synthesize operators for a spec (resumable)")
-    search.add_argument("spec", help="conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file")
+    specs = "conv2d, conv2d_stride2, conv2d_same_channels, matmul, or a JSON spec file"
+    search.add_argument("spec", nargs="?", help=f"what operators map: {specs} (or --spec, as kdsl discover)")
+    search.add_argument("--spec", dest="spec_option", metavar="SPEC", help="the same as the positional SPEC")
     search.add_argument("--layers", default="resnet18", help="layer table: resnet18, resnet18_stride2 or a JSON file")
     search.add_argument("--strategy", choices=sorted(STRATEGIES), default="enumerate", help="how the space is walked")
     search.add_argument("--max-depth", type=positive_int, default=6, help="most primitives per operator")
@@ -196,8 +222,10 @@ def add_search_commands(subparsers: Any) -> None:
         "spec's baseline operator (0.5x); a plain number below 1 is refused (write 0.5x); --max-flops is the "
         "same option",
     )
-    search.add_argument("--max-params", type=budget, help="parameter budget (a count or relative, e.g. 0.5x)")
-    search.add_argument("--min-params", type=budget, help="fewest parameters (a count or relative)")
+    search.add_argument(
+        "--max-params", type=budget, metavar="BUDGET", help="parameter budget (a count or relative, e.g. 0.5x)"
+    )
+    search.add_argument("--min-params", type=budget, metavar="BUDGET", help="fewest parameters (a count or relative)")
     search.add_argument(
         "--min-macs",
         "--min-flops",
@@ -226,21 +254,25 @@ def add_search_commands(subparsers: Any) -> None:
         "output variable to an input one's value (ResNet's Cout = Cin), operators may also map Cin to Cin "
         "(a depthwise conv for conv2d)",
     )
-    search.add_argument("--time-limit", type=positive_float, help="seconds before stopping (resume later)")
+    search.add_argument(
+        "--time-limit", type=positive_float, metavar="SECONDS", help="seconds before stopping (resume later)"
+    )
     search.add_argument("--max-results", type=positive_int, help="stop after this many new operators")
     search.add_argument("--seed", type=int, default=0, help="seed of the sampling strategies (a run resumes per seed)")
     search.add_argument(
         "--db",
-        required=True,
-        help="SQLite results database (created if missing); one process at a time runs a given spec, "
-        "strategy and seed on it, a second one is refused",
+        default=RESULTS_DB,
+        help="SQLite results database (created if missing; kdsl results reads it); one process at a time runs "
+        "a given spec, strategy and seed on it, a second one is refused",
     )
     search.add_argument("--json", action="store_true", help="print a JSON summary instead of lines")
     search.add_argument("--quiet", action="store_true", help="no progress on stderr")
     search.set_defaults(run=command_search)
 
     results = subparsers.add_parser("results", help="the best operators in a results database")
-    results.add_argument("--db", required=True, help="results database (only read, never written)")
+    results.add_argument(
+        "--db", default=RESULTS_DB, help="results database of kdsl search or kdsl discover (only read, never written)"
+    )
     results.add_argument("--top", type=positive_int, default=10, help="how many candidates to list")
     results.add_argument("--all", action="store_true", help="include invalid and over-budget candidates")
     results.add_argument("--json", action="store_true", help="print the counts and rows as JSON instead of a table")

@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from kdsl import solve
-from kdsl.bench.argument_types import positive_int
+from kdsl.bench.argument_types import TUNE_DB, positive_int
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -27,7 +30,8 @@ from kdsl.cli.operator_commands import load_operator
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.progress import Progress
-from kdsl.tune.driver import TUNERS, parse_option, tune
+from kdsl.runtime.units import duration, time_column
+from kdsl.tune.driver import TUNERS, check_options, parse_option, tune
 from kdsl.tune.tuned import apply, best_record, export, schedule_lines
 
 
@@ -40,8 +44,34 @@ def parse_layer(text: str) -> dict[str, int]:
     >>> parse_layer("conv3_x")["Cin"]
     128
     """
+    layers = parse_layers([text])
+    if len(layers) != 1:
+        names = ", ".join(name for name, _ in layers)
+        raise KdslError(f"--layers {printable(text)}: {len(layers)} layers ({names}); one is needed here")
+    return layers[0][1]
 
-    text = text.strip()
+
+def parse_layers(items: Sequence[str]) -> list[tuple[str, dict[str, int]]]:
+    """``kdsl tune --layers``: every layer the items name, as (name, sizes), in order. An item is a
+    ResNet-18 layer name (``conv3_x``), a built-in table (``resnet18``: all its layers), a JSON object
+    of sizes, a layer-table file (all its layers) or ``FILE:NAME`` (one of them).
+
+    >>> [name for name, _ in parse_layers(["conv2_x", "conv4_x"])]
+    ['conv2_x', 'conv4_x']
+    >>> len(parse_layers(["resnet18"])), parse_layers(['{"M": 4}'])
+    (4, [('{"M": 4}', {'M': 4})])
+    """
+    found: list[tuple[str, dict[str, int]]] = []
+    for item in items:
+        found.extend(_layers_of(item.strip()))
+    names = [name for name, _ in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise KdslError(f"--layers names {', '.join(map(printable, twice))} twice")
+    return found
+
+
+def _layers_of(text: str) -> list[tuple[str, dict[str, int]]]:
     if text.startswith("{"):
         try:
             values = json.loads(text)
@@ -49,25 +79,24 @@ def parse_layer(text: str) -> dict[str, int]:
             raise KdslError(f"--layers: not a JSON object: {error}") from None
         if not isinstance(values, dict) or not all(isinstance(v, int) for v in values.values()):
             raise KdslError("--layers: expected a JSON object of integer sizes")
-        return values
+        return [(text, values)]
+    if text in ("resnet18", "resnet18_stride2"):
+        return [(layer.name, dict(layer.values)) for layer in solve.load_layers(text)]
     for table in ("resnet18", "resnet18_stride2"):
         for layer in solve.load_layers(table):
             if layer.name == text:
-                return dict(layer.values)
+                return [(layer.name, dict(layer.values))]
     table, _, name = text.rpartition(":") if not os.path.exists(text) and ":" in text else (text, "", "")
     if os.path.exists(table):
         layers = solve.load_layers(table)
         chosen = [layer for layer in layers if layer.name == name] if name else list(layers)
-        if len(chosen) == 1:
-            return dict(chosen[0].values)
-        names = ", ".join(printable(layer.name) for layer in layers)
-        what = f"no layer {printable(name)!r}" if name else f"{len(layers)} layers"
-        raise KdslError(
-            f"--layers: {printable(table)} has {what}; tuning needs one: write {printable(table)}:NAME ({names})"
-        )
+        if not chosen:
+            names = ", ".join(printable(layer.name) for layer in layers)
+            raise KdslError(f"--layers: {printable(table)} has no layer {printable(name)!r} (it has {names})")
+        return [(layer.name, dict(layer.values)) for layer in chosen]
     raise KdslError(
-        f"--layers: unknown layer {printable(text)!r}; name one of ResNet-18's (conv2_x..conv5_x), give JSON "
-        f"sizes, or a layer file"
+        f"--layers: unknown layer {printable(text)!r}; name one of ResNet-18's (conv2_x..conv5_x) or a table "
+        f"(resnet18), give JSON sizes, or a layer file (FILE or FILE:NAME)"
     )
 
 
@@ -75,23 +104,26 @@ def add_tune_commands(subparsers: Any) -> None:
     """Register ``kdsl tune``."""
     tune = subparsers.add_parser(
         "tune",
-        help="tune the TVM schedule of an operator at one layer, or build a kernel from the records (--apply)",
+        help="tune the TVM schedule of an operator at one or more layers, or build kernels from the records (--apply)",
     )
     tune.add_argument("operator", help="gallery name, .dsl or .json file")
     tune.add_argument(
         "--layers",
+        nargs="+",
+        action="extend",
         metavar="LAYER",
-        help="one layer (required): a ResNet-18 layer name (conv3_x), JSON sizes, or a layer file (FILE or FILE:NAME)",
+        help="the layers to tune, each in turn (required): ResNet-18 layer names (conv3_x conv4_x), a table "
+        "(resnet18: all its layers), JSON sizes, or a layer file (FILE: all its layers, FILE:NAME: one)",
     )
     # the old spelling, kept working for scripts that use it
-    tune.add_argument("--layer", dest="layers", help=argparse.SUPPRESS)
+    tune.add_argument("--layer", dest="layers", nargs="+", action="extend", help=argparse.SUPPRESS)
     tune.add_argument(
         "--tuner",
         choices=[*TUNERS, "random"],
         help="the search over schedules (default: opevo; with --apply: the best record of any tuner)",
     )
     tune.add_argument("--trials", type=positive_int, default=64, help="new measurements in this run")
-    tune.add_argument("--db", default="tune.db", help="SQLite tuning records (a run resumes from them)")
+    tune.add_argument("--db", default=TUNE_DB, help="SQLite tuning records (a run resumes from them)")
     tune.add_argument("--seed", type=int, default=0, help="seed of the tuner")
     tune.add_argument(
         "--tuner-option",
@@ -99,7 +131,7 @@ def add_tune_commands(subparsers: Any) -> None:
         default=[],
         type=parse_option,
         metavar="KEY=VALUE",
-        help="an option of the tuner (repeatable): opevo q=0.5, lambda=8 (parents), rho=8 (offspring), walks=all, "
+        help="an option of the tuner (repeatable): opevo q=0.5, lambda=8 (parents=8), rho=8 (offspring=8), walks=all, "
         "init=random, or setting=paper (OpEvo's paper: lambda=rho=8, q=0.5, every parameter walked, random start); "
         "alt per_layout=4, layouts=6, pool=512 (candidates its cost model ranks per round), explore=0.125, "
         "min_records=8, model=false (no cost model)",
@@ -111,72 +143,108 @@ def add_tune_commands(subparsers: Any) -> None:
         help="tune nothing: take the best record in --db (of --tuner if given), print its schedule, and build it "
         "(into --out if given)",
     )
-    tune.add_argument("--out", metavar="FILE.so", help="also compile the best schedule into this shared library")
+    tune.add_argument(
+        "--out",
+        metavar="FILE.so",
+        help="also compile the best schedule into this shared library (several layers: FILE_LAYER.so each)",
+    )
     tune.add_argument("--json", action="store_true", help="print the best record as JSON instead of lines")
     add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
     tune.set_defaults(run=command_tune)
 
 
-def _duration(seconds: float) -> str:
-    """``0.512 ms``, or ``3.2 us`` below a tenth of a millisecond (a tiny kernel is not ``0.000 ms``).
-
-    >>> _duration(0.000512), _duration(0.0000032), _duration(2.6e-8)
-    ('0.512 ms', '3.2 us', '26 ns')
-    """
-    if seconds < 1e-6:
-        return f"{seconds * 1e9:.0f} ns"
-    return f"{seconds * 1e6:.1f} us" if seconds < 1e-4 else f"{seconds * 1e3:.3f} ms"
-
-
 def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: argparse.Namespace) -> None:
-    macs = solve.cost(op, solve.bind(op, layer))["flops"]
+    macs = solve.cost(op, solve.bind(op, layer))["macs"]
     if args.json:
-        summary = {
-            "latency_ms": record.latency * 1e3 if record.latency is not None else None,
-            "gmacs_per_s": macs / record.latency / 1e9 if record.latency else None,
-            "tuner": record.tuner,
-            "db": args.db,
-            "config": record.config,
-            "out": args.out,
-        }
-        print(json.dumps(summary, sort_keys=True))
+        print(json.dumps(_summary(op, layer, record, args), sort_keys=True))
         return
     rate = ""
     if record.latency:
         percent = percent_of_peak(macs, record.latency, current_machine().peak_gflops())
         rate = f", {macs / record.latency / 1e9:.1f} GMAC/s ({percent:.0f}% of peak)"
-    print(f"{what}: {_duration(record.latency)}{rate} ({record.tuner}, records in {printable(args.db)})")
+    print(f"{what}: {duration(record.latency)}{rate} ({record.tuner}, records in {printable(args.db)})")
     print("schedule (one parameter a line; kdsl.tune.apply builds it):")
     for line in schedule_lines(record.config):
         print(f"  {line}")
     if args.out:
         print(f"wrote {printable(args.out)}")
     else:
-        again = f"kdsl tune {printable(args.operator)} --layers '{printable(args.layers)}' --db {printable(args.db)}"
+        layers = " ".join(shlex.quote(item) for item in args.layers)
+        again = f"kdsl tune {printable(args.operator)} --layers {printable(layers)} --db {printable(args.db)}"
         print(f"build it: {again} --apply --out kernel.so, or kdsl.tune.apply(db, op, layer) in Python")
 
 
+def _summary(op: Any, layer: dict[str, int], record: Any, args: argparse.Namespace, out: str | None = None) -> dict:
+    """One layer's best record as ``--json`` prints it."""
+    macs = solve.cost(op, solve.bind(op, layer))["macs"]
+    latency = record.latency if record is not None else None
+    return {
+        "latency_ms": latency * 1e3 if latency is not None else None,
+        "gmacs_per_s": macs / latency / 1e9 if latency else None,
+        "tuner": record.tuner if record is not None else args.tuner,
+        "db": args.db,
+        "config": record.config if record is not None else None,
+        "out": out if out is not None else args.out,
+    }
+
+
+def _out_path(out: str | None, name: str, index: int, several: bool) -> str | None:
+    """``--out`` for one of several layers: ``FILE_LAYER.so`` (a JSON layer: ``FILE_layerN.so``).
+
+    >>> _out_path("k.so", "conv3_x", 1, True), _out_path("k.so", '{"M": 4}', 2, True), _out_path("k.so", "x", 1, False)
+    ('k_conv3_x.so', 'k_layer2.so', 'k.so')
+    """
+    if out is None or not several:
+        return out
+    stem, suffix = os.path.splitext(out)
+    label = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else f"layer{index}"
+    return f"{stem}_{label}{suffix}"
+
+
 def command_tune(args: argparse.Namespace) -> int:
-    """``kdsl tune OP --layers L``: tune (resumably), or with ``--apply`` use the best stored record."""
+    """``kdsl tune OP --layers L [L ...]``: tune each layer in turn (resumably), or with ``--apply`` build
+    each layer's best stored record; several layers end with one summary table."""
     select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
-        raise KdslError("kdsl tune needs --layers LAYER: one layer's name (conv3_x), JSON sizes, or a layer file")
+        raise KdslError("kdsl tune needs --layers LAYER: a layer's name (conv3_x), JSON sizes, or a layer file")
     op = load_operator(args.operator)
-    layer = parse_layer(args.layers)
+    layers = parse_layers(args.layers)
     if not args.apply:
         args.tuner = args.tuner or "opevo"
-    if args.apply:
-        record = best_record(args.db, op, layer, args.tuner)  # no --tuner: the best of any tuner
-        if args.out:
-            export(record, op, layer, args.out)
+        check_options(args.tuner, dict(args.tuner_option))  # before the first layer's run starts
+    several = len(layers) > 1
+    rows = []
+    for index, (name, layer) in enumerate(layers, 1):
+        out = _out_path(args.out, name, index, several)
+        if args.apply:
+            record = best_record(args.db, op, layer, args.tuner)  # no --tuner: the best of any tuner
+            if out:
+                export(record, op, layer, out)
+            else:
+                apply(record, op, layer)  # compiled once, so that a schedule this TVM refuses is an error here
+            rows.append((name, layer, record, out, None))
         else:
-            apply(record, op, layer)  # compiled once, so that a schedule this TVM refuses is an error here
-        _print_best(op, layer, record, "best record", args)
+            record, result = _tune_layer(op, name, layer, out, args, several)
+            rows.append((name, layer, record, out, result))
+    if several:
+        return _print_table(op, rows, args)
+    name, layer, record, out, result = rows[0]
+    if record is None or record.latency is None:
+        print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")
+        return 1
+    if args.tuner == "metaschedule" and not args.apply and not args.json:
+        print(f"best {duration(record.latency)} (metaschedule, records in {printable(args.db)})")
         return 0
-    quiet = args.json
-    with Progress(
-        f"tune ({args.tuner})", total=args.trials, unit="trials", stream=None if quiet else sys.stderr
-    ) as bar:
+    _print_best(op, layer, record, "best record" if args.apply else f"best of {result.measured} measured", args)
+    return 0
+
+
+def _tune_layer(
+    op: Any, name: str, layer: dict[str, int], out: str | None, args: argparse.Namespace, several: bool
+) -> tuple[Any, Any]:
+    """Tune one layer; write ``out`` from its best record. Returns (best record or None, the run's result)."""
+    title = f"tune ({args.tuner}, {name})" if several else f"tune ({args.tuner})"
+    with Progress(title, total=args.trials, unit="trials", stream=None if args.json else sys.stderr) as bar:
         log = bar.note if args.tuner == "metaschedule" else None
         result = tune(
             op,
@@ -192,17 +260,37 @@ def command_tune(args: argparse.Namespace) -> int:
         )
     best = result.best
     if best is None or best.latency is None:
-        print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")
-        return 1
-    if args.out:
+        return None, result
+    if out:
         if args.tuner == "metaschedule":
             if not result.library:
                 raise KdslError("MetaSchedule kept no library of its best schedule; nothing to write to --out")
-            shutil.copyfile(result.library, args.out)
+            shutil.copyfile(result.library, out)
         else:
-            export(best, op, layer, args.out)
-    if args.tuner == "metaschedule" and not args.json:
-        print(f"best {best.latency * 1e3:.3f} ms (metaschedule, records in {printable(args.db)})")
-        return 0
-    _print_best(op, layer, best, f"best of {result.measured} measured", args)
-    return 0
+            export(best, op, layer, out)
+    return best, result
+
+
+def _print_table(op: Any, rows: list[tuple], args: argparse.Namespace) -> int:
+    """Several layers: one table (a row per layer, one time unit for the column), or ``--json``."""
+    if args.json:
+        summaries = [_summary(op, layer, record, args, out) | {"layer": name} for name, layer, record, out, _ in rows]
+        print(json.dumps({"layers": summaries}, sort_keys=True))
+        return 0 if all(record is not None for _, _, record, _, _ in rows) else 1
+    unit, times = time_column([record.latency if record is not None else None for _, _, record, _, _ in rows])
+    peak = current_machine().peak_gflops()
+    width = max(12, *(len(printable(name)) + 2 for name, *_ in rows))
+    print(f"{'layer':<{width}}{'best ' + unit:>10}{'GMAC/s':>9}{'% peak':>8}  {'tuner':<13}{'measured':>9}  out")
+    for (name, layer, record, out, result), time_text in zip(rows, times):
+        macs = solve.cost(op, solve.bind(op, layer))["macs"]
+        latency = record.latency if record is not None else None
+        rate = f"{macs / latency / 1e9:.1f}" if latency else "-"
+        percent = f"{percent_of_peak(macs, latency, peak):.0f}" if latency else "-"
+        measured = str(result.measured) if result is not None else "-"
+        tuner = record.tuner if record is not None else "-"
+        print(
+            f"{printable(name):<{width}}{time_text:>10}{rate:>9}{percent:>8}  {tuner:<13}{measured:>9}  "
+            f"{printable(out or '-')}"
+        )
+    print(f"records in {printable(args.db)}")
+    return 0 if all(record is not None for _, _, record, _, _ in rows) else 1

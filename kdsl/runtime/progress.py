@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from kdsl.runtime.units import seconds
+
 try:  # optional: without it, a terminal gets the plain lines too
     import tqdm as _tqdm
 except ImportError:  # pragma: no cover - tqdm is a dependency, but kdsl works without it
@@ -78,8 +80,16 @@ class Progress:
         mode = os.environ.get("KDSL_PROGRESS", "auto").strip().lower()
         self._quiet = stream is None or mode == "off"
         use_bar = not self._quiet and mode != "plain" and _tqdm is not None and _is_terminal(stream)
+        # a clock's bar shows whole seconds (``14/60 s``), never the raw float of a monotonic clock
+        shape = (
+            {"bar_format": "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s{postfix}"}
+            if clock and total
+            else {}
+        )
         self._bar = (
-            _tqdm.tqdm(total=total, desc=description, unit=f" {unit}", file=stream, dynamic_ncols=True, leave=True)
+            _tqdm.tqdm(
+                total=total, desc=description, unit=f" {unit}", file=stream, dynamic_ncols=True, leave=True, **shape
+            )
             if use_bar
             else None
         )
@@ -100,8 +110,12 @@ class Progress:
         self.stream.flush()
 
     def _status(self) -> str:
-        count = f"{self.count:.0f}" if self.total is None else f"{self.count:.0f}/{self.total:.0f}"
-        parts = [f"{count} {self.unit}"] + [f"{key} {value}" for key, value in self.fields.items()]
+        if self.unit == "s":  # a clock: rounded seconds, ``14 s / 60 s``
+            count = seconds(self.count) + ("" if self.total is None else f" / {seconds(self.total)}")
+        else:  # counts are whole: ``3/64 trials``
+            count = f"{self.count:.0f}" + ("" if self.total is None else f"/{self.total:.0f}")
+            count += f" {self.unit}"
+        parts = [count] + [f"{key} {value}" for key, value in self.fields.items()]
         return ", ".join(parts)
 
     def update(self, advance: float = 1, **fields: Any) -> None:
@@ -126,7 +140,7 @@ class Progress:
         now = time.monotonic()
         if now - self._last_line >= self.every:
             self._last_line = now
-            self._write(f"{self.description}: {self._status()} ({now - self.started:.0f} s)")
+            self._write(f"{self.description}: {self._status()} ({seconds(now - self.started)})")
 
     def set(self, count: float, **fields: Any) -> None:
         """Set the count to ``count`` (for callers that know the total so far, not the step)."""
@@ -155,7 +169,9 @@ class Progress:
                 self._bar.close()
             elif not self._quiet:
                 ended = "stopped after" if stopped else "done in"
-                self._write(f"{self.description}: {self._status()} ({ended} {time.monotonic() - self.started:.1f} s)")
+                self._write(
+                    f"{self.description}: {self._status()} ({ended} {seconds(time.monotonic() - self.started)})"
+                )
 
     def __enter__(self) -> Progress:
         return self

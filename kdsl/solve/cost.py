@@ -1,7 +1,8 @@
 """Analytic cost: FLOPs, parameters and memory, as SymPy formulas or as ints on a layer.
 
 * ``flops``: the FLOPs of the operator's :func:`~kdsl.solve.plan.plan` (the sum of its stage
-  costs, multiply-accumulate convention: conv2d is ``N*Cout*H*W*Cin*K**2``);
+  costs, multiply-accumulate convention: conv2d is ``N*Cout*H*W*Cin*K**2``); ``macs`` is the same
+  number under the command line's name for it (every count kdsl prints is in MACs);
 * ``params``: the number of weight elements (sum over weights of the product of their dims);
 * ``input`` / ``output``: the number of elements of the data input and of the output;
 * ``intermediate``: the largest tensor along the plan (every stage's iteration space is one of
@@ -127,10 +128,30 @@ def cost(
     asks for some keys only (a budget solver pricing many widths needs ``("flops", "params")``,
     and the peak of a kernel costs more to find than its FLOPs).
 
+    ``macs`` is the same number as ``flops`` under the name kdsl's command line and README use (a
+    multiply-accumulate counts one): every key-set that has one has both, and ``metrics`` takes
+    either name. ``flops`` is kept for the code that reads it.
+
     >>> from kdsl.lang import library
     >>> cost(library.load("squeeze_excitation"), {"N": 1, "Cin": 64, "H": 8, "W": 8}, metrics=("params",))
     {'params': 512}
+    >>> found = cost(library.load("conv2d"), {"N": 1, "Cin": 8, "Cout": 8, "H": 4, "W": 4}, metrics=("macs",))
+    >>> found["macs"] == found["flops"] == 8 * 8 * 9 * 4 * 4
+    True
     """
+    asked = None if metrics is None or isinstance(metrics, str) else ["flops" if m == "macs" else m for m in metrics]
+    result = _cost(op, layer, coefficients, metrics if asked is None else asked)
+    if "flops" in result:
+        result["macs"] = result["flops"]  # the same count under the CLI's name
+    return result
+
+
+def _cost(
+    op: Operator,
+    layer: Layer | Mapping[str, int] | None,
+    coefficients: Mapping[str, int] | None,
+    metrics: Sequence[str] | None,
+) -> dict[str, Any]:
     import sympy
 
     wanted = _wanted(op, metrics)
@@ -192,6 +213,7 @@ def total_cost(op: Operator, layers: object, coefficients: Mapping[str, int] | N
         each = cost(op, layer, coefficients)
         for key in keys:
             totals[key] = max(totals[key], each[key]) if key in LARGEST else totals[key] + each[key]
+    totals["macs"] = totals["flops"]  # the same count under the CLI's name (see cost)
     return totals
 
 

@@ -215,7 +215,8 @@ class Filled:
         lines.append(f"  {'total':<12}" + " " * 20 * len(names) + f"{total['flops'] / 1e6:>12.2f}{total['params']:>12}")
         for metric, limit in self.budgets.items():
             if limit:
-                lines.append(f"  {metric} budget {limit}: {total[metric] / limit:.1%} used")
+                word = "MACs" if metric == "flops" else metric  # the CLI's word for solve.cost's flops
+                lines.append(f"  {word} budget {limit}: {total[metric] / limit:.1%} used")
         return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
+from kdsl.runtime.units import duration
 from kdsl.tune.alt import Alt
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
@@ -51,19 +52,59 @@ def make_tuner(name: str, space: ScheduleSpace, history: Sequence[Record], seed:
     raise TuneError(f"unknown tuner {name!r}; choose one of alt, gensor, metaschedule, opevo, random")
 
 
-def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``options`` if ``cls`` takes every one of them (``--tuner-option`` names), else a :class:`TuneError`
-    listing what it takes (its internal ``fixed``, ``start``, ``seen`` are not offered).
+#: ``--tuner-option`` names that differ from the tuner's own argument: the papers' symbols, which the help
+#: and every error use, each beside the argument it sets (``lambda=4`` and ``parents=4`` are the same option)
+OPTION_ALIASES: dict[str, dict[str, str]] = {"opevo": {"lambda": "parents", "rho": "offspring"}}
+#: ``--tuner-option`` names a tuner reads itself rather than passing on (OpEvo's ``setting=paper``)
+_EXTRA_OPTIONS: dict[str, tuple[str, ...]] = {"opevo": ("setting",)}
 
-    >>> _known(OpEvo, "opevo", {"wings": 2})  # doctest: +ELLIPSIS
+
+def option_names(tuner: str) -> list[str]:
+    """The ``--tuner-option`` names ``tuner`` takes, in the words the help uses (an alias beside its argument).
+
+    >>> option_names("opevo")
+    ['lambda (parents)', 'q', 'walks', 'explore', 'rho (offspring)', 'init', 'setting']
+    >>> option_names("random")
+    []
+    """
+    cls = {"opevo": OpEvo, "gensor": Gensor, "alt": Alt}.get(tuner)
+    if cls is None:
+        return []
+    aliases = {argument: alias for alias, argument in OPTION_ALIASES.get(tuner, {}).items()}
+    taken = [p for p in inspect.signature(cls).parameters if p not in ("space", "history", "seed", *_INTERNAL)]
+    return [f"{aliases[p]} ({p})" if p in aliases else p for p in taken] + list(_EXTRA_OPTIONS.get(tuner, ()))
+
+
+def check_options(tuner: str, options: Mapping[str, Any]) -> None:
+    """Refuse ``options`` that ``tuner`` does not take, before anything is compiled or measured.
+
+    >>> check_options("opevo", {"lambda": 4, "q": 0.3, "setting": "paper"})
+    >>> check_options("opevo", {"lambda": 4, "parents": 2})
     Traceback (most recent call last):
     ...
-    kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes parents, q, walks, explore, ...
+    kdsl.tune.records.TuneError: opevo: lambda and parents are the same option; give one
+    >>> check_options("opevo", {"wings": 2})
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes lambda (parents), q, walks, explore, ...
     """
+    if not options:
+        return
+    if tuner not in ("opevo", "gensor", "alt"):
+        raise TuneError(f"{tuner} takes no tuner options (given {', '.join(options)})")
+    if tuner == "opevo":  # its aliases, setting=paper and an option given twice (lambda and parents)
+        _known(OpEvo, tuner, opevo_options(options))
+    else:
+        _known({"gensor": Gensor, "alt": Alt}[tuner], tuner, options)
+
+
+def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` if ``cls`` takes every one of them (``--tuner-option`` names), else a :class:`TuneError`
+    listing what it takes (its internal ``fixed``, ``start``, ``seen`` are not offered)."""
     taken = [p for p in inspect.signature(cls).parameters if p not in ("space", "history", "seed", *_INTERNAL)]
     for option in options:
         if option not in taken:
-            raise TuneError(f"{name} has no option {option!r}; it takes {', '.join(taken)}")
+            raise TuneError(f"{name} has no option {option!r}; it takes {', '.join(option_names(name))}")
     return options
 
 
@@ -118,9 +159,8 @@ def tune(
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
     is set to the trials measured so far after each batch."""
+    check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     if tuner == "metaschedule":
-        if options:
-            raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
@@ -172,10 +212,10 @@ def tune(
                 store.add(key, record)
             search.update(records)
             if progress is not None:
-                progress.set(measured, rejected=rejected, best=f"{best * 1e3:.3f} ms")
+                progress.set(measured, rejected=rejected, best=duration(best))
             if log:
                 log(
-                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {best * 1e3:.3f} ms "
+                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {duration(best)} "
                     f"(compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
                     f"{time.time() - started:.0f} s in all)"
                 )
@@ -220,4 +260,4 @@ def _confirm(
         if path is not None:
             Path(path).unlink(missing_ok=True)
     if log:
-        log(f"{tuner}: re-timed the {len(top)} fastest; best {min(fastest.values()) * 1e3:.3f} ms")
+        log(f"{tuner}: re-timed the {len(top)} fastest; best {duration(min(fastest.values()))}")

@@ -28,6 +28,7 @@ from typing import Any
 
 from kdsl.codegen.tvm import default_target
 from kdsl.lang.operator import Operator
+from kdsl.runtime.units import duration
 from kdsl.tune.measurer import Measurer, _lowered, compile_module
 from kdsl.tune.records import Record, TuneResult, open_task
 
@@ -96,7 +97,7 @@ def tune_metaschedule(
             best = min(best, latency)
         curve.append(best)
     if log:
-        log(f"metaschedule: {len(records) - before} trials, reported best {best * 1e3:.3f} ms, re-measuring")
+        log(f"metaschedule: {len(records) - before} trials, reported best {duration(best)}, re-measuring")
     result, library = _remeasure(ms, database, module, op, binding, measurer, work_dir, log)
     if result is not None:
         store.add(key, result)
@@ -157,7 +158,7 @@ def _remeasure(
         return None, None
     if log:
         log(
-            f"metaschedule: re-measured best {best[0] * 1e3:.3f} ms (its #{best[1].config['rank'] + 1}; "
+            f"metaschedule: re-measured best {duration(best[0])} (its #{best[1].config['rank'] + 1}; "
             f"{wrong} of its top {len(top)} computed a wrong result)"
         )
     return best[1], best[2]

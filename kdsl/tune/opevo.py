@@ -202,7 +202,7 @@ def _check_options(
 ) -> None:
     """Refuse OpEvo options out of range (a :class:`TuneError` naming the option)."""
     if not is_integer(parents) or parents < 1:
-        raise TuneError(f"opevo: parents (λ) must be a positive integer, got {parents!r}")
+        raise TuneError(f"opevo: lambda (parents) must be a positive integer, got {parents!r}")
     if not is_number(q) or not 0 <= q < 1:
         raise TuneError(f"opevo: q must be in [0, 1) (q = 1 walks forever), got {q!r}")
     if walks is not None and (not is_number(walks) or walks <= 0):
@@ -210,7 +210,7 @@ def _check_options(
     if not is_number(explore) or not 0 <= explore <= 1:
         raise TuneError(f"opevo: explore must be in [0, 1], got {explore!r}")
     if offspring is not None and (not is_integer(offspring) or offspring < 1):
-        raise TuneError(f"opevo: offspring (rho) must be a positive integer or None (the batch), got {offspring!r}")
+        raise TuneError(f"opevo: rho (offspring) must be a positive integer or none (the batch), got {offspring!r}")
     if init not in ("heuristic", "random"):
         raise TuneError(f"opevo: init must be 'heuristic' or 'random', got {init!r}")
 
