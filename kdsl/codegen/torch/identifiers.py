@@ -50,8 +50,13 @@ NN_MODULE_ATTRIBUTES = frozenset(
     register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
     to_empty train training type xpu zero_grad""".split()
 )
+#: The ``torch.nn`` layer attributes a convolution-like module sets
+#: (:func:`kdsl.codegen.torch.layer_facts.nn_layer`).
+NN_LAYER_ATTRIBUTES = frozenset(
+    {"in_channels", "out_channels", "kernel_size", "stride", "dilation", "groups", "in_features", "out_features"}
+)
 #: The attributes a weight's parameter must not take: ``nn.Module``'s and the generated module's own.
-RESERVED_ATTRIBUTES = NN_MODULE_ATTRIBUTES | {
+RESERVED_ATTRIBUTES = NN_MODULE_ATTRIBUTES | NN_LAYER_ATTRIBUTES | {
     "bias",
     "fan_ins",
     "kdsl_source",

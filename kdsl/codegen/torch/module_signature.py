@@ -65,15 +65,20 @@ def forward_arguments(op: Operator, taken: frozenset[str] = frozenset()) -> list
 
 
 def weight_attributes(op: Operator) -> list[str]:
-    """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order: the
-    weight's own name, unless ``nn.Module`` or the generated module uses that name itself
-    (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``, ``bias``, ...), then the name with ``_``
-    appended until it is free (the generated source lists these renamings).
+    """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order.
+
+    The one weight of an operator of one weight is ``weight``, as ``torch.nn`` names a layer's
+    weight (``nn.Conv2d``, ``nn.Linear``): the gallery's conv2d loads an ``nn.Conv2d``'s state dict.
+    Several weights keep their DSL names, unless ``nn.Module`` or the generated module uses that name
+    itself (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``, ``bias``, ...), then the name with
+    ``_`` appended until it is free (the generated source lists these renamings).
 
     >>> from kdsl import gallery
-    >>> weight_attributes(gallery.load("depthwise_separable_conv2d"))
-    ['depthwise', 'pointwise']
+    >>> weight_attributes(gallery.load("depthwise_separable_conv2d")), weight_attributes(gallery.load("conv2d"))
+    (['depthwise', 'pointwise'], ['weight'])
     """
+    if len(op.weights) == 1:
+        return ["weight"]
     names = [w.name or f"w{i}" for i, w in enumerate(op.weights)]
     taken = set(names) | RESERVED_ATTRIBUTES
     attributes = []

@@ -1,0 +1,123 @@
+"""What a generated module says about itself the way ``torch.nn`` layers do: the ``nn.Conv{1,2,3}d`` /
+``nn.Linear`` attributes of an operator whose one weight has such a layer's layout, read from the
+operator's shape facts (never from its name), and the class name a module gets.
+
+An operator is *convolution-like* (:func:`nn_layer`) when it is a linear chain of one input and one
+weight, sums (no mean), keeps the rank of ``[N, C, *spatial]`` (0 to 3 spatial dims, dim 1 the
+channels) and inserts no zeros into its spatial dims (no ``Dilate``: a transposed convolution's
+stride means something else), and its weight carries a window per spatial dim (or none: a 1x1
+convolution or a linear layer) with, beyond them, ``out_channels * in_channels / groups`` elements
+where ``groups = in_channels * prod(kernel_size) / fan_in``: the weight ``nn.Conv2d(in, out, k,
+groups=g)`` has, possibly laid out in another order of dims (``grouped_conv2d``'s ``[G, Cout/G,
+Cin/G, kh, kw]``). Its attributes then are ``in_channels``, ``out_channels``, ``kernel_size``,
+``stride``, ``dilation`` and ``groups`` (tuples per spatial dim, like ``nn.Conv2d``'s), or
+``in_features`` and ``out_features`` for a linear layer (no spatial dims).
+
+>>> from kdsl.lang import library
+>>> layer = nn_layer(library.load("grouped_conv2d"))
+>>> [(name, str(size) if not isinstance(size, tuple) else tuple(map(str, size))) for name, size in layer.attributes]
+[('in_channels', 'Cin'), ('out_channels', 'Cout'), ('kernel_size', ('K', 'K')), ('stride', ('1', '1')), \
+('dilation', ('1', '1')), ('groups', 'G')]
+>>> nn_layer(library.load("avg_pool2d")) is None  # no weight
+True
+>>> class_name(library.load("grouped_conv2d")), class_name(library.load("linear"))
+('GroupedConv2d', 'Linear')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from kdsl.codegen.torch.identifiers import _class_name
+from kdsl.codegen.torch.module_signature import fan_ins, lazy_variables
+from kdsl.lang.library import gallery_name
+from kdsl.lang.operator import Operator
+from kdsl.lang.primitives import Dilate, Reduce, Share, Shift, Slide, Stride, Unfold
+from kdsl.lang.sizes import Size
+
+_ONE = Size.of(1)
+
+
+@dataclass(frozen=True)
+class NnLayer:
+    """The ``torch.nn`` facts of a convolution-like operator, as sizes of its variables."""
+
+    in_channels: Size
+    out_channels: Size
+    kernel_size: tuple[Size, ...]
+    stride: tuple[Size, ...]
+    dilation: tuple[Size, ...]
+    groups: Size
+
+    @property
+    def spatial(self) -> int:
+        """How many spatial dims: 0 for a linear layer."""
+        return len(self.kernel_size)
+
+    @property
+    def attributes(self) -> list[tuple[str, Size | tuple[Size, ...]]]:
+        """(attribute, size or tuple of sizes) in ``torch.nn``'s order."""
+        if not self.spatial:
+            return [("in_features", self.in_channels), ("out_features", self.out_channels)]
+        return [
+            ("in_channels", self.in_channels),
+            ("out_channels", self.out_channels),
+            ("kernel_size", self.kernel_size),
+            ("stride", self.stride),
+            ("dilation", self.dilation),
+            ("groups", self.groups),
+        ]
+
+
+def nn_layer(op: Operator) -> NnLayer | None:
+    """The ``torch.nn`` facts of ``op`` when it is convolution-like (see the module's text), else ``None``."""
+    if not op.is_linear or len(op.input_nodes) != 1 or len(op.weights) != 1:
+        return None
+    inputs, outputs = op.inputs, op.outputs
+    spatial = len(inputs) - 2
+    if not 0 <= spatial <= 3 or len(outputs) != len(inputs) or inputs[0].size != outputs[0].size:
+        return None
+    lazy = lazy_variables(op)
+    if any(v.name in lazy for d in (inputs[1], outputs[1]) for v in d.size.variables):
+        return None  # a channel count read from the input at each call is no constructor fact
+    windows: dict[str, Size] = {}  # window dim -> its dilation
+    strides = {d.name: _ONE for d in inputs[2:]}
+    for step in op.steps:
+        if isinstance(step, Dilate) or (isinstance(step, Reduce) and step.mean):
+            return None
+        if isinstance(step, Unfold | Slide):
+            windows[step.produces[-1]] = _ONE
+        if isinstance(step, Slide) and str(step.dim) in strides:
+            strides[str(step.dim)] = strides[str(step.dim)] * step.stride
+        if isinstance(step, Stride):
+            if str(step.dim) in strides:
+                strides[str(step.dim)] = strides[str(step.dim)] * step.stride
+            elif str(step.dim) in windows:
+                windows[str(step.dim)] = windows[str(step.dim)] * step.stride
+        elif not isinstance(step, Share | Reduce | Unfold | Slide | Shift) and any(d in windows for d in step.consumes):
+            return None  # a window reshaped: no kernel_size of nn's
+    weight = op.weights[0]
+    kernel = tuple(d.size for d in weight.dims if d.name in windows)
+    if len(kernel) not in (0, spatial):
+        return None
+    kernel = kernel or (_ONE,) * spatial
+    in_channels, out_channels = inputs[1].size, outputs[1].size
+    groups = in_channels * prod(kernel, start=_ONE) / fan_ins(op)[0]
+    if prod((d.size for d in weight.dims), start=_ONE) != out_channels * in_channels / groups * prod(kernel, start=_ONE):
+        return None
+    dilation = tuple(windows[d.name] for d in weight.dims if d.name in windows) or (_ONE,) * spatial
+    return NnLayer(in_channels, out_channels, kernel, tuple(strides.values()), dilation, groups)
+
+
+def class_name(op: Operator) -> str:
+    """The class name of ``op``'s module: its gallery name in CamelCase (``grouped_conv2d`` ->
+    ``GroupedConv2d``) when ``op`` is a gallery operator, else ``KdslConv2d`` (``KdslLinear``, ...)
+    for a convolution-like operator of 2 (0) spatial dims, else ``KdslOperator``."""
+    name = gallery_name(op)
+    if name is not None:
+        return _class_name(name)
+    layer = nn_layer(op)
+    if layer is None:
+        return "KdslOperator"
+    return f"KdslConv{layer.spatial}d" if layer.spatial else "KdslLinear"
