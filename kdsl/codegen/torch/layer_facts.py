@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from kdsl.codegen.torch.identifiers import _class_name
+from kdsl.codegen.torch.identifiers import RESERVED_ATTRIBUTES, _class_name
 from kdsl.codegen.torch.module_signature import fan_ins, lazy_variables
 from kdsl.lang.library import gallery_name
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import Dilate, Reduce, Share, Shift, Slide, Stride, Unfold
+from kdsl.lang.primitives import Dilate, Merge, Reduce, Share, Shift, Slide, Split, Stride, Unfold
 from kdsl.lang.sizes import Size
 
 _ONE = Size.of(1)
@@ -78,11 +78,36 @@ def nn_layer(op: Operator) -> NnLayer | None:
     spatial = len(inputs) - 2
     if not 0 <= spatial <= 3 or len(outputs) != len(inputs) or inputs[0].size != outputs[0].size:
         return None
+    if [d.name for d in inputs[2:]] != [d.name for d in outputs[2:]]:
+        return None
     lazy = lazy_variables(op)
     if any(v.name in lazy for d in (inputs[1], outputs[1]) for v in d.size.variables):
         return None  # a channel count read from the input at each call is no constructor fact
+    found = _windows_and_strides(op)
+    if found is None:
+        return None
+    windows, strides = found
+    weight = op.weights[0]
+    kernel = tuple(d.size for d in weight.dims if d.name in windows)
+    if len(kernel) not in (0, spatial) or not _nn_layout(op, list(windows)):
+        return None
+    kernel = kernel or (_ONE,) * spatial
+    in_channels, out_channels = inputs[1].size, outputs[1].size
+    groups = in_channels * prod(kernel, start=_ONE) / fan_ins(op)[0]
+    if prod((d.size for d in weight.dims), start=_ONE) != out_channels * in_channels / groups * prod(
+        kernel, start=_ONE
+    ):
+        return None
+    dilation = tuple(windows[d.name] for d in weight.dims if d.name in windows) or (_ONE,) * spatial
+    return NnLayer(in_channels, out_channels, kernel, tuple(strides[d.name] for d in inputs[2:]), dilation, groups)
+
+
+def _windows_and_strides(op: Operator) -> tuple[dict[str, Size], dict[str, Size]] | None:
+    """The window dims (in the order the spatial dims are unfolded) with their dilation (a Stride
+    on the window) and each spatial dim's stride, or ``None`` where a step has no torch.nn meaning:
+    zeros inserted (Dilate), a mean, a window reshaped."""
     windows: dict[str, Size] = {}  # window dim -> its dilation
-    strides = {d.name: _ONE for d in inputs[2:]}
+    strides = {d.name: _ONE for d in op.inputs[2:]}
     for step in op.steps:
         if isinstance(step, Dilate) or (isinstance(step, Reduce) and step.mean):
             return None
@@ -97,17 +122,65 @@ def nn_layer(op: Operator) -> NnLayer | None:
                 windows[str(step.dim)] = windows[str(step.dim)] * step.stride
         elif not isinstance(step, Share | Reduce | Unfold | Slide | Shift) and any(d in windows for d in step.consumes):
             return None  # a window reshaped: no kernel_size of nn's
-    weight = op.weights[0]
-    kernel = tuple(d.size for d in weight.dims if d.name in windows)
-    if len(kernel) not in (0, spatial):
-        return None
-    kernel = kernel or (_ONE,) * spatial
-    in_channels, out_channels = inputs[1].size, outputs[1].size
-    groups = in_channels * prod(kernel, start=_ONE) / fan_ins(op)[0]
-    if prod((d.size for d in weight.dims), start=_ONE) != out_channels * in_channels / groups * prod(kernel, start=_ONE):
-        return None
-    dilation = tuple(windows[d.name] for d in weight.dims if d.name in windows) or (_ONE,) * spatial
-    return NnLayer(in_channels, out_channels, kernel, tuple(strides.values()), dilation, groups)
+    return windows, strides
+
+
+def _nn_layout(op: Operator, windows: list[str]) -> bool:
+    """Whether the one weight's elements are in the order of ``nn.Conv``'s ``[out_channels,
+    in_channels/groups, *kernel_size]`` (``nn.Linear``'s ``[out, in]``), so that a reshape maps one
+    onto the other: its dims are the group (a data dim the weight keeps, outermost in both channel
+    dims), the output channels in a group (a dim only the weight has), the input channels in a group
+    (shared and summed) and the windows in the order of the spatial dims."""
+    share = next(step for step in op.steps if isinstance(step, Share))
+    summed = {str(d) for step in op.steps if isinstance(step, Reduce) for d in step.consumes}
+    dims = [d.name for d in op.weights[0].dims]
+    kept = [d for d in dims if d in share.consumes and d not in summed and d not in windows]
+    new = [d for d in dims if d not in share.consumes]
+    inner = [d for d in dims if d in share.consumes and d in summed and d not in windows]
+    if (
+        len(kept) > 1
+        or len(new) > 1
+        or len(inner) > 1
+        or dims != kept + new + inner + [w for w in windows if w in dims]
+    ):
+        return False
+    channel_in, channel_out = op.inputs[1].name, op.outputs[1].name
+    splits = {tuple(step.produces): str(step.dim) for step in op.steps if isinstance(step, Split)}
+    merges = {tuple(step.consumes): step.produces[0] for step in op.steps if isinstance(step, Merge)}
+    # the output channel is the group and the channel in it, group outermost (grouped_conv2d's Merge(g, co))
+    out_ok = merges.get((*kept, *new)) == channel_out if kept and new else (kept + new) == [channel_out]
+    # the input channel is summed whole, or split into the group and the channel in it, group outermost
+    in_ok = splits.get((*kept, *inner)) == channel_in if kept and inner else inner in ([channel_in], [])
+    return out_ok and in_ok and (bool(inner) or kept == [channel_in])
+
+
+def weight_attributes(op: Operator) -> list[str]:
+    """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order.
+
+    The one weight of a convolution-like operator (:func:`nn_layer`: its weight has ``nn.Conv2d``'s
+    or ``nn.Linear``'s layout) is ``weight``, as ``torch.nn`` names it: the gallery's conv2d loads an
+    ``nn.Conv2d``'s state dict. Other weights keep their DSL names, unless ``nn.Module`` or the
+    generated module uses that name itself (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``,
+    ``bias``, ``groups``, ...), then the name with ``_`` appended until it is free (the generated
+    source lists these renamings).
+
+    >>> from kdsl.lang import library
+    >>> weight_attributes(library.load("depthwise_separable_conv2d")), weight_attributes(library.load("conv2d"))
+    (['depthwise', 'pointwise'], ['weight'])
+    """
+    if nn_layer(op) is not None:
+        return ["weight"]
+    names = [w.name or f"w{i}" for i, w in enumerate(op.weights)]
+    taken = set(names) | RESERVED_ATTRIBUTES
+    attributes = []
+    for name in names:
+        attribute = name
+        if name in RESERVED_ATTRIBUTES or name in attributes:
+            while attribute in taken or attribute in attributes:
+                attribute += "_"
+            taken.add(attribute)
+        attributes.append(attribute)
+    return attributes
 
 
 def class_name(op: Operator) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.codegen.torch.identifiers import _class_name
-from kdsl.codegen.torch.layer_facts import class_name
-from kdsl.codegen.torch.module_signature import _known_binding, weight_attributes
+from kdsl.codegen.torch.layer_facts import class_name, weight_attributes
+from kdsl.codegen.torch.module_signature import _known_binding
 from kdsl.codegen.torch.module_source import module_identifiers, padded_source, source
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
@@ -181,17 +181,20 @@ def _forget_unused() -> None:
 
 def _load_from_state_dict(module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
     """Load a state dict, taking a weight's DSL name for its attribute (``w`` of the gallery's conv2d
-    for ``weight``: a state dict saved before the one weight was named ``weight`` loads) and torch.nn's
-    ``weight`` for the one weight of a module whose attribute is not ``weight`` (an older class, or
-    the renamed ``weight_``), so an ``nn.Conv2d``'s or ``nn.Linear``'s ``state_dict`` of the same
-    layout loads; a weight of another shape is refused by PyTorch's own size check."""
+    for ``weight``: a state dict saved before the one weight was named ``weight`` loads), and a
+    convolution-like module's ``weight`` in ``nn.Conv``'s shape ``[out_channels,
+    in_channels/groups, *kernel_size]`` as its own, reshaped (:func:`~.layer_facts.nn_layer` checked
+    that the elements are in the same order: ``grouped_conv2d``'s ``[G, Cout/G, Cin/G, kh, kw]``,
+    ``depthwise_conv2d``'s ``[Cin, kh, kw]``). A weight of another shape is refused by PyTorch's own
+    size check."""
     for attribute, dsl_name in getattr(module, "_kdsl_weight_names", {}).items():
         if prefix + dsl_name in state_dict and prefix + attribute not in state_dict:
             state_dict[prefix + attribute] = state_dict.pop(prefix + dsl_name)
-    own = [name for name in module._parameters if name != "bias"]
-    key = prefix + "weight"
-    if key in state_dict and len(own) == 1 and own[0] != "weight" and prefix + own[0] not in state_dict:
-        state_dict[prefix + own[0]] = state_dict.pop(key)
+    given, own = state_dict.get(prefix + "weight"), module._parameters.get("weight")
+    if given is not None and own is not None and hasattr(module, "in_channels") and hasattr(given, "shape"):
+        layout = (module.out_channels, module.in_channels // module.groups, *module.kernel_size)
+        if tuple(given.shape) == layout and tuple(given.shape) != tuple(own.shape):
+            state_dict[prefix + "weight"] = given.reshape(own.shape)
     load_torch().nn.Module._load_from_state_dict(module, state_dict, prefix, *args, **kwargs)
 
 

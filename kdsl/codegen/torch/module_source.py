@@ -17,7 +17,7 @@ from kdsl.codegen.torch.graph_nodes import (
     own_names,
 )
 from kdsl.codegen.torch.identifiers import _Axes, _class_name, _einops_ok, _identifiers
-from kdsl.codegen.torch.layer_facts import NnLayer, class_name, nn_layer
+from kdsl.codegen.torch.layer_facts import NnLayer, class_name, nn_layer, weight_attributes
 from kdsl.codegen.torch.module_signature import (
     _bias_dim,
     _fraction_code,
@@ -27,7 +27,6 @@ from kdsl.codegen.torch.module_signature import (
     forward_arguments,
     free_inputs,
     lazy_variables,
-    weight_attributes,
 )
 from kdsl.codegen.torch.writer import _atom, _size_code
 from kdsl.lang.errors import LoweringError
@@ -106,9 +105,7 @@ except ImportError:  # running without kdsl
 """
 
 
-def source(
-    op: Operator, layer: Mapping[str, int] | None = None, *, name: str | None = None, pad: bool = False
-) -> str:
+def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str | None = None, pad: bool = False) -> str:
     """Python source of an ``nn.Module`` computing ``op`` (an operator or a branching kernel) that
     runs without kdsl installed.
 
