@@ -102,6 +102,27 @@ def test_an_nn_conv2d_of_groups_loads_into_a_weight_laid_out_by_group(name, grou
         torch.testing.assert_close(module(x), conv(x), rtol=1e-5, atol=1e-6)
 
 
+def test_the_documented_mappings_of_operators_of_other_layouts_compute_what_torch_nn_does():
+    first, second = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4), torch.nn.Conv2d(4, 8, 1)
+    separable = kdsl_torch.build(gallery.load("depthwise_separable_conv2d"), {"Cin": 4, "Cout": 8}, bias=True)
+    separable.load_state_dict(
+        {"depthwise": first.weight[:, 0], "pointwise": second.weight[:, :, 0, 0], "bias": second.bias}
+    )
+    with torch.no_grad():  # first's bias is left out: the operator has one bias, after both
+        first.bias.zero_()
+    linear = torch.nn.Linear(6, 3, bias=False)
+    matmul = kdsl_torch.build(gallery.load("matmul"), {"Cin": 6, "Cout": 3})
+    matmul.load_state_dict({"w": linear.weight.T})
+    transposed = torch.nn.ConvTranspose2d(4, 8, 4, stride=2, padding=1, bias=False)
+    conv_transpose = kdsl_torch.build(gallery.load("conv_transpose2d"), {"Cin": 4, "Cout": 8})
+    conv_transpose.load_state_dict({"w": transposed.weight.transpose(0, 1).flip(-1, -2)})
+    x, rows = torch.randn(2, 4, 5, 5), torch.randn(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(separable(x), second(first(x)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(matmul(rows), linear(rows), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(conv_transpose(x), transposed(x), rtol=1e-5, atol=1e-5)
+
+
 def test_a_saved_state_dict_under_the_dsl_weight_name_still_loads():
     op = gallery.load("grouped_conv2d")
     one = kdsl_torch.build(op, {"Cin": 8, "Cout": 8}, bias=True)

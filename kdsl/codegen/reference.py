@@ -116,7 +116,6 @@ def shapes(op: Operator, layer: Mapping[str, int], *, pad: bool = False) -> Shap
     >>> shapes(op, {"N": 2, "C": 3, "H": 7, "s": 2}, pad=True)
     Shapes(input=(2, 3, 7), weights=(), output=(2, 3, 4))
     """
-    x, weights = _call_arguments(op, x, weights)
     if pad:
         _one_input(op, "padding (pad=True)")
         padding = _padding(op, layer)

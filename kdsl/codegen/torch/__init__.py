@@ -75,8 +75,8 @@ from kdsl.codegen.torch.graph_nodes import (
     own_names,
 )
 from kdsl.codegen.torch.identifiers import MODULE_NAMES, NN_MODULE_ATTRIBUTES, OWN_NAMES, RESERVED_ATTRIBUTES
-from kdsl.codegen.torch.module_class import build, load_torch
 from kdsl.codegen.torch.layer_facts import NnLayer, class_name, nn_layer, weight_attributes
+from kdsl.codegen.torch.module_class import build, load_torch
 from kdsl.codegen.torch.module_signature import fan_ins, free_inputs, lazy_variables
 from kdsl.codegen.torch.module_source import ERROR_IMPORT, HELPERS, padded_source, source
 

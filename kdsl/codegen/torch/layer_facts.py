@@ -13,6 +13,23 @@ Cin/G, kh, kw]``). Its attributes then are ``in_channels``, ``out_channels``, ``
 ``stride``, ``dilation`` and ``groups`` (tuples per spatial dim, like ``nn.Conv2d``'s), or
 ``in_features`` and ``out_features`` for a linear layer (no spatial dims).
 
+**State dicts.** The weight of a convolution-like operator is ``weight`` (:func:`weight_attributes`)
+and loads ``torch.nn``'s: ``nn.Conv2d(64, 64, 3, padding=1).state_dict()`` into the gallery's
+``conv2d``, ``nn.Linear``'s into ``linear``, and an ``nn.Conv2d(..., groups=g)``'s reshaped into
+``grouped_conv2d``'s ``[G, Cout/G, Cin/G, kh, kw]`` and ``depthwise_conv2d``'s ``[Cin, kh, kw]``
+(the elements are in the same order). A state dict saved under the DSL name (``w``) loads too. The
+other operators keep their weights' DSL names, and each gallery file's docstring says how they map
+onto PyTorch's (``Weights: ...``); for the common ones (``first`` and ``second`` the two
+``nn.Conv2d`` of a depthwise separable block, ``nn_linear`` an ``nn.Linear``, ``nn_conv`` an
+``nn.ConvTranspose2d(Cin, Cout, K, stride=s, padding=K - 1 - K // 2)``):
+
+=============================  =====================================================================
+``depthwise_separable_conv2d`` ``depthwise = first.weight[:, 0]``, ``pointwise = second.weight[:, :, 0, 0]``
+``squeeze_excitation``         ``squeeze``, ``excite``: the two ``nn.Linear`` weights as they are
+``matmul``                     ``w = nn_linear.weight.T`` (``[Cin, Cout]``: not ``nn.Linear``'s layout)
+``conv_transpose2d``           ``w[o, c] = nn_conv.weight[c, o].flip(-1, -2)`` (``nn.ConvTranspose2d``)
+=============================  =====================================================================
+
 >>> from kdsl.lang import library
 >>> layer = nn_layer(library.load("grouped_conv2d"))
 >>> [(name, str(size) if not isinstance(size, tuple) else tuple(map(str, size))) for name, size in layer.attributes]
@@ -33,7 +50,8 @@ from kdsl.codegen.torch.identifiers import RESERVED_ATTRIBUTES, _class_name
 from kdsl.codegen.torch.module_signature import fan_ins, lazy_variables
 from kdsl.lang.library import gallery_name
 from kdsl.lang.operator import Operator
-from kdsl.lang.primitives import Dilate, Merge, Reduce, Share, Shift, Slide, Split, Stride, Unfold
+from kdsl.lang.primitive_base import REDUCTION
+from kdsl.lang.primitives import Dilate, Merge, Share, Slide, Split, Stride
 from kdsl.lang.sizes import Size
 
 _ONE = Size.of(1)
@@ -103,15 +121,15 @@ def nn_layer(op: Operator) -> NnLayer | None:
 
 
 def _windows_and_strides(op: Operator) -> tuple[dict[str, Size], dict[str, Size]] | None:
-    """The window dims (in the order the spatial dims are unfolded) with their dilation (a Stride
+    """The window dims (in the order the spatial dims are unfolded) with their dilation (a stride
     on the window) and each spatial dim's stride, or ``None`` where a step has no torch.nn meaning:
     zeros inserted (Dilate), a mean, a window reshaped."""
     windows: dict[str, Size] = {}  # window dim -> its dilation
     strides = {d.name: _ONE for d in op.inputs[2:]}
     for step in op.steps:
-        if isinstance(step, Dilate) or (isinstance(step, Reduce) and step.mean):
+        if isinstance(step, Dilate) or (REDUCTION in step.facts and step.mean):
             return None
-        if isinstance(step, Unfold | Slide):
+        if "window" in step.ports:  # a sliding window, same-padded or valid
             windows[step.produces[-1]] = _ONE
         if isinstance(step, Slide) and str(step.dim) in strides:
             strides[str(step.dim)] = strides[str(step.dim)] * step.stride
@@ -120,8 +138,10 @@ def _windows_and_strides(op: Operator) -> tuple[dict[str, Size], dict[str, Size]
                 strides[str(step.dim)] = strides[str(step.dim)] * step.stride
             elif str(step.dim) in windows:
                 windows[str(step.dim)] = windows[str(step.dim)] * step.stride
-        elif not isinstance(step, Share | Reduce | Unfold | Slide | Shift) and any(d in windows for d in step.consumes):
-            return None  # a window reshaped: no kernel_size of nn's
+        elif not (step.keeps or isinstance(step, Share) or REDUCTION in step.facts) and set(step.consumes) & set(
+            windows
+        ):
+            return None  # a window reshaped (a shift keeps it): no kernel_size of nn's
     return windows, strides
 
 
@@ -132,7 +152,7 @@ def _nn_layout(op: Operator, windows: list[str]) -> bool:
     dims), the output channels in a group (a dim only the weight has), the input channels in a group
     (shared and summed) and the windows in the order of the spatial dims."""
     share = next(step for step in op.steps if isinstance(step, Share))
-    summed = {str(d) for step in op.steps if isinstance(step, Reduce) for d in step.consumes}
+    summed = {str(d) for step in op.steps if REDUCTION in step.facts for d in step.consumes}
     dims = [d.name for d in op.weights[0].dims]
     kept = [d for d in dims if d in share.consumes and d not in summed and d not in windows]
     new = [d for d in dims if d not in share.consumes]
