@@ -50,7 +50,7 @@ torch.Size([2, 4])
 >>> [(name, tuple(p.shape)) for name, p in module.named_parameters()]  # torch.nn's name for a layer's weight
 [('weight', (4, 3))]
 >>> module
-KdslLinear(in_features=3, out_features=4)
+Linear(in_features=3, out_features=4)
 >>> from kdsl.lang import *
 >>> N, C, H, W = primary("N C H W")
 >>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
