@@ -186,3 +186,17 @@ def test_a_module_pickled_with_the_old_class_name_still_loads():
     copied = pickle.loads(pickle.dumps(module))
     assert type(copied).__name__ == "KdslOperator" and list(copied.state_dict()) == ["weight"]
     assert torch.equal(copied.weight, module.weight)
+
+
+def test_a_whole_module_pickled_when_its_weight_had_the_dsl_name_unpickles_with_weight():
+    module = kdsl_torch.build(gallery.load("conv2d"), {"Cin": 4, "Cout": 4}, bias=True)
+    restore, arguments, state = module.__reduce_ex__(2)
+    parameters = state["_parameters"]
+    state["_parameters"] = {"w": parameters["weight"], "bias": parameters["bias"]}  # what an older kdsl pickled
+    old = pickle.loads(pickle.dumps((restore, arguments, state)))
+    copied = old[0](*old[1])
+    copied.__setstate__(old[2])
+    assert list(copied.state_dict()) == ["weight", "bias"] and torch.equal(copied.weight, module.weight)
+    x = torch.randn(1, 4, 5, 5)
+    with torch.no_grad():
+        assert torch.equal(copied(x), module(x))

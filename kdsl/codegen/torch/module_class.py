@@ -155,6 +155,7 @@ def _generated(
         cls = module.__dict__[_class_name(name)]
         cls.__reduce_ex__ = _reduce_ex
         cls._load_from_state_dict = _load_from_state_dict
+        cls.__setstate__ = _setstate
         # attribute -> the weight's DSL name where they differ: a state dict saved under the DSL name loads
         cls._kdsl_weight_names = {a: w.name for a, w in zip(weight_attributes(op), op.weights) if a != w.name}
         sys.modules[module_name] = module  # importable by name: torch.compile looks classes up there
@@ -196,6 +197,16 @@ def _load_from_state_dict(module: Any, state_dict: dict[str, Any], prefix: str, 
         if tuple(given.shape) == layout and tuple(given.shape) != tuple(own.shape):
             state_dict[prefix + "weight"] = given.reshape(own.shape)
     load_torch().nn.Module._load_from_state_dict(module, state_dict, prefix, *args, **kwargs)
+
+
+def _setstate(module: Any, state: dict[str, Any]) -> None:
+    """Unpickle a module's state; a module pickled before its one weight was named ``weight``
+    (its parameter under the DSL name, ``w``) gets it under ``weight``, in the same place."""
+    renamed = {dsl_name: attribute for attribute, dsl_name in getattr(module, "_kdsl_weight_names", {}).items()}
+    parameters = state.get("_parameters")
+    if isinstance(parameters, dict) and any(name in renamed for name in parameters):
+        state = {**state, "_parameters": {renamed.get(name, name): p for name, p in parameters.items()}}
+    load_torch().nn.Module.__setstate__(module, state)
 
 
 def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:
