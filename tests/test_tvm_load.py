@@ -82,9 +82,15 @@ def test_a_kernel_of_several_inputs_and_the_reference_take_each_others_call_shap
     kernel = kdsl_tvm.build(bmm, layer)
     (a, b), _ = reference.random_inputs(bmm, layer, dtype=np.float32)
     expected = a @ b
-    for result in (kernel(a, b), kernel((a, b)), kernel((a, b), [])):
+    for result in (kernel(a, b), kernel((a, b)), kernel((a, b), []), kernel(a, b, [])):
         np.testing.assert_allclose(result.numpy(), expected, rtol=1e-5, atol=1e-5)
-    for result in (reference.run(bmm, layer, a, b), reference.run(bmm, layer, (a, b), [])):
+    for result in (
+        reference.run(bmm, layer, a, b),
+        reference.run(bmm, layer, (a, b), []),
+        reference.run(bmm, layer, a, b, []),
+    ):
         np.testing.assert_allclose(result, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ShapeError, match=r"takes 2 inputs \(a, b\) before its weights, got 1"):
         reference.run(bmm, layer, a)
+    with pytest.raises(ShapeError, match=r"takes 2 inputs \(a, b\) before its weights, got 1"):
+        reference.run(bmm, layer, a, [])  # the list is the weights, not the input b

@@ -291,10 +291,11 @@ def _call_arguments(op: Operator, x: object, rest: tuple[object, ...]) -> tuple[
     (x, [weights]) or (x, *weights); several inputs as one tuple or one by one first."""
     count = len(op.input_names)
     if count > 1 and not isinstance(x, (tuple, list)):
-        if len(rest) < count - 1:
+        arrays = len(rest) if not rest or not isinstance(rest[-1], (tuple, list)) else len(rest) - 1
+        if arrays < count - 1:  # a list after them is the weights: run(op, layer, a, b, [w])
             raise ShapeError(
                 f"the kernel takes {count} inputs ({', '.join(op.input_names)}) before its weights, "
-                f"got {1 + len(rest)} arrays"
+                f"got {1 + arrays} arrays"
             )
         x, rest = (x, *rest[: count - 1]), rest[count - 1 :]
     if len(rest) == 1 and isinstance(rest[0], (list, tuple)):

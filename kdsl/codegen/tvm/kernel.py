@@ -51,8 +51,8 @@ def _call_arguments(inputs: int, x: Any, weights: tuple[Any, ...]) -> tuple[Any,
     """A call's first argument and weights in the kernel's own shape (the inputs one by one, then the
     weights one by one) from either shape :func:`kdsl.codegen.reference.run` takes too: the inputs
     of several as one tuple first, the weights as one list."""
-    if len(weights) == 1 and isinstance(weights[0], (tuple, list)):
-        weights = tuple(weights[0])
+    if weights and isinstance(weights[-1], (tuple, list)):  # kernel(x, [w]), kernel(a, b, [w])
+        weights = (*weights[:-1], *weights[-1])
     if inputs > 1 and isinstance(x, (tuple, list)):
         x, weights = x[0], (*x[1:], *weights)
     return x, weights
