@@ -44,6 +44,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from kdsl.codegen.torch.identifiers import RESERVED_ATTRIBUTES, _class_name
@@ -88,6 +89,7 @@ class NnLayer:
         ]
 
 
+@lru_cache(maxsize=1024)  # every build asks (the class name, the weight's name, the source): ~1 ms each
 def nn_layer(op: Operator) -> NnLayer | None:
     """The ``torch.nn`` facts of ``op`` when it is convolution-like (see the module's text), else ``None``."""
     if not op.is_linear or len(op.input_nodes) != 1 or len(op.weights) != 1:
