@@ -9,8 +9,10 @@ stride means something else), and its weight carries a window per spatial dim (o
 convolution or a linear layer) with, beyond them, ``out_channels * in_channels / groups`` elements
 where ``groups = in_channels * prod(kernel_size) / fan_in``: the weight ``nn.Conv2d(in, out, k,
 groups=g)`` has, possibly laid out in another order of dims (``grouped_conv2d``'s ``[G, Cout/G,
-Cin/G, kh, kw]``). Its attributes then are ``in_channels``, ``out_channels``, ``kernel_size``,
-``stride``, ``dilation`` and ``groups`` (tuples per spatial dim, like ``nn.Conv2d``'s), or
+Cin/G, kh, kw]``) whose elements are in ``nn``'s order (the group outermost, then the output
+channel in it, the input channel in it, the windows: ``_nn_layout``, so a reshape maps one onto the
+other and a weight of a transposed layout is not taken for ``nn``'s). Its attributes then are
+``in_channels``, ``out_channels``, ``kernel_size``, ``stride``, ``dilation`` and ``groups`` (tuples per spatial dim, like ``nn.Conv2d``'s), or
 ``in_features`` and ``out_features`` for a linear layer (no spatial dims).
 
 **State dicts.** The weight of a convolution-like operator is ``weight`` (:func:`weight_attributes`)
@@ -23,12 +25,12 @@ onto PyTorch's (``Weights: ...``); for the common ones (``first`` and ``second``
 ``nn.Conv2d`` of a depthwise separable block, ``nn_linear`` an ``nn.Linear``, ``nn_conv`` an
 ``nn.ConvTranspose2d(Cin, Cout, K, stride=s, padding=K - 1 - K // 2)``):
 
-=============================  =====================================================================
-``depthwise_separable_conv2d`` ``depthwise = first.weight[:, 0]``, ``pointwise = second.weight[:, :, 0, 0]``
-``squeeze_excitation``         ``squeeze``, ``excite``: the two ``nn.Linear`` weights as they are
-``matmul``                     ``w = nn_linear.weight.T`` (``[Cin, Cout]``: not ``nn.Linear``'s layout)
-``conv_transpose2d``           ``w[o, c] = nn_conv.weight[c, o].flip(-1, -2)`` (``nn.ConvTranspose2d``)
-=============================  =====================================================================
+==============================  ====================================================================
+``depthwise_separable_conv2d``  ``depthwise = first.weight[:, 0]``, ``pointwise = second.weight[:, :, 0, 0]``
+``squeeze_excitation``          ``squeeze``, ``excite``: the two ``nn.Linear`` weights as they are
+``matmul``                      ``w = nn_linear.weight.T`` (``[Cin, Cout]``: not ``nn.Linear``'s layout)
+``conv_transpose2d``            ``w[o, c] = nn_conv.weight[c, o].flip(-1, -2)`` (``nn.ConvTranspose2d``)
+==============================  ====================================================================
 
 >>> from kdsl.lang import library
 >>> layer = nn_layer(library.load("grouped_conv2d"))
