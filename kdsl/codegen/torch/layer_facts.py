@@ -12,8 +12,9 @@ groups=g)`` has, possibly laid out in another order of dims (``grouped_conv2d``'
 Cin/G, kh, kw]``) whose elements are in ``nn``'s order (the group outermost, then the output
 channel in it, the input channel in it, the windows: ``_nn_layout``, so a reshape maps one onto the
 other and a weight of a transposed layout is not taken for ``nn``'s). Its attributes then are
-``in_channels``, ``out_channels``, ``kernel_size``, ``stride``, ``dilation`` and ``groups`` (tuples per spatial dim, like ``nn.Conv2d``'s), or
-``in_features`` and ``out_features`` for a linear layer (no spatial dims).
+``in_channels``, ``out_channels``, ``kernel_size``, ``stride``, ``dilation`` and ``groups`` (tuples
+per spatial dim, like ``nn.Conv2d``'s), or ``in_features`` and ``out_features`` for a linear layer
+(no spatial dims).
 
 **State dicts.** The weight of a convolution-like operator is ``weight`` (:func:`weight_attributes`)
 and loads ``torch.nn``'s: ``nn.Conv2d(64, 64, 3, padding=1).state_dict()`` into the gallery's
