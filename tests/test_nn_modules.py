@@ -9,15 +9,20 @@ from __future__ import annotations
 import copy
 import pickle
 
+import numpy as np
 import pytest
 from backends import backend
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = backend("torch")
 
 from kdsl import gallery  # noqa: E402
+from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen import torch as kdsl_torch  # noqa: E402
-from kdsl.codegen.torch.layer_facts import nn_layer  # noqa: E402
+from kdsl.codegen.torch.layer_facts import nn_layer, weight_attributes  # noqa: E402
 from kdsl.lang import Input, Output, Reduce, Share, Stride, Unfold, Weight, coefficient, primary  # noqa: E402
+from kdsl.testing import strategies as kst  # noqa: E402
 
 F = torch.nn.functional
 
@@ -200,3 +205,34 @@ def test_a_whole_module_pickled_when_its_weight_had_the_dsl_name_unpickles_with_
     x = torch.randn(1, 4, 5, 5)
     with torch.no_grad():
         assert torch.equal(copied(x), module(x))
+
+
+def check_nn_facts(op, layer) -> None:
+    """Where ``op`` is convolution-like, its facts at ``layer`` are positive integers, the groups
+    divide both channel counts, and the weight holds nn's number of elements; else no weight is
+    ``weight`` that the DSL did not name so."""
+    facts = nn_layer(op)
+    if facts is None:
+        assert "weight" not in weight_attributes(op) or any(w.name == "weight" for w in op.weights)
+        return
+    values = reference.binding(op, layer)
+    numbers = [s.evaluate(values) for s in (facts.in_channels, facts.out_channels, facts.groups, *facts.kernel_size)]
+    assert all(n.denominator == 1 and n > 0 for n in numbers), numbers
+    channels_in, channels_out, groups = numbers[:3]
+    assert channels_in % groups == 0 and channels_out % groups == 0
+    kernel = int(np.prod([int(n) for n in numbers[3:]]))
+    assert np.prod(reference.shapes(op, layer).weights[0]) == channels_out * channels_in // groups * kernel
+    assert weight_attributes(op) == ["weight"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(kst.operators_with_layers(max_steps=6))
+def test_the_nn_facts_of_a_drawn_operator_never_crash_and_fit(case):
+    check_nn_facts(*case)  # search's operators are rarely convolution-like: this checks that nothing raises
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(gallery.names())), st.data())
+def test_the_nn_facts_of_gallery_operators_fit_every_layer_drawn(name, data):
+    op = gallery.load(name)
+    check_nn_facts(op, data.draw(kst.layers(op)))
