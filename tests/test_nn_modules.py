@@ -236,3 +236,11 @@ def test_the_nn_facts_of_a_drawn_operator_never_crash_and_fit(case):
 def test_the_nn_facts_of_gallery_operators_fit_every_layer_drawn(name, data):
     op = gallery.load(name)
     check_nn_facts(op, data.draw(kst.layers(op)))
+
+
+def test_a_padded_module_has_no_nn_attributes_its_layer_would_not_have():
+    op, layer = gallery.load("grouped_conv2d"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7}
+    padded = kdsl_torch.build(op, {**layer, "G": 3}, pad=True)  # 64 channels in 3 groups: padded to 66
+    assert not hasattr(padded, "groups") and "Cin=66" in repr(padded) and list(padded.state_dict()) == ["weight"]
+    exact = kdsl_torch.build(op, {**layer, "G": 2}, pad=True)  # nothing to pad
+    assert (exact.in_channels, exact.groups) == (64, 2)

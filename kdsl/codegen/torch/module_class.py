@@ -83,8 +83,8 @@ def build(
     >>> module = build(library.load("grouped_conv2d"), layer, pad=True)
     >>> [tuple(w.shape) for w in module.weights], tuple(module(torch.ones(1, 64, 7, 7)).shape)
     ([(3, 22, 22, 3, 3)], (1, 64, 7, 7))
-    >>> module
-    GroupedConv2d(66, 66, kernel_size=3, groups=3)
+    >>> module  # padded: no nn.Conv2d has 64 channels in 3 groups, so the repr lists the padded sizes
+    GroupedConv2d(Cin=66, Cout=66, H=7, N=1, W=7, G=3, K=3)
     >>> print(module.padding.describe())
     Cin 64 -> 66 (Split(Cin, Cin/G))
     Cout 64 -> 66 (Share(w): the weight dim co: Cout/G)

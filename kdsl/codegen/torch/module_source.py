@@ -161,11 +161,14 @@ def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str | 
                 f"yet; pass sizes that divide"
             )
         return padded_source(op, solve.pad_binding(op, layer), name=name)
-    binding = _known_binding(op, layer) if layer is not None else None
+    return _source_text(op, _known_binding(op, layer) if layer is not None else None, name, nn_layer(op))
+
+
+def _source_text(op: Operator, binding: Mapping[str, int] | None, name: str, facts: NnLayer | None) -> str:
+    """:func:`source`'s text of ``op`` at ``binding``, with ``facts``' torch.nn attributes and repr."""
     ids, axis = module_identifiers(op), _einops_axes(op)
     attributes = weight_attributes(op)
     codes = [f"self.{a}" for a in attributes]
-    facts = nn_layer(op)
     if not op.is_linear:
         body = _graph_body(op, binding, axis, ids, codes)
     else:
@@ -461,9 +464,11 @@ def padded_source(op: Operator, padding: Padding, *, name: str | None = None) ->
             y = self.padded_forward(x)
             return y[:, :64]  # Cout 66 -> 64
     """
-    code = source(op, padding.padded_binding, name=name)
     if not padding.needed:
-        return code
+        return source(op, padding.padded_binding, name=name)
+    # no torch.nn attributes: the padded sizes are not the layer's (nn.Conv2d(64, 64, groups=3) does not exist)
+    name = class_name(op) if name is None else name
+    code = _source_text(op, _known_binding(op, padding.padded_binding), name, None)
     free = free_inputs(op)
     dims = ", ".join(f'"{d.name}"' for d in padding.inputs)
     sizes = ", ".join("None" if i in free else str(d.original) for i, d in enumerate(padding.inputs))
