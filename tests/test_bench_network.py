@@ -84,7 +84,7 @@ def test_the_kdsl_conv2d_network_computes_the_native_network_with_the_same_weigh
     with torch.no_grad():
         for ours, theirs in zip(ours_in_order, theirs_in_order):
             if type(ours).__name__ == "Replaced":
-                ours.inner.w.copy_(theirs.weight)
+                ours.inner.weight.copy_(theirs.weight)
             elif isinstance(ours, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.BatchNorm2d)):
                 ours.load_state_dict(theirs.state_dict())
         x = torch.randn(2, 3, 32, 32)

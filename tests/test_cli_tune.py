@@ -15,6 +15,7 @@ from kdsl.cli import main
 
 backend("tvm")
 
+from kdsl.codegen import tvm as kdsl_tvm  # noqa: E402
 from kdsl.tune.records import target_mcpu  # noqa: E402  (after the skip: it reads TVM's target)
 
 TINY = '{"M": 4, "Cin": 8, "Cout": 8}'
@@ -48,6 +49,10 @@ def test_tune_apply_writes_a_library_and_the_old_layer_spelling_still_works(caps
     library = tmp_path / "kernel.so"
     code, out, _ = run(capsys, "tune", "matmul", "--layer", TINY, "--db", tuned, "--apply", "--out", str(library))
     assert code == 0 and library.stat().st_size > 0 and f"wrote {library}" in out
+    torch = backend("torch")
+    kernel = kdsl_tvm.load(library)  # what --apply wrote, called like kdsl.tune.apply's kernel
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    np.testing.assert_allclose(kernel(x, w).numpy(), (x @ w).numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_the_python_api_builds_a_kernel_that_computes_the_operator(tuned):

@@ -58,7 +58,7 @@ def copy_weights(original: nn.Module, replaced: nn.Module, names: list[str], lay
     with torch.no_grad():
         for name in names:
             conv, module = original.get_submodule(name), replaced.get_submodule(name)
-            module.w.copy_(layout(conv.weight))
+            module.weight.copy_(layout(conv.weight))
             if conv.bias is not None:
                 module.bias.copy_(conv.bias)
 
@@ -68,7 +68,7 @@ def test_grouped_conv2d_replaces_the_13_stride_1_3x3_convs_of_kdsls_resnet18_and
     check_resnet18_report(report)
     assert "Cin/G = 3/4 is not an integer" in dict(report.left)["conv1"]
     replaced = [type(net.get_submodule(name)).__name__ for name, _ in report.replaced]
-    assert replaced == ["KdslOperator"] * 13
+    assert replaced == ["GroupedConv2d"] * 13
     assert all(isinstance(net.get_submodule(name), nn.Conv2d) for name in LEFT)
     assert str(report).splitlines()[0] == "replaced 13 of 20 Conv2d with grouped_conv2d"
     assert tuple(net(torch.randn(2, 3, 32, 32)).shape) == (2, 10)
@@ -151,7 +151,7 @@ def test_the_replacements_keep_dtype_device_training_mode_and_bias():
     model, report = replace(model, "grouped_conv2d")
     assert len(report.replaced) == 2
     assert {p.dtype for p in model.parameters()} == {torch.float64}
-    assert list(model[0].state_dict()) == ["w", "bias"] and list(model[1].state_dict()) == ["w"]
+    assert list(model[0].state_dict()) == ["weight", "bias"] and list(model[1].state_dict()) == ["weight"]
     assert not model[0].training
     assert model(torch.ones(1, 8, 6, 6, dtype=torch.float64)).dtype == torch.float64
 
@@ -160,7 +160,7 @@ def test_the_weights_are_initialised_as_pytorch_initialises_a_grouped_conv():
     torch.manual_seed(0)
     model, _ = replace(nn.Sequential(nn.Conv2d(256, 256, 3, padding=1)), "grouped_conv2d")
     bound = 1 / (256 // 4 * 9) ** 0.5  # kaiming-uniform(a=sqrt(5)) over the fan-in Cin/G * K * K
-    weight = model[0].w
+    weight = model[0].weight
     assert weight.abs().max() <= bound and weight.abs().max() > 0.95 * bound
     assert abs(weight.std().item() - bound / 3**0.5) < 0.05 * bound
 
@@ -205,9 +205,9 @@ def test_a_model_that_is_one_conv_is_replaced_whole():
 
 
 def test_the_replaced_resnet18_trains_saves_loads_compiles_and_exports(tmp_path):
-    net, _ = replace(small_resnet().train(), "grouped_conv2d")
-    kdsl_weights = [name for name, _ in net.named_parameters() if name.endswith(".w")]
-    assert len(kdsl_weights) == 13
+    net, report = replace(small_resnet().train(), "grouped_conv2d")
+    kdsl_weights = [f"{name}.weight" for name, _ in report.replaced]  # torch.nn's name for a layer's weight
+    assert len(kdsl_weights) == 13 and set(kdsl_weights) <= {name for name, _ in net.named_parameters()}
     before = {name: p.detach().clone() for name, p in net.named_parameters()}
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
@@ -238,7 +238,7 @@ def test_the_replaced_resnet18_trains_saves_loads_compiles_and_exports(tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-5)
     exported = torch.export.export(loaded, (x,))
-    assert sum(name.endswith(".w") for name in exported.state_dict) == 13
+    assert sum(name in kdsl_weights for name in exported.state_dict) == 13
     with torch.no_grad():
         torch.testing.assert_close(exported.module()(x), expected, rtol=1e-4, atol=1e-5)
 

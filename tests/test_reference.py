@@ -176,8 +176,15 @@ def test_wrong_weights_raise_shape_errors():
         reference.run(CONV1D, LAYER, x, [])
     with pytest.raises(ShapeError, match=r"weight w: the dim k has size 2 but this layer needs 3"):
         reference.run(CONV1D, LAYER, x, [w[..., :2]])
-    with pytest.raises(ShapeError, match=r"list of arrays"):
-        reference.run(CONV1D, LAYER, x, w)
+    with pytest.raises(ShapeError, match=r"the weight w must be a NumPy array, got str"):
+        reference.run(CONV1D, LAYER, x, "w")
+    with pytest.raises(ShapeError, match=r"1 weights \(w\) but 2 were given"):
+        reference.run(CONV1D, LAYER, x, w, w)
+
+
+def test_the_weights_one_by_one_as_a_kernel_takes_them_give_the_same_result():
+    x, (w,) = reference.random_inputs(CONV1D, LAYER)
+    np.testing.assert_array_equal(reference.run(CONV1D, LAYER, x, w), reference.run(CONV1D, LAYER, x, [w]))
 
 
 def test_unbound_variable_is_a_layer_error():

@@ -240,23 +240,24 @@ def test_bias_is_one_value_per_output_channel_initialised_like_pytorchs():
         torch.testing.assert_close(biased(x), plain(x) + biased.bias[:, None, None])
 
 
-def test_repr_shows_the_operator_and_the_sizes():
+def test_repr_is_one_short_line_of_the_sizes_and_the_operator_is_an_attribute():
     module = kdsl_torch.build(gallery.load("depthwise_separable_conv2d"), DWS, bias=True)
-    text = repr(module)
-    assert "Share(depthwise) >> Reduce(kh) >> Reduce(kw) >> Share(pointwise) >> Reduce(Cin)" in text
-    assert "Cin=4, Cout=8, K=3, (H, N, W from the input), bias=True" in text
+    assert repr(module) == "DepthwiseSeparableConv2d(Cin=4, Cout=8, K=3, bias=True)"
+    assert "Share(depthwise) >> Reduce(kh) >> Reduce(kw) >> Share(pointwise) >> Reduce(Cin)" in module.operator
 
 
 @pytest.mark.parametrize("weight", ["training", "weights", "bias", "forward", "sizes", "state_dict"])
 def test_a_weight_named_like_a_module_attribute_gets_another_one(weight):
     N, Cin, Cout = primary("N Cin Cout")
-    op = Input(N, Cin) >> Share(Weight(Cout, Cin, name=weight)) >> Reduce(Cin) >> Output(N, Cout)
+    scale = Weight(Cin, name="scale")  # two weights: each keeps its DSL name where it is free
+    op = Input(N, Cin) >> Share(scale) >> Share(Weight(Cout, Cin, name=weight)) >> Reduce(Cin) >> Output(N, Cout)
     layer = {"N": 2, "Cin": 3, "Cout": 4}
     module = kdsl_torch.build(op, layer, bias=True).double()
-    assert list(module.state_dict()) == [weight + "_", "bias"]
+    assert list(module.state_dict()) == ["scale", weight + "_", "bias"]
     assert f"{weight} -> {weight}_" in module.kdsl_source
     x = np.random.default_rng(0).standard_normal((2, 3))
-    expected = reference.run(op, layer, x, [module.weights[0].detach().numpy()]) + module.bias.detach().numpy()
+    weights = [w.detach().numpy() for w in module.weights]
+    expected = reference.run(op, layer, x, weights) + module.bias.detach().numpy()
     with torch.no_grad():
         np.testing.assert_allclose(module(torch.from_numpy(x)).numpy(), expected, rtol=1e-12)
     assert module.training is True and module.eval().training is False

@@ -22,7 +22,7 @@ def test_conv2d_loads_an_nn_conv2d_state_dict_and_computes_the_same(bias: bool) 
     assert str(module.load_state_dict(conv.state_dict())) == "<All keys matched successfully>"
     x = torch.randn(2, 16, 7, 9)
     torch.testing.assert_close(module(x), conv(x), rtol=1e-5, atol=1e-5)
-    assert list(module.state_dict()) == ["w", "bias"] if bias else ["w"]  # its own names are kept
+    assert list(module.state_dict()) == (["weight", "bias"] if bias else ["weight"])  # torch.nn's names
 
 
 def test_linear_loads_an_nn_linear_state_dict() -> None:
@@ -35,7 +35,7 @@ def test_linear_loads_an_nn_linear_state_dict() -> None:
 
 def test_a_weight_of_another_layout_is_refused_by_pytorchs_size_check() -> None:
     module = kdsl_torch.build(gallery.load("conv2d"), {"Cin": 16, "Cout": 8})
-    with pytest.raises(RuntimeError, match="size mismatch for w"):
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
         module.load_state_dict(torch.nn.Conv2d(16, 8, 5, padding=2, bias=False).state_dict())
 
 

@@ -27,6 +27,7 @@ from kdsl.bench.target import (
     select_mcpu,
 )
 from kdsl.cli.operator_commands import load_operator
+from kdsl.codegen.tvm import write_description
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.progress import Progress
@@ -266,6 +267,7 @@ def _tune_layer(
             if not result.library:
                 raise KdslError("MetaSchedule kept no library of its best schedule; nothing to write to --out")
             shutil.copyfile(result.library, out)
+            write_description(out, op, solve.bind(op, layer), "float32")  # what kdsl.codegen.tvm.load reads
         else:
             export(best, op, layer, out)
     return best, result

@@ -210,12 +210,17 @@ def run(
     op: Operator,
     layer: Mapping[str, int],
     x: np.ndarray | Sequence[np.ndarray],
-    weights: Sequence[np.ndarray],
-    *,
+    *weights: np.ndarray | Sequence[np.ndarray],
     pad: bool = False,
 ) -> np.ndarray:
     """Evaluate ``op`` (an operator or a branching kernel) on the input ``x`` with ``weights`` (in
     ``op.weights`` order) at ``layer``.
+
+    The arguments after the layer are those a compiled kernel takes (``kernel(x, *weights)``): the
+    input, then the weights one by one, ``run(op, layer, x, w)``; the weights given as one list,
+    ``run(op, layer, x, [w])``, is the same call. A kernel of several inputs takes them as one
+    tuple ``x`` (as :func:`random_inputs` gives them) or one by one before the weights, as the
+    compiled kernel does: ``run(op, layer, (a, b), w)`` or ``run(op, layer, a, b, w)``.
 
     ``layer`` maps variable names to ints (extra names are ignored; a coefficient it omits takes
     the operator's default). ``x`` must be a floating (or complex) array shaped like the input
@@ -234,6 +239,8 @@ def run(
     >>> run(matmul, {"M": 2, "Cin": 3, "Cout": 2}, x, [w])
     array([[ 3.,  3.],
            [12., 12.]])
+    >>> run(matmul, {"M": 2, "Cin": 3, "Cout": 2}, x, w).tolist()  # the weights one by one, as a kernel takes them
+    [[3.0, 3.0], [12.0, 12.0]]
     >>> run(matmul, {"M": 2, "Cin": 4, "Cout": 2}, x, [w])
     Traceback (most recent call last):
     ...
@@ -246,6 +253,8 @@ def run(
     >>> a, b = np.ones((1, 2, 3)), np.full((1, 3, 2), 2.0)
     >>> run(bmm, {"B": 1, "M": 2, "K": 3, "N": 2}, (a, b), []).tolist()
     [[[6.0, 6.0], [6.0, 6.0]]]
+    >>> run(bmm, {"B": 1, "M": 2, "K": 3, "N": 2}, a, b).tolist()  # as the compiled kernel takes them
+    [[[6.0, 6.0], [6.0, 6.0]]]
 
     Padded: a sum over windows of 3 at a stride of 2 on 5 elements runs on 6 (the sixth a zero)
     and keeps ceil(5/2) = 3 results.
@@ -255,6 +264,7 @@ def run(
     >>> run(strided, {"L": 5}, np.arange(1.0, 6.0), [], pad=True)
     array([3., 9., 9.])
     """
+    x, weights = _call_arguments(op, x, weights)
     if pad:
         _one_input(op, "padding (pad=True)")
         padding = _padding(op, layer)
@@ -266,8 +276,6 @@ def run(
     values = binding(op, layer)
     xs = _input_arrays(op, x, expected)
     x = xs[0]
-    if isinstance(weights, np.ndarray) or not isinstance(weights, Sequence):
-        raise ShapeError(f"weights must be a list of arrays (one per weight), got {type(weights).__name__}")
     if len(weights) != len(op.weights):
         listed = ", ".join(str(w.name) for w in op.weights) or "none"
         raise ShapeError(f"the operator has {len(op.weights)} weights ({listed}) but {len(weights)} were given")
@@ -276,6 +284,23 @@ def run(
         for array, shape, weight in zip(weights, expected.weights, op.weights)
     ]
     return _run_nodes(op, values, xs, arrays)
+
+
+def _call_arguments(op: Operator, x: object, rest: tuple[object, ...]) -> tuple[object, object]:
+    """:func:`run`'s ``x`` and weights from the arguments after the layer, in either call shape:
+    (x, [weights]) or (x, *weights); several inputs as one tuple or one by one first."""
+    count = len(op.input_names)
+    if count > 1 and not isinstance(x, (tuple, list)):
+        arrays = len(rest) if not rest or not isinstance(rest[-1], (tuple, list)) else len(rest) - 1
+        if arrays < count - 1:  # a list after them is the weights: run(op, layer, a, b, [w])
+            raise ShapeError(
+                f"the kernel takes {count} inputs ({', '.join(op.input_names)}) before its weights, "
+                f"got {1 + arrays} arrays"
+            )
+        x, rest = (x, *rest[: count - 1]), rest[count - 1 :]
+    if len(rest) == 1 and isinstance(rest[0], (list, tuple)):
+        return x, rest[0]  # the weights as one list: run(op, layer, x, [w])
+    return x, list(rest)
 
 
 def _input_arrays(op: Operator, x: object, expected: Shapes) -> list[np.ndarray]:

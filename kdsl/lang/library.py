@@ -23,7 +23,17 @@ from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
 
-__all__ = ["SUFFIX", "describe", "directory", "load", "load_operator", "names", "path", "source"]
+__all__ = [
+    "SUFFIX",
+    "describe",
+    "directory",
+    "gallery_name",
+    "load",
+    "load_operator",
+    "names",
+    "path",
+    "source",
+]
 
 SUFFIX = ".dsl"
 
@@ -108,6 +118,37 @@ def load(name: str) -> Operator:
     except KdslError as error:
         where = f"the gallery file {file}"
         raise error.with_context(f"{where}\n{error.context}" if error.context else where) from None
+
+
+#: (gallery folder, its modification time) -> design key -> the first gallery name of that design
+_NAMES_BY_DESIGN: dict[tuple[str, int], dict[str, str]] = {}
+
+
+def gallery_name(op: Operator) -> str | None:
+    """The name of the gallery operator ``op`` is, at any coefficient values (its
+    :attr:`~kdsl.lang.operator.Operator.design_key`), or ``None``: what a generated module's class
+    is named after. The gallery is parsed once per process, and again when a file is added or
+    removed (the folder's modification time changes); a file that does not parse is skipped.
+
+    >>> gallery_name(load("grouped_conv2d").with_defaults(G=2)), gallery_name(load("max_pool2d"))
+    ('grouped_conv2d', 'max_pool2d')
+    """
+    try:
+        folder = directory()
+        version = (str(folder), folder.stat().st_mtime_ns)  # one stat per call: builds call this often
+    except (KdslError, OSError):
+        return None  # no gallery shipped: modules are named from their structure
+    found = _NAMES_BY_DESIGN.get(version)
+    if found is None:
+        found = {}
+        for name in names():
+            try:
+                found.setdefault(load(name).design_key, name)
+            except KdslError:
+                continue
+        _NAMES_BY_DESIGN.clear()  # only the current gallery is worth keeping
+        _NAMES_BY_DESIGN[version] = found
+    return found.get(op.design_key)
 
 
 def load_operator(ref: str) -> Operator:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kdsl import solve
-from kdsl.codegen.tvm import build, lower
+from kdsl.codegen.tvm import build, lower, write_description
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.operator import Operator
 from kdsl.tune.measurer import compile_module
@@ -109,14 +109,16 @@ def export(
     *,
     tuner: str | None = None,
 ) -> Path:
-    """Compile the tuned schedule (as :func:`apply` finds it) into a shared library at ``path``
-    (``tvm.runtime.load_module`` loads it; its function takes the input, the weights and the output)."""
+    """Compile the tuned schedule (as :func:`apply` finds it) into a shared library at ``path``, with
+    its description beside it (``path + ".json"``): :func:`kdsl.codegen.tvm.load` loads it as a
+    kernel called like :func:`apply`'s, ``kernel(x, *weights)``. (Its ``main``, which
+    ``tvm.runtime.load_module(path)["main"]`` gives, takes the input, the weights and the output.)"""
     record = _record(source, op, layer, tuner)
     if not _applicable(record):
         raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
     binding = solve.bind(op, layer)
     compile_module(ScheduleSpace(lower(op, binding)).apply(record.config).mod, str(path))
-    return Path(path)
+    return write_description(path, op, binding, "float32")
 
 
 def schedule_lines(config: Mapping[str, Any]) -> list[str]:

@@ -13,7 +13,9 @@ whose layout needs a copy, as a search-found one might, is copied on each call: 
 the parameter's version would have to follow ``.to()``, ``load_state_dict`` and in-place optimizer
 steps, and under autograd the copy is part of the graph anyway; a small weight's copy is one
 kernel.) :func:`build` compiles that source into a module for one layer that
-behaves like a ``torch.nn`` one: its parameters carry the DSL's weight names, are initialised with
+behaves like a ``torch.nn`` one: the one weight of a convolution-like operator is ``weight`` and its
+module has ``nn.Conv2d``'s attributes and repr (:mod:`~kdsl.codegen.torch.layer_facts`), other
+parameters carry the DSL's weight names; they are initialised with
 the fan-in PyTorch uses for the equivalent layer (:func:`fan_ins`), sizes no weight needs are read
 from the input (:func:`lazy_variables`), ``bias=True`` adds a bias, and the module pickles,
 deep-copies, saves whole with ``torch.save`` and compiles with ``torch.compile`` (see :func:`build`).
@@ -31,8 +33,9 @@ chain run on ones (with weights of ones) is positive exactly where an element re
 
 **Files.** :mod:`~kdsl.codegen.torch.module_source` writes the module's text,
 :mod:`~kdsl.codegen.torch.module_class` makes it a class (:func:`build`, its cache, pickling),
-:mod:`~kdsl.codegen.torch.module_signature` says what its constructor takes (weights, fan-ins, lazy
-sizes); :mod:`~kdsl.codegen.torch.chain_lowering` lowers a linear chain through
+:mod:`~kdsl.codegen.torch.module_signature` says what its constructor takes (fan-ins, lazy
+sizes), :mod:`~kdsl.codegen.torch.layer_facts` what torch.nn would call its weight, attributes and
+class; :mod:`~kdsl.codegen.torch.chain_lowering` lowers a linear chain through
 :mod:`~kdsl.codegen.torch.writer` and :mod:`~kdsl.codegen.torch.views`, with the native ops of
 :mod:`~kdsl.codegen.torch.fast_paths`; :mod:`~kdsl.codegen.torch.graph_nodes` holds a branching
 operator's node rules; :mod:`~kdsl.codegen.torch.identifiers` the names the generated code uses.
@@ -44,8 +47,10 @@ operator's node rules; :mod:`~kdsl.codegen.torch.identifiers` the names the gene
 >>> module = build(linear, {"Cin": 3, "Cout": 4})
 >>> module(torch.ones(2, 3)).shape
 torch.Size([2, 4])
->>> [(name, tuple(p.shape)) for name, p in module.named_parameters()]
-[('w', (4, 3))]
+>>> [(name, tuple(p.shape)) for name, p in module.named_parameters()]  # torch.nn's name for a layer's weight
+[('weight', (4, 3))]
+>>> module
+Linear(in_features=3, out_features=4)
 >>> from kdsl.lang import *
 >>> N, C, H, W = primary("N C H W")
 >>> pool = Input(N, C, H, W) >> Unfold(H, 3, "kh") >> Unfold(W, 3, "kw") >> Fold("kh", "kw") >> Output(N, C, H, W)
@@ -70,8 +75,9 @@ from kdsl.codegen.torch.graph_nodes import (
     own_names,
 )
 from kdsl.codegen.torch.identifiers import MODULE_NAMES, NN_MODULE_ATTRIBUTES, OWN_NAMES, RESERVED_ATTRIBUTES
+from kdsl.codegen.torch.layer_facts import NnLayer, class_name, nn_layer, weight_attributes
 from kdsl.codegen.torch.module_class import build, load_torch
-from kdsl.codegen.torch.module_signature import fan_ins, free_inputs, lazy_variables, weight_attributes
+from kdsl.codegen.torch.module_signature import fan_ins, free_inputs, lazy_variables
 from kdsl.codegen.torch.module_source import ERROR_IMPORT, HELPERS, padded_source, source
 
 __all__ = [
@@ -82,18 +88,21 @@ __all__ = [
     "HELPERS",
     "MAP_CODE",
     "MODULE_NAMES",
+    "NnLayer",
     "NN_MODULE_ATTRIBUTES",
     "OWN_NAMES",
     "RESERVED_ATTRIBUTES",
     "RULES",
     "ChainEmitter",
     "build",
+    "class_name",
     "fan_ins",
     "forward_lines",
     "free_inputs",
     "lazy_variables",
     "load_torch",
     "masked_folds",
+    "nn_layer",
     "own_names",
     "padded_source",
     "source",

@@ -50,19 +50,28 @@ NN_MODULE_ATTRIBUTES = frozenset(
     register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
     to_empty train training type xpu zero_grad""".split()
 )
+#: The ``torch.nn`` layer attributes a convolution-like module sets
+#: (:func:`kdsl.codegen.torch.layer_facts.nn_layer`).
+NN_LAYER_ATTRIBUTES = frozenset(
+    {"in_channels", "out_channels", "kernel_size", "stride", "dilation", "groups", "in_features", "out_features"}
+)
 #: The attributes a weight's parameter must not take: ``nn.Module``'s and the generated module's own.
-RESERVED_ATTRIBUTES = NN_MODULE_ATTRIBUTES | {
-    "bias",
-    "fan_ins",
-    "kdsl_source",
-    "masks",
-    "operator",
-    "padded_forward",
-    "padding",
-    "reset_parameters",
-    "sizes",
-    "weights",
-}
+RESERVED_ATTRIBUTES = (
+    NN_MODULE_ATTRIBUTES
+    | NN_LAYER_ATTRIBUTES
+    | {
+        "bias",
+        "fan_ins",
+        "kdsl_source",
+        "masks",
+        "operator",
+        "padded_forward",
+        "padding",
+        "reset_parameters",
+        "sizes",
+        "weights",
+    }
+)
 #: Module-level names of the generated source (a class name must not hide one of them).
 MODULE_NAMES = OWN_NAMES | {"math", "HELPERS"}
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.codegen.torch.identifiers import _class_name
+from kdsl.codegen.torch.layer_facts import class_name, weight_attributes
 from kdsl.codegen.torch.module_signature import _known_binding
 from kdsl.codegen.torch.module_source import module_identifiers, padded_source, source
 from kdsl.lang.errors import LoweringError
@@ -39,7 +40,7 @@ def build(
     op: Operator,
     layer: Mapping[str, int],
     *,
-    name: str = "KdslOperator",
+    name: str | None = None,
     pad: bool = False,
     bias: bool = False,
 ) -> Any:
@@ -49,6 +50,15 @@ def build(
     ``bias=True``, a ``bias`` per output channel (the output dim named ``Cout``, else the second),
     initialised like ``nn.Conv2d``'s: with the fan-in of the last weight that has that dim (else of
     the last weight).
+
+    Like ``torch.nn``'s layers: the one weight of an operator of one weight is ``module.weight``
+    (:func:`weight_attributes`), so ``load_state_dict`` takes an ``nn.Conv2d``'s or ``nn.Linear``'s
+    state dict of the same layout, and one saved under the weight's DSL name (``w``) too; the class
+    is named after the gallery operator (``GroupedConv2d``; ``name`` overrides it); a
+    convolution-like operator's module has ``in_channels``, ``out_channels``, ``kernel_size``,
+    ``stride``, ``dilation`` and ``groups`` and a one-line repr like ``nn.Conv2d``'s
+    (:mod:`kdsl.codegen.torch.layer_facts`). An operator of several weights keeps their DSL names
+    (the gallery file's docstring says how each maps onto PyTorch's weights).
 
     Sizes the layer does not give are read from the input at each call where no weight depends on
     them (:func:`lazy_variables`: N, H, W of a convolution); a size a weight needs raises
@@ -73,18 +83,20 @@ def build(
     >>> module = build(library.load("grouped_conv2d"), layer, pad=True)
     >>> [tuple(w.shape) for w in module.weights], tuple(module(torch.ones(1, 64, 7, 7)).shape)
     ([(3, 22, 22, 3, 3)], (1, 64, 7, 7))
+    >>> module  # padded: no nn.Conv2d has 64 channels in 3 groups, so the repr lists the padded sizes
+    GroupedConv2d(Cin=66, Cout=66, H=7, N=1, W=7, G=3, K=3)
     >>> print(module.padding.describe())
     Cin 64 -> 66 (Split(Cin, Cin/G))
     Cout 64 -> 66 (Share(w): the weight dim co: Cout/G)
     >>> module = build(library.load("depthwise_separable_conv2d"), {"Cin": 8, "Cout": 16}, bias=True)
-    >>> list(module.state_dict())
-    ['depthwise', 'pointwise', 'bias']
+    >>> list(module.state_dict()), module
+    (['depthwise', 'pointwise', 'bias'], DepthwiseSeparableConv2d(Cin=8, Cout=16, K=3, bias=True))
     >>> tuple(module(torch.ones(2, 8, 5, 9)).shape)
     (2, 16, 5, 9)
     """
     load_torch()
     item = as_layer(layer)
-    recipe = (op.to_dsl(), item.name, tuple(item.items), name, pad)
+    recipe = (op.to_dsl(), item.name, tuple(item.items), class_name(op) if name is None else name, pad)
     checked = layer if isinstance(layer, Binding) and layer.checked_for(op) and not pad else None
     code, padding, binding, cls = _generated(op, recipe, checked)
     variables = [v.name for v in op.variables]
@@ -140,8 +152,12 @@ def _generated(
         # integers), never user text, so compiling it is safe.
         exec(compile(code, filename, "exec"), module.__dict__)
         linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)  # tracebacks
-        module.__dict__[_class_name(name)].__reduce_ex__ = _reduce_ex
-        module.__dict__[_class_name(name)]._load_from_state_dict = _load_from_state_dict
+        cls = module.__dict__[_class_name(name)]
+        cls.__reduce_ex__ = _reduce_ex
+        cls._load_from_state_dict = _load_from_state_dict
+        cls.__setstate__ = _setstate
+        # attribute -> the weight's DSL name where they differ: a state dict saved under the DSL name loads
+        cls._kdsl_weight_names = {a: w.name for a, w in zip(weight_attributes(op), op.weights) if a != w.name}
         sys.modules[module_name] = module  # importable by name: torch.compile looks classes up there
         _INSTANCES[module_name] = weakref.WeakSet()
     found = (code, padding, dict(binding), getattr(module, _class_name(name)))
@@ -165,14 +181,32 @@ def _forget_unused() -> None:
 
 
 def _load_from_state_dict(module: Any, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-    """Load a state dict, taking torch.nn's name for a layer's one weight, ``weight``, as the operator's
-    one weight (``w`` of the gallery's conv2d), so an ``nn.Conv2d``'s or ``nn.Linear``'s ``state_dict``
-    of the same layout loads; a weight of another shape is refused by PyTorch's own size check."""
-    own = [name for name in module._parameters if name != "bias"]
-    key = prefix + "weight"
-    if key in state_dict and len(own) == 1 and own[0] != "weight" and prefix + own[0] not in state_dict:
-        state_dict[prefix + own[0]] = state_dict.pop(key)
+    """Load a state dict, taking a weight's DSL name for its attribute (``w`` of the gallery's conv2d
+    for ``weight``: a state dict saved before the one weight was named ``weight`` loads), and a
+    convolution-like module's ``weight`` in ``nn.Conv``'s shape ``[out_channels,
+    in_channels/groups, *kernel_size]`` as its own, reshaped (:func:`~.layer_facts.nn_layer` checked
+    that the elements are in the same order: ``grouped_conv2d``'s ``[G, Cout/G, Cin/G, kh, kw]``,
+    ``depthwise_conv2d``'s ``[Cin, kh, kw]``). A weight of another shape is refused by PyTorch's own
+    size check."""
+    for attribute, dsl_name in getattr(module, "_kdsl_weight_names", {}).items():
+        if prefix + dsl_name in state_dict and prefix + attribute not in state_dict:
+            state_dict[prefix + attribute] = state_dict.pop(prefix + dsl_name)
+    given, own = state_dict.get(prefix + "weight"), module._parameters.get("weight")
+    if given is not None and own is not None and hasattr(module, "in_channels") and hasattr(given, "shape"):
+        layout = (module.out_channels, module.in_channels // module.groups, *module.kernel_size)
+        if tuple(given.shape) == layout and tuple(given.shape) != tuple(own.shape):
+            state_dict[prefix + "weight"] = given.reshape(own.shape)
     load_torch().nn.Module._load_from_state_dict(module, state_dict, prefix, *args, **kwargs)
+
+
+def _setstate(module: Any, state: dict[str, Any]) -> None:
+    """Unpickle a module's state; a module pickled before its one weight was named ``weight``
+    (its parameter under the DSL name, ``w``) gets it under ``weight``, in the same place."""
+    renamed = {dsl_name: attribute for attribute, dsl_name in getattr(module, "_kdsl_weight_names", {}).items()}
+    parameters = state.get("_parameters")
+    if isinstance(parameters, dict) and any(name in renamed for name in parameters):
+        state = {**state, "_parameters": {renamed.get(name, name): p for name, p in parameters.items()}}
+    load_torch().nn.Module.__setstate__(module, state)
 
 
 def _reduce_ex(module: Any, protocol: int) -> tuple[Any, ...]:

@@ -1,5 +1,5 @@
-"""What the generated module's constructor and forward need to know about an operator: the attribute
-and fan-in of each weight, the sizes it may read from its input (lazily or as a batch), the
+"""What the generated module's constructor and forward need to know about an operator: the fan-in
+of each weight, the sizes it may read from its input (lazily or as a batch), the
 binding a layer gives, the bias dim, the one-line description of its repr."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from math import prod
 
 from kdsl import solve
-from kdsl.codegen.torch.identifiers import MODULE_NAMES, RESERVED_ATTRIBUTES
+from kdsl.codegen.torch.identifiers import MODULE_NAMES
 from kdsl.lang.errors import DivisibilityError, LayerError
 from kdsl.lang.nonlinear import ProductJoin
 from kdsl.lang.operator import Operator
@@ -62,29 +62,6 @@ def forward_arguments(op: Operator, taken: frozenset[str] = frozenset()) -> list
             argument += "_"
         arguments.append(argument)
     return arguments
-
-
-def weight_attributes(op: Operator) -> list[str]:
-    """The attribute (and ``state_dict`` key) of each weight of ``op``, in ``op.weights`` order: the
-    weight's own name, unless ``nn.Module`` or the generated module uses that name itself
-    (:data:`RESERVED_ATTRIBUTES`: ``training``, ``weights``, ``bias``, ...), then the name with ``_``
-    appended until it is free (the generated source lists these renamings).
-
-    >>> from kdsl import gallery
-    >>> weight_attributes(gallery.load("depthwise_separable_conv2d"))
-    ['depthwise', 'pointwise']
-    """
-    names = [w.name or f"w{i}" for i, w in enumerate(op.weights)]
-    taken = set(names) | RESERVED_ATTRIBUTES
-    attributes = []
-    for name in names:
-        attribute = name
-        if name in RESERVED_ATTRIBUTES or name in attributes:
-            while attribute in taken or attribute in attributes:
-                attribute += "_"
-            taken.add(attribute)
-        attributes.append(attribute)
-    return attributes
 
 
 def _summed_dims(op: Operator) -> list[list[tuple[str, Size]]]:

@@ -17,6 +17,7 @@ from kdsl.codegen.torch.graph_nodes import (
     own_names,
 )
 from kdsl.codegen.torch.identifiers import _Axes, _class_name, _einops_ok, _identifiers
+from kdsl.codegen.torch.layer_facts import NnLayer, class_name, nn_layer, weight_attributes
 from kdsl.codegen.torch.module_signature import (
     _bias_dim,
     _fraction_code,
@@ -26,7 +27,6 @@ from kdsl.codegen.torch.module_signature import (
     forward_arguments,
     free_inputs,
     lazy_variables,
-    weight_attributes,
 )
 from kdsl.codegen.torch.writer import _atom, _size_code
 from kdsl.lang.errors import LoweringError
@@ -105,9 +105,7 @@ except ImportError:  # running without kdsl
 """
 
 
-def source(
-    op: Operator, layer: Mapping[str, int] | None = None, *, name: str = "KdslOperator", pad: bool = False
-) -> str:
+def source(op: Operator, layer: Mapping[str, int] | None = None, *, name: str | None = None, pad: bool = False) -> str:
     """Python source of an ``nn.Module`` computing ``op`` (an operator or a branching kernel) that
     runs without kdsl installed.
 
@@ -126,6 +124,13 @@ def source(
     parameter named after the DSL's weight (:func:`weight_attributes`), initialised like PyTorch's
     layers, uniform in ±1/sqrt(fan-in) (``kaiming_uniform_(a=sqrt(5))``) with the fan-in of
     :func:`fan_ins`; ``module.weights`` lists them in ``op.weights`` order.
+
+    The class is ``name`` (default: :func:`~kdsl.codegen.torch.layer_facts.class_name`, the gallery
+    name in CamelCase). A convolution-like operator's module has ``nn.Conv2d``'s attributes
+    (``in_channels``, ``out_channels``, ``kernel_size``, ``stride``, ``dilation``, ``groups``; a linear
+    one ``in_features`` and ``out_features``: :func:`~kdsl.codegen.torch.layer_facts.nn_layer`) and a
+    repr like theirs (``GroupedConv2d(64, 64, kernel_size=3, groups=2)``); any other's repr lists its
+    sizes (``module.operator`` is the operator in one line).
 
     The plan (the order of contraction stages) of each linear chain is the one that is cheapest at
     ``layer`` (at a reference size for the variables it does not give). The forward checks its
@@ -146,6 +151,7 @@ def source(
         x2 = x2 + self.bias[:, None]  # one per C
     return x2
     """
+    name = class_name(op) if name is None else name
     if pad:
         if layer is None:
             raise LoweringError("source(..., pad=True) pads the sizes of one layer: pass the layer")
@@ -155,7 +161,11 @@ def source(
                 f"yet; pass sizes that divide"
             )
         return padded_source(op, solve.pad_binding(op, layer), name=name)
-    binding = _known_binding(op, layer) if layer is not None else None
+    return _source_text(op, _known_binding(op, layer) if layer is not None else None, name, nn_layer(op))
+
+
+def _source_text(op: Operator, binding: Mapping[str, int] | None, name: str, facts: NnLayer | None) -> str:
+    """:func:`source`'s text of ``op`` at ``binding``, with ``facts``' torch.nn attributes and repr."""
     ids, axis = module_identifiers(op), _einops_axes(op)
     attributes = weight_attributes(op)
     codes = [f"self.{a}" for a in attributes]
@@ -182,7 +192,7 @@ def source(
         f"class {_class_name(name)}(nn.Module):",
         f"    operator = {_one_line(op)!r}",
         "",
-        *_constructor_lines(op, ids, attributes),
+        *_constructor_lines(op, ids, attributes, facts),
         "",
         *_SHARED_METHODS,
         "",
@@ -191,7 +201,7 @@ def source(
         '        """The weights in the operator\'s order."""',
         f"        return [{', '.join(codes)}]",
         "",
-        *_EXTRA_REPR,
+        *(_EXTRA_REPR if facts is None else _LINEAR_REPR if not facts.spatial else _CONV_REPR),
         "",
         *_forward_lines(op, ids, body),
     ]
@@ -226,14 +236,19 @@ def _renaming_notes(op: Operator, ids: dict[str, str], axis: _Axes, attributes: 
         pairs = ", ".join(f"{v} -> {i}" for v, i in renamed_ids.items())
         notes.append(f"# constructor arguments of the size variables whose names this module uses itself: {pairs}")
     renamed_weights = {w.name: a for w, a in zip(op.weights, attributes) if w.name != a}
-    if renamed_weights:
+    if renamed_weights and len(op.weights) == 1:
+        notes.append(f"# the one weight {op.weights[0].name} is the attribute weight, as torch.nn names a layer's")
+    elif renamed_weights:
         pairs = ", ".join(f"{w} -> {a}" for w, a in renamed_weights.items())
         notes.append(f"# attributes of the weights whose names nn.Module or this module uses itself: {pairs}")
     return notes
 
 
-def _constructor_lines(op: Operator, ids: dict[str, str], attributes: list[str]) -> list[str]:
-    """``__init__``: the sizes, one parameter per weight and the bias, their fan-ins."""
+def _constructor_lines(
+    op: Operator, ids: dict[str, str], attributes: list[str], facts: NnLayer | None = None
+) -> list[str]:
+    """``__init__``: the sizes, ``facts``' torch.nn attributes, one parameter per weight and the bias,
+    their fan-ins."""
     variables = [v.name for v in op.variables]
     defaults = op.default_coefficients
     lazy = lazy_variables(op)
@@ -263,6 +278,7 @@ def _constructor_lines(op: Operator, ids: dict[str, str], attributes: list[str])
         f"    def __init__(self, {signature}):",
         "        super().__init__()",
         "        self.sizes = {" + ", ".join(f'"{v}": {ids[v]}' for v in variables) + "}",
+        *_layer_lines(facts, ids),
         *weight_lines,
         f"        # bias: one per {channel.name} (output dim {position}), fan-in {bias_fan_in} like its weight's",
         "        if bias:",
@@ -279,6 +295,21 @@ def _constructor_lines(op: Operator, ids: dict[str, str], attributes: list[str])
     ]
 
 
+def _layer_lines(facts: NnLayer | None, ids: dict[str, str]) -> list[str]:
+    """The constructor's lines setting the torch.nn attributes of a convolution-like operator."""
+    if facts is None:
+        return []
+    lines = ["        # what torch.nn's layer of the same weight layout calls these (kdsl.codegen.torch.layer_facts)"]
+    for attribute, size in facts.attributes:
+        if isinstance(size, tuple):
+            items = [_size_code(s, ids) for s in size]
+            code = f"({', '.join(items)},)" if len(items) == 1 else f"({', '.join(items)})"
+        else:
+            code = _size_code(size, ids)
+        lines.append(f"        self.{attribute} = {code}")
+    return lines
+
+
 #: The generated module's methods that are the same for every operator.
 _SHARED_METHODS = [
     "    def reset_parameters(self):",
@@ -290,11 +321,26 @@ _SHARED_METHODS = [
 ]
 _EXTRA_REPR = [
     "    def extra_repr(self):",
+    "        # one short line: the sizes the module was built with (self.operator is the operator)",
     "        given = [f'{name}={size}' for name, size in self.sizes.items() if size is not None]",
-    "        lazy = [name for name, size in self.sizes.items() if size is None]",
-    "        read = ['(' + ', '.join(lazy) + ' from the input)'] if lazy else []",
-    "        biased = ['bias=True'] if self.bias is not None else []",
-    "        return ', '.join([self.operator, *given, *read, *biased])",
+    "        return ', '.join([*given, *(['bias=True'] if self.bias is not None else [])])",
+]
+_CONV_REPR = [
+    "    def extra_repr(self):",
+    "        # nn.Conv2d's, with a tuple of equal sizes as one number and the defaults left out",
+    "        def short(sizes):",
+    "            return sizes[0] if len(set(sizes)) == 1 else sizes",
+    "",
+    "        fields = [str(self.in_channels), str(self.out_channels), f'kernel_size={short(self.kernel_size)}']",
+    "        fields += [f'stride={short(self.stride)}'] if set(self.stride) != {1} else []",
+    "        fields += [f'dilation={short(self.dilation)}'] if set(self.dilation) != {1} else []",
+    "        fields += [f'groups={self.groups}'] if self.groups != 1 else []",
+    "        return ', '.join([*fields, *(['bias=True'] if self.bias is not None else [])])",
+]
+_LINEAR_REPR = [
+    "    def extra_repr(self):",
+    "        fields = [f'in_features={self.in_features}', f'out_features={self.out_features}']",
+    "        return ', '.join([*fields, *(['bias=True'] if self.bias is not None else [])])",
 ]
 
 
@@ -398,7 +444,7 @@ def _with_bias(op: Operator, body: list[str]) -> list[str]:
     ]
 
 
-def padded_source(op: Operator, padding: Padding, *, name: str = "KdslOperator") -> str:
+def padded_source(op: Operator, padding: Padding, *, name: str | None = None) -> str:
     """The source of ``op`` at ``padding``'s padded binding (as :func:`source` writes it, its
     ``forward`` renamed ``padded_forward``) and a ``forward`` that zero-pads the input at the end
     of each padded dim (``F.pad``), calls ``padded_forward`` and crops each output dim to the
@@ -418,9 +464,11 @@ def padded_source(op: Operator, padding: Padding, *, name: str = "KdslOperator")
             y = self.padded_forward(x)
             return y[:, :64]  # Cout 66 -> 64
     """
-    code = source(op, padding.padded_binding, name=name)
     if not padding.needed:
-        return code
+        return source(op, padding.padded_binding, name=name)
+    # no torch.nn attributes: the padded sizes are not the layer's (nn.Conv2d(64, 64, groups=3) does not exist)
+    name = class_name(op) if name is None else name
+    code = _source_text(op, _known_binding(op, padding.padded_binding), name, None)
     free = free_inputs(op)
     dims = ", ".join(f'"{d.name}"' for d in padding.inputs)
     sizes = ", ".join("None" if i in free else str(d.original) for i, d in enumerate(padding.inputs))

@@ -14,8 +14,11 @@ vector-Jacobian product (see :func:`_autograd_function`).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from kdsl.codegen.torch import build as build_torch
@@ -26,9 +29,13 @@ from kdsl.codegen.tvm.lowering import Lowered, lower
 from kdsl.codegen.tvm.toolchain import default_target, load_tvm
 from kdsl.lang.errors import KdslError, LoweringError, ShapeError
 from kdsl.lang.operator import Operator
+from kdsl.lang.parser import parse
 from kdsl.runtime.gpu import from_arch
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding
+
+#: The version of the description :func:`write_description` writes beside a kernel's library.
+DESCRIPTION_VERSION = 1
 
 #: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
 #: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
@@ -38,6 +45,17 @@ ALIGNMENT = 64
 def _aligned(tensor: Any) -> Any:
     """``tensor``, or an aligned copy when its data does not start on an :data:`ALIGNMENT` boundary."""
     return tensor if tensor.data_ptr() % ALIGNMENT == 0 else tensor.clone()
+
+
+def _call_arguments(inputs: int, x: Any, weights: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """A call's first argument and weights in the kernel's own shape (the inputs one by one, then the
+    weights one by one) from either shape :func:`kdsl.codegen.reference.run` takes too: the inputs
+    of several as one tuple first, the weights as one list."""
+    if weights and isinstance(weights[-1], (tuple, list)):  # kernel(x, [w]), kernel(a, b, [w])
+        weights = (*weights[:-1], *weights[-1])
+    if inputs > 1 and isinstance(x, (tuple, list)):
+        x, weights = x[0], (*x[1:], *weights)
+    return x, weights
 
 
 class Kernel:
@@ -129,8 +147,13 @@ class Kernel:
 
     def __call__(self, x: Any, *weights: Any, out: Any | None = None) -> Any:
         """``out = op(x, *weights)``. Differentiable: when grad mode is on and ``x`` or a weight
-        requires grad, the result takes part in autograd (see :func:`_autograd_function`)."""
+        requires grad, the result takes part in autograd (see :func:`_autograd_function`).
+
+        The call shapes :func:`kdsl.codegen.reference.run` takes work too: the weights as one list,
+        ``kernel(x, [w])``, and the inputs of a kernel of several as one tuple, ``kernel((a, b), w)``."""
         import torch
+
+        x, weights = _call_arguments(len(self.input_shapes), x, weights)
 
         if len(self.input_shapes) == 1:
             x, weights = self._tensors(x, weights)
@@ -172,6 +195,12 @@ class Kernel:
         out = torch.empty(self.output_shape, dtype=x.dtype)
         timer = self.executable.mod.time_evaluator("main", tvm.cpu(0), number=number, repeat=repeat)
         return list(timer(*[tvm.runtime.from_dlpack(a.detach()) for a in args], tvm.runtime.from_dlpack(out)).results)
+
+    def export(self, path: str | os.PathLike[str]) -> Path:
+        """Write the compiled kernel as a shared library at ``path`` and its description beside it
+        (:func:`description_path`): :func:`load` makes it a :class:`Kernel` again."""
+        self.executable.export_library(str(path))
+        return write_description(path, self.lowered.op, self.lowered.binding, self.dtype)
 
     def torch_module(self) -> Any:
         """The PyTorch lowering of the same operator at the same binding and dtype (built once): what
@@ -259,6 +288,7 @@ class PaddedKernel:
         import torch
         import torch.nn.functional as F
 
+        x, weights = _call_arguments(1, x, weights)
         if isinstance(x, np.ndarray):
             x = torch.from_numpy(x)
         if not isinstance(x, torch.Tensor):
@@ -354,3 +384,87 @@ def source(
     if scheduled:
         return default_schedule(lowered).mod.script()
     return lowered.module().script()
+
+
+def description_path(path: str | os.PathLike[str]) -> Path:
+    """Where the description of the kernel library at ``path`` is kept: ``kernel.so`` ->
+    ``kernel.so.json``."""
+    return Path(f"{os.fspath(path)}.json")
+
+
+def write_description(path: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], dtype: str) -> Path:
+    """Write beside the kernel library at ``path`` what :func:`load` needs to call it: the operator's
+    DSL text, its binding and the dtype (a library holds only machine code: not which tensors its
+    ``main`` takes). Returns ``path``."""
+    binding = {name: int(value) for name, value in dict(layer).items() if value is not None}
+    text = {"kdsl_kernel": DESCRIPTION_VERSION, "operator": op.to_dsl(), "binding": binding, "dtype": dtype}
+    description_path(path).write_text(json.dumps(text, indent=1) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+class _Library:
+    """A loaded kernel library as :class:`Kernel` calls its executable: ``library(*tensors)`` runs
+    ``main``; ``.mod`` is the runtime module (for ``time_evaluator``)."""
+
+    def __init__(self, module: Any) -> None:
+        self.mod = module
+        self.main = module["main"]
+
+    def __call__(self, *tensors: Any) -> Any:
+        return self.main(*tensors)
+
+    def export_library(self, path: str) -> None:
+        self.mod.export_library(path)
+
+
+def load(
+    path: str | os.PathLike[str],
+    op: Operator | None = None,
+    layer: Mapping[str, int] | None = None,
+    *,
+    dtype: str | None = None,
+) -> Kernel:
+    """The kernel in the shared library at ``path`` (what ``kdsl tune OP --apply --out FILE.so``,
+    :func:`kdsl.tune.export` and :meth:`Kernel.export` write) as a :class:`Kernel`: called like the
+    one :func:`build` returns, ``kernel(x, *weights, out=None) -> out`` on torch tensors (inputs
+    checked, output allocated, autograd through the PyTorch lowering). What it computes is read from
+    the description written beside the library (``FILE.so.json``); for a library without one, pass
+    the operator and the layer (and ``dtype`` when it is not float32) it was compiled for.
+
+    An example (not a doctest: it compiles)::
+
+        import torch
+        from kdsl import gallery
+        from kdsl.codegen import tvm as kdsl_tvm
+
+        op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 8, "Cout": 16, "H": 14, "W": 14}
+        kdsl_tvm.build(op, layer).export("conv2d.so")  # or: kdsl tune conv2d --layers ... --apply --out conv2d.so
+        kernel = kdsl_tvm.load("conv2d.so")
+        out = kernel(torch.randn(1, 8, 14, 14), torch.randn(16, 8, 3, 3))  # x, then the weights
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise LoweringError(f"no kernel library at {file}; write one with kdsl tune OP --apply --out {file.name}")
+    described = description_path(file)
+    if op is None or layer is None:
+        if not described.is_file():
+            raise LoweringError(
+                f"{file} has no description beside it ({described.name}, which kdsl tune --apply --out and "
+                f"Kernel.export write): pass the operator and layer it was compiled for, load(path, op, layer)"
+            )
+        try:
+            text = json.loads(described.read_text(encoding="utf-8"))
+            version, source, binding = text["kdsl_kernel"], text["operator"], text["binding"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise LoweringError(f"{described} is no kernel description kdsl wrote ({error})") from None
+        if version != DESCRIPTION_VERSION:
+            raise LoweringError(f"{described} has description version {version}; this kdsl reads {DESCRIPTION_VERSION}")
+        op = parse(source) if op is None else op
+        layer = binding if layer is None else layer
+        dtype = dtype or text.get("dtype")
+    lowered = lower(op, layer, dtype or "float32")
+    try:
+        module = load_tvm().runtime.load_module(str(file))
+    except Exception as error:  # TVM raises its own error types for a file that is no library
+        raise LoweringError(f"TVM cannot load {file} as a kernel library: {error}") from None
+    return Kernel(_Library(module), lowered, None)
