@@ -51,6 +51,7 @@ class _TileLoops:
     )  # id of an inner reduction tile placed with its outer tile -> extent
     vector_inner: Any = None
     vector_outer: Any = None
+    below: list[Any] = field(default_factory=list)  # S.spatial_below's middle tile: under the inner reductions
 
 
 @dataclass
@@ -255,6 +256,7 @@ class _Applier:
         sch, config, s = self.sch, self.config, stage.name
         nspatial = len(stage.spatial)
         whole = config.get(f"{s}.reductions") == "whole"
+        below = config.get(f"{s}.spatial_below", "none")
         tiles = _TileLoops()
         for k, (loop, (axis, extent)) in enumerate(zip(loops, stage.spatial + stage.reduced)):
             if extent == 1:  # unit loops: spatial ones fuse into the parallel loop, reductions are inner
@@ -271,6 +273,8 @@ class _Applier:
                     if axis == vector:
                         tiles.vector_outer = parts[0]
                 tiles.middle[axis] = [lp for lp in parts[1:2] if lp is not None]
+                if axis == below:  # its middle tile leaves S.order's loops for the level below the reductions
+                    tiles.below, tiles.middle[axis] = tiles.middle[axis], []
                 if axis == vector:
                     tiles.vector_inner = parts[2]
                 elif parts[2] is not None:
@@ -305,10 +309,13 @@ class _Applier:
         below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
         middle_nest = [*spatial_before, *(lp for _, lp in below)]
         inner = tiles.s_inner + ([tiles.vector_inner] if tiles.vector_inner is not None else [])
-        ordered = [*outer, *middle_nest, *[lp for lp, _ in tiles.r_inner], *inner]
+        ordered = [*outer, *middle_nest, *[lp for lp, _ in tiles.r_inner], *tiles.below, *inner]
         if len(ordered) > 1:
             sch.reorder(*ordered)
         at = spatial_before[-1] if spatial_before else outer[-1] if outer else None
+        below_axis = config.get(f"{s}.spatial_below", "none")
+        # the spatial level under the reductions is below the accumulator's place: its tile is the accumulator's
+        below += [(below_axis, lp) for lp in tiles.below]
         return _Nest(below, inner, at)
 
     def _local_accumulator(

@@ -66,7 +66,7 @@ from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
+VERSION = "tvm-space-6"  # 6: S.spatial_below (a spatial level below the inner reductions), unroll 512, 1024
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -75,8 +75,10 @@ UNROLL_REDUCTION = 4
 LAYOUT_FACTORS = (1, 4, 8, 16, 32, 64)
 #: Largest stride of a strided vector load that a branching kernel's stage prefers to a gather across rows.
 MAX_GATHER_STRIDE = 4
-#: Bounds on the product of unrolled inner reduction loops.
-UNROLL_LIMITS = (1, 4, 16, 64, 256)
+#: Bounds on the product of unrolled inner reduction loops (MetaSchedule's unroll pragma goes to 512).
+UNROLL_LIMITS = (1, 4, 16, 64, 256, 512, 1024)
+#: The largest bound the heuristic picks (its schedules stay those of the space before 512 and 1024).
+HEURISTIC_UNROLL = 256
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,6 +143,10 @@ class ScheduleSpace:
                 vectors = [a for a, e in stage.spatial if e > 1]
                 if vectors:
                     self._add(Categorical(f"{s}.vector", tuple(vectors)))
+                if any(e > 1 for _, e in stage.reduced) and vectors:
+                    # a fourth spatial level: one axis's middle tile below the inner reductions, above the
+                    # register tile (S0 R0 S1 R1 Sm S2, MetaSchedule's SSRSRS): one step's loads serve Sm tiles
+                    self._add(Categorical(f"{s}.spatial_below", ("none", *vectors)))
                 self._add(Discrete(f"{s}.unroll", UNROLL_LIMITS))
                 self._add(Categorical(f"{s}.unroll_tile", (True, False)))
                 self._add(Categorical(f"{s}.cache", ("local", "none")))
@@ -326,6 +332,7 @@ class ScheduleSpace:
             if f"{s}.reductions" in config:
                 config[f"{s}.reductions"] = "whole"
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
+            config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
             config[f"{s}.unroll_tile"] = True
             config[f"{s}.cache"] = "local"
             if vector is None:
