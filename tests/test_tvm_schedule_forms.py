@@ -34,13 +34,15 @@ def _loop_names(sch, block):
     return names
 
 
-def check_config(op, layer, space, config):
-    """The kernel of ``config`` agrees with the reference interpreter (float64)."""
+def check_config(op, layer, space, config, dtype="float64"):
+    """The kernel of ``config`` (for ``space``, lowered in ``dtype``) agrees with the reference interpreter."""
     x, weights = input_arrays(op, layer)
     expected = reference.run(op, layer, x, weights)
-    kernel = build(op, layer, dtype="float64", schedule=lambda lowered: space.apply(config))
-    got = kernel(*(torch.from_numpy(a) for a in data_inputs(x)), *(torch.from_numpy(w) for w in weights))
-    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9, err_msg=str(config))
+    kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: space.apply(config))
+    tensors = [torch.from_numpy(a.astype(dtype)) for a in (*data_inputs(x), *weights)]
+    got = kernel(*tensors)
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    np.testing.assert_allclose(got.numpy(), expected, rtol=tolerance, atol=tolerance, err_msg=str(config))
 
 
 @pytest.mark.parametrize("name", ["conv2d", "matmul", "depthwise_conv2d", "grouped_conv2d"])
@@ -135,3 +137,18 @@ def test_inputs_keep_their_layout_where_the_vector_reads_them_contiguously(name,
     config = space.heuristic()
     perm = config.get("layout.x.perm")
     assert perm == tuple(range(len(perm))), (name, perm)
+
+
+def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
+    # AVX2's 8 lanes: a depthwise row of 28 whole (8 + 8 + 8 + 4 lanes), not 7 vectors of 4 lanes
+    from kdsl.runtime.cpu import from_features
+
+    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+    op, layer = gallery.load("depthwise_conv2d"), {"N": 1, "Cin": 8, "H": 8, "W": 28}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    config = space.heuristic()
+    assert config["stage0.vector"] == "W" and config["stage0.tile.W"] == (1, 1, 28), config
+    check_config(op, layer, space, config, dtype="float32")
+    space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=avx2)  # 4 lanes: 28 is 7 vectors
+    assert space64.heuristic()["stage0.tile.W"][2] == 4
+    check_config(op, layer, space64, space64.heuristic())
