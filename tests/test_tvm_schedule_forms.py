@@ -152,3 +152,17 @@ def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
     space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=avx2)  # 4 lanes: 28 is 7 vectors
     assert space64.heuristic()["stage0.tile.W"][2] == 4
     check_config(op, layer, space64, space64.heuristic())
+
+
+def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_axis():
+    # AVX2, 16 channels a group: 2 vectors x 4 groups (a weight load per row) -> 1 vector x W of 7 (rows
+    # share each weight vector); AVX-512's one vector of 16 keeps its tile
+    from kdsl.runtime.cpu import from_features
+
+    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+    op, layer = gallery.load("grouped_conv2d"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    config = space.heuristic()
+    assert config["stage0.tile.co"] == (2, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
+    assert config["layout.w.tile"].endswith(":8"), config  # the packed weight follows the vector tile
+    check_config(op, layer, space, config, dtype="float32")
