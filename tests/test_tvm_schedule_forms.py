@@ -166,3 +166,15 @@ def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_
     assert config["stage0.tile.co"] == (2, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
     assert config["layout.w.tile"].endswith(":8"), config  # the packed weight follows the vector tile
     check_config(op, layer, space, config, dtype="float32")
+
+
+@pytest.mark.parametrize("layer", [{"N": 1, "Cin": 40, "Cout": 24}, {"N": 1, "Cin": 12, "Cout": 5}])
+def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
+    op = gallery.load("linear")
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    config = space.heuristic()
+    assert config["stage0.lanes"] is True and config["layout.w.tile"] == "none", config
+    check_config(op, layer, space, config)
+    # with more than one row the weights are reused: the register tile stays
+    rows = ScheduleSpace(lower(op, {**layer, "N": 4}, dtype="float64")).heuristic()
+    assert rows["stage0.lanes"] is False, rows
