@@ -342,19 +342,8 @@ class ScheduleSpace:
             config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
             config[f"{s}.unroll_tile"] = True
             config[f"{s}.cache"] = "local"
-            if vector is None:
-                continue
-            if not self.lowered.op.is_linear:
-                self._vector_last(stage, vector, config)
-            elif vector.gathers:
-                self._input_vector_last(stage, vector, config)
-            panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
-            for weight, dim in dict.fromkeys([*vector.packs, *panels]):
-                tensor = self._tensor(weight)
-                tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
-                if tensor.reader == s and tile in self.parameters[f"layout.{weight}.tile"].choices:
-                    config[f"layout.{weight}.tile"] = tile
-                    config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
+            if vector is not None:
+                self._vector_layouts(stage, vector, vf, config)
         for stage in self.stages:
             if stage.kind == "pad":
                 config[f"{stage.name}.inline"] = not any(
@@ -363,6 +352,22 @@ class ScheduleSpace:
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(config)
+
+    def _vector_layouts(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
+        """The heuristic's layouts for a reduction stage's vector axis: intermediates with its dim last
+        (branching kernels), a data input it gathers from with its dim last (plain operators), and packed
+        weights (``packs`` and long ``panels``)."""
+        if not self.lowered.op.is_linear:
+            self._vector_last(stage, vector, config)
+        elif vector.gathers:
+            self._input_vector_last(stage, vector, config)
+        panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
+        for weight, dim in dict.fromkeys([*vector.packs, *panels]):
+            tensor = self._tensor(weight)
+            tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
+            if tensor.reader == stage.name and tile in self.parameters[f"layout.{weight}.tile"].choices:
+                config[f"layout.{weight}.tile"] = tile
+                config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
 
     def _elementwise_inline(self, stage: StageBlock) -> str:
         """Where an element-wise stage goes: into its consumers when each of them reads every element
