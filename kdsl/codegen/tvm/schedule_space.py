@@ -15,13 +15,19 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   fused and parallel, a weight-only vector axis's first; ``S.order`` permutes the middle loops (middle
   spatial tiles and outer reduction tiles); ``S.reductions`` puts the inner reduction tiles below all
   of them (``"split"``) or each right below its outer tile (``"whole"``: the reductions stay in
-  ``S.order``'s order, short ones unrolled in place); then come the unit reduction loops and the inner
-  spatial tiles, the vector axis ``S.vector`` innermost and vectorized; ``S.unroll`` bounds the product
-  of the unrolled inner reduction loops (innermost first), ``S.unroll_tile`` unrolls the register tile;
+  ``S.order``'s order, short ones unrolled in place); then come the unit reduction loops,
+  ``S.spatial_below``'s level and the inner spatial tiles, the vector axis ``S.vector`` innermost and
+  vectorized; ``S.spatial_below`` (``"none"`` or a spatial axis) moves that axis's middle tile out of
+  ``S.order``'s loops to right below the inner reductions, a fourth spatial level above the register tile
+  (``S0 R0 S1 R1 Sm S2``, as MetaSchedule's ``SSRSRS``; its tile joins the local accumulator, which then
+  stays in memory); ``S.unroll`` bounds the product of the unrolled inner reduction loops (innermost
+  first; up to 1024, where MetaSchedule's pragma goes to 512 and the heuristic to 256),
+  ``S.unroll_tile`` unrolls the register tile;
   ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis
   innermost) written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
-  partial sum; ``S.attach`` computes a producer stage at its consumer's parallel loop;
+  partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
+  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop;
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
@@ -284,6 +290,11 @@ class ScheduleSpace:
           tile's slab is then a panel of rows a whole dim apart (matmul 512x1024x1024: 1024 rows 4 KiB
           apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
           unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms).
+        * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
+          rather than by half vectors; several vectors are cut to one where they leave the register
+          tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
+          axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
+          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
