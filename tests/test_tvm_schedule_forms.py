@@ -34,6 +34,13 @@ def _loop_names(sch, block):
     return names
 
 
+def _spatial(space, stage):
+    """The (axis, extent) of ``stage``'s spatial axes."""
+    spatial = next(s.spatial for s in space.stages if s.name == stage)
+    assert spatial, stage
+    return spatial
+
+
 def check_config(op, layer, space, config, dtype="float64"):
     """The kernel of ``config`` (for ``space``, lowered in ``dtype``) agrees with the reference interpreter."""
     x, weights = input_arrays(op, layer)
@@ -51,7 +58,7 @@ def test_random_configurations_with_the_new_forms_match_the_reference(name):
     space = ScheduleSpace(lower(op, layer, dtype="float64"))
     below = [n for n in space.parameters if n.endswith(".spatial_below")]
     assert below, f"{name}: no spatial_below parameter"
-    rng, checked, drawn_below, drawn_unroll = random.Random(0), 0, 0, 0
+    rng, checked, drawn_below, drawn_unroll, drawn_block = random.Random(0), 0, 0, 0, 0
     for _ in range(60):
         if checked == 4:
             break
@@ -61,6 +68,12 @@ def test_random_configurations_with_the_new_forms_match_the_reference(name):
             config[param] = rng.choice(space.parameters[param].choices[1:])
         if checked % 2 == 0:
             config.update({n: rng.choice((512, 1024)) for n in config if n.endswith(".unroll")})
+        else:  # cache blocks of 2 outer tiles (an outer tile of 2 rows, so that 2 divides their count)
+            for n in [n for n in config if n.endswith(".block")]:
+                stage = n.split(".")[0]
+                axis, extent = next((a, e) for a, e in _spatial(space, stage) if e % 4 == 0 and e >= 8)
+                config[f"{stage}.tile.{axis}"] = (extent // 2, 1, 2)
+                config[n] = f"{axis}:2"
         try:
             space.apply(config)
         except LoweringError:
@@ -69,8 +82,9 @@ def test_random_configurations_with_the_new_forms_match_the_reference(name):
         checked += 1
         drawn_below += any(config[p] != "none" for p in below)
         drawn_unroll += any(config[n] >= 512 for n in config if n.endswith(".unroll"))
+        drawn_block += any(config[n] != "none" for n in config if n.endswith(".block"))
     assert checked == 4, f"{name}: only {checked} valid configurations in 60 draws"
-    assert drawn_below == 4 and drawn_unroll >= 2
+    assert drawn_below == 4 and drawn_unroll >= 2 and drawn_block >= 1
 
 
 def test_the_random_walk_reaches_the_new_forms():
@@ -178,3 +192,20 @@ def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
     # with more than one row the weights are reused: the register tile stays
     rows = ScheduleSpace(lower(op, {**layer, "N": 4}, dtype="float64")).heuristic()
     assert rows["stage0.lanes"] is False, rows
+
+
+def test_cache_blocking_where_the_data_exceeds_the_l2():
+    # a 16 KiB L2 makes a small matmul's 128 KiB input "large": the rows come in blocks of at most 8 KiB
+    from kdsl.runtime.cpu import from_features
+
+    small_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 16 * 1024})
+    op, layer = gallery.load("matmul"), {"M": 512, "Cin": 64, "Cout": 64}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=small_l2)
+    config = space.heuristic()
+    axis, n = config["stage0.block"].split(":")
+    rows = int(n) * config["stage0.tile.M"][1] * config["stage0.tile.M"][2]
+    assert axis == "M" and rows * 64 * 4 <= 8 * 1024, config
+    check_config(op, layer, space, config, dtype="float32")
+    # 32 KiB of input is within 4 L2s: no blocks
+    narrow = ScheduleSpace(lower(op, {**layer, "M": 128}, dtype="float32"), machine=small_l2).heuristic()
+    assert narrow["stage0.block"] == "none"
