@@ -23,8 +23,10 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   stays in memory); ``S.unroll`` bounds the product of the unrolled inner reduction loops (innermost
   first; up to 1024, where MetaSchedule's pragma goes to 512 and the heuristic to 256),
   ``S.unroll_tile`` unrolls the register tile;
-  ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis
-  innermost) written back once, or in place;
+  ``S.block`` (``"none"`` or ``"a:n"``: cache blocking) splits axis ``a``'s outer tiles into blocks of ``n``,
+  the blocks outermost in the fused parallel loop and the ``n`` tiles innermost (``n`` must divide the
+  outer tiles' count: else the configuration is invalid); ``S.cache`` accumulates in a ``local`` tile
+  (laid out with the tile's axes last, the vector axis innermost) written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
   contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop;
@@ -72,7 +74,7 @@ from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-6"  # 6: S.spatial_below (a spatial level below the inner reductions), unroll 512, 1024
+VERSION = "tvm-space-6"  # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -303,7 +305,8 @@ class ScheduleSpace:
           rather than by half vectors; several vectors are cut to one where they leave the register
           tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
-          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`).
+          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
+          data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
