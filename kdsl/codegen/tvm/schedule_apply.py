@@ -51,6 +51,8 @@ class _TileLoops:
     )  # id of an inner reduction tile placed with its outer tile -> extent
     vector_inner: Any = None
     vector_outer: Any = None
+    below: list[Any] = field(default_factory=list)  # S.spatial_below's middle tile: under the inner reductions
+    block_outer: Any = None  # S.block's axis's outer tile (split into blocks of S.block's count)
 
 
 @dataclass
@@ -255,6 +257,7 @@ class _Applier:
         sch, config, s = self.sch, self.config, stage.name
         nspatial = len(stage.spatial)
         whole = config.get(f"{s}.reductions") == "whole"
+        below = config.get(f"{s}.spatial_below", "none")
         tiles = _TileLoops()
         for k, (loop, (axis, extent)) in enumerate(zip(loops, stage.spatial + stage.reduced)):
             if extent == 1:  # unit loops: spatial ones fuse into the parallel loop, reductions are inner
@@ -268,9 +271,13 @@ class _Applier:
             if k < nspatial:
                 if parts[0] is not None:
                     tiles.outer.append(parts[0])
+                    if config.get(f"{s}.block", "none").split(":")[0] == axis:
+                        tiles.block_outer = parts[0]
                     if axis == vector:
                         tiles.vector_outer = parts[0]
                 tiles.middle[axis] = [lp for lp in parts[1:2] if lp is not None]
+                if axis == below:  # its middle tile leaves S.order's loops for the level below the reductions
+                    tiles.below, tiles.middle[axis] = tiles.middle[axis], []
                 if axis == vector:
                     tiles.vector_inner = parts[2]
                 elif parts[2] is not None:
@@ -296,6 +303,8 @@ class _Applier:
         order = config.get(f"{s}.order", tuple(range(len(middle_labels))))
         if tiles.vector_outer is not None and vector in stage.weight_only:
             outer.insert(0, outer.pop(next(i for i, lp in enumerate(outer) if lp.same_as(tiles.vector_outer))))
+        if tiles.block_outer is not None:
+            outer = tiles.outer = self._block(stage, outer, tiles.block_outer)  # the fused parallel loop's order
         spatial_labels = {a for a, _ in stage.spatial}
         middle = [(middle_labels[i], tiles.middle[middle_labels[i]]) for i in order]
         # the accumulator's place: below the last middle spatial loop before the first reduction loop
@@ -305,11 +314,29 @@ class _Applier:
         below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
         middle_nest = [*spatial_before, *(lp for _, lp in below)]
         inner = tiles.s_inner + ([tiles.vector_inner] if tiles.vector_inner is not None else [])
-        ordered = [*outer, *middle_nest, *[lp for lp, _ in tiles.r_inner], *inner]
+        ordered = [*outer, *middle_nest, *[lp for lp, _ in tiles.r_inner], *tiles.below, *inner]
         if len(ordered) > 1:
             sch.reorder(*ordered)
         at = spatial_before[-1] if spatial_before else outer[-1] if outer else None
+        below_axis = config.get(f"{s}.spatial_below", "none")
+        # the spatial level under the reductions is below the accumulator's place: its tile is the accumulator's
+        below += [(below_axis, lp) for lp in tiles.below]
         return _Nest(below, inner, at)
+
+    def _block(self, stage: StageBlock, outer: list[Any], loop: Any) -> list[Any]:
+        """Cache blocking (``S.block = "a:n"``): ``a``'s outer tile ``loop`` split into blocks of ``n`` tiles, the
+        blocks outermost and the ``n`` tiles innermost in the fused parallel loop, so that consecutive tasks
+        sweep the other outer tiles over one block (whose data stays in L2) before the next block."""
+        sch, s = self.sch, stage.name
+        axis, count = self.config[f"{s}.block"].split(":")
+        extent, n = int(sch.get(loop).extent), int(count)
+        if extent % n or extent == n:
+            raise LoweringError(
+                f"{s}: S.block {axis}:{n} needs {n} to divide {axis}'s {extent} outer tiles, and to be fewer"
+            )
+        blocks, tiles = sch.split(loop, [None, n])
+        rest = [lp for lp in outer if not lp.same_as(loop)]
+        return [blocks, *rest, tiles]
 
     def _local_accumulator(
         self, stage: StageBlock, block: Any, tiles: _TileLoops, nest: _Nest, vector: str | None

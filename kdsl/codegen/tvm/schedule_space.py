@@ -15,13 +15,21 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   fused and parallel, a weight-only vector axis's first; ``S.order`` permutes the middle loops (middle
   spatial tiles and outer reduction tiles); ``S.reductions`` puts the inner reduction tiles below all
   of them (``"split"``) or each right below its outer tile (``"whole"``: the reductions stay in
-  ``S.order``'s order, short ones unrolled in place); then come the unit reduction loops and the inner
-  spatial tiles, the vector axis ``S.vector`` innermost and vectorized; ``S.unroll`` bounds the product
-  of the unrolled inner reduction loops (innermost first), ``S.unroll_tile`` unrolls the register tile;
-  ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis
-  innermost) written back once, or in place;
+  ``S.order``'s order, short ones unrolled in place); then come the unit reduction loops,
+  ``S.spatial_below``'s level and the inner spatial tiles, the vector axis ``S.vector`` innermost and
+  vectorized; ``S.spatial_below`` (``"none"`` or a spatial axis) moves that axis's middle tile out of
+  ``S.order``'s loops to right below the inner reductions, a fourth spatial level above the register tile
+  (``S0 R0 S1 R1 Sm S2``, as MetaSchedule's ``SSRSRS``; its tile joins the local accumulator, which then
+  stays in memory); ``S.unroll`` bounds the product of the unrolled inner reduction loops (innermost
+  first; up to 1024, where MetaSchedule's pragma goes to 512 and the heuristic to 256),
+  ``S.unroll_tile`` unrolls the register tile;
+  ``S.block`` (``"none"`` or ``"a:n"``: cache blocking) splits axis ``a``'s outer tiles into blocks of ``n``,
+  the blocks outermost in the fused parallel loop and the ``n`` tiles innermost (``n`` must divide the
+  outer tiles' count: else the configuration is invalid); ``S.cache`` accumulates in a ``local`` tile
+  (laid out with the tile's axes last, the vector axis innermost) written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
-  partial sum; ``S.attach`` computes a producer stage at its consumer's parallel loop;
+  partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
+  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop;
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
@@ -66,7 +74,7 @@ from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-5"  # 5: S.reductions (inner reduction tiles below the middle loops or in place)
+VERSION = "tvm-space-6"  # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -75,8 +83,17 @@ UNROLL_REDUCTION = 4
 LAYOUT_FACTORS = (1, 4, 8, 16, 32, 64)
 #: Largest stride of a strided vector load that a branching kernel's stage prefers to a gather across rows.
 MAX_GATHER_STRIDE = 4
-#: Bounds on the product of unrolled inner reduction loops.
-UNROLL_LIMITS = (1, 4, 16, 64, 256)
+#: Outer tiles per cache block offered by ``S.block``.
+BLOCK_TILES = (2, 4, 8, 16, 32, 64)
+#: Data inputs larger than this many L2 caches get the heuristic's cache blocking (at 2, matmul
+#: 512x1024x1024 on a 1 MiB L2 ran 0.92x with it; at 8, 1.06-1.36x; contended).
+BLOCK_ABOVE_L2 = 4
+#: Longest short axis (in vectors) that a plain operator's heuristic vectorizes whole instead of by half vectors.
+SHORT_VECTORS = 4
+#: Bounds on the product of unrolled inner reduction loops (MetaSchedule's unroll pragma goes to 512).
+UNROLL_LIMITS = (1, 4, 16, 64, 256, 512, 1024)
+#: The largest bound the heuristic picks (its schedules stay those of the space before 512 and 1024).
+HEURISTIC_UNROLL = 256
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,13 +158,22 @@ class ScheduleSpace:
                 vectors = [a for a, e in stage.spatial if e > 1]
                 if vectors:
                     self._add(Categorical(f"{s}.vector", tuple(vectors)))
+                if any(e > 1 for _, e in stage.reduced) and vectors:
+                    # a fourth spatial level: one axis's middle tile below the inner reductions, above the
+                    # register tile (S0 R0 S1 R1 Sm S2, MetaSchedule's SSRSRS): one step's loads serve Sm tiles
+                    self._add(Categorical(f"{s}.spatial_below", ("none", *vectors)))
+                blocks = [f"{a}:{n}" for a, e in stage.spatial for n in BLOCK_TILES if e > 1 and e % n == 0 and n < e]
+                if blocks and any(e > 1 for _, e in stage.reduced):
+                    # cache blocking: one axis's outer tiles in blocks of n, the blocks outermost
+                    self._add(Categorical(f"{s}.block", ("none", *blocks)))
                 self._add(Discrete(f"{s}.unroll", UNROLL_LIMITS))
                 self._add(Categorical(f"{s}.unroll_tile", (True, False)))
                 self._add(Categorical(f"{s}.cache", ("local", "none")))
                 if prod(e for _, e in stage.spatial) < 64 and any(e > 1 for _, e in stage.reduced):
                     self._add(Categorical(f"{s}.rfactor", (False, True)))
-                if stage.lane_reduce and self._lane_axis(stage) is not None:
-                    # partial results in vector lanes along a contiguous reduced axis (softmax over a row)
+                if (stage.lane_reduce or self.lowered.op.is_linear) and self._lane_axis(stage) is not None:
+                    # partial results in vector lanes along a contiguous reduced axis (softmax over a row; in a
+                    # plain operator a dot product whose every read runs along the reduction, as in a GEMV)
                     self._add(Categorical(f"{s}.lanes", (False, True)))
                 if len(stage.consumers) == 1 and self._stage(stage.consumers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
@@ -275,6 +301,12 @@ class ScheduleSpace:
           tile's slab is then a panel of rows a whole dim apart (matmul 512x1024x1024: 1024 rows 4 KiB
           apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
           unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms).
+        * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
+          rather than by half vectors; several vectors are cut to one where they leave the register
+          tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
+          axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
+          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
+          data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
@@ -289,9 +321,13 @@ class ScheduleSpace:
             if stage.kind != "reduce" or not stage.spatial:
                 continue
             vector, vf = self._vector_axis(stage)
-            if f"{s}.lanes" in config and (vector is None or vector.gathers):
+            if f"{s}.lanes" in config and not stage.lane_reduce and self._weights_read_once(stage):
+                config[f"{s}.lanes"] = True  # a GEMV: packing the weight would be a second pass for no reuse
+                continue
+            if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
                 config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
                 continue
+            vf = self._reuse_weights(stage, vector, vf)
             if vector is not None:
                 vectors[s] = vector.label
                 config[f"{s}.vector"] = vector.label
@@ -326,19 +362,12 @@ class ScheduleSpace:
             if f"{s}.reductions" in config:
                 config[f"{s}.reductions"] = "whole"
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
+            config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
             config[f"{s}.unroll_tile"] = True
             config[f"{s}.cache"] = "local"
-            if vector is None:
-                continue
-            if not self.lowered.op.is_linear:
-                self._vector_last(stage, vector, config)
-            panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
-            for weight, dim in dict.fromkeys([*vector.packs, *panels]):
-                tensor = self._tensor(weight)
-                tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
-                if tensor.reader == s and tile in self.parameters[f"layout.{weight}.tile"].choices:
-                    config[f"layout.{weight}.tile"] = tile
-                    config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
+            if vector is not None:
+                self._vector_layouts(stage, vector, vf, config)
+                self._cache_block(stage, vector, config)
         for stage in self.stages:
             if stage.kind == "pad":
                 config[f"{stage.name}.inline"] = not any(
@@ -347,6 +376,45 @@ class ScheduleSpace:
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(config)
+
+    def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused
+        parallel loop, consecutive tasks sweep all the data once per weight panel, from memory; blocks of the
+        first data axis's outer tiles (``S.block``), each block's data at most half of L2, keep it in L2
+        while the weight panels pass (matmul 4096x512x2048, 1 MiB L2, AVX-512, 2 contended threads: 1.36x
+        faster; where the data is only a few L2s, :data:`BLOCK_ABOVE_L2`, it does not pay)."""
+        name = f"{stage.name}.block"
+        if name not in self.parameters or vector.label not in stage.weight_only:
+            return
+        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
+        data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
+        if data <= BLOCK_ABOVE_L2 * self.machine.l2:
+            return
+        for axis, extent in stage.spatial:
+            if extent == 1 or axis in stage.weight_only:
+                continue
+            _, middle, inner = config[f"{stage.name}.tile.{axis}"]
+            count = extent // (middle * inner)
+            fits = [n for n in BLOCK_TILES if count % n == 0 and n < count and data * n <= count * self.machine.l2 // 2]
+            if fits and f"{axis}:{fits[-1]}" in self.parameters[name].choices:
+                config[name] = f"{axis}:{fits[-1]}"
+            return  # the first data axis only: the fused loop's outermost
+
+    def _vector_layouts(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
+        """The heuristic's layouts for a reduction stage's vector axis: intermediates with its dim last
+        (branching kernels), a data input it gathers from with its dim last (plain operators), and packed
+        weights (``packs`` and long ``panels``)."""
+        if not self.lowered.op.is_linear:
+            self._vector_last(stage, vector, config)
+        elif vector.gathers:
+            self._input_vector_last(stage, vector, config)
+        panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
+        for weight, dim in dict.fromkeys([*vector.packs, *panels]):
+            tensor = self._tensor(weight)
+            tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
+            if tensor.reader == stage.name and tile in self.parameters[f"layout.{weight}.tile"].choices:
+                config[f"layout.{weight}.tile"] = tile
+                config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
 
     def _elementwise_inline(self, stage: StageBlock) -> str:
         """Where an element-wise stage goes: into its consumers when each of them reads every element
@@ -379,13 +447,39 @@ class ScheduleSpace:
             if f"layout.{buffer}.perm" in self.parameters:
                 config[f"layout.{buffer}.perm"] = perm
 
-    def _vector_factor(self, extent: int) -> int:
+    def _input_vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Pack a data input that the vector axis gathers from with that axis's dim last, where the stage
+        reads it directly or through a zero-padded copy that is inlined (one along an unpadded dim: the
+        pad's bounds checks stay outside the vector). A depthwise convolution at 14x14, whose rows take no
+        vector, vectorizes its channels; in ``[N, C, H, W]`` each lane is a row apart, packed ``[N, H, W, C]``
+        the lanes are one load (256x14x14, AVX-512, 2 contended threads: 0.30 -> 0.16 ms, the packing
+        included). Only plain (linear) operators: a branching kernel's stages have rules of their own."""
+        for buffer, dims in stage.reads:
+            positions = [d for d, used in enumerate(dims) if vector.index in used]
+            if len(positions) != 1 or dims[positions[0]] != {vector.index} or positions[0] == len(dims) - 1:
+                continue
+            dim, tensor = positions[0], buffer
+            producer = next((p for p in self.stages if p.name == buffer), None)
+            if producer is not None:
+                # only a zero-padded copy of an input, along a dim it does not pad, read by this stage alone
+                if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
+                    continue
+                tensor, pad_dims = producer.reads[0]
+                if pad_dims[dim] != {dim}:
+                    continue
+            if self._tensor(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
+                continue
+            rest = (d for d in range(len(self._tensor(tensor).shape)) if d != dim)
+            config[f"layout.{tensor}.perm"] = (*rest, dim)
+
+    def _vector_factor(self, extent: int, short: int = MAX_VECTORS) -> int:
         """The vector tile of an axis: whole vectors (at most :data:`MAX_VECTORS`), else half or quarter
-        vectors, else a short axis whole (28 = 16 + 8 + 4 lanes: LLVM splits it); 1 if none fits."""
+        vectors, else a short axis whole (28 = 16 + 8 + 4 lanes: LLVM splits it) if it is at most ``short``
+        vectors long; 1 if none fits."""
         lanes = self.lanes
         candidates = (*(m * lanes for m in range(MAX_VECTORS, 0, -1)), lanes // 2, lanes // 4)
         factor = next((f for f in candidates if f >= 4 and extent % f == 0), 1)
-        if factor < lanes and extent % 4 == 0 and extent <= MAX_VECTORS * lanes:
+        if factor < lanes and extent % 4 == 0 and extent <= short * lanes:
             factor = extent
         return factor
 
@@ -394,8 +488,11 @@ class ScheduleSpace:
         weight-only axes (their data reads are broadcasts that feed a whole vector of FMAs), then the
         innermost."""
         best, best_key, best_factor = None, None, 1
+        # plain operators take a short axis whole up to SHORT_VECTORS vectors rather than half vectors (a
+        # depthwise row of 56 for AVX-512 or of 28 for AVX2: 3.5 vectors; 1.2x and 1.5x faster, contended)
+        short = SHORT_VECTORS if self.lowered.op.is_linear else MAX_VECTORS
         for axis in stage.axes:
-            factor = self._vector_factor(axis.extent) if not axis.reduce and axis.extent > 1 else 1
+            factor = self._vector_factor(axis.extent, short) if not axis.reduce and axis.extent > 1 else 1
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
@@ -408,6 +505,35 @@ class ScheduleSpace:
             if best_key is None or key > best_key:
                 best, best_key, best_factor = axis, key, factor
         return best, best_factor
+
+    def _weights_read_once(self, stage: StageBlock) -> bool:
+        """Whether every weight element is read once per call: no spatial axis longer than 1 leaves the
+        weights unindexed (a GEMV, ``linear`` with one row). Its register tile would reuse nothing and a
+        packed weight costs a pass over it; partial sums in vector lanes along the contiguous reduction
+        read each weight row once (``linear`` 1x4096x4096, AVX-512, 2 contended threads: 119 -> 32 ms)."""
+        weights = {w.name for w in self.lowered.weights}
+        indexed = {i for buffer, dims in stage.reads if buffer in weights for used in dims for i in used}
+        return bool(indexed) and all(a.extent == 1 or a.index in indexed for a in stage.axes if not a.reduce)
+
+    def _reuse_weights(self, stage: StageBlock, vector: Axis | None, vf: int) -> int:
+        """The vector tile ``vf`` cut to one vector where its several vectors leave the register tile only an
+        axis that the weights index (each row of the tile then loads weights of its own), and one vector
+        frees room for an axis they do not index (its rows share each weight vector). A grouped conv2d at
+        conv5_x (G = 32, 16 channels a group) for AVX2: groups 4 x 2 vectors -> W 7 x 1 vector, 1.9x faster
+        (2 contended threads). Plain operators only."""
+        lanes, accumulators = self.lanes, self.accumulators
+        if not self.lowered.op.is_linear or vector is None or vf <= lanes or vf % lanes:
+            return vf
+        budget = accumulators // (vf // lanes)
+        register, _ = self._register_axis(stage, vector, budget)
+        weights = {w.name for w in self.lowered.weights}
+        indexed = {i for buffer, dims in stage.reads if buffer in weights for used in dims for i in used}
+        if register is None or register.index not in indexed:
+            return vf
+        free = [a for a in stage.axes if not a.reduce and a is not vector and a.extent > 1 and a.index not in indexed]
+        if any(largest_divisor(a.extent, budget) < largest_divisor(a.extent, accumulators) for a in free):
+            return lanes
+        return vf
 
     def _register_axis(
         self, stage: StageBlock, vector: Axis | None, budget: int, besides: Axis | None = None

@@ -1,0 +1,211 @@
+"""The schedule forms beyond the default's: a spatial level below the inner reductions (``S.spatial_below``),
+unroll bounds of 512 and 1024, and a data input packed with the vector's dim last (depthwise channels on the
+vector lanes). Random configurations that use them compute what the NumPy reference computes, the forms
+are actually drawn, and the heuristic uses the packing only where its vector axis gathers."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+from backends import backend, data_inputs
+
+backend("tvm")
+torch = backend("torch")
+
+from test_tvm_schedule import LAYERS, check_scheduled, input_arrays  # noqa: E402
+
+from kdsl import gallery  # noqa: E402
+from kdsl.codegen import reference  # noqa: E402
+from kdsl.codegen.tvm import build, lower  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import HEURISTIC_UNROLL, ScheduleSpace  # noqa: E402
+from kdsl.lang.errors import LoweringError  # noqa: E402
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+# small layers whose depthwise rows (7) take no whole vector: the heuristic vectorizes the channels
+DEPTHWISE_7 = {"N": 1, "Cin": 32, "H": 7, "W": 7}
+
+
+def _loop_names(sch, block):
+    """The loop variables above ``block``, outermost first."""
+    names = [str(sch.get(lp).loop_var) for lp in sch.get_loops(sch.get_sblock(block))]
+    assert names, f"{block} has no loops"
+    return names
+
+
+def _spatial(space, stage):
+    """The (axis, extent) of ``stage``'s spatial axes."""
+    spatial = next(s.spatial for s in space.stages if s.name == stage)
+    assert spatial, stage
+    return spatial
+
+
+def check_config(op, layer, space, config, dtype="float64"):
+    """The kernel of ``config`` (for ``space``, lowered in ``dtype``) agrees with the reference interpreter."""
+    x, weights = input_arrays(op, layer)
+    expected = reference.run(op, layer, x, weights)
+    kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: space.apply(config))
+    tensors = [torch.from_numpy(a.astype(dtype)) for a in (*data_inputs(x), *weights)]
+    got = kernel(*tensors)
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    np.testing.assert_allclose(got.numpy(), expected, rtol=tolerance, atol=tolerance, err_msg=str(config))
+
+
+@pytest.mark.parametrize("name", ["conv2d", "matmul", "depthwise_conv2d", "grouped_conv2d"])
+def test_random_configurations_with_the_new_forms_match_the_reference(name):
+    op, layer = gallery.load(name), LAYERS[name][0]
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    below = [n for n in space.parameters if n.endswith(".spatial_below")]
+    assert below, f"{name}: no spatial_below parameter"
+    rng, checked, drawn_below, drawn_unroll, drawn_block = random.Random(0), 0, 0, 0, 0
+    for _ in range(60):
+        if checked == 4:
+            break
+        config = space.random(rng)
+        # every draw uses the spatial level; every second one the large unroll bounds
+        for param in below:
+            config[param] = rng.choice(space.parameters[param].choices[1:])
+        if checked % 2 == 0:
+            config.update({n: rng.choice((512, 1024)) for n in config if n.endswith(".unroll")})
+        else:  # cache blocks of 2 outer tiles (an outer tile of 2 rows, so that 2 divides their count)
+            for n in [n for n in config if n.endswith(".block")]:
+                stage = n.split(".")[0]
+                axis, extent = next((a, e) for a, e in _spatial(space, stage) if e % 4 == 0 and e >= 8)
+                config[f"{stage}.tile.{axis}"] = (extent // 2, 1, 2)
+                config[n] = f"{axis}:2"
+        try:
+            space.apply(config)
+        except LoweringError:
+            continue
+        check_config(op, layer, space, config)
+        checked += 1
+        drawn_below += any(config[p] != "none" for p in below)
+        drawn_unroll += any(config[n] >= 512 for n in config if n.endswith(".unroll"))
+        drawn_block += any(config[n] != "none" for n in config if n.endswith(".block"))
+    assert checked == 4, f"{name}: only {checked} valid configurations in 60 draws"
+    assert drawn_below == 4 and drawn_unroll >= 2 and drawn_block >= 1
+
+
+def test_the_random_walk_reaches_the_new_forms():
+    # the tuners draw and mutate parameters generically: plain random draws must hit the new values
+    space = ScheduleSpace(lower(gallery.load("conv2d"), LAYERS["conv2d"][0]))
+    rng = random.Random(1)
+    draws = [space.random(rng) for _ in range(200)]
+    assert {c["stage0.spatial_below"] for c in draws} == set(space.parameters["stage0.spatial_below"].choices)
+    assert {512, 1024} <= {c["stage0.unroll"] for c in draws}
+
+
+def test_spatial_below_puts_the_middle_tile_between_the_inner_reductions_and_the_register_tile():
+    op, layer = gallery.load("matmul"), {"M": 32, "Cin": 16, "Cout": 32}
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    config = space.heuristic()
+    config.update(
+        {
+            "stage0.tile.M": (2, 4, 4),
+            "stage0.tile.Cin": (4, 4),
+            "stage0.reductions": "split",
+            "stage0.spatial_below": "M",
+            "stage0.order": (2, 0, 1),  # the outer reduction tile above the other middle loops
+        }
+    )
+    names = _loop_names(space.apply(config), "stage0_update")
+    # [fused parallel, Cout middle .., r_0 (outer Cin), r_1 (inner Cin), M middle, M register, Cout vector]
+    reductions = [i for i, n in enumerate(names) if n.startswith("r_")]
+    middle_m = len(names) - 3
+    assert reductions and max(reductions) < middle_m, names
+    assert names[middle_m].startswith("i0"), names
+    check_config(op, layer, space, config)
+
+
+def test_the_heuristic_keeps_the_default_forms():
+    # its schedules stay those of the space before the new parameters (their first, neutral values)
+    for name in ("conv2d", "matmul", "grouped_conv2d", "syno_op1"):
+        space = ScheduleSpace(lower(gallery.load(name), LAYERS[name][0]))
+        config = space.heuristic()
+        assert all(config[n] == "none" for n in config if n.endswith(".spatial_below")), name
+        assert all(config[n] <= HEURISTIC_UNROLL for n in config if n.endswith(".unroll")), name
+
+
+def test_depthwise_channels_go_on_the_lanes_with_the_input_packed_channels_last():
+    space = ScheduleSpace(lower(gallery.load("depthwise_conv2d"), DEPTHWISE_7))
+    config = space.heuristic()
+    assert config["stage0.vector"] == "Cin"
+    assert config["layout.x.perm"] == (0, 2, 3, 1)
+    assert config["pad0.inline"] is True  # the pad's checks along H, W stay outside the channel vector
+    report = dict(check_scheduled(gallery.load("depthwise_conv2d"), DEPTHWISE_7))
+    assert "vector axis Cin" in report["stage0"], report
+
+
+@pytest.mark.parametrize(
+    "name, layer",
+    [
+        ("conv2d", LAYERS["conv2d"][1]),
+        ("depthwise_conv2d", LAYERS["depthwise_conv2d"][0]),
+        ("matmul", LAYERS["matmul"][0]),
+    ],
+)
+def test_inputs_keep_their_layout_where_the_vector_reads_them_contiguously(name, layer):
+    # conv2d vectorizes Cout (a broadcast of x), depthwise at W=16 its rows, matmul Cout: nothing to pack
+    space = ScheduleSpace(lower(gallery.load(name), layer))
+    config = space.heuristic()
+    perm = config.get("layout.x.perm")
+    assert perm == tuple(range(len(perm))), (name, perm)
+
+
+def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
+    # AVX2's 8 lanes: a depthwise row of 28 whole (8 + 8 + 8 + 4 lanes), not 7 vectors of 4 lanes
+    from kdsl.runtime.cpu import from_features
+
+    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+    op, layer = gallery.load("depthwise_conv2d"), {"N": 1, "Cin": 8, "H": 8, "W": 28}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    config = space.heuristic()
+    assert config["stage0.vector"] == "W" and config["stage0.tile.W"] == (1, 1, 28), config
+    check_config(op, layer, space, config, dtype="float32")
+    space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=avx2)  # 4 lanes: 28 is 7 vectors
+    assert space64.heuristic()["stage0.tile.W"][2] == 4
+    check_config(op, layer, space64, space64.heuristic())
+
+
+def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_axis():
+    # AVX2, 16 channels a group: 2 vectors x 4 groups (a weight load per row) -> 1 vector x W of 7 (rows
+    # share each weight vector); AVX-512's one vector of 16 keeps its tile
+    from kdsl.runtime.cpu import from_features
+
+    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+    op, layer = gallery.load("grouped_conv2d"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    config = space.heuristic()
+    assert config["stage0.tile.co"] == (2, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
+    assert config["layout.w.tile"].endswith(":8"), config  # the packed weight follows the vector tile
+    check_config(op, layer, space, config, dtype="float32")
+
+
+@pytest.mark.parametrize("layer", [{"N": 1, "Cin": 40, "Cout": 24}, {"N": 1, "Cin": 12, "Cout": 5}])
+def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
+    op = gallery.load("linear")
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    config = space.heuristic()
+    assert config["stage0.lanes"] is True and config["layout.w.tile"] == "none", config
+    check_config(op, layer, space, config)
+    # with more than one row the weights are reused: the register tile stays
+    rows = ScheduleSpace(lower(op, {**layer, "N": 4}, dtype="float64")).heuristic()
+    assert rows["stage0.lanes"] is False, rows
+
+
+def test_cache_blocking_where_the_data_exceeds_the_l2():
+    # a 16 KiB L2 makes a small matmul's 128 KiB input "large": the rows come in blocks of at most 8 KiB
+    from kdsl.runtime.cpu import from_features
+
+    small_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 16 * 1024})
+    op, layer = gallery.load("matmul"), {"M": 512, "Cin": 64, "Cout": 64}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=small_l2)
+    config = space.heuristic()
+    axis, n = config["stage0.block"].split(":")
+    rows = int(n) * config["stage0.tile.M"][1] * config["stage0.tile.M"][2]
+    assert axis == "M" and rows * 64 * 4 <= 8 * 1024, config
+    check_config(op, layer, space, config, dtype="float32")
+    # 32 KiB of input is within 4 L2s: no blocks
+    narrow = ScheduleSpace(lower(op, {**layer, "M": 128}, dtype="float32"), machine=small_l2).heuristic()
+    assert narrow["stage0.block"] == "none"
