@@ -18,6 +18,7 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.bench.argument_types import positive_int
+from kdsl.bench.network_tune import add_network_arguments, command_tune_network
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -77,7 +78,7 @@ def add_tune_commands(subparsers: Any) -> None:
         "tune",
         help="tune the TVM schedule of an operator at one layer, or build a kernel from the records (--apply)",
     )
-    tune.add_argument("operator", help="gallery name, .dsl or .json file")
+    tune.add_argument("operator", nargs="?", help="gallery name, .dsl or .json file (none with --network)")
     tune.add_argument(
         "--layers",
         metavar="LAYER",
@@ -114,6 +115,7 @@ def add_tune_commands(subparsers: Any) -> None:
     tune.add_argument("--out", metavar="FILE.so", help="also compile the best schedule into this shared library")
     tune.add_argument("--json", action="store_true", help="print the best record as JSON instead of lines")
     add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
+    add_network_arguments(tune)  # kdsl tune --network resnet18: every layer of a network, one budget
     tune.set_defaults(run=command_tune)
 
 
@@ -159,6 +161,10 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
 def command_tune(args: argparse.Namespace) -> int:
     """``kdsl tune OP --layers L``: tune (resumably), or with ``--apply`` use the best stored record."""
     select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
+    if args.network:
+        return command_tune_network(args)
+    if not args.operator:
+        raise KdslError("kdsl tune needs an OPERATOR (a gallery name, .dsl or .json file), or --network NAME")
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: one layer's name (conv3_x), JSON sizes, or a layer file")
     op = load_operator(args.operator)
