@@ -180,7 +180,7 @@ def assert_same_output(compiled, net, x, transforms: int | None = None) -> None:
 def tuned_db(network, tmp_path_factory):
     """A records database whose best conv2_x record is a random valid schedule of the space (not the
     default one), so the blocked signature is checked on a schedule the tuners could pick."""
-    item, net, _ = network
+    item = network[0]
     db = str(tmp_path_factory.mktemp("net") / "records.db")
     task = network_tasks(item, [1], RESOLUTION)[0]
     binding, key, store = open_task(task.op, task.layer, db)
@@ -200,7 +200,7 @@ def tuned_db(network, tmp_path_factory):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout):
-    item, net, x = network
+    _, net, x = network
     compiled = compile_network(net, layout, db=tuned_db, block=16, kernels=KERNELS)
     # 13 kdsl layers: 2 transforms a layer unpropagated; propagated, 1 into stage 2, 3 in each later stage
     transforms = {"plain": 0, "blocked": 26, "propagated": 10}[layout]
