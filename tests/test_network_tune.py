@@ -245,3 +245,5 @@ def test_the_command_refuses_unknown_networks_unfit_operators_and_mixed_argument
     assert "give no OPERATOR" in capsys.readouterr().err
     assert main(["tune"]) == 2
     assert "needs an OPERATOR" in capsys.readouterr().err
+    assert main(["tune", "--network", "resnet18", "--block", "24", "--resolution", "32"]) == 2
+    assert "--block: conv2_x's channels (dim 1, size 64) cannot be blocked by 24" in capsys.readouterr().err

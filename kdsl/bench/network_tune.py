@@ -39,7 +39,7 @@ from typing import Any
 from kdsl.bench.argument_types import positive_int
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
-from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked
+from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, to_blocked
 from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, stage_layers
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs
@@ -359,6 +359,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
         )
     tuner = args.tuner or "opevo"
     item = resolve_ops([args.op], resolution=args.resolution)[0]
+    for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
+        blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
     tasks = network_tasks(item, args.batch_sizes, args.resolution)
     log = None if args.json else (lambda line: print(f"tune --network: {line}", file=sys.stderr, flush=True))
     summaries = tune_network(
