@@ -21,6 +21,7 @@ from typing import Any
 
 from kdsl import solve
 from kdsl.bench.argument_types import TUNE_DB, positive_int
+from kdsl.bench.network_tune import add_network_arguments, command_tune_network
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -107,7 +108,7 @@ def add_tune_commands(subparsers: Any) -> None:
         "tune",
         help="tune the TVM schedule of an operator at one or more layers, or build kernels from the records (--apply)",
     )
-    tune.add_argument("operator", help="gallery name, .dsl or .json file")
+    tune.add_argument("operator", nargs="?", help="gallery name, .dsl or .json file (none with --network)")
     tune.add_argument(
         "--layers",
         nargs="+",
@@ -151,6 +152,7 @@ def add_tune_commands(subparsers: Any) -> None:
     )
     tune.add_argument("--json", action="store_true", help="print the best record as JSON instead of lines")
     add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
+    add_network_arguments(tune)  # kdsl tune --network resnet18: every layer of a network, one budget
     tune.set_defaults(run=command_tune)
 
 
@@ -206,6 +208,10 @@ def command_tune(args: argparse.Namespace) -> int:
     """``kdsl tune OP --layers L [L ...]``: tune each layer in turn (resumably), or with ``--apply`` build
     each layer's best stored record; several layers end with one summary table."""
     select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
+    if args.network:
+        return command_tune_network(args)
+    if not args.operator:
+        raise KdslError("kdsl tune needs an OPERATOR (a gallery name, .dsl or .json file), or --network NAME")
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: a layer's name (conv3_x), JSON sizes, or a layer file")
     op = load_operator(args.operator)

@@ -1,0 +1,421 @@
+"""``kdsl tune --network resnet18``: tune every kdsl layer of ResNet-18 with one shared trial budget,
+compile the network with the tuned kernels, and time it end to end against PyTorch's ResNet-18.
+
+The network is :func:`kdsl.discover.network.resnet18` with an operator in its 13 stride-1 3x3
+convolutions: 4 distinct layers (``conv2_x`` runs 4 times a pass, ``conv3_x``..``conv5_x`` 3 times)
+at each batch size, the tasks :func:`kdsl.tune.network.tune_network` shares the budget among.
+
+:func:`compile_network` puts the tuned kernels (the best record in the database, else the default
+schedule) into the network, in one of three layouts (:data:`LAYOUTS`):
+
+- ``plain``: kernels read and write ``NCHW``, as :func:`~kdsl.discover.network.tvm_network`'s do;
+- ``blocked``: kernels read and write channel-blocked ``NCHW[b]c`` tensors
+  (:mod:`kdsl.codegen.tvm.signature_layout`), but every activation between layers stays ``NCHW``:
+  each kernel call pays a transform in and a transform out (layouts chosen per layer, none propagated);
+- ``propagated``: the same kernels, and the activations stay blocked between consecutive kdsl layers
+  (ALT's layout propagation): batch norm (folded into a per-channel scale and shift), ReLU and the
+  residual add run on blocked tensors, and a transform is paid only where a PyTorch convolution
+  (the stride-2 convolutions and their 1x1 shortcuts) needs ``NCHW``. The classifier's average
+  pooling reads a blocked tensor directly (the mean over ``H, W`` of ``[N, C/b, H, W, b]`` is the
+  channels in order).
+
+All three fold batch norm the same way, so they differ only in layouts and transforms.
+
+>>> [(task.label, task.weight) for task in network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1], 32)]
+[('conv2_x N=1', 4), ('conv3_x N=1', 3), ('conv4_x N=1', 3), ('conv5_x N=1', 3)]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from statistics import median
+from typing import Any
+
+from kdsl.bench.argument_types import positive_int
+from kdsl.codegen.torch import load_torch
+from kdsl.codegen.tvm import build as tvm_build
+from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, to_blocked
+from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, stage_layers
+from kdsl.lang.errors import KdslError, printable
+from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs
+from kdsl.tune.network import NetworkTask, TaskSummary, tune_network
+from kdsl.tune.tuned import tuned_schedule
+
+__all__ = [
+    "LAYOUTS",
+    "NETWORKS",
+    "add_network_arguments",
+    "command_tune_network",
+    "compile_network",
+    "network_tasks",
+    "time_compiled",
+    "time_networks",
+]
+
+#: the networks ``kdsl tune --network`` knows
+NETWORKS = ("resnet18",)
+#: how the compiled network passes activations between its kdsl layers (see the module docstring)
+LAYOUTS = ("plain", "blocked", "propagated")
+
+
+def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224) -> list[NetworkTask]:
+    """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
+    batch size, weighted by how many times a forward pass runs it (the stage's first block keeps a
+    stride-2 PyTorch convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times)."""
+    tasks = []
+    for batch in batches:
+        for layer, (_, _, stride) in zip(stage_layers(batch, resolution), STAGES):
+            weight = 4 if stride == 1 else 3
+            tasks.append(NetworkTask(f"{layer.name} N={batch}", item.op, item.binding(layer), weight))
+    return tasks
+
+
+def _fold(bn: Any) -> tuple[Any, Any]:
+    """An eval-mode ``BatchNorm2d`` as a per-channel (scale, shift): ``bn(x) = x * scale + shift``."""
+    scale = bn.weight.detach() / (bn.running_var + bn.eps).sqrt()
+    return scale, bn.bias.detach() - bn.running_mean * scale
+
+
+def _compiled_module() -> Any:
+    """The compiled network's module class, defined on first use (``import kdsl`` imports no torch)."""
+    torch = load_torch()
+
+    class CompiledResNet(torch.nn.Module):
+        """ResNet-18 with kdsl kernels in its stage convolutions; a tensor of 5 dims is blocked."""
+
+        def __init__(self, net: Any, kernels: dict[int, tuple[Any, list[Any]]], layout: str, block: int) -> None:
+            super().__init__()
+            self.layout, self.block = layout, block
+            self.stem, self.fc = net.stem, net.fc
+            self.blocks = []  # (conv1, bn1, conv2, bn2, shortcut) per basic block
+            for stage in net.stages:
+                for basic in stage:
+                    shortcut = None if basic.shortcut is None else (basic.shortcut[0], _fold(basic.shortcut[1]))
+                    conv1 = kernels.get(id(basic.conv1), basic.conv1)
+                    conv2 = kernels[id(basic.conv2)]
+                    self.blocks.append((conv1, _fold(basic.bn1), conv2, _fold(basic.bn2), shortcut))
+            #: the shapes of the tensors transformed in the last forward pass, when a list
+            self.trace: list[tuple[str, tuple[int, ...]]] | None = None
+
+        def convert(self, x: Any, blocked: bool) -> Any:
+            if (x.dim() == 5) == blocked:
+                return x
+            if self.trace is not None:
+                self.trace.append(("to" if blocked else "from", tuple(x.shape)))
+            return to_blocked(x, self.block) if blocked else from_blocked(x)
+
+        def conv(self, conv: Any, x: Any) -> Any:
+            if not isinstance(conv, tuple):  # a PyTorch convolution: NCHW
+                return conv(self.convert(x, False))
+            kernel, weights = conv
+            y = kernel(self.convert(x, self.layout != "plain"), *weights)
+            return self.convert(y, False) if self.layout == "blocked" else y
+
+        def affine(self, x: Any, scale_shift: tuple[Any, Any]) -> Any:
+            scale, shift = scale_shift
+            shape = (1, -1, 1, 1) if x.dim() == 4 else (1, x.shape[1], 1, 1, x.shape[-1])
+            return x * scale.reshape(shape) + shift.reshape(shape)
+
+        def forward(self, x: Any) -> Any:
+            x = self.stem(x)
+            for conv1, bn1, conv2, bn2, shortcut in self.blocks:
+                # one transform of the block's input serves both its first convolution and its shortcut
+                first_blocked = isinstance(conv1, tuple) and self.layout == "propagated"
+                x = self.convert(x, first_blocked)
+                y = torch.relu(self.affine(self.conv(conv1, x), bn1))
+                y = self.affine(self.conv(conv2, y), bn2)
+                rest = x if shortcut is None else self.affine(shortcut[0](x), shortcut[1])
+                x = torch.relu(y + self.convert(rest, y.dim() == 5))
+            pooled = x.mean(dim=(2, 3)).reshape(x.shape[0], -1)  # blocked or not: channels in order
+            return self.fc(pooled)
+
+    return CompiledResNet
+
+
+def compile_network(
+    net: Any,
+    layout: str = "propagated",
+    *,
+    db: str | os.PathLike[str] | None = None,
+    block: int = 16,
+    kernels: dict[tuple[str, str, int], Any] | None = None,
+) -> Any:
+    """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
+    layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding), else the
+    default schedule, in ``layout`` (:data:`LAYOUTS`; ``block``: the channel block of the blocked ones).
+    It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
+    compiled kernels across calls."""
+    if layout not in LAYOUTS:
+        raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+    kernels = {} if kernels is None else kernels
+    blocked = 0 if layout == "plain" else block
+    by_module: dict[int, tuple[Any, list[Any]]] = {}
+    for module in net.modules():
+        item, binding = getattr(module, "item", None), getattr(module, "binding", None)
+        if item is None or binding is None:
+            continue
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked)
+        if key not in kernels:
+            schedule = tuned_schedule(db, item.op, binding) if db is not None else None
+            if blocked:
+                kernels[key] = build_blocked(item.op, binding, blocked, schedule)
+            else:
+                kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default")
+        by_module[id(module)] = (kernels[key], [w.detach() for w in module.inner.weights])
+    if not by_module:
+        raise KdslError("compile_network needs a network built with an operator (resnet18(item)), got the original one")
+    return _compiled_module()(net, by_module, layout, block).eval()
+
+
+def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Callable[[], None]:
+    """A function that runs the layout transforms of ``trace`` on tensors of their shapes."""
+    torch = load_torch()
+    tensors = [(direction, torch.randn(shape)) for direction, shape in trace]
+
+    def run() -> None:
+        for direction, tensor in tensors:
+            to_blocked(tensor, block) if direction == "to" else from_blocked(tensor)
+
+    return run
+
+
+def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One batch size's rows: PyTorch's ResNet-18 and the compiled networks (default schedule, and the
+    tuned one in every layout), plus the layout transforms alone, timed in the same interleaved rounds;
+    each network's output is checked against the PyTorch network of the same weights."""
+    torch = load_torch()
+    item = NetworkOp.from_dict(payload["op"])
+    batch, resolution, block = payload["batch"], payload["resolution"], payload["block"]
+    classes, seed, db = payload["classes"], payload["seed"], payload["db"]
+    native = resnet18(batch=batch, resolution=resolution, classes=classes, seed=seed)
+    net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
+    kernels: dict[tuple[str, str, int], Any] = {}
+    networks = {
+        "PyTorch ResNet-18 (native)": native,
+        "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
+        "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
+        "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
+        "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
+    }
+    x = torch.randn(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
+    rows, functions = [], []
+    with torch.no_grad():
+        expected = net(x)
+        for name, network in networks.items():
+            error = None if network is native else float((network(x) - expected).abs().max())
+            rows.append({"network": name, "batch": batch, "max_abs_error": error, "transforms": 0})
+            functions.append(lambda network=network: network(x))
+        for name in ("kdsl tuned, blocked, no propagation", "kdsl tuned, blocked, propagated"):
+            networks[name].trace = []
+            networks[name](x)
+            trace, networks[name].trace = networks[name].trace, None
+            rows.append({"network": f"its transforms alone ({name.split(', ')[-1]})", "batch": batch})
+            rows[-1].update(max_abs_error=None, transforms=len(trace))
+            functions.append(_transforms(trace, block))
+        with latency_slot():
+            rounds = interleaved_samples(functions, repeats=payload["repeats"], target=payload["target"], warmup=2)
+    for row, samples in zip(rows, rounds):
+        row["ms"] = median(samples) * 1e3
+        row["vs_native"] = ratio_of_pairs(samples, rounds[0])
+        row["rounds"] = len(samples)
+    return rows
+
+
+def time_networks(
+    item: NetworkOp,
+    db: str,
+    batches: Sequence[int],
+    *,
+    resolution: int = 224,
+    classes: int = 1000,
+    block: int = 16,
+    threads: int = 2,
+    repeats: int = 7,
+    target: float = 0.3,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """:func:`time_compiled` at every batch size, each in its own worker process (PyTorch and TVM in
+    one process: ``TVM_BIND_THREADS=0`` keeps TVM from pinning the threads PyTorch needs)."""
+    rows = []
+    environment = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), TVM_BIND_THREADS="0")
+    for batch in batches:
+        payload = {
+            "op": item.to_dict(),
+            "db": str(db),
+            "batch": batch,
+            "resolution": resolution,
+            "classes": classes,
+            "block": block,
+            "threads": threads,
+            "repeats": repeats,
+            "target": target,
+            "seed": seed,
+        }
+        result = subprocess.run(
+            [sys.executable, "-m", "kdsl.bench.network_tune", "--worker"],
+            input=json.dumps(payload),
+            capture_output=True,
+            text=True,
+            env=environment,
+        )
+        if result.returncode != 0:
+            raise KdslError(f"the network timing worker (batch {batch}) failed:\n{result.stderr[-3000:]}")
+        rows += json.loads(result.stdout.strip().splitlines()[-1])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def add_network_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options ``kdsl tune --network`` adds to ``kdsl tune`` (whose ``--trials`` is then the budget
+    all layers share, and ``--batch`` still the configurations compiled per round)."""
+    parser.add_argument(
+        "--network",
+        choices=NETWORKS,
+        help="tune every kdsl layer of this network with one shared --trials budget and time it against PyTorch's",
+    )
+    parser.add_argument(
+        "--op",
+        default="conv2d",
+        help="with --network: the operator in its stride-1 3x3 convolutions (a gallery name or .dsl/.json file; "
+        "NAME:G=2 sets a coefficient)",
+    )
+    parser.add_argument(
+        "--batch-sizes", type=positive_int, nargs="+", default=[1, 8], help="with --network: the batch sizes"
+    )
+    parser.add_argument("--resolution", type=positive_int, default=224, help="with --network: the input size")
+    parser.add_argument(
+        "--block", type=positive_int, default=16, help="with --network: the channel block of the blocked layouts"
+    )
+    parser.add_argument("--threads", type=positive_int, default=2, help="with --network: threads when timing")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=7, help="with --network: interleaved rounds of the end-to-end timing"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def task_table(summaries: Sequence[TaskSummary]) -> str:
+    """The per-task table of a network's tuning run.
+
+    >>> print(task_table([TaskSummary("conv2_x N=1", 4, 16, 2.0, 1.5)]))
+    task              runs/pass  trials  default ms   best ms  saved ms/pass
+    conv2_x N=1               4      16       2.000     1.500          2.000
+    """
+    lines = [f"{'task':<16} {'runs/pass':>10} {'trials':>7} {'default ms':>11} {'best ms':>9} {'saved ms/pass':>14}"]
+    for row in summaries:
+        saved = None if row.default_ms is None or row.best_ms is None else row.weight * (row.default_ms - row.best_ms)
+        lines.append(
+            f"{printable(row.label):<16} {row.weight:>10} {row.trials:>7} {_ms(row.default_ms):>11} "
+            f"{_ms(row.best_ms):>9} {_ms(saved):>14}"
+        )
+    return "\n".join(lines)
+
+
+def network_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The end-to-end rows of :func:`time_compiled` as a table."""
+    lines = [f"{'network':<42} {'batch':>5} {'ms':>10} {'vs PyTorch':>10} {'max |error|':>12} {'transforms':>10}"]
+    for row in rows:
+        error = "-" if row["max_abs_error"] is None else f"{row['max_abs_error']:.1e}"
+        transforms = row["transforms"] or "-"
+        lines.append(
+            f"{row['network']:<42} {row['batch']:>5} {row['ms']:10.3f} {row['vs_native']:10.2f} {error:>12} "
+            f"{transforms:>10}"
+        )
+    return "\n".join(lines)
+
+
+def propagation_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per batch size: how much of the unpropagated network's transform time propagation removed."""
+    lines = []
+    for batch in sorted({row["batch"] for row in rows}):
+        ms = {row["network"]: row["ms"] for row in rows if row["batch"] == batch}
+        transforms = ms["its transforms alone (no propagation)"]
+        left = ms["its transforms alone (propagated)"]
+        saved = ms["kdsl tuned, blocked, no propagation"] - ms["kdsl tuned, blocked, propagated"]
+        lines.append(
+            f"batch {batch}: without propagation the transforms take {transforms:.3f} ms a pass, with it "
+            f"{left:.3f} ms ({1 - left / transforms:.0%} of the transform time removed); end to end the "
+            f"propagated network is {saved:.3f} ms faster ({saved / transforms:.0%} of that transform time)"
+        )
+    return lines
+
+
+def command_tune_network(args: argparse.Namespace) -> int:
+    """``kdsl tune --network resnet18``: tune the network's tasks, then time the compiled network."""
+    if args.operator or args.layers or args.apply or args.out:
+        raise KdslError(
+            "kdsl tune --network tunes every layer of the network: give no OPERATOR, --layers, --apply or --out "
+            "(--op names the operator)"
+        )
+    tuner = args.tuner or "opevo"
+    item = resolve_ops([args.op], resolution=args.resolution)[0]
+    for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
+        blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
+    tasks = network_tasks(item, args.batch_sizes, args.resolution)
+    log = None if args.json else (lambda line: print(f"tune --network: {line}", file=sys.stderr, flush=True))
+    summaries = tune_network(
+        tasks,
+        args.trials,
+        args.db,
+        tuner=tuner,
+        batch=args.batch,
+        seed=args.seed,
+        options=dict(args.tuner_option),
+        log=log,
+    )
+    if log is not None:
+        log("timing the compiled networks against PyTorch's")
+    rows = time_networks(
+        item,
+        args.db,
+        args.batch_sizes,
+        resolution=args.resolution,
+        block=args.block,
+        threads=args.threads,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    if args.json:
+        tasks_json = [vars(summary) for summary in summaries]
+        print(json.dumps({"tasks": tasks_json, "networks": rows, "db": args.db}, indent=1))
+        return 0
+    print(
+        f"kdsl tune --network {args.network}: {printable(item.label)} in the 13 stride-1 3x3 convolutions, "
+        f"{args.resolution}x{args.resolution} input, {tuner}, {args.trials} trials shared by expected saving "
+        f"(records in {printable(args.db)})"
+    )
+    print(task_table(summaries))
+    print(
+        f"\nEnd to end, forward, {args.threads} threads, one process per batch size, every network of a batch "
+        f"timed in the same {args.repeats}+ interleaved rounds (median ms; vs PyTorch: median of the rounds' "
+        f"ratios); max |error|: against the PyTorch network of the same weights; blocked: NCHW{args.block}c."
+    )
+    print(network_table(rows))
+    print()
+    for line in propagation_summary(rows):
+        print(line)
+    return 0
+
+
+def _worker_main() -> int:
+    torch = load_torch()
+    payload = json.loads(sys.stdin.read())
+    torch.set_num_threads(payload["threads"])
+    print(json.dumps(time_compiled(payload)))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--worker"]:
+        sys.exit("usage: python -m kdsl.bench.network_tune --worker (a payload on stdin)")
+    sys.exit(_worker_main())

@@ -1,0 +1,249 @@
+"""``kdsl tune --network``: the shared budget's allocation (a fake measurer), the compiled ResNet-18
+against the PyTorch network of the same weights in every layout, channel-blocked kernels, and the
+command's errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from backends import backend
+
+from kdsl import gallery
+from kdsl.cli import main
+from kdsl.lang.errors import KdslError, LoweringError
+from kdsl.tune import network as tune_network_module
+from kdsl.tune.network import BudgetScheduler, NetworkTask, TaskSummary, tune_network
+from kdsl.tune.records import Record, TuneResult
+
+backend("tvm")
+
+import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
+
+from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
+from kdsl.codegen.tvm import build, lower  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
+from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
+from kdsl.discover.network import resnet18, resolve_ops  # noqa: E402
+from kdsl.tune.records import open_task  # noqa: E402
+
+RESOLUTION = 32
+#: kernels compiled once for the layouts that share them (blocked and propagated)
+KERNELS: dict = {}
+
+
+# ------------------------------------------------------------------------------------------------
+# The budget, with a fake measurer
+
+
+class FakeTasks:
+    """Tasks whose latency after ``t`` trials follows a given curve; records every round it is asked."""
+
+    def __init__(self, curves: list[list[float]]) -> None:
+        self.curves = curves
+        self.trials = [0] * len(curves)
+        self.rounds: list[int] = []
+
+    def run_round(self, index: int, count: int) -> tuple[int, float]:
+        curve = self.curves[index]
+        self.rounds.append(index)
+        self.trials[index] += count
+        return count, curve[min(self.trials[index] // 8, len(curve) - 1)]
+
+
+def allocated(weights: list[int], curves: list[list[float]], total: int) -> FakeTasks:
+    scheduler = BudgetScheduler(weights, round_trials=8)
+    fake = FakeTasks(curves)
+    for index, curve in enumerate(curves):
+        scheduler.record_default(index, curve[0])
+    given = scheduler.allocate(total, fake.run_round)
+    assert given == sum(fake.trials) <= total
+    return fake
+
+
+def test_the_budget_goes_where_the_expected_saving_is_largest():
+    # both tasks improve at the same relative pace; the first runs 4 times a pass at twice the latency
+    curves = [[2.0 * 0.9**k for k in range(20)], [1.0 * 0.9**k for k in range(20)]]
+    fake = allocated([4, 1], curves, 80)
+    assert fake.rounds[0] == 0 and fake.trials[0] > fake.trials[1]
+    assert sum(fake.trials) == 80
+
+
+def test_a_task_that_stops_improving_yields_the_budget_to_one_that_still_improves():
+    flat = [1.0] * 60  # no round ever improves it
+    improving = [1.0 * 0.9**k for k in range(60)]
+    fake = allocated([1, 1], [flat, improving], 320)
+    assert fake.trials[1] > 2 * fake.trials[0]
+    # yet the stalled task is not abandoned for good: it is tried again, less and less often
+    half = len(fake.rounds) // 2
+    assert 0 < fake.rounds[half:].count(0) < fake.rounds[:half].count(0)
+
+
+def test_equal_tasks_share_the_budget_evenly():
+    curve = [1.0 * 0.95**k for k in range(40)]
+    fake = allocated([3, 3, 3], [curve, curve, curve], 72)
+    assert fake.trials == [24, 24, 24]
+
+
+def test_a_task_whose_tuner_is_exhausted_is_dropped_and_a_failed_default_still_gets_tuned():
+    scheduler = BudgetScheduler([1, 1], round_trials=4)
+    scheduler.record_default(0, None)  # its default schedule failed: it counts as the slowest task
+    scheduler.record_default(1, 0.001)
+    asked = []
+
+    def run_round(index: int, count: int) -> tuple[int, float | None]:
+        asked.append(index)
+        return (0, None) if index == 0 else (count, 0.001)
+
+    given = scheduler.allocate(12, run_round)
+    assert asked[0] == 0 and asked.count(0) == 1 and given == 12
+    scheduler.tasks[1].done = True
+    assert scheduler.next_task() is None
+
+
+def test_bad_scheduler_arguments_are_refused_with_what_was_given():
+    with pytest.raises(KdslError, match="positive weight"):
+        BudgetScheduler([])
+    with pytest.raises(KdslError, match="round_trials"):
+        BudgetScheduler([1], round_trials=0)
+    with pytest.raises(KdslError, match="occurrence count"):
+        NetworkTask("t", gallery.load("conv2d"), {}, 0)
+
+
+def test_tune_network_measures_every_default_before_any_round(monkeypatch, tmp_path):
+    events = []
+
+    class FakeMeasurer:
+        def __init__(self, op, binding):
+            events.append(("open", binding["H"]))
+
+        def close(self):
+            events.append(("close", None))
+
+    def fake_default(task, db, measurer):
+        events.append(("default", task.label))
+        return 0.001 * task.weight
+
+    def fake_tune(op, layer, tuner, trials, db, **kwargs):
+        events.append(("round", layer["H"]))
+        assert kwargs["confirm"] == 0 and trials <= 8
+        return TuneResult("k", tuner, None, [], trials, 0, 0.0)
+
+    def fake_summary(task, db, trials=0):
+        return TaskSummary(task.label, task.weight, trials, 1.0, 0.5)
+
+    monkeypatch.setattr(tune_network_module, "Measurer", FakeMeasurer)
+    monkeypatch.setattr(tune_network_module, "measure_default", fake_default)
+    monkeypatch.setattr(tune_network_module, "tune", fake_tune)
+    monkeypatch.setattr(tune_network_module, "task_summary", fake_summary)
+    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
+    tasks = network_tasks(item, [1], RESOLUTION)
+    summaries = tune_network(tasks, 24, str(tmp_path / "t.db"))
+    kinds = [kind for kind, _ in events]
+    assert kinds.count("default") == 4 and kinds.index("round") > max(i for i, k in enumerate(kinds) if k == "default")
+    assert sum(s.trials for s in summaries) == 24 and kinds.count("round") == 3
+    assert kinds.count("open") == kinds.count("close")  # every measurer closed
+
+
+# ------------------------------------------------------------------------------------------------
+# The compiled network
+
+
+@pytest.fixture(scope="module")
+def network():
+    """ResNet-18 with conv2d at 32x32, batch 1, and batch norms with random statistics (so folding
+    them into a scale and shift is checked, not the identity)."""
+    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
+    net = resnet18(item, batch=1, resolution=RESOLUTION, classes=10, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    for module in net.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            count = module.num_features
+            module.running_mean.copy_(torch.rand(count, generator=generator) - 0.5)
+            module.running_var.copy_(torch.rand(count, generator=generator) + 0.5)
+            module.weight.data.copy_(torch.rand(count, generator=generator) + 0.5)
+            module.bias.data.copy_(torch.rand(count, generator=generator) - 0.5)
+    return item, net, torch.randn(1, 3, RESOLUTION, RESOLUTION, generator=generator)
+
+
+def assert_same_output(compiled, net, x, transforms: int | None = None) -> None:
+    with torch.no_grad():
+        compiled.trace = []
+        got, expected = compiled(x), net(x)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), float((got - expected).abs().max())
+    if transforms is not None:
+        assert len(compiled.trace) == transforms
+
+
+@pytest.fixture(scope="module")
+def tuned_db(network, tmp_path_factory):
+    """A records database whose best conv2_x record is a random valid schedule of the space (not the
+    default one), so the blocked signature is checked on a schedule the tuners could pick."""
+    item = network[0]
+    db = str(tmp_path_factory.mktemp("net") / "records.db")
+    task = network_tasks(item, [1], RESOLUTION)[0]
+    binding, key, store = open_task(task.op, task.layer, db)
+    space = ScheduleSpace(lower(task.op, binding))
+    rng = random.Random(0)
+    for _ in range(50):
+        config = space.random(rng)
+        try:
+            space.apply(config)
+            break
+        except LoweringError:
+            continue
+    store.add(key, Record(config, 1e-9, None, "opevo"))
+    store.database.close()
+    return db
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout):
+    _, net, x = network
+    compiled = compile_network(net, layout, db=tuned_db, block=16, kernels=KERNELS)
+    # 13 kdsl layers: 2 transforms a layer unpropagated; propagated, 1 into stage 2, 3 in each later stage
+    transforms = {"plain": 0, "blocked": 26, "propagated": 10}[layout]
+    assert_same_output(compiled, net, x, transforms)
+
+
+def test_compile_network_refuses_the_original_network_and_unknown_layouts(network):
+    _, net, _ = network
+    with pytest.raises(KdslError, match="unknown layout 'nhwc'"):
+        compile_network(net, "nhwc")
+    with pytest.raises(KdslError, match="built with an operator"):
+        compile_network(resnet18(batch=1, resolution=RESOLUTION, classes=10), "plain")
+
+
+def test_a_blocked_kernel_computes_the_plain_one_and_refuses_what_it_cannot_do():
+    op = gallery.load("grouped_conv2d")
+    layer = {"N": 2, "Cin": 16, "Cout": 16, "H": 5, "W": 5, "G": 2}
+    kernel = build_blocked(op, layer, 8)
+    x = torch.randn(2, 16, 5, 5)
+    weights = [torch.randn(*shape) for shape in kernel.weight_shapes]
+    with torch.no_grad():
+        expected = build(op, layer)(x, *weights)
+        got = from_blocked(kernel(to_blocked(x, 8), *weights))
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(KdslError, match="size 16.* cannot be blocked by 3"):
+        build_blocked(op, layer, 3)
+    with pytest.raises(LoweringError, match="no_grad"):
+        kernel(to_blocked(x, 8), weights[0].requires_grad_())
+
+
+# ------------------------------------------------------------------------------------------------
+# The command
+
+
+def test_the_command_refuses_unknown_networks_unfit_operators_and_mixed_arguments(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--network", "resnet50"])
+    assert "invalid choice: 'resnet50'" in capsys.readouterr().err
+    assert main(["tune", "--network", "resnet18", "--op", "matmul", "--resolution", "32"]) == 2
+    assert "matmul cannot replace ResNet-18's 3x3 convolutions at conv2_x" in capsys.readouterr().err
+    assert main(["tune", "conv2d", "--network", "resnet18"]) == 2
+    assert "give no OPERATOR" in capsys.readouterr().err
+    assert main(["tune"]) == 2
+    assert "needs an OPERATOR" in capsys.readouterr().err
+    assert main(["tune", "--network", "resnet18", "--block", "24", "--resolution", "32"]) == 2
+    assert "--block: conv2_x's channels (dim 1, size 64) cannot be blocked by 24" in capsys.readouterr().err
