@@ -31,7 +31,10 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def tuned(tmp_path_factory) -> str:
     """A records database holding two measured schedules of the tiny matmul."""
     db = tmp_path_factory.mktemp("tune") / "t.db"
-    assert main(["tune", "matmul", "--layers", TINY, "--trials", "2", "--batch", "2", "--db", str(db), "--json"]) == 0
+    assert (
+        main(["tune", "matmul", "--layers", TINY, "--trials", "2", "--compile-batch", "2", "--db", str(db), "--json"])
+        == 0
+    )
     assert db.is_file()
     return str(db)
 
@@ -86,7 +89,7 @@ def test_apply_for_another_target_names_the_mcpu_the_records_were_tuned_for(caps
 def test_tune_takes_several_layers_and_ends_with_one_table(capsys, tmp_path):
     other = '{"M": 8, "Cin": 8, "Cout": 8}'
     db = str(tmp_path / "two.db")
-    argv = ["tune", "matmul", "--layers", TINY, other, "--trials", "1", "--batch", "1", "--db", db]
+    argv = ["tune", "matmul", "--layers", TINY, other, "--trials", "1", "--compile-batch", "1", "--db", db]
     code, out, err = run(capsys, *argv)
     lines = out.splitlines()
     assert code == 0, err

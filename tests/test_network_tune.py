@@ -239,10 +239,12 @@ def test_the_command_refuses_unknown_networks_unfit_operators_and_mixed_argument
     with pytest.raises(SystemExit):
         main(["tune", "--network", "resnet50"])
     assert "invalid choice: 'resnet50'" in capsys.readouterr().err
-    assert main(["tune", "--network", "resnet18", "--op", "matmul", "--resolution", "32"]) == 2
+    assert main(["tune", "matmul", "--network", "resnet18", "--resolution", "32"]) == 2
     assert "matmul cannot replace ResNet-18's 3x3 convolutions at conv2_x" in capsys.readouterr().err
-    assert main(["tune", "conv2d", "--network", "resnet18"]) == 2
-    assert "give no OPERATOR" in capsys.readouterr().err
+    assert main(["tune", "conv2d", "--network", "resnet18", "--layers", "conv3_x"]) == 2
+    assert "give no --layers" in capsys.readouterr().err
+    assert main(["tune", "conv2d", "--layers", "conv3_x", "--batch", "8"]) == 2
+    assert "--compile-batch" in capsys.readouterr().err
     assert main(["tune"]) == 2
     assert "needs an OPERATOR" in capsys.readouterr().err
     assert main(["tune", "--network", "resnet18", "--block", "24", "--resolution", "32"]) == 2

@@ -275,20 +275,18 @@ def time_networks(
 
 def add_network_arguments(parser: argparse.ArgumentParser) -> None:
     """The options ``kdsl tune --network`` adds to ``kdsl tune`` (whose ``--trials`` is then the budget
-    all layers share, and ``--batch`` still the configurations compiled per round)."""
+    all layers share, and whose OPERATOR, ``conv2d`` if none, goes into the network's convolutions)."""
     parser.add_argument(
         "--network",
         choices=NETWORKS,
         help="tune every kdsl layer of this network with one shared --trials budget and time it against PyTorch's",
     )
     parser.add_argument(
-        "--op",
-        default="conv2d",
-        help="with --network: the operator in its stride-1 3x3 convolutions (a gallery name or .dsl/.json file; "
-        "NAME:G=2 sets a coefficient)",
-    )
-    parser.add_argument(
-        "--batch-sizes", type=positive_int, nargs="+", default=[1, 8], help="with --network: the batch sizes"
+        "--batch",
+        dest="batch_sizes",
+        type=positive_int,
+        nargs="+",
+        help="with --network: the batch sizes (default: 1 8)",
     )
     parser.add_argument("--resolution", type=positive_int, default=224, help="with --network: the input size")
     parser.add_argument(
@@ -352,13 +350,11 @@ def propagation_summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def command_tune_network(args: argparse.Namespace) -> int:
     """``kdsl tune --network resnet18``: tune the network's tasks, then time the compiled network."""
-    if args.operator or args.layers or args.apply or args.out:
-        raise KdslError(
-            "kdsl tune --network tunes every layer of the network: give no OPERATOR, --layers, --apply or --out "
-            "(--op names the operator)"
-        )
+    if args.layers or args.apply or args.out:
+        raise KdslError("kdsl tune --network tunes every layer of the network: give no --layers, --apply or --out")
     tuner = args.tuner or "opevo"
-    item = resolve_ops([args.op], resolution=args.resolution)[0]
+    args.batch_sizes = args.batch_sizes or [1, 8]
+    item = resolve_ops([args.operator or "conv2d"], resolution=args.resolution)[0]
     for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
         blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
     tasks = network_tasks(item, args.batch_sizes, args.resolution)
@@ -368,7 +364,7 @@ def command_tune_network(args: argparse.Namespace) -> int:
         args.trials,
         args.db,
         tuner=tuner,
-        batch=args.batch,
+        batch=args.compile_batch,
         seed=args.seed,
         options=dict(args.tuner_option),
         log=log,

@@ -108,7 +108,12 @@ def add_tune_commands(subparsers: Any) -> None:
         "tune",
         help="tune the TVM schedule of an operator at one or more layers, or build kernels from the records (--apply)",
     )
-    tune.add_argument("operator", nargs="?", help="gallery name, .dsl or .json file (none with --network)")
+    tune.add_argument(
+        "operator",
+        nargs="?",
+        help="gallery name, .dsl or .json file (with --network: the operator in its 3x3 convolutions, default "
+        "conv2d, NAME:G=2 setting a coefficient)",
+    )
     tune.add_argument(
         "--layers",
         nargs="+",
@@ -138,7 +143,13 @@ def add_tune_commands(subparsers: Any) -> None:
         "alt per_layout=4, layouts=6, pool=512 (candidates its cost model ranks per round), explore=0.125, "
         "min_records=8, model=false (no cost model)",
     )
-    tune.add_argument("--batch", type=positive_int, default=8, help="configurations compiled in parallel per round")
+    tune.add_argument(
+        "--compile-batch",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="configurations compiled in parallel per round (--batch is a batch size, as in every command)",
+    )
     tune.add_argument(
         "--apply",
         action="store_true",
@@ -212,6 +223,11 @@ def command_tune(args: argparse.Namespace) -> int:
         return command_tune_network(args)
     if not args.operator:
         raise KdslError("kdsl tune needs an OPERATOR (a gallery name, .dsl or .json file), or --network NAME")
+    if args.batch_sizes:
+        raise KdslError(
+            "kdsl tune --batch is the batch size of --network's networks; the configurations compiled per round "
+            "are --compile-batch"
+        )
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: a layer's name (conv3_x), JSON sizes, or a layer file")
     op = load_operator(args.operator)
@@ -259,7 +275,7 @@ def _tune_layer(
             args.tuner,
             args.trials,
             args.db,
-            batch=args.batch,
+            batch=args.compile_batch,
             seed=args.seed,
             log=log,
             progress=bar,
