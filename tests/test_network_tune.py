@@ -108,6 +108,8 @@ def test_bad_scheduler_arguments_are_refused_with_what_was_given():
         BudgetScheduler([1], round_trials=0)
     with pytest.raises(KdslError, match="occurrence count"):
         NetworkTask("t", gallery.load("conv2d"), {}, 0)
+    with pytest.raises(KdslError, match="scale must be positive"):
+        NetworkTask("t", gallery.load("conv2d"), {}, 1, 0.0)
 
 
 def test_tune_network_measures_every_default_before_any_round(monkeypatch, tmp_path):
@@ -249,3 +251,14 @@ def test_the_command_refuses_unknown_networks_unfit_operators_and_mixed_argument
     assert "needs an OPERATOR" in capsys.readouterr().err
     assert main(["tune", "--network", "resnet18", "--block", "24", "--resolution", "32"]) == 2
     assert "--block: conv2_x's channels (dim 1, size 64) cannot be blocked by 24" in capsys.readouterr().err
+
+
+def test_a_network_at_two_batch_sizes_shares_the_budget_per_image():
+    tasks = network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1, 8], 32)
+    assert [task.scale for task in tasks] == [1.0] * 4 + [1 / 8] * 4
+    # batch 8 takes 7x batch 1's time (better per image): without the scale it would win every round
+    scheduler = BudgetScheduler([task.weight * task.scale for task in (tasks[0], tasks[4])])
+    scheduler.record_default(0, 0.001)
+    scheduler.record_default(1, 0.007)
+    assert [tasks[0].layer["N"], tasks[4].layer["N"]] == [1, 8] and tasks[0].weight == tasks[4].weight
+    assert scheduler.next_task() == 0

@@ -66,12 +66,13 @@ LAYOUTS = ("plain", "blocked", "propagated")
 def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
     batch size, weighted by how many times a forward pass runs it (the stage's first block keeps a
-    stride-2 PyTorch convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times)."""
+    stride-2 PyTorch convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times),
+    scaled by ``1 / batch``: the budget is shared by time saved per image."""
     tasks = []
     for batch in batches:
         for layer, (_, _, stride) in zip(stage_layers(batch, resolution), STAGES):
             weight = 4 if stride == 1 else 3
-            tasks.append(NetworkTask(f"{layer.name} N={batch}", item.op, item.binding(layer), weight))
+            tasks.append(NetworkTask(f"{layer.name} N={batch}", item.op, item.binding(layer), weight, 1 / batch))
     return tasks
 
 
