@@ -15,6 +15,7 @@
     kdsl tune OP --layers NAME --tuner opevo|gensor|alt|metaschedule --trials N --db PATH [--out K.so]
     kdsl tune OP --layers NAME --db PATH --apply [--out K.so]   the best record: its schedule, built
     kdsl bench tune [--trials N] [--quick] [--mcpu NAME]   (--mcpu: compile for that LLVM CPU, e.g. haswell)
+    kdsl bench costmodel [--collect] [--ops conv2d matmul ...] [--configs 40] [--db costmodel.db]
     kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --db F --out DIR
     kdsl demo                      a tour of the gallery on ResNet-18's layers
 
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
-from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_suite_bench
+from kdsl.bench import costmodel_bench, lowering_bench, network_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
 from kdsl.bench.rediscover import TIME_LIMIT as REDISCOVERY_TIME_LIMIT
 from kdsl.cli import search_commands, tune_commands
@@ -223,6 +224,12 @@ BENCHES: tuple[tuple[str, str, typing.Callable[..., None], typing.Callable[..., 
         "schedule tuners side by side against PyTorch (--suite: the papers' suites, several runs)",
         tune_suite_bench.add_arguments,
         tune_suite_bench.bench_tune,
+    ),
+    (
+        "costmodel",
+        "collect tuning records across operators (--collect) and score the cross-operator cost model held out",
+        costmodel_bench.add_arguments,
+        costmodel_bench.bench_costmodel,
     ),
 )
 

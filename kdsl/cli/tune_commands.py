@@ -106,6 +106,15 @@ def add_tune_commands(subparsers: Any) -> None:
     )
     tune.add_argument("--batch", type=positive_int, default=8, help="configurations compiled in parallel per round")
     tune.add_argument(
+        "--cost-model-db",
+        action="append",
+        default=[],
+        metavar="DB",
+        help="records databases (repeatable) whose tasks on this target train the cross-operator cost model that "
+        "ranks opevo/alt/random candidates, beside --db's other tasks (kdsl bench costmodel --collect makes one)",
+    )
+    tune.add_argument("--no-cost-model", action="store_true", help="never rank candidates with the cost model")
+    tune.add_argument(
         "--apply",
         action="store_true",
         help="tune nothing: take the best record in --db (of --tuner if given), print its schedule, and build it "
@@ -189,7 +198,11 @@ def command_tune(args: argparse.Namespace) -> int:
             log=log,
             progress=bar,
             options=dict(args.tuner_option),
+            cost_model_db=args.cost_model_db,
+            cost_model=not args.no_cost_model,
         )
+    if result.ranking is not None and not args.json:
+        print(result.ranking.line())
     best = result.best
     if best is None or best.latency is None:
         print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")

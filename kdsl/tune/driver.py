@@ -27,6 +27,7 @@ from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
+from kdsl.tune.transfer import Prefiltered, pretrained, run_ranking
 
 #: the tuners ``kdsl tune`` and ``kdsl bench tune`` offer (``random`` is the baseline besides them)
 TUNERS = ("opevo", "alt", "gensor", "metaschedule")
@@ -88,6 +89,13 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+#: The tuners a pretrained cross-operator cost model ranks candidates for (gensor constructs its
+#: schedules from its own analytic model; metaschedule has its own).
+RANKED = ("opevo", "alt", "random")
+#: Candidates drawn per configuration measured when the model ranks them.
+PREFILTER = 4
+
+
 #: Constructor arguments that tuners pass each other (ALT's inner OpEvo), not options for users.
 _INTERNAL = ("fixed", "start", "seen")
 
@@ -106,6 +114,8 @@ def tune(
     options: Mapping[str, Any] | None = None,
     confirm: int = 3,
     progress: Progress | None = None,
+    cost_model_db: Sequence[str | os.PathLike[str]] = (),
+    cost_model: bool = True,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -117,7 +127,14 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch."""
+    is set to the trials measured so far after each batch.
+
+    The cross-operator cost model (:mod:`kdsl.tune.transfer`), trained on the other tasks of this target
+    in ``db`` and ``cost_model_db`` (never on this task), ranks the candidates of opevo, alt and random
+    before measurement (:data:`PREFILTER` drawn per one measured) when at least
+    :data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
+    ``ranking`` is its held-out rank correlation on this run's measured configurations beside the
+    analytic estimate's, logged as one line."""
     if tuner == "metaschedule":
         if options:
             raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
@@ -128,6 +145,9 @@ def tune(
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
+    model = pretrained([db, *cost_model_db], store_target(store, key), key, seed) if cost_model else None
+    if model is not None and tuner in RANKED:
+        search = Prefiltered(search, space, model, PREFILTER)
     own = measurer or Measurer(op, binding)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
@@ -186,7 +206,17 @@ def tune(
     finally:
         if measurer is None:
             own.close()
-    return TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    if model is not None:
+        result.ranking = run_ranking(model, space, [r for r in store.records(key, tuner) if r.at >= run_started])
+        if log and result.ranking is not None:
+            log(result.ranking.line())
+    return result
+
+
+def store_target(store: RecordStore, task: str) -> str:
+    """The target (mcpu) ``task`` was described with in ``store``."""
+    return str(store.descriptions().get(task, {}).get("target", ""))
 
 
 def _confirm(
