@@ -267,3 +267,14 @@ def test_pretrained_needs_enough_tasks(tmp_path):
     key = _store_task(store, op, MATMUL, "haswell", [1e-3 * (i + 1) for i in range(8)])
     assert transfer.pretrained([tmp_path / "p.db"], "haswell", exclude="other") is None  # one task only
     assert transfer.pretrained([tmp_path / "p.db"], "haswell", exclude=key) is None
+
+
+def test_a_cost_model_db_that_is_not_there_or_not_used_is_an_error(tmp_path):
+    from kdsl.tune.driver import tune
+
+    op = gallery.load("matmul")
+    with pytest.raises(TuneError, match="nope.db"):
+        tune(op, MATMUL, "random", 1, tmp_path / "t.db", cost_model_db=[tmp_path / "nope.db"], measurer=_FakeMeasurer())
+    RecordStore(tmp_path / "m.db")
+    with pytest.raises(TuneError, match="metaschedule"):
+        tune(op, MATMUL, "metaschedule", 1, tmp_path / "t.db", cost_model_db=[tmp_path / "m.db"])

@@ -135,7 +135,12 @@ def tune(
     :data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
     ``ranking`` is its held-out rank correlation on this run's measured configurations beside the
     analytic estimate's, logged as one line."""
+    for path in cost_model_db:
+        if not Path(path).is_file():
+            raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
     if tuner == "metaschedule":
+        if cost_model_db:
+            raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
         if options:
             raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
