@@ -54,6 +54,8 @@ FEATURES: tuple[str, ...] = (
     "vector_fill",
     "vector_whole",
     "gather_share",
+    "write_scatter",
+    "permuted_tensors",
     "inline_pads",
     "accumulators_over_registers",
     "accumulators_over_latency",
@@ -124,6 +126,28 @@ def _gather_share(stage: Any, config: Mapping[str, Any], vector: int | None) -> 
     return gathers / len(stage.reads)
 
 
+def _write_scatter(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], vector: int | None) -> float:
+    """1 where the stage writes an intermediate buffer whose layout does not store the vector axis last
+    (every vector store scatters), else 0."""
+    if vector is None or not any(t.name == stage.name and t.kind == "intermediate" for t in space.tensors):
+        return 0.0
+    tile = config.get(f"layout.{stage.name}.tile", "none")
+    perm = config.get(f"layout.{stage.name}.perm")
+    stored_last = list(perm)[-1] if perm is not None else len(stage.spatial) - 1
+    last = int(str(tile).split(":")[0]) if tile != "none" else stored_last
+    return 0.0 if last == vector else 1.0
+
+
+def _permuted(space: ScheduleSpace, config: Mapping[str, Any]) -> float:
+    """Tensors whose layout permutes their dims (each a transform pass or strided accesses)."""
+    count = 0
+    for tensor in space.tensors:
+        perm = config.get(f"layout.{tensor.name}.perm")
+        if perm is not None and list(perm) != sorted(perm):
+            count += 1
+    return float(count)
+
+
 def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], model: Model) -> list[float]:
     """The dominant reduction stage's features (see the module's text), in :data:`FEATURES`' order."""
     name = stage.name
@@ -150,6 +174,8 @@ def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any],
         fill,
         1.0 if length % lanes == 0 else 0.0,
         _gather_share(stage, config, vector),
+        _write_scatter(space, stage, config, vector),
+        _permuted(space, config),
         float(inline_pads),
         accumulators / max(1, model.accumulators),
         min(1.0, accumulators / (model.fma_per_cycle * FMA_LATENCY)),

@@ -7,9 +7,9 @@ never measured before is ranked by what other operators taught.
 
 * :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
   records databases; records of another target are never read (a schedule's time is the machine's).
-* :class:`TransferModel` is boosted trees from the features to the log latency *relative to its task's
-  mean* (ranking the configurations of one task is what a tuner needs; the absolute time of a task is
-  not learnt), each task weighing the same whatever its record count.
+* :class:`TransferModel` is a random forest from the features to a configuration's latency *rank
+  within its task* (ranking the configurations of one task is what a tuner needs; the absolute time of
+  a task is not learnt), each task weighing the same whatever its record count.
 * :func:`leave_one_operator_out` scores it the way a new operator meets it: for each operator, a model
   trained on the other operators' tasks ranks the held-out operator's configurations, task by task
   (Spearman's rank correlation, :func:`rank_correlation`), beside the analytic estimate of
@@ -51,9 +51,22 @@ from kdsl.tune.records import Record, RecordStore, TuneError, Tuner
 MIN_CONFIGS = 6
 #: Tasks (other than the one tuned) the driver needs before it trusts a model.
 MIN_TASKS = 2
-#: Boosting rounds, depth, rate and row subsample of the trees: hundreds to thousands of records of a
-#: few operators; shallow trees and subsampling keep them from learning one operator's quirks.
-TREES, DEPTH, RATE, SUBSAMPLE = 300, 4, 0.05, 0.8
+#: Trees of the forest, the fewest configurations in a leaf, and the share of features a split tries.
+#: Hundreds of records of a few operators: large leaves and random feature subsets keep the trees
+#: from learning one operator's quirks (held out on conv2d, matmul and depthwise_conv2d, boosted trees
+#: of depth 4 ranked below the analytic estimate, this forest above it; see docs/tune/README.md).
+TREES, LEAF, SPLIT_FEATURES = 200, 16, 0.5
+
+
+def rank_target(latencies: Sequence[float]) -> np.ndarray:
+    """What the model learns of a task's latencies: each one's rank among them, scaled to [-0.5, 0.5]
+    (a slowest configuration 100x off weighs no more than one 2x off: ranks are what a tuner uses).
+
+    >>> rank_target([3e-3, 1e-3, 2e-3]).tolist()
+    [0.5, -0.5, 0.0]
+    """
+    ranks = _ranks(latencies)
+    return ranks / max(1, len(ranks) - 1) - 0.5
 
 
 def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float:
@@ -196,8 +209,8 @@ def load_tasks(
 
 
 class TransferModel:
-    """Boosted trees from :mod:`kdsl.tune.features` to a configuration's log latency relative to its
-    task's mean, trained on the tasks of one ``target``. Deterministic given ``seed``."""
+    """A random forest from :mod:`kdsl.tune.features` to a configuration's latency rank within its
+    task (:func:`rank_target`), trained on the tasks of one ``target``. Deterministic given ``seed``."""
 
     def __init__(self, target: str, seed: int = 0) -> None:
         self.target = target
@@ -220,15 +233,12 @@ class TransferModel:
             self.model = None
             return 0
         features = np.vstack([t.features for t in usable])
-        targets, weights = [], []
-        for data in usable:
-            logs = np.log2(np.asarray(data.latencies))
-            targets.append(logs - logs.mean())
-            weights.append(np.full(len(logs), 1.0 / len(logs)))
-        model = load_ensemble().GradientBoostingRegressor(
-            n_estimators=TREES, max_depth=DEPTH, learning_rate=RATE, subsample=SUBSAMPLE, random_state=self.seed
+        targets = np.concatenate([rank_target(t.latencies) for t in usable])
+        weights = np.concatenate([np.full(len(t.latencies), 1.0 / len(t.latencies)) for t in usable])
+        model = load_ensemble().RandomForestRegressor(
+            n_estimators=TREES, min_samples_leaf=LEAF, max_features=SPLIT_FEATURES, random_state=self.seed
         )
-        model.fit(features, np.concatenate(targets), sample_weight=np.concatenate(weights))
+        model.fit(features, targets, sample_weight=weights)
         self.model = model
         self.tasks = [t.task for t in usable]
         self.operators = sorted({t.label for t in usable})
@@ -239,7 +249,7 @@ class TransferModel:
         return self.model is not None
 
     def predict_features(self, features: np.ndarray) -> list[float]:
-        """Predicted relative log2 latency of each row of features (lower is faster)."""
+        """Predicted rank (in [-0.5, 0.5]) of each row of features among its task (lower is faster)."""
         if self.model is None:
             raise TuneError("the cross-operator cost model is not trained (no tasks with measured records)")
         if len(features) == 0:
@@ -247,7 +257,7 @@ class TransferModel:
         return [float(v) for v in self.model.predict(np.asarray(features, dtype=float))]
 
     def predict(self, space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[float]:
-        """Predicted relative log2 latency of each configuration of ``space`` (lower is faster)."""
+        """Predicted rank of each configuration of ``space`` (lower is faster)."""
         return self.predict_features(np.array(features_matrix(space, configs), dtype=float).reshape(-1, len(FEATURES)))
 
 
