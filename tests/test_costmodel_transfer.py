@@ -278,3 +278,23 @@ def test_a_cost_model_db_that_is_not_there_or_not_used_is_an_error(tmp_path):
     RecordStore(tmp_path / "m.db")
     with pytest.raises(TuneError, match="metaschedule"):
         tune(op, MATMUL, "metaschedule", 1, tmp_path / "t.db", cost_model_db=[tmp_path / "m.db"])
+
+
+def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_path, capsys):
+    from kdsl.cli import main
+    from kdsl.tune.driver import tune
+
+    db = tmp_path / "cm.db"
+    measurer = _FakeMeasurer()
+    for name, layer in (("matmul", MATMUL), ("matmul", {"M": 32, "Cin": 32, "Cout": 32}), ("conv2d", CONV)):
+        tune(gallery.load(name), layer, "random", 8, db, batch=8, measurer=measurer, confirm=0, cost_model=False)
+    assert main(["bench", "costmodel", "--db", str(db)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("3 tasks of 2 operators (conv2d, matmul)")
+    rows = [line for line in out if line.startswith(("matmul ", "conv2d "))]
+    assert len(rows) == 3 and all(len(line.split()) >= 4 for line in rows)
+    summary = out[-1].split()
+    assert out[-1].startswith("held-out Spearman: model")
+    model, analytic, gain = float(summary[3].rstrip(",")), float(summary[5].rstrip(",")), float(summary[7])
+    assert abs(model - analytic - gain) < 0.011
+    assert analytic > 0.5  # the fake latencies follow the estimate, up to noise
