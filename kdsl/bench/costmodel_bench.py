@@ -62,7 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``kdsl bench costmodel``."""
     parser.add_argument("--collect", action="store_true", help="measure configurations into --db first")
     parser.add_argument("--ops", nargs="+", choices=sorted(LAYERS), default=list(DEFAULT_OPS), help="operators")
-    parser.add_argument("--layers", nargs="+", choices=["small", "medium"], default=["small", "medium"])
+    parser.add_argument(
+        "--layers",
+        nargs="+",
+        choices=["small", "medium"],
+        default=["small", "medium"],
+        help="the layer sizes of each operator (LAYERS in kdsl/bench/costmodel_bench.py)",
+    )
     parser.add_argument("--configs", type=positive_int, default=40, help="configurations measured per task")
     parser.add_argument(
         "--db", nargs="+", default=["costmodel.db"], help="records databases (--collect writes the first)"
