@@ -169,7 +169,7 @@ def load_tasks(
     """Every task of ``target`` (an mcpu name) in the records databases ``paths`` with at least
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
-    of the schedule space, or of an operator that cannot be rebuilt are skipped."""
+    of the schedule space, or of an operator that cannot be rebuilt or lowered are skipped."""
     skip = set(exclude)
     merged: dict[str, tuple[dict[str, Any], dict[str, Record]]] = {}
     for path in paths:
@@ -194,7 +194,10 @@ def load_tasks(
             continue
         op, label = found
         binding = {str(k): int(v) for k, v in dict(description.get("binding", {})).items()}
-        space = space_for(op, binding, target)
+        try:
+            space = space_for(op, binding, target)
+        except KdslError:  # an operator this kdsl no longer lowers at that binding teaches nothing
+            continue
         configs = [r.config for r in records.values()]
         features = np.array(features_matrix(space, configs), dtype=float)
         estimates = [gensor_model.estimate(space, c) for c in configs]
