@@ -5,6 +5,13 @@ Tuners search the schedule space of :mod:`kdsl.codegen.tvm.schedule_space` throu
 before and ``update(records)`` feeds back their measured results. :func:`tune` drives one against a
 :class:`~kdsl.tune.measurer.Measurer` and a :class:`~kdsl.tune.records.RecordStore`: re-running with the
 same database continues from the stored records.
+
+The cross-operator cost model (:mod:`kdsl.tune.transfer`), trained on the other tasks of this target in
+``db`` and ``cost_model_db`` (never on the task tuned), ranks the candidates of opevo, alt and random
+before measurement (:data:`PREFILTER` drawn per one measured) when at least
+:data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
+``ranking`` is its held-out rank correlation on the run's measured configurations beside the analytic
+estimate's, logged as one line.
 """
 
 from __future__ import annotations
@@ -127,20 +134,9 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch.
-
-    The cross-operator cost model (:mod:`kdsl.tune.transfer`), trained on the other tasks of this target
-    in ``db`` and ``cost_model_db`` (never on this task), ranks the candidates of opevo, alt and random
-    before measurement (:data:`PREFILTER` drawn per one measured) when at least
-    :data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
-    ``ranking`` is its held-out rank correlation on this run's measured configurations beside the
-    analytic estimate's, logged as one line."""
-    for path in cost_model_db:
-        if not Path(path).is_file():
-            raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
+    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text."""
+    _check_cost_model_dbs(tuner, cost_model_db)
     if tuner == "metaschedule":
-        if cost_model_db:
-            raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
         if options:
             raise TuneError(f"metaschedule takes no tuner options (given {', '.join(options)})")
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
@@ -150,9 +146,7 @@ def tune(
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
-    model = pretrained([db, *cost_model_db], store_target(store, key), key, seed) if cost_model else None
-    if model is not None and tuner in RANKED:
-        search = Prefiltered(search, space, model, PREFILTER)
+    search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)
     own = measurer or Measurer(op, binding)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
@@ -212,8 +206,42 @@ def tune(
         if measurer is None:
             own.close()
     result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    return _with_ranking(result, model, space, store, run_started, log)
+
+
+def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse a ``--cost-model-db`` that is not there, or one given to a tuner that never uses it."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
+    if paths and tuner == "metaschedule":
+        raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
+
+
+def _with_model(
+    search: Tuner, space: ScheduleSpace, paths: Sequence[Any], store: RecordStore, task: str, seed: int
+) -> tuple[Tuner, Any]:
+    """The tuner behind the cross-operator cost model trained on the other tasks of this target in
+    ``paths`` (opevo, alt and random; the others unchanged), and the model (None: too few tasks)."""
+    model = pretrained(paths, store_target(store, task), task, seed)
+    if model is not None and search.name in RANKED:  # the model ranks candidates before they are measured
+        search = Prefiltered(search, space, model, PREFILTER)
+    return search, model
+
+
+def _with_ranking(
+    result: TuneResult,
+    model: Any,
+    space: ScheduleSpace,
+    store: RecordStore,
+    since: float,
+    log: Callable[[str], None] | None,
+) -> TuneResult:
+    """``result`` with the model's held-out :class:`~kdsl.tune.transfer.Ranking` on the configurations
+    this run measured (logged as one line)."""
     if model is not None:
-        result.ranking = run_ranking(model, space, [r for r in store.records(key, tuner) if r.at >= run_started])
+        records = [r for r in store.records(result.task, result.tuner) if r.at >= since]
+        result.ranking = run_ranking(model, space, records)
         if log and result.ranking is not None:
             log(result.ranking.line())
     return result
