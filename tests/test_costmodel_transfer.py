@@ -298,3 +298,11 @@ def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_pa
     model, analytic, gain = float(summary[3].rstrip(",")), float(summary[5].rstrip(",")), float(summary[7])
     assert abs(model - analytic - gain) < 0.011
     assert analytic > 0.5  # the fake latencies follow the estimate, up to noise
+
+
+def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):
+    store = RecordStore(tmp_path / "d.db")
+    store.describe("good", {"op": "k", "binding": {}, "target": "haswell"})
+    store.db.execute("INSERT INTO tasks VALUES ('bad', 'not json', 0.0)")
+    store.db.execute("INSERT INTO tasks VALUES ('list', '[1, 2]', 0.0)")
+    assert list(store.descriptions()) == ["good"]

@@ -131,8 +131,15 @@ class RecordStore:
     def descriptions(self) -> dict[str, dict[str, Any]]:
         """Every described task and what it stands for (operator key, binding, target; the operator's JSON
         and the space's version where the run that described it stored them)."""
-        rows = self.db.execute("SELECT task, description FROM tasks ORDER BY at").fetchall()
-        return {task: json.loads(text) for task, text in rows}
+        out = {}
+        for task, text in self.db.execute("SELECT task, description FROM tasks ORDER BY at").fetchall():
+            try:
+                description = json.loads(text)
+            except (TypeError, ValueError):  # a row another program wrote: no task kdsl can describe
+                continue
+            if isinstance(description, dict):
+                out[str(task)] = description
+        return out
 
     def records(self, task: str, tuner: str | None = None) -> list[Record]:
         """The task's records in the order they were added (of one tuner, if given)."""
