@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
-from kdsl.bench import lowering_bench, network_bench, proxy_bench, tune_suite_bench
+from kdsl.bench import costmodel_bench, lowering_bench, network_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
@@ -193,6 +193,12 @@ BENCHES: tuple[tuple[str, str, typing.Callable[..., None], typing.Callable[..., 
         "schedule tuners side by side against PyTorch (--suite: the papers' suites, several runs)",
         tune_suite_bench.add_arguments,
         tune_suite_bench.bench_tune,
+    ),
+    (
+        "costmodel",
+        "collect tuning records across operators (--collect) and score the cross-operator cost model held out",
+        costmodel_bench.add_arguments,
+        costmodel_bench.bench_costmodel,
     ),
 )
 

@@ -151,6 +151,15 @@ def add_tune_commands(subparsers: Any) -> None:
         help="configurations compiled in parallel per round (--batch is a batch size, as in every command)",
     )
     tune.add_argument(
+        "--cost-model-db",
+        action="append",
+        default=[],
+        metavar="DB",
+        help="records databases (repeatable) whose tasks on this target train the cross-operator cost model that "
+        "ranks opevo/alt/random candidates, beside --db's other tasks (kdsl bench costmodel --collect makes one)",
+    )
+    tune.add_argument("--no-cost-model", action="store_true", help="never rank candidates with the cost model")
+    tune.add_argument(
         "--apply",
         action="store_true",
         help="tune nothing: take the best record in --db (of --tuner if given), print its schedule, and build it "
@@ -280,7 +289,11 @@ def _tune_layer(
             log=log,
             progress=bar,
             options=dict(args.tuner_option),
+            cost_model_db=args.cost_model_db,
+            cost_model=not args.no_cost_model,
         )
+    if result.ranking is not None and not args.json:
+        print(result.ranking.line())
     best = result.best
     if best is None or best.latency is None:
         return None, result

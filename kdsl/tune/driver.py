@@ -5,6 +5,13 @@ Tuners search the schedule space of :mod:`kdsl.codegen.tvm.schedule_space` throu
 before and ``update(records)`` feeds back their measured results. :func:`tune` drives one against a
 :class:`~kdsl.tune.measurer.Measurer` and a :class:`~kdsl.tune.records.RecordStore`: re-running with the
 same database continues from the stored records.
+
+The cross-operator cost model (:mod:`kdsl.tune.transfer`), trained on the other tasks of this target in
+``db`` and ``cost_model_db`` (never on the task tuned), ranks the candidates of opevo, alt and random
+before measurement (:data:`PREFILTER` drawn per one measured) when at least
+:data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
+``ranking`` is its held-out rank correlation on the run's measured configurations beside the analytic
+estimate's, logged as one line.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
+from kdsl.tune.transfer import Prefiltered, pretrained, run_ranking
 
 #: the tuners ``kdsl tune`` and ``kdsl bench tune`` offer (``random`` is the baseline besides them)
 TUNERS = ("opevo", "alt", "gensor", "metaschedule")
@@ -129,6 +137,13 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+#: The tuners a pretrained cross-operator cost model ranks candidates for (gensor constructs its
+#: schedules from its own analytic model; metaschedule has its own).
+RANKED = ("opevo", "alt", "random")
+#: Candidates drawn per configuration measured when the model ranks them.
+PREFILTER = 4
+
+
 #: Constructor arguments that tuners pass each other (ALT's inner OpEvo), not options for users.
 _INTERNAL = ("fixed", "start", "seen")
 
@@ -147,6 +162,8 @@ def tune(
     options: Mapping[str, Any] | None = None,
     confirm: int = 3,
     progress: Progress | None = None,
+    cost_model_db: Sequence[str | os.PathLike[str]] = (),
+    cost_model: bool = True,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -158,8 +175,9 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch."""
+    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text."""
     check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
+    _check_cost_model_dbs(tuner, cost_model_db)
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
@@ -168,6 +186,7 @@ def tune(
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
+    search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)
     own = measurer or Measurer(op, binding)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
@@ -226,7 +245,51 @@ def tune(
     finally:
         if measurer is None:
             own.close()
-    return TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    return _with_ranking(result, model, space, store, run_started, log)
+
+
+def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse a ``--cost-model-db`` that is not there, or one given to a tuner that never uses it."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
+    if paths and tuner == "metaschedule":
+        raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
+
+
+def _with_model(
+    search: Tuner, space: ScheduleSpace, paths: Sequence[Any], store: RecordStore, task: str, seed: int
+) -> tuple[Tuner, Any]:
+    """The tuner behind the cross-operator cost model trained on the other tasks of this target in
+    ``paths`` (opevo, alt and random; the others unchanged), and the model (None: too few tasks)."""
+    model = pretrained(paths, store_target(store, task), task, seed)
+    if model is not None and search.name in RANKED:  # the model ranks candidates before they are measured
+        search = Prefiltered(search, space, model, PREFILTER)
+    return search, model
+
+
+def _with_ranking(
+    result: TuneResult,
+    model: Any,
+    space: ScheduleSpace,
+    store: RecordStore,
+    since: float,
+    log: Callable[[str], None] | None,
+) -> TuneResult:
+    """``result`` with the model's held-out :class:`~kdsl.tune.transfer.Ranking` on the configurations
+    this run measured (logged as one line)."""
+    if model is not None:
+        records = [r for r in store.records(result.task, result.tuner) if r.at >= since]
+        result.ranking = run_ranking(model, space, records)
+        if log and result.ranking is not None:
+            log(result.ranking.line())
+    return result
+
+
+def store_target(store: RecordStore, task: str) -> str:
+    """The target (mcpu) ``task`` was described with in ``store``."""
+    return str(store.descriptions().get(task, {}).get("target", ""))
 
 
 def _confirm(

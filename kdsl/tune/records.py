@@ -128,6 +128,19 @@ class RecordStore:
                 found.add(str(other.get("target", "")))
         return sorted(found - {str(mine.get("target", ""))})
 
+    def descriptions(self) -> dict[str, dict[str, Any]]:
+        """Every described task and what it stands for (operator key, binding, target; the operator's JSON
+        and the space's version where the run that described it stored them)."""
+        out = {}
+        for task, text in self.db.execute("SELECT task, description FROM tasks ORDER BY at").fetchall():
+            try:
+                description = json.loads(text)
+            except (TypeError, ValueError):  # a row another program wrote: no task kdsl can describe
+                continue
+            if isinstance(description, dict):
+                out[str(task)] = description
+        return out
+
     def records(self, task: str, tuner: str | None = None) -> list[Record]:
         """The task's records in the order they were added (of one tuner, if given)."""
         query = "SELECT config, latency, error, tuner, key, at FROM records WHERE task = ?"
@@ -191,6 +204,7 @@ class TuneResult:
     rejected: int
     seconds: float
     library: str | None = None  # a compiled library of the best schedule, when the tuner kept one
+    ranking: Any = None  # the cross-operator cost model's held-out Ranking on this run (kdsl.tune.transfer)
 
 
 def target_mcpu() -> str:
@@ -207,5 +221,7 @@ def open_task(
     mcpu = target_mcpu()
     key = task_key(op, binding, mcpu)
     store = RecordStore(db)
-    store.describe(key, {"op": op.key, "binding": binding, "target": mcpu})
+    # the operator's JSON and the space's version let a cost model trained across tasks rebuild the space
+    description = {"op": op.key, "binding": binding, "target": mcpu, "json": op.to_json(), "space": VERSION}
+    store.describe(key, description)
     return binding, key, store

@@ -1,0 +1,135 @@
+"""``kdsl bench costmodel``: collect tuning records across operators and layers, and score the
+cross-operator cost model (:mod:`kdsl.tune.transfer`) on operators it never saw.
+
+``--collect`` measures, for every operator of ``--ops`` at every layer of ``--layers`` (small or medium
+sizes of :data:`LAYERS`, each measurement a few milliseconds), ``--configs`` configurations into
+``--db``: half drawn at random from the schedule space, half walked by OpEvo from the space's heuristic
+configuration (the heuristic itself first), through the same driver and measurer as ``kdsl tune``
+(the cost model off, so that the data does not depend on it). A rerun with the same ``--db`` measures
+only what is missing.
+
+Then (with or without ``--collect``) it scores leave-one-operator-out on every task of this target in
+``--db`` (several databases merge: ``kdsl tune``'s records count as well): for each operator, a model
+trained on the other operators ranks each of its tasks' configurations, and Spearman's rank correlation
+with the measured latencies is printed beside the analytic estimate's, then one summary line::
+
+    held-out Spearman: model X, analytic Y, gain Z
+
+(means over the held-out tasks). Only this target's records count (``--mcpu`` picks another one).
+
+>>> sorted(LAYERS)
+['conv1d', 'conv2d', 'depthwise_conv2d', 'dilated_conv2d', 'grouped_conv2d', 'matmul']
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+
+from kdsl.bench import target as bench_target
+from kdsl.bench.argument_types import positive_int
+from kdsl.lang import library
+from kdsl.lang.errors import KdslError
+from kdsl.tune.driver import tune
+from kdsl.tune.records import target_mcpu
+from kdsl.tune.transfer import TaskScore, leave_one_operator_out, load_tasks
+
+_CONV_SMALL = {"N": 1, "Cin": 32, "Cout": 32, "H": 16, "W": 16}
+_CONV_MEDIUM = {"N": 1, "Cin": 64, "Cout": 64, "H": 28, "W": 28}
+
+#: operator -> layer name -> sizes: small and medium layers, so that a measurement takes milliseconds.
+LAYERS: dict[str, dict[str, dict[str, int]]] = {
+    "conv2d": {"small": _CONV_SMALL, "medium": _CONV_MEDIUM},
+    "grouped_conv2d": {"small": _CONV_SMALL, "medium": _CONV_MEDIUM},
+    "dilated_conv2d": {"small": _CONV_SMALL, "medium": _CONV_MEDIUM},
+    "depthwise_conv2d": {
+        "small": {"N": 1, "Cin": 128, "H": 14, "W": 14},
+        "medium": {"N": 1, "Cin": 64, "H": 28, "W": 28},
+    },
+    "matmul": {"small": {"M": 64, "Cin": 256, "Cout": 256}, "medium": {"M": 128, "Cin": 512, "Cout": 256}},
+    "conv1d": {
+        "small": {"N": 1, "Cin": 64, "Cout": 64, "L": 256},
+        "medium": {"N": 1, "Cin": 128, "Cout": 128, "L": 128},
+    },
+}
+#: The operators collected by default.
+DEFAULT_OPS = ("conv2d", "matmul", "depthwise_conv2d", "grouped_conv2d", "conv1d", "dilated_conv2d")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``kdsl bench costmodel``."""
+    parser.add_argument("--collect", action="store_true", help="measure configurations into --db first")
+    parser.add_argument("--ops", nargs="+", choices=sorted(LAYERS), default=list(DEFAULT_OPS), help="operators")
+    parser.add_argument(
+        "--layers",
+        nargs="+",
+        choices=["small", "medium"],
+        default=["small", "medium"],
+        help="the layer sizes of each operator (LAYERS in kdsl/bench/costmodel_bench.py)",
+    )
+    parser.add_argument("--configs", type=positive_int, default=40, help="configurations measured per task")
+    parser.add_argument(
+        "--db", nargs="+", default=["costmodel.db"], help="records databases (--collect writes the first)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random and OpEvo draws and the trees")
+    bench_target.add_mcpu_argument(parser)
+
+
+def collect(
+    ops: Sequence[str], layers: Sequence[str], configs: int, db: str, seed: int = 0, *, log: bool = True
+) -> int:
+    """Measure up to ``configs`` configurations of each operator at each layer into ``db`` (random, then
+    OpEvo-walked from the heuristic); how many were measured in this call."""
+    total = 0
+    for name in ops:
+        if name not in LAYERS:
+            raise KdslError(f"kdsl bench costmodel: no layers for operator {name!r}; choose from {', '.join(LAYERS)}")
+        op = library.load(name)
+        for layer_name in layers:
+            layer = LAYERS[name][layer_name]
+            for tuner, share in (("random", configs // 2), ("opevo", configs - configs // 2)):
+                result = tune(op, layer, tuner, share, db, seed=seed, confirm=0, cost_model=False)
+                total += result.measured
+                if log:
+                    print(f"collected {name} {layer_name} {tuner}: {result.measured} measured", file=sys.stderr)
+    return total
+
+
+def summary(scores: Sequence[TaskScore]) -> tuple[float, float, float]:
+    """Mean held-out Spearman of the model and of the analytic estimate over tasks, and their difference.
+
+    >>> summary([TaskScore("t", "a", {}, 9, 0.8, 0.5), TaskScore("u", "b", {}, 9, 0.6, 0.5)])
+    (0.7, 0.5, 0.2)
+    """
+    if not scores:
+        raise KdslError("no held-out task to score: the records need tasks of at least two operators")
+    model = round(statistics.mean(s.model for s in scores), 3)
+    analytic = round(statistics.mean(s.analytic for s in scores), 3)
+    return model, analytic, round(model - analytic, 3)
+
+
+def _layer_text(binding: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(binding.items()))
+
+
+def bench_costmodel(args: argparse.Namespace) -> int:
+    """``kdsl bench costmodel``: collect (``--collect``), then score leave-one-operator-out."""
+    bench_target.select_mcpu(args.mcpu)
+    if args.collect:
+        collect(args.ops, args.layers, args.configs, args.db[0], args.seed)
+    target = target_mcpu()
+    tasks = load_tasks(args.db, target)
+    operators = sorted({t.label for t in tasks})
+    print(f"target {target}: {len(tasks)} tasks of {len(operators)} operators ({', '.join(operators)})")
+    scores = leave_one_operator_out(tasks, seed=args.seed)
+    print(f"{'held-out operator':20} {'layer':44} {'configs':>7} {'model':>6} {'analytic':>8}")
+    for score in sorted(scores, key=lambda s: (s.label, _layer_text(s.binding))):
+        print(
+            f"{score.label:20} {_layer_text(score.binding):44} {score.configs:7d} "
+            f"{score.model:6.2f} {score.analytic:8.2f}"
+        )
+    model, analytic, gain = summary(scores)
+    print(f"held-out Spearman: model {model:.2f}, analytic {analytic:.2f}, gain {gain:+.2f}")
+    return 0

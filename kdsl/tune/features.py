@@ -1,0 +1,239 @@
+"""Features of a schedule configuration that mean the same thing on every operator and layer.
+
+:mod:`kdsl.tune.cost_model`'s features are the space's own parameters (``conv.tile.h``, ``layout.w.perm``):
+a model trained on conv2d's records cannot read matmul's. These are what the configuration does on the
+machine, read from the block analysis of the lowered program (:mod:`kdsl.codegen.tvm.blocks`) and the
+analytic model of :mod:`kdsl.tune.gensor_model`, each normalized so that its scale does not depend on the
+operator's size:
+
+* the whole program: log MACs; the analytic estimate, its compute and memory terms, each in units of
+  the machine's peak time for the MACs (1 = peak); the same three against the space's heuristic
+  configuration (so a model can learn "how much worse than the default" across operators); how many
+  extra passes (copies, pads, element-wise stages not inlined, layout packing) the schedule runs and
+  their share of the estimate;
+* the dominant reduction stage (most MACs): the vector length, whether it fills whole vectors, the
+  share of its reads that gather along the vector axis; the register tile in accumulators against the
+  register file and against what hides the FMA latency; the parallel chunks over the cores and their
+  balance; unrolling; the loads per MAC at the register level and the bytes per MAC and footprint
+  against capacity at L1 and L2 (:func:`~kdsl.tune.gensor_model.level_cost`); the inner reduction and
+  cache tiles; the stage's spatial and reduction extents.
+
+Every value is finite (:func:`config_features` clamps logs of zero).
+
+>>> len(FEATURES) == len(set(FEATURES))
+True
+>>> FEATURES[:3]
+('log_macs', 'estimate_over_peak', 'compute_over_peak')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.tune import gensor_model
+from kdsl.tune.gensor_model import FMA_LATENCY, Model, balance, level_cost, space_model
+
+#: The names of :func:`config_features`' values, in order.
+FEATURES: tuple[str, ...] = (
+    "log_macs",
+    "estimate_over_peak",
+    "compute_over_peak",
+    "memory_over_peak",
+    "estimate_vs_heuristic",
+    "compute_vs_heuristic",
+    "memory_vs_heuristic",
+    "extra_passes",
+    "pass_share",
+    "packed_tensors",
+    "reduce_stages",
+    "vector_log_length",
+    "vector_fill",
+    "vector_whole",
+    "gather_share",
+    "write_scatter",
+    "permuted_tensors",
+    "inline_pads",
+    "accumulators_over_registers",
+    "accumulators_over_latency",
+    "local_accumulator",
+    "parallel_over_cores",
+    "parallel_balance",
+    "rfactor",
+    "log_unroll",
+    "unroll_tile",
+    "reductions_whole",
+    "register_loads_per_mac",
+    "register_footprint_over_accumulators",
+    "l1_bytes_per_mac",
+    "l1_footprint_over_capacity",
+    "l2_bytes_per_mac",
+    "l2_footprint_over_capacity",
+    "log_reduce_inner",
+    "log_cache_tile",
+    "log_spatial",
+    "log_reduction",
+)
+
+
+def _log2(value: float) -> float:
+    """log2, clamped so that a zero (no MACs, no traffic) stays finite."""
+    return math.log2(max(value, 1e-12))
+
+
+def _reduce_stages(space: ScheduleSpace) -> list[Any]:
+    return [stage for stage in space.stages if stage.kind == "reduce"]
+
+
+def _terms(space: ScheduleSpace, config: Mapping[str, Any], model: Model) -> tuple[float, float, float, float]:
+    """``(estimate, compute, memory, passes)`` seconds: the analytic estimate, the sum of its stages'
+    compute and memory terms, and the time of the passes that do no MACs."""
+    terms = gensor_model.stage_terms(space, config, model)
+    estimate = sum(max(c, m) for c, m in terms)
+    compute = sum(c for c, _ in terms)
+    memory = sum(m for _, m in terms)
+    passes = sum(m for c, m in terms if c == 0.0)
+    return estimate, compute, memory, passes
+
+
+def _heuristic_terms(space: ScheduleSpace, model: Model) -> tuple[float, float, float, float]:
+    """The terms of the space's heuristic configuration, cached on the space (one per task)."""
+    cached = space.__dict__.get("_heuristic_terms")
+    if cached is None:
+        cached = space.__dict__["_heuristic_terms"] = _terms(space, space.heuristic(), model)
+    return cached
+
+
+def _gather_share(stage: Any, config: Mapping[str, Any], vector: int | None) -> float:
+    """The share of the stage's reads whose innermost stored dim is not the vector axis alone (a gather
+    or a broadcast per lane), with the layout's permutation and packing applied."""
+    if vector is None or not stage.reads:
+        return 0.0
+    gathers = 0
+    for buffer, dims in stage.reads:
+        uses = [d for d, used in enumerate(dims) if vector in used]
+        if not uses:
+            continue  # the vector axis does not index this read: one broadcast serves every lane
+        tile = config.get(f"layout.{buffer}.tile", "none")
+        perm = config.get(f"layout.{buffer}.perm")
+        stored_last = list(perm)[-1] if perm is not None else len(dims) - 1
+        last = int(str(tile).split(":")[0]) if tile != "none" else stored_last  # a tiled dim's tile goes last
+        if len(uses) > 1 or uses[0] != last:
+            gathers += 1
+    return gathers / len(stage.reads)
+
+
+def _write_scatter(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], vector: int | None) -> float:
+    """1 where the stage writes an intermediate buffer whose layout does not store the vector axis last
+    (every vector store scatters), else 0."""
+    if vector is None or not any(t.name == stage.name and t.kind == "intermediate" for t in space.tensors):
+        return 0.0
+    tile = config.get(f"layout.{stage.name}.tile", "none")
+    perm = config.get(f"layout.{stage.name}.perm")
+    stored_last = list(perm)[-1] if perm is not None else len(stage.spatial) - 1
+    last = int(str(tile).split(":")[0]) if tile != "none" else stored_last
+    return 0.0 if last == vector else 1.0
+
+
+def _permuted(space: ScheduleSpace, config: Mapping[str, Any]) -> float:
+    """Tensors whose layout permutes their dims (each a transform pass or strided accesses)."""
+    count = 0
+    for tensor in space.tensors:
+        perm = config.get(f"layout.{tensor.name}.perm")
+        if perm is not None and list(perm) != sorted(perm):
+            count += 1
+    return float(count)
+
+
+def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], model: Model) -> list[float]:
+    """The dominant reduction stage's features (see the module's text), in :data:`FEATURES`' order."""
+    name = stage.name
+    nspatial = len(stage.spatial)
+    labels = [a for a, _ in stage.spatial + stage.reduced]
+    tiles = [tuple(config.get(f"{name}.tile.{a}", (e, 1, 1))) for a, e in stage.spatial]
+    reduce_tiles = [tuple(config.get(f"{name}.tile.{a}", (e, 1))) for a, e in stage.reduced]
+    vector_label = config.get(f"{name}.vector")
+    vector = labels.index(vector_label) if vector_label in labels[:nspatial] else None
+    length = tiles[vector][2] if vector is not None else 1
+    lanes = model.lanes
+    fill = length / (math.ceil(length / lanes) * lanes)
+    pads = [p.name for p in space.stages if p.kind == "pad" and config.get(f"{p.name}.inline") is True]
+    inline_pads = sum(1 for buffer, _ in stage.reads if buffer in pads)
+    inner = [t[2] for t in tiles]
+    accumulators = prod(math.ceil(t / lanes) if k == vector else t for k, t in enumerate(inner))
+    chunks = prod(t[0] for t in tiles)
+    macs = prod(e for _, e in stage.spatial + stage.reduced)
+    register_loads, register_footprint = level_cost(space, stage, config, "register", model)
+    l1_bytes, l1_footprint = level_cost(space, stage, config, "L1", model)
+    l2_bytes, l2_footprint = level_cost(space, stage, config, "L2", model)
+    return [
+        _log2(length),
+        fill,
+        1.0 if length % lanes == 0 else 0.0,
+        _gather_share(stage, config, vector),
+        _write_scatter(space, stage, config, vector),
+        _permuted(space, config),
+        float(inline_pads),
+        accumulators / max(1, model.accumulators),
+        min(1.0, accumulators / (model.fma_per_cycle * FMA_LATENCY)),
+        1.0 if config.get(f"{name}.cache") == "local" else 0.0,
+        _log2(chunks / max(1, model.cores)),
+        balance(chunks, model.cores) if chunks >= model.cores else chunks / max(1, model.cores),
+        1.0 if config.get(f"{name}.rfactor") is True else 0.0,
+        _log2(float(config.get(f"{name}.unroll", 1) or 1)),
+        1.0 if config.get(f"{name}.unroll_tile") else 0.0,
+        1.0 if config.get(f"{name}.reductions", "split") == "whole" else 0.0,
+        _log2(register_loads / macs),
+        register_footprint / max(1, model.accumulators),
+        _log2(l1_bytes / macs),
+        _log2(l1_footprint / model.l1),
+        _log2(l2_bytes / macs),
+        _log2(l2_footprint / model.l2),
+        _log2(prod(t[-1] for t in reduce_tiles)),
+        _log2(prod(t[1] * t[2] for t in tiles)),
+        _log2(prod(e for _, e in stage.spatial)),
+        _log2(prod(e for _, e in stage.reduced)),
+    ]
+
+
+def config_features(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> list[float]:
+    """The features of ``config`` in ``space`` (:data:`FEATURES`' order; see the module's text), on
+    ``model`` (default: the analytic model of the space's machine)."""
+    model = model or space_model(space)
+    stages = _reduce_stages(space)
+    macs = sum(prod(e for _, e in s.spatial + s.reduced) for s in stages) or 1
+    ideal = macs / model.peak  # seconds at the machine's peak
+    estimate, compute, memory, passes = _terms(space, config, model)
+    h_estimate, h_compute, h_memory, _ = _heuristic_terms(space, model)
+    extra = sum(1 for s in space.stages if s.kind != "reduce" and config.get(f"{s.name}.inline") is not True)
+    packed = sum(
+        1 for t in space.tensors if t.kind != "intermediate" and config.get(f"layout.{t.name}.tile", "none") != "none"
+    )
+    out = [
+        _log2(macs),
+        _log2(estimate / ideal),
+        _log2(compute / ideal),
+        _log2(memory / ideal),
+        _log2(estimate / max(h_estimate, 1e-30)),
+        _log2(compute / max(h_compute, 1e-30)),
+        _log2(memory / max(h_memory, 1e-30)),
+        float(extra),
+        passes / max(estimate, 1e-30),
+        float(packed),
+        float(len(stages)),
+    ]
+    if stages:
+        dominant = max(stages, key=lambda s: prod(e for _, e in s.spatial + s.reduced))
+        out += _stage_features(space, dominant, config, model)
+    else:  # no reduction (a copy kernel): the stage's features are absent, not guessed
+        out += [0.0] * (len(FEATURES) - len(out))
+    return out
+
+
+def features_matrix(space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[list[float]]:
+    """:func:`config_features` of each configuration (one model lookup for all)."""
+    model = space_model(space)
+    return [config_features(space, config, model) for config in configs]

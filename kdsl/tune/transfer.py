@@ -1,0 +1,389 @@
+"""A cost model trained across operators and layers, from the records of every tuning run.
+
+:class:`~kdsl.tune.cost_model.CostModel` learns one task from its own records (ALT's online model); this
+one learns from every task in any records database (``kdsl tune``'s, ``kdsl bench``'s) on one target,
+over features that mean the same thing on every operator (:mod:`kdsl.tune.features`), so that a task
+never measured before is ranked by what other operators taught.
+
+* :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
+  records databases; records of another target are never read (a schedule's time is the machine's).
+* :class:`TransferModel` is a random forest from the features to a configuration's latency *rank
+  within its task* (ranking the configurations of one task is what a tuner needs; the absolute time of
+  a task is not learnt), each task weighing the same whatever its record count.
+* :func:`leave_one_operator_out` scores it the way a new operator meets it: for each operator, a model
+  trained on the other operators' tasks ranks the held-out operator's configurations, task by task
+  (Spearman's rank correlation, :func:`rank_correlation`), beside the analytic estimate of
+  :func:`kdsl.tune.gensor_model.estimate` on the same configurations.
+* :class:`Prefiltered` puts the model in front of a tuner: it asks the tuner for ``factor`` times the
+  candidates and passes on the best-predicted ones (the driver does this for opevo, alt and random).
+
+>>> rank_correlation([1, 2, 3, 4], [10, 20, 40, 30])
+0.8
+>>> rank_correlation([1, 1, 2], [3, 2, 1])
+-0.866
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kdsl import solve
+from kdsl.codegen.tvm import default_target, lower
+from kdsl.codegen.tvm.machine import current_machine
+from kdsl.codegen.tvm.schedule_space import VERSION, ScheduleSpace
+from kdsl.lang import library
+from kdsl.lang.errors import KdslError
+from kdsl.lang.operator import Operator
+from kdsl.lang.serialize import from_json
+from kdsl.tune import gensor_model
+from kdsl.tune.cost_model import load_ensemble
+from kdsl.tune.features import FEATURES, features_matrix
+from kdsl.tune.records import Record, RecordStore, TuneError, Tuner
+
+#: Measured configurations a task needs to train or score the model (a rank correlation of 3 is noise).
+MIN_CONFIGS = 6
+#: Tasks (other than the one tuned) the driver needs before it trusts a model.
+MIN_TASKS = 2
+#: Trees of the forest, the fewest configurations in a leaf, and the share of features a split tries.
+#: Hundreds of records of a few operators: large leaves and random feature subsets keep the trees
+#: from learning one operator's quirks (held out on conv2d, matmul and depthwise_conv2d, boosted trees
+#: of depth 4 ranked below the analytic estimate, this forest above it; see docs/tune/README.md).
+TREES, LEAF, SPLIT_FEATURES = 200, 16, 0.5
+
+
+def rank_target(latencies: Sequence[float]) -> np.ndarray:
+    """What the model learns of a task's latencies: each one's rank among them, scaled to [-0.5, 0.5]
+    (a slowest configuration 100x off weighs no more than one 2x off: ranks are what a tuner uses).
+
+    >>> rank_target([3e-3, 1e-3, 2e-3]).tolist()
+    [0.5, -0.5, 0.0]
+    """
+    ranks = _ranks(latencies)
+    return ranks / max(1, len(ranks) - 1) - 0.5
+
+
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of two equally long sequences (ties get their mean rank; 0 where
+    one side is constant), rounded to 3 places."""
+    if len(a) != len(b):
+        raise TuneError(f"rank_correlation: {len(a)} values against {len(b)}")
+    if len(a) < 2:
+        return 0.0
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    scale = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return round(float((ra * rb).sum()) / scale, 3) if scale > 0 else 0.0
+
+
+def _ranks(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    order = np.argsort(array, kind="stable")
+    ranks = np.empty(len(array))
+    ranks[order] = np.arange(len(array), dtype=float)
+    for value in np.unique(array):  # ties: their mean rank
+        tied = array == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+# ------------------------------------------------------------------------------------------------
+# The training data: measured configurations of every task of one target
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskData:
+    """One task's measured configurations (each once, its fastest latency), with their features and the
+    analytic estimate of each."""
+
+    task: str
+    operator: str  # the operator's content key: the unit held out together
+    label: str  # a gallery name where the operator is one, else the key's start
+    target: str
+    binding: dict[str, int]
+    configs: list[dict[str, Any]]
+    latencies: list[float]
+    features: np.ndarray = field(repr=False)
+    estimates: list[float] = field(repr=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _gallery_keys() -> dict[str, str]:
+    """Content key -> name of every gallery operator: the label of a gallery operator's task, and the
+    operator of records whose run stored no operator JSON (loaded once per process)."""
+    out = {}
+    for name in library.names():
+        try:
+            out.setdefault(library.load(name).key, name)
+        except KdslError:  # an entry that does not load is not one a record can name
+            continue
+    return out
+
+
+def _operator(description: Mapping[str, Any]) -> tuple[Operator, str] | None:
+    """The described operator and its label (None: the description names no operator kdsl can rebuild)."""
+    key = str(description.get("op", ""))
+    name = _gallery_keys().get(key)
+    text = description.get("json")
+    if isinstance(text, str):
+        try:
+            return from_json(text), name or key[:8]
+        except KdslError:
+            return None
+    return (library.load(name), name) if name is not None else None
+
+
+def space_for(op: Operator, binding: Mapping[str, int], target: str) -> ScheduleSpace:
+    """The schedule space of ``op`` at ``binding`` on the machine of ``target`` (an mcpu name)."""
+    machine = current_machine(default_target(target or None))
+    return ScheduleSpace(lower(op, solve.bind(op, dict(binding))), machine=machine)
+
+
+def measured(records: Iterable[Record]) -> dict[str, Record]:
+    """The fastest record of each measured configuration (a configuration two tuners measured counts once)."""
+    best: dict[str, Record] = {}
+    for record in records:
+        if record.latency is None or record.latency <= 0:
+            continue
+        known = best.get(record.key)
+        if known is None or record.latency < (known.latency or 0.0):
+            best[record.key] = record
+    return best
+
+
+def load_tasks(
+    paths: Sequence[str | os.PathLike[str]],
+    target: str,
+    *,
+    exclude: Iterable[str] = (),
+    min_configs: int = MIN_CONFIGS,
+) -> list[TaskData]:
+    """Every task of ``target`` (an mcpu name) in the records databases ``paths`` with at least
+    ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
+    operator, layer and target in several databases merge. Tasks of another target, of another version
+    of the schedule space, or of an operator that cannot be rebuilt or lowered are skipped."""
+    skip = set(exclude)
+    merged: dict[str, tuple[dict[str, Any], dict[str, Record]]] = {}
+    for path in paths:
+        if not os.path.exists(path):
+            raise TuneError(f"cost model: no records database at {path!r}")
+        store = RecordStore(path)
+        for task, description in store.descriptions().items():
+            if task in skip or str(description.get("target", "")) != target:
+                continue
+            if description.get("space", VERSION) != VERSION:
+                continue
+            _, known = merged.setdefault(task, (description, {}))
+            for key, record in measured(store.records(task)).items():
+                if key not in known or (record.latency or 0.0) < (known[key].latency or 0.0):
+                    known[key] = record
+    out = []
+    for task, (description, records) in merged.items():
+        if len(records) < min_configs:
+            continue
+        found = _operator(description)
+        if found is None:
+            continue
+        op, label = found
+        binding = {str(k): int(v) for k, v in dict(description.get("binding", {})).items()}
+        try:
+            space = space_for(op, binding, target)
+        except KdslError:  # an operator this kdsl no longer lowers at that binding teaches nothing
+            continue
+        configs = [r.config for r in records.values()]
+        features = np.array(features_matrix(space, configs), dtype=float)
+        estimates = [gensor_model.estimate(space, c) for c in configs]
+        latencies = [float(r.latency or 0.0) for r in records.values()]
+        out.append(TaskData(task, op.key, label, target, binding, configs, latencies, features, estimates))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The model
+# ------------------------------------------------------------------------------------------------
+
+
+class TransferModel:
+    """A random forest from :mod:`kdsl.tune.features` to a configuration's latency rank within its
+    task (:func:`rank_target`), trained on the tasks of one ``target``. Deterministic given ``seed``."""
+
+    def __init__(self, target: str, seed: int = 0) -> None:
+        self.target = target
+        self.seed = seed
+        self.model: Any = None
+        self.tasks: list[str] = []
+        self.operators: list[str] = []
+
+    def fit(self, tasks: Sequence[TaskData]) -> int:
+        """Train on ``tasks`` (all of this model's target: another target's records are a
+        :class:`TuneError`); how many configurations it learned from."""
+        for data in tasks:
+            if data.target != self.target:
+                raise TuneError(
+                    f"cost model for target {self.target!r} given task {data.task} of target {data.target!r}: "
+                    "records of one machine never train another's model"
+                )
+        usable = [t for t in tasks if len(t.latencies) >= 2]
+        if not usable:
+            self.model = None
+            return 0
+        features = np.vstack([t.features for t in usable])
+        targets = np.concatenate([rank_target(t.latencies) for t in usable])
+        weights = np.concatenate([np.full(len(t.latencies), 1.0 / len(t.latencies)) for t in usable])
+        model = load_ensemble().RandomForestRegressor(
+            n_estimators=TREES, min_samples_leaf=LEAF, max_features=SPLIT_FEATURES, random_state=self.seed
+        )
+        model.fit(features, targets, sample_weight=weights)
+        self.model = model
+        self.tasks = [t.task for t in usable]
+        self.operators = sorted({t.label for t in usable})
+        return len(features)
+
+    @property
+    def trained(self) -> bool:
+        return self.model is not None
+
+    def predict_features(self, features: np.ndarray) -> list[float]:
+        """Predicted rank (in [-0.5, 0.5]) of each row of features among its task (lower is faster)."""
+        if self.model is None:
+            raise TuneError("the cross-operator cost model is not trained (no tasks with measured records)")
+        if len(features) == 0:
+            return []
+        return [float(v) for v in self.model.predict(np.asarray(features, dtype=float))]
+
+    def predict(self, space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[float]:
+        """Predicted rank of each configuration of ``space`` (lower is faster)."""
+        return self.predict_features(np.array(features_matrix(space, configs), dtype=float).reshape(-1, len(FEATURES)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Scoring: leave one operator out
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """How well the model (trained without this task's operator) and the analytic estimate rank one
+    task's measured configurations."""
+
+    task: str
+    label: str
+    binding: dict[str, int]
+    configs: int
+    model: float
+    analytic: float
+
+
+def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0) -> list[TaskScore]:
+    """For each operator, a model trained on the other operators' tasks scores each of its tasks
+    (operators with no other operator to learn from are not scored)."""
+    out = []
+    for operator in sorted({t.operator for t in tasks}):
+        train = [t for t in tasks if t.operator != operator]
+        if not train:
+            continue
+        model = TransferModel(tasks[0].target, seed)
+        model.fit(train)
+        for data in (t for t in tasks if t.operator == operator):
+            predicted = model.predict_features(data.features)
+            model_rho = rank_correlation(predicted, data.latencies)
+            analytic_rho = rank_correlation(data.estimates, data.latencies)
+            out.append(TaskScore(data.task, data.label, data.binding, len(data.latencies), model_rho, analytic_rho))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# In front of a tuner, and the driver's per-run report
+# ------------------------------------------------------------------------------------------------
+
+
+class Prefiltered:
+    """A tuner whose proposals pass through the model: ``factor`` times the asked-for candidates are
+    drawn from ``inner`` and the best-predicted ones proposed (the rest stay seen by ``inner`` and are
+    never measured)."""
+
+    def __init__(self, inner: Tuner, space: ScheduleSpace, model: TransferModel, factor: int = 4) -> None:
+        if factor < 1:
+            raise TuneError(f"cost model: the prefilter's factor must be at least 1, got {factor!r}")
+        self.inner = inner
+        self.space = space
+        self.model = model
+        self.factor = factor
+        self.name = inner.name
+        self.ranked = 0  # candidates the model has scored
+
+    def propose(self, n: int) -> list[dict[str, Any]]:
+        pool = self.inner.propose(n * self.factor)
+        if len(pool) <= n:
+            return pool
+        scores = self.model.predict(self.space, pool)
+        self.ranked += len(pool)
+        order = sorted(range(len(pool)), key=lambda i: (scores[i], i))
+        return [pool[i] for i in order[:n]]
+
+    def update(self, records: Sequence[Record]) -> None:
+        self.inner.update(records)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The held-out rank correlation of a run: the model (trained without this task) and the analytic
+    estimate, each against this run's measured latencies."""
+
+    model: float
+    analytic: float
+    configs: int
+    tasks: int
+    operators: tuple[str, ...]
+
+    def line(self) -> str:
+        """The report line of a run.
+
+        >>> Ranking(0.7, 0.5, 24, 6, ("conv2d", "matmul")).line()  # doctest: +NORMALIZE_WHITESPACE
+        'cost model: held-out Spearman 0.70 (analytic 0.50, gain +0.20) on 24 configurations;
+         trained on 6 tasks of conv2d, matmul'
+        """
+        return (
+            f"cost model: held-out Spearman {self.model:.2f} (analytic {self.analytic:.2f}, gain "
+            f"{self.model - self.analytic:+.2f}) on {self.configs} configurations; trained on {self.tasks} tasks "
+            f"of {', '.join(self.operators)}"
+        )
+
+
+def run_ranking(model: TransferModel, space: ScheduleSpace, records: Sequence[Record]) -> Ranking | None:
+    """The :class:`Ranking` of ``model`` on the measured ``records`` of a run (None under 3 of them)."""
+    best = list(measured(records).values())
+    if len(best) < 3 or not model.trained:
+        return None
+    configs = [r.config for r in best]
+    latencies = [r.latency or 0.0 for r in best]
+    predicted = model.predict(space, configs)
+    estimates = [gensor_model.estimate(space, c) for c in configs]
+    return Ranking(
+        rank_correlation(predicted, latencies),
+        rank_correlation(estimates, latencies),
+        len(best),
+        len(model.tasks),
+        tuple(model.operators),
+    )
+
+
+def pretrained(
+    paths: Sequence[str | os.PathLike[str]], target: str, exclude: str, seed: int = 0
+) -> TransferModel | None:
+    """A model of ``target`` trained on the tasks of ``paths`` other than ``exclude``, or None with
+    fewer than :data:`MIN_TASKS` such tasks."""
+    tasks = load_tasks([p for p in paths if os.path.exists(p)], target, exclude=[exclude])
+    if len(tasks) < MIN_TASKS:
+        return None
+    model = TransferModel(target, seed)
+    model.fit(tasks)
+    return model if model.trained else None

@@ -1,0 +1,308 @@
+"""The cross-operator cost model: its features, training per target, leave-one-operator-out scoring,
+the tuners it ranks for and the driver's per-run report (kdsl.tune.features, kdsl.tune.transfer)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from backends import backend
+
+from kdsl import gallery, solve
+from kdsl.tune import gensor_model, transfer
+from kdsl.tune.features import FEATURES, config_features
+from kdsl.tune.records import Record, RecordStore, TuneError
+from kdsl.tune.transfer import (
+    Prefiltered,
+    TaskData,
+    TransferModel,
+    leave_one_operator_out,
+    load_tasks,
+    rank_correlation,
+    run_ranking,
+)
+
+backend("tvm")
+
+MATMUL = {"M": 16, "Cin": 32, "Cout": 32}
+CONV = {"N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}
+
+
+def _space(name: str, layer: dict[str, int]):
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+    from kdsl.tune.measurer import _lowered
+
+    op = gallery.load(name)
+    return ScheduleSpace(_lowered(op, solve.bind(op, layer)))
+
+
+def assert_features_sane(space, config) -> None:
+    values = config_features(space, config)
+    assert len(values) == len(FEATURES)
+    assert all(math.isfinite(v) for v in values), dict(zip(FEATURES, values))
+    named = dict(zip(FEATURES, values))
+    assert 0 < named["vector_fill"] <= 1 and 0 < named["parallel_balance"] <= 1
+    assert 0 <= named["gather_share"] <= 1
+
+
+def test_features_are_finite_and_the_same_list_on_every_operator():
+    rng = random.Random(0)
+    lengths = set()
+    for name, layer in (("matmul", MATMUL), ("conv2d", CONV), ("depthwise_conv2d", {"N": 1, "Cin": 8, "H": 8, "W": 8})):
+        space = _space(name, layer)
+        for config in [space.heuristic()] + [space.random(rng) for _ in range(20)]:
+            assert_features_sane(space, config)
+        lengths.add(len(space.parameters))
+        heuristic = dict(zip(FEATURES, config_features(space, space.heuristic())))
+        # measured against the heuristic: 0 for the heuristic itself, on every operator
+        assert heuristic["estimate_vs_heuristic"] == 0.0
+        # in units of the machine's peak time for the MACs: the estimate is never far below the peak
+        assert heuristic["estimate_over_peak"] > -1.0
+    assert len(lengths) > 1  # the spaces' own parameters differ; the features do not
+
+
+def test_features_follow_the_configuration_not_the_parameter_names():
+    space = _space("matmul", MATMUL)
+    base = space.heuristic()
+    stage = next(s for s in space.stages if s.kind == "reduce")
+    vector = base[f"{stage.name}.vector"]
+    whole = dict(base)
+    scalar = dict(base)
+    extent = dict(stage.spatial)[vector]
+    scalar[f"{stage.name}.tile.{vector}"] = (extent, 1, 1)  # the vector axis' inner tile: one lane
+    whole_named = dict(zip(FEATURES, config_features(space, whole)))
+    scalar_named = dict(zip(FEATURES, config_features(space, scalar)))
+    assert scalar_named["vector_log_length"] == 0.0 and scalar_named["vector_whole"] == 0.0
+    assert whole_named["vector_log_length"] > 0.0
+    assert scalar_named["vector_fill"] < whole_named["vector_fill"]
+
+
+def test_rank_correlation_against_its_definition():
+    rng = random.Random(3)
+    a = [rng.random() for _ in range(30)]
+    b = [x + rng.random() for x in a]
+    ra = [sorted(a).index(x) for x in a]
+    rb = [sorted(b).index(x) for x in b]
+    n = len(a)
+    expected = 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
+    assert abs(rank_correlation(a, b) - expected) < 1e-3
+    assert rank_correlation(a, a) == 1.0 and rank_correlation(a, [-x for x in a]) == -1.0
+    with pytest.raises(TuneError):
+        rank_correlation([1.0], [1.0, 2.0])
+
+
+def _synthetic(operator: str, task: str, rng: random.Random, target: str = "t", n: int = 12) -> TaskData:
+    """A task whose latency is a known function of two features (no TVM needed)."""
+    features = np.array([[rng.random() for _ in FEATURES] for _ in range(n)])
+    latencies = [float(2.0 ** (3 * row[1] - 2 * row[20])) for row in features]
+    estimates = [float(2.0 ** row[1]) for row in features]
+    return TaskData(task, operator, operator, target, {}, [{} for _ in range(n)], latencies, features, estimates)
+
+
+def test_leave_one_operator_out_never_trains_on_the_held_out_operator(monkeypatch):
+    rng = random.Random(0)
+    tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b", "c") for i in range(2)]
+    fitted: list[set[str]] = []
+    predicted: list[tuple[set[str], int]] = []
+    fit, predict = TransferModel.fit, TransferModel.predict_features
+
+    def spy_fit(self, train):
+        fitted.append({t.operator for t in train})
+        self._spied = fitted[-1]
+        return fit(self, train)
+
+    def spy_predict(self, features):
+        row = next(i for i, t in enumerate(tasks) if t.features is features)
+        predicted.append((self._spied, row))
+        return predict(self, features)
+
+    monkeypatch.setattr(TransferModel, "fit", spy_fit)
+    monkeypatch.setattr(TransferModel, "predict_features", spy_predict)
+    scores = leave_one_operator_out(tasks)
+    assert len(scores) == len(tasks) and len(fitted) == 3
+    for trained_on, row in predicted:
+        assert tasks[row].operator not in trained_on and len(trained_on) == 2
+    # the latencies follow the features the same way on every operator: the held-out ranking is good
+    assert min(s.model for s in scores) > 0.5
+
+
+def test_a_model_of_one_target_refuses_another_targets_tasks():
+    rng = random.Random(1)
+    model = TransferModel("haswell")
+    with pytest.raises(TuneError, match="skylake-avx512"):
+        model.fit([_synthetic("a", "x", rng, "haswell"), _synthetic("b", "y", rng, "skylake-avx512")])
+
+
+def _store_task(store: RecordStore, op, layer, target: str, latencies) -> str:
+    from kdsl.tune.records import task_key
+
+    binding = solve.bind(op, layer)
+    key = task_key(op, binding, target)
+    store.describe(key, {"op": op.key, "binding": binding, "target": target, "json": op.to_json()})
+    space = _space("matmul", layer)
+    rng = random.Random(len(latencies))
+    seen = set()
+    for latency in latencies:
+        config = space.random(rng)
+        record = Record(config, latency, None, "random")
+        if record.key not in seen:
+            seen.add(record.key)
+            store.add(key, record)
+    return key
+
+
+def test_load_tasks_reads_only_the_target_asked_for(tmp_path):
+    store = RecordStore(tmp_path / "r.db")
+    op = gallery.load("matmul")
+    mine = _store_task(store, op, MATMUL, "haswell", [1e-3 * (i + 1) for i in range(8)])
+    _store_task(store, op, MATMUL, "skylake-avx512", [1e-3 * (i + 1) for i in range(8)])
+    _store_task(store, op, {"M": 32, "Cin": 32, "Cout": 32}, "haswell", [1e-3] * 3)  # too few to count
+    tasks = load_tasks([tmp_path / "r.db"], "haswell")
+    assert [t.task for t in tasks] == [mine]
+    assert tasks[0].label == "matmul" and tasks[0].features.shape[1] == len(FEATURES)
+    assert load_tasks([tmp_path / "r.db"], "haswell", exclude=[mine]) == []
+    with pytest.raises(TuneError, match="no records database"):
+        load_tasks([tmp_path / "missing.db"], "haswell")
+
+
+class _Proposer:
+    name = "fake"
+
+    def __init__(self, configs):
+        self.configs = list(configs)
+        self.updated: list = []
+
+    def propose(self, n):
+        out, self.configs = self.configs[:n], self.configs[n:]
+        return out
+
+    def update(self, records):
+        self.updated.extend(records)
+
+
+class _ByKey:
+    """A stand-in model that predicts a configuration's ``score``."""
+
+    trained = True
+    tasks = ["x", "y"]
+    operators = ["a", "b"]
+
+    def predict(self, space, configs):
+        return [c["score"] for c in configs]
+
+
+def test_a_tuner_with_a_model_proposes_the_best_predicted_of_its_pool():
+    configs = [{"score": s} for s in (5.0, 1.0, 4.0, 0.5, 3.0, 2.0, 9.0, 8.0)]
+    inner = _Proposer(configs)
+    tuner = Prefiltered(inner, None, _ByKey(), factor=4)
+    chosen = tuner.propose(2)
+    assert [c["score"] for c in chosen] == [0.5, 1.0] and tuner.name == "fake" and tuner.ranked == 8
+    tuner.update([Record({"a": 1}, 1e-3, None, "fake")])
+    assert len(inner.updated) == 1
+    with pytest.raises(TuneError, match="factor"):
+        Prefiltered(inner, None, _ByKey(), factor=0)
+
+
+def test_run_ranking_scores_the_model_beside_the_analytic_estimate():
+    space = _space("matmul", MATMUL)
+    rng = random.Random(2)
+    configs = [space.random(rng) for _ in range(10)]
+    latencies = [gensor_model.estimate(space, c) for c in configs]  # the estimate ranks perfectly
+    records = [Record(c, t, None, "opevo") for c, t in zip(configs, latencies)]
+
+    class Backwards(_ByKey):
+        def predict(self, space, configs):
+            return [-gensor_model.estimate(space, c) for c in configs]
+
+    ranking = run_ranking(Backwards(), space, records)
+    n = len({r.key for r in records})
+    assert ranking is not None and ranking.configs == n
+    assert ranking.analytic == 1.0 and ranking.model == -1.0
+    assert ranking.line().startswith("cost model: held-out Spearman -1.00 (analytic 1.00, gain -2.00)")
+    assert run_ranking(Backwards(), space, records[:2]) is None
+
+
+class _FakeMeasurer:
+    """Latency = the analytic estimate times noise: the driver runs without compiling anything."""
+
+    compile_seconds = measure_seconds = 0.0
+
+    def __init__(self):
+        self.rng = random.Random(5)
+
+    def measure(self, space, configs):
+        return [(gensor_model.estimate(space, c) * (1 + 0.3 * self.rng.random()), None) for c in configs]
+
+    def close(self):
+        pass
+
+
+def test_the_driver_ranks_with_a_model_of_other_tasks_and_reports_it(tmp_path, monkeypatch):
+    from kdsl.tune import driver
+
+    db = tmp_path / "t.db"
+    op = gallery.load("matmul")
+    measurer = _FakeMeasurer()
+    for layer in ({"M": 32, "Cin": 32, "Cout": 32}, {"M": 16, "Cin": 64, "Cout": 32}):
+        first = driver.tune(op, layer, "random", 8, db, batch=8, measurer=measurer, confirm=0)
+        assert first.ranking is None  # fewer than MIN_TASKS other tasks: no model, no report
+    wrapped = []
+    monkeypatch.setattr(driver, "Prefiltered", lambda *a, **k: wrapped.append(a) or Prefiltered(*a, **k))
+    lines: list[str] = []
+    result = driver.tune(op, MATMUL, "random", 8, db, batch=8, measurer=measurer, confirm=0, log=lines.append)
+    assert wrapped and result.ranking is not None and result.ranking.tasks == 2
+    assert result.ranking.configs == 8 and any(line == result.ranking.line() for line in lines)
+    assert wrapped[0][2].tasks and result.task not in wrapped[0][2].tasks  # trained without this task
+    off = driver.tune(
+        op, {"M": 8, "Cin": 32, "Cout": 32}, "random", 4, db, batch=4, measurer=measurer, confirm=0, cost_model=False
+    )
+    assert off.ranking is None
+
+
+def test_pretrained_needs_enough_tasks(tmp_path):
+    store = RecordStore(tmp_path / "p.db")
+    op = gallery.load("matmul")
+    key = _store_task(store, op, MATMUL, "haswell", [1e-3 * (i + 1) for i in range(8)])
+    assert transfer.pretrained([tmp_path / "p.db"], "haswell", exclude="other") is None  # one task only
+    assert transfer.pretrained([tmp_path / "p.db"], "haswell", exclude=key) is None
+
+
+def test_a_cost_model_db_that_is_not_there_or_not_used_is_an_error(tmp_path):
+    from kdsl.tune.driver import tune
+
+    op = gallery.load("matmul")
+    with pytest.raises(TuneError, match="nope.db"):
+        tune(op, MATMUL, "random", 1, tmp_path / "t.db", cost_model_db=[tmp_path / "nope.db"], measurer=_FakeMeasurer())
+    RecordStore(tmp_path / "m.db")
+    with pytest.raises(TuneError, match="metaschedule"):
+        tune(op, MATMUL, "metaschedule", 1, tmp_path / "t.db", cost_model_db=[tmp_path / "m.db"])
+
+
+def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_path, capsys):
+    from kdsl.cli import main
+    from kdsl.tune.driver import tune
+
+    db = tmp_path / "cm.db"
+    measurer = _FakeMeasurer()
+    for name, layer in (("matmul", MATMUL), ("matmul", {"M": 32, "Cin": 32, "Cout": 32}), ("conv2d", CONV)):
+        tune(gallery.load(name), layer, "random", 8, db, batch=8, measurer=measurer, confirm=0, cost_model=False)
+    assert main(["bench", "costmodel", "--db", str(db)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("3 tasks of 2 operators (conv2d, matmul)")
+    rows = [line for line in out if line.startswith(("matmul ", "conv2d "))]
+    assert len(rows) == 3 and all(len(line.split()) >= 4 for line in rows)
+    summary = out[-1].split()
+    assert out[-1].startswith("held-out Spearman: model")
+    model, analytic, gain = float(summary[3].rstrip(",")), float(summary[5].rstrip(",")), float(summary[7])
+    assert abs(model - analytic - gain) < 0.011
+    assert analytic > 0.5  # the fake latencies follow the estimate, up to noise
+
+
+def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):
+    store = RecordStore(tmp_path / "d.db")
+    store.describe("good", {"op": "k", "binding": {}, "target": "haswell"})
+    store.db.execute("INSERT INTO tasks VALUES ('bad', 'not json', 0.0)")
+    store.db.execute("INSERT INTO tasks VALUES ('list', '[1, 2]', 0.0)")
+    assert list(store.descriptions()) == ["good"]
