@@ -304,7 +304,11 @@ def test_padded_torch_source_pads_and_crops_and_unpadded_source_is_unchanged():
     padding = solve.pad_binding(GROUPED, layer)
     plain = kdsl_torch.source(GROUPED, padding.padded_binding)
     head, tail = plain.split("\n    def forward(self, x):\n")
-    assert text.startswith(head) and text.endswith("\n    def padded_forward(self, x):\n" + tail)
+    assert text.endswith("\n    def padded_forward(self, x):\n" + tail)
+    # the same weights; the torch.nn attributes only where they hold (no nn.Conv2d has 64 channels in 3 groups)
+    weights = [line for line in head.splitlines() if "nn.Parameter(" in line]
+    assert weights and all(line in text for line in weights)
+    assert "self.in_channels = Cin" in plain and "self.in_channels" not in text
     # a layer that divides: the padded source is the source itself
     divides = {**layer, "Cin": 66, "Cout": 66}
     assert kdsl_torch.source(GROUPED, divides, pad=True) == kdsl_torch.source(GROUPED, divides)
