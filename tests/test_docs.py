@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from backends import backend
+from cli_process import run_kdsl
 
 from kdsl import gallery
 from kdsl.gallery.docs_site import guide_order
@@ -77,19 +78,10 @@ def test_the_guides_and_the_readmes_links_resolve_in_the_repository() -> None:
     assert checked >= 2 * len(PAGES)
 
 
-def _kdsl(*argv: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "kdsl.cli", *argv], capture_output=True, text=True, timeout=180, env=env, cwd=ROOT
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("docs") / "site"
-    printed = _kdsl("docs", "build", "--out", str(out))
+    printed = run_kdsl("docs", "build", "--out", str(out))
     assert str(out / "index.html") in printed
     return out
 

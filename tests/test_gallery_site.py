@@ -5,29 +5,18 @@ pages link back to the index, and no formula is mangled into Markdown emphasis."
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run_kdsl
 
 from kdsl import gallery
 from kdsl.gallery import pages
 from kdsl.gallery.content import description_blocks, first_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def kdsl(*argv: str) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "kdsl.cli", *argv], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +26,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gallery")
     for name in ("latencies.json", "rediscovery.json"):
         shutil.copy(gallery.directory() / name, out / name)
-    printed = kdsl("gallery", "build", "--no-measure", "--out", str(out))
+    printed = run_kdsl("gallery", "build", "--no-measure", "--out", str(out))
     assert str(out / "site" / "index.html") in printed
     return out
 
@@ -164,7 +153,7 @@ def test_diagrams_name_the_dims_they_act_on(built: Path) -> None:
 
 
 def test_gallery_list_prints_whole_first_sentences() -> None:
-    printed = " ".join(kdsl("gallery", "list").split())
+    printed = " ".join(run_kdsl("gallery", "list").split())
     for name in gallery.names():
         assert f"{name} {first_sentence(gallery.describe(name))}" in printed, name
     assert "plus a light depth-wise branch. conv1d" in printed  # the sentence that spans three lines
