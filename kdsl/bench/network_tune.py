@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from statistics import median
@@ -40,7 +39,7 @@ from kdsl.bench.argument_types import positive_int
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, to_blocked
-from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, stage_layers
+from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_worker, stage_layers
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs
 from kdsl.tune.network import NetworkTask, TaskSummary, tune_network
@@ -257,16 +256,7 @@ def time_networks(
             "target": target,
             "seed": seed,
         }
-        result = subprocess.run(
-            [sys.executable, "-m", "kdsl.bench.network_tune", "--worker"],
-            input=json.dumps(payload),
-            capture_output=True,
-            text=True,
-            env=environment,
-        )
-        if result.returncode != 0:
-            raise KdslError(f"the network timing worker (batch {batch}) failed:\n{result.stderr[-3000:]}")
-        rows += json.loads(result.stdout.strip().splitlines()[-1])
+        rows += run_worker("kdsl.bench.network_tune", payload, environment, f"the batch-{batch} timing")
     return rows
 
 

@@ -500,17 +500,24 @@ def network_latency(
         if backend == "tvm":
             # PyTorch runs the rest of the network in the same process: TVM must not pin its threads
             environment["TVM_BIND_THREADS"] = "0"
-        result = subprocess.run(
-            [sys.executable, "-m", "kdsl.discover.network", "--worker"],
-            input=json.dumps({**payload, "backend": backend}),
-            capture_output=True,
-            text=True,
-            env=environment,
-        )
-        if result.returncode != 0:
-            raise KdslError(f"the {backend} network worker failed:\n{result.stderr[-3000:]}")
-        rows += json.loads(result.stdout.strip().splitlines()[-1])
+        rows += run_worker("kdsl.discover.network", {**payload, "backend": backend}, environment, f"the {backend}")
     return rows
+
+
+def run_worker(module: str, payload: Mapping[str, Any], environment: Mapping[str, str], what: str) -> list[Any]:
+    """Run ``python -m MODULE --worker`` with ``payload`` as JSON on stdin and ``environment``; the rows
+    it prints as its last line of JSON (a failure is a :class:`KdslError` that names ``what`` and
+    ends with the worker's stderr)."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--worker"],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=dict(environment),
+    )
+    if result.returncode != 0:
+        raise KdslError(f"{what} network worker failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
