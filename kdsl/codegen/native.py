@@ -159,9 +159,9 @@ BRANCHING: dict[str, tuple[Callable[[Sequence[Any], Sizes], list[Any]], Callable
 NATIVE.update(BRANCHING)
 
 
-# -- valid and transposed windows, products of two inputs (issue 27's operators) ------------------
+# -- valid and transposed windows, 3-D windows, products of two inputs (issue 27's operators) ------
 # Kept beside NATIVE rather than in it: the tests and benches that walk NATIVE give every entry one
-# input and a tiny layer without the output sizes (Ho, Wo) a window without padding needs. For the
+# input and a tiny layer without the output sizes (Ho, Wo) a window without padding needs, or a depth D. For the
 # products, ``x`` is the tuple of the kernel's data inputs, in its input order.
 
 
@@ -201,6 +201,9 @@ WINDOWS_AND_PRODUCTS: dict[
     "alexnet_c1": (_conv2d_prepare, lambda x, w, v: _f().conv2d(x, w[0], stride=v["s"], padding=0)),
     "conv_transpose2d": (_flipped, _conv_transpose),
     "conv_transpose3d": (_flipped, _conv_transpose),
+    "conv3d": (_conv2d_prepare, lambda x, w, v: _f().conv3d(x, w[0], padding=v["K"] // 2)),
+    # no padding: PyTorch's floor drops the rows and columns a last window would not cover
+    "avg_pool2d_strided": (_as_is, lambda x, w, v: _f().avg_pool2d(x, v["K"], stride=v["s"])),
     "bmm": (_as_is, _bmm),
     "bmm_tn": (_as_is, _bmm_tn),
 }

@@ -33,12 +33,20 @@ __all__ = [
 ]
 
 
-#: The operators that are not layers of a ResNet: the built-in table of their own shapes.
-OWN_TABLES = {"bmm": "opevo_bmm", "bmm_tn": "opevo_bmm", "attention_qk": "bert_attention"}
+#: The operators that are not layers of a 2-D ResNet: the built-in table of their own shapes (3-D
+#: convolutions: a 3-D ResNet-18's; pooling whose output sizes are the layer's: Gensor's poolings).
+OWN_TABLES = {
+    "bmm": "opevo_bmm",
+    "bmm_tn": "opevo_bmm",
+    "attention_qk": "bert_attention",
+    "conv3d": "r3d18",
+    "avg_pool2d_strided": "gensor_pool",
+}
 
 
 def layer_table(name: str) -> str | None:
-    """The table of :data:`OWN_TABLES` (OpEvo's batched matmuls, BERT's attention), else the first
+    """The table of :data:`OWN_TABLES` (OpEvo's batched matmuls, BERT's attention, a 3-D ResNet's
+    convolutions, Gensor's poolings), else the first
     built-in layer table on which the operator is valid with its default coefficients: ``resnet18``
     (the stride-1 3x3 layers), else ``resnet18_stride2`` (the stride-2 layers, whose inputs are 56, 28
     and 14 pixels wide, where operators that shrink the image by 2 belong), else the tables of windows
@@ -49,6 +57,8 @@ def layer_table(name: str) -> str | None:
     ('resnet18', 'resnet18_stride2', 'resnet18_stride2')
     >>> layer_table("conv2d_valid"), layer_table("alexnet_c1"), layer_table("conv_transpose3d")
     ('valid3x3', 'opevo_alexnet', 'transposed3d')
+    >>> layer_table("conv3d"), layer_table("avg_pool2d_strided")
+    ('r3d18', 'gensor_pool')
     """
     if name in OWN_TABLES:
         return OWN_TABLES[name]

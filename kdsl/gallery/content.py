@@ -77,10 +77,11 @@ CATEGORY_OF: dict[str, str] = {
             "alexnet_c1",
             "conv_transpose2d",
             "conv_transpose3d",
+            "conv3d",
         ],
         "convolutions",
     ),
-    **dict.fromkeys(["avg_pool2d", "max_pool2d", "max_pool2d_2x2"], "pooling"),
+    **dict.fromkeys(["avg_pool2d", "avg_pool2d_strided", "max_pool2d", "max_pool2d_2x2"], "pooling"),
     **dict.fromkeys(["pixel_shuffle", "pixel_unshuffle", "unfold2d"], "reshuffles"),
     **dict.fromkeys(
         ["involution", "spatial_attention", "squeeze_excitation", "residual_conv2d", "attention_qk"], "branching"

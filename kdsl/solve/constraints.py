@@ -158,6 +158,9 @@ class Constraint:
                 "choose a smaller window or layers where the dim is larger; pass allow_large_windows=True "
                 "to accept it (backends that zero-pad, like PyTorch, handle it)"
             )
+        elif self.kind == "slide" and _slide_expected(self.sizes, binding) is None:
+            # no count of windows can fix a window larger than its dim (PyTorch refuses it too)
+            hint = f"choose a window no larger than the dim {self.dim}, or layers where {self.dim} is larger"
         elif self.kind == "slide":
             hint = "bind the number of windows to (N - K) // s + 1 in the layer table, or choose another window"
         elif self.kind == "positive":

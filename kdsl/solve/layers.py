@@ -186,12 +186,32 @@ def _transposed3d() -> tuple[Layer, ...]:
     )
 
 
+def _r3d18() -> tuple[Layer, ...]:
+    # the stride-1 3x3x3 convs of a 3-D ResNet-18 (torchvision's r3d_18) on a 16-frame 112x112 clip: its
+    # stem keeps the 16 frames and halves the image; each later stage halves all three (D, H, W). conv5_x
+    # (2 frames) is left out: its 3-frame window is larger than its depth, which the solver refuses by default
+    rows = (("conv2_x", 64, 16, 56), ("conv3_x", 128, 8, 28), ("conv4_x", 256, 4, 14))
+    return tuple(Layer(name, {"N": 1, "Cin": c, "Cout": c, "D": d, "H": h, "W": h}) for name, c, d, h in rows)
+
+
+def _gensor_pool() -> tuple[Layer, ...]:
+    # Gensor's average poolings (Table IV: P1-P3, window F = K, stride S = s, no padding); each layer binds
+    # its window and stride, and the output sizes PyTorch's floor gives: Ho = (H - K) // s + 1
+    rows = (("P1", 16, 48, 48, 2), ("P2", 128, 168, 83, 2), ("P3", 128, 617, 21, 3))
+    return tuple(
+        Layer(name, {"N": n, "Cin": c, "H": h, "W": h, "Ho": (h - k) // 2 + 1, "Wo": (h - k) // 2 + 1, "K": k, "s": 2})
+        for name, n, c, h, k in rows
+    )
+
+
 #: Built-in tables. ``resnet18``: the distinct stride-1 3x3 convs of ResNet-18 on ImageNet (N=1).
 #: ``resnet18_stride2``: the first conv of stages 3-5 (stride 2; H, W are input sizes).
 #: ``valid3x3``: the ``resnet18`` layers on inputs padded beforehand, with the output sizes Ho, Wo a
 #: window without padding needs. ``opevo_alexnet``: OpEvo's AlexNet C1 (Ho, Wo = 55).
 #: ``transposed3d``: 3-D upsampling layers (D, H, W input sizes). Each of these layers also binds
 #: ``M = N*H*W`` (the rows of the pixel-wise matmul view) and ``L = H*W`` (a 1-D view).
+#: ``r3d18``: the stride-1 3x3x3 convs of a 3-D ResNet-18's stages 2-4 (D, H, W; no ``M``, ``L``). ``gensor_pool``:
+#: Gensor's average poolings P1-P3 (each binds its window K, stride s and output sizes Ho, Wo).
 #: ``opevo_bmm``: OpEvo's three BatchMatMuls (B, M, K, N); ``bert_attention``: BERT-base's Q·Kᵀ (B, M, N, D).
 BUILTIN_TABLES = {
     "resnet18": _resnet18,
@@ -199,6 +219,8 @@ BUILTIN_TABLES = {
     "valid3x3": _valid3x3,
     "opevo_alexnet": _opevo_alexnet,
     "transposed3d": _transposed3d,
+    "r3d18": _r3d18,
+    "gensor_pool": _gensor_pool,
     "opevo_bmm": _opevo_bmm,
     "bert_attention": _bert_attention,
 }
