@@ -107,6 +107,14 @@ def torch_avg_pool2d(x, ws, v):
     return F.avg_pool2d(t(x), v["K"])
 
 
+def torch_avg_pool2d_strided(x, ws, v):
+    return F.avg_pool2d(t(x), v["K"], stride=v["s"])
+
+
+def torch_conv3d(x, ws, v):
+    return F.conv3d(t(x), t(ws[0]), padding=v["K"] // 2)
+
+
 def torch_pixel_shuffle(x, ws, v):
     return F.pixel_shuffle(t(x), v["r"])
 
@@ -276,6 +284,13 @@ CASES = {
             {"N": 1, "Cin": 2, "Cout": 2, "D": 3, "H": 2, "W": 2, "K": 3, "s": 1},
         ],
     ),
+    "conv3d": (
+        torch_conv3d,
+        [
+            {"N": 1, "Cin": 2, "Cout": 3, "D": 3, "H": 4, "W": 5},
+            {"N": 2, "Cin": 3, "Cout": 2, "D": 1, "H": 3, "W": 2, "K": 1},
+        ],
+    ),
     "conv2d_kx1_1xk": (
         torch_conv2d_kx1_1xk,
         [{"N": 1, "Cin": 3, "Cout": 4, "H": 5, "W": 7}, {"N": 2, "Cin": 2, "Cout": 2, "H": 2, "W": 3, "K": 5}],
@@ -283,6 +298,14 @@ CASES = {
     "avg_pool2d": (
         torch_avg_pool2d,
         [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
+    ),
+    "avg_pool2d_strided": (
+        torch_avg_pool2d_strided,
+        [
+            {"N": 1, "Cin": 3, "H": 9, "W": 8, "Ho": 4, "Wo": 3},  # (8 - 3) // 2 + 1 = 3: the last column dropped
+            {"N": 2, "Cin": 2, "H": 7, "W": 5, "Ho": 3, "Wo": 2, "K": 2, "s": 2},  # Gensor's P2 in small
+            {"N": 1, "Cin": 2, "H": 7, "W": 6, "Ho": 2, "Wo": 2, "K": 2, "s": 3},  # gaps between windows
+        ],
     ),
     "pixel_shuffle": (
         torch_pixel_shuffle,
@@ -448,7 +471,7 @@ def test_names_are_sorted_and_match_the_files():
 
 @pytest.mark.parametrize("bad", ["no_such_op", "../pyproject", "conv2d.dsl", ""])
 def test_unknown_names_raise_and_list_the_gallery(bad):
-    with pytest.raises(KdslError, match=r"available: alexnet_c1, attention_qk, avg_pool2d, bmm"):
+    with pytest.raises(KdslError, match=r"available: alexnet_c1, attention_qk, avg_pool2d, avg_pool2d_strided, bmm"):
         gallery.load(bad)
     with pytest.raises(KdslError):
         gallery.describe(bad)
@@ -479,7 +502,13 @@ def test_gallery_operator_is_valid_on_resnet18_layers(name):
     expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle", "max_pool2d_2x2"}
     assert (table == "resnet18_stride2") == (name in expected)
     # windows without padding need tables that bind their output sizes; 3-D ones a depth
-    others = {"conv2d_valid": "valid3x3", "alexnet_c1": "opevo_alexnet", "conv_transpose3d": "transposed3d"}
+    others = {
+        "conv2d_valid": "valid3x3",
+        "alexnet_c1": "opevo_alexnet",
+        "conv_transpose3d": "transposed3d",
+        "conv3d": "r3d18",
+        "avg_pool2d_strided": "gensor_pool",
+    }
     assert table == others.get(name, table)
     report = solve.check(gallery.load(name), table)
     assert len(report) == len(solve.load_layers(table))

@@ -17,8 +17,8 @@ from kdsl.cli import build_parser, main
 from kdsl.codegen import reference
 from kdsl.lang.errors import KdslError
 
-#: the cases that cannot run yet, each with its reason in the table (or its operator's error)
-BLOCKED = {("alt", "C3D"), ("gensor", "P2"), ("gensor", "P3")}
+#: the cases that cannot run yet, each with its reason in the table (or its operator's error): none now
+BLOCKED: set[tuple[str, str]] = set()
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -41,6 +41,10 @@ def test_the_suites_hold_the_papers_cases():
     labels = {name: [c.label for c in cases] for name, cases in SUITES.items()}
     assert labels["opevo"] == ["MM1", "MM2", "MM3", "BMM1", "BMM2", "BMM3", "C1", "C2"]
     assert labels["alt"] == ["C1D", "C2D", "C3D", "GRP", "DEP", "DIL", "GMM", "T2D", "T3D"]
+    assert labels["gensor"][-3:] == ["P1", "P2", "P3"]
+    operators = {(name, c.label): c.operator for name, cases in SUITES.items() for c in cases}
+    assert operators["alt", "C3D"] == "conv3d"
+    assert operators["gensor", "P2"] == operators["gensor", "P3"] == "avg_pool2d_strided"
     assert {"M2", "V1", "V2", "V3"} <= set(labels["gensor"])
     assert [suite_of(c) for c in suite_cases("all")][:1] == ["opevo"] and len(suite_cases("all")) == 8 + 9 + 14
 
@@ -70,6 +74,8 @@ SMALL = {
     "alexnet_c1": {"N": 1, "Cin": 3, "Cout": 2, "H": 27, "W": 24, "Ho": 5, "Wo": 4},
     "conv_transpose2d": {"N": 2, "Cin": 3, "Cout": 4, "H": 3, "W": 5},
     "conv_transpose3d": {"N": 1, "Cin": 2, "Cout": 3, "D": 2, "H": 3, "W": 2},
+    "conv3d": {"N": 1, "Cin": 2, "Cout": 3, "D": 3, "H": 2, "W": 4},
+    "avg_pool2d_strided": {"N": 2, "Cin": 3, "H": 7, "W": 9, "Ho": 3, "Wo": 4},  # (9 - 3) // 2 + 1 = 4
     "bmm": {"B": 3, "M": 4, "K": 5, "N": 2},
     "bmm_tn": {"B": 3, "M": 4, "K": 5, "N": 2},
 }

@@ -89,7 +89,16 @@ LAYERS = {
     # windows without padding, zero insertion, and kernels of two data inputs: the gallery tests' layers
     **{
         name: CASES[name][1]
-        for name in ("conv2d_valid", "alexnet_c1", "conv_transpose2d", "conv_transpose3d", "bmm", "bmm_tn")
+        for name in (
+            "conv2d_valid",
+            "alexnet_c1",
+            "conv_transpose2d",
+            "conv_transpose3d",
+            "conv3d",
+            "avg_pool2d_strided",
+            "bmm",
+            "bmm_tn",
+        )
     },
     "attention_qk": CASES["attention_qk"][1],
 }

@@ -145,7 +145,12 @@ def _slide(t: Named, step: Slide, env: StepEnv) -> Named:
     count = concrete(step.size, env.values, step.describe())
     stride = concrete(step.stride, env.values, step.describe())
     length = t.data.shape[axis]
-    if window > length or count != (length - window) // stride + 1:  # a layer the solver did not check
+    if window > length:  # a layer the solver did not check; no count of windows fits
+        raise DivisibilityError(
+            f"{step.describe()}: the window {window} does not fit in the dim {step.dim} of size {length}; "
+            f"choose a window no larger than the dim {step.dim}, or layers where {step.dim} is larger"
+        )
+    if count != (length - window) // stride + 1:
         raise DivisibilityError(
             f"{step.describe()}: {length} positions with a window of {window} and stride {stride} give "
             f"{max(0, (length - window) // stride + 1)} windows, not {step.size} = {count}"
