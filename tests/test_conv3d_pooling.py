@@ -153,3 +153,17 @@ def test_conv3d_loads_an_nn_conv3d_state_dict_and_reads_like_it():
 def test_the_pooling_has_no_nn_convolution_facts():
     module = kdsl_torch.build(library.load("avg_pool2d_strided"), {"N": 1, "Cin": 2, "H": 9, "W": 9, "Ho": 4, "Wo": 4})
     assert not hasattr(module, "kernel_size") and list(module.state_dict()) == []
+
+
+@pytest.mark.parametrize(("name", "table"), [("avg_pool2d_strided", "gensor_pool"), ("conv3d", "r3d18")])
+def test_the_gallery_pages_use_it_snippet_runs(name, table):
+    """The page's snippet builds at its table's first layer, coefficients the layer binds included (P1: K=2)."""
+    from kdsl import gallery
+    from kdsl.gallery.content import use_it
+
+    assert gallery.layer_table(name) == table
+    snippet = use_it(name, library.load(name), table)
+    namespace: dict[str, object] = {}
+    exec(snippet, namespace)  # the page's own code: load, build, run once
+    (layer,) = solve.load_layers(table)[:1]
+    assert list(namespace["y"].shape) == list(reference.shapes(library.load(name), layer.values).output)

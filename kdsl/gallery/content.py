@@ -277,6 +277,8 @@ def use_it(name: str, op: Operator, table: str | None) -> str:
     lazy = sorted(lazy_variables(op).items(), key=lambda item: item[1])  # in the input's order: N, H, W
     lazy = [name for name, _ in lazy]
     used = set(op.primary_variables) | set(op.dynamic_variables)
+    # a table whose layers bind their own coefficients (gensor_pool's windows): those that differ from the defaults
+    used |= {k for k in op.coefficient_variables if k in layer and layer[k] != op.default_coefficients.get(k)}
     sizes = {k: v for k, v in layer.values.items() if k in used and k not in lazy}
     shapes = solve.shapes(op, layer)
     later = f"; {', '.join(lazy)} bind{'s' if len(lazy) == 1 else ''} at the first call" if lazy else ""
