@@ -167,3 +167,15 @@ def test_the_gallery_pages_use_it_snippet_runs(name, table):
     exec(snippet, namespace)  # the page's own code: load, build, run once
     (layer,) = solve.load_layers(table)[:1]
     assert list(namespace["y"].shape) == list(reference.shapes(library.load(name), layer.values).output)
+
+
+def test_a_module_reading_its_sizes_from_the_input_checks_the_count_of_windows():
+    """Built with Ho, Wo only (the page's snippet), the module reads H, W at each call: an input that
+    gives another count of windows, or is smaller than the window, is a ShapeError, not another output."""
+    module = kdsl_torch.build(library.load("avg_pool2d_strided"), {"Ho": 4, "Wo": 4})
+    x = torch.randn(1, 2, 9, 10)  # (9 - 3) // 2 + 1 = (10 - 3) // 2 + 1 = 4
+    torch.testing.assert_close(module(x), F.avg_pool2d(x, 3, stride=2))
+    with pytest.raises(KdslError, match=r"the dim H of size 11 has \(N - K\) // s \+ 1 = 5 windows, not Ho=4"):
+        module(torch.randn(1, 2, 11, 9))
+    with pytest.raises(KdslError, match=r"the window K=3 does not fit in the dim W of size 2, for the input of shape"):
+        module(torch.randn(1, 2, 9, 2))

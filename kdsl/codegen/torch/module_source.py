@@ -413,6 +413,8 @@ def _lazy_size_lines(op: Operator, ids: dict[str, str], late_check: str | None) 
         full = ["None" if i in free else _size_code(d.size, ids) for i, d in enumerate(op.inputs)]
         lines.append(f"            _check_input(x, {late_check}, [{', '.join(full)}])")
     for constraint in solve.constraints(op):
+        if constraint.kind == "slide" and set(constraint.variables) & set(read):
+            lines += _slide_check_lines(constraint, ids)
         if constraint.kind != "integral" or not set(constraint.variables) & set(read):
             continue
         numerator, denominator = _fraction_code(constraint.sizes[0], ids)
@@ -424,6 +426,26 @@ def _lazy_size_lines(op: Operator, ids: dict[str, str], late_check: str | None) 
         lines.append(f"            if ({numerator}) % ({denominator}):")
         lines.append(f"                raise ShapeError(f{message!r})")  # one f-string: torch.compile traces it
     return lines
+
+
+def _slide_check_lines(constraint: solve.Constraint, ids: dict[str, str]) -> list[str]:
+    """The forward's check of a window without padding whose dim's size it read from its input: the
+    window fits in the dim, and PyTorch's count of windows ``(N - K) // s + 1`` is the one the module
+    was built with (else ``Tensor.unfold`` would fail, or make another count, silently)."""
+    dim, window, count, stride = (_atom(_size_code(size, ids)) for size in constraint.sizes)
+    window_text, count_text = str(constraint.sizes[1]), str(constraint.sizes[2])
+    step, name, shape = constraint.step, constraint.dim, "{list(x.shape)}"
+    too_large = f"{step}: the window {window_text}={{{window}}} does not fit in the dim {name} of size {{{dim}}}"
+    wrong = (
+        f"{step}: the dim {name} of size {{{dim}}} has (N - K) // s + 1 = {{({dim} - {window}) // {stride} + 1}} "
+        f"windows, not {count_text}={{{count}}}"
+    )
+    return [
+        f"            if {window} > {dim}:",
+        f"                raise ShapeError(f{too_large + ', for the input of shape ' + shape!r})",
+        f"            if ({dim} - {window}) // {stride} + 1 != {count}:",
+        f"                raise ShapeError(f{wrong + ', for the input of shape ' + shape!r})",
+    ]
 
 
 def _with_bias(op: Operator, body: list[str]) -> list[str]:
