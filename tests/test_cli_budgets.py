@@ -1,0 +1,65 @@
+"""Zero and negative budgets of the tuning and timing benches (trials, runs, rounds, repeats, batch sizes,
+threads, ...) are refused as the command line is parsed: one ``error:`` line naming the flag and the
+value, exit code 2, before anything is compiled, tuned or timed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdsl.cli import build_parser
+
+#: (the command before the flag, the flag, the values it must refuse)
+REFUSED = [
+    (["bench", "tune"], "--trials", ["0", "-3"]),
+    (["bench", "tune"], "--rounds", ["0", "-1"]),
+    (["bench", "tune", "--suite", "smoke"], "--runs", ["0", "-2"]),
+    (["bench", "tune", "--suite", "smoke"], "--metaschedule-trials", ["0", "64,0", "-8", "64,-1"]),
+    (["tune", "conv2d", "--layers", "conv3_x"], "--trials", ["0", "-5"]),
+    (["tune", "conv2d", "--layers", "conv3_x"], "--compile-batch", ["0"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--trials", ["0", "-1"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--repeats", ["0"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--batch", ["0", "-8"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--threads", ["0"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--block", ["0"]),
+    (["tune", "conv2d", "--network", "resnet18"], "--resolution", ["0"]),
+    (["bench", "network", "--ops", "conv2d"], "--repeats", ["0", "-1"]),
+    (["bench", "network", "--ops", "conv2d"], "--max-repeats", ["0"]),
+    (["bench", "network", "--ops", "conv2d"], "--batch", ["0"]),
+    (["bench", "network", "--ops", "conv2d"], "--threads", ["0", "-2"]),
+    (["bench", "network", "--ops", "conv2d"], "--resolution", ["0"]),
+    (["bench", "network", "--ops", "conv2d"], "--classes", ["0"]),
+    (["bench", "network", "--ops", "conv2d"], "--target", ["0", "-0.5", "nan"]),
+    (["bench", "costmodel"], "--configs", ["0", "-4"]),
+]
+CASES = [(command, flag, value) for command, flag, values in REFUSED for value in values]
+
+
+def assert_refused(capsys: pytest.CaptureFixture[str], argv: list[str], flag: str, value: str) -> None:
+    """``kdsl argv`` exits with code 2 and one error line that names ``flag`` and ``value``, printing
+    nothing on stdout. Only the parser runs (``kdsl.cli.main`` parses with it first): were a check
+    lost, the test fails at once instead of starting a tuning run."""
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exit_info.value.code == 2, captured.err
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert flag in lines[0] and repr(value) in lines[0], lines[0]
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(("command", "flag", "value"), CASES, ids=[f"{' '.join(c[:2])} {f}={v}" for c, f, v in CASES])
+def test_a_budget_below_one_is_refused_naming_the_flag(capsys, command, flag, value):
+    assert_refused(capsys, [*command, flag, value], flag, value)
+
+
+def test_the_refused_values_are_accepted_once_positive():
+    """The same flags take 1 (the checks above refuse the value, not the flag)."""
+    for command, flag, _ in REFUSED:
+        value = "0.5" if flag == "--target" else "1"
+        args = build_parser().parse_args([*command, flag, value])
+        destination = {"--batch": "batch_sizes" if command[0] == "tune" else "batch"}.get(
+            flag, flag[2:].replace("-", "_")
+        )
+        parsed = getattr(args, destination)
+        assert parsed in (1, 0.5, [1]), (command, flag, parsed)
