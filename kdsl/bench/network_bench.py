@@ -85,7 +85,8 @@ def bench_network(args: argparse.Namespace) -> int:
         "tvm: kdsl's TVM kernels (default schedule), the rest PyTorch; ratio to the same network with conv2d "
         "lowered through kdsl's TVM.\n"
         "vs torch: to PyTorch's native original network, timed in the same rounds. ms: median over "
-        "the interleaved rounds; ratio: median of the rounds' ratios; spread: their IQR / median; rounds: "
+        "the interleaved rounds; ratio: median of the rounds' ratios (a time over the other's: below 1 is "
+        "faster); spread: their IQR / median; rounds: "
         f"{args.repeats}, more (up to {max(args.repeats, args.max_repeats)}) while a spread exceeds 0.15.\n"
         "Each backend in its own process (TVM_BIND_THREADS=0 in the TVM one).\n"
     )
