@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kdsl.cli import build_parser
+from kdsl.cli import build_parser, main
 
 #: (the command before the flag, the flag, the values it must refuse)
 REFUSED = [
@@ -63,3 +63,29 @@ def test_the_refused_values_are_accepted_once_positive():
         )
         parsed = getattr(args, destination)
         assert parsed in (1, 0.5, [1]), (command, flag, parsed)
+
+
+# ------------------------------------------------------------------------------------------------
+# kdsl bench tune --suite's case labels and options
+
+
+def test_an_unknown_only_label_names_the_suites_labels(capsys):
+    assert main(["bench", "tune", "--suite", "opevo", "--only", "MM1", "MM9", "C7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --only: no case C7, MM9 in the suite opevo; it has MM1, MM2, MM3, BMM1, BMM2, BMM3, C1, C2"]
+
+
+def test_the_labels_of_the_all_suite_are_listed_suite_by_suite(capsys):
+    assert main(["bench", "tune", "--suite", "all", "--only", "mm1"]) == 2  # labels are case-sensitive
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --only: no case mm1 in the suite all; it has opevo: MM1, MM2, MM3, BMM1,")
+    # C1 is both OpEvo's and Gensor's: each under its suite, not twice in one list
+    assert "; alt: C1D, C2D, C3D, GRP," in err and "; gensor: M1, M2, M3," in err and "P3" in err
+
+
+@pytest.mark.parametrize("extra", [["--only", "MM1"], ["--out", "results"], ["--only", "MM1", "--out", "x"]])
+def test_the_suite_options_without_a_suite_are_refused(capsys, extra):
+    assert main(["bench", "tune", *extra, "--trials", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    flags = [word for word in extra if word.startswith("--")]
+    assert len(err) == 1 and all(flag in err[0] for flag in flags) and "--suite" in err[0], err
