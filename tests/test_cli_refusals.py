@@ -89,3 +89,43 @@ def test_the_suite_options_without_a_suite_are_refused(capsys, extra):
     err = capsys.readouterr().err.strip().splitlines()
     flags = [word for word in extra if word.startswith("--")]
     assert len(err) == 1 and all(flag in err[0] for flag in flags) and "--suite" in err[0], err
+
+
+# ------------------------------------------------------------------------------------------------
+# --tuner-option values, refused before the first compile (with --network: before every task's
+# default schedule is measured, which takes minutes)
+
+TUNER_OPTIONS = [
+    ("opevo", "lambda=0", "lambda (parents) must be a positive integer, got 0"),
+    ("opevo", "rho=-1", "rho (offspring) must be a positive integer or none (the batch), got -1"),
+    ("alt", "pool=0", "alt: pool must be a positive integer, got 0"),
+    ("alt", "layouts=-2", "alt: layouts must be a positive integer, got -2"),
+    ("gensor", "walks=0", "gensor: walks must be a positive integer, got 0"),
+    ("gensor", "steps=-5", "gensor: steps must be a positive integer, got -5"),
+    ("gensor", "constructions=0", "gensor: constructions must be a positive integer, got 0"),
+]
+
+
+@pytest.mark.parametrize(("tuner", "option", "message"), TUNER_OPTIONS)
+@pytest.mark.parametrize("where", [["--layers", "conv3_x"], ["--network", "resnet18", "--batch", "1"]])
+def test_a_tuner_option_out_of_range_is_refused_up_front(capsys, monkeypatch, tmp_path, tuner, option, message, where):
+    import kdsl.bench.network_tune
+    import kdsl.tune.driver
+
+    def never(*args, **kwargs):
+        raise AssertionError("tuning started before the options were checked")
+
+    monkeypatch.setattr(kdsl.bench.network_tune, "tune_network", never)  # --network's tuning
+    monkeypatch.setattr(kdsl.tune.driver, "open_task", never)  # a layer's first step
+    db = str(tmp_path / "t.db")
+    argv = ["tune", "conv2d", *where, "--tuner", tuner, "--tuner-option", option, "--trials", "1", "--db", db]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_the_tuner_options_in_range_pass_the_check():
+    from kdsl.tune.driver import check_options
+
+    checked = [check_options(tuner, {option.split("=")[0]: 2}) for tuner, option, _ in TUNER_OPTIONS]
+    assert checked == [None] * len(TUNER_OPTIONS)  # a refusal would have raised

@@ -43,6 +43,7 @@ from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs
 from kdsl.runtime.units import faster_or_slower
+from kdsl.tune.driver import check_options
 from kdsl.tune.network import NetworkTask, TaskSummary, tune_network
 from kdsl.tune.tuned import tuned_schedule
 
@@ -368,6 +369,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
     if args.layers or args.apply or args.out:
         raise KdslError("kdsl tune --network tunes every layer of the network: give no --layers, --apply or --out")
     tuner = args.tuner or "opevo"
+    # a bad --tuner-option before the default schedules of every task are measured (minutes), not after
+    check_options(tuner, dict(args.tuner_option))
     args.batch_sizes = args.batch_sizes or [1, 8]
     item = resolve_ops([args.operator or "conv2d"], resolution=args.resolution)[0]
     for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
