@@ -129,3 +129,13 @@ def test_the_tuner_options_in_range_pass_the_check():
 
     checked = [check_options(tuner, {option.split("=")[0]: 2}) for tuner, option, _ in TUNER_OPTIONS]
     assert checked == [None] * len(TUNER_OPTIONS)  # a refusal would have raised
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [([], (64, 5)), (["--quick"], (12, 1)), (["--quick", "--rounds", "3"], (12, 3)), (["--trials", "7"], (7, 5))],
+)
+def test_an_explicit_rounds_wins_over_quick(extra, expected):
+    from kdsl.bench.tune_bench import budgets
+
+    assert budgets(build_parser().parse_args(["bench", "tune", *extra])) == expected

@@ -360,8 +360,7 @@ def bench_suite(args: argparse.Namespace) -> int:
     if args.db:
         raise KdslError("--db is not used with --suite: every run starts from fresh databases under --out")
     bench_target.select_mcpu(args.mcpu)  # before anything compiles or a worker starts
-    trials = args.trials or (12 if args.quick else 64)
-    rounds = 1 if args.quick else args.rounds
+    trials, rounds = tune_bench.budgets(args)
     cols = columns(args.tuners, trials, args.metaschedule_trials)
     folder = Path(args.out or f"kdsl-tune-{args.suite}")
     (folder / "records").mkdir(parents=True, exist_ok=True)
