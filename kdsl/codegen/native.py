@@ -238,6 +238,7 @@ INTO: dict[str, Callable[[Any, list[Any], Sizes, Any], Any]] = {
     "bmm_tn": _bmm_tn_into,
     # avg_pool2d is the ATen op itself, whose binding takes out= (its .out overload)
     "avg_pool2d": lambda x, w, v, out: _f().avg_pool2d(x, v["K"], out=out),
+    "avg_pool2d_strided": lambda x, w, v, out: _f().avg_pool2d(x, v["K"], stride=v["s"], out=out),
 }
 
 
