@@ -20,7 +20,7 @@ from kdsl.codegen import torch as kdsl_torch  # noqa: E402
 from kdsl.codegen import tvm as kdsl_tvm  # noqa: E402
 from kdsl.codegen.tvm.lowering import lower  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
-from kdsl.lang import library  # noqa: E402
+from kdsl.lang import Input, Output, Reduce, Slide, Split, coefficient, library, primary  # noqa: E402
 from kdsl.lang.errors import DivisibilityError, KdslError, LoweringError  # noqa: E402
 
 
@@ -179,3 +179,67 @@ def test_a_module_reading_its_sizes_from_the_input_checks_the_count_of_windows()
         module(torch.randn(1, 2, 11, 9))
     with pytest.raises(KdslError, match=r"the window K=3 does not fit in the dim W of size 2, for the input of shape"):
         module(torch.randn(1, 2, 9, 2))
+
+
+# -- the PyTorch backend's native pooling over windows without padding -------------------------------
+
+A, B, C, D, P, Q = primary("A B C D P Q")
+K, s = coefficient("K s")
+_X = Input(A, B, C, D)
+_LAYER = {"A": 6, "B": 9, "C": 7, "D": 9}
+#: poolings the planner cuts into one stage per window, each with its layer: a mean over Slide windows
+#: (with strides) at several positions of the data, and over Split tiles in two stages
+POOLINGS = [
+    (
+        _X
+        >> Slide("D", K, P, "k", stride=s)
+        >> Reduce("k", mean=True)
+        >> Output("A", "B", "C", "D", defaults={"s": 2}),
+        {**_LAYER, "K": 2, "P": 4},  # (9 - 2) // 2 + 1: the last column dropped
+    ),
+    (
+        _X
+        >> Slide("B", K, P, "k", stride=s)
+        >> Reduce("k", mean=True)
+        >> Output("A", "B", "C", "D", defaults={"s": 1}),
+        {**_LAYER, "K": 3, "P": 7},
+    ),
+    (
+        _X
+        >> Slide("A", K, P, "k1", stride=s)
+        >> Slide("C", K, Q, "k2", stride=s)
+        >> Reduce("k1", "k2", mean=True)
+        >> Output("A", "B", "C", "D", defaults={"s": 2}),
+        {**_LAYER, "K": 3, "P": 2, "Q": 3},
+    ),
+    (  # two Split poolings in two stages, neither over the last dims
+        _X
+        >> Split("A", K, "P", "k1")
+        >> Reduce("k1", mean=True)
+        >> Split("B", K, "Q", "k2")
+        >> Reduce("k2", mean=True)
+        >> Output("P", "Q", "C", "D"),
+        {**_LAYER, "K": 3},
+    ),
+]
+
+
+@pytest.mark.parametrize("index", range(len(POOLINGS)))
+def test_poolings_lower_to_avg_pool_and_equal_the_reference(index):
+    from kdsl.bench.overhead import count_aten_ops
+
+    op, layer = POOLINGS[index]
+    x = np.random.default_rng(index).standard_normal(reference.shapes(op, layer).input)
+    module = kdsl_torch.build(op, layer).double()
+    got = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, reference.run(op, layer, x, []), rtol=1e-12, atol=1e-12)
+    counts = count_aten_ops(lambda: module(torch.from_numpy(x)))
+    assert any(name.startswith("aten.avg_pool") for name in counts), counts
+    assert not any(name.startswith(("aten.mean", "aten.sum", "aten.unfold")) for name in counts), counts
+
+
+def test_the_gallerys_strided_pooling_is_two_avg_pool2d_calls_on_the_data_as_it_lies():
+    text = kdsl_torch.source(library.load("avg_pool2d_strided"), {"Ho": 4, "Wo": 4})
+    forward = text.split("def forward")[1]
+    assert "F.avg_pool2d(x, (K, 1,), (s, 1,))" in forward and "F.avg_pool2d(x, (1, K,), (1, s,))" in forward
+    assert "permute" not in forward and "unfold" not in forward

@@ -1,5 +1,6 @@
 """Native fast paths of the PyTorch backend: a stage (with the views before it) that is exactly one of
-PyTorch's functions is lowered to it (``F.conv{1,2,3}d`` of any kind, ``F.avg_pool{1,2,3}d``, a matrix
+PyTorch's functions is lowered to it (``F.conv{1,2,3}d`` of any kind, ``F.avg_pool{1,2,3}d`` over tiles
+or strided windows, a matrix
 product, ``F.unfold``), found from the operator's structure, never its name: :data:`STAGE_FAST_PATHS`
 lists those of a stage with its views, :data:`CONV_VIEW_RULES` the views a convolution's input may go
 through. Each emitter returns False, emitting nothing, when its pattern does not match;
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kdsl.codegen.torch.writer import _atom, _rearrange, _rolls, _weight_lengths, _Writer
-from kdsl.lang.primitives import Merge, Primitive, Reduce, Share, Shift, Split, Stride, Unfold, Weight
+from kdsl.lang.primitives import Merge, Primitive, Reduce, Share, Shift, Slide, Split, Stride, Unfold, Weight
 from kdsl.lang.sizes import Size
 
 
@@ -207,36 +208,66 @@ def _native_conv(writer: _Writer, stage: StageViews) -> bool:
     return _emit_conv(writer, splits, spatial, order, batch, groups, channels, outs, weight, known, stage.weight_index)
 
 
+def _pool_windows(views: list[Primitive]) -> dict[str, tuple[str, Size, Size, str]] | None:
+    """The windows of a pooling's views: pooled dim -> (its window dim, kernel, stride, the pooled
+    dim's name after them); a Split makes tiles (stride = kernel), a Slide windows without padding
+    with a stride of their own (PyTorch's floor). None where a view is neither, or two touch one dim."""
+    windows: dict[str, tuple[str, Size, Size, str]] = {}
+    for step in views:
+        if isinstance(step, Split):
+            window = (step.inner, step.block, step.block, step.outer)
+        elif isinstance(step, Slide):
+            window = (step.name, step.window, step.stride, step.dim)
+        else:
+            return None
+        if step.dim in windows:
+            return None
+        windows[step.dim] = window
+    return windows
+
+
 def _native_pool(writer: _Writer, stage: StageViews) -> bool:
-    """Emit ``F.avg_pool{1,2,3}d`` when the views split dims into (outer, tile) and the stage
-    takes the mean over the tiles; return False (emitting nothing) otherwise."""
+    """Emit ``F.avg_pool{1,2,3}d`` when the views split dims into (outer, tile) or slide windows
+    along them (Slide) and the stage takes the mean over the tiles or windows; return False
+    (emitting nothing) otherwise."""
     views, block, sizes = stage.views, stage.block, stage.sizes
     if any(not isinstance(step, Reduce) or not step.mean for step in block):
         return False
-    splits = [step for step in views if isinstance(step, Split)]
-    if len(splits) != len(views) or not 1 <= len(splits) <= 3:
+    windows = _pool_windows(views)
+    if windows is None or not 1 <= len(windows) <= 3:
         return False
-    tiles = {split.inner: split for split in splits}
     reduced = {step.dim for step in block}
-    if reduced != set(tiles) or any(split.dim not in writer.axes for split in splits):
+    if reduced != {window for window, *_ in windows.values()} or any(dim not in writer.axes for dim in windows):
         return False
-    pooled = [axis for axis in writer.axes if axis in {split.dim for split in splits}]
-    by_dim = {split.dim: split for split in splits}
-    others = [axis for axis in writer.axes if axis not in by_dim]
-    kernel = ", ".join(writer.size(by_dim[a].block) for a in pooled)
-    unflat = others + [by_dim[a].outer for a in pooled]
+    pooled = [axis for axis in writer.axes if axis in windows]
+    slides = any(isinstance(step, Slide) for step in views)
+    if slides:
+        # the plan takes a mean over separable windows one dim at a time: the dims around the pooled
+        # one, from the third on, join it with 1-wide windows, so the data goes in as it lies
+        start = min(writer.axes.index(pooled[0]), 2)
+        if start and len(writer.axes) - start <= 3:
+            pooled = writer.axes[start:]
+    others = [axis for axis in writer.axes if axis not in pooled]
+    one = Size.of(1)
+    kernel = ", ".join(writer.size(windows[a][1] if a in windows else one) for a in pooled)
+    unflat = others + [windows[a][3] if a in windows else a for a in pooled]
     # F.avg_pool{d}d pools the last d dims of a tensor with one or two more in front: where the
     # data is laid out so, it takes the data as it is, else as (others flattened, pooled dims)
     direct = writer.axes[len(others) :] == pooled and 1 <= len(others) <= 2
     if not direct:
+        # a previous pooling's output may still lie as its (others, pooled) groups: lay it out first
+        writer.flush()
         pooled_pattern = " ".join(writer.axis(a) for a in pooled)
         writer.move(writer.pattern(), f"{writer.group(others)} {pooled_pattern}", comment=", as a pooling input")
+    arguments = f"({kernel},)"
+    if slides:  # a stride of the windows' own (a Split's tiles stride by their kernel, the default)
+        arguments += ", (" + ", ".join(writer.size(windows[a][2] if a in windows else one) for a in pooled) + ",)"
     writer.emit(
-        f"{writer.var} = F.avg_pool{len(pooled)}d({writer.data}, ({kernel},))  # mean over {', '.join(sorted(reduced))}"
+        f"{writer.var} = F.avg_pool{len(pooled)}d({writer.data}, {arguments})  # mean over {', '.join(sorted(reduced))}"
     )
     writer.axes = unflat
     if not direct:
-        outs = " ".join(writer.axis(by_dim[a].outer) for a in pooled)
+        outs = " ".join(writer.axis(name) for name in unflat[len(others) :])
         lengths = {writer.axis(a): writer.size(sizes[a]) for a in others}
         writer.lay_out(f"{writer.group(others)} {outs}", lengths)
     return True
