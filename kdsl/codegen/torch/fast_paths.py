@@ -1,9 +1,8 @@
 """Native fast paths of the PyTorch backend: a stage (with the views before it) that is exactly one of
 PyTorch's functions is lowered to it (``F.conv{1,2,3}d`` of any kind, ``F.avg_pool{1,2,3}d`` over tiles
-or strided windows, a matrix
-product, ``F.unfold``), found from the operator's structure, never its name: :data:`STAGE_FAST_PATHS`
-lists those of a stage with its views, :data:`CONV_VIEW_RULES` the views a convolution's input may go
-through. Each emitter returns False, emitting nothing, when its pattern does not match;
+or strided windows, a matrix product, ``F.unfold``), found from the operator's structure, never its
+name: :data:`STAGE_FAST_PATHS` lists those of a stage with its views, :data:`CONV_VIEW_RULES` the views
+a convolution's input may go through. Each emitter returns False, emitting nothing, when its pattern does not match;
 :mod:`kdsl.codegen.torch.chain_lowering` then writes the views and one einsum."""
 
 from __future__ import annotations
