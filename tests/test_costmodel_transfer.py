@@ -12,7 +12,7 @@ from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.tune import gensor_model, transfer
-from kdsl.tune.features import FEATURES, config_features
+from kdsl.tune.features import FEATURES, as_applied, config_features
 from kdsl.tune.records import Record, RecordStore, TuneError
 from kdsl.tune.transfer import (
     Prefiltered,
@@ -77,6 +77,30 @@ def test_features_follow_the_configuration_not_the_parameter_names():
     assert scalar_named["vector_log_length"] == 0.0 and scalar_named["vector_whole"] == 0.0
     assert whole_named["vector_log_length"] > 0.0
     assert scalar_named["vector_fill"] < whole_named["vector_fill"]
+
+
+def test_a_lanes_configuration_is_read_as_the_schedule_that_runs():
+    # S.lanes replaces the stage's tiling: configurations that differ only in the tiling it ignores are one
+    # schedule and must get one set of features; without S.lanes the same tiling changes do change them
+    space = _space("matmul", MATMUL)
+    stage = next(s for s in space.stages if s.kind == "reduce")
+    name = stage.name
+    base = dict(space.heuristic(), **{f"{name}.lanes": False})
+    other = dict(base)
+    other.update({f"{name}.tile.M": (16, 1, 1), f"{name}.cache": "none", f"{name}.unroll": 64})
+    assert config_features(space, base) != config_features(space, other)
+    lanes = [dict(c, **{f"{name}.lanes": True}) for c in (base, other)]
+    assert config_features(space, lanes[0]) == config_features(space, lanes[1])
+    off, on = dict(zip(FEATURES, config_features(space, base))), dict(zip(FEATURES, config_features(space, lanes[0])))
+    model = gensor_model.space_model(space)
+    extent = dict(stage.reduced)[stage.reduced[-1][0]]
+    factor = space._lane_factor(extent)
+    assert on["vector_log_length"] == math.log2(factor) and on["rfactor"] == 1.0
+    assert on["accumulators_over_registers"] == 1 / model.accumulators and on["local_accumulator"] == 0.0
+    assert on["extra_passes"] == off["extra_passes"] + 1  # the lanes' own reduction
+    # one accumulator chain, every operand loaded per step: more loads per MAC than the heuristic's tile
+    assert on["register_loads_per_mac"] > off["register_loads_per_mac"]
+    assert as_applied(space, base) == base  # without S.lanes: the configuration itself
 
 
 def test_rank_correlation_against_its_definition():
