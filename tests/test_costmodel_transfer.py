@@ -152,6 +152,32 @@ def test_leave_one_operator_out_never_trains_on_the_held_out_operator(monkeypatc
     assert min(s.model for s in scores) > 0.5
 
 
+def test_train_on_half_scores_each_task_only_with_models_that_never_saw_its_operator(monkeypatch):
+    rng = random.Random(4)
+    tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b", "c", "d") for i in range(2)]
+    fitted: list[set[str]] = []
+    fit, predict = TransferModel.fit, TransferModel.predict_features
+    seen: list[tuple[set[str], str]] = []
+
+    def spy_fit(self, train):
+        fitted.append({t.operator for t in train})
+        self._spied = fitted[-1]
+        return fit(self, train)
+
+    def spy_predict(self, features):
+        seen.append((self._spied, next(t.operator for t in tasks if t.features is features)))
+        return predict(self, features)
+
+    monkeypatch.setattr(TransferModel, "fit", spy_fit)
+    monkeypatch.setattr(TransferModel, "predict_features", spy_predict)
+    scores = transfer.train_on_half(tasks)
+    assert len(fitted) == 6 and all(len(ops) == 2 for ops in fitted)  # every pair of the 4 operators
+    assert all(operator not in trained_on for trained_on, operator in seen)
+    assert len(seen) == 6 * 4 and sorted(s.task for s in scores) == sorted(t.task for t in tasks)
+    assert min(s.model for s in scores) > 0.5  # the same rule on every operator: ranked well held out
+    assert transfer.train_on_half(tasks[:2]) == []  # one operator: nothing to hold out
+
+
 def test_a_model_of_one_target_refuses_another_targets_tasks():
     rng = random.Random(1)
     model = TransferModel("haswell")
@@ -322,6 +348,10 @@ def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_pa
     model, analytic, gain = float(summary[3].rstrip(",")), float(summary[5].rstrip(",")), float(summary[7])
     assert abs(model - analytic - gain) < 0.011
     assert analytic > 0.5  # the fake latencies follow the estimate, up to noise
+    assert main(["bench", "costmodel", "--db", str(db), "--split", "half"]) == 0
+    half = capsys.readouterr().out.splitlines()
+    assert len([line for line in half if line.startswith(("matmul ", "conv2d "))]) == 3
+    assert half[-1].startswith("held-out Spearman: model") and half[-1].split()[5] == out[-1].split()[5]
 
 
 def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):
