@@ -103,7 +103,8 @@ def _heuristic_terms(space: ScheduleSpace, model: Model) -> tuple[float, float, 
     """The terms of the space's heuristic configuration, cached on the space (one per task)."""
     cached = space.__dict__.get("_heuristic_terms")
     if cached is None:
-        cached = space.__dict__["_heuristic_terms"] = _terms(space, space.heuristic(), model)
+        # as applied, like every configuration it is compared with (a GEMV's heuristic sums in lanes)
+        cached = space.__dict__["_heuristic_terms"] = _terms(space, as_applied(space, space.heuristic()), model)
     return cached
 
 
@@ -120,20 +121,24 @@ def _lane_axis(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) -> t
 def as_applied(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` as the schedule applies it. ``S.lanes`` replaces a stage's whole tiling
     (:mod:`kdsl.codegen.tvm.schedule_apply` returns before it tiles): every spatial point walks the whole
-    reduction in one vector of partial sums held in memory, the spatial loops fused and parallel. Features
-    read from the tiling parameters it ignores would describe a schedule that never runs (on matmul, 16
-    of 39 measured configurations, 10x slower than the rest, looked like the fastest tiles), so they are
-    read from the tiling it does run: every spatial axis outer, the reduction whole and inner, no vector
-    axis, accumulator or unrolling (the vector along the reduction is :func:`_stage_features`').
+    reduction in one vector of partial sums held in memory, the spatial loops fused and parallel.
+    Features read from the tiling parameters it ignores would describe a schedule that never runs (on
+    matmul, 16 of 39 measured configurations, 12x slower than the rest by the median, some looking like
+    the fastest tiles), so they are read from the tiling it does run: every spatial axis outer, the
+    reduction whole and inner, no vector axis, accumulator or unrolling (the vector along the reduction
+    is :func:`_stage_features`').
 
     >>> from kdsl.codegen.tvm.schedule_space import ScheduleSpace
     >>> as_applied(ScheduleSpace.__new__(ScheduleSpace), {"a": 1})  # no S.lanes on: unchanged
     {'a': 1}
     """
     out = dict(config)
-    for stage in _reduce_stages(space) if any(k.endswith(".lanes") and v is True for k, v in config.items()) else []:
+    lanes_on = {key.removesuffix(".lanes") for key, on in config.items() if key.endswith(".lanes") and on is True}
+    if not lanes_on:
+        return out
+    for stage in _reduce_stages(space):
         name = stage.name
-        if out.get(f"{name}.lanes") is not True:
+        if name not in lanes_on:
             continue
         for axis, extent in stage.spatial:
             out[f"{name}.tile.{axis}"] = (extent, 1, 1)
