@@ -101,6 +101,11 @@ def test_a_lanes_configuration_is_read_as_the_schedule_that_runs():
     # one accumulator chain, every operand loaded per step: more loads per MAC than the heuristic's tile
     assert on["register_loads_per_mac"] > off["register_loads_per_mac"]
     assert as_applied(space, base) == base  # without S.lanes: the configuration itself
+    # a GEMV's heuristic sums in lanes: measured against itself (both as applied) it is 0
+    gemv = _space("matmul", {"M": 1, "Cin": 64, "Cout": 32})
+    heuristic = gemv.heuristic()
+    assert heuristic[f"{name}.lanes"] is True
+    assert dict(zip(FEATURES, config_features(gemv, heuristic)))["estimate_vs_heuristic"] == 0.0
 
 
 def test_rank_correlation_against_its_definition():
