@@ -30,10 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.store_check import cover_problems, store_indices
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
@@ -48,6 +50,7 @@ __all__ = [
     "cuda_source",
     "cuda_target",
     "lower_to_device",
+    "partial_sum_problems",
     "schedule_verified",
 ]
 
@@ -108,6 +111,27 @@ def _unbound(host: Any) -> bool:
     return bool(found)
 
 
+def partial_sum_problems(host: Any, device: Any) -> list[str]:
+    """What is wrong with the stores into every split-K partial-sum buffer (``rfactor``'s ``*.rf``
+    intermediates) of a lowered kernel: each element must be written exactly once over the whole grid,
+    nothing outside the allocation (:func:`~kdsl.codegen.tvm.store_check.cover_problems`; a tile's write-back
+    past the output's end once overwrote the next slice's sums). Empty when every one is an exact cover."""
+    _, declared = _launches(host)
+    problems = []
+    for name, shape, _, allocated in declared.values():
+        if not (allocated and name.endswith(".rf")):
+            continue
+        try:
+            writers = [func for func in device.functions.values() if store_indices(func, name).size]
+            if not writers:
+                problems.append(f"{name}: no kernel writes the partial sums")
+            for func in writers:
+                problems.extend(cover_problems(func, name, prod(shape)))
+        except LoweringError as error:  # stores the check cannot evaluate: not shown safe, so not used
+            problems.append(f"{name}: {error}")
+    return problems
+
+
 #: smaller variants of a configuration tried at its level before stepping down one: a shorter reduction
 #: chunk, then smaller block tiles shrink the shared tiles and the register tile (conv1d's 32-deep chunk
 #: stages 100 KB, an 8-deep one 25 KB; operators whose input region is not row-aligned need small tiles)
@@ -155,6 +179,10 @@ def schedule_verified(
             failures.append(f"{current.level}: {error_reason(error)}")
             continue
         bad = verify(device, gpu)
+        overlaps = partial_sum_problems(host, device)
+        if overlaps:  # a split-K whose partial sums are not written exactly once: never used, however fast
+            failures.append(f"{current.level}: {'; '.join(overlaps)}")
+            continue
         if not bad and not _unbound(host):
             dropped = [n for n, rule in report if rule == "plain" and space.blocks[n].reduced]
             if not dropped or current.level == "plain":
