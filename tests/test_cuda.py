@@ -145,7 +145,6 @@ def test_contractions_get_the_gemm_schedule_at_every_layer(name):
         )
         # split-K fills the SMs, tiles that run past the output's end included (their write-back is guarded)
         assert tiles.blocks >= gpu.sms, f"{label}: {tiles.blocks} blocks, {gpu.sms} SMs"
-        assert not ragged or name != "matmul" or label in ("conv2_x", "conv3_x") or tiles.split > 1, label
         if tiles.split > 1:
             # TVM names rfactor's buffer "stage0.rf" (the source's pointer is stage0_rf_ptr)
             assert len(launch_plan.launches) == 2 and launch_plan.intermediates == ["stage0.rf"]

@@ -33,6 +33,8 @@ from dataclasses import replace
 from math import prod
 from typing import Any
 
+import numpy as np
+
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.lowering import Lowered, lower
 from kdsl.codegen.tvm.store_check import cover_problems, store_indices
@@ -111,22 +113,26 @@ def _unbound(host: Any) -> bool:
     return bool(found)
 
 
-def partial_sum_problems(host: Any, device: Any) -> list[str]:
+def partial_sum_problems(scheduled: Any, device: Any) -> list[str]:
     """What is wrong with the stores into every split-K partial-sum buffer (``rfactor``'s ``*.rf``
-    intermediates) of a lowered kernel: each element must be written exactly once over the whole grid,
-    nothing outside the allocation (:func:`~kdsl.codegen.tvm.store_check.cover_problems`; a tile's write-back
-    past the output's end once overwrote the next slice's sums). Empty when every one is an exact cover."""
-    _, declared = _launches(host)
+    intermediates) of a kernel, ``scheduled`` (its schedule's module) lowered to ``device``: each element of
+    the buffer's logical shape must be written exactly once over the whole grid and nothing past it
+    (:func:`~kdsl.codegen.tvm.store_check.cover_problems`; a tile's write-back past the output's end once
+    overwrote the next slice's sums). TVM may give the buffer a larger allocation that other intermediates
+    share, so the shape is the scheduled module's, not the host's. Empty when every one is an exact cover."""
     problems = []
-    for name, shape, _, allocated in declared.values():
-        if not (allocated and name.endswith(".rf")):
+    for buffer in scheduled["main"].body.block.alloc_buffers:
+        if not buffer.name.endswith(".rf"):
             continue
+        name, size = buffer.name, prod(int(d) for d in buffer.shape)
         try:
-            writers = [func for func in device.functions.values() if store_indices(func, name).size]
-            if not writers:
-                problems.append(f"{name}: no kernel writes the partial sums")
-            for func in writers:
-                problems.extend(cover_problems(func, name, prod(shape)))
+            # the write-back of the slices' register tiles (the cache_write of rfactor's block, "<name>_local"): in
+            # the same allocation, other kernels may store other intermediates
+            stores = [store_indices(func, name, f"{name}_local") for func in device.functions.values()]
+            written = [indices for indices in stores if indices.size]
+            if len(written) != 1:
+                problems.append(f"{name}: {len(written)} kernels write the partial sums back, not one")
+            problems.extend(cover_problems(np.concatenate(stores), name, size))
         except LoweringError as error:  # stores the check cannot evaluate: not shown safe, so not used
             problems.append(f"{name}: {error}")
     return problems
@@ -179,7 +185,7 @@ def schedule_verified(
             failures.append(f"{current.level}: {error_reason(error)}")
             continue
         bad = verify(device, gpu)
-        overlaps = partial_sum_problems(host, device)
+        overlaps = partial_sum_problems(sch.mod, device)
         if overlaps:  # a split-K whose partial sums are not written exactly once: never used, however fast
             failures.append(f"{current.level}: {'; '.join(overlaps)}")
             continue

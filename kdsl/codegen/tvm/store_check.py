@@ -22,8 +22,10 @@ race between the threads (or a slice's overwrite), one never written is read uns
 ...         with T.launch_thread("threadIdx.x", 32) as tx:
 ...             if bx * 32 + tx < 49:
 ...                 a[bx * 32 + tx] = T.float32(0)
->>> store_indices(tail, "a").size, cover_problems(tail, "a", 49)
+>>> store_indices(tail, "a").size, cover_problems(store_indices(tail, "a"), "a", 49)
 (49, [])
+>>> cover_problems(store_indices(tail, "a"), "a", 40)  # as if the buffer were 40 long
+['a: 9 stores outside its 40 elements (indices 40..48)']
 """
 
 from __future__ import annotations
@@ -44,21 +46,25 @@ __all__ = ["MAX_POINTS", "cover_problems", "store_indices"]
 MAX_POINTS = 1 << 25
 
 
-def store_indices(func: Any, buffer: str) -> np.ndarray:
+def store_indices(func: Any, buffer: str, value_from: str | None = None) -> np.ndarray:
     """The flat index of every store into ``buffer`` (its name, ``.`` read as ``_``) that kernel ``func``
-    executes, over its whole grid, guards applied: one entry per executed store (repeats are kept)."""
-    walker = _Walker(func, {buffer, buffer.replace(".", "_")})
+    executes, over its whole grid, guards applied: one entry per executed store (repeats are kept).
+
+    ``value_from``: only the stores of a value loaded from that buffer (a register tile's write-back). TVM
+    may place several intermediates in one allocation under one name (they live in different kernels), so
+    the name alone does not say which buffer a store is to."""
+    walker = _Walker(func, _spellings(buffer), _spellings(value_from) if value_from else None)
     walker.stmt(func.body, np.bool_(True), 0)
     if not walker.found:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(walker.found)
 
 
-def cover_problems(func: Any, buffer: str, size: int) -> list[str]:
-    """What is wrong with kernel ``func``'s stores into ``buffer`` of ``size`` elements, taken as a buffer
-    that it writes once per element (a split-K kernel's partial sums): writes outside ``[0, size)``,
-    elements written more than once, elements never written. Empty when the stores are an exact cover."""
-    indices = store_indices(func, buffer)
+def cover_problems(indices: np.ndarray, buffer: str, size: int) -> list[str]:
+    """What is wrong with the stores at ``indices`` (:func:`store_indices`) into ``buffer`` of ``size``
+    elements, a buffer meant to be written once per element (a split-K kernel's partial sums): writes
+    outside ``[0, size)``, elements written more than once, elements never written. Empty when the stores
+    are an exact cover."""
     problems = []
     outside = indices[(indices < 0) | (indices >= size)]
     if outside.size:
@@ -84,9 +90,10 @@ class _Walker:
     ``d`` (a launch dimension or loop) is ``arange(extent)`` on array axis ``-(d + 1)``, so that values of
     enclosing and enclosed variables broadcast against each other."""
 
-    def __init__(self, func: Any, names: set[str]) -> None:
+    def __init__(self, func: Any, names: set[str], sources: set[str] | None) -> None:
         self.tvm = load_tvm()
         self.names = names
+        self.sources = sources
         self.env: dict[Any, Any] = {}
         self.lets: dict[Any, Any] = {}
         self.found: list[np.ndarray] = []
@@ -98,7 +105,11 @@ class _Walker:
         if key not in self.paths:
             tirx = self.tvm.tirx
             if isinstance(node, tirx.BufferStore):
-                hit = node.buffer.name in self.names
+                hit = node.buffer.name in self.names and (
+                    self.sources is None
+                    # a load is a TensorLoad in TVM 0.27, its buffer the ``source``
+                    or getattr(getattr(node.value, "source", None), "name", None) in self.sources
+                )
             elif isinstance(node, tirx.SeqStmt):
                 hit = any([self.reaches(child) for child in node.seq])
             elif isinstance(node, tirx.IfThenElse):
@@ -139,7 +150,7 @@ class _Walker:
             self.stmt(node.then_case, mask & condition, depth)
             if node.else_case is not None:
                 self.stmt(node.else_case, mask & ~condition, depth)
-        elif isinstance(node, tirx.BufferStore):
+        elif isinstance(node, tirx.BufferStore):  # reaches(): one into the buffer, of a value from the source
             self.store(node, mask, depth)
         else:
             raise LoweringError(f"store check: no rule for {type(node).__name__} on the way to a store")
@@ -179,6 +190,11 @@ class _Walker:
             if isinstance(node, getattr(tirx, kind)):
                 return rule(self.expr(node.a), self.expr(node.b))
         raise LoweringError(f"store check: no rule for the expression {node} ({type(node).__name__})")
+
+
+def _spellings(name: str) -> set[str]:
+    """A buffer's name as TIR and the CUDA source spell it (``stage0.rf`` is ``stage0_rf`` once lowered)."""
+    return {name, name.replace(".", "_")}
 
 
 def _truncdiv(a: Any, b: Any) -> Any:
