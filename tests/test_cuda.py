@@ -37,7 +37,7 @@ from kdsl.runtime.cuda_launch import (
 
 backend("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
-from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, _axes_split, contraction_tiles  # noqa: E402
+from kdsl.codegen.tvm.gpu_schedule import MIN_SLICE, GpuConfig, GpuSpace, contraction_tiles  # noqa: E402
 from kdsl.codegen.tvm.lowering import lower  # noqa: E402
 from kdsl.runtime import gpu as gpu_description  # noqa: E402
 
@@ -139,10 +139,6 @@ def test_contractions_get_the_gemm_schedule_at_every_layer(name):
         assert (tiles.reg_d, tiles.reg_o) != (1, 1) and tiles.threads <= gpu.max_threads_per_block
         first = launch_plan.launches[0]
         assert (first.grid[0], prod(first.block)) == (tiles.blocks, tiles.threads), label
-        ragged = any(
-            extent % tile
-            for extent, tile in zip(space_extents(space), (tiles.t_d * tiles.reg_d, tiles.t_o * tiles.reg_o))
-        )
         # split-K fills the SMs, tiles that run past the output's end included (their write-back is guarded)
         assert tiles.blocks >= gpu.sms, f"{label}: {tiles.blocks} blocks, {gpu.sms} SMs"
         if tiles.split > 1:
@@ -370,14 +366,6 @@ def test_gpu_check_builds_bundles_and_dry_runs_them_without_tvm(tmp_path):
     dry = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "planned 9 of 9 bundles" in dry.stdout and "9 bundles in 1 NVRTC compiles" in dry.stdout
-
-
-def space_extents(space: GpuSpace) -> tuple[int, int]:
-    """The data and weight-only output extents of a space's first reduction stage."""
-    info = space.blocks["stage0"]
-    data, weight, _ = _axes_split(info)
-    extents = [extent for _, extent in info.spatial]
-    return prod(extents[i] for i in data), prod(extents[i] for i in weight) if weight else 1
 
 
 def test_split_k_also_where_the_tiles_do_not_divide_the_output():

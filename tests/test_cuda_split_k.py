@@ -65,7 +65,7 @@ def test_ragged_split_k_writes_each_partial_sum_exactly_once(name, layer):
     tiles = ragged_tiles(space, used)
     [rf] = [b for b in scheduled["main"].body.block.alloc_buffers if b.name.endswith(".rf")]
     assert int(rf.shape[0]) == tiles.split
-    stores = [store_indices(func, rf.name, f"{rf.name}_local") for func in device.functions.values()]
+    stores = [store_indices(func, None, f"{rf.name}_local") for func in device.functions.values()]
     writes = np.sort(np.concatenate(stores))
     assert np.array_equal(writes, np.arange(prod(int(d) for d in rf.shape))), f"{name} {layer}: not an exact cover"
     assert cuda.partial_sum_problems(scheduled, device) == []
@@ -80,7 +80,7 @@ def _unguarded(guard: bool):
     @T.prim_func(s_tir=True)
     def write_back(rf_ptr: T.handle("float32", "global")):
         rf = T.decl_buffer((98,), data=rf_ptr)
-        with T.launch_thread("blockIdx.x", 4) as bx:
+        with T.launch_thread("blockIdx.x", 4) as bx:  # noqa: SIM117 (TVMScript's launch scopes)
             with T.launch_thread("threadIdx.x", 32) as tx:
                 position: T.let[T.int32] = bx % 2 * 32 + tx
                 if position < 49 or not guard:
@@ -97,7 +97,9 @@ def test_store_check_fails_on_the_old_unguarded_write_back():
         "rf: 15 elements written more than once (element 49: 2 times)",
     ]
     assert cover_problems(store_indices(_unguarded(True), "rf"), "rf", 98) == []
-    assert cover_problems(store_indices(_unguarded(True), "rf"), "rf", 100) == ["rf: 2 elements never written (element 98)"]
+    assert cover_problems(store_indices(_unguarded(True), "rf"), "rf", 100) == [
+        "rf: 2 elements never written (element 98)"
+    ]
 
 
 @pytest.mark.parametrize(("name", "layer"), [("matmul", "conv5_x"), ("conv1d", "conv5_x"), ("linear", "conv5_x")])

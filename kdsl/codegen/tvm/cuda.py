@@ -126,9 +126,9 @@ def partial_sum_problems(scheduled: Any, device: Any) -> list[str]:
             continue
         name, size = buffer.name, prod(int(d) for d in buffer.shape)
         try:
-            # the write-back of the slices' register tiles (the cache_write of rfactor's block, "<name>_local"): in
-            # the same allocation, other kernels may store other intermediates
-            stores = [store_indices(func, name, f"{name}_local") for func in device.functions.values()]
+            # the write-back of the slices' register tiles (the cache_write of rfactor's block, "<name>_local"), by
+            # its source: TVM shares one allocation between intermediates of different kernels under one name
+            stores = [store_indices(func, None, f"{name}_local") for func in device.functions.values()]
             written = [indices for indices in stores if indices.size]
             if len(written) != 1:
                 problems.append(f"{name}: {len(written)} kernels write the partial sums back, not one")

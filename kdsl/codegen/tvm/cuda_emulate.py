@@ -20,7 +20,6 @@ array([512., 512., 512.], dtype=float32)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 

@@ -16,7 +16,11 @@ below bind every stage, sized from the GPU's description (:mod:`kdsl.runtime.gpu
   chunk loop; a zero-padded input is inlined into that copy), weight tiles padded so that threads along
   ``Cout`` do not hit the same banks; the chunk and the window are unrolled. When the grid would not fill
   the GPU's SMs, the reduction is split (**split-K**, ``rfactor``): each slice's blocks write partial sums
-  to an intermediate and a second, plain kernel adds them (no atomics, deterministic). A layout copy after
+  to an intermediate and a second, plain kernel adds them (no atomics, deterministic). The write-back of
+  a slice's register tile is guarded where the tiles run past the output's end (the cache of partial sums
+  is made before the loops are tiled, so that TVM bounds it by the output, not by the tiles), and
+  :func:`kdsl.codegen.tvm.cuda.schedule_verified` refuses a split kernel unless its stores, evaluated for
+  every block and thread (:mod:`kdsl.codegen.tvm.store_check`), write each partial sum exactly once. A layout copy after
   the stage (conv2d's NHWC accumulator to NCHW) is folded into the register write-back.
 * **other stages** (element-wise maps, blends, copies, zero-padded copies): all loops fused, split by
   the threads per block, bound. Zero-padded copies and element-wise stages are first inlined into
@@ -284,9 +288,11 @@ class GpuSpace:
             final = block
             block = sch.rfactor(k_split, 0)
             reduce_extents[0] //= tiles.split
-            # the partial sums' register tile and its write-back made now, while the rfactor block's loops are
-            # still its whole domain: the write-back block then spans exactly the intermediate's shape, and
-            # reverse_compute_at below guards the tile's positions past the output's end (see _GUARDED_SPLIT)
+            # the partial sums' register tile and its write-back made now, while the rfactor block's loops are still
+            # its whole domain: the write-back block then spans the intermediate's shape, and reverse_compute_at
+            # below guards a tile's positions past the output's end. Made after the tiling (as before), TVM sized
+            # it by the tiles where its analyzer could not bound them (conv1d at conv5_x: 64 positions for 49),
+            # unguarded, and the overflow overwrote the next slice's sums (wrong once on an H200)
             rf_write = sch.cache_write(block, 0, "local")
             thread = self._plain_block(sch, final, count, config)
             # its sum in a register, written once: a complete write-back block that a following copy (conv2d's

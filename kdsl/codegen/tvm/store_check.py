@@ -46,14 +46,17 @@ __all__ = ["MAX_POINTS", "cover_problems", "store_indices"]
 MAX_POINTS = 1 << 25
 
 
-def store_indices(func: Any, buffer: str, value_from: str | None = None) -> np.ndarray:
-    """The flat index of every store into ``buffer`` (its name, ``.`` read as ``_``) that kernel ``func``
-    executes, over its whole grid, guards applied: one entry per executed store (repeats are kept).
+def store_indices(func: Any, buffer: str | None, value_from: str | None = None) -> np.ndarray:
+    """The flat index of every store into ``buffer`` (its name, ``.`` read as ``_``; ``None``: any buffer)
+    that kernel ``func`` executes, over its whole grid, guards applied: one entry per executed store
+    (repeats are kept).
 
     ``value_from``: only the stores of a value loaded from that buffer (a register tile's write-back). TVM
-    may place several intermediates in one allocation under one name (they live in different kernels), so
-    the name alone does not say which buffer a store is to."""
-    walker = _Walker(func, _spellings(buffer), _spellings(value_from) if value_from else None)
+    places intermediates of different kernels in one allocation under one of their names, so in a kernel
+    the name of the buffer stored to need not be the intermediate's own."""
+    if buffer is None and value_from is None:
+        raise LoweringError("store check: name the buffer stored to, the buffer whose values are stored, or both")
+    walker = _Walker(func, _spellings(buffer) if buffer else None, _spellings(value_from) if value_from else None)
     walker.stmt(func.body, np.bool_(True), 0)
     if not walker.found:
         return np.zeros(0, dtype=np.int64)
@@ -90,7 +93,7 @@ class _Walker:
     ``d`` (a launch dimension or loop) is ``arange(extent)`` on array axis ``-(d + 1)``, so that values of
     enclosing and enclosed variables broadcast against each other."""
 
-    def __init__(self, func: Any, names: set[str], sources: set[str] | None) -> None:
+    def __init__(self, func: Any, names: set[str] | None, sources: set[str] | None) -> None:
         self.tvm = load_tvm()
         self.names = names
         self.sources = sources
@@ -105,7 +108,7 @@ class _Walker:
         if key not in self.paths:
             tirx = self.tvm.tirx
             if isinstance(node, tirx.BufferStore):
-                hit = node.buffer.name in self.names and (
+                hit = (self.names is None or node.buffer.name in self.names) and (
                     self.sources is None
                     # a load is a TensorLoad in TVM 0.27, its buffer the ``source``
                     or getattr(getattr(node.value, "source", None), "name", None) in self.sources
@@ -129,8 +132,9 @@ class _Walker:
             for child in node.seq:
                 self.stmt(child, mask, depth)
         elif isinstance(node, (tirx.Bind, tirx.LetStmt)):
-            # bindings come before their uses; in TVM 0.27 a binding is flat (in force for the rest of its sequence). Evaluated
-            # when first used: a binding that no store needs may read memory, which this check cannot evaluate
+            # bindings come before their uses; in TVM 0.27 a binding is flat (in force for the rest of its
+            # sequence). Evaluated when first used: a binding that no store needs may read memory, which this
+            # check cannot evaluate
             self.lets[node.var] = node.value
             body = getattr(node, "body", None)  # a LetStmt of older TVMs scopes a body
             if body is not None:
