@@ -13,6 +13,7 @@ from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.codegen import reference
+from kdsl.lang.errors import KdslError
 
 backend("tvm")
 cuda = pytest.importorskip("kdsl.codegen.tvm.cuda")
@@ -132,3 +133,25 @@ def _shapes(op, binding) -> list[tuple[int, ...]]:
     out = [*(tuple(s) for s in shapes.inputs), *(tuple(s) for s in shapes.weights)]
     assert all(out), out
     return out
+
+
+def test_schedule_verified_refuses_split_kernels_that_the_store_check_rejects(monkeypatch):
+    """The gate: a candidate whose partial sums the check rejects is not used, however well it verifies."""
+    refused = []
+
+    def reject(scheduled, device):
+        names = [b.name for b in scheduled["main"].body.block.alloc_buffers if b.name.endswith(".rf")]
+        refused.extend(names)
+        return [f"{name}: rejected by the test" for name in names]
+
+    monkeypatch.setattr(cuda, "partial_sum_problems", reject)
+    lowered = lower(gallery.load("matmul"), binding_of("matmul", "conv5_x"))
+    sch, _, _, used, _ = cuda.schedule_verified(lowered, GPU, None, cuda.cuda_target("sm_90"))
+    assert refused, "the default at conv5_x splits K: the check must have been asked"
+    assert not [b for b in sch.mod["main"].body.block.alloc_buffers if b.name.endswith(".rf")]
+    assert used != GpuSpace(lowered, GPU).heuristic()
+
+
+def test_store_check_needs_a_buffer_to_look_for():
+    with pytest.raises(KdslError, match="name the buffer"):
+        store_indices(_unguarded(True), None)
