@@ -105,7 +105,7 @@ def test_every_gallery_operator_gets_verified_cuda(name):
     assert all(rule in ("inlined", "shared", "tiled", "plain") for _, rule in bundle["schedule"])
 
 
-@pytest.mark.parametrize("name", ["conv2d", "matmul", "squeeze_excitation"])
+@pytest.mark.parametrize("name", ["conv2d", "matmul", "squeeze_excitation", "conv1d", "linear"])
 def test_every_layer_verifies(name):
     for _, binding in layers(name)[:-1]:
         check_bundle(cuda.cuda_bundle(gallery.load(name), binding))

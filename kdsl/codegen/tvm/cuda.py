@@ -169,7 +169,8 @@ def schedule_verified(
 ) -> tuple[Any, Any, Any, GpuConfig, list[tuple[str, str]]]:
     """The GPU schedule of ``lowered`` at ``config`` (default: the heuristic), or else the first of its
     :func:`candidates` (smaller tiles, then a rule level down, :data:`~kdsl.codegen.tvm.gpu_schedule.LEVELS`)
-    that TVM's GPU verification passes: ``(schedule, host module, device module, the config used, report)``."""
+    that TVM's GPU verification passes and whose split-K partial sums are each written exactly once
+    (:func:`partial_sum_problems`): ``(schedule, host module, device module, the config used, report)``."""
     space = GpuSpace(lowered, gpu)
     target = target or cuda_target(gpu.arch if gpu.arch in ("sm_80", "sm_86", "sm_89", "sm_90") else DEFAULT_ARCH)
     failures = []
