@@ -147,6 +147,8 @@ class _Walker:
                 depth += 1
             self.stmt(node.body, mask, depth)
         elif isinstance(node, tirx.For):
+            if node.step is not None and not (isinstance(node.step, tirx.IntImm) and node.step.value == 1):
+                raise LoweringError(f"store check: loop {node.loop_var.name} has a step of {node.step}")
             self.env[node.loop_var] = self.axis(int(node.extent), int(node.min), depth)
             self.stmt(node.body, mask, depth + 1)
         elif isinstance(node, tirx.IfThenElse):
