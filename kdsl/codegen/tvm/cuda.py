@@ -30,10 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from math import prod
 from typing import Any
+
+import numpy as np
 
 from kdsl.codegen.tvm.gpu_schedule import GpuConfig, GpuSpace
 from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.store_check import cover_problems, store_indices
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
@@ -48,6 +52,7 @@ __all__ = [
     "cuda_source",
     "cuda_target",
     "lower_to_device",
+    "partial_sum_problems",
     "schedule_verified",
 ]
 
@@ -108,6 +113,31 @@ def _unbound(host: Any) -> bool:
     return bool(found)
 
 
+def partial_sum_problems(scheduled: Any, device: Any) -> list[str]:
+    """What is wrong with the stores into every split-K partial-sum buffer (``rfactor``'s ``*.rf``
+    intermediates) of a kernel, ``scheduled`` (its schedule's module) lowered to ``device``: each element of
+    the buffer's logical shape must be written exactly once over the whole grid and nothing past it
+    (:func:`~kdsl.codegen.tvm.store_check.cover_problems`; a tile's write-back past the output's end once
+    overwrote the next slice's sums). TVM may give the buffer a larger allocation that other intermediates
+    share, so the shape is the scheduled module's, not the host's. Empty when every one is an exact cover."""
+    problems = []
+    for buffer in scheduled["main"].body.block.alloc_buffers:
+        if not buffer.name.endswith(".rf"):
+            continue
+        name, size = buffer.name, prod(int(d) for d in buffer.shape)
+        try:
+            # the write-back of the slices' register tiles (the cache_write of rfactor's block, "<name>_local"), by
+            # its source: TVM shares one allocation between intermediates of different kernels under one name
+            stores = [store_indices(func, None, f"{name}_local") for func in device.functions.values()]
+            written = [indices for indices in stores if indices.size]
+            if len(written) != 1:
+                problems.append(f"{name}: {len(written)} kernels write the partial sums back, not one")
+            problems.extend(cover_problems(np.concatenate(stores), name, size))
+        except LoweringError as error:  # stores the check cannot evaluate: not shown safe, so not used
+            problems.append(f"{name}: {error}")
+    return problems
+
+
 #: smaller variants of a configuration tried at its level before stepping down one: a shorter reduction
 #: chunk, then smaller block tiles shrink the shared tiles and the register tile (conv1d's 32-deep chunk
 #: stages 100 KB, an 8-deep one 25 KB; operators whose input region is not row-aligned need small tiles)
@@ -139,7 +169,8 @@ def schedule_verified(
 ) -> tuple[Any, Any, Any, GpuConfig, list[tuple[str, str]]]:
     """The GPU schedule of ``lowered`` at ``config`` (default: the heuristic), or else the first of its
     :func:`candidates` (smaller tiles, then a rule level down, :data:`~kdsl.codegen.tvm.gpu_schedule.LEVELS`)
-    that TVM's GPU verification passes: ``(schedule, host module, device module, the config used, report)``."""
+    that TVM's GPU verification passes and whose split-K partial sums are each written exactly once
+    (:func:`partial_sum_problems`): ``(schedule, host module, device module, the config used, report)``."""
     space = GpuSpace(lowered, gpu)
     target = target or cuda_target(gpu.arch if gpu.arch in ("sm_80", "sm_86", "sm_89", "sm_90") else DEFAULT_ARCH)
     failures = []
@@ -155,6 +186,10 @@ def schedule_verified(
             failures.append(f"{current.level}: {error_reason(error)}")
             continue
         bad = verify(device, gpu)
+        overlaps = partial_sum_problems(sch.mod, device)
+        if overlaps:  # a split-K whose partial sums are not written exactly once: never used, however fast
+            failures.append(f"{current.level}: {'; '.join(overlaps)}")
+            continue
         if not bad and not _unbound(host):
             dropped = [n for n, rule in report if rule == "plain" and space.blocks[n].reduced]
             if not dropped or current.level == "plain":

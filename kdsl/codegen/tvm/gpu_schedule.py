@@ -16,7 +16,11 @@ below bind every stage, sized from the GPU's description (:mod:`kdsl.runtime.gpu
   chunk loop; a zero-padded input is inlined into that copy), weight tiles padded so that threads along
   ``Cout`` do not hit the same banks; the chunk and the window are unrolled. When the grid would not fill
   the GPU's SMs, the reduction is split (**split-K**, ``rfactor``): each slice's blocks write partial sums
-  to an intermediate and a second, plain kernel adds them (no atomics, deterministic). A layout copy after
+  to an intermediate and a second, plain kernel adds them (no atomics, deterministic). The write-back of
+  a slice's register tile is guarded where the tiles run past the output's end (the cache of partial sums
+  is made before the loops are tiled, so that TVM bounds it by the output, not by the tiles), and
+  :func:`kdsl.codegen.tvm.cuda.schedule_verified` refuses a split kernel unless its stores, evaluated for
+  every block and thread (:mod:`kdsl.codegen.tvm.store_check`), write each partial sum exactly once. A layout copy after
   the stage (conv2d's NHWC accumulator to NCHW) is folded into the register write-back.
 * **other stages** (element-wise maps, blends, copies, zero-padded copies): all loops fused, split by
   the threads per block, bound. Zero-padded copies and element-wise stages are first inlined into
@@ -114,10 +118,18 @@ class GpuSpace:
     CHUNKS = (4, 8, 16, 32, 64)
     SPLIT_K = (0, 0, 0, 1, 2, 4, 8, 16, 32)  # 0: automatic (fill the SMs), weighted as the default
 
-    def __init__(self, lowered: Lowered, gpu: Gpu | None = None) -> None:
+    def __init__(self, lowered: Lowered, gpu: Gpu | None = None, *, bound: bool = True) -> None:
         self.lowered = lowered
         self.gpu = gpu or from_arch()
         self.blocks = {b.name: b for b in analyze(lowered)}
+        #: ``False``: every loop that the schedule would bind to a block or thread index stays a serial loop,
+        #: all else (splits, rfactor, caches, guards) the same, so that the schedule compiles for a CPU: the
+        #: GPU kernels' arithmetic emulated there (:mod:`kdsl.codegen.tvm.cuda_emulate`)
+        self.bound = bound
+
+    def _bind(self, sch: Any, loop: Any, tag: str) -> None:
+        if self.bound:
+            sch.bind(loop, tag)
 
     def heuristic(self) -> GpuConfig:
         """The default: 256 threads (8 warps: enough to hide latency, few enough that a thread may keep a
@@ -233,8 +245,8 @@ class GpuSpace:
         extent = prod(e for _, e in self.blocks[name].spatial) or 1
         threads = min(config.plain_threads, self.gpu.max_threads_per_block, max(32, -(-extent // 32) * 32))
         outer, inner = sch.split(fused, [None, threads])
-        sch.bind(outer, "blockIdx.x")
-        sch.bind(inner, "threadIdx.x")
+        self._bind(sch, outer, "blockIdx.x")
+        self._bind(sch, inner, "threadIdx.x")
 
     def tiles(self, name: str, config: GpuConfig) -> Tiles:
         """The tile sizes of reduction stage ``name`` at ``config`` (:func:`contraction_tiles`)."""
@@ -267,7 +279,7 @@ class GpuSpace:
         has_weight = bool(weight_axes)
         reduce_extents = [extent for _, extent in info.reduced]
 
-        split_loop = None
+        split_loop = rf_write = None
         if tiles.split > 1:
             # split-K: the reduction's outermost axis cut in `split` slices, each summed by its own blocks into a
             # slice of an intermediate (rfactor); a second, plain kernel adds the slices (no atomics, deterministic)
@@ -276,6 +288,12 @@ class GpuSpace:
             final = block
             block = sch.rfactor(k_split, 0)
             reduce_extents[0] //= tiles.split
+            # the partial sums' register tile and its write-back made now, while the rfactor block's loops are still
+            # its whole domain: the write-back block then spans the intermediate's shape, and reverse_compute_at
+            # below guards a tile's positions past the output's end. Made after the tiling (as before), TVM sized
+            # it by the tiles where its analyzer could not bound them (conv1d at conv5_x: 64 positions for 49),
+            # unguarded, and the overflow overwrote the next slice's sums (wrong once on an H200)
+            rf_write = sch.cache_write(block, 0, "local")
             thread = self._plain_block(sch, final, count, config)
             # its sum in a register, written once: a complete write-back block that a following copy (conv2d's
             # NHWC -> NCHW output) can be folded into
@@ -316,9 +334,9 @@ class GpuSpace:
         sch.reorder(*order, *threads_loops, r_outer, r_inner, *reduce_loops[1:], *regs)
         bx = sch.fuse(*order) if len(order) > 1 else order[0]
         tx = sch.fuse(*threads_loops) if len(threads_loops) > 1 else threads_loops[0]
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        write = sch.cache_write(block, 0, "local")
+        self._bind(sch, bx, "blockIdx.x")
+        self._bind(sch, tx, "threadIdx.x")
+        write = rf_write if split_loop is not None else sch.cache_write(block, 0, "local")
         sch.reverse_compute_at(write, tx)
         if shared and len(sch.get(block).reads) >= 2:
             names = [region.source.name for region in sch.get(block).reads]
@@ -331,7 +349,7 @@ class GpuSpace:
                 copy_loops = sch.get_loops(copy)[3:]
                 fused = sch.fuse(*copy_loops) if len(copy_loops) > 1 else copy_loops[0]
                 _, inner = sch.split(fused, [None, tiles.threads])
-                sch.bind(inner, "threadIdx.x")
+                self._bind(sch, inner, "threadIdx.x")
                 pad = self._bank_padding(name, buffer)
                 if pad is not None:
                     sch.storage_align(copy, 0, pad, 8, 1)
@@ -365,8 +383,8 @@ class GpuSpace:
         extent = int(sch.get(fused).extent)
         threads = min(config.plain_threads, self.gpu.max_threads_per_block, max(32, -(-extent // 32) * 32))
         outer, inner = sch.split(fused, [None, threads])
-        sch.bind(outer, "blockIdx.x")
-        sch.bind(inner, "threadIdx.x")
+        self._bind(sch, outer, "blockIdx.x")
+        self._bind(sch, inner, "threadIdx.x")
         return inner
 
 
@@ -437,8 +455,8 @@ def contraction_tiles(
     (49, 64, 32, 256, 4)
     >>> t = contraction_tiles(data_extent=49, weight_extent=512, last_data=49, last_weight=512,
     ...                       reduce_extents=[512, 3], config=GpuConfig(), gpu=gpu)  # conv1d: 49 in tiles of 32
-    >>> (t.t_d * t.reg_d, t.split)  # a tile past the output's end: no split-K (its write-back is unguarded)
-    (32, 1)
+    >>> (t.t_d * t.reg_d, t.split, t.blocks)  # tiles past the output's end split too: the write-back is guarded
+    (32, 8, 256)
     """
     t_d, t_o, reg_d, reg_o = _block_tile(data_extent, weight_extent, last_data, last_weight, config, gpu)
     k_outer = reduce_extents[0] if reduce_extents else 1
@@ -463,11 +481,6 @@ def contraction_tiles(
             t_o //= 2
         else:
             break
-    # TVM writes a split-K slice's partial sums back without the tile's bounds guard: where a tile runs past
-    # the output's end, its threads overwrite the next slice's sums (conv1d at conv5_x, 49 positions in tiles
-    # of 32, summed wrong in one of two runs on an H200). Split only where the tiles divide the output.
-    if split > 1 and (data_extent % (t_d * reg_d) or weight_extent % (t_o * reg_o)):
-        split = 1
     # the chunk of the outer reduction axis staged per step: about k_chunk elements with the window, a
     # divisor of the slice so that no step is partial
     slice_extent = k_outer // split
