@@ -243,3 +243,25 @@ def test_the_gallerys_strided_pooling_is_two_avg_pool2d_calls_on_the_data_as_it_
     forward = text.split("def forward")[1]
     assert "F.avg_pool2d(x, (K, 1,), (s, 1,))" in forward and "F.avg_pool2d(x, (1, K,), (1, s,))" in forward
     assert "permute" not in forward and "unfold" not in forward
+
+
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("avg_pool2d_strided", {"N": 2, "Cin": 7, "H": 21, "W": 22, "Ho": 10, "Wo": 10}),  # P3's windows
+        ("conv3d", {"N": 1, "Cin": 16, "Cout": 16, "D": 4, "H": 7, "W": 9}),
+    ],
+)
+def test_the_cuda_bundles_schedule_computes_the_operator_emulated_on_the_cpu(name, layer):
+    """No GPU here: the CUDA bundle's schedule (its recorded config) with its thread loops serial, on LLVM."""
+    from kdsl.codegen.tvm import cuda
+    from kdsl.codegen.tvm.cuda_emulate import emulate
+    from kdsl.codegen.tvm.gpu_schedule import GpuConfig
+
+    op = library.load(name)
+    bundle = cuda.cuda_bundle(op, layer)
+    assert "__global__" in bundle["source"]
+    x, weights = arrays(op, layer, seed=3)
+    arrays32 = [a.astype("float32") for a in (x, *weights)]
+    got = emulate(op, layer, *arrays32, config=GpuConfig(**bundle["config"]))
+    np.testing.assert_allclose(got, reference.run(op, layer, x, weights), rtol=1e-4, atol=1e-3)
