@@ -24,6 +24,7 @@ spent, so the whole run fits its time slot.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import random
@@ -167,6 +168,13 @@ def _torch_module(bundle: dict[str, Any], device: str) -> Any:
     return build_torch(kdsl.parse(bundle["dsl"]), bundle["binding"]).to(device)
 
 
+def _data_inputs(bundle: dict[str, Any]) -> int:
+    """How many of the bundle's inputs are the operator's data inputs (bmm's two, attention's q and k)."""
+    import kdsl
+
+    return len(kdsl.parse(bundle["dsl"]).input_names)
+
+
 def ordered(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The order of the work: conv2d's and matmul's defaults, every other operator's defaults, then the
     conv2d/matmul variants, v00 of every operator and layer, then v01, ...: a run cut short has checked
@@ -197,6 +205,9 @@ def dry_run(bundles: list[dict[str, Any]]) -> list[dict[str, Any]]:
             key = (bundle["dsl"], json.dumps(bundle["binding"], sort_keys=True))
             if key not in modules:
                 modules[key] = _torch_module(bundle, "cpu")
+            arguments = len(inspect.signature(modules[key].forward).parameters)
+            if arguments != _data_inputs(bundle):  # the run calls the module with the data inputs alone
+                raise TypeError(f"the module takes {arguments} inputs, the operator has {_data_inputs(bundle)}")
             row.update(
                 status="planned", kernels=len(launch_plan.launches), intermediates=len(launch_plan.intermediates)
             )
@@ -226,20 +237,21 @@ class References:
         if key in self.cache:
             return self.cache[key]
         module = _torch_module(bundle, "cuda")
+        data = _data_inputs(bundle)  # the operator's data inputs lead the kernel's arguments, weights follow
         gen = torch.Generator(device="cpu").manual_seed(0)
         launch_plan = plan(bundle)
         tensors = [torch.randn(launch_plan.shapes[name], generator=gen).cuda() for name in launch_plan.inputs]
         with torch.no_grad():
-            for param, weight in zip(module.weights, tensors[1:]):
+            for param, weight in zip(module.weights, tensors[data:]):
                 param.copy_(weight.reshape(param.shape))
-            expected = module(tensors[0])
+            expected = module(*tensors[:data])
             native = _native(bundle.get("operator"), tensors, bundle["binding"])
             native_error = None
             if native is not None:  # kdsl's PyTorch module against PyTorch's own function
                 reference = native()
                 if reference.numel() == expected.numel():
                     native_error = _error(reference.reshape(expected.shape), expected)
-        entry = {"tensors": tensors, "expected": expected, "module": module, "native": native}
+        entry = {"tensors": tensors, "data": data, "expected": expected, "module": module, "native": native}
         entry["native_error"] = native_error
         self.cache[key] = entry
         return entry
@@ -248,8 +260,9 @@ class References:
         """The module's and native's milliseconds per call and on the GPU, measured as the kernels are."""
         if "times" not in entry:
             module, tensors, native = entry["module"], entry["tensors"], entry["native"]
+            data = entry["data"]
             with self.torch.no_grad():
-                call = lambda: module(tensors[0])
+                call = lambda: module(*tensors[:data])
                 entry["times"] = {
                     "module_ms": time_cuda(call),
                     "module_gpu_ms": time_cuda(call, gpu_only=True),
