@@ -59,6 +59,7 @@ from kdsl.codegen.tvm.parameters import config_key, primes
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace, neighbours
 from kdsl.lang.errors import LoweringError
+from kdsl.tune.gensor_forms import finish, form_starts
 from kdsl.tune.gensor_model import (
     CACHE_START,
     LEVELS,
@@ -193,6 +194,39 @@ def blocked_order(space: ScheduleSpace, stage: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 
 
+def constructions(
+    space: ScheduleSpace,
+    base: Mapping[str, Any],
+    rng: random.Random,
+    model: Model | None = None,
+    count: int = 24,
+    forms: bool = True,
+) -> list[tuple[float, dict[str, Any]]]:
+    """``count`` level-by-level constructions (:func:`build`) from ``base``'s choices with its tiles undone,
+    completed by :func:`~kdsl.tune.gensor_forms.finish` (weight packing by the built vector tile, cache
+    blocking), with their estimates, best first. With ``forms``, the starts are every vector form of the
+    stages (:func:`~kdsl.tune.gensor_forms.form_starts`: ``base``'s first), taken in turn; half of each
+    form's constructions take the levels' loop order (:func:`blocked_order`), the others keep the start's.
+    Without, every construction starts from ``base``'s form and keeps its loop order.
+
+    >>> from kdsl.lang import library
+    >>> from kdsl.codegen.tvm import lower
+    >>> from kdsl.runtime.cpu import from_features
+    >>> space = ScheduleSpace(lower(library.load("matmul"), {"M": 32, "Cin": 32, "Cout": 32}),
+    ...               machine=from_features("x", {"avx2", "fma"}, cores=2, ghz=3.0))
+    >>> ranked = constructions(space, space.heuristic(), random.Random(0), count=4)
+    >>> len(ranked), ranked[0][0] <= ranked[-1][0]
+    (4, True)
+    """
+    model = model or space_model(space)
+    starts = form_starts(space, untiled(space, base)) if forms else [untiled(space, base)]
+    built = []
+    for i in range(count):
+        blocked = forms and (i // len(starts)) % 2 == 1
+        built.append(finish(space, build(space, starts[i % len(starts)], rng, model, blocked=blocked), model))
+    return sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+
+
 def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> bool:
     """Cheap checks the walk applies before the model: what the space rejects, and the construction's
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
@@ -282,10 +316,12 @@ def signature(space: ScheduleSpace, config: Mapping[str, Any]) -> str:
     for name, value in config.items():
         if ".tile." in name and name.split(".tile.")[0] in reduce:
             kept[name] = tuple(value)[1:]
-        elif name.endswith((".vector", ".cache", ".reductions")):
+        elif name.endswith((".vector", ".cache", ".reductions", ".block", ".lanes", ".spatial_below")):
             kept[name] = value
         elif name.startswith("layout.") and name.endswith(".tile"):
             kept[name] = value != "none"
+        elif name.startswith("layout.") and name.endswith(".perm"):
+            kept[name] = tuple(value) != tuple(sorted(value))  # a permuted (packed) tensor
     return config_key(kept)
 
 
@@ -367,10 +403,7 @@ class Gensor:
         if self.best_measured is not None:
             best = {k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()}
         base = best or heuristic
-        start = untiled(space, base)
-        blocked = [best is None and i % 2 == 1 for i in range(self.constructions)]
-        built = [build(space, start, self.rng, model, blocked=b) for b in blocked]
-        ranked = sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+        ranked = constructions(space, base, self.rng, model, self.constructions, forms=best is None)
         walk_starts = [base] if best is not None else [ranked[0][1]] * max(1, self.walks - 1) + [heuristic]
         walked = [
             sorted(walk(space, s, self.rng, steps=self.steps, model=model), key=lambda cc: cc[0]) for s in walk_starts
