@@ -33,6 +33,12 @@ caching weight doubles per step, the later levels would get almost no step). Our
 lost its formulas' symbols: the forms above follow its prose. Half the constructions also take the
 loop order that the levels describe (:func:`blocked_order`), the others keep the start's.
 
+The forms the paper's actions do not cover -- which axis fills the vector lanes, whether a data input it
+gathers from is packed, partial sums in lanes, cache blocking (``S.block``) -- are chosen from the same
+model by :mod:`kdsl.tune.gensor_forms`: every vector form of a stage starts constructions
+(:func:`constructions`), and each built schedule gets the block of largest benefit at L2 and L3 for its
+own tiles and layer.
+
 The constructions rank by :func:`estimate`, an analytic time of this CPU: per reduction stage the
 largest of its compute time (FMA peak scaled by vector, register-tile and parallel efficiency) and its
 traffic at each cache level, with the peak, cache sizes and bandwidths of the target machine
@@ -223,8 +229,12 @@ def constructions(
     built = []
     for i in range(count):
         blocked = forms and (i // len(starts)) % 2 == 1
-        built.append(finish(space, build(space, starts[i % len(starts)], rng, model, blocked=blocked), model))
-    return sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+        config = finish(space, build(space, starts[i % len(starts)], rng, model, blocked=blocked), model)
+        built.append((estimate(space, config, model), i % len(starts), config))
+    # equal estimates go to base's form: the model ties matmul's two vector axes (M with the data input
+    # transposed, Cout with the weight in panels), and the M form measured 2-4x slower (GMM 1024^3, contended)
+    built.sort(key=lambda ecc: (ecc[0], ecc[1]))
+    return [(cost, config) for cost, _, config in built]
 
 
 def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> bool:
@@ -307,10 +317,10 @@ def untiled(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
 
 def signature(space: ScheduleSpace, config: Mapping[str, Any]) -> str:
     """What tells two proposals apart beyond a near-copy: the reduction stages' L2 and register tiles
-    (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches and ``S.reductions``,
-    and which tensors are packed (not the outer tiles, the loop order, unrolling, nor the layout tile's
-    factor and order: matmul's walks proposed the same schedule with its input packed by 4, 8, 16 and 32,
-    all within noise of each other)."""
+    (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches, ``S.reductions``,
+    ``S.block``, ``S.lanes`` and ``S.spatial_below``, and which tensors are packed or permuted (not the
+    outer tiles, the loop order, unrolling, nor the layout tile's factor: matmul's walks proposed the same
+    schedule with its input packed by 4, 8, 16 and 32, all within noise of each other)."""
     reduce = {s.name for s in space.stages if s.kind == "reduce"}
     kept: dict[str, Any] = {}
     for name, value in config.items():
@@ -391,12 +401,13 @@ class Gensor:
         """Fill the pool. Before any measurement: the rule-based schedule first (the model ranks it below
         states that measure up to 2x slower: conv2d conv3_x, 2.1 ms picks against 1.1 ms), then, in the
         order of their estimates and one per :func:`signature` first, the level-by-level constructions
-        from the rule-based schedule's choices (vector axis, layouts, unrolling: the paper's actions do
-        not choose those, and a construction from the unscheduled program vectorizes the first axis, a
-        gather in both bench cases) with its tiles undone, then annealed walks from the best
-        construction and from the rule-based schedule. After a measurement: the Markov chain's next
-        states from the best measured schedule (:func:`steps_from`: every tiling move at every level that
-        passes the memory check), constructions from its choices, and a walk from it."""
+        (:func:`constructions`) from every vector form of the stages (the rule-based one's first; the
+        others: each axis on the lanes with or without packing the data input it gathers from, partial
+        sums in lanes) with the other choices the rule-based schedule's (unrolling, pads) and its tiles
+        undone, each with its own cache blocking, then annealed walks from the best construction and from
+        the rule-based schedule. After a measurement: the Markov chain's next states from the best
+        measured schedule (:func:`steps_from`: every tiling move at every level that passes the memory
+        check), constructions from its choices, and a walk from it."""
         space, model = self.space, self.model
         heuristic = space.heuristic()
         best = None
