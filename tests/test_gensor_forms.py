@@ -189,3 +189,16 @@ def test_a_gemv_space_offers_lanes_to_the_tuners():
     assert name in space.parameters
     assert space.parameters[name].neighbours(True) == [False]
     assert name in Alt(space, seed=0).loops
+
+
+@pytest.mark.parametrize("name", ["conv2d_valid", "alexnet_c1", "max_pool2d", "squeeze_excitation", "attention_qk"])
+def test_constructions_of_other_operators_are_schedules_of_the_space(name):
+    from test_tvm_schedule import LAYERS
+
+    space = ScheduleSpace(lower(gallery.load(name), LAYERS[name][0]), machine=SMALL_L2)
+    for base in (gensor.identity(space), space.heuristic()):
+        space.apply(base)  # the unscheduled program and the rule-based one are configurations of the space
+        ranked = gensor.constructions(space, base, random.Random(0), count=6)
+        assert len(ranked) == 6
+        for _, config in ranked[:2]:
+            space.apply(config)

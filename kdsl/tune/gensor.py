@@ -297,7 +297,8 @@ def identity(space: ScheduleSpace) -> dict[str, Any]:
         if name.endswith(".cache"):
             config[name] = "none"
         if name.endswith(".inline") or name.endswith(".unroll_tile"):
-            config[name] = False
+            # a branching kernel's element-wise stage chooses among names: "none" is its own pass
+            config[name] = False if False in space.parameters[name].choices else "none"
     return config
 
 
