@@ -12,7 +12,7 @@ from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.tune import gensor_model, transfer
-from kdsl.tune.features import FEATURES, config_features
+from kdsl.tune.features import FEATURES, as_applied, config_features
 from kdsl.tune.records import Record, RecordStore, TuneError
 from kdsl.tune.transfer import (
     Prefiltered,
@@ -79,6 +79,35 @@ def test_features_follow_the_configuration_not_the_parameter_names():
     assert scalar_named["vector_fill"] < whole_named["vector_fill"]
 
 
+def test_a_lanes_configuration_is_read_as_the_schedule_that_runs():
+    # S.lanes replaces the stage's tiling: configurations that differ only in the tiling it ignores are one
+    # schedule and must get one set of features; without S.lanes the same tiling changes do change them
+    space = _space("matmul", MATMUL)
+    stage = next(s for s in space.stages if s.kind == "reduce")
+    name = stage.name
+    base = dict(space.heuristic(), **{f"{name}.lanes": False})
+    other = dict(base)
+    other.update({f"{name}.tile.M": (16, 1, 1), f"{name}.cache": "none", f"{name}.unroll": 64})
+    assert config_features(space, base) != config_features(space, other)
+    lanes = [dict(c, **{f"{name}.lanes": True}) for c in (base, other)]
+    assert config_features(space, lanes[0]) == config_features(space, lanes[1])
+    off, on = dict(zip(FEATURES, config_features(space, base))), dict(zip(FEATURES, config_features(space, lanes[0])))
+    model = gensor_model.space_model(space)
+    extent = dict(stage.reduced)[stage.reduced[-1][0]]
+    factor = space._lane_factor(extent)
+    assert on["vector_log_length"] == math.log2(factor) and on["rfactor"] == 1.0
+    assert on["accumulators_over_registers"] == 1 / model.accumulators and on["local_accumulator"] == 0.0
+    assert on["extra_passes"] == off["extra_passes"] + 1  # the lanes' own reduction
+    # one accumulator chain, every operand loaded per step: more loads per MAC than the heuristic's tile
+    assert on["register_loads_per_mac"] > off["register_loads_per_mac"]
+    assert as_applied(space, base) == base  # without S.lanes: the configuration itself
+    # a GEMV's heuristic sums in lanes: measured against itself (both as applied) it is 0
+    gemv = _space("matmul", {"M": 1, "Cin": 64, "Cout": 32})
+    heuristic = gemv.heuristic()
+    assert heuristic[f"{name}.lanes"] is True
+    assert dict(zip(FEATURES, config_features(gemv, heuristic)))["estimate_vs_heuristic"] == 0.0
+
+
 def test_rank_correlation_against_its_definition():
     rng = random.Random(3)
     a = [rng.random() for _ in range(30)]
@@ -126,6 +155,32 @@ def test_leave_one_operator_out_never_trains_on_the_held_out_operator(monkeypatc
         assert tasks[row].operator not in trained_on and len(trained_on) == 2
     # the latencies follow the features the same way on every operator: the held-out ranking is good
     assert min(s.model for s in scores) > 0.5
+
+
+def test_train_on_half_scores_each_task_only_with_models_that_never_saw_its_operator(monkeypatch):
+    rng = random.Random(4)
+    tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b", "c", "d") for i in range(2)]
+    fitted: list[set[str]] = []
+    fit, predict = TransferModel.fit, TransferModel.predict_features
+    seen: list[tuple[set[str], str]] = []
+
+    def spy_fit(self, train):
+        fitted.append({t.operator for t in train})
+        self._spied = fitted[-1]
+        return fit(self, train)
+
+    def spy_predict(self, features):
+        seen.append((self._spied, next(t.operator for t in tasks if t.features is features)))
+        return predict(self, features)
+
+    monkeypatch.setattr(TransferModel, "fit", spy_fit)
+    monkeypatch.setattr(TransferModel, "predict_features", spy_predict)
+    scores = transfer.train_on_half(tasks)
+    assert len(fitted) == 6 and all(len(ops) == 2 for ops in fitted)  # every pair of the 4 operators
+    assert all(operator not in trained_on for trained_on, operator in seen)
+    assert len(seen) == 6 * 4 and sorted(s.task for s in scores) == sorted(t.task for t in tasks)
+    assert min(s.model for s in scores) > 0.5  # the same rule on every operator: ranked well held out
+    assert transfer.train_on_half(tasks[:2]) == []  # one operator: nothing to hold out
 
 
 def test_a_model_of_one_target_refuses_another_targets_tasks():
@@ -298,6 +353,10 @@ def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_pa
     model, analytic, gain = float(summary[3].rstrip(",")), float(summary[5].rstrip(",")), float(summary[7])
     assert abs(model - analytic - gain) < 0.011
     assert analytic > 0.5  # the fake latencies follow the estimate, up to noise
+    assert main(["bench", "costmodel", "--db", str(db), "--split", "half"]) == 0
+    half = capsys.readouterr().out.splitlines()
+    assert len([line for line in half if line.startswith(("matmul ", "conv2d "))]) == 3
+    assert half[-1].startswith("held-out Spearman: model") and half[-1].split()[5] == out[-1].split()[5]
 
 
 def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):

@@ -16,6 +16,8 @@ with the measured latencies is printed beside the analytic estimate's, then one 
     held-out Spearman: model X, analytic Y, gain Z
 
 (means over the held-out tasks). Only this target's records count (``--mcpu`` picks another one).
+``--split half`` scores the stricter way (:func:`~kdsl.tune.transfer.train_on_half`): models trained on
+half the operators rank the other half's tasks.
 
 >>> sorted(LAYERS)
 ['conv1d', 'conv2d', 'depthwise_conv2d', 'dilated_conv2d', 'grouped_conv2d', 'matmul']
@@ -34,7 +36,7 @@ from kdsl.lang import library
 from kdsl.lang.errors import KdslError
 from kdsl.tune.driver import tune
 from kdsl.tune.records import target_mcpu
-from kdsl.tune.transfer import TaskScore, leave_one_operator_out, load_tasks
+from kdsl.tune.transfer import TaskScore, leave_one_operator_out, load_tasks, train_on_half
 
 _CONV_SMALL = {"N": 1, "Cin": 32, "Cout": 32, "H": 16, "W": 16}
 _CONV_MEDIUM = {"N": 1, "Cin": 64, "Cout": 64, "H": 28, "W": 28}
@@ -74,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--db", nargs="+", default=["costmodel.db"], help="records databases (--collect writes the first)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random and OpEvo draws and the trees")
+    parser.add_argument(
+        "--split",
+        choices=["operator", "half"],
+        default="operator",
+        help="score leave-one-operator-out, or with models trained on half the operators (stricter)",
+    )
     bench_target.add_mcpu_argument(parser)
 
 
@@ -123,7 +131,7 @@ def bench_costmodel(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.db, target)
     operators = sorted({t.label for t in tasks})
     print(f"target {target}: {len(tasks)} tasks of {len(operators)} operators ({', '.join(operators)})")
-    scores = leave_one_operator_out(tasks, seed=args.seed)
+    scores = (train_on_half if args.split == "half" else leave_one_operator_out)(tasks, seed=args.seed)
     print(f"{'held-out operator':20} {'layer':44} {'configs':>7} {'model':>6} {'analytic':>8}")
     for score in sorted(scores, key=lambda s: (s.label, _layer_text(s.binding))):
         print(

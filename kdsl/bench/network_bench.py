@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kdsl.bench.argument_types import positive_float, positive_int
 from kdsl.discover.evaluators import check_device
 from kdsl.discover.network import BACKENDS, network_latency
 from kdsl.lang.errors import printable
@@ -84,7 +85,8 @@ def bench_network(args: argparse.Namespace) -> int:
         "tvm: kdsl's TVM kernels (default schedule), the rest PyTorch; ratio to the same network with conv2d "
         "lowered through kdsl's TVM.\n"
         "vs torch: to PyTorch's native original network, timed in the same rounds. ms: median over "
-        "the interleaved rounds; ratio: median of the rounds' ratios; spread: their IQR / median; rounds: "
+        "the interleaved rounds; ratio: median of the rounds' ratios (a time over the other's: below 1 is "
+        "faster); spread: their IQR / median; rounds: "
         f"{args.repeats}, more (up to {max(args.repeats, args.max_repeats)}) while a spread exceeds 0.15.\n"
         "Each backend in its own process (TVM_BIND_THREADS=0 in the TVM one).\n"
     )
@@ -123,7 +125,8 @@ def _load_average() -> float | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``kdsl bench network``."""
+    """The options of ``kdsl bench network``: every count and size is refused below 1 as it is parsed,
+    naming the flag (``--classes 0`` once reached the worker and failed there with a traceback)."""
     parser.add_argument(
         "--ops",
         nargs="+",
@@ -132,18 +135,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gallery names, .dsl/.json files or (with --db) candidate keys; NAME:G=2 overrides a coefficient",
     )
     parser.add_argument("--db", help="a search or discover results database to read candidate keys from")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes")
+    parser.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8], help="batch sizes")
     parser.add_argument(
         "--backends", nargs="+", choices=BACKENDS, help="backends to time (default: all; torch with --device cuda)"
     )
-    parser.add_argument("--threads", type=int, default=2, help="threads of PyTorch and TVM (this machine: 2 cores)")
-    parser.add_argument("--resolution", type=int, default=224, help="input size (224: ImageNet; a multiple of 32)")
-    parser.add_argument("--classes", type=int, default=1000, help="classes of the classifier")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per batch size (at least)")
     parser.add_argument(
-        "--max-repeats", type=int, default=15, help="more rounds, up to this many, while a ratio's spread exceeds 0.15"
+        "--threads", type=positive_int, default=2, help="threads of PyTorch and TVM (this machine: 2 cores)"
     )
-    parser.add_argument("--target", type=float, default=0.3, help="seconds each network runs per round (about)")
+    parser.add_argument(
+        "--resolution", type=positive_int, default=224, help="input size (224: ImageNet; a multiple of 32)"
+    )
+    parser.add_argument("--classes", type=positive_int, default=1000, help="classes of the classifier")
+    parser.add_argument("--repeats", type=positive_int, default=5, help="interleaved rounds per batch size (at least)")
+    parser.add_argument(
+        "--max-repeats",
+        type=positive_int,
+        default=15,
+        help="more rounds, up to this many, while a ratio's spread exceeds 0.15",
+    )
+    parser.add_argument(
+        "--target", type=positive_float, default=0.3, help="seconds each network runs per round (about)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and input")
     parser.add_argument(
         "--device",

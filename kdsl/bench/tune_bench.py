@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cases", nargs="+", choices=["matmul", "conv2d", "syno_op1"], help="the operators to tune (default: all)"
     )
     parser.add_argument("--db", default=None, help="records database (default: a fresh temporary one)")
-    parser.add_argument("--rounds", type=positive_int, default=5, help="alternating re-measurement rounds")
+    parser.add_argument(
+        "--rounds", type=positive_int, default=None, help="alternating re-measurement rounds (default 5, --quick 1)"
+    )
     bench_target.add_mcpu_argument(parser)
 
 
@@ -150,11 +152,20 @@ def _at(curve: list[float], n: int) -> float | None:
     return None if value == float("inf") else value
 
 
+def budgets(args: argparse.Namespace) -> tuple[int, int]:
+    """``(trials, rounds)`` of ``kdsl bench tune``: ``--trials`` and ``--rounds`` where given (an explicit
+    value wins over ``--quick``), else 64 and 5, or 12 and 1 with ``--quick``.
+
+    >>> budgets(argparse.Namespace(trials=None, rounds=3, quick=True))
+    (12, 3)
+    """
+    return args.trials or (12 if args.quick else 64), args.rounds or (1 if args.quick else 5)
+
+
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: every tuner on the bench cases, equal budgets, ratios to PyTorch."""
     bench_target.select_mcpu(args.mcpu)  # before anything compiles or a worker starts: they read KDSL_MCPU
-    trials = args.trials or (12 if args.quick else 64)
-    rounds = 1 if args.quick else args.rounds
+    trials, rounds = budgets(args)
     folder = tempfile.mkdtemp(prefix="kdsl-bench-tune-")
     db = args.db or os.path.join(folder, "tune.db")
     cases = [c for c in bench_cases() if args.cases is None or c[1] in args.cases]

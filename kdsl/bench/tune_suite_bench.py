@@ -89,6 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: the suite of ``--suite``, else the plain bench (:mod:`kdsl.bench.tune_bench`)."""
     if getattr(args, "suite", None) is None:
+        # the suites' own options mean nothing to the plain bench: refuse them rather than run without them
+        given = [flag for flag, value in (("--only", args.only), ("--out", args.out)) if value is not None]
+        if given:
+            raise KdslError(f"{' and '.join(given)} choose cases and a folder of a suite: add --suite NAME")
         return tune_bench.bench_tune(args)
     return bench_suite(args)
 
@@ -328,20 +332,35 @@ def plot_curves(path: Path, result: CaseResult) -> bool:
     return True
 
 
+def _labels(cases: Sequence[SuiteCase]) -> str:
+    """The labels of ``cases``, suite by suite where they come from several (``all``: Gensor's C1 is
+    not OpEvo's, and ``--only C1`` takes both).
+
+    >>> _labels(suite_cases("smoke"))
+    'MM-tiny'
+    >>> _labels(suite_cases("all")).split("; ")[2][:20]
+    'gensor: M1, M2, M3, '
+    """
+    by_suite: dict[str, list[str]] = {}
+    for case in cases:
+        by_suite.setdefault(suite_of(case), []).append(case.label)
+    if len(by_suite) == 1:
+        return ", ".join(next(iter(by_suite.values())))
+    return "; ".join(f"{suite}: {', '.join(labels)}" for suite, labels in by_suite.items())
+
+
 def bench_suite(args: argparse.Namespace) -> int:
     """Run the suite of ``args.suite``: tables on stdout and, in ``args.out``, results.md, curves.csv, PNGs."""
     cases = suite_cases(args.suite)  # an unknown name: a KdslError listing the suites
     if args.only:
         unknown = sorted(set(args.only) - {c.label for c in cases})
         if unknown:
-            labels = ", ".join(c.label for c in cases)
-            raise KdslError(f"--only: no case {', '.join(unknown)} in the suite {args.suite}; it has {labels}")
+            raise KdslError(f"--only: no case {', '.join(unknown)} in the suite {args.suite}; it has {_labels(cases)}")
         cases = [c for c in cases if c.label in args.only]
     if args.db:
         raise KdslError("--db is not used with --suite: every run starts from fresh databases under --out")
     bench_target.select_mcpu(args.mcpu)  # before anything compiles or a worker starts
-    trials = args.trials or (12 if args.quick else 64)
-    rounds = 1 if args.quick else args.rounds
+    trials, rounds = tune_bench.budgets(args)
     cols = columns(args.tuners, trials, args.metaschedule_trials)
     folder = Path(args.out or f"kdsl-tune-{args.suite}")
     (folder / "records").mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,9 @@ This is kdsl's one table of native PyTorch baselines: tests compare against it, 
 and ``kdsl bench tune`` time against it. Each entry maps a gallery name to ``(prepare, call)``:
 ``prepare(weights, sizes)`` turns the operator's weights (in its declared layouts) into the layout the
 PyTorch function takes (done once, outside any timing), and ``call(x, prepared, sizes)`` runs that
-function. :func:`native_function` gives a ready-to-time call.
+function. :func:`native_function` gives a ready-to-time call; where PyTorch's function takes ``out=``
+(:data:`INTO`) that call writes into an output allocated once, as kdsl's kernels do, so that a timing
+compares the kernels and not one side's allocation.
 
 >>> import torch
 >>> prepare, call = NATIVE["linear"]
@@ -25,7 +27,7 @@ from typing import Any
 
 from kdsl.lang.errors import KdslError
 
-__all__ = ["BRANCHING", "NATIVE", "WINDOWS_AND_PRODUCTS", "has_native", "native_function"]
+__all__ = ["BRANCHING", "INTO", "NATIVE", "WINDOWS_AND_PRODUCTS", "has_native", "native_function"]
 
 Sizes = Mapping[str, int]
 
@@ -34,6 +36,12 @@ def _f() -> Any:
     import torch.nn.functional as F
 
     return F
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
 def _as_is(weights: Sequence[Any], v: Sizes) -> list[Any]:
@@ -206,6 +214,30 @@ WINDOWS_AND_PRODUCTS: dict[
 }
 
 
+# -- the same functions writing into a given output -----------------------------------------------
+# PyTorch's matrix products take ``out=``; each entry computes what its NATIVE or WINDOWS_AND_PRODUCTS
+# entry does (same ATen kernel: F.linear without a bias is matmul(x, w.T), ``x @ w`` is torch.matmul)
+# into ``out``. The convolutions (F.conv1d/2d/3d, F.conv_transpose*d), pixel (un)shuffle and the
+# hand-written compositions take no ``out=``, so their baselines still allocate their output on every
+# call; F.unfold's only out= path is the private torch._C._nn.im2col, which a user would not write.
+
+
+def _bmm_tn_into(x: Any, w: list[Any], v: Sizes, out: Any) -> Any:
+    return _torch().bmm(x[0].transpose(1, 2), x[1], out=out)
+
+
+#: name -> ``into(x, prepared, sizes, out)``: :data:`NATIVE`'s (or :data:`WINDOWS_AND_PRODUCTS`') call of
+#: that name, written into ``out`` (an output of the allocating call's shape, dtype and device)
+INTO: dict[str, Callable[[Any, list[Any], Sizes, Any], Any]] = {
+    "linear": lambda x, w, v, out: _torch().matmul(x, w[0].T, out=out),
+    "matmul": lambda x, w, v, out: _torch().matmul(x, w[0], out=out),
+    "bmm": lambda x, w, v, out: _torch().bmm(x[0], x[1], out=out),
+    "bmm_tn": _bmm_tn_into,
+    # avg_pool2d is the ATen op itself, whose binding takes out= (its .out overload)
+    "avg_pool2d": lambda x, w, v, out: _f().avg_pool2d(x, v["K"], out=out),
+}
+
+
 def has_native(name: str) -> bool:
     """Whether PyTorch has a baseline for the gallery operator ``name`` (:data:`NATIVE` or
     :data:`WINDOWS_AND_PRODUCTS`).
@@ -219,8 +251,15 @@ def has_native(name: str) -> bool:
 def native_function(name: str, x: Any, weights: Sequence[Any], sizes: Sizes) -> Callable[[], Any]:
     """PyTorch's own ``name`` on ``x`` as a call without arguments (for timing): ``weights`` are in the
     gallery operator's layouts and are prepared once, here; for a kernel of several inputs ``x`` is
-    the tuple of them.
+    the tuple of them. Where the function takes ``out=`` (:data:`INTO`) and no input requires its
+    gradient, every call writes into one output allocated here and returns it, so a caller that keeps
+    a result across calls should copy it.
 
+    >>> import torch
+    >>> gemv = native_function("linear", torch.ones(1, 3), [torch.ones(4, 3)], {})
+    >>> first = gemv()
+    >>> gemv() is first, first.tolist()
+    (True, [[3.0, 3.0, 3.0, 3.0]])
     >>> native_function("syno_op1", None, [], {})
     Traceback (most recent call last):
     ...
@@ -231,4 +270,16 @@ def native_function(name: str, x: Any, weights: Sequence[Any], sizes: Sizes) -> 
         raise KdslError(f"PyTorch has no native function for {name!r}; the table knows {known}")
     prepare, call = NATIVE[name] if name in NATIVE else WINDOWS_AND_PRODUCTS[name]
     prepared = prepare(weights, sizes)
-    return lambda: call(x, prepared, sizes)
+    into = INTO.get(name)
+    if into is None or _needs_grad(x, prepared):  # out= refuses inputs that autograd tracks
+        return lambda: call(x, prepared, sizes)
+    # one call of the allocating form gives the output's shape, dtype, device and strides; its buffer
+    # is then the one every call writes into
+    out = call(x, prepared, sizes)
+    return lambda: into(x, prepared, sizes, out)
+
+
+def _needs_grad(x: Any, prepared: Sequence[Any]) -> bool:
+    """Whether any input or prepared weight of a native call is a tensor that requires its gradient."""
+    tensors = [*(x if isinstance(x, tuple) else (x,)), *prepared]
+    return any(getattr(tensor, "requires_grad", False) for tensor in tensors)

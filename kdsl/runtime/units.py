@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["TIME_UNITS", "duration", "format_time", "seconds", "time_column", "time_unit"]
+__all__ = ["TIME_UNITS", "duration", "faster_or_slower", "format_time", "seconds", "time_column", "time_unit"]
 
 #: (name, seconds per unit), largest first
 TIME_UNITS: tuple[tuple[str, float], ...] = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
@@ -74,3 +74,20 @@ def seconds(value: float) -> str:
     ('0.2 s', '10 s', '125 s')
     """
     return f"{value:.1f} s" if round(value, 1) < 10 else f"{value:.0f} s"
+
+
+def faster_or_slower(saved: float, unit: str = "ms", decimals: int = 3) -> str:
+    """How much faster the second of two runs was, in words: ``saved`` is the first's time minus the
+    second's, in ``unit``. A negative saving reads "slower", never "-0.3 ms faster"; one that rounds
+    to nothing at ``decimals`` reads "as fast".
+
+    >>> faster_or_slower(0.25), faster_or_slower(-1.5), faster_or_slower(-0.0001)
+    ('0.250 ms faster', '1.500 ms slower', 'as fast (within 0.001 ms)')
+    >>> faster_or_slower(float("nan"))
+    'not comparable (nan ms)'
+    """
+    if not math.isfinite(saved):
+        return f"not comparable ({saved} {unit})"
+    if round(abs(saved), decimals) == 0:
+        return f"as fast (within {10.0**-decimals:.{decimals}f} {unit})"
+    return f"{abs(saved):.{decimals}f} {unit} {'faster' if saved > 0 else 'slower'}"

@@ -67,6 +67,30 @@ def moved_last(n: int, start: Sequence[int]) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(orders))
 
 
+def check_alt_options(
+    per_layout: int, layouts: int, q: float, model: bool, min_records: int, pool: int, explore: float
+) -> None:
+    """Refuse ALT options out of range (a :class:`TuneError` naming the option); ``kdsl tune`` calls it
+    (through :func:`kdsl.tune.driver.check_options`) before anything is compiled or measured.
+
+    >>> check_alt_options(4, 6, 0.5, False, 8, 0, 0.125)
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: alt: pool must be a positive integer, got 0
+    """
+    if model and not have_sklearn():
+        raise TuneError("alt's cost model needs scikit-learn: pip install 'kdsl[search]' (or model=false)")
+    for option, value, least in (("per_layout", per_layout, 1), ("layouts", layouts, 1), ("pool", pool, 1)):
+        if not is_integer(value) or value < least:
+            raise TuneError(f"alt: {option} must be a positive integer, got {value!r}")
+    if not is_integer(min_records) or min_records < 2:
+        raise TuneError(f"alt: min_records must be an integer of at least 2 (a model needs 2), got {min_records!r}")
+    if not is_number(explore) or not 0 <= explore <= 1:
+        raise TuneError(f"alt: explore must be in [0, 1], got {explore!r}")
+    if not is_number(q) or not 0 <= q < 1:
+        raise TuneError(f"alt: q must be in [0, 1), got {q!r}")
+
+
 class Alt:
     """Cross exploration of layouts with short loop tunings, then loop tuning on the best layout; candidates
     ranked by a learned cost model once ``min_records`` configurations are measured (``model=False``: never)."""
@@ -87,17 +111,7 @@ class Alt:
         pool: int = POOL,
         explore: float = 0.125,
     ) -> None:
-        if model and not have_sklearn():
-            raise TuneError("alt's cost model needs scikit-learn: pip install 'kdsl[search]' (or model=false)")
-        for option, value, least in (("per_layout", per_layout, 1), ("layouts", layouts, 1), ("pool", pool, 1)):
-            if not is_integer(value) or value < least:
-                raise TuneError(f"alt: {option} must be a positive integer, got {value!r}")
-        if not is_integer(min_records) or min_records < 2:
-            raise TuneError(f"alt: min_records must be an integer of at least 2 (a model needs 2), got {min_records!r}")
-        if not is_number(explore) or not 0 <= explore <= 1:
-            raise TuneError(f"alt: explore must be in [0, 1], got {explore!r}")
-        if not is_number(q) or not 0 <= q < 1:
-            raise TuneError(f"alt: q must be in [0, 1), got {q!r}")
+        check_alt_options(per_layout, layouts, q, model, min_records, pool, explore)
         self.space = space
         self.rng = random.Random(seed)
         self.seed = seed

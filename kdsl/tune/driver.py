@@ -29,12 +29,13 @@ from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
 from kdsl.runtime.units import duration
-from kdsl.tune.alt import Alt
+from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
-from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, open_task
+from kdsl.tune.opevo import _check_options as check_opevo_options
+from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, is_integer, open_task
 from kdsl.tune.transfer import Prefiltered, pretrained, run_ranking
 
 #: the tuners ``kdsl tune`` and ``kdsl bench tune`` offer (``random`` is the baseline besides them)
@@ -84,7 +85,8 @@ def option_names(tuner: str) -> list[str]:
 
 
 def check_options(tuner: str, options: Mapping[str, Any]) -> None:
-    """Refuse ``options`` that ``tuner`` does not take, before anything is compiled or measured.
+    """Refuse ``options`` that ``tuner`` does not take, or values out of their range, before anything is
+    compiled or measured.
 
     >>> check_options("opevo", {"lambda": 4, "q": 0.3, "setting": "paper"})
     >>> check_options("opevo", {"lambda": 4, "parents": 2})
@@ -95,15 +97,36 @@ def check_options(tuner: str, options: Mapping[str, Any]) -> None:
     Traceback (most recent call last):
     ...
     kdsl.tune.records.TuneError: opevo has no option 'wings'; it takes lambda (parents), q, walks, explore, ...
+    >>> check_options("gensor", {"steps": 0})
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: gensor: steps must be a positive integer, got 0
     """
     if not options:
         return
     if tuner not in ("opevo", "gensor", "alt"):
         raise TuneError(f"{tuner} takes no tuner options (given {', '.join(options)})")
     if tuner == "opevo":  # its aliases, setting=paper and an option given twice (lambda and parents)
-        _known(OpEvo, tuner, opevo_options(options))
+        values = _with_defaults(OpEvo, _known(OpEvo, tuner, opevo_options(options)))
+        check_opevo_options(*(values[n] for n in ("parents", "q", "walks", "explore", "offspring", "init")))
+    elif tuner == "alt":
+        values = _with_defaults(Alt, _known(Alt, tuner, options))
+        check_alt_options(
+            *(values[n] for n in ("per_layout", "layouts", "q", "model", "min_records", "pool", "explore"))
+        )
     else:
-        _known({"gensor": Gensor, "alt": Alt}[tuner], tuner, options)
+        values = _with_defaults(Gensor, _known(Gensor, tuner, options))
+        # Gensor's counts: walks=0 would still walk twice (its starts are max(1, walks - 1) plus the heuristic)
+        for option in ("walks", "steps", "constructions"):
+            if not is_integer(values[option]) or values[option] < 1:
+                raise TuneError(f"gensor: {option} must be a positive integer, got {values[option]!r}")
+
+
+def _with_defaults(cls: type, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` over the keyword defaults of ``cls``'s constructor: the values a run would use."""
+    parameters = inspect.signature(cls).parameters.values()
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return {**defaults, **options}
 
 
 def _known(cls: type, name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:

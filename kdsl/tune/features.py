@@ -103,8 +103,51 @@ def _heuristic_terms(space: ScheduleSpace, model: Model) -> tuple[float, float, 
     """The terms of the space's heuristic configuration, cached on the space (one per task)."""
     cached = space.__dict__.get("_heuristic_terms")
     if cached is None:
-        cached = space.__dict__["_heuristic_terms"] = _terms(space, space.heuristic(), model)
+        # as applied, like every configuration it is compared with (a GEMV's heuristic sums in lanes)
+        cached = space.__dict__["_heuristic_terms"] = _terms(space, as_applied(space, space.heuristic()), model)
     return cached
+
+
+def _lane_axis(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(axis index, lanes)`` where ``S.lanes`` is on: the stage sums partial results in vector lanes
+    along its last reduced axis (:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace._lane_factor`),
+    else None."""
+    if config.get(f"{stage.name}.lanes") is not True or not stage.reduced:
+        return None
+    extent = prod(e for _, e in stage.reduced[-stage.lane_run :])
+    return len(stage.spatial) + len(stage.reduced) - 1, space._lane_factor(extent)
+
+
+def as_applied(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as the schedule applies it. ``S.lanes`` replaces a stage's whole tiling
+    (:mod:`kdsl.codegen.tvm.schedule_apply` returns before it tiles): every spatial point walks the whole
+    reduction in one vector of partial sums held in memory, the spatial loops fused and parallel.
+    Features read from the tiling parameters it ignores would describe a schedule that never runs (on
+    matmul, 16 of 39 measured configurations, 12x slower than the rest by the median, some looking like
+    the fastest tiles), so they are read from the tiling it does run: every spatial axis outer, the
+    reduction whole and inner, no vector axis, accumulator or unrolling (the vector along the reduction
+    is :func:`_stage_features`').
+
+    >>> from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+    >>> as_applied(ScheduleSpace.__new__(ScheduleSpace), {"a": 1})  # no S.lanes on: unchanged
+    {'a': 1}
+    """
+    out = dict(config)
+    lanes_on = {key.removesuffix(".lanes") for key, on in config.items() if key.endswith(".lanes") and on is True}
+    if not lanes_on:
+        return out
+    for stage in _reduce_stages(space):
+        name = stage.name
+        if name not in lanes_on:
+            continue
+        for axis, extent in stage.spatial:
+            out[f"{name}.tile.{axis}"] = (extent, 1, 1)
+        for axis, extent in stage.reduced:
+            out[f"{name}.tile.{axis}"] = (1, extent)
+        out.pop(f"{name}.vector", None)
+        out.update({f"{name}.cache": "none", f"{name}.unroll": 1, f"{name}.unroll_tile": False})
+        out.update({f"{name}.reductions": "split", f"{name}.block": "none", f"{name}.spatial_below": "none"})
+    return out
 
 
 def _gather_share(stage: Any, config: Mapping[str, Any], vector: int | None) -> float:
@@ -169,11 +212,20 @@ def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any],
     register_loads, register_footprint = level_cost(space, stage, config, "register", model)
     l1_bytes, l1_footprint = level_cost(space, stage, config, "L1", model)
     l2_bytes, l2_footprint = level_cost(space, stage, config, "L2", model)
+    gathers = _gather_share(stage, config, vector)
+    lane = _lane_axis(space, stage, config)
+    if lane is not None:  # one vector of partial sums along the reduction per spatial point (as_applied)
+        vector, length = lane
+        fill = length / (math.ceil(length / lanes) * lanes)
+        gathers = _gather_share(stage, config, vector)
+        accumulators = 1
+        register_loads /= length  # the reads are vector loads along the lane axis
+        register_footprint = 1
     return [
         _log2(length),
         fill,
         1.0 if length % lanes == 0 else 0.0,
-        _gather_share(stage, config, vector),
+        gathers,
         _write_scatter(space, stage, config, vector),
         _permuted(space, config),
         float(inline_pads),
@@ -182,7 +234,7 @@ def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any],
         1.0 if config.get(f"{name}.cache") == "local" else 0.0,
         _log2(chunks / max(1, model.cores)),
         balance(chunks, model.cores) if chunks >= model.cores else chunks / max(1, model.cores),
-        1.0 if config.get(f"{name}.rfactor") is True else 0.0,
+        1.0 if config.get(f"{name}.rfactor") is True or lane is not None else 0.0,
         _log2(float(config.get(f"{name}.unroll", 1) or 1)),
         1.0 if config.get(f"{name}.unroll_tile") else 0.0,
         1.0 if config.get(f"{name}.reductions", "split") == "whole" else 0.0,
@@ -204,11 +256,15 @@ def config_features(space: ScheduleSpace, config: Mapping[str, Any], model: Mode
     ``model`` (default: the analytic model of the space's machine)."""
     model = model or space_model(space)
     stages = _reduce_stages(space)
+    lane_passes = sum(1 for s in stages if config.get(f"{s.name}.lanes") is True)  # each sums its lanes
+    config = as_applied(space, config)  # the analytic terms and the tiles of the schedule that runs
     macs = sum(prod(e for _, e in s.spatial + s.reduced) for s in stages) or 1
     ideal = macs / model.peak  # seconds at the machine's peak
     estimate, compute, memory, passes = _terms(space, config, model)
     h_estimate, h_compute, h_memory, _ = _heuristic_terms(space, model)
-    extra = sum(1 for s in space.stages if s.kind != "reduce" and config.get(f"{s.name}.inline") is not True)
+    extra = lane_passes + sum(
+        1 for s in space.stages if s.kind != "reduce" and config.get(f"{s.name}.inline") is not True
+    )
     packed = sum(
         1 for t in space.tensors if t.kind != "intermediate" and config.get(f"layout.{t.name}.tile", "none") != "none"
     )
