@@ -202,3 +202,20 @@ def test_constructions_of_other_operators_are_schedules_of_the_space(name):
         assert len(ranked) == 6
         for _, config in ranked[:2]:
             space.apply(config)
+
+
+def test_an_output_bound_matmul_keeps_its_vector_along_the_stored_dim():
+    # 64 MiB of output: with M on the lanes every element written back is a line of its own
+    space = _space("matmul", {"M": 16384, "Cin": 32, "Cout": 1024}, SMALL_L2)
+    stage = _reduce(space)
+    ranked = gensor.constructions(space, gensor.identity(space), random.Random(0), count=24)
+    by_vector = {}
+    for cost, config in ranked:
+        by_vector.setdefault(config[f"{stage.name}.vector"], []).append(cost)
+    assert set(by_vector) == {"M", "Cout"}, by_vector.keys()
+    assert min(by_vector["M"]) > max(by_vector["Cout"])  # every M form ranks below every Cout form
+    config = ranked[0][1]
+    from kdsl.tune import gensor_model
+
+    assert not gensor_model.scattered(stage, config)
+    assert gensor_model.scattered(stage, {**config, f"{stage.name}.vector": "M"})

@@ -25,6 +25,7 @@ from kdsl.runtime.cpu import Machine
 from kdsl.tune.records import Record
 
 __all__ = [
+    "CACHE_LINE",
     "CACHE_START",
     "DRAM_LATENCY",
     "FLOOR_BENEFIT",
@@ -46,6 +47,7 @@ __all__ = [
     "stage_nest",
     "stage_terms_of",
     "parallel_benefit",
+    "scattered",
     "stage_terms",
     "tiling_benefit",
 ]
@@ -63,6 +65,8 @@ FREE_BENEFIT, FLOOR_BENEFIT = 4.0, 0.02
 #: The caching action's weight at the first step of a level: ``2**-12`` of its benefit, doubled per step
 #: (a level gets about a dozen steps: an AVX2 register tile of 4 x 16 is 6 moves of a factor 2 from 1 x 1).
 CACHE_START = 2.0**-12
+#: Bytes of a cache line (x86's; the machine description does not give it).
+CACHE_LINE = 64
 #: Cycles of an FMA's latency: ``fma_per_cycle x FMA_LATENCY`` independent accumulators keep the units busy.
 FMA_LATENCY = 4
 
@@ -434,6 +438,8 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
     compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
+    if config.get(f"{s}.cache") == "local" and scattered(stage, config):
+        compute += prod(e for _, e in stage.spatial) / (m.hz * m.cores * par_eff)  # a store per element
     traffic = nest_traffic(stage, config, nest, m)
     memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores), traffic[2] / m.bw_mem)
     return compute, memory
@@ -502,6 +508,8 @@ def nest_traffic(stage: Any, config: Mapping[str, Any], nest: Sequence[tuple[int
     buffers = [dims for _, dims in stage.reads] + ([] if cached else [[{k} for k in range(nspatial)]])
     indexes = [{k for used in dims for k in used} for dims in buffers]
     writeback = 4 * prod(e for _, e in stage.spatial) if cached else 0
+    # a scattered write-back (every element a line of its own) costs lines where the result does not stay
+    spread = CACHE_LINE // 4 if scattered(stage, config) else 1
     extents_below = [1] * (nspatial + len(stage.reduced))
     per_position = []  # (footprint bytes of the nest from loop i in, bytes moved when that nest stays cached)
     for position in range(len(nest) - 1, -1, -1):
@@ -520,8 +528,34 @@ def nest_traffic(stage: Any, config: Mapping[str, Any], nest: Sequence[tuple[int
     traffic = []
     for cap in (m.l1, m.l2, m.l3 // m.cores):
         fits = [moved for footprint, moved in per_position if footprint <= cap // 2]
-        traffic.append((min(fits) if fits else everything) + writeback)
+        stays = cap == m.l1 or writeback <= cap // 2  # L1: stores are combined on their way to L2
+        traffic.append((min(fits) if fits else everything) + writeback * (1 if stays else spread))
     return traffic
+
+
+def scattered(stage: Any, config: Mapping[str, Any]) -> bool:
+    """Whether the vector axis is not the dim the stage's result is stored along (its last spatial axis
+    longer than 1, or the dim its layout puts last): the local accumulator's write-back is then a store
+    per element, each a whole stored row apart (matmul with ``M`` on the lanes measured 2-4x slower than
+    with ``Cout``, whose vectors are stored whole: 1024^3, 16384x32x1024, 65536x4x1024, contended).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64), ("u", 1)])
+    >>> scattered(stage, {"s.vector": "N"}), scattered(stage, {"s.vector": "M"})
+    (False, True)
+    """
+    labels = [a for a, e in stage.spatial]
+    vector = config.get(f"{stage.name}.vector")
+    if vector not in labels:
+        return False
+    last = max((k for k, (_, e) in enumerate(stage.spatial) if e > 1), default=len(labels) - 1)
+    perm = config.get(f"layout.{stage.name}.perm")
+    tile = config.get(f"layout.{stage.name}.tile", "none")
+    if tile != "none":
+        last = int(tile.split(":")[0])
+    elif perm is not None:
+        last = list(perm)[-1]
+    return labels.index(vector) != last
 
 
 def _lanes_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
