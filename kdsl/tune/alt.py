@@ -1,7 +1,10 @@
 """ALT-style joint layout and loop tuning (Xu et al., EuroSys 2023), over kdsl's schedule space.
 
 Layouts come from a pruned template: every input, weight and intermediate tensor keeps its dim order and
-may tile one dim by 4-64 with the tile moved last (``tiled channel last``; the space's ``layout.T.tile``).
+may tile one dim by 4-64 with the tile moved last (``tiled channel last``; the space's ``layout.T.tile``);
+a data input may also take one dim last (``channels last``: the packing that a vector axis's gathers need,
+:func:`moved_last`). The loop tuning moves every other parameter of the space (cache blocking ``S.block``,
+partial sums in lanes ``S.lanes``, ``S.spatial_below``, the vector axis and the tiles).
 *Cross exploration* (the first ``explore`` share of the budget): for one candidate layout at a time, a short
 loop tuning (OpEvo with the layout pinned, ``per_layout`` trials) measures what that layout allows, and the
 best latency is fed back to the layout search, whose next candidates are one-tensor changes of the best
@@ -50,6 +53,18 @@ BASES = 4
 def pruned_choices(choices: Sequence[str]) -> list[str]:
     """The layout tile choices of the pruned template: none, or a factor in :data:`TEMPLATE_FACTORS`."""
     return [c for c in choices if c == "none" or int(c.split(":")[1]) in TEMPLATE_FACTORS]
+
+
+def moved_last(n: int, start: Sequence[int]) -> list[tuple[int, ...]]:
+    """The dim orders of the pruned template for an ``n``-dim data input: its own, ``start`` (the rule-based
+    schedule's) and each dim moved last (``channels last``: ``[N, C, H, W]`` as ``[N, H, W, C]``).
+
+    >>> moved_last(3, (0, 1, 2))
+    [(0, 1, 2), (1, 2, 0), (0, 2, 1)]
+    """
+    identity = tuple(range(n))
+    orders = [identity, tuple(start), *(tuple(d for d in identity if d != last) + (last,) for last in range(n - 1))]
+    return list(dict.fromkeys(orders))
 
 
 def check_alt_options(
@@ -119,6 +134,9 @@ class Alt:
             param = space.parameters[name]
             if name.endswith(".tile") and isinstance(param, Categorical):
                 self.template[name] = pruned_choices(param.choices)
+            elif name.endswith(".perm") and space._tensor(name.split(".")[1]).kind == "input":
+                # a data input packed with one dim last (channels last: the vector axis's gathers made loads)
+                self.template[name] = moved_last(param.n, heuristic[name])
         # layouts tried: key -> (layout, best latency)
         self.tried: dict[str, tuple[dict[str, Any], float]] = {}
         for record in history:

@@ -33,6 +33,12 @@ caching weight doubles per step, the later levels would get almost no step). Our
 lost its formulas' symbols: the forms above follow its prose. Half the constructions also take the
 loop order that the levels describe (:func:`blocked_order`), the others keep the start's.
 
+The forms the paper's actions do not cover -- which axis fills the vector lanes, whether a data input it
+gathers from is packed, partial sums in lanes, cache blocking (``S.block``) -- are chosen from the same
+model by :mod:`kdsl.tune.gensor_forms`: every vector form of a stage starts constructions
+(:func:`constructions`), and each built schedule gets the block of largest benefit at L2 and L3 for its
+own tiles and layer.
+
 The constructions rank by :func:`estimate`, an analytic time of this CPU: per reduction stage the
 largest of its compute time (FMA peak scaled by vector, register-tile and parallel efficiency) and its
 traffic at each cache level, with the peak, cache sizes and bandwidths of the target machine
@@ -59,6 +65,7 @@ from kdsl.codegen.tvm.parameters import config_key, primes
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace, neighbours
 from kdsl.lang.errors import LoweringError
+from kdsl.tune.gensor_forms import finish, form_starts
 from kdsl.tune.gensor_model import (
     CACHE_START,
     LEVELS,
@@ -193,6 +200,43 @@ def blocked_order(space: ScheduleSpace, stage: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 
 
+def constructions(
+    space: ScheduleSpace,
+    base: Mapping[str, Any],
+    rng: random.Random,
+    model: Model | None = None,
+    count: int = 24,
+    forms: bool = True,
+) -> list[tuple[float, dict[str, Any]]]:
+    """``count`` level-by-level constructions (:func:`build`) from ``base``'s choices with its tiles undone,
+    completed by :func:`~kdsl.tune.gensor_forms.finish` (weight packing by the built vector tile, cache
+    blocking), with their estimates, best first. With ``forms``, the starts are every vector form of the
+    stages (:func:`~kdsl.tune.gensor_forms.form_starts`: ``base``'s first), taken in turn; half of each
+    form's constructions take the levels' loop order (:func:`blocked_order`), the others keep the start's.
+    Without, every construction starts from ``base``'s form and keeps its loop order.
+
+    >>> from kdsl.lang import library
+    >>> from kdsl.codegen.tvm import lower
+    >>> from kdsl.runtime.cpu import from_features
+    >>> space = ScheduleSpace(lower(library.load("matmul"), {"M": 32, "Cin": 32, "Cout": 32}),
+    ...               machine=from_features("x", {"avx2", "fma"}, cores=2, ghz=3.0))
+    >>> ranked = constructions(space, space.heuristic(), random.Random(0), count=4)
+    >>> len(ranked), ranked[0][0] <= ranked[-1][0]
+    (4, True)
+    """
+    model = model or space_model(space)
+    starts = form_starts(space, untiled(space, base)) if forms else [untiled(space, base)]
+    built = []
+    for i in range(count):
+        blocked = forms and (i // len(starts)) % 2 == 1
+        config = finish(space, build(space, starts[i % len(starts)], rng, model, blocked=blocked), model)
+        built.append((estimate(space, config, model), i % len(starts), config))
+    # equal estimates go to base's form: the model ties matmul's two vector axes (M with the data input
+    # transposed, Cout with the weight in panels), and the M form measured 2-4x slower (GMM 1024^3, contended)
+    built.sort(key=lambda ecc: (ecc[0], ecc[1]))
+    return [(cost, config) for cost, _, config in built]
+
+
 def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> bool:
     """Cheap checks the walk applies before the model: what the space rejects, and the construction's
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
@@ -253,7 +297,8 @@ def identity(space: ScheduleSpace) -> dict[str, Any]:
         if name.endswith(".cache"):
             config[name] = "none"
         if name.endswith(".inline") or name.endswith(".unroll_tile"):
-            config[name] = False
+            # a branching kernel's element-wise stage chooses among names: "none" is its own pass
+            config[name] = False if False in space.parameters[name].choices else "none"
     return config
 
 
@@ -273,19 +318,21 @@ def untiled(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
 
 def signature(space: ScheduleSpace, config: Mapping[str, Any]) -> str:
     """What tells two proposals apart beyond a near-copy: the reduction stages' L2 and register tiles
-    (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches and ``S.reductions``,
-    and which tensors are packed (not the outer tiles, the loop order, unrolling, nor the layout tile's
-    factor and order: matmul's walks proposed the same schedule with its input packed by 4, 8, 16 and 32,
-    all within noise of each other)."""
+    (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches, ``S.reductions``,
+    ``S.block``, ``S.lanes`` and ``S.spatial_below``, and which tensors are packed or permuted (not the
+    outer tiles, the loop order, unrolling, nor the layout tile's factor: matmul's walks proposed the same
+    schedule with its input packed by 4, 8, 16 and 32, all within noise of each other)."""
     reduce = {s.name for s in space.stages if s.kind == "reduce"}
     kept: dict[str, Any] = {}
     for name, value in config.items():
         if ".tile." in name and name.split(".tile.")[0] in reduce:
             kept[name] = tuple(value)[1:]
-        elif name.endswith((".vector", ".cache", ".reductions")):
+        elif name.endswith((".vector", ".cache", ".reductions", ".block", ".lanes", ".spatial_below")):
             kept[name] = value
         elif name.startswith("layout.") and name.endswith(".tile"):
             kept[name] = value != "none"
+        elif name.startswith("layout.") and name.endswith(".perm"):
+            kept[name] = tuple(value) != tuple(sorted(value))  # a permuted (packed) tensor
     return config_key(kept)
 
 
@@ -355,22 +402,20 @@ class Gensor:
         """Fill the pool. Before any measurement: the rule-based schedule first (the model ranks it below
         states that measure up to 2x slower: conv2d conv3_x, 2.1 ms picks against 1.1 ms), then, in the
         order of their estimates and one per :func:`signature` first, the level-by-level constructions
-        from the rule-based schedule's choices (vector axis, layouts, unrolling: the paper's actions do
-        not choose those, and a construction from the unscheduled program vectorizes the first axis, a
-        gather in both bench cases) with its tiles undone, then annealed walks from the best
-        construction and from the rule-based schedule. After a measurement: the Markov chain's next
-        states from the best measured schedule (:func:`steps_from`: every tiling move at every level that
-        passes the memory check), constructions from its choices, and a walk from it."""
+        (:func:`constructions`) from every vector form of the stages (the rule-based one's first; the
+        others: each axis on the lanes with or without packing the data input it gathers from, partial
+        sums in lanes) with the other choices the rule-based schedule's (unrolling, pads) and its tiles
+        undone, each with its own cache blocking, then annealed walks from the best construction and from
+        the rule-based schedule. After a measurement: the Markov chain's next states from the best
+        measured schedule (:func:`steps_from`: every tiling move at every level that passes the memory
+        check), constructions from its choices, and a walk from it."""
         space, model = self.space, self.model
         heuristic = space.heuristic()
         best = None
         if self.best_measured is not None:
             best = {k: tuple(v) if isinstance(v, list) else v for k, v in self.best_measured[1].items()}
         base = best or heuristic
-        start = untiled(space, base)
-        blocked = [best is None and i % 2 == 1 for i in range(self.constructions)]
-        built = [build(space, start, self.rng, model, blocked=b) for b in blocked]
-        ranked = sorted(((estimate(space, c, model), c) for c in built), key=lambda cc: cc[0])
+        ranked = constructions(space, base, self.rng, model, self.constructions, forms=best is None)
         walk_starts = [base] if best is not None else [ranked[0][1]] * max(1, self.walks - 1) + [heuristic]
         walked = [
             sorted(walk(space, s, self.rng, steps=self.steps, model=model), key=lambda cc: cc[0]) for s in walk_starts

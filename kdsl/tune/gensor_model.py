@@ -25,6 +25,7 @@ from kdsl.runtime.cpu import Machine
 from kdsl.tune.records import Record
 
 __all__ = [
+    "CACHE_LINE",
     "CACHE_START",
     "DRAM_LATENCY",
     "FLOOR_BENEFIT",
@@ -41,7 +42,12 @@ __all__ = [
     "estimate",
     "level_cost",
     "level_tile",
+    "nest_traffic",
+    "outer_loops",
+    "stage_nest",
+    "stage_terms_of",
     "parallel_benefit",
+    "scattered",
     "stage_terms",
     "tiling_benefit",
 ]
@@ -59,6 +65,8 @@ FREE_BENEFIT, FLOOR_BENEFIT = 4.0, 0.02
 #: The caching action's weight at the first step of a level: ``2**-12`` of its benefit, doubled per step
 #: (a level gets about a dozen steps: an AVX2 register tile of 4 x 16 is 6 moves of a factor 2 from 1 x 1).
 CACHE_START = 2.0**-12
+#: Bytes of a cache line (x86's; the machine description does not give it).
+CACHE_LINE = 64
 #: Cycles of an FMA's latency: ``fma_per_cycle x FMA_LATENCY`` independent accumulators keep the units busy.
 FMA_LATENCY = 4
 
@@ -76,6 +84,7 @@ class Model:
     hz: float = 2.1e9
     l1: int = 48 * 1024
     l2: int = 2 * 1024 * 1024
+    l3: int = 32 * 1024 * 1024  # shared by the cores
     bw_l1: float = 128 * 2.1e9  # L1 -> registers
     bw_l2: float = 32 * 2.1e9  # L2 -> L1
     bw_l3: float = 16 * 2.1e9  # beyond L2
@@ -105,6 +114,7 @@ class Model:
             hz=hz,
             l1=machine.l1d,
             l2=machine.l2,
+            l3=machine.l3,
             bw_l1=2 * machine.vector_bits / 8 * hz,
             bw_l2=32 * hz,
             bw_l3=16 * hz,
@@ -315,9 +325,16 @@ def stage_terms(
             continue
         terms.append(_stage_time(space, stage, config, model))
     for tensor in space.tensors:
-        if tensor.kind != "intermediate" and config.get(f"layout.{tensor.name}.tile", "none") != "none":
+        if tensor.kind != "intermediate" and _packed(config, tensor):
             terms.append((0.0, prod(tensor.shape) * 8 / (model.bw_l3 * model.cores)))  # a packing pass
     return terms
+
+
+def _packed(config: Mapping[str, Any], tensor: Any) -> bool:
+    """Whether an input or weight is copied into another layout before the stages run (tiled or permuted)."""
+    perm = config.get(f"layout.{tensor.name}.perm")
+    permuted = perm is not None and tuple(perm) != tuple(range(len(tensor.shape)))
+    return permuted or config.get(f"layout.{tensor.name}.tile", "none") != "none"
 
 
 def _combine(terms: Sequence[tuple[float, float]], compute_scale: float, memory_scale: float) -> float:
@@ -331,16 +348,18 @@ def estimate(space: ScheduleSpace, config: Mapping[str, Any], machine: Model | N
     return _combine(stage_terms(space, config, model), model.compute_scale, model.memory_scale)
 
 
-def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
+def stage_nest(stage: Any, config: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The loop nest of a reduction stage under ``config``, outermost first, as ``(axis index, extent)``
+    (the fused parallel loop's parts, the middle loops in ``S.order``, the inner reductions, the level of
+    ``S.spatial_below``, the register tile with the vector axis last), and that level's loops alone."""
     s = stage.name
     axes = stage.spatial + stage.reduced
     nspatial = len(stage.spatial)
     tiles = _tiles(stage, config)
     labels = [a for a, _ in axes]
     vector = config.get(f"{s}.vector")
-    vi = labels.index(vector) if vector in labels else None
-    # the loop nest, outermost first: (axis index, extent)
-    outer = [(k, tiles[k][0]) for k in range(nspatial)]
+    vi = labels.index(vector) if vector in labels[:nspatial] else None
+    outer = outer_loops(stage, config)
     middle_ix = [k for k, (_, e) in enumerate(axes) if e > 1]
     order = config.get(f"{s}.order", tuple(range(len(middle_ix))))
     middle = [
@@ -349,6 +368,10 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     r_inner = [(k, tiles[k][1]) for k in range(nspatial, len(axes))]
     s_inner = [(k, tiles[k][2]) for k in range(nspatial) if k != vi]
     v_inner = [(vi, tiles[vi][2])] if vi is not None else []
+    below_label = config.get(f"{s}.spatial_below", "none")
+    # S.spatial_below: that axis's middle tile leaves the middle loops for a level under the inner reductions
+    below = [(k, e) for k, e in middle if k < nspatial and labels[k] == below_label]
+    middle = [(k, e) for k, e in middle if (k, e) not in below]
     if config.get(f"{s}.reductions", "split") == "whole":
         # each reduction's inner tile sits right below its own outer tile, in the middle loops' order
         whole = []
@@ -356,12 +379,30 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
             whole.append((k, extent))
             if k >= nspatial:
                 whole.append((k, tiles[k][1]))
-        nest = outer + whole + s_inner + v_inner
-    else:
-        nest = outer + middle + r_inner + s_inner + v_inner
+        return outer + whole + below + s_inner + v_inner, below
+    return outer + middle + r_inner + below + s_inner + v_inner, below
+
+
+def stage_terms_of(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], model: Model) -> tuple[float, float]:
+    """``(compute, memory)`` seconds of one reduction stage (unscaled; see :func:`stage_terms`)."""
+    return _stage_time(space, stage, config, model)
+
+
+def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
+    if config.get(f"{stage.name}.lanes") is True:
+        return _lanes_time(space, stage, config, m)
+    s = stage.name
+    axes = stage.spatial + stage.reduced
+    nspatial = len(stage.spatial)
+    tiles = _tiles(stage, config)
+    labels = [a for a, _ in stage.spatial]
+    vector = config.get(f"{s}.vector")
+    vi = labels.index(vector) if vector in labels else None
+    nest, below = stage_nest(stage, config)
+    outer = outer_loops(stage, config)
     macs = prod(e for _, e in axes)
     # compute: vector lanes, register tile, parallel balance, unrolling
-    vf = v_inner[0][1] if v_inner else 1
+    vf = tiles[vi][2] if vi is not None else 1
     lanes = m.lanes
     vec_eff = (vf / (math.ceil(vf / lanes) * lanes)) if vf >= 4 else 1.0 / lanes
     guards = 1.0
@@ -376,13 +417,15 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     if vi is not None and vf >= 4:
         for buffer, dims in stage.reads:
             uses = [d for d, used in enumerate(dims) if vi in used]
-            tile = config.get(f"layout.{buffer}.tile", "none")
+            tensor = read_tensor(space, config, buffer, uses)
+            tile = config.get(f"layout.{tensor}.tile", "none")
             packed = tile != "none" and uses and int(tile.split(":")[0]) == uses[0]
-            perm = config.get(f"layout.{buffer}.perm")
+            perm = config.get(f"layout.{tensor}.perm")
             last = (list(perm)[-1] if perm is not None else len(dims) - 1) if not packed else uses[0] if uses else -1
             if uses and (len(uses) > 1 or uses[0] != last):
                 vec_eff *= 0.05  # a gather along the vector axis
     accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
+    accumulators *= prod(e for _, e in below)  # its tile joins the local accumulator
     if config.get(f"{s}.cache") == "local":
         # independent accumulators hide the FMA latency: fma units x latency of them keep the units busy
         reg_eff = min(1.0, accumulators / (m.fma_per_cycle * FMA_LATENCY))
@@ -395,27 +438,140 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
     compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
-    # memory: footprint of the nest below each loop, against each cache level; a local accumulator
-    # stays in registers and is written back once (counted in every loop's footprint, it made the
-    # rule-based matmul schedule, 8 x 32 accumulators under a reduction of 1024, look 3x slower than
-    # schedules that measured no faster)
-    cached = config.get(f"{s}.cache") == "local"
+    if config.get(f"{s}.cache") == "local" and scattered(stage, config):
+        compute += prod(e for _, e in stage.spatial) / (m.hz * m.cores * par_eff)  # a store per element
+    traffic = nest_traffic(stage, config, nest, m)
+    memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores), traffic[2] / m.bw_mem)
+    return compute, memory
+
+
+def outer_loops(stage: Any, config: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """The fused parallel loop's parts, outermost first, as ``(axis index, extent)``: the outer spatial tiles
+    in the block's order, a weight-only vector axis's first, and with ``S.block = "a:n"`` the blocks of
+    ``a`` outermost and its ``n`` tiles innermost (as the schedule applies them).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64)], reduced=[("K", 8)], weight_only={"N"})
+    >>> config = {"s.tile.M": (16, 1, 4), "s.tile.N": (4, 1, 16), "s.vector": "N", "s.block": "M:4"}
+    >>> outer_loops(stage, config)
+    [(0, 4), (1, 4), (0, 4)]
+    """
+    tiles = _tiles(stage, config)
+    labels = [a for a, _ in stage.spatial]
+    outer = [(k, tiles[k][0]) for k in range(len(labels))]
+    vector = config.get(f"{stage.name}.vector")
+    if vector in labels and vector in stage.weight_only:
+        outer.insert(0, outer.pop(labels.index(vector)))
+    block = config.get(f"{stage.name}.block", "none")
+    if block != "none":
+        axis, count = block.split(":")
+        k, n = labels.index(axis), int(count)
+        extent = tiles[k][0]
+        if extent % n == 0 and n < extent:  # else the space refuses it: no block to model
+            rest = [(j, e) for j, e in outer if j != k]
+            outer = [(k, extent // n), *rest, (k, n)]
+    return outer
+
+
+def read_tensor(space: ScheduleSpace, config: Mapping[str, Any], buffer: str, uses: Sequence[int]) -> str:
+    """The tensor whose layout a read of ``buffer`` sees along the buffer dims ``uses``: an inlined
+    zero-padded copy is read from its input (a dim it does not pad keeps its place), else ``buffer``."""
+    pad = next((p for p in space.stages if p.name == buffer and p.kind == "pad"), None)
+    if pad is None or config.get(f"{buffer}.inline") is not True or any(d in pad.padded for d in uses):
+        return buffer
+    source, dims = pad.reads[0]
+    return source if all(dims[d] == {d} for d in uses if d < len(dims)) else buffer
+
+
+def nest_traffic(stage: Any, config: Mapping[str, Any], nest: Sequence[tuple[int, int]], m: Model) -> list[float]:
+    """Bytes ``nest`` (loops outermost first, as ``(axis index, extent)``) moves into L1, L2 and L3 (a core's
+    share). At each level, for each loop whose nest below fits half the level: every buffer's footprint
+    below it, fetched again for every iteration of the loops outside it that index the buffer, and of those
+    outside such a loop (a loop that does not index a buffer, right outside its fitting tile, reuses it);
+    the least of these over the loops that fit. A local accumulator stays in registers and is written back
+    once (counted in every loop's footprint, it made the rule-based matmul schedule, 8 x 32 accumulators
+    under a reduction of 1024, look 3x slower than schedules that measured no faster).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64)], reduced=[("K", 64)],
+    ...                         reads=[("x", [{0}, {2}]), ("w", [{2}, {1}])])
+    >>> config = {"s.cache": "local"}
+    >>> model = Model(l1=4096, l2=16 * 1024, l3=1 << 20, cores=1)
+    >>> by_rows = nest_traffic(stage, config, [(0, 64), (1, 4), (2, 64), (1, 16)], model)
+    >>> by_rows[2] == 4 * (64 * 64 + 64 * 64 + 64 * 64)  # all fits L3: read once, written once
+    True
+    >>> by_rows[0] > by_rows[1] > by_rows[2]
+    True
+    """
+    nspatial = len(stage.spatial)
+    cached = config.get(f"{stage.name}.cache") == "local"
     buffers = [dims for _, dims in stage.reads] + ([] if cached else [[{k} for k in range(nspatial)]])
+    indexes = [{k for used in dims for k in used} for dims in buffers]
     writeback = 4 * prod(e for _, e in stage.spatial) if cached else 0
-    extents_below = [1] * len(axes)
-    footprints = []  # (footprint bytes of the nest below loop i, iterations of the loops outside and at i)
+    # a scattered write-back (every element a line of its own) costs lines where the result does not stay
+    spread = CACHE_LINE // 4 if scattered(stage, config) else 1
+    extents_below = [1] * (nspatial + len(stage.reduced))
+    per_position = []  # (footprint bytes of the nest from loop i in, bytes moved when that nest stays cached)
     for position in range(len(nest) - 1, -1, -1):
         k, e = nest[position]
         extents_below[k] *= e
-        footprint = sum(_footprint(dims, extents_below) for dims in buffers)
-        outside = prod(ee for _, ee in nest[:position])
-        footprints.append((footprint * 4, outside))
+        sizes = [_footprint(dims, extents_below) for dims in buffers]
+        moved = 0
+        for size, used in zip(sizes, indexes):
+            fetches, indexed = 1, False
+            for j in range(position - 1, -1, -1):
+                indexed = indexed or nest[j][0] in used
+                fetches *= nest[j][1] if indexed else 1
+            moved += size * fetches
+        per_position.append((4 * sum(sizes), 4 * moved))
+    everything = 4 * prod(e for _, e in nest) * len(buffers)  # nothing fits: every access moves
     traffic = []
-    for cap in (m.l1, m.l2):
-        fits = [(f, o) for f, o in footprints if f <= cap // 2]
-        f, o = max(fits, key=lambda fo: fo[0]) if fits else (footprints[0][0], prod(e for _, e in nest))
-        traffic.append(f * o + writeback)
-    memory = max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores))
+    for cap in (m.l1, m.l2, m.l3 // m.cores):
+        fits = [moved for footprint, moved in per_position if footprint <= cap // 2]
+        stays = cap == m.l1 or writeback <= cap // 2  # L1: stores are combined on their way to L2
+        traffic.append((min(fits) if fits else everything) + writeback * (1 if stays else spread))
+    return traffic
+
+
+def scattered(stage: Any, config: Mapping[str, Any]) -> bool:
+    """Whether the vector axis is not the dim the stage's result is stored along (its last spatial axis
+    longer than 1, or the dim its layout puts last): the local accumulator's write-back is then a store
+    per element, each a whole stored row apart (matmul with ``M`` on the lanes measured 2-4x slower than
+    with ``Cout``, whose vectors are stored whole: 1024^3, 16384x32x1024, 65536x4x1024, contended).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64), ("u", 1)])
+    >>> scattered(stage, {"s.vector": "N"}), scattered(stage, {"s.vector": "M"})
+    (False, True)
+    """
+    labels = [a for a, e in stage.spatial]
+    vector = config.get(f"{stage.name}.vector")
+    if vector not in labels:
+        return False
+    last = max((k for k, (_, e) in enumerate(stage.spatial) if e > 1), default=len(labels) - 1)
+    perm = config.get(f"layout.{stage.name}.perm")
+    tile = config.get(f"layout.{stage.name}.tile", "none")
+    if tile != "none":
+        last = int(tile.split(":")[0])
+    elif perm is not None:
+        last = list(perm)[-1]
+    return labels.index(vector) != last
+
+
+def _lanes_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: Model) -> tuple[float, float]:
+    """``S.lanes``: partial sums in the vector lanes the space splits the contiguous reduction into, one
+    chain of FMAs per output element (its latency not hidden) and a sum of the lanes after it; every read
+    streamed once and the output written once."""
+    macs = prod(e for _, e in stage.spatial + stage.reduced)
+    parallel = prod(e for _, e in stage.spatial)
+    par_eff = balance(parallel, m.cores) if parallel >= m.cores else parallel / m.cores
+    lanes = space._lane_factor(space._lane_extent(stage))
+    fill = lanes / (math.ceil(lanes / m.lanes) * m.lanes)
+    chains = macs / (m.peak * fill * par_eff / (m.fma_per_cycle * FMA_LATENCY) + 1e-9)
+    compute = chains + parallel * lanes / (m.hz * m.cores * par_eff)  # the lanes' sum: an add per lane
+    full = [e for _, e in stage.spatial + stage.reduced]
+    nbytes = 4 * (sum(_footprint(dims, full) for _, dims in stage.reads) + parallel)
+    memory = nbytes / (m.bw_l3 * m.cores) if nbytes <= m.l3 // 2 else nbytes / m.bw_mem
     return compute, memory
 
 

@@ -412,7 +412,8 @@ class ScheduleSpace:
         for weight, dim in dict.fromkeys([*vector.packs, *panels]):
             tensor = self._tensor(weight)
             tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
-            if tensor.reader == stage.name and tile in self.parameters[f"layout.{weight}.tile"].choices:
+            param = self.parameters.get(f"layout.{weight}.tile")  # none where no factor divides the dim
+            if tensor.reader == stage.name and param is not None and tile in param.choices:
                 config[f"layout.{weight}.tile"] = tile
                 config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
 
