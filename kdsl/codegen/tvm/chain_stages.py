@@ -256,7 +256,7 @@ def _phased_copy(
         inside, source = [], []
         for d, n in zip(dims, tensor.shape):
             if d in phases:
-                index = at[d] + phases[d].offset(at[phases[d].phase])
+                index = at[d] + phases[d].offset(at[phases[d].phase], tvm.tirx.Select)
             else:
                 index = at[d] - pads[d][0] if d in pads else at[d]
             if d in phases or d in pads:
@@ -295,11 +295,13 @@ def _phase_stages(
     source_dims: list[str],
     names: tuple[str, str],
     stages: list[StageInfo],
+    merged_dims: list[str],
 ) -> Any:
     """Lower ``stage`` in its phase form (:mod:`kdsl.codegen.tvm.phases`): the phased copy of ``source``
     (a pad stage named ``names[0]``), the reduction over the taps that meet an element, laid out
-    ``[.., o1, p, ..]``, and its copy to the plan's ``[.., s*o1 + p, ..]`` (named ``names[1]``). Appends
-    the three stages to ``stages`` and returns the copy."""
+    ``[.., o1, p, ..]``, and its copy to the plan's ``[.., s*o1 + p, ..]`` (named ``names[1]``, its dims in the
+    order ``merged_dims``, a permutation of the stage's result). Appends the three stages to ``stages`` and
+    returns the copy."""
     te = tvm.te
     by_dim = {ph.dim: ph for ph in phases}
     by_window = {ph.window: ph for ph in phases}
@@ -327,7 +329,7 @@ def _phase_stages(
         for ph in phases:
             p = at[ph.phase]
             coords[ph.dim] = ph.factor * at[ph.outer] + p
-            tap = ph.tap_index(p, at[ph.tap])
+            tap = ph.tap_index(p, at[ph.tap], tvm.tirx.Select)
             coords[ph.window] = tvm.tirx.min(tap, ph.size - 1) if ph.guarded else tap  # an index inside w
             if ph.guarded:
                 checks.append(tap < ph.size)
@@ -358,7 +360,7 @@ def _phase_stages(
     stages.append(StageInfo(stage.name, spatial, reduced, weight_only=weight_only, reads_from=(names[0],)))
 
     def merge(*indices: Any) -> Any:
-        at = dict(zip(stage.result, indices))
+        at = dict(zip(merged_dims, indices))
         return result[
             tuple(
                 index
@@ -367,8 +369,8 @@ def _phase_stages(
             )
         ]
 
-    merged = te.compute(tuple(stage.result_sizes[d] for d in stage.result), merge, name=names[1])
-    stages.append(StageInfo(names[1], list(stage.result), [], is_copy=True, reads_from=(stage.name,)))
+    merged = te.compute(tuple(stage.result_sizes[d] for d in merged_dims), merge, name=names[1])
+    stages.append(StageInfo(names[1], list(merged_dims), [], is_copy=True, reads_from=(stage.name,)))
     return merged
 
 
@@ -463,11 +465,13 @@ def lower_chain(
         bound = [(step.at(binding), n) for step, n in pending]
         phases = find_phases(bound, found.result, list(found.reduce_sizes), taken) if pending else []
         if phases:  # a window over inserted zeros: only the taps that meet an element (module phases)
-            last = stage.stop == len(steps) and found.result == output_names
+            # the last stage's copy back from [.., o1, p, ..] also puts the dims in the output's order
+            last = stage.stop == len(steps) and sorted(found.result) == sorted(output_names)
             pad = f"{prefix}pad{sum(s.is_pad for s in stages)}"
             names = (pad, f"{prefix}out" if last else f"{prefix}merge{len(stages)}")
             args = (found, phases, pending, source, source_dims, names, stages)
-            source = _phase_stages(tvm, dtype, binding, weight_tensors, *args)
+            source = _phase_stages(tvm, dtype, binding, weight_tensors, *args, output_names if last else found.result)
+            source_dims = output_names if last else found.result
         else:
             axes = {r: te.reduce_axis((0, n), name=f"r_{r}") for r, n in found.reduce_sizes.items()}
             data_names = [d for d in [*found.result, *axes] if d not in found.new_dims]
@@ -481,7 +485,7 @@ def lower_chain(
             source = te.compute(tuple(found.result_sizes[r] for r in found.result), compute, name=found.name)
             weight_only = found.new_dims & set(found.result)
             stages.append(StageInfo(found.name, found.result, list(axes), weight_only=weight_only, reads_from=(read,)))
-        source_dims = found.result
+            source_dims = found.result
         pending = []
         index = stage.stop
 

@@ -36,11 +36,16 @@ This module holds the pattern and its index arithmetic; it builds no stage itsel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kdsl.lang.primitives import Dilate, Primitive, Unfold
+
+
+def _select(condition: Any, then: Any, otherwise: Any) -> Any:
+    """``then if condition else otherwise`` on ints (TIR expressions use ``tvm.tirx.Select``)."""
+    return then if condition else otherwise
 
 
 @dataclass(frozen=True)
@@ -67,14 +72,19 @@ class Phase:
         """Whether some phase's last tap lies past the window (``s`` does not divide ``K``)."""
         return self.size % self.factor != 0
 
-    def tap_index(self, p: Any, t: Any) -> Any:
+    def tap_index(self, p: Any, t: Any, select: Callable[[Any, Any, Any], Any] = _select) -> Any:
         """The window index ``k = s*t + (K//2 - p) mod s`` of tap ``t`` in phase ``p`` (ints, or TIR
-        expressions: ``%`` is a floor modulo on both)."""
-        return self.factor * t + (self.size // 2 - p) % self.factor
+        expressions with ``select=tvm.tirx.Select``)."""
+        # no floormod: TVM 0.27 computed W[floormod(4 - p, 3)] as W[floormod(-p, 3)] (p in [0, 3)); the
+        # residue of K//2 - p is K//2 mod s - p, plus s once p passes K//2 mod s
+        low = (self.size // 2) % self.factor
+        return self.factor * t + select(p <= low, low - p, low + self.factor - p)
 
-    def offset(self, p: Any) -> Any:
-        """``c(p)``: phase ``p``'s tap ``t`` at outer index ``o1`` reads the input at ``o1 + t + c(p)``."""
-        return 0 - (self.size // 2 - p) // self.factor
+    def offset(self, p: Any, select: Callable[[Any, Any, Any], Any] = _select) -> Any:
+        """``c(p) = -floor((K//2 - p) / s)``: phase ``p``'s tap ``t`` at outer index ``o1`` reads the input
+        at ``o1 + t + c(p)`` (one more once ``p`` passes ``K//2 mod s``)."""
+        low, high = (self.size // 2) % self.factor, (self.size // 2) // self.factor
+        return select(p <= low, 0 - high, 1 - high)
 
 
 def _fresh(base: str, taken: set[str]) -> str:
