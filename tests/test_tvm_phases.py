@@ -42,30 +42,18 @@ CASES = [
 
 
 def macs(lowered, name="stage0"):
-    """The multiply-adds of a lowered stage: the product of its extents."""
-    return prod(_extents(lowered, name))
-
-
-def _extents(lowered, name):
-    """The iteration extents (spatial then reduced) of the TE stage ``name``."""
-    tensor = next(t for t in _tensors(lowered.out) if t.op.name == name)
-    extents = [int(ax.dom.extent) for ax in (*tensor.op.axis, *tensor.op.reduce_axis)]
-    assert extents, name
-    return extents
-
-
-def _tensors(tensor):
-    """Every TE tensor ``tensor`` depends on, itself first."""
-    seen, stack, found = set(), [tensor], []
-    while stack:
+    """The multiply-adds of the lowered stage ``name``: the product of its spatial and reduced extents."""
+    seen, stack, tensor = set(), [lowered.out], None
+    while stack and tensor is None:  # the stage's tensor among those the output depends on
         t = stack.pop()
-        if t.op.name in seen:
-            continue
-        seen.add(t.op.name)
-        found.append(t)
-        stack.extend(getattr(t.op, "input_tensors", []))
-    assert found
-    return found
+        if t.op.name not in seen:
+            seen.add(t.op.name)
+            tensor = t if t.op.name == name else None
+            stack.extend(getattr(t.op, "input_tensors", []))
+    assert tensor is not None, name
+    count = prod(int(ax.dom.extent) for ax in (*tensor.op.axis, *tensor.op.reduce_axis))
+    assert count > 0
+    return count
 
 
 @pytest.mark.parametrize(("name", "layer"), CASES)

@@ -8,6 +8,12 @@ with the primitives' own coordinate rules (:mod:`kdsl.lang.index`, turned into T
 read is guarded by ``0 <= . < N``, N the dim's size, never the window's), times every weight it
 shares. Views after the last stage become a final copy stage.
 
+A stage that reduces a window over a Dilate's inserted zeros is lowered in its phase form instead
+(:mod:`kdsl.codegen.tvm.phases`, :func:`_phase_stages`): a phased, zero-padded copy of its source, a
+reduction over only the taps that meet an element with its result laid out ``[.., o1, p, ..]``, and the
+copy back to ``[.., s*o1 + p, ..]`` (in the output's order when it is the last stage), which the default
+schedule folds into the reduction's write-back.
+
 :func:`lower_chain` lowers a chain onto any TE tensor: :func:`kdsl.codegen.tvm.lowering.lower` lowers
 every chain node of an operator with it (a linear operator's one chain with plain stage names, a
 branching operator's with stage names prefixed). :class:`StageInfo` is what the scheduler reads of

@@ -24,7 +24,7 @@ This module holds the pattern and its index arithmetic; it builds no stage itsel
 
 >>> from kdsl.lang import *
 >>> N, C, H = primary("N C H"); K, s = coefficient("K s")
->>> op = Input(N, C, H) >> Dilate(H, s) >> Unfold(H, K, "k") >> Reduce("k") >> Output(N, C, H)
+>>> op = Input(N, C, H) >> Dilate(H, s) >> Unfold("H", K, "k") >> Reduce("k") >> Output(N, C, "H")
 >>> steps = [step.at({"N": 1, "C": 2, "H": 5, "K": 3, "s": 2}) for step in op.steps[:2]]
 >>> views = [(steps[0], {"N": 1, "C": 2, "H": 5}), (steps[1], {"N": 1, "C": 2, "H": 10})]
 >>> [(ph.dim, ph.window, ph.factor, ph.size, ph.extent, ph.taps) for ph in find_phases(views, ["N", "C", "H"], ["k"])]
