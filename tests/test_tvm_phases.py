@@ -79,6 +79,13 @@ def test_only_the_taps_that_meet_an_element_are_computed(name, layer):
         assert not any(r.endswith("_t") for st in lowered.stages for r in st.reduced)
 
 
+def test_the_heuristic_materializes_the_phased_copy():
+    # inlined, every broadcast read would also select its phase's offset
+    lowered = lower(gallery.load("conv_transpose2d"), CASES[5][1])
+    assert [info.phased for info in lowered.stages] == [True, False, False]
+    assert ScheduleSpace(lowered).heuristic()["pad0.inline"] is False
+
+
 @pytest.mark.parametrize(("name", "layer"), [CASES[1], CASES[3], CASES[7]])
 def test_random_points_of_the_schedule_space_equal_reference(name, layer):
     op = gallery.load(name)

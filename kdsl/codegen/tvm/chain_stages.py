@@ -50,6 +50,7 @@ class StageInfo:
     reads_from: tuple[str, ...] = ()  # the stages (pads included) whose results this stage reads
     elementwise: bool = False  # a branching kernel's element-wise stage (Map, Blend, ...): it may be inlined
     lane_reduce: bool = False  # a branching kernel's reduction that may keep vector lanes of partial results
+    phased: bool = False  # a pad stage that is the phase form's copy (kdsl.codegen.tvm.phases)
 
 
 def _sizes_along(plan: Any, binding: Mapping[str, int]) -> list[dict[str, int]]:
@@ -317,7 +318,9 @@ def _phase_stages(
     plain = [d for d in data_names if d not in by_dim and d not in by_window]
     pads = window_paddings(tvm, rest, plain, binding)
     phased, phased_dims, padded = _phased_copy(tvm, source, source_dims, by_dim, pads, names[0], dtype)
-    stages.append(StageInfo(names[0], phased_dims, [], is_pad=True, padded=padded, reads_from=(source.op.name,)))
+    info = StageInfo(names[0], phased_dims, [], is_pad=True, padded=padded, reads_from=(source.op.name,))
+    info.phased = True
+    stages.append(info)
 
     spatial = [a for d in stage.result for a in ((by_dim[d].outer, by_dim[d].phase) if d in by_dim else (d,))]
     extents = {ph.outer: ph.extent for ph in phases} | {ph.phase: ph.factor for ph in phases} | stage.result_sizes
