@@ -73,8 +73,10 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
+# 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-6"  # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
+VERSION = "tvm-space-7"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
