@@ -8,6 +8,12 @@ with the primitives' own coordinate rules (:mod:`kdsl.lang.index`, turned into T
 read is guarded by ``0 <= . < N``, N the dim's size, never the window's), times every weight it
 shares. Views after the last stage become a final copy stage.
 
+A stage that reduces a window over a Dilate's inserted zeros is lowered in its phase form instead
+(:mod:`kdsl.codegen.tvm.phases`, :func:`_phase_stages`): a phased, zero-padded copy of its source, a
+reduction over only the taps that meet an element with its result laid out ``[.., o1, p, ..]``, and the
+copy back to ``[.., s*o1 + p, ..]`` (in the output's order when it is the last stage), which the default
+schedule folds into the reduction's write-back.
+
 :func:`lower_chain` lowers a chain onto any TE tensor: :func:`kdsl.codegen.tvm.lowering.lower` lowers
 every chain node of an operator with it (a linear operator's one chain with plain stage names, a
 branching operator's with stage names prefixed). :class:`StageInfo` is what the scheduler reads of
@@ -22,6 +28,7 @@ from math import prod
 from typing import Any
 
 from kdsl import solve
+from kdsl.codegen.tvm.phases import Phase, find_phases, without_phases
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.index import Add, Const, Cyclic, FloorDiv, Half, Index, Mod, Scale, SizeOf, Var, walk_up
 from kdsl.lang.operator import Operator
@@ -43,6 +50,7 @@ class StageInfo:
     reads_from: tuple[str, ...] = ()  # the stages (pads included) whose results this stage reads
     elementwise: bool = False  # a branching kernel's element-wise stage (Map, Blend, ...): it may be inlined
     lane_reduce: bool = False  # a branching kernel's reduction that may keep vector lanes of partial results
+    phased: bool = False  # a pad stage that is the phase form's copy (kdsl.codegen.tvm.phases)
 
 
 def _sizes_along(plan: Any, binding: Mapping[str, int]) -> list[dict[str, int]]:
@@ -221,6 +229,160 @@ def _stage_body(
     return compute
 
 
+def _phased_copy(
+    tvm: Any,
+    tensor: Any,
+    dims: list[str],
+    phases: Mapping[str, Phase],
+    pads: Mapping[str, tuple[int, int]],
+    name: str,
+    dtype: str,
+) -> tuple[Any, list[str], tuple[int, ...]]:
+    """The phase form's copy of ``tensor``: each phase dim ``d`` becomes two axes ``(p, i)`` holding
+    ``tensor[.., i + c(p), ..]`` (:mod:`kdsl.codegen.tvm.phases`), the dims of ``pads`` are zero-padded as
+    :func:`padded_copy` pads them, zero outside the tensor. Returns the copy, its axes' names and the
+    positions of the padded axes (every ``i``)."""
+    axes: list[str] = []
+    shape: list[int] = []
+    padded: list[int] = []
+    for d, n in zip(dims, (int(n) for n in tensor.shape)):
+        if d in phases:
+            ph = phases[d]
+            axes.append(ph.phase)
+            shape.append(ph.factor)
+            extent = n + ph.taps - 1  # o1 + t for o1 < n, t < taps
+        else:
+            extent = n + sum(pads.get(d, (0, 0)))
+        if d in phases or d in pads:
+            padded.append(len(axes))
+        axes.append(d)
+        shape.append(extent)
+
+    def compute(*indices: Any) -> Any:
+        at = dict(zip(axes, indices))
+        inside, source = [], []
+        for d, n in zip(dims, tensor.shape):
+            if d in phases:
+                index = at[d] + phases[d].offset(at[phases[d].phase], tvm.tirx.Select)
+            else:
+                index = at[d] - pads[d][0] if d in pads else at[d]
+            if d in phases or d in pads:
+                inside.extend([index >= 0, index < int(n)])
+            source.append(index)
+        value = tensor[tuple(source)]
+        if not inside:
+            return value
+        return tvm.tirx.if_then_else(tvm.tirx.all(*inside), value, tvm.tirx.const(0.0, dtype))
+
+    return tvm.te.compute(tuple(shape), compute, name=name), axes, tuple(padded)
+
+
+@dataclass
+class _Contraction:
+    """One contraction stage of the plan, as :func:`lower_chain` found it (names and sizes at the binding)."""
+
+    name: str
+    result: list[str]
+    result_sizes: dict[str, int]
+    reduce_sizes: dict[str, int]  # reduced dim -> size, in the block's order
+    means: list[str]
+    shares: list[Weight]
+    new_dims: set[str]
+
+
+def _phase_stages(
+    tvm: Any,
+    dtype: str,
+    binding: Mapping[str, int],
+    weight_tensors: Mapping[str, Any],
+    stage: _Contraction,
+    phases: list[Phase],
+    pending: list[tuple[Primitive, dict[str, int]]],
+    source: Any,
+    source_dims: list[str],
+    names: tuple[str, str],
+    stages: list[StageInfo],
+    merged_dims: list[str],
+) -> Any:
+    """Lower ``stage`` in its phase form (:mod:`kdsl.codegen.tvm.phases`): the phased copy of ``source``
+    (a pad stage named ``names[0]``), the reduction over the taps that meet an element, laid out
+    ``[.., o1, p, ..]``, and its copy to the plan's ``[.., s*o1 + p, ..]`` (named ``names[1]``, its dims in the
+    order ``merged_dims``, a permutation of the stage's result). Appends the three stages to ``stages`` and
+    returns the copy."""
+    te = tvm.te
+    by_dim = {ph.dim: ph for ph in phases}
+    by_window = {ph.window: ph for ph in phases}
+    phase_axes = {ph.phase for ph in phases}
+    rest = without_phases(pending, phases)
+    data_names = [d for d in [*stage.result, *stage.reduce_sizes] if d not in stage.new_dims]
+    plain = [d for d in data_names if d not in by_dim and d not in by_window]
+    pads = window_paddings(tvm, rest, plain, binding)
+    phased, phased_dims, padded = _phased_copy(tvm, source, source_dims, by_dim, pads, names[0], dtype)
+    info = StageInfo(names[0], phased_dims, [], is_pad=True, padded=padded, reads_from=(source.op.name,))
+    info.phased = True
+    stages.append(info)
+
+    spatial = [a for d in stage.result for a in ((by_dim[d].outer, by_dim[d].phase) if d in by_dim else (d,))]
+    extents = {ph.outer: ph.extent for ph in phases} | {ph.phase: ph.factor for ph in phases} | stage.result_sizes
+    axes = {
+        (by_window[r].tap if r in by_window else r): te.reduce_axis(
+            (0, by_window[r].taps if r in by_window else n), name=f"r_{by_window[r].tap if r in by_window else r}"
+        )
+        for r, n in stage.reduce_sizes.items()
+    }
+
+    def compute(*indices: Any) -> Any:
+        at = dict(zip(spatial, indices)) | axes
+        coords = {d: at[d] for d in [*stage.result, *stage.reduce_sizes] if d in at}  # the plan's coordinates
+        checks = []
+        for ph in phases:
+            p = at[ph.phase]
+            coords[ph.dim] = ph.factor * at[ph.outer] + p
+            tap = ph.tap_index(p, at[ph.tap], tvm.tirx.Select)
+            coords[ph.window] = tvm.tirx.min(tap, ph.size - 1) if ph.guarded else tap  # an index inside w
+            if ph.guarded:
+                checks.append(tap < ph.size)
+        up, guards = walk_views(tvm, rest, {d: coords[d] for d in plain}, binding)
+        read = []
+        for d in phased_dims:
+            if d in by_dim:  # o1 + t: affine, inside the copy
+                read.append(at[by_dim[d].outer] + at[by_dim[d].tap])
+            elif d in phase_axes:
+                read.append(at[d])
+            else:
+                read.append(up[d] + pads[d][0] if d in pads else up[d])
+        value = phased[tuple(read)]
+        checks += [g.condition for g in guards if g.pad is None or g.dim not in pads]
+        if checks:
+            # the data read alone: under the condition TVM would simplify a weight's min(k, K - 1) to k, and
+            # a weight's read region past its window breaks packing it (cache_read)
+            value = tvm.tirx.if_then_else(tvm.tirx.all(*checks), value, tvm.tirx.const(0.0, dtype))
+        for weight in stage.shares:
+            value = value * weight_tensors[weight.name][tuple(coords[d.name] for d in weight.dims)]
+        if stage.means:
+            value = value * tvm.tirx.const(1.0 / prod(stage.reduce_sizes[m] for m in stage.means), dtype)
+        return te.sum(value, axis=list(axes.values()))
+
+    result = te.compute(tuple(extents[a] for a in spatial), compute, name=stage.name)
+    reduced = [by_window[r].tap if r in by_window else r for r in stage.reduce_sizes]
+    weight_only = stage.new_dims & set(stage.result)
+    stages.append(StageInfo(stage.name, spatial, reduced, weight_only=weight_only, reads_from=(names[0],)))
+
+    def merge(*indices: Any) -> Any:
+        at = dict(zip(merged_dims, indices))
+        return result[
+            tuple(
+                index
+                for d in stage.result
+                for index in ((at[d] // by_dim[d].factor, at[d] % by_dim[d].factor) if d in by_dim else (at[d],))
+            )
+        ]
+
+    merged = te.compute(tuple(stage.result_sizes[d] for d in merged_dims), merge, name=names[1])
+    stages.append(StageInfo(names[1], list(merged_dims), [], is_copy=True, reads_from=(stage.name,)))
+    return merged
+
+
 @dataclass
 class ChainLowered:
     """A linear chain lowered onto a given tensor: its stages, and its result.
@@ -245,6 +407,18 @@ class ChainLowered:
         return read_guarded(tvm, self.source, self.source_dims, up, guards, dtype, None, fill), [
             g.condition for g in guards
         ]
+
+
+def _contraction(block: Sequence[Primitive], stage: Any, sizes: list[dict[str, int]], name: str) -> _Contraction:
+    """The contraction stage ``stage`` of a plan (its steps ``block``; ``sizes`` along the plan)."""
+    reduce_sizes = {
+        step.dim: sizes[i][step.dim] for i, step in enumerate(block, stage.start) if REDUCTION in step.facts
+    }
+    means = [step.dim for step in block if REDUCTION in step.facts and step.mean]
+    shares = [step.weight for step in block if CONTRACTION in step.facts]
+    new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
+    result = [name for name, _ in stage.result]
+    return _Contraction(name, result, sizes[stage.stop], reduce_sizes, means, shares, new_dims)
 
 
 def lower_chain(
@@ -285,6 +459,8 @@ def lower_chain(
         return padded_copy(tvm, tensor, dims, pads, name, dtype), pads
 
     stage_starts = {stage.start: stage for stage in plan.stages}
+    output_names = [d.name for d in plan.outputs]
+    taken = {name for live in plan.live for name, _ in live}  # the phase form's new axes avoid these
     index = 0
     while index < len(steps):
         stage = stage_starts.get(index)
@@ -292,45 +468,36 @@ def lower_chain(
             pending.append((steps[index], sizes[index]))
             index += 1
             continue
-        block = steps[stage.start : stage.stop]
-        after = sizes[stage.stop]
-        result = [name for name, _ in stage.result]
-        reduced = [step.dim for step in block if REDUCTION in step.facts]
-        reduce_sizes = {
-            step.dim: sizes[i][step.dim] for i, step in enumerate(block, stage.start) if REDUCTION in step.facts
-        }
-        means = [step.dim for step in block if REDUCTION in step.facts and step.mean]
-        shares = [step.weight for step in block if CONTRACTION in step.facts]
-        name = f"{prefix}stage{sum(1 for s in stages if not s.is_pad)}"
-        axes = {r: te.reduce_axis((0, reduce_sizes[r]), name=f"r_{r}") for r in reduced}
-        new_dims = {d.name for w in shares for d, new in zip(w.dims, w.new) if new}
-        data_names = [d for d in [*result, *axes] if d not in new_dims]
-        padded = padder(source, source_dims, pending, data_names)
-
-        compute = _stage_body(
-            tvm,
-            dtype,
-            binding,
-            weight_tensors,
-            result,
-            axes,
-            shares,
-            list(pending),
-            source,
-            list(source_dims),
-            [reduce_sizes[m] for m in means],
-            new_dims,
-            padded,
+        found = _contraction(
+            steps[stage.start : stage.stop], stage, sizes, f"{prefix}stage{sum(not s.is_pad for s in stages)}"
         )
-        shape = tuple(after[r] for r in result)
-        read = (padded[0] if padded else source).op.name
-        source = te.compute(shape, compute, name=name)
-        source_dims = result
-        stages.append(StageInfo(name, result, reduced, weight_only=new_dims & set(result), reads_from=(read,)))
+        bound = [(step.at(binding), n) for step, n in pending]
+        phases = find_phases(bound, found.result, list(found.reduce_sizes), taken) if pending else []
+        if phases:  # a window over inserted zeros: only the taps that meet an element (module phases)
+            # the last stage's copy back from [.., o1, p, ..] also puts the dims in the output's order
+            last = stage.stop == len(steps) and sorted(found.result) == sorted(output_names)
+            pad = f"{prefix}pad{sum(s.is_pad for s in stages)}"
+            names = (pad, f"{prefix}out" if last else f"{prefix}merge{len(stages)}")
+            args = (found, phases, pending, source, source_dims, names, stages)
+            source = _phase_stages(tvm, dtype, binding, weight_tensors, *args, output_names if last else found.result)
+            source_dims = output_names if last else found.result
+        else:
+            axes = {r: te.reduce_axis((0, n), name=f"r_{r}") for r, n in found.reduce_sizes.items()}
+            data_names = [d for d in [*found.result, *axes] if d not in found.new_dims]
+            padded = padder(source, source_dims, pending, data_names)
+            means = [found.reduce_sizes[m] for m in found.means]
+            compute = _stage_body(
+                tvm, dtype, binding, weight_tensors, found.result, axes, found.shares, list(pending), source,
+                list(source_dims), means, found.new_dims, padded,
+            )  # fmt: skip
+            read = (padded[0] if padded else source).op.name
+            source = te.compute(tuple(found.result_sizes[r] for r in found.result), compute, name=found.name)
+            weight_only = found.new_dims & set(found.result)
+            stages.append(StageInfo(found.name, found.result, list(axes), weight_only=weight_only, reads_from=(read,)))
+            source_dims = found.result
         pending = []
         index = stage.stop
 
-    output_names = [d.name for d in plan.outputs]
     if pending or source is chain_input or source_dims != output_names:
         if not materialize:
             return ChainLowered(None, output_names, stages, source, list(source_dims), list(pending), dict(binding))
