@@ -108,6 +108,32 @@ def test_a_lanes_configuration_is_read_as_the_schedule_that_runs():
     assert dict(zip(FEATURES, config_features(gemv, heuristic)))["estimate_vs_heuristic"] == 0.0
 
 
+def test_a_lanes_stage_is_priced_by_the_nest_it_runs_and_the_layout_it_reads():
+    # the analytic terms the features read: S.lanes' traffic is the tiled model's on the nest as_applied
+    # describes (one measure for both), and a read stored across the reduction gathers the lanes' vectors
+    space = _space("matmul", MATMUL)
+    stage = next(s for s in space.stages if s.kind == "reduce")
+    name = stage.name
+    model = gensor_model.space_model(space)
+    axis = len(stage.spatial) + len(stage.reduced) - 1  # the axis the lanes split
+    gathered = dict(space.heuristic(), **{f"{name}.lanes": True})
+    contiguous = dict(gathered)
+    for buffer, dims in stage.reads:
+        gathered[f"layout.{buffer}.perm"] = tuple(range(len(dims)))
+        gathered[f"layout.{buffer}.tile"] = contiguous[f"layout.{buffer}.tile"] = "none"
+        along = next(d for d, used in enumerate(dims) if axis in used)
+        perm = (*(d for d in range(len(dims)) if d != along), along)  # the reduction's dim stored last
+        assert perm in space.parameters[f"layout.{buffer}.perm"].values(), (buffer, perm)
+        contiguous[f"layout.{buffer}.perm"] = perm
+    assert gensor_model.lane_gathers(space, stage, contiguous) == 0
+    assert gensor_model.lane_gathers(space, stage, gathered) == 1  # the weight, stored [Cin, Cout]
+    fast = gensor_model.stage_terms_of(space, stage, contiguous, model)
+    slow = gensor_model.stage_terms_of(space, stage, gathered, model)
+    assert fast[0] < slow[0]
+    tiled = dict(as_applied(space, gathered), **{f"{name}.lanes": False})
+    assert slow[1] == pytest.approx(gensor_model.stage_terms_of(space, stage, tiled, model)[1], rel=1e-12)
+
+
 def test_rank_correlation_against_its_definition():
     rng = random.Random(3)
     a = [rng.random() for _ in range(30)]
