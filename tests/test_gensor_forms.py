@@ -191,7 +191,18 @@ def test_a_gemv_space_offers_lanes_to_the_tuners():
     assert name in Alt(space, seed=0).loops
 
 
-@pytest.mark.parametrize("name", ["conv2d_valid", "alexnet_c1", "max_pool2d", "squeeze_excitation", "attention_qk"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "conv2d_valid",
+        "alexnet_c1",
+        "max_pool2d",
+        "squeeze_excitation",
+        "attention_qk",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    ],
+)
 def test_constructions_of_other_operators_are_schedules_of_the_space(name):
     from test_tvm_schedule import LAYERS
 

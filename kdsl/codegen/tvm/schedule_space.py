@@ -471,7 +471,8 @@ class ScheduleSpace:
                 if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
                     continue
                 tensor, pad_dims = producer.reads[0]
-                if pad_dims[dim] != {dim}:
+                # a copy of another rank (the phase form's [.., p, i, ..] copy) is no plain pad of the input
+                if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
                     continue
             if self._tensor(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
                 continue
