@@ -41,6 +41,7 @@ from kdsl.codegen.tvm import build as tvm_build
 from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, to_blocked
 from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_worker, stage_layers
 from kdsl.lang.errors import KdslError, printable
+from kdsl.runtime.threads import shared_process_environment
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs
 from kdsl.runtime.units import faster_or_slower
 from kdsl.tune.driver import check_options
@@ -242,9 +243,10 @@ def time_networks(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """:func:`time_compiled` at every batch size, each in its own worker process (PyTorch and TVM in
-    one process: ``TVM_BIND_THREADS=0`` keeps TVM from pinning the threads PyTorch needs)."""
+    one process: :func:`kdsl.runtime.threads.shared_process_environment` keeps TVM's threads unpinned and
+    sleeping between kernels, so they leave PyTorch's operators the cores)."""
     rows = []
-    environment = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), TVM_BIND_THREADS="0")
+    environment = shared_process_environment(threads)
     for batch in batches:
         payload = {
             "op": item.to_dict(),

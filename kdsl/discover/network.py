@@ -19,7 +19,8 @@ the layers of the ``resnet18`` layer table) is an operator of kdsl; the stem, th
   and PyTorch's native original network is timed beside it as the reference.
 
 Each backend runs in its own worker process (TVM pins its threads and slows PyTorch down in the
-same process, see TVM.md; the TVM worker, which runs both, sets ``TVM_BIND_THREADS=0``). In a
+same process, see TVM.md; the TVM worker, which runs both, unpins TVM's threads and keeps them from spinning:
+:func:`kdsl.runtime.threads.shared_process_environment`). In a
 worker, every network of one batch size is timed in the same rounds, in alternation
 (:func:`kdsl.runtime.timing.interleaved_samples`), holding the machine's latency slot; a ratio is
 the median over rounds of the ratio within a round (:func:`~kdsl.runtime.timing.ratio_of_pairs`).
@@ -53,6 +54,7 @@ from kdsl.lang import library
 from kdsl.lang.errors import KdslError, ShapeError, printable
 from kdsl.lang.operator import Operator
 from kdsl.lang.serialize import from_json, to_json
+from kdsl.runtime.threads import shared_process_environment
 from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pairs, ratio_spread
 from kdsl.search.store import candidate
 from kdsl.solve import bind, shapes
@@ -498,8 +500,8 @@ def network_latency(
             progress(f"timing the {backend} networks (batch {', '.join(map(str, batches))})")
         environment = dict(os.environ, TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         if backend == "tvm":
-            # PyTorch runs the rest of the network in the same process: TVM must not pin its threads
-            environment["TVM_BIND_THREADS"] = "0"
+            # PyTorch runs the rest of the network in the same process: TVM's threads unpinned and not spinning
+            environment = shared_process_environment(threads)
         rows += run_worker("kdsl.discover.network", {**payload, "backend": backend}, environment, f"the {backend}")
     return rows
 
