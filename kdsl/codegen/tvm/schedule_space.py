@@ -366,8 +366,7 @@ class ScheduleSpace:
                 config[f"{s}.reductions"] = "whole"
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
             config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
-            config[f"{s}.unroll_tile"] = True
-            config[f"{s}.cache"] = "local"
+            config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
             if vector is not None:
                 self._vector_layouts(stage, vector, vf, config)
                 self._cache_block(stage, vector, config)
