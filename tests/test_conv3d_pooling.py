@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from backends import backend
+from backends import backend, output_or_error
 
 torch = backend("torch")
 tvm = backend("tvm")
@@ -62,17 +62,12 @@ def expected_output(function, layer, op, x, weights):
 
 
 def run_backend(name, op, layer, x, weights):
-    """``op`` at ``layer`` on the backend ``name`` (reference, torch, tvm), as a NumPy array."""
-    if name == "reference":
-        return reference.run(op, layer, x, weights)
-    if name == "torch":
-        module = kdsl_torch.build(op, layer).double()
-        with torch.no_grad():
-            for parameter, weight in zip(module.parameters(), weights):
-                parameter.copy_(torch.from_numpy(weight))
-            return module(torch.from_numpy(x)).numpy()
-    assert name == "tvm"
-    return np.asarray(kdsl_tvm.build(op, layer, dtype="float64")(x, *weights))
+    """``op`` at ``layer`` on the backend ``name`` (reference, torch, tvm), as a NumPy array; what the
+    backend raised is raised here."""
+    result = output_or_error(name, op, layer, x, weights)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 @pytest.mark.parametrize("backend_name", ["reference", "torch", "tvm"])
