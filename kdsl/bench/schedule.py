@@ -17,6 +17,7 @@ from kdsl import gallery, solve
 from kdsl.codegen.native import NATIVE, native_function
 from kdsl.codegen.torch import build as torch_build
 from kdsl.codegen.tvm import build
+from kdsl.runtime.threads import shared_process_environment
 from kdsl.runtime.timing import median_seconds
 
 
@@ -95,8 +96,7 @@ def measure(
         "import json, sys\nfrom kdsl.bench.schedule import _measure_worker\n"
         "c = json.loads(sys.argv[1])\n_measure_worker(c['cases'], c['number'], c['repeat'], c['rounds'])\n"
     )
-    threads = os.environ.get("TVM_NUM_THREADS", "2")
-    env = dict(os.environ, TVM_NUM_THREADS=threads, TVM_BIND_THREADS="0", OMP_NUM_THREADS=threads)
+    env = shared_process_environment(int(os.environ.get("TVM_NUM_THREADS", "2")), sleeping=False)
     payload = json.dumps({"cases": cases, "number": number, "repeat": repeat, "rounds": rounds})
     done = subprocess.run([sys.executable, "-c", code, payload], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -43,6 +43,7 @@ from kdsl.lang.errors import KdslError, SearchError
 from kdsl.lang.operator import Operator
 from kdsl.lang.parser import parse
 from kdsl.lang.serialize import from_json
+from kdsl.runtime.threads import shared_process_environment
 from kdsl.runtime.timing import latency_slot
 from kdsl.runtime.workers import Outcome, Slot, WorkerError, WorkerPool, describe_exception
 
@@ -201,11 +202,8 @@ class LocalExecutor(Executor):
         self.workers, self.timeout, self.startup_timeout = workers, float(timeout), startup_timeout
         self.lock_path, self.preload = lock_path, tuple(preload)
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
-        self.environment = {
-            "OMP_NUM_THREADS": str(threads),
-            "TVM_NUM_THREADS": str(threads),
-            "TVM_BIND_THREADS": "0",  # TVM's pinned threads would slow PyTorch in the same worker
-        }
+        # TVM's pinned threads would slow PyTorch in the same worker
+        self.environment = shared_process_environment(threads, base={}, sleeping=False)
         self._pool: WorkerPool[Task] = WorkerPool(
             _serve_task,
             size=workers,

@@ -12,6 +12,8 @@ took 2.8x PyTorch's time with both pools spinning and 1.7x with TVM's threads sl
 ('2', '2', '0', '0')
 >>> shared_process_environment(1, base={"TVM_THREAD_POOL_SPIN_COUNT": "1000"})["TVM_THREAD_POOL_SPIN_COUNT"]
 '1000'
+>>> "TVM_THREAD_POOL_SPIN_COUNT" in shared_process_environment(1, base={}, sleeping=False)
+False
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ from collections.abc import Mapping
 __all__ = ["shared_process_environment"]
 
 
-def shared_process_environment(threads: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def shared_process_environment(
+    threads: int, base: Mapping[str, str] | None = None, *, sleeping: bool = True
+) -> dict[str, str]:
     """The environment (``base``, default ``os.environ``) of a worker that runs TVM kernels among PyTorch
-    operators on ``threads`` threads each: TVM's threads unpinned and sleeping as soon as a kernel ends
-    (a spin count the caller's environment sets is kept)."""
+    operators on ``threads`` threads each: TVM's threads unpinned and, with ``sleeping``, sleeping as soon
+    as a kernel ends (a spin count the caller's environment sets is kept). The kernel benches keep TVM's
+    spinning (``sleeping=False``): their alternating ratios showed no bias from it (docs/network.md)."""
     environment = dict(os.environ if base is None else base)
     environment.update(TVM_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads), TVM_BIND_THREADS="0")
-    environment.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    if sleeping:
+        environment.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
     return environment
