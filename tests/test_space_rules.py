@@ -23,7 +23,7 @@ CASES = {
     "conv2d": {"N": 1, "Cin": 16, "Cout": 32, "H": 8, "W": 8, "K": 3},
     "depthwise_conv2d": {"N": 1, "Cin": 32, "H": 8, "W": 8, "K": 3},
 }
-DRAWS = 40
+DRAWS = 20
 
 
 def _space(name: str):
@@ -70,8 +70,8 @@ def test_random_draws_and_repaired_mutations_all_apply(name):
     rate = 2 / len(space.parameters)
     drawn = [space.random(rng) for _ in range(DRAWS)]
     mutated = [space.repair(mutate(space.parameters, start, 0.5, rng, rate)) for _ in range(DRAWS)]
-    failed = [(c, space.rejection(c)) for c in drawn + mutated if space.rejection(c) is not None]
-    assert failed == []
+    reasons = [(c, space.rejection(c)) for c in drawn + mutated]
+    assert [(c, r) for c, r in reasons if r is not None] == []
     # the draws reach the blocks: some S.block is not "none" where the tiles allow one
     blocks = [v for c in drawn for k, v in c.items() if k.endswith(".block")]
     assert blocks and any(v != "none" for v in blocks)
@@ -131,5 +131,5 @@ def test_the_tuners_never_spend_a_trial_on_a_configuration_that_fails_to_apply(t
     )
     space = _space("conv2d")
     assert result.rejected == 0
-    assert len(measurer.measured) == result.measured == 24
+    assert len(measurer.measured) == result.measured == 16
     assert all(space.rejection(c) is None for c in measurer.measured)
