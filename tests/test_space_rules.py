@@ -121,7 +121,7 @@ def test_the_tuners_never_spend_a_trial_on_a_configuration_that_fails_to_apply(t
         op,
         CASES["conv2d"],
         tuner,
-        24,
+        16,
         tmp_path / "t.db",
         batch=8,
         measurer=measurer,
