@@ -67,6 +67,7 @@ def test_the_rules_refuse_exactly_what_apply_refuses_for_their_causes(name):
 def test_random_draws_and_repaired_mutations_all_apply(name):
     space, rng = _space(name), random.Random(2)
     start = space.heuristic()
+    assert conflicts(space, start) == [] and space.rejection(start) is None
     rate = 2 / len(space.parameters)
     drawn = [space.random(rng) for _ in range(DRAWS)]
     mutated = [space.repair(mutate(space.parameters, start, 0.5, rng, rate)) for _ in range(DRAWS)]
