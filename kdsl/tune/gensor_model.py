@@ -41,7 +41,7 @@ __all__ = [
     "calibrate",
     "capacity",
     "estimate",
-    "gather_efficiency",
+    "gather_share",
     "lane_gathers",
     "level_cost",
     "level_tile",
@@ -420,12 +420,13 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
             vec_eff /= lanes  # a check per lane: the read is not vectorized
         else:
             guards *= 1.05  # a check per broadcast scalar
+    gathered = 0.0  # gathered vectors per FMA
     if vi is not None and vf >= 4:
         for buffer, dims in stage.reads:
             uses = [d for d, used in enumerate(dims) if vi in used]
             tensor = read_tensor(space, config, buffer, uses)
             if uses and (len(uses) > 1 or uses[0] != stored_last(config, tensor, len(dims))):
-                vec_eff *= gather_efficiency(stage, tiles, dims)
+                gathered += gather_share(stage, tiles, dims)
     accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
     accumulators *= prod(e for _, e in below)  # its tile joins the local accumulator
     if config.get(f"{s}.cache") == "local":
@@ -440,29 +441,29 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
     compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
+    # a gather loads lane by lane: its time adds to the FMAs' (it is not a slower FMA; spread over few lanes
+    # or few accumulators, the FMAs are slow already, and the gather costs as much as with whole vectors)
+    compute += gathered * macs / (m.peak * GATHER * par_eff + 1e-9)
     if config.get(f"{s}.cache") == "local" and scattered(stage, config):
         compute += prod(e for _, e in stage.spatial) / (m.hz * m.cores * par_eff)  # a store per element
     return compute, _memory_time(nest_traffic(stage, config, nest, m), m)
 
 
-def gather_efficiency(stage: Any, tiles: Sequence[tuple[int, ...]], dims: Sequence[set[int]]) -> float:
-    """The vector efficiency left to a register tile one of whose reads (indexed by the stage's axes
-    ``dims``) fills its vectors by a gather: :data:`GATHER` where every FMA of the tile needs a gathered
-    vector of its own, and the gather's cost shared among the FMAs that reuse the vector where the register
-    tile runs along axes the read does not index (a weight gathered along the channels serves every output
-    position of the tile: a depthwise 3x3 with 7 positions per channel vector measured 22 us gathered against
-    18 us packed, 128x14x14 on AVX-512, where a gather per FMA would be 20x the compute).
+def gather_share(stage: Any, tiles: Sequence[tuple[int, ...]], dims: Sequence[set[int]]) -> float:
+    """Gathered vectors per FMA of a register tile one of whose reads (indexed by the stage's axes ``dims``)
+    fills its vectors by a gather: 1 where every FMA of the tile needs a gathered vector of its own, less
+    where the register tile runs along axes the read does not index and the FMAs there reuse the vector (a
+    weight gathered along the channels serves every output position of the tile: a depthwise 3x3 with 7
+    positions per channel vector measured 22 us gathered against 18 us packed, 128x14x14 on AVX-512, where
+    a gather per FMA would cost 20x the FMAs).
 
     >>> from types import SimpleNamespace
     >>> stage = SimpleNamespace(spatial=[("C", 128), ("W", 14)])
-    >>> gather_efficiency(stage, [(4, 1, 32), (2, 1, 7)], [{0}, {1}]) == GATHER
-    True
-    >>> round(gather_efficiency(stage, [(4, 1, 32), (2, 1, 7)], [{0}]), 3)  # reused by 7 positions
-    0.269
+    >>> gather_share(stage, [(4, 1, 32), (2, 1, 7)], [{0}, {1}]), gather_share(stage, [(4, 1, 32), (2, 1, 7)], [{0}])
+    (1.0, 0.14285714285714285)
     """
     used = {k for axes in dims for k in axes}
-    reuse = prod(t[2] for k, t in enumerate(tiles[: len(stage.spatial)]) if k not in used)
-    return 1.0 / (1.0 + (1.0 / GATHER - 1.0) / reuse)
+    return 1.0 / prod(t[2] for k, t in enumerate(tiles[: len(stage.spatial)]) if k not in used)
 
 
 def _memory_time(traffic: Sequence[float], m: Model) -> float:
