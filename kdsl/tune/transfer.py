@@ -2,8 +2,9 @@
 
 :class:`~kdsl.tune.cost_model.CostModel` learns one task from its own records (ALT's online model); this
 one learns from every task in any records database (``kdsl tune``'s, ``kdsl bench``'s) on one target,
-over features that mean the same thing on every operator (:mod:`kdsl.tune.features`), so that a task
-never measured before is ranked by what other operators taught.
+over features that mean the same thing on every operator (:mod:`kdsl.tune.features`, each taken against
+the task's heuristic configuration), so that a task never measured before is ranked by what other
+operators taught.
 
 * :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
   records databases; records of another target are never read (a schedule's time is the machine's).
