@@ -37,6 +37,8 @@ from kdsl.lang.errors import KdslError
 from kdsl.runtime.cpu import Machine, host_ghz
 
 __all__ = [
+    "DRAM_BYTES",
+    "MIB",
     "MachinePeak",
     "Rate",
     "clock_bound_gflops",
@@ -45,6 +47,7 @@ __all__ = [
     "measure_fma",
     "measure_peak",
     "sanity_problems",
+    "size_text",
 ]
 
 MIB = 1024 * 1024
@@ -246,6 +249,22 @@ class MachinePeak:
     dram_copy: Rate | None = None
     l2_copy: Rate | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The measurements as JSON-ready values (GFLOP/s, GB/s, bytes), beside the assumed peak."""
+        rates = {"fma_gflops": self.fma, "dram_read_gbs": self.dram_read, "l2_read_gbs": self.l2_read}
+        rates.update({"dram_copy_gbs": self.dram_copy, "l2_copy_gbs": self.l2_copy})
+        out: dict[str, Any] = {
+            name: {"best": rate.best, "median": rate.median} for name, rate in rates.items() if rate is not None
+        }
+        out.update(
+            assumed_gflops=self.machine.peak_gflops(),
+            clock_bound_gflops=clock_bound_gflops(self.machine),
+            dram_bytes=self.dram_bytes,
+            l2_bytes=self.l2_bytes,
+            warnings=sanity_problems(self),
+        )
+        return out
+
     def lines(self) -> list[str]:
         """The measurements, one a line, each beside what kdsl assumes where it assumes something."""
         m = self.machine
@@ -258,7 +277,7 @@ class MachinePeak:
             ("L2", self.l2_bytes, self.l2_read, self.l2_copy),
         ):
             copied = f"; copy {copy.text('GB/s')}" if copy is not None else ""
-            out.append(f"{what} bandwidth ({_size(size)} buffer): read {read.text('GB/s')}{copied}")
+            out.append(f"{what} bandwidth ({size_text(size)} buffer): read {read.text('GB/s')}{copied}")
         bound = clock_bound_gflops(m)
         implied = self.fma.best / (m.cores * m.fma_units * m.lanes() * 2)
         out.append(
@@ -269,7 +288,7 @@ class MachinePeak:
         return out
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
     """``256 MiB`` / ``1024 KiB``."""
     return f"{nbytes / MIB:.0f} MiB" if nbytes >= 16 * MIB else f"{nbytes / 1024:.0f} KiB"
 
@@ -324,7 +343,7 @@ def measure_peak(
     machine = machine or current_machine()
     if dram_bytes <= machine.l3:
         raise KdslError(
-            f"a DRAM buffer of {_size(dram_bytes)} fits the {_size(machine.l3)} last-level cache: it would "
+            f"a DRAM buffer of {size_text(dram_bytes)} fits the {size_text(machine.l3)} last-level cache: it would "
             f"measure the cache; give one beyond it"
         )
     l2_bytes = l2_bytes if l2_bytes is not None else machine.cores * machine.l2 // 2
