@@ -28,12 +28,29 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kdsl.bench.peak import MachinePeak
+from kdsl.bench.peak import DRAM_BYTES, MachinePeak, measure_peak
 from kdsl.codegen import reference
+from kdsl.codegen.tvm.machine import current_machine
+from kdsl.codegen.tvm.parameters import config_key, normalize
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import KdslError
 from kdsl.lang.operator import Operator
+from kdsl.runtime.cpu import Machine
+from kdsl.runtime.units import duration
+from kdsl.tune.measurer import _lowered
+from kdsl.tune.records import RecordStore
 
-__all__ = ["FP32_BYTES", "MARGIN", "Bound", "Roofline", "minimum_bytes", "within_margin"]
+__all__ = [
+    "FP32_BYTES",
+    "MARGIN",
+    "Bound",
+    "Roofline",
+    "default_latency",
+    "measure_roofline",
+    "minimum_bytes",
+    "room_line",
+    "within_margin",
+]
 
 FP32_BYTES = 4
 #: "within 10% of the roofline": a time at most 1.1x the bound, so no schedule can be 1.1x faster
@@ -47,6 +64,7 @@ class Bound:
 
     compute_seconds: float
     memory_seconds: float
+    bandwidth_gbs: float = 0.0  # the bandwidth the memory time assumes
 
     @property
     def seconds(self) -> float:
@@ -93,7 +111,7 @@ class Roofline:
         if macs < 0 or nbytes < 0:
             raise KdslError(f"a roofline needs non-negative MACs and bytes, got {macs} MACs, {nbytes} bytes")
         bandwidth = self.cache_gbs if nbytes <= self.cache_bytes else self.dram_gbs
-        return Bound(2.0 * macs / (self.peak_gflops * 1e9), nbytes / (bandwidth * 1e9))
+        return Bound(2.0 * macs / (self.peak_gflops * 1e9), nbytes / (bandwidth * 1e9), bandwidth)
 
     def line(self) -> str:
         """One line for a benchmark's header."""
@@ -126,3 +144,57 @@ def within_margin(share: float, margin: float = MARGIN) -> bool:
     (True, False)
     """
     return share * (1.0 + margin) >= 1.0
+
+
+def measure_roofline(machine: Machine | None = None, repeats: int = 10) -> Roofline:
+    """The roofline of ``machine`` (default: the one kernels are compiled for), measured now: the FMA
+    peak and the read bandwidths (DRAM over at least 4 last-level caches, and L2) of
+    :func:`~kdsl.bench.peak.measure_peak`, ``repeats`` timings each. A timing: a few seconds."""
+    machine = machine or current_machine()
+    return Roofline.from_peak(
+        measure_peak(machine, repeats=repeats, dram_bytes=max(DRAM_BYTES, 4 * machine.l3), copy=False)
+    )
+
+
+def default_latency(db: str, task: str, op: Operator, binding: Mapping[str, int]) -> float | None:
+    """The default schedule's latency among ``task``'s records in ``db``: the record of the space's
+    heuristic configuration (what :func:`~kdsl.codegen.tvm.default_schedule.default_schedule` applies),
+    which OpEvo and ALT measure first; ``None`` where no tuner measured it (MetaSchedule, Gensor's
+    walks that never met it)."""
+    space = ScheduleSpace(_lowered(op, binding))
+    record = RecordStore(db).known(task, config_key(normalize(space.heuristic())))
+    return record.latency if record is not None else None
+
+
+def room_line(name: str, bound: Bound, roofline: Roofline, default: float | None, best: float | None) -> str:
+    """One line for ``kdsl tune``: the layer's roofline and the default schedule's (and the best
+    record's) share of it, so a user sees whether tuning can pay.
+
+    >>> roofline = Roofline(peak_gflops=100.0, dram_gbs=10.0, cache_gbs=50.0, cache_bytes=1 << 20)
+    >>> for part in room_line("conv3_x", roofline.bound(5e6, 1e5), roofline, 1.25e-4, 1.1e-4).split("; "):
+    ...     print(part)
+    roofline of conv3_x: 100 us (compute-bound at the measured 100 GFLOP/s)
+    default schedule 125 us, 0.80 of it: a tuner can make it at most 1.25x faster
+    best 110 us, 0.91 of it
+    >>> room_line("copy", roofline.bound(0, 2e6), roofline, 1.9e-4, None).split(": ", 1)[1]
+    '200 us (memory-bound at the measured 10.0 GB/s); default schedule 190 us, 1.05 of it: above the bound, ...'
+    """
+    if bound.limit == "compute":
+        what = f"compute-bound at the measured {roofline.peak_gflops:.0f} GFLOP/s"
+    else:
+        what = f"memory-bound at the measured {bound.bandwidth_gbs:.1f} GB/s"
+    line = f"roofline of {name}: {duration(bound.seconds)} ({what}); "
+    if default is None:
+        line += "the default schedule is not among this run's records (its tuner did not measure it)"
+    else:
+        share = bound.share(default)
+        line += f"default schedule {duration(default)}, {share:.2f} of it: "
+        if share > 1.0:
+            line += "above the bound, so the peak or bandwidth measured low (a busy machine?): measure it quietly"
+        elif within_margin(share):
+            line += f"within {MARGIN:.0%} of the bound, no tuner can make it {1 + MARGIN:.1f}x faster"
+        else:
+            line += f"a tuner can make it at most {1 / share:.2f}x faster"
+    if best is not None:
+        line += f"; best {duration(best)}, {bound.share(best):.2f} of it"
+    return line

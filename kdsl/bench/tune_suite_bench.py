@@ -32,8 +32,7 @@ from kdsl import gallery, solve
 from kdsl.bench import target as bench_target
 from kdsl.bench import tune_bench
 from kdsl.bench.argument_types import positive_int
-from kdsl.bench.peak import DRAM_BYTES, measure_peak
-from kdsl.bench.roofline import MARGIN, Roofline, minimum_bytes, within_margin
+from kdsl.bench.roofline import MARGIN, Roofline, measure_roofline, minimum_bytes, within_margin
 from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
 from kdsl.codegen import reference
 from kdsl.codegen.native import native_function
@@ -299,7 +298,7 @@ def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofli
         "best vs roofline |",
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
-    close = measured = 0
+    close = measured = above = 0
     for result in results:
         bound = roofline.bound(result.macs, result.nbytes)
         default = _mean_latency(result, "default schedule")
@@ -309,6 +308,7 @@ def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofli
         if default is not None:
             measured += 1
             close += within_margin(bound.share(default))
+            above += bound.share(default) > 1.0
         lines.append(
             f"| {suite_of(result.case)} {result.case.label} | {result.macs / 1e9:.3f} | {result.nbytes / 2**20:.2f} | "
             f"{bound.limit} | {bound.seconds * 1e3:.3f} | {_ms(default)} | {_share(bound.share, default)} | "
@@ -318,6 +318,11 @@ def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofli
         "",
         f"The default schedule is within {MARGIN:.0%} of its roofline (its time at most {1 + MARGIN:.1f}x the bound) "
         f"on {close} of {measured} cases: no tuner can make those {1 + MARGIN:.1f}x faster.",
+        *(
+            [f"{above} of them exceed their bound: the peak or bandwidth measured low (a busy machine?)."]
+            if above
+            else []
+        ),
         "Bound: max(2 x MACs / FMA peak, min bytes / read bandwidth); min bytes: every input and weight read once "
         "and the output written once (fp32); vs roofline: bound / mean time (1 = at the machine's bound).",
     ]
@@ -420,9 +425,7 @@ def bench_suite(args: argparse.Namespace) -> int:
     (folder / "records").mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     machine = current_machine()
-    # once per suite, before any worker starts: a few seconds (reads only; 4 last-level caches at least)
-    peak = measure_peak(machine, repeats=5, dram_bytes=max(DRAM_BYTES, 4 * machine.l3), copy=False)
-    roofline = Roofline.from_peak(peak)
+    roofline = measure_roofline(machine)  # once per suite, before any worker starts: a few seconds
     metaschedule = ""
     if "metaschedule" in args.tuners:
         metaschedule = f", MetaSchedule at {', '.join(map(str, args.metaschedule_trials))}"
