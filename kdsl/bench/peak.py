@@ -42,10 +42,12 @@ __all__ = [
     "MachinePeak",
     "Rate",
     "clock_bound_gflops",
+    "copy_kernel",
     "fma_kernel",
     "measure_bandwidth",
     "measure_fma",
     "measure_peak",
+    "read_kernel",
     "sanity_problems",
     "size_text",
 ]
@@ -153,7 +155,7 @@ def measure_fma(machine: Machine | None = None, *, depth: int = 1 << 16, repeats
 # Bandwidth
 
 
-def _read_kernel(machine: Machine, parts: int, rows: int, vectors: int) -> Any:
+def read_kernel(machine: Machine, parts: int, rows: int, vectors: int) -> Any:
     """``out[p, w] = sum_r x[p, r, w]`` over rows of ``vectors`` whole vectors: each part's sum stays
     in ``vectors`` independent register accumulators while its rows stream in, parts in parallel."""
     tvm = load_tvm()
@@ -177,7 +179,7 @@ def _read_kernel(machine: Machine, parts: int, rows: int, vectors: int) -> Any:
     return tvm.compile(sch.mod, target=default_target(machine.mcpu))
 
 
-def _copy_kernel(machine: Machine, parts: int, length: int, vectors: int) -> Any:
+def copy_kernel(machine: Machine, parts: int, length: int, vectors: int) -> Any:
     """``y[p, i] = x[p, i]``: parts in parallel, ``vectors`` whole vectors a step."""
     tvm = load_tvm()
     from tvm import te
@@ -214,7 +216,7 @@ def measure_bandwidth(
         raise KdslError(f"a bandwidth buffer of {nbytes} bytes is too large for an exact check of its sums")
     source = tvm.runtime.tensor(x, dev)
     out = tvm.runtime.tensor(np.zeros((parts, row), "float32"), dev)
-    reader = _read_kernel(machine, parts, rows, vectors)
+    reader = read_kernel(machine, parts, rows, vectors)
     reader(source, out)
     if not np.array_equal(out.numpy(), x.sum(axis=1)):
         raise KdslError("the read-bandwidth kernel computed a wrong sum")
@@ -224,7 +226,7 @@ def measure_bandwidth(
         return read, None
     flat = tvm.runtime.tensor(x.reshape(parts, rows * row), dev)
     target = tvm.runtime.tensor(np.zeros((parts, rows * row), "float32"), dev)
-    copier = _copy_kernel(machine, parts, rows * row, vectors)
+    copier = copy_kernel(machine, parts, rows * row, vectors)
     copier(flat, target)
     if not np.array_equal(target.numpy(), x.reshape(parts, rows * row)):
         raise KdslError("the copy-bandwidth kernel computed a wrong copy")
