@@ -90,6 +90,7 @@ def bench_peak(args: argparse.Namespace) -> int:
         print(json.dumps(peak.as_dict() | {"load_average": load}, sort_keys=True))
         return 0
     print(machine_line(machine))
-    print(f"{args.repeats} timings of each kernel, all {machine.cores} threads; load average {load:.2f} at start")
+    threads = f"{machine.cores} thread{'s' if machine.cores > 1 else ''}"
+    print(f"{args.repeats} timings of each kernel on {threads}; load average {load:.2f} at start")
     print("\n".join(peak.lines()))
     return 0
