@@ -200,6 +200,8 @@ def test_kdsl_tune_prints_the_default_schedules_share_of_its_roofline(capsys, mo
     tune_commands._print_rooflines(op, rows, args)
     bound = CEILINGS.bound(solve.cost(op, binding)["macs"], roofline.minimum_bytes(op, binding))
     assert capsys.readouterr().out.splitlines() == [roofline.room_line("tiny", bound, CEILINGS, 3e-6, 2e-6)]
+    tune_commands._print_rooflines(op, [("bad", {"M": 8}, best, None, argparse.Namespace(task=task))], args)
+    assert capsys.readouterr().out.startswith("roofline of bad: not computed (the layer does not bind the variable")
     for flag in ("no_roofline", "json", "apply"):  # nothing measured, nothing printed
         tune_commands._print_rooflines(op, rows, argparse.Namespace(**(vars(args) | {flag: True})))
-    assert capsys.readouterr().out == "" and measured == [1]
+    assert capsys.readouterr().out == "" and measured == [1, 1]  # once per command that prints a line

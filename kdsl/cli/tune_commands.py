@@ -330,10 +330,15 @@ def _print_rooflines(op: Any, rows: list[tuple], args: argparse.Namespace) -> No
         if result is None:
             continue
         roofline = roofline or measure_roofline()
-        binding = solve.bind(op, layer)
-        bound = roofline.bound(solve.cost(op, binding)["macs"], minimum_bytes(op, binding))
+        try:
+            binding = solve.bind(op, layer)
+            bound = roofline.bound(solve.cost(op, binding)["macs"], minimum_bytes(op, binding))
+            default = default_latency(args.db, result.task, op, binding)
+        except KdslError as error:  # the tuning is done and reported: a layer without a bound says why
+            print(f"roofline of {printable(name)}: not computed ({error.message})")
+            continue
         best = record.latency if record is not None else None
-        print(room_line(name, bound, roofline, default_latency(args.db, result.task, op, binding), best))
+        print(room_line(printable(name), bound, roofline, default, best))
 
 
 def _print_table(op: Any, rows: list[tuple], args: argparse.Namespace) -> int:
