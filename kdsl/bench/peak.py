@@ -9,7 +9,8 @@ Three TVM kernels, each compiled for the machine kdsl's kernels are compiled for
   2 flops per lane per FMA.
 * **read bandwidth**: a reduction that sums rows of a buffer into a few vector accumulators per part
   (parallel over parts, several independent accumulators to hide the add latency); counted as the
-  buffer's bytes.
+  buffer's bytes. A buffer the last-level cache holds is summed several times per call, so that the
+  parallel launch does not count.
 * **copy bandwidth**: a vectorized parallel copy; counted as the bytes read plus the bytes written
   (STREAM's convention: the write-allocate read of the destination is not counted).
 
