@@ -28,7 +28,7 @@ from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import KdslError
 from kdsl.runtime.progress import Progress
-from kdsl.runtime.timing import median_seconds
+from kdsl.runtime.timing import median_seconds, round_order
 from kdsl.runtime.units import duration, format_time, time_unit
 from kdsl.runtime.workers import Slot, WorkerPool
 from kdsl.tune.driver import TUNERS, tune
@@ -132,15 +132,21 @@ def remeasure(
     minutes away from the kernels, misleads. ``failed(name, error)`` hears of a library that fails."""
     final: dict[str, float] = {}
     torch_s = float("inf")
-    for _ in range(rounds):
-        for name, library in libraries.items():
-            latency, error = measurer.time_library(library, check=True)
+    members: list[str | None] = [*libraries, *([None] if time_torch is not None else [])]
+    for round_index in range(rounds):
+        # rotated each round: the member timed right after PyTorch's parallel call runs slower while
+        # PyTorch's OpenMP threads still spin, and a fixed order gave that cost to the same one
+        for index in round_order(len(members), round_index):
+            name = members[index]
+            if name is None:
+                if time_torch is not None:
+                    torch_s = min(torch_s, time_torch())
+                continue
+            latency, error = measurer.time_library(libraries[name], check=True)
             if latency is not None:
                 final[name] = min(final.get(name, float("inf")), latency)
             elif error:
                 failed(name, error)
-        if time_torch is not None:
-            torch_s = min(torch_s, time_torch())
     return final, torch_s
 
 

@@ -7,7 +7,10 @@ its holder dies, so a worker killed for a timeout never leaves the slot taken.
 
 :func:`interleaved_medians` times several functions in alternation (a, b, a, b, ...), so that
 machine noise (frequency changes, a noisy neighbour) hits all of them alike, and returns the median
-seconds per call of each; :func:`median_seconds` is the same for one function.
+seconds per call of each. The order changes from round to round (:func:`round_order`), so no
+function always runs right after the same one: a kernel timed just after PyTorch's parallel call
+measured about 15% slower at 2 threads while PyTorch's OpenMP threads still spun, and a fixed order
+put that cost on one member every round; :func:`median_seconds` is the same for one function.
 :func:`interleaved_samples` returns every round's times instead, and :func:`ratio_of_pairs` turns
 two functions' rounds into one ratio: the median over rounds of the ratio *within* a round. A
 slow spell of the machine that lasts a round or two then scales both members of those pairs and
@@ -41,6 +44,7 @@ __all__ = [
     "latency_lock_path",
     "latency_slot",
     "median_seconds",
+    "round_order",
     "ratio_of_pairs",
     "ratio_spread",
 ]
@@ -150,8 +154,9 @@ def interleaved_samples(
     gc.collect()
     gc.disable()
     try:
-        for _ in range(repeats):
-            for index, (function, count) in enumerate(zip(functions, counts)):
+        for round_index in range(repeats):
+            for index in round_order(len(functions), round_index):
+                function, count = functions[index], counts[index]
                 start = time.perf_counter()
                 for _ in range(count):
                     function()
@@ -160,6 +165,32 @@ def interleaved_samples(
         if collecting:
             gc.enable()
     return samples
+
+
+def round_order(members: int, round_index: int) -> list[int]:
+    """The order in which round ``round_index`` times ``members`` functions: a Williams design, so
+    that over ``members`` rounds (twice as many for an odd count) every function comes right after
+    every other one equally often and none always pays what one neighbour leaves behind (spinning
+    threads, a dirty cache). A plain rotation would not do: it keeps each function's successor.
+
+    >>> [round_order(4, r) for r in range(4)]
+    [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
+    >>> [round_order(3, r) for r in (0, 3)]
+    [[0, 1, 2], [2, 1, 0]]
+    """
+    if members < 1:
+        return []
+    base, low, high = [0], 1, members - 1
+    while len(base) < members:  # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n
+        base.append(low)
+        low += 1
+        if len(base) < members:
+            base.append(high)
+            high -= 1
+    period = members if members % 2 == 0 else 2 * members
+    shift = round_index % period
+    order = [(value + shift) % members for value in base]
+    return order if shift < members else order[::-1]
 
 
 def ratio_of_pairs(times_a: Sequence[float], times_b: Sequence[float]) -> float:
