@@ -51,7 +51,6 @@ class StageInfo:
     elementwise: bool = False  # a branching kernel's element-wise stage (Map, Blend, ...): it may be inlined
     lane_reduce: bool = False  # a branching kernel's reduction that may keep vector lanes of partial results
     phased: bool = False  # a pad stage that is the phase form's copy (kdsl.codegen.tvm.phases)
-    phases: tuple[str, ...] = ()  # a phase form's reduction: its phase axes (kdsl.codegen.tvm.phases)
 
 
 def _sizes_along(plan: Any, binding: Mapping[str, int]) -> list[dict[str, int]]:
@@ -367,8 +366,7 @@ def _phase_stages(
     result = te.compute(tuple(extents[a] for a in spatial), compute, name=stage.name)
     reduced = [by_window[r].tap if r in by_window else r for r in stage.reduce_sizes]
     weight_only = stage.new_dims & set(stage.result)
-    phase_axes = tuple(ph.phase for ph in phases)
-    stages.append(StageInfo(stage.name, spatial, reduced, weight_only, reads_from=(names[0],), phases=phase_axes))
+    stages.append(StageInfo(stage.name, spatial, reduced, weight_only=weight_only, reads_from=(names[0],)))
 
     def merge(*indices: Any) -> Any:
         at = dict(zip(merged_dims, indices))

@@ -53,7 +53,7 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from math import prod
 from typing import Any
 
@@ -314,14 +314,7 @@ class ScheduleSpace:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
           which vectorizes ``W``: 0.35 ms with them, 0.05 ms without); elsewhere a check per broadcast
           scalar is cheaper than a pass over memory (conv2d 3x3, whose vector axis is ``Cout``). The phase
-          form's copy (:mod:`kdsl.codegen.tvm.phases`) is always materialized.
-        * A phase form's reduction (``StageBlock.phases``) keeps its phase axes out of the register tile,
-          whole in the fused parallel loop: the phase picks which taps (weights) and which plane of the
-          phased copy a point reads, so the tile's rows of two phases share no operand, and the tile's
-          room goes to an axis whose rows share each weight vector. The vector width is chosen as before
-          (:meth:`_reuse_weights` still weighs the phase: one vector). conv_transpose2d/3d at ALT's T2D
-          and T3D, 2 threads, load ~3: 2.78 -> 2.44 ms and 14.3 -> 12.7 ms (medians); at 1 thread (CPU
-          time) even on T2D and 3-4% slower on T3D (docs/tune/README.md)."""
+          form's copy (:mod:`kdsl.codegen.tvm.phases`) is always materialized."""
         config = {name: self._identity(param) for name, param in self.parameters.items()}
         vectors: dict[str, str] = {}
         for stage in self.stages:
@@ -352,11 +345,10 @@ class ScheduleSpace:
                 # row only. Under unrolled windows alone LLVM keeps the rows in registers (a max pool's rows
                 # share their window's loads). Plain operators keep their schedules.
                 budget = 1
-            # a phase form's phase axes stay whole in the parallel loop (see the docstring)
-            register, uf = self._register_axis(stage, vector, max(1, budget), skip=stage.phases)
+            register, uf = self._register_axis(stage, vector, max(1, budget))
             if register is not None:
                 config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
-                second, sf = self._register_axis(stage, vector, budget // uf, besides=register, skip=stage.phases)
+                second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
                 if second is not None and self.lowered.op.is_linear:
                     # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
                     # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
@@ -550,20 +542,11 @@ class ScheduleSpace:
         return vf
 
     def _register_axis(
-        self,
-        stage: StageBlock,
-        vector: Axis | None,
-        budget: int,
-        besides: Axis | None = None,
-        skip: Collection[str] = (),
+        self, stage: StageBlock, vector: Axis | None, budget: int, besides: Axis | None = None
     ) -> tuple[Axis | None, int]:
-        """A spatial axis for the register tile besides the vector axis (and ``besides``, and the labels in
-        ``skip``; a data axis if any), tiled to fit ``budget``."""
-        candidates = [
-            a
-            for a in stage.axes
-            if not a.reduce and a is not vector and a is not besides and a.extent > 1 and a.label not in skip
-        ]
+        """A spatial axis for the register tile besides the vector axis (and ``besides``; a data axis if
+        any), tiled to fit ``budget``."""
+        candidates = [a for a in stage.axes if not a.reduce and a is not vector and a is not besides and a.extent > 1]
         if not candidates:
             return None, 1
         axis = max(candidates, key=lambda a: (not a.weight_only, largest_divisor(a.extent, budget) > 1, a.index))
