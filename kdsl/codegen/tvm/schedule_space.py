@@ -96,6 +96,9 @@ SHORT_VECTORS = 4
 UNROLL_LIMITS = (1, 4, 16, 64, 256, 512, 1024)
 #: The largest bound the heuristic picks (its schedules stay those of the space before 512 and 1024).
 HEURISTIC_UNROLL = 256
+#: Longest axis (in vectors) along its rows that a window sum or mean (:meth:`ScheduleSpace._streams`) takes
+#: whole as its vector tile where no whole vector divides it (83 = 5 x 16 + 3 lanes; longer ones compile slowly).
+RAGGED_VECTORS = 8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,6 +373,10 @@ class ScheduleSpace:
             if vector is not None:
                 self._vector_layouts(stage, vector, vf, config)
                 self._cache_block(stage, vector, config)
+            if f"{s}.attach" in config and self._streams(stage) and self._streams(self._stage(stage.consumers[0])):
+                # a window sum read by another (a separable pooling's rows, then its columns): computed per tile
+                # of its reader, its result is read back from cache, not from memory (P2, P3: 1.2-1.3x, contended)
+                config[f"{s}.attach"] = "outer"
         for stage in self.stages:
             if stage.kind == "pad":
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
@@ -497,12 +504,21 @@ class ScheduleSpace:
         # plain operators take a short axis whole up to SHORT_VECTORS vectors rather than half vectors (a
         # depthwise row of 56 for AVX-512 or of 28 for AVX2: 3.5 vectors; 1.2x and 1.5x faster, contended)
         short = SHORT_VECTORS if self.lowered.op.is_linear else MAX_VECTORS
+        streams = self._streams(stage)
         for axis in stage.axes:
             factor = self._vector_factor(axis.extent, short) if not axis.reduce and axis.extent > 1 else 1
+            along_rows = axis.gathers == 0 or (
+                axis.gather_stride is not None and 0 < axis.gather_stride <= MAX_GATHER_STRIDE
+            )
+            if streams and not axis.reduce and along_rows and factor < self.lanes:
+                # a window sum's row whole, ragged or not (Gensor's P2: W = 83, prime): each element is read
+                # once or twice, so a vector across rows, with the pass that packs the input for it, costs
+                # more than the ragged tail of a vector along them (P2, P3: 0.6-0.8x -> 2-4x PyTorch, contended)
+                factor = axis.extent if 1 < axis.extent <= RAGGED_VECTORS * self.lanes else factor
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
-            if not self.lowered.op.is_linear:
+            if not self.lowered.op.is_linear or streams:
                 # a branching kernel's stage (plain operators keep their schedules): a short constant stride
                 # along the last dim (a max pool's Stride of 2: 0.87 -> 0.3-0.5 ms at 64x112x112) beats a
                 # gather across rows, whatever its vector width
@@ -511,6 +527,14 @@ class ScheduleSpace:
             if best_key is None or key > best_key:
                 best, best_key, best_factor = axis, key, factor
         return best, best_factor
+
+    def _streams(self, stage: StageBlock) -> bool:
+        """Whether ``stage`` is a plain operator's reduction that reads no weight: a window sum or mean (average
+        pooling), which adds each input element into a few outputs at most and shares no operand between
+        them. Its time is its passes over memory, not its arithmetic: its vector runs along the rows it reads
+        (contiguous, or a short constant stride), so its input is read as it lies, without a packing pass."""
+        weights = {w.name for w in self.lowered.weights}
+        return self.lowered.op.is_linear and stage.kind == "reduce" and not any(b in weights for b, _ in stage.reads)
 
     def _weights_read_once(self, stage: StageBlock) -> bool:
         """Whether every weight element is read once per call: no spatial axis longer than 1 leaves the
