@@ -5,6 +5,7 @@ loop, and the result equals PyTorch's F.avg_pool2d in float64 at strided, overla
 shapes. Convolutions (whose stages read a weight) keep their configurations."""
 
 import os
+import random
 
 import numpy as np
 import pytest
@@ -14,10 +15,14 @@ backend("tvm")
 torch = backend("torch")
 F = torch.nn.functional
 
+from test_tvm_schedule import LAYERS  # noqa: E402
+from test_tvm_schedule_forms import check_config  # noqa: E402
+
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
 from kdsl.codegen.tvm.default_schedule import default_schedule  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import RAGGED_VECTORS, ScheduleSpace  # noqa: E402
+from kdsl.lang.errors import LoweringError  # noqa: E402
 from kdsl.runtime.cpu import from_features  # noqa: E402
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
@@ -111,3 +116,26 @@ def test_only_reductions_without_weights_stream(name, layer):
     assert reductions and streams == [name == "avg_pool2d"] * len(reductions), streams
     if name == "avg_pool2d":
         assert space.heuristic()["stage0.vector"] == "Wo"
+
+
+@pytest.mark.parametrize("name", ["avg_pool2d_strided", "depthwise_separable_conv2d", "squeeze_excitation"])
+def test_random_configurations_with_an_attached_reduction_match_the_reference(name):
+    """What the tuners try with ``S.attach = "outer"``: the attached reduction's reductions above its vectorized
+    innermost loop, unrolled within ``S.unroll``, compute what the reference computes."""
+    op = gallery.load(name)
+    layer = LAYERS[name][0]
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    attach = [n for n in space.parameters if n.endswith(".attach")]
+    assert attach, f"{name} has no stage to attach"
+    rng, checked = random.Random(3), 0
+    for _ in range(30):
+        config = {**space.random(rng), **dict.fromkeys(attach, "outer")}
+        try:
+            space.apply(config)
+        except LoweringError:
+            continue  # a point the space refuses (the tuners skip it too)
+        check_config(op, layer, space, config)
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3, f"{name}: only {checked} of 30 attached configurations applied"

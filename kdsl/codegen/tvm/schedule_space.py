@@ -68,15 +68,17 @@ from kdsl.codegen.tvm.parameters import (
     config_key,
     largest_divisor,
 )
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
+#    records of such configurations timed it scalar)
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-7"
+VERSION = "tvm-space-8"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -96,9 +98,6 @@ SHORT_VECTORS = 4
 UNROLL_LIMITS = (1, 4, 16, 64, 256, 512, 1024)
 #: The largest bound the heuristic picks (its schedules stay those of the space before 512 and 1024).
 HEURISTIC_UNROLL = 256
-#: Longest axis (in vectors) along its rows that a window sum or mean (:meth:`ScheduleSpace._streams`) takes
-#: whole as its vector tile where no whole vector divides it (83 = 5 x 16 + 3 lanes; longer ones compile slowly).
-RAGGED_VECTORS = 8
 
 
 # ------------------------------------------------------------------------------------------------
