@@ -29,7 +29,8 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   (laid out with the tile's axes last, the vector axis innermost) written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
-  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop;
+  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop
+  (an attached reduction with its reductions above its innermost loop, which is vectorized);
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
@@ -311,6 +312,12 @@ class ScheduleSpace:
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
+        * Plain operators' window sums and means (reductions that read no weight, :meth:`_streams`): the vector
+          runs along the rows the stage reads (contiguous, or a constant stride of at most
+          :data:`MAX_GATHER_STRIDE`), whole where no whole vector divides them (up to :data:`RAGGED_VECTORS`
+          vectors: 83 = 5 x 16 + 3 lanes), so the input is read as it lies, not packed for a vector across
+          rows; one read by another (a separable pooling's rows, then its columns) is computed at its
+          reader's parallel loop (``S.attach``), its result read back from cache.
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
