@@ -312,12 +312,8 @@ class ScheduleSpace:
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
-        * Plain operators' window sums and means (reductions that read no weight, :meth:`_streams`): the vector
-          runs along the rows the stage reads (contiguous, or a constant stride of at most
-          :data:`MAX_GATHER_STRIDE`), whole where no whole vector divides them (up to :data:`RAGGED_VECTORS`
-          vectors: 83 = 5 x 16 + 3 lanes), so the input is read as it lies, not packed for a vector across
-          rows; one read by another (a separable pooling's rows, then its columns) is computed at its
-          reader's parallel loop (``S.attach``), its result read back from cache.
+        * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
+          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
@@ -376,13 +372,7 @@ class ScheduleSpace:
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
             config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
             config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
-            if vector is not None:
-                self._vector_layouts(stage, vector, vf, config)
-                self._cache_block(stage, vector, config)
-            if f"{s}.attach" in config and self._streams(stage) and self._streams(self._stage(stage.consumers[0])):
-                # a window sum read by another (a separable pooling's rows, then its columns): computed per tile
-                # of its reader, its result is read back from cache, not from memory (P2, P3: 1.2-1.3x, contended)
-                config[f"{s}.attach"] = "outer"
+            self._memory(stage, vector, vf, config)
         for stage in self.stages:
             if stage.kind == "pad":
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
@@ -393,6 +383,18 @@ class ScheduleSpace:
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(config)
+
+    def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
+        """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
+        blocking (:meth:`_cache_block`), and a window sum read by another window sum (a separable pooling's rows,
+        then its columns) computed at its reader's parallel loop, so that its result is read back from cache,
+        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
+        if vector is not None:
+            self._vector_layouts(stage, vector, vf, config)
+            self._cache_block(stage, vector, config)
+        s = stage.name
+        if f"{s}.attach" in config and self._streams(stage) and self._streams(self._stage(stage.consumers[0])):
+            config[f"{s}.attach"] = "outer"
 
     def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
         """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused
@@ -518,8 +520,8 @@ class ScheduleSpace:
             )
             if streams and not axis.reduce and along_rows and factor < self.lanes:
                 # a window sum's row whole, ragged or not (Gensor's P2: W = 83, prime): each element is read
-                # once or twice, so a vector across rows, with the pass that packs the input for it, costs
-                # more than the ragged tail of a vector along them (P2, P3: 0.6-0.8x -> 2-4x PyTorch, contended)
+                # once or twice, so a vector across rows, with the pass that packs the input for it, costs more
+                # than the ragged tail of a vector along them (P2: 0.8x -> 2.1x PyTorch, P3: 0.6x -> 3.9x, contended)
                 factor = axis.extent if 1 < axis.extent <= RAGGED_VECTORS * self.lanes else factor
             if factor == 1:
                 continue
