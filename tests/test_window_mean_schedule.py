@@ -60,6 +60,9 @@ def _default_output(layer, dtype):
     kernel = build(op, layer, dtype=dtype, schedule=lambda lowered: default_schedule(lowered, report))
     got, expected = kernel(x), F.avg_pool2d(x, layer["K"], stride=layer["s"])
     assert got.shape == expected.shape and not any("fallback" in what for _, what in report), report
+    # the first sums, computed at the second's parallel loop, run on vectors (of what the second reads of a row)
+    attached = [what for stage, what in report if what.startswith("computed at stage1's parallel loop, vector ")]
+    assert len(attached) == 1 and int(attached[0].rsplit(" ", 1)[1]) > 1, report
     return got, expected
 
 
