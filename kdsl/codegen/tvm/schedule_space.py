@@ -392,8 +392,9 @@ class ScheduleSpace:
         if vector is not None:
             self._vector_layouts(stage, vector, vf, config)
             self._cache_block(stage, vector, config)
-        s = stage.name
-        if f"{s}.attach" in config and self._streams(stage) and self._streams(self._stage(stage.consumers[0])):
+        s, reader = stage.name, self._stage(stage.consumers[0]) if stage.consumers else None
+        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
+        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
             config[f"{s}.attach"] = "outer"
 
     def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
