@@ -12,7 +12,7 @@ from backends import backend
 
 from kdsl import gallery, solve
 from kdsl.tune import gensor_model, transfer
-from kdsl.tune.features import FEATURES, as_applied, config_features
+from kdsl.tune.features import FEATURES, RELATIVE, as_applied, config_features
 from kdsl.tune.records import Record, RecordStore, TuneError
 from kdsl.tune.transfer import (
     Prefiltered,
@@ -242,7 +242,7 @@ def test_load_tasks_reads_only_the_target_asked_for(tmp_path):
     _store_task(store, op, {"M": 32, "Cin": 32, "Cout": 32}, "haswell", [1e-3] * 3)  # too few to count
     tasks = load_tasks([tmp_path / "r.db"], "haswell")
     assert [t.task for t in tasks] == [mine]
-    assert tasks[0].label == "matmul" and tasks[0].features.shape[1] == len(FEATURES)
+    assert tasks[0].label == "matmul" and tasks[0].features.shape[1] == len(RELATIVE)
     assert load_tasks([tmp_path / "r.db"], "haswell", exclude=[mine]) == []
     with pytest.raises(TuneError, match="no records database"):
         load_tasks([tmp_path / "missing.db"], "haswell")

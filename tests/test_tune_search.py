@@ -23,7 +23,7 @@ from kdsl.tune.opevo import PAPER, OpEvo, opevo_options
 from kdsl.tune.records import Record, TuneError
 
 # ------------------------------------------------------------------------------------------------
-# OpEvo on a small stand-in space (no TVM: the tuner only needs parameters, a start, random draws, apply)
+# OpEvo on a small stand-in space (no TVM: the tuner only needs parameters, a start, random draws, a check)
 # ------------------------------------------------------------------------------------------------
 
 
@@ -47,6 +47,13 @@ class ToySpace:
     def apply(self, config: dict) -> None:
         for name, param in self.parameters.items():
             param.validate(config[name])
+
+    def repair(self, config: dict, keep: object = ()) -> dict:
+        return dict(config)  # no parameter rules another out
+
+    def rejection(self, config: dict) -> str | None:
+        self.apply(config)
+        return None
 
 
 def _history(space: ToySpace, count: int, seed: int = 0) -> list[Record]:

@@ -125,6 +125,7 @@ def test_one_tiny_case_end_to_end_writes_the_table_and_the_curves(tmp_path, caps
     table = (out / "results.md").read_text()
     assert "| opevo | 2 |" in table and "± " in table and "| PyTorch |" in table
     assert "| 2/2 |" in table  # both runs gave a valid schedule
+    assert "roofline: measured FMA peak" in table and "| smoke MM-tiny | " in table.split("## Roofline")[1]
     rows = (out / "curves.csv").read_text().splitlines()
     assert rows[0] == "suite,case,column,run,trial,best_ms" and len(rows) == 1 + 2 * 2
     plotted = list(out.glob("*.png"))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
+from kdsl.bench.peak import measure_fma
 from kdsl.codegen.tvm import default_target, load_tvm
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.runtime.cpu import Machine
@@ -88,59 +88,16 @@ def machine_line(machine: Machine | None = None, measured: float | None = None) 
     return line
 
 
-def _fma_kernel(machine: Machine, accumulators: int, depth: int, block: int) -> Any:
-    """A kernel that is all FMAs: per core, ``accumulators`` vectors each take ``depth`` FMAs of one
-    vector held in a register and a broadcast from a ``block``-row table that stays in L1."""
-    tvm = load_tvm()
-    from tvm import te
-
-    cores, lanes = machine.cores, machine.lanes()
-    a = te.placeholder((cores, lanes), "float32", name="a")
-    b = te.placeholder((block, accumulators), "float32", name="b")
-    k = te.reduce_axis((0, depth), name="k")
-    c = te.compute((cores, accumulators, lanes), lambda t, j, v: te.sum(a[t, v] * b[k % block, j], axis=k), name="c")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
-    block_rv = sch.get_sblock("c")
-    t, j, v, reduction = sch.get_loops(block_rv)
-    outer, inner = sch.split(reduction, [None, block])
-    sch.reorder(t, outer, inner, j, v)
-    local = sch.cache_write(block_rv, 0, "local")  # the accumulators live in registers
-    sch.reverse_compute_at(local, t)
-    sch.parallel(t)
-    sch.unroll(j)
-    sch.vectorize(v)
-    sch.decompose_reduction(block_rv, outer)
-    return tvm.compile(sch.mod, target=default_target(machine.mcpu))
-
-
 def measured_peak_gflops(machine: Machine | None = None, repeats: int = 15) -> float:
     """The fp32 FMA throughput of ``machine``'s cores as measured here (GFLOP/s): the best of
-    ``repeats`` timings of kernels that do nothing but independent FMAs in registers (the machine's
-    accumulator budget and half as many again). Turbo clocks make it differ from
+    ``repeats`` timings of kernels that do nothing but independent FMAs in registers
+    (:func:`kdsl.bench.peak.measure_fma`). Turbo clocks make it differ from
     :meth:`~kdsl.runtime.cpu.Machine.peak_gflops`, which assumes the nominal clock, so
     benchmarks report percent of this practical ceiling instead. It is a measurement, not a bound: the
     clock boosts differently from run to run, and a tuned conv2d has timed 2% above it (each FMA here
     waits for a broadcast load; a kernel reusing loaded values leaves the load ports freer). A timing:
     benchmarks call it, tests do not."""
-    import numpy as np
-
-    machine = machine or current_machine()
-    tvm = load_tvm()
-    dev = tvm.cpu()
-    depth, block, best = 1 << 16, 256, 0.0
-    for accumulators in dict.fromkeys([machine.accumulators(), machine.accumulators() * 3 // 2]):
-        executable = _fma_kernel(machine, accumulators, depth, block)
-        shapes = [
-            (machine.cores, machine.lanes()),
-            (block, accumulators),
-            (machine.cores, accumulators, machine.lanes()),
-        ]
-        args = [tvm.runtime.tensor(np.ones(shape, "float32"), dev) for shape in shapes]
-        timer = executable.mod.time_evaluator("main", dev, number=3, repeat=repeats)
-        seconds = min(timer(*args).results)
-        flops = 2.0 * machine.cores * accumulators * machine.lanes() * depth
-        best = max(best, flops / seconds / 1e9)
-    return best
+    return measure_fma(machine or current_machine(), repeats=repeats).best
 
 
 #: what PyTorch's libraries are told to use at most, per kdsl ISA: oneDNN (convolutions), MKL (matmul)

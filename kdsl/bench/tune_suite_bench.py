@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from kdsl import gallery, solve
 from kdsl.bench import target as bench_target
 from kdsl.bench import tune_bench
 from kdsl.bench.argument_types import positive_int
+from kdsl.bench.roofline import MARGIN, Roofline, measure_roofline, minimum_bytes, within_margin
 from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
 from kdsl.codegen import reference
 from kdsl.codegen.native import native_function
@@ -148,6 +149,7 @@ class CaseResult:
 
     case: SuiteCase
     macs: float = 0.0
+    nbytes: float = 0.0  # the least bytes any kernel moves (kdsl.bench.roofline.minimum_bytes)
     latencies: dict[str, list[float | None]] = field(default_factory=dict)
     curves: dict[str, list[list[float]]] = field(default_factory=dict)
     tuning: dict[str, list[float]] = field(default_factory=dict)
@@ -278,6 +280,63 @@ def case_table(result: CaseResult, cols: Sequence[Column]) -> list[str]:
     return lines
 
 
+def _mean_latency(result: CaseResult, name: str) -> float | None:
+    """The mean of ``name``'s valid re-measured latencies over the runs, ``None`` without one."""
+    valid = [v for v in result.latencies.get(name, []) if v is not None]
+    return statistics.fmean(valid) if valid else None
+
+
+def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofline: Roofline) -> list[str]:
+    """The Markdown lines of the roofline section: per case its bound (:mod:`kdsl.bench.roofline`),
+    the default schedule's and the best column's share of it (bound / mean time), and how many
+    defaults are within 10% of their bound, where no tuner can gain 1.1x (the ceilings are in the
+    header's :meth:`~kdsl.bench.roofline.Roofline.line`)."""
+    lines = [
+        "## Roofline",
+        "",
+        "| case | GMAC | min MiB | bound | roofline ms | default ms | default vs roofline | best | best ms | "
+        "best vs roofline |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    close = measured = above = 0
+    for result in results:
+        bound = roofline.bound(result.macs, result.nbytes)
+        default = _mean_latency(result, "default schedule")
+        means = {c.name: _mean_latency(result, c.name) for c in cols}
+        best_name = min((n for n, v in means.items() if v is not None), key=lambda n: means[n], default=None)
+        best = means[best_name] if best_name is not None else None
+        if default is not None:
+            measured += 1
+            close += within_margin(bound.share(default))
+            above += bound.share(default) > 1.0
+        lines.append(
+            f"| {suite_of(result.case)} {result.case.label} | {result.macs / 1e9:.3f} | {result.nbytes / 2**20:.2f} | "
+            f"{bound.limit} | {bound.seconds * 1e3:.3f} | {_ms(default)} | {_share(bound.share, default)} | "
+            f"{best_name or '-'} | {_ms(best)} | {_share(bound.share, best)} |"
+        )
+    lines += [
+        "",
+        f"The default schedule is within {MARGIN:.0%} of its roofline (its time at most {1 + MARGIN:.1f}x the bound) "
+        f"on {close} of {measured} cases: no tuner can make those {1 + MARGIN:.1f}x faster.",
+        *(
+            [f"{above} of them exceed their bound: the peak or bandwidth measured low (a busy machine?)."]
+            if above
+            else []
+        ),
+        "Bound: max(2 x MACs / FMA peak, min bytes / read bandwidth); min bytes: every input and weight read once "
+        "and the output written once (fp32); vs roofline: bound / mean time (1 = at the machine's bound).",
+    ]
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.3f}" if seconds is not None else "-"
+
+
+def _share(share: Callable[[float], float], seconds: float | None) -> str:
+    return f"{share(seconds):.2f}" if seconds is not None else "-"
+
+
 # ------------------------------------------------------------------------------------------------
 # Output files
 
@@ -365,6 +424,8 @@ def bench_suite(args: argparse.Namespace) -> int:
     folder = Path(args.out or f"kdsl-tune-{args.suite}")
     (folder / "records").mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    machine = current_machine()
+    roofline = measure_roofline(machine)  # once per suite, before any worker starts: a few seconds
     metaschedule = ""
     if "metaschedule" in args.tuners:
         metaschedule = f", MetaSchedule at {', '.join(map(str, args.metaschedule_trials))}"
@@ -373,7 +434,8 @@ def bench_suite(args: argparse.Namespace) -> int:
         "",
         f"{args.runs} runs; {trials} trials per kdsl tuner{metaschedule}; {rounds} re-measurement rounds; "
         f"load average {load:.2f} at start.",
-        bench_target.machine_line(current_machine()),
+        bench_target.machine_line(machine),
+        roofline.line(),
         "",
     ]
     print("\n".join(header), flush=True)
@@ -388,7 +450,8 @@ def bench_suite(args: argparse.Namespace) -> int:
             print(blocked[-1], flush=True)
             continue
         op = gallery.load(case.operator)
-        result = CaseResult(case, macs=float(solve.cost(op, solve.bind(op, case.layer))["macs"]))
+        binding = solve.bind(op, case.layer)
+        result = CaseResult(case, macs=float(solve.cost(op, binding)["macs"]), nbytes=minimum_bytes(op, binding))
         for run in range(args.runs):
             _one_run(case, cols, run, folder, rounds, result)
         results.append(result)
@@ -396,6 +459,7 @@ def bench_suite(args: argparse.Namespace) -> int:
     plotted = [f"{_slug(r.case)}.png" for r in results if plot_curves(folder / f"{_slug(r.case)}.png", r)]
     write_curves_csv(folder / "curves.csv", results)
     body = [line for r in results for line in case_table(r, cols)]
+    body += roofline_table(results, cols, roofline) if results else []
     notes = [
         "",
         "Best ms: each run's best schedule recompiled and re-measured in one process, alternating with PyTorch, "
@@ -407,6 +471,6 @@ def bench_suite(args: argparse.Namespace) -> int:
     if blocked:
         notes += ["", "## Not expressible yet", "", *blocked]
     (folder / "results.md").write_text("\n".join(header + body + notes) + "\n", encoding="utf-8")
-    print("\n".join(notes[1:]), flush=True)
+    print("\n".join((roofline_table(results, cols, roofline) if results else []) + notes[1:]), flush=True)
     print(f"(written to {folder})")
     return 0

@@ -9,7 +9,7 @@
     kdsl tune OP --layers conv3_x [conv4_x ...] --tuner opevo|gensor|alt|metaschedule --trials N [--out K.so]
     kdsl tune OP --layers LAYER ... --apply [--out K.so]   each layer's best record: its schedule, built
     kdsl discover --net proxy-resnet --spec conv2d --max-macs 0.5x --time-limit S --out DIR
-    kdsl bench codegen|lowering|network|search|proxy|prescreen|tune   ratios measured side by side
+    kdsl bench codegen|lowering|network|search|proxy|prescreen|tune|peak  ratios measured side by side
     kdsl demo                      a tour of the gallery on ResNet-18's layers
     kdsl docs build --out DIR      the docs site: guide, API reference and gallery
 
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from kdsl import __version__
 from kdsl.bench import backends as codegen_bench
-from kdsl.bench import costmodel_bench, lowering_bench, network_bench, proxy_bench, tune_suite_bench
+from kdsl.bench import costmodel_bench, lowering_bench, network_bench, peak_bench, proxy_bench, tune_suite_bench
 from kdsl.bench.argument_types import budget
 from kdsl.cli import search_commands, tune_commands
 from kdsl.cli.discover_commands import add_discover_command
@@ -193,6 +193,12 @@ BENCHES: tuple[tuple[str, str, typing.Callable[..., None], typing.Callable[..., 
         "schedule tuners side by side against PyTorch (--suite: the papers' suites, several runs)",
         tune_suite_bench.add_arguments,
         tune_suite_bench.bench_tune,
+    ),
+    (
+        "peak",
+        "this machine's measured FMA peak and memory bandwidth, beside the assumed figures",
+        peak_bench.add_arguments,
+        peak_bench.bench_peak,
     ),
     (
         "costmodel",

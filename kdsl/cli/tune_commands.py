@@ -22,6 +22,7 @@ from typing import Any
 from kdsl import solve
 from kdsl.bench.argument_types import TUNE_DB, positive_int
 from kdsl.bench.network_tune import add_network_arguments, command_tune_network
+from kdsl.bench.roofline import Roofline, default_latency, measure_roofline, minimum_bytes, room_line
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -171,6 +172,12 @@ def add_tune_commands(subparsers: Any) -> None:
         help="also compile the best schedule into this shared library (several layers: FILE_LAYER.so each)",
     )
     tune.add_argument("--json", action="store_true", help="print the best record as JSON instead of lines")
+    tune.add_argument(
+        "--no-roofline",
+        action="store_true",
+        help="skip measuring the machine's peak (seconds) for the line that says how far the default schedule "
+        "is from its roofline",
+    )
     add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
     add_network_arguments(tune)  # kdsl tune --network resnet18: every layer of a network, one budget
     tune.set_defaults(run=command_tune)
@@ -259,15 +266,19 @@ def command_tune(args: argparse.Namespace) -> int:
             record, result = _tune_layer(op, name, layer, out, args, several)
             rows.append((name, layer, record, out, result))
     if several:
-        return _print_table(op, rows, args)
+        code = _print_table(op, rows, args)
+        _print_rooflines(op, rows, args)
+        return code
     name, layer, record, out, result = rows[0]
     if record is None or record.latency is None:
         print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")
         return 1
     if args.tuner == "metaschedule" and not args.apply and not args.json:
         print(f"best {duration(record.latency)} (metaschedule, records in {printable(args.db)})")
+        _print_rooflines(op, rows, args)
         return 0
     _print_best(op, layer, record, "best record" if args.apply else f"best of {result.measured} measured", args)
+    _print_rooflines(op, rows, args)
     return 0
 
 
@@ -306,6 +317,28 @@ def _tune_layer(
         else:
             export(best, op, layer, out)
     return best, result
+
+
+def _print_rooflines(op: Any, rows: list[tuple], args: argparse.Namespace) -> None:
+    """A line per tuned layer: its roofline (the machine's peak, measured once here) and the default
+    schedule's share of it, from the run's records (:func:`kdsl.bench.roofline.room_line`); nothing with
+    ``--apply``, ``--json`` or ``--no-roofline``."""
+    if args.apply or args.json or args.no_roofline:
+        return
+    roofline: Roofline | None = None
+    for name, layer, record, _, result in rows:
+        if result is None:
+            continue
+        roofline = roofline or measure_roofline()
+        try:
+            binding = solve.bind(op, layer)
+            bound = roofline.bound(solve.cost(op, binding)["macs"], minimum_bytes(op, binding))
+            default = default_latency(args.db, result.task, op, binding)
+        except KdslError as error:  # the tuning is done and reported: a layer without a bound says why
+            print(f"roofline of {printable(name)}: not computed ({error.message})")
+            continue
+        best = record.latency if record is not None else None
+        print(room_line(printable(name), bound, roofline, default, best))
 
 
 def _print_table(op: Any, rows: list[tuple], args: argparse.Namespace) -> int:

@@ -17,9 +17,10 @@ one-tensor changes of the three best layouts, each scored by the model with the 
 configurations under it; for loop tuning (under the current layout) they are every one-step neighbour
 of the best configuration, q-random-walk mutations of the best few, and random ones. A share ``explore``
 of each round is drawn at random from the rest of the pool (a model trained on tens of points is wrong
-in places it has not seen). Every proposed configuration is checked to apply first. ALT measures the top
-8 of 128-point batches (§7); the pool here is larger because a candidate costs a model evaluation, not
-a measurement.
+in places it has not seen). Every candidate is repaired where its parameters rule each other out
+(:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.repair`) and every proposed one is checked to
+apply. ALT measures the top 8 of 128-point batches (§7); the pool here is larger because a candidate
+costs a model evaluation, not a measurement.
 
 >>> pruned_choices(("none", "0:4", "0:8", "1:16", "1:128"))
 ['none', '0:8', '1:16']
@@ -34,7 +35,6 @@ from typing import Any
 
 from kdsl.codegen.tvm.parameters import Categorical, config_key
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.lang.errors import LoweringError
 from kdsl.tune.cost_model import CostModel, have_sklearn
 from kdsl.tune.gensor import plausible
 from kdsl.tune.opevo import OpEvo, mutate
@@ -297,6 +297,7 @@ class Alt:
         pool: dict[str, dict[str, Any]] = {}
 
         def add(config: dict[str, Any]) -> None:
+            config = self.space.repair(config, keep=layout)  # an S.block its mutated tiles rule out, ..
             key = config_key(config)
             if key not in skip and key not in pool and plausible(self.space, config):
                 pool[key] = config
@@ -344,8 +345,4 @@ class Alt:
         return out
 
     def _applies(self, config: Mapping[str, Any]) -> bool:
-        try:
-            self.space.apply(dict(config))
-        except LoweringError:
-            return False
-        return True
+        return self.space.rejection(config) is None

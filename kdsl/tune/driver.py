@@ -240,8 +240,10 @@ def tune(
                 try:
                     space.apply(config)
                     fresh.append(config)
-                except LoweringError as error:
+                except LoweringError as error:  # the tuners check before proposing: a rejection here is a bug
                     records.append(Record(config, None, str(error), tuner))
+                    if log:
+                        log(f"{tuner}: proposed a configuration that does not apply: {str(error).splitlines()[0]}")
             rejected += len(records) - reused
             stalls = stalls + 1 if not fresh and not reused else 0
             for config, (latency, error) in zip(fresh, own.measure(space, fresh)):

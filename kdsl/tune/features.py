@@ -18,7 +18,11 @@ operator's size:
   against capacity at L1 and L2 (:func:`~kdsl.tune.gensor_model.level_cost`); the inner reduction and
   cache tiles; the stage's spatial and reduction extents.
 
-Every value is finite (:func:`config_features` clamps logs of zero).
+Every value is finite (:func:`config_features` clamps logs of zero). The cross-operator model reads
+them against the task's heuristic configuration (:func:`features_matrix`'s default kind, the names in
+:data:`RELATIVE`): within one task the order of configurations is what it learns, and a value less the
+heuristic's means the same on every operator where the absolute value does not (docs/tune/README.md:
++0.03 held-out Spearman on both splits).
 
 >>> len(FEATURES) == len(set(FEATURES))
 True
@@ -36,6 +40,7 @@ from typing import Any
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.tune import gensor_model
 from kdsl.tune.gensor_model import FMA_LATENCY, Model, balance, level_cost, space_model
+from kdsl.tune.records import TuneError
 
 #: The names of :func:`config_features`' values, in order.
 FEATURES: tuple[str, ...] = (
@@ -289,7 +294,52 @@ def config_features(space: ScheduleSpace, config: Mapping[str, Any], model: Mode
     return out
 
 
-def features_matrix(space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[list[float]]:
-    """:func:`config_features` of each configuration (one model lookup for all)."""
+#: Features that are one value for every configuration of a task (the operator's and layer's size) or,
+#: taken against the heuristic configuration, equal another one (``estimate_over_peak`` minus the
+#: heuristic's is ``estimate_vs_heuristic``): :data:`RELATIVE` leaves them out.
+TASK_CONSTANT: frozenset[str] = frozenset(
+    {"log_macs", "reduce_stages", "log_spatial", "log_reduction"}
+    | {"estimate_vs_heuristic", "compute_vs_heuristic", "memory_vs_heuristic"}
+)
+#: The names of the relative features (:func:`features_matrix`'s default kind), in order.
+RELATIVE: tuple[str, ...] = tuple(name for name in FEATURES if name not in TASK_CONSTANT)
+_RELATIVE_COLUMNS = [FEATURES.index(name) for name in RELATIVE]
+#: The kinds of :func:`features_matrix`, and the names of each one's columns.
+KINDS: dict[str, tuple[str, ...]] = {"relative": RELATIVE, "absolute": FEATURES}
+
+
+def _heuristic_features(space: ScheduleSpace, model: Model) -> list[float]:
+    """:func:`config_features` of the space's heuristic configuration, cached on the space (one per task)."""
+    cached = space.__dict__.get("_heuristic_features")
+    if cached is None:
+        cached = space.__dict__["_heuristic_features"] = config_features(space, space.heuristic(), model)
+    return cached
+
+
+def features_matrix(
+    space: ScheduleSpace, configs: Sequence[Mapping[str, Any]], kind: str = "relative"
+) -> list[list[float]]:
+    """The features of each configuration, of ``kind``: ``"absolute"`` is :func:`config_features`;
+    ``"relative"`` (the cross-operator model's) is each of :data:`RELATIVE` minus the same feature of the
+    space's heuristic configuration. The model learns a configuration's rank within its task, and a tree
+    splits on one threshold for every task: absolute values (a register tile's loads per MAC, a footprint
+    against L2) sit at other levels on other operators and layers, while "0.5 below the heuristic's"
+    means the same on all. The heuristic is fixed per task, so a tuner's single candidate has its
+    features too (a task median would depend on which configurations are in the set).
+
+    >>> KINDS["relative"] == RELATIVE and len(RELATIVE) == len(FEATURES) - len(TASK_CONSTANT)
+    True
+    >>> features_matrix(None, [], kind="logs")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    kdsl.tune.records.TuneError: features: no kind 'logs'; choose from relative, absolute
+    """
+    if kind not in KINDS:
+        raise TuneError(f"features: no kind {kind!r}; choose from {', '.join(KINDS)}")
+    if not configs:
+        return []
     model = space_model(space)
-    return [config_features(space, config, model) for config in configs]
+    rows = [config_features(space, config, model) for config in configs]
+    if kind == "absolute":
+        return rows
+    heuristic = _heuristic_features(space, model)
+    return [[row[k] - heuristic[k] for k in _RELATIVE_COLUMNS] for row in rows]

@@ -64,6 +64,7 @@ from typing import Any
 from kdsl.codegen.tvm.parameters import config_key, primes
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace, neighbours
+from kdsl.codegen.tvm.space_rules import conflicts
 from kdsl.lang.errors import LoweringError
 from kdsl.tune.gensor_forms import finish, form_starts
 from kdsl.tune.gensor_model import (
@@ -242,6 +243,8 @@ def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | No
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
     of more than :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors, measured up to 10x
     slower than the model said on matmul 512x1024x1024)."""
+    if conflicts(space, config):  # what the space's own rules refuse (an S.block its tiles do not divide, ..)
+        return False
     model = model or space_model(space)
     for stage in space.stages:
         s = stage.name

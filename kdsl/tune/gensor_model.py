@@ -22,6 +22,8 @@ from typing import Any
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.runtime.cpu import Machine
+from kdsl.tune.gensor_access import footprint as _footprint
+from kdsl.tune.gensor_access import gather_share, load_pieces, resident_levels, stored_last
 from kdsl.tune.records import Record
 
 __all__ = [
@@ -41,16 +43,20 @@ __all__ = [
     "calibrate",
     "capacity",
     "estimate",
+    "gather_share",
     "lane_gathers",
     "level_cost",
     "level_tile",
+    "load_pieces",
     "nest_traffic",
     "outer_loops",
     "stage_nest",
     "stage_terms_of",
     "parallel_benefit",
+    "resident_levels",
     "scattered",
     "stage_terms",
+    "stored_last",
     "tiling_benefit",
 ]
 
@@ -228,11 +234,6 @@ def level_tile(stage: Any, config: Mapping[str, Any], level: str) -> list[int]:
     if level == "L1":
         return [t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
     return [t[1] * t[2] if k < nspatial else t[1] for k, t in enumerate(tiles)]
-
-
-def _footprint(dims: Sequence[set[int]], tile: Sequence[int]) -> int:
-    """Elements of a buffer that a tile touches (a window's axes add up along one dim)."""
-    return prod(sum(tile[i] - 1 for i in used) + 1 for used in dims)
 
 
 def _register_footprint(stage: Any, tile: Sequence[int], vector: int | None, lanes: int) -> int:
@@ -418,16 +419,16 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
             vec_eff /= lanes  # a check per lane: the read is not vectorized
         else:
             guards *= 1.05  # a check per broadcast scalar
+    gathered = 0.0  # gathered vectors per FMA
+    split = 0.0  # loads beyond one per vector, per vector FMA, of the reads loaded in pieces
     if vi is not None and vf >= 4:
         for buffer, dims in stage.reads:
             uses = [d for d, used in enumerate(dims) if vi in used]
             tensor = read_tensor(space, config, buffer, uses)
-            tile = config.get(f"layout.{tensor}.tile", "none")
-            packed = tile != "none" and uses and int(tile.split(":")[0]) == uses[0]
-            perm = config.get(f"layout.{tensor}.perm")
-            last = (list(perm)[-1] if perm is not None else len(dims) - 1) if not packed else uses[0] if uses else -1
-            if uses and (len(uses) > 1 or uses[0] != last):
-                vec_eff *= GATHER  # a gather along the vector axis
+            if uses and (len(uses) > 1 or uses[0] != stored_last(config, tensor, len(dims))):
+                gathered += gather_share(stage, tiles, dims)
+            elif uses:
+                split += (load_pieces(vf, lanes) / math.ceil(vf / lanes) - 1) * gather_share(stage, tiles, dims)
     accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
     accumulators *= prod(e for _, e in below)  # its tile joins the local accumulator
     if config.get(f"{s}.cache") == "local":
@@ -442,14 +443,25 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     unroll = 1.1 if config.get(f"{s}.unroll_tile") else 1.0
     unroll *= 1.05 if config.get(f"{s}.unroll", 1) >= 4 else 1.0
     compute = guards * macs / (m.peak * vec_eff * reg_eff * par_eff + 1e-9) / unroll
+    # a gather loads lane by lane: its time adds to the FMAs' (it is not a slower FMA; spread over few lanes
+    # or few accumulators, the FMAs are slow already, and the gather costs as much as with whole vectors) and
+    # to the memory's (its loads are that read's accesses: a GEMV whose weight streams from DRAM hid a gather
+    # per FMA under its traffic and tied with summing in lanes, measured 4.4x the rule-based schedule before it)
+    gather_time = gathered * macs / (m.peak * GATHER * par_eff + 1e-9)
+    compute += gather_time
+    # an extra load takes an issue slot as an FMA does (two of each per cycle on current x86 cores)
+    compute += split * macs / (m.peak * (vf / (math.ceil(vf / lanes) * lanes)) * par_eff + 1e-9)
     if config.get(f"{s}.cache") == "local" and scattered(stage, config):
         compute += prod(e for _, e in stage.spatial) / (m.hz * m.cores * par_eff)  # a store per element
-    return compute, _memory_time(nest_traffic(stage, config, nest, m), m)
+    return compute, _memory_time(stage, nest_traffic(stage, config, nest, m), m) + gather_time
 
 
-def _memory_time(traffic: Sequence[float], m: Model) -> float:
-    """Seconds of :func:`nest_traffic`'s bytes into L1, L2 and L3: the slowest of the three levels."""
-    return max(traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores), traffic[2] / m.bw_mem)
+def _memory_time(stage: Any, traffic: Sequence[float], m: Model) -> float:
+    """Seconds of :func:`nest_traffic`'s bytes into L1, L2 and L3: the slowest of the three levels, but for
+    the levels that hold all the stage's data (:func:`resident_levels`)."""
+    resident = resident_levels(stage, m)
+    times = (traffic[0] / (m.bw_l2 * m.cores), traffic[1] / (m.bw_l3 * m.cores), traffic[2] / m.bw_mem)
+    return max(t for t, kept in zip(times, resident) if not kept) if not all(resident) else 0.0
 
 
 def outer_loops(stage: Any, config: Mapping[str, Any]) -> list[tuple[int, int]]:
@@ -585,7 +597,7 @@ def _lanes_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     compute = chains + parallel * lanes / (m.hz * m.cores * par_eff)  # the lanes' sum: an add per lane
     # no local accumulator: the partial sums' vector is the nest's output buffer, read and written per point
     nest = [(k, e) for k, (_, e) in enumerate(stage.spatial + stage.reduced)]
-    return compute, _memory_time(nest_traffic(stage, {}, nest, m), m)
+    return compute, _memory_time(stage, nest_traffic(stage, {}, nest, m), m)
 
 
 def lane_gathers(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) -> int:
@@ -607,10 +619,7 @@ def lane_gathers(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) ->
         if not uses:
             continue  # a read the reduction does not index: one broadcast serves every lane
         tensor = read_tensor(space, config, buffer, uses)
-        tile = config.get(f"layout.{tensor}.tile", "none")
-        perm = config.get(f"layout.{tensor}.perm")
-        last = int(tile.split(":")[0]) if tile != "none" else list(perm)[-1] if perm is not None else len(dims) - 1
-        count += len(uses) > 1 or uses[0] != last
+        count += len(uses) > 1 or uses[0] != stored_last(config, tensor, len(dims))
     return count
 
 

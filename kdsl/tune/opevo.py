@@ -12,7 +12,9 @@ walks each parameter with probability ``walks / #parameters`` (about two per chi
 of them, which here changes ~15 parameters at once: a random restart), and the first population is the
 space's heuristic configuration, its mutations and a share (``explore``) of random configurations that the
 space accepts (a cheap check that the schedule applies), so that no trial is spent on a configuration the
-space rejects outright.
+space rejects outright. Every child is repaired where its parameters rule each other out (an ``S.block``
+that its mutated tiles no longer divide) and checked to apply before it is proposed: no trial is spent on a
+configuration that fails to apply.
 
 The paper's parameters are constructor options (and ``kdsl tune --tuner opevo --tuner-option KEY=VALUE``):
 ``q`` (the mutation rate of §4.3, in [0, 1): 0 never mutates, near 1 walks far), ``parents`` (λ, the
@@ -42,7 +44,6 @@ from typing import Any
 
 from kdsl.codegen.tvm.parameters import Parameter, config_key, q_random_walk
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.lang.errors import LoweringError
 from kdsl.tune.records import Record, TuneError, is_integer, is_number
 
 #: OpEvo's setting in its paper's experiments (Appendix B): λ = rho = 8 parents and offspring, mutation
@@ -85,11 +86,8 @@ def random_valid(space: ScheduleSpace, rng: random.Random, seen: set[str], tries
         key = config_key(config)
         if key in seen:
             continue
-        try:
-            space.apply(config)
-        except LoweringError:
-            continue
-        return config
+        if space.rejection(config) is None:
+            return config
     return None
 
 
@@ -142,11 +140,17 @@ class OpEvo:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
 
     def _new(self, config: dict[str, Any], batch: set[str]) -> bool:
+        """Whether ``config`` is new and applies (its key joins ``batch`` either way: never tried twice)."""
         key = config_key(config)
         if key in self.seen or key in batch:
             return False
         batch.add(key)
-        return True
+        return self.space.rejection(config) is None
+
+    def _child(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A mutated configuration with the fixed parameters set, and what the others rule out repaired
+        (:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.repair`: an ``S.block`` whose tiles moved)."""
+        return self.space.repair({**config, **self.fixed}, keep=self.fixed)
 
     def propose(self, n: int) -> list[dict[str, Any]]:
         if self.offspring is not None:
@@ -164,7 +168,7 @@ class OpEvo:
             child = recombine(self.free, parents, self.rng)
             for _ in range(20):
                 child = mutate(self.free, child, self.q, self.rng, self.rate)
-                config = {**child, **self.fixed}
+                config = self._child(child)
                 attempts += 1
                 if self._new(config, keys):
                     out.append(config)
@@ -176,15 +180,17 @@ class OpEvo:
         """The first population: random accepted configurations (``init="random"``), or the heuristic
         start, its mutations and a share ``explore`` of random accepted configurations."""
         out: list[dict[str, Any]] = []
-        start = self.start
+        start = self._child(self.start)  # ALT's fixed layout may rule out a choice of the heuristic's
         if self.init == "heuristic" and self._new(dict(start), keys):
             out.append(dict(start))
-        while len(out) < n:
+        for _ in range(50 * n):  # bounded: in a small space every mutation may be seen or rejected
+            if len(out) >= n:
+                break
             if self.init == "heuristic" and self.rng.random() >= self.explore:
-                config = {**mutate(self.free, start, self.q, self.rng, self.rate), **self.fixed}
+                config = self._child(mutate(self.free, start, self.q, self.rng, self.rate))
             else:
                 config = random_valid(self.space, self.rng, self.seen | keys) or {}
-                config = {**config, **self.fixed} if config else {}
+                config = self._child(config) if config else {}
             if config and self._new(config, keys):
                 out.append(config)
             elif not config:

@@ -2,8 +2,9 @@
 
 :class:`~kdsl.tune.cost_model.CostModel` learns one task from its own records (ALT's online model); this
 one learns from every task in any records database (``kdsl tune``'s, ``kdsl bench``'s) on one target,
-over features that mean the same thing on every operator (:mod:`kdsl.tune.features`), so that a task
-never measured before is ranked by what other operators taught.
+over features that mean the same thing on every operator (:mod:`kdsl.tune.features`, each taken against
+the task's heuristic configuration), so that a task never measured before is ranked by what other
+operators taught.
 
 * :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
   records databases; records of another target are never read (a schedule's time is the machine's).
@@ -47,7 +48,7 @@ from kdsl.lang.operator import Operator
 from kdsl.lang.serialize import from_json
 from kdsl.tune import gensor_model
 from kdsl.tune.cost_model import load_ensemble
-from kdsl.tune.features import FEATURES, features_matrix
+from kdsl.tune.features import KINDS, features_matrix
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner
 
 #: Measured configurations a task needs to train or score the model (a rank correlation of 3 is noise).
@@ -118,6 +119,7 @@ class TaskData:
     latencies: list[float]
     features: np.ndarray = field(repr=False)
     estimates: list[float] = field(repr=False)
+    kind: str = "relative"  # of the features (:data:`kdsl.tune.features.KINDS`)
 
 
 @functools.lru_cache(maxsize=1)
@@ -170,11 +172,15 @@ def load_tasks(
     *,
     exclude: Iterable[str] = (),
     min_configs: int = MIN_CONFIGS,
+    kind: str = "relative",
 ) -> list[TaskData]:
     """Every task of ``target`` (an mcpu name) in the records databases ``paths`` with at least
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
-    of the schedule space, or of an operator that cannot be rebuilt or lowered are skipped."""
+    of the schedule space, or of an operator that cannot be rebuilt or lowered are skipped. ``kind`` is
+    the features' (:func:`~kdsl.tune.features.features_matrix`)."""
+    if kind not in KINDS:
+        raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
     skip = set(exclude)
     merged: dict[str, tuple[dict[str, Any], dict[str, Record]]] = {}
     for path in paths:
@@ -204,10 +210,10 @@ def load_tasks(
         except KdslError:  # an operator this kdsl no longer lowers at that binding teaches nothing
             continue
         configs = [r.config for r in records.values()]
-        features = np.array(features_matrix(space, configs), dtype=float)
+        features = np.array(features_matrix(space, configs, kind), dtype=float).reshape(-1, len(KINDS[kind]))
         estimates = [gensor_model.estimate(space, c) for c in configs]
         latencies = [float(r.latency or 0.0) for r in records.values()]
-        out.append(TaskData(task, op.key, label, target, binding, configs, latencies, features, estimates))
+        out.append(TaskData(task, op.key, label, target, binding, configs, latencies, features, estimates, kind))
     return out
 
 
@@ -218,11 +224,20 @@ def load_tasks(
 
 class TransferModel:
     """Boosted trees from :mod:`kdsl.tune.features` to a configuration's latency rank within its
-    task (:func:`rank_target`), trained on the tasks of one ``target``. Deterministic given ``seed``."""
+    task (:func:`rank_target`), trained on the tasks of one ``target`` whose features are of ``kind``
+    (relative to the task's heuristic configuration by default). Deterministic given ``seed``.
 
-    def __init__(self, target: str, seed: int = 0) -> None:
+    >>> TransferModel("znver4", kind="logs")
+    Traceback (most recent call last):
+    kdsl.tune.records.TuneError: cost model: no features of kind 'logs'; choose from relative, absolute
+    """
+
+    def __init__(self, target: str, seed: int = 0, kind: str = "relative") -> None:
+        if kind not in KINDS:
+            raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
         self.target = target
         self.seed = seed
+        self.kind = kind
         self.model: Any = None
         self.tasks: list[str] = []
         self.operators: list[str] = []
@@ -236,6 +251,8 @@ class TransferModel:
                     f"cost model for target {self.target!r} given task {data.task} of target {data.target!r}: "
                     "records of one machine never train another's model"
                 )
+            if data.kind != self.kind:
+                raise TuneError(f"cost model of {self.kind} features given task {data.task} with {data.kind} features")
         usable = [t for t in tasks if len(t.latencies) >= 2]
         if not usable:
             self.model = None
@@ -272,7 +289,8 @@ class TransferModel:
 
     def predict(self, space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[float]:
         """Predicted rank of each configuration of ``space`` (lower is faster)."""
-        return self.predict_features(np.array(features_matrix(space, configs), dtype=float).reshape(-1, len(FEATURES)))
+        rows = features_matrix(space, configs, self.kind)
+        return self.predict_features(np.array(rows, dtype=float).reshape(-1, len(KINDS[self.kind])))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -301,7 +319,7 @@ def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0) -> list[Tas
         train = [t for t in tasks if t.operator != operator]
         if not train:
             continue
-        model = TransferModel(tasks[0].target, seed)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind)
         model.fit(train)
         for data in (t for t in tasks if t.operator == operator):
             predicted = model.predict_features(data.features)
@@ -333,7 +351,7 @@ def train_on_half(tasks: Sequence[TaskData], seed: int = 0) -> list[TaskScore]:
         choices = random.Random(seed).sample(choices, HALF_SPLITS)
     scores: dict[str, list[float]] = {}
     for trained_on in choices:
-        model = TransferModel(tasks[0].target, seed)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind)
         model.fit([t for t in tasks if t.operator in trained_on])
         for data in (t for t in tasks if t.operator not in trained_on):
             scores.setdefault(data.task, []).append(

@@ -359,7 +359,16 @@ class _Applier:
         self._tile_last(block, tiles.inner_axes)
         if tiles.vector_inner is not None and stage.spatial[-1][0] == vector:
             # with a short reduction (a depthwise window) the write-back costs as much as the FMAs
-            _vectorize_inner(sch, sch.get_loops(writeback)[-1], self.space.lanes)
+            last = sch.get_loops(writeback)[-1]
+            if not isinstance(sch.get(last).extent, self.space.tvm.tirx.IntImm):
+                # TVM relaxed the tile's region to a box whose size depends on the loop variables (conv1d:
+                # S.block Cout:16 with layout.stage0.tile 2:64): no vector of a fixed width to take
+                raise LoweringError(
+                    f"{s}: the local accumulator's write-back has a loop of extent {sch.get(last).extent} (not a "
+                    f"constant) to vectorize under S.block {self.config.get(f'{s}.block', 'none')} and layout tile "
+                    f"{self.config.get(f'layout.{s}.tile', 'none')}"
+                )
+            _vectorize_inner(sch, last, self.space.lanes)
         self.local[s] = True
 
     def _unroll_tiles(self, stage: StageBlock, tiles: _TileLoops, nest: _Nest) -> None:

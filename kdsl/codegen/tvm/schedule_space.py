@@ -25,8 +25,10 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   ``S.unroll_tile`` unrolls the register tile;
   ``S.block`` (``"none"`` or ``"a:n"``: cache blocking) splits axis ``a``'s outer tiles into blocks of ``n``,
   the blocks outermost in the fused parallel loop and the ``n`` tiles innermost (``n`` must divide the
-  outer tiles' count: else the configuration is invalid); ``S.cache`` accumulates in a ``local`` tile
-  (laid out with the tile's axes last, the vector axis innermost) written back once, or in place;
+  outer tiles' count: else the configuration is invalid; :meth:`ScheduleSpace.random` and
+  :meth:`ScheduleSpace.repair` keep to the blocks the tiles allow, :mod:`kdsl.codegen.tvm.space_rules`);
+  ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis innermost)
+  written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
   contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop
@@ -54,7 +56,7 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from math import prod
 from typing import Any
 
@@ -70,6 +72,7 @@ from kdsl.codegen.tvm.parameters import (
     largest_divisor,
 )
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
@@ -274,8 +277,27 @@ class ScheduleSpace:
         return {name: param.validate(config[name]) for name, param in self.parameters.items()}
 
     def random(self, rng: random.Random) -> dict[str, Any]:
-        """A configuration with every parameter drawn at random."""
-        return {name: param.random(rng) for name, param in self.parameters.items()}
+        """A configuration with every parameter drawn at random, then the parameters that the others rule
+        out drawn again from what they allow (:func:`~kdsl.codegen.tvm.space_rules.repair`: an ``S.block``
+        that its tiles do not divide was 30-90% of random draws)."""
+        return repair(self, {name: param.random(rng) for name, param in self.parameters.items()}, rng)
+
+    def repair(self, config: Mapping[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
+        """``config`` with the parameters that the others rule out moved to the nearest allowed value,
+        ``keep`` untouched (:func:`~kdsl.codegen.tvm.space_rules.repair`; what tuners do to a mutation)."""
+        return repair(self, config, keep=keep)
+
+    def rejection(self, config: Mapping[str, Any]) -> str | None:
+        """Why :meth:`apply` refuses ``config`` (the cheap rules first, then TVM's primitives), or ``None``
+        when it applies: the check a tuner runs before it proposes a configuration for measuring."""
+        try:
+            broken = conflicts(self, self.validate(config))
+            if broken:
+                return broken[0]
+            self.apply(config)
+        except LoweringError as error:
+            return str(error)
+        return None
 
     def family(self, config: Mapping[str, Any]) -> str:
         """The structure of a configuration (its non-factor choices): outputs are checked once per family."""
