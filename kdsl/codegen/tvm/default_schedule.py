@@ -15,7 +15,10 @@ micro-kernel per reduction stage (vector axis, register axis, reductions outside
 block's order with the short ones unrolled, a local accumulator laid out tile-last, weights packed along
 the vector axis), copies folded into the write-back, zero-padded copies materialized only where bounds
 checks would fall inside a vector; other stages get their outer loops fused and parallel and their
-innermost loop vectorized where its reads are contiguous.
+innermost loop vectorized where its reads are contiguous. A window sum or mean (average pooling: a
+reduction that reads no weight) is bound by memory, not arithmetic: its vector runs along the rows it
+reads, ragged where no whole vector divides them, so its input is read as it lies, and a separable pooling's
+row sums are computed per tile of the column sums that read them.
 
 Branching kernels (:mod:`kdsl.codegen.tvm.node_rules`) add stages of their own: max/min folds, FCs,
 Products and the softmax's max and sum are reduction stages and get the same register-tiled

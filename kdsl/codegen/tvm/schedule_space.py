@@ -31,7 +31,8 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
-  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop;
+  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop
+  (an attached reduction with its reductions above its innermost loop, which is vectorized);
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
@@ -70,16 +71,18 @@ from kdsl.codegen.tvm.parameters import (
     config_key,
     largest_divisor,
 )
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
+#    records of such configurations timed it scalar)
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-7"
+VERSION = "tvm-space-8"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -331,6 +334,8 @@ class ScheduleSpace:
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
+        * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
+          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
         * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
@@ -389,9 +394,7 @@ class ScheduleSpace:
             config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
             config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
             config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
-            if vector is not None:
-                self._vector_layouts(stage, vector, vf, config)
-                self._cache_block(stage, vector, config)
+            self._memory(stage, vector, vf, config)
         for stage in self.stages:
             if stage.kind == "pad":
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
@@ -402,6 +405,19 @@ class ScheduleSpace:
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(config)
+
+    def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
+        """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
+        blocking (:meth:`_cache_block`), and a window sum read by another window sum (a separable pooling's rows,
+        then its columns) computed at its reader's parallel loop, so that its result is read back from cache,
+        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
+        if vector is not None:
+            self._vector_layouts(stage, vector, vf, config)
+            self._cache_block(stage, vector, config)
+        s, reader = stage.name, self._stage(stage.consumers[0]) if stage.consumers else None
+        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
+        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
+            config[f"{s}.attach"] = "outer"
 
     def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
         """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused
@@ -519,12 +535,21 @@ class ScheduleSpace:
         # plain operators take a short axis whole up to SHORT_VECTORS vectors rather than half vectors (a
         # depthwise row of 56 for AVX-512 or of 28 for AVX2: 3.5 vectors; 1.2x and 1.5x faster, contended)
         short = SHORT_VECTORS if self.lowered.op.is_linear else MAX_VECTORS
+        streams = self._streams(stage)
         for axis in stage.axes:
             factor = self._vector_factor(axis.extent, short) if not axis.reduce and axis.extent > 1 else 1
+            along_rows = axis.gathers == 0 or (
+                axis.gather_stride is not None and 0 < axis.gather_stride <= MAX_GATHER_STRIDE
+            )
+            if streams and not axis.reduce and along_rows and factor < self.lanes:
+                # a window sum's row whole, ragged or not (Gensor's P2: W = 83, prime): each element is read
+                # once or twice, so a vector across rows, with the pass that packs the input for it, costs more
+                # than the ragged tail of a vector along them (P2: 0.8x -> 2.1x PyTorch, P3: 0.6x -> 3.9x, contended)
+                factor = axis.extent if 1 < axis.extent <= RAGGED_VECTORS * self.lanes else factor
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
-            if not self.lowered.op.is_linear:
+            if not self.lowered.op.is_linear or streams:
                 # a branching kernel's stage (plain operators keep their schedules): a short constant stride
                 # along the last dim (a max pool's Stride of 2: 0.87 -> 0.3-0.5 ms at 64x112x112) beats a
                 # gather across rows, whatever its vector width
@@ -533,6 +558,14 @@ class ScheduleSpace:
             if best_key is None or key > best_key:
                 best, best_key, best_factor = axis, key, factor
         return best, best_factor
+
+    def _streams(self, stage: StageBlock) -> bool:
+        """Whether ``stage`` is a plain operator's reduction that reads no weight: a window sum or mean (average
+        pooling), which adds each input element into a few outputs at most and shares no operand between
+        them. Its time is its passes over memory, not its arithmetic: its vector runs along the rows it reads
+        (contiguous, or a short constant stride), so its input is read as it lies, without a packing pass."""
+        weights = {w.name for w in self.lowered.weights}
+        return self.lowered.op.is_linear and stage.kind == "reduce" and not any(b in weights for b, _ in stage.reads)
 
     def _weights_read_once(self, stage: StageBlock) -> bool:
         """Whether every weight element is read once per call: no spatial axis longer than 1 leaves the
