@@ -31,7 +31,7 @@ from kdsl.runtime.progress import Progress
 from kdsl.runtime.units import duration
 from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
-from kdsl.tune.measurer import Measurer, _lowered
+from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.opevo import _check_options as check_opevo_options
@@ -187,6 +187,7 @@ def tune(
     progress: Progress | None = None,
     cost_model_db: Sequence[str | os.PathLike[str]] = (),
     cost_model: bool = True,
+    block: int = 0,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -198,19 +199,29 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text."""
+    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text.
+    ``block > 0`` tunes the kernel with a channel-blocked signature (:mod:`kdsl.tune.measurer`), a task
+    of its own in ``db``."""
     check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     _check_cost_model_dbs(tuner, cost_model_db)
+    if block and tuner == "metaschedule":
+        raise TuneError(
+            "metaschedule tunes its own module in the plain signature; tune a channel-blocked one with opevo, alt "
+            "or gensor"
+        )
+    given_block = getattr(measurer, "block", 0)
+    if measurer is not None and given_block != block:  # its timings would be of another signature
+        raise TuneError(f"the measurer given measures channel block {given_block}, the task's is {block}")
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
-    binding, key, store = open_task(op, layer, db)
+    binding, key, store = open_task(op, layer, db, block)
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
     search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)
-    own = measurer or Measurer(op, binding)
+    own = measurer or Measurer(op, binding, block=block)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
     measured = rejected = 0
@@ -238,7 +249,7 @@ def tune(
                         curve.append(best)
                     continue
                 try:
-                    space.apply(config)
+                    signature_schedule(space, config, block)
                     fresh.append(config)
                 except LoweringError as error:
                     records.append(Record(config, None, str(error), tuner))
