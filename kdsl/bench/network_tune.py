@@ -63,6 +63,9 @@ __all__ = [
 NETWORKS = ("resnet18",)
 #: how the compiled network passes activations between its kdsl layers (see the module docstring)
 LAYOUTS = ("plain", "blocked", "propagated")
+#: the row of the propagated network whose blocked kernels run the plain signature's records (as before
+#: kernels were tuned blocked), timed beside the one that runs the records tuned blocked
+PLAIN_RECORDS = "kdsl tuned NCHW, run blocked, propagated"
 
 
 def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0) -> list[NetworkTask]:
@@ -149,13 +152,15 @@ def compile_network(
     *,
     db: str | os.PathLike[str] | None = None,
     block: int = 16,
-    kernels: dict[tuple[str, str, int], Any] | None = None,
+    kernels: dict[tuple[str, str, int, bool], Any] | None = None,
+    plain_records: bool = False,
 ) -> Any:
     """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
     layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding) in the
     signature it runs in (a blocked layout's kernels: the records tuned with that channel-blocked
     signature, never the plain ones), else the default schedule, in ``layout`` (:data:`LAYOUTS`;
-    ``block``: the channel block of the blocked ones).
+    ``block``: the channel block of the blocked ones). ``plain_records``: the blocked kernels take the
+    plain signature's records instead, as they did before kernels were tuned blocked (a comparison).
     It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
     compiled kernels across calls."""
     if layout not in LAYOUTS:
@@ -167,9 +172,11 @@ def compile_network(
         item, binding = getattr(module, "item", None), getattr(module, "binding", None)
         if item is None or binding is None:
             continue
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked)
+        borrowed = plain_records and blocked > 0
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed)
         if key not in kernels:
-            schedule = tuned_schedule(db, item.op, binding, blocked) if db is not None else None
+            records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
+            schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
             if blocked:
                 kernels[key] = build_blocked(item.op, binding, blocked, schedule)
             else:
@@ -202,13 +209,14 @@ def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     classes, seed, db = payload["classes"], payload["seed"], payload["db"]
     native = resnet18(batch=batch, resolution=resolution, classes=classes, seed=seed)
     net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
-    kernels: dict[tuple[str, str, int], Any] = {}
+    kernels: dict[tuple[str, str, int, bool], Any] = {}
     networks = {
         "PyTorch ResNet-18 (native)": native,
         "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
         "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
         "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
         "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
+        PLAIN_RECORDS: compile_network(net, "propagated", db=db, block=block, kernels=kernels, plain_records=True),
     }
     x = torch.randn(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
     rows, functions = [], []
@@ -423,7 +431,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
         f"\nEnd to end, forward, {args.threads} threads, one process per batch size, every network of a batch "
         f"timed in the same {args.repeats}+ interleaved rounds (median ms; vs PyTorch: its time over PyTorch's, "
         f"below 1 faster, the median of the rounds' ratios); max |error|: against the PyTorch network of the same "
-        f"weights; blocked: NCHW{args.block}c."
+        f"weights; blocked: {signature_name(args.block)}, kernels tuned in that signature (the row "
+        f"'{PLAIN_RECORDS}': the same network with the NCHW records, as before kernels were tuned blocked)."
     )
     print(network_table(rows))
     print()
