@@ -12,6 +12,10 @@ before measurement (:data:`PREFILTER` drawn per one measured) when at least
 :data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
 ``ranking`` is its held-out rank correlation on the run's measured configurations beside the analytic
 estimate's, logged as one line.
+
+``tune(..., block=16)`` tunes the kernel whose data input and output are channel-blocked by 16
+(:mod:`kdsl.codegen.tvm.signature_layout`; what a network built blocked runs), a task of its own in the
+records (:func:`~kdsl.tune.records.task_key`), measured on blocked buffers (:mod:`kdsl.tune.measurer`).
 """
 
 from __future__ import annotations
@@ -199,19 +203,10 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text.
-    ``block > 0`` tunes the kernel with a channel-blocked signature (:mod:`kdsl.tune.measurer`), a task
-    of its own in ``db``."""
+    is set to the trials measured so far after each batch. The cost model and ``block``: the module's text."""
     check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     _check_cost_model_dbs(tuner, cost_model_db)
-    if block and tuner == "metaschedule":
-        raise TuneError(
-            "metaschedule tunes its own module in the plain signature; tune a channel-blocked one with opevo, alt "
-            "or gensor"
-        )
-    given_block = getattr(measurer, "block", 0)
-    if measurer is not None and given_block != block:  # its timings would be of another signature
-        raise TuneError(f"the measurer given measures channel block {given_block}, the task's is {block}")
+    _check_signature(tuner, measurer, block)
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
@@ -281,6 +276,18 @@ def tune(
             own.close()
     result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
     return _with_ranking(result, model, space, store, run_started, log)
+
+
+def _check_signature(tuner: str, measurer: Measurer | None, block: int) -> None:
+    """Refuse a channel-blocked task that MetaSchedule would tune, or a measurer of another signature."""
+    if block and tuner == "metaschedule":
+        raise TuneError(
+            "metaschedule tunes its own module in the plain signature; tune a channel-blocked one with opevo, alt "
+            "or gensor"
+        )
+    given = getattr(measurer, "block", 0)
+    if measurer is not None and given != block:  # its timings would be of another signature
+        raise TuneError(f"the measurer given measures channel block {given}, the task's is {block}")
 
 
 def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:
