@@ -201,3 +201,24 @@ def test_a_network_tuned_in_both_signatures_splits_the_budget_evenly(monkeypatch
     assert [block for block, _ in rounds] == sorted(block for block, _ in rounds)  # plain first, then blocked
     assert sum(s.trials for s in summaries[:4]) == 8 and sum(s.trials for s in summaries[4:]) == 24
     assert set(opened) == {0, 16}
+
+
+def test_the_network_command_tunes_every_layer_in_both_signatures(monkeypatch, capsys, tmp_path):
+    import kdsl.bench.network_tune as network_tune
+    from kdsl.cli import main
+
+    given = {}
+
+    def fake_tune_network(tasks, trials, db, **kwargs):
+        given["tasks"] = tasks
+        return [TaskSummary(task.label, task.weight, 0, 1.0, 1.0) for task in tasks]
+
+    monkeypatch.setattr(network_tune, "tune_network", fake_tune_network)
+    monkeypatch.setattr(network_tune, "time_networks", lambda *args, **kwargs: [])
+    argv = ["tune", "conv2d", "--network", "resnet18", "--batch", "1", "--resolution", "32", "--block", "32"]
+    assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db")]) == 0
+    tasks = given["tasks"]
+    assert [task.block for task in tasks] == [0] * 4 + [32] * 4
+    assert [(t.layer, t.weight, t.scale) for t in tasks[:4]] == [(t.layer, t.weight, t.scale) for t in tasks[4:]]
+    out = capsys.readouterr().out
+    assert "split evenly between the kernels' NCHW and NCHW32c signatures" in out and "conv5_x N=1 NCHW32c" in out
