@@ -25,6 +25,7 @@ from kdsl.codegen.tvm import build, lower  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
 from kdsl.discover.network import resnet18, resolve_ops  # noqa: E402
+from kdsl.tune.measurer import signature_schedule  # noqa: E402
 from kdsl.tune.records import open_task  # noqa: E402
 
 RESOLUTION = 32
@@ -116,7 +117,7 @@ def test_tune_network_measures_every_default_before_any_round(monkeypatch, tmp_p
     events = []
 
     class FakeMeasurer:
-        def __init__(self, op, binding):
+        def __init__(self, op, binding, block=0):
             events.append(("open", binding["H"]))
 
         def close(self):
@@ -180,33 +181,59 @@ def assert_same_output(compiled, net, x, transforms: int | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def tuned_db(network, tmp_path_factory):
-    """A records database whose best conv2_x record is a random valid schedule of the space (not the
-    default one), so the blocked signature is checked on a schedule the tuners could pick."""
+    """A records database whose best conv2_x records, one for the plain signature and one for the
+    channel-blocked one (tuned apart: another task), are two different random valid schedules of the
+    space (not the default one), so each layout is checked on a schedule the tuners could pick. Returns
+    the database and the configuration of each signature (channel block -> configuration)."""
     item = network[0]
     db = str(tmp_path_factory.mktemp("net") / "records.db")
     task = network_tasks(item, [1], RESOLUTION)[0]
-    binding, key, store = open_task(task.op, task.layer, db)
-    space = ScheduleSpace(lower(task.op, binding))
     rng = random.Random(0)
-    for _ in range(50):
-        config = space.random(rng)
-        try:
-            space.apply(config)
-            break
-        except LoweringError:
-            continue
-    store.add(key, Record(config, 1e-9, None, "opevo"))
-    store.database.close()
-    return db
+    configs = {}
+    for block in (0, 16):
+        binding, key, store = open_task(task.op, task.layer, db, block)
+        space = ScheduleSpace(lower(task.op, binding))
+        for _ in range(50):
+            config = space.random(rng)
+            try:
+                signature_schedule(space, config, 16)  # blockable, even the plain one (plain_records=True)
+                configs[block] = config
+                break
+            except LoweringError:
+                continue
+        store.add(key, Record(config, 1e-9, None, "opevo"))
+        store.database.close()
+    assert configs[0] != configs[16]
+    return db, configs
+
+
+def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
+    """The conv2_x kernel compiled for a network (in KERNELS) and the schedule of ``config`` it should run,
+    as TVM script."""
+    shape = (1, 64, 8, 8) if block == 0 else (1, 64 // 16, 8, 8, 16)
+    (kernel,) = [k for (_, _, b, p), k in KERNELS.items() if (b, p) == (block, borrowed) and k.input_shape == shape]
+    assert kernel.schedule.mod.script() == signature_schedule(ScheduleSpace(kernel.lowered), config, block).mod.script()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout):
     _, net, x = network
-    compiled = compile_network(net, layout, db=tuned_db, block=16, kernels=KERNELS)
+    db, configs = tuned_db
+    compiled = compile_network(net, layout, db=db, block=16, kernels=KERNELS)
     # 13 kdsl layers: 2 transforms a layer unpropagated; propagated, 1 into stage 2, 3 in each later stage
     transforms = {"plain": 0, "blocked": 26, "propagated": 10}[layout]
     assert_same_output(compiled, net, x, transforms)
+    # conv2_x runs the record tuned in the signature it runs in (the blocked ones: blocked after the schedule)
+    block = 0 if layout == "plain" else 16
+    conv2_x_script(block, configs[block])
+
+
+def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tuned_db):
+    _, net, x = network
+    db, configs = tuned_db
+    compiled = compile_network(net, "propagated", db=db, block=16, kernels=KERNELS, plain_records=True)
+    assert_same_output(compiled, net, x, 10)
+    conv2_x_script(16, configs[0], borrowed=True)
 
 
 def test_compile_network_refuses_the_original_network_and_unknown_layouts(network):

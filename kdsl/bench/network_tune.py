@@ -38,7 +38,7 @@ from typing import Any
 from kdsl.bench.argument_types import positive_int
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
-from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, to_blocked
+from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, signature_name, to_blocked
 from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_worker, stage_layers
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.threads import shared_process_environment
@@ -63,18 +63,24 @@ __all__ = [
 NETWORKS = ("resnet18",)
 #: how the compiled network passes activations between its kdsl layers (see the module docstring)
 LAYOUTS = ("plain", "blocked", "propagated")
+#: the row of the propagated network whose blocked kernels run the plain signature's records (as before
+#: kernels were tuned blocked), timed beside the one that runs the records tuned blocked
+PLAIN_RECORDS = "kdsl tuned NCHW, run blocked, propagated"
 
 
-def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224) -> list[NetworkTask]:
+def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
     batch size, weighted by how many times a forward pass runs it (the stage's first block keeps a
     stride-2 PyTorch convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times),
-    scaled by ``1 / batch``: the budget is shared by time saved per image."""
+    scaled by ``1 / batch``: the budget is shared by time saved per image. ``block > 0``: the kernels
+    with the channel-blocked signature the blocked networks run (labelled with it, ``NCHW16c``)."""
     tasks = []
+    suffix = f" {signature_name(block)}" if block else ""
     for batch in batches:
         for layer, (_, _, stride) in zip(stage_layers(batch, resolution), STAGES):
             weight = 4 if stride == 1 else 3
-            tasks.append(NetworkTask(f"{layer.name} N={batch}", item.op, item.binding(layer), weight, 1 / batch))
+            label = f"{layer.name} N={batch}{suffix}"
+            tasks.append(NetworkTask(label, item.op, item.binding(layer), weight, 1 / batch, block))
     return tasks
 
 
@@ -146,11 +152,15 @@ def compile_network(
     *,
     db: str | os.PathLike[str] | None = None,
     block: int = 16,
-    kernels: dict[tuple[str, str, int], Any] | None = None,
+    kernels: dict[tuple[str, str, int, bool], Any] | None = None,
+    plain_records: bool = False,
 ) -> Any:
     """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
-    layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding), else the
-    default schedule, in ``layout`` (:data:`LAYOUTS`; ``block``: the channel block of the blocked ones).
+    layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding) in the
+    signature it runs in (a blocked layout's kernels: the records tuned with that channel-blocked
+    signature, never the plain ones), else the default schedule, in ``layout`` (:data:`LAYOUTS`;
+    ``block``: the channel block of the blocked ones). ``plain_records``: the blocked kernels take the
+    plain signature's records instead, as they did before kernels were tuned blocked (a comparison).
     It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
     compiled kernels across calls."""
     if layout not in LAYOUTS:
@@ -162,9 +172,11 @@ def compile_network(
         item, binding = getattr(module, "item", None), getattr(module, "binding", None)
         if item is None or binding is None:
             continue
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked)
+        borrowed = plain_records and blocked > 0
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed)
         if key not in kernels:
-            schedule = tuned_schedule(db, item.op, binding) if db is not None else None
+            records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
+            schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
             if blocked:
                 kernels[key] = build_blocked(item.op, binding, blocked, schedule)
             else:
@@ -197,13 +209,14 @@ def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     classes, seed, db = payload["classes"], payload["seed"], payload["db"]
     native = resnet18(batch=batch, resolution=resolution, classes=classes, seed=seed)
     net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
-    kernels: dict[tuple[str, str, int], Any] = {}
+    kernels: dict[tuple[str, str, int, bool], Any] = {}
     networks = {
         "PyTorch ResNet-18 (native)": native,
         "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
         "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
         "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
         "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
+        PLAIN_RECORDS: compile_network(net, "propagated", db=db, block=block, kernels=kernels, plain_records=True),
     }
     x = torch.randn(batch, 3, resolution, resolution, generator=torch.Generator().manual_seed(seed))
     rows, functions = [], []
@@ -300,15 +313,15 @@ def _ms(value: float | None) -> str:
 def task_table(summaries: Sequence[TaskSummary]) -> str:
     """The per-task table of a network's tuning run.
 
-    >>> print(task_table([TaskSummary("conv2_x N=1", 4, 16, 2.0, 1.5)]))
-    task              runs/pass  trials  default ms   best ms  saved ms/pass
-    conv2_x N=1               4      16       2.000     1.500          2.000
+    >>> print(task_table([TaskSummary("conv2_x N=1 NCHW16c", 4, 16, 2.0, 1.5)]))
+    task                  runs/pass  trials  default ms   best ms  saved ms/pass
+    conv2_x N=1 NCHW16c           4      16       2.000     1.500          2.000
     """
-    lines = [f"{'task':<16} {'runs/pass':>10} {'trials':>7} {'default ms':>11} {'best ms':>9} {'saved ms/pass':>14}"]
+    lines = [f"{'task':<20} {'runs/pass':>10} {'trials':>7} {'default ms':>11} {'best ms':>9} {'saved ms/pass':>14}"]
     for row in summaries:
         saved = None if row.default_ms is None or row.best_ms is None else row.weight * (row.default_ms - row.best_ms)
         lines.append(
-            f"{printable(row.label):<16} {row.weight:>10} {row.trials:>7} {_ms(row.default_ms):>11} "
+            f"{printable(row.label):<20} {row.weight:>10} {row.trials:>7} {_ms(row.default_ms):>11} "
             f"{_ms(row.best_ms):>9} {_ms(saved):>14}"
         )
     return "\n".join(lines)
@@ -377,7 +390,9 @@ def command_tune_network(args: argparse.Namespace) -> int:
     item = resolve_ops([args.operator or "conv2d"], resolution=args.resolution)[0]
     for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
         blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
+    # each layer in both signatures the networks are timed in: the plain one, and the blocked one
     tasks = network_tasks(item, args.batch_sizes, args.resolution)
+    tasks += network_tasks(item, args.batch_sizes, args.resolution, args.block)
     log = None if args.json else (lambda line: print(f"tune --network: {line}", file=sys.stderr, flush=True))
     summaries = tune_network(
         tasks,
@@ -407,7 +422,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
         return 0
     print(
         f"kdsl tune --network {args.network}: {printable(item.label)} in the 13 stride-1 3x3 convolutions, "
-        f"{args.resolution}x{args.resolution} input, {tuner}, {args.trials} trials shared by expected saving "
+        f"{args.resolution}x{args.resolution} input, {tuner}, {args.trials} trials split evenly between the kernels' "
+        f"NCHW and {signature_name(args.block)} signatures, each share given to its layers by expected saving "
         f"(records in {printable(args.db)})"
     )
     print(task_table(summaries))
@@ -415,7 +431,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
         f"\nEnd to end, forward, {args.threads} threads, one process per batch size, every network of a batch "
         f"timed in the same {args.repeats}+ interleaved rounds (median ms; vs PyTorch: its time over PyTorch's, "
         f"below 1 faster, the median of the rounds' ratios); max |error|: against the PyTorch network of the same "
-        f"weights; blocked: NCHW{args.block}c."
+        f"weights; blocked: {signature_name(args.block)}, kernels tuned in that signature (the row "
+        f"'{PLAIN_RECORDS}': the same network with the NCHW records, as before kernels were tuned blocked)."
     )
     print(network_table(rows))
     print()

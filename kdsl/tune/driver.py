@@ -12,6 +12,10 @@ before measurement (:data:`PREFILTER` drawn per one measured) when at least
 :data:`~kdsl.tune.transfer.MIN_TASKS` such tasks exist (``cost_model=False``: never); the result's
 ``ranking`` is its held-out rank correlation on the run's measured configurations beside the analytic
 estimate's, logged as one line.
+
+``tune(..., block=16)`` tunes the kernel whose data input and output are channel-blocked by 16
+(:mod:`kdsl.codegen.tvm.signature_layout`; what a network built blocked runs), a task of its own in the
+records (:func:`~kdsl.tune.records.task_key`), measured on blocked buffers (:mod:`kdsl.tune.measurer`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from kdsl.runtime.progress import Progress
 from kdsl.runtime.units import duration
 from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
-from kdsl.tune.measurer import Measurer, _lowered
+from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
 from kdsl.tune.opevo import _check_options as check_opevo_options
@@ -187,6 +191,7 @@ def tune(
     progress: Progress | None = None,
     cost_model_db: Sequence[str | os.PathLike[str]] = (),
     cost_model: bool = True,
+    block: int = 0,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -198,19 +203,20 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch. The cross-operator cost model: the module's text."""
+    is set to the trials measured so far after each batch. The cost model and ``block``: the module's text."""
     check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     _check_cost_model_dbs(tuner, cost_model_db)
+    _check_signature(tuner, measurer, block)
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
-    binding, key, store = open_task(op, layer, db)
+    binding, key, store = open_task(op, layer, db, block)
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
     search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)
-    own = measurer or Measurer(op, binding)
+    own = measurer or Measurer(op, binding, block=block)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
     measured = rejected = 0
@@ -238,7 +244,7 @@ def tune(
                         curve.append(best)
                     continue
                 try:
-                    space.apply(config)
+                    signature_schedule(space, config, block)
                     fresh.append(config)
                 except LoweringError as error:  # the tuners check before proposing: a rejection here is a bug
                     records.append(Record(config, None, str(error), tuner))
@@ -272,6 +278,18 @@ def tune(
             own.close()
     result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
     return _with_ranking(result, model, space, store, run_started, log)
+
+
+def _check_signature(tuner: str, measurer: Measurer | None, block: int) -> None:
+    """Refuse a channel-blocked task that MetaSchedule would tune, or a measurer of another signature."""
+    if block and tuner == "metaschedule":
+        raise TuneError(
+            "metaschedule tunes its own module in the plain signature; tune a channel-blocked one with opevo, alt "
+            "or gensor"
+        )
+    given = getattr(measurer, "block", 0)
+    if measurer is not None and given != block:  # its timings would be of another signature
+        raise TuneError(f"the measurer given measures channel block {given}, the task's is {block}")
 
 
 def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:

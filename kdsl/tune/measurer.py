@@ -8,6 +8,11 @@ kernel, so tuning never times while a discover run (or another tuning run) does;
 does not count against :data:`MEASURE_TIMEOUT`. Every output is checked against the NumPy reference
 backend before it is timed. A crash or a hang of a worker costs that configuration only: it is recorded
 as invalid and the worker is replaced.
+
+A measurer made with ``block > 0`` measures the kernel with a channel-blocked signature
+(:mod:`kdsl.codegen.tvm.signature_layout`): each configuration is applied, then its input and output
+buffers are blocked, and the kernel is timed on blocked inputs and checked against the reference output
+blocked the same way; what a network built blocked runs.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 from kdsl.codegen import reference
 from kdsl.codegen.tvm import default_target, load_tvm, lower
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.codegen.tvm.signature_layout import block_array, block_signature, blocked_shape
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.workers import Outcome, Slot, WorkerPool
@@ -54,12 +60,20 @@ def _compile_setup(op: Operator, layer: dict[str, int]) -> ScheduleSpace:
     return ScheduleSpace(_lowered(op, layer))
 
 
-def _compile_job(space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot) -> str | None:
-    """Apply and compile a configuration into a shared library at a path; the reason on failure."""
+def signature_schedule(space: ScheduleSpace, config: Mapping[str, Any], block: int = 0) -> Any:
+    """The schedule of ``config`` in ``space``, its signature channel-blocked by ``block`` (0: plain); a
+    :class:`LoweringError` when either step refuses."""
+    sch = space.apply(config)
+    return block_signature(sch, space.lowered, block) if block else sch
+
+
+def _compile_job(space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot, block: int = 0) -> str | None:
+    """Apply and compile a configuration (its signature blocked by ``block``) into a shared library at a
+    path; the reason on failure."""
     config, path = job
     tvm = load_tvm()
     try:
-        sch = space.apply(config)
+        sch = signature_schedule(space, config, block)
         executable = tvm.compile(sch.mod, target=default_target())
         executable.export_library(path)
     except LoweringError as error:
@@ -74,9 +88,10 @@ def compile_module(module: Any, path: str) -> None:
     load_tvm().compile(module, target=default_target()).export_library(path)
 
 
-def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
+def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0) -> dict[str, Any]:
     """The measuring worker's state: TVM, random inputs (every data input of a kernel of several, in
-    its input order) on its device, an output buffer."""
+    its input order) on its device, an output buffer; with ``block``, the data input and the output
+    buffer channel-blocked (the reference is computed on the plain input and blocked after)."""
     import numpy as np
 
     tvm = load_tvm()
@@ -84,6 +99,9 @@ def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
     inputs = list(x) if isinstance(x, tuple) else [x]  # a kernel of several inputs: a tuple of them
     dev = tvm.cpu(0)
     output_shape = tuple(int(d) for d in _lowered(op, layer).output_shape)
+    if block:
+        inputs = [block_array(inputs[0], block)]  # one data input: the Measurer checked it
+        output_shape = blocked_shape(output_shape, block, "the output")
     return {
         "tvm": tvm,
         "op": op,
@@ -94,6 +112,7 @@ def _measure_setup(op: Operator, layer: dict[str, int]) -> dict[str, Any]:
         "args": [tvm.runtime.tensor(a, dev) for a in (*inputs, *weights)],  # the PrimFunc's order
         "out": tvm.runtime.empty(output_shape, "float32", dev),
         "expected": None,
+        "block": block,
     }
 
 
@@ -154,9 +173,12 @@ def _expected(state: dict[str, Any]) -> tuple[tuple[int, ...] | None, Any]:
         x64 = tuple(a.astype(np.float64) for a in x) if isinstance(x, tuple) else x.astype(np.float64)
         if rows is not None:
             name = str(op.outputs[0].size)
-            state["expected"] = (rows, reference.run(op, {**layer, name: len(rows)}, _rows(x64, rows), as64))
+            expected = reference.run(op, {**layer, name: len(rows)}, _rows(x64, rows), as64)
         else:
-            state["expected"] = (None, reference.run(op, layer, x64, as64))
+            expected = reference.run(op, layer, x64, as64)
+        # the batch dim stays first in a blocked layout: the checked rows are the same rows of it
+        block = state.get("block", 0)
+        state["expected"] = (rows, block_array(expected, block) if block else expected)
     return state["expected"]
 
 
@@ -199,13 +221,27 @@ def _measure_job(state: dict[str, Any], job: tuple[str, bool], slot: Slot) -> tu
 
 class Measurer:
     """Compiles configurations on ``workers`` compile workers and times them one at a time in a
-    measuring worker that takes the machine's latency slot (``lock_path`` overrides its lock file)."""
+    measuring worker that takes the machine's latency slot (``lock_path`` overrides its lock file);
+    ``block > 0``: of the kernel whose data input and output are channel-blocked by ``block``."""
 
     def __init__(
-        self, op: Operator, layer: Mapping[str, int], workers: int = 2, *, lock_path: str | None = None
+        self,
+        op: Operator,
+        layer: Mapping[str, int],
+        workers: int = 2,
+        *,
+        lock_path: str | None = None,
+        block: int = 0,
     ) -> None:
         self.op = op
         self.layer = dict(layer)
+        self.block = block
+        if block:  # refused here, naming the dim, rather than as every configuration's compile error
+            lowered = _lowered(op, self.layer)
+            if lowered.extra_inputs:
+                raise LoweringError("a channel-blocked signature is for kernels of one data input")
+            blocked_shape(tuple(int(d) for d in lowered.x.shape), block, "the input")
+            blocked_shape(tuple(int(d) for d in lowered.output_shape), block, "the output")
         self.workers = workers
         self.lock_path = lock_path
         self.tmp = tempfile.TemporaryDirectory(prefix="kdsl-tune-")
@@ -213,7 +249,7 @@ class Measurer:
         environment = {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "2")}
         # the processes start on first use, so a measurer that only compiles never starts a measuring one
         self.compilers: WorkerPool[tuple[dict[str, Any], str]] = WorkerPool(
-            _compile_job,
+            functools.partial(_compile_job, block=block),
             size=workers,
             setup=functools.partial(_compile_setup, op, self.layer),
             timeout=COMPILE_TIMEOUT,
@@ -224,7 +260,7 @@ class Measurer:
         self.timer: WorkerPool[tuple[str, bool]] = WorkerPool(
             _measure_job,
             size=1,
-            setup=functools.partial(_measure_setup, op, self.layer),
+            setup=functools.partial(_measure_setup, op, self.layer, block),
             timeout=MEASURE_TIMEOUT,
             environment=environment,
             lock_path=lock_path,

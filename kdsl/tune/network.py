@@ -17,7 +17,11 @@ that stops improving is tried again less and less often instead of never. A task
 nothing left to propose is dropped.
 
 :func:`tune_network` runs the rounds with the real tuners (:func:`kdsl.tune.driver.tune`), every
-record in one database (a second run resumes from it).
+record in one database (a second run resumes from it). A network built in two kernel signatures (plain
+``NCHW``, and channel-blocked: :attr:`NetworkTask.block`) has each layer's kernel tuned in each, as two
+tasks whose records never mix; the budget is then split evenly between the signatures (what one leaves
+unused goes to the next), and each signature's share goes round by round to its own layers by its own
+scheduler, so the plain and the blocked network are compared at equal trials.
 
 >>> scheduler = BudgetScheduler([2, 3], round_trials=8)
 >>> scheduler.record_default(0, 0.002); scheduler.record_default(1, 0.001)
@@ -39,7 +43,7 @@ from kdsl.lang.errors import KdslError, LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
 from kdsl.tune.driver import TUNERS, tune
-from kdsl.tune.measurer import Measurer, _lowered
+from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
 from kdsl.tune.records import Record, TuneError, open_task
 
 __all__ = ["BudgetScheduler", "NetworkTask", "TaskSummary", "measure_default", "task_summary", "tune_network"]
@@ -54,19 +58,24 @@ class NetworkTask:
 
     ``scale`` weighs the task's network in the shared objective: tasks of one network at several batch
     sizes take ``1 / batch``, so the budget goes where it saves the most time per image and a batch-8
-    network (eight times the milliseconds) does not take every trial from the batch-1 one."""
+    network (eight times the milliseconds) does not take every trial from the batch-1 one. ``block > 0``:
+    the kernel is tuned (measured) with its data input and output channel-blocked by ``block``, the
+    signature a blocked network runs it in."""
 
     label: str
     op: Operator
     layer: Mapping[str, int]
     weight: int
     scale: float = 1.0
+    block: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, int) or self.weight < 1:
             raise KdslError(f"task {self.label}: its occurrence count must be a positive integer, got {self.weight!r}")
         if not self.scale > 0:
             raise KdslError(f"task {self.label}: its scale must be positive, got {self.scale!r}")
+        if not isinstance(self.block, int) or self.block < 0:
+            raise KdslError(f"task {self.label}: its channel block must be 0 (plain) or positive, got {self.block!r}")
 
 
 @dataclass
@@ -182,7 +191,7 @@ def measure_default(task: NetworkTask, db: str | os.PathLike[str], measurer: Mea
     and read from there on a second run); None when it fails."""
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    binding, key, store = open_task(task.op, task.layer, db)
+    binding, key, store = open_task(task.op, task.layer, db, task.block)
     try:
         stored = store.records(key, DEFAULT)
         if stored:
@@ -190,7 +199,7 @@ def measure_default(task: NetworkTask, db: str | os.PathLike[str], measurer: Mea
         space = ScheduleSpace(_lowered(task.op, binding))
         config = space.heuristic()
         try:
-            space.apply(config)
+            signature_schedule(space, config, task.block)
             ((latency, error),) = measurer.measure(space, [config])
         except LoweringError as refused:
             latency, error = None, str(refused)
@@ -213,7 +222,7 @@ class TaskSummary:
 
 def task_summary(task: NetworkTask, db: str | os.PathLike[str], trials: int = 0) -> TaskSummary:
     """The default schedule's and the best record's latency of ``task`` in ``db``."""
-    _, key, store = open_task(task.op, task.layer, db)
+    _, key, store = open_task(task.op, task.layer, db, task.block)
     try:
         defaults = [r.latency for r in store.records(key, DEFAULT) if r.latency is not None]
         best = store.best(key)
@@ -239,13 +248,23 @@ def tune_network(
 ) -> list[TaskSummary]:
     """Measure every task's default schedule, then share ``trials`` new trials among ``tasks`` with a
     :class:`BudgetScheduler`, each round a :func:`~kdsl.tune.driver.tune` run of ``tuner`` on the
-    chosen task (records in ``db``; a second run resumes). Returns one :class:`TaskSummary` per task."""
+    chosen task (records in ``db``; a second run resumes). Tasks of several signatures
+    (:attr:`NetworkTask.block`) split ``trials`` evenly, a scheduler each, in the order they first
+    appear (the module's text). Returns one :class:`TaskSummary` per task."""
     if tuner not in TUNERS or tuner == "metaschedule":
         raise TuneError(f"--network tunes with opevo, alt or gensor (kdsl's schedule space), got {tuner!r}")
     labels = [task.label for task in tasks]
     if len(set(labels)) != len(labels):
         raise TuneError(f"two network tasks share a label: {labels}")
-    scheduler = BudgetScheduler([task.weight * task.scale for task in tasks], round_trials=round_trials)
+    signatures: dict[int, list[int]] = {}  # channel block -> its tasks' indices
+    for index, task in enumerate(tasks):
+        signatures.setdefault(task.block, []).append(index)
+    schedulers = {
+        block: BudgetScheduler([tasks[i].weight * tasks[i].scale for i in members], round_trials=round_trials)
+        for block, members in signatures.items()
+    }
+    # where each task's budget state lives: its signature's scheduler and its index there
+    place = {i: (schedulers[block], members.index(i)) for block, members in signatures.items() for i in members}
     measurers: dict[int, Measurer] = {}
 
     def measurer(index: int) -> Measurer:
@@ -254,13 +273,14 @@ def tune_network(
         if index not in measurers:
             for other in list(measurers):
                 measurers.pop(other).close()
-            binding, _, store = open_task(tasks[index].op, tasks[index].layer, db)
+            binding, _, store = open_task(tasks[index].op, tasks[index].layer, db, tasks[index].block)
             store.database.close()
-            measurers[index] = Measurer(tasks[index].op, binding)
+            measurers[index] = Measurer(tasks[index].op, binding, block=tasks[index].block)
         return measurers[index]
 
     def run_round(index: int, count: int) -> tuple[int, float | None]:
         task = tasks[index]
+        scheduler, local = place[index]
         result = tune(
             task.op,
             task.layer,
@@ -268,10 +288,11 @@ def tune_network(
             count,
             db,
             batch=min(batch, count),
-            seed=seed + scheduler.tasks[index].trials,
+            seed=seed + scheduler.tasks[local].trials,
             measurer=measurer(index),
             options=options,
             confirm=0,
+            block=task.block,
         )
         best = task_summary(task, db).best_ms
         return result.measured, None if best is None else best / 1e3
@@ -281,17 +302,27 @@ def tune_network(
             shown = "none valid" if best is None else f"best {best * 1e3:.3f} ms"
             log(f"{tasks[index].label}: {measured} trials, {shown}")
         if progress is not None:
-            progress.set(sum(t.trials for t in scheduler.tasks), best=tasks[index].label)
+            given = sum(t.trials for each in schedulers.values() for t in each.tasks)
+            progress.set(given, best=tasks[index].label)
 
     try:
         for index, task in enumerate(tasks):
             latency = measure_default(task, db, measurer(index))
-            scheduler.record_default(index, latency)
+            scheduler, local = place[index]
+            scheduler.record_default(local, latency)
             if log is not None:
                 shown = "failed" if latency is None else f"{latency * 1e3:.3f} ms"
                 log(f"{task.label}: default schedule {shown}")
-        scheduler.allocate(trials, run_round, heard)
+        left = trials
+        for position, (block, members) in enumerate(signatures.items()):
+            # an even share of what is left: a signature whose tuners run dry leaves its rest to the next
+            share = left // (len(signatures) - position)
+            left -= schedulers[block].allocate(
+                share,
+                lambda local, count, members=members: run_round(members[local], count),
+                lambda local, measured, best, members=members: heard(members[local], measured, best),
+            )
     finally:
         for each in measurers.values():
             each.close()
-    return [task_summary(task, db, state.trials) for task, state in zip(tasks, scheduler.tasks)]
+    return [task_summary(tasks[i], db, place[i][0].tasks[place[i][1]].trials) for i in range(len(tasks))]

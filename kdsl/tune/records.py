@@ -124,7 +124,8 @@ class RecordStore:
         query += "(SELECT 1 FROM records r WHERE r.task = t.task AND r.latency IS NOT NULL)"
         for (text,) in self.db.execute(query, (task,)).fetchall():
             other = json.loads(text)
-            if other.get("op") == mine.get("op") and other.get("binding") == mine.get("binding"):
+            same = all(other.get(name) == mine.get(name) for name in ("op", "binding", "channel_block"))
+            if same:
                 found.add(str(other.get("target", "")))
         return sorted(found - {str(mine.get("target", ""))})
 
@@ -167,10 +168,15 @@ class RecordStore:
         return min(valid, key=lambda r: r.latency or 0.0) if valid else None
 
 
-def task_key(op: Operator, binding: Mapping[str, int], target: str) -> str:
-    """The key of a tuning task: the operator's structure, its sizes, the target and the space's version."""
-    text = json.dumps([op.key, sorted(binding.items()), target, VERSION])
-    return hashlib.sha1(text.encode()).hexdigest()[:20]
+def task_key(op: Operator, binding: Mapping[str, int], target: str, block: int = 0) -> str:
+    """The key of a tuning task: the operator's structure, its sizes, the target and the space's version,
+    and the kernel's signature layout: ``block > 0`` is a kernel whose data input and output are
+    channel-blocked by ``block`` (:mod:`kdsl.codegen.tvm.signature_layout`), a task of its own, since its
+    records time other memory accesses (the plain signature's key is the one it always was)."""
+    parts: list[Any] = [op.key, sorted(binding.items()), target, VERSION]
+    if block:
+        parts.append(["channel block", block])
+    return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:20]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -213,15 +219,19 @@ def target_mcpu() -> str:
 
 
 def open_task(
-    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str]
+    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str], block: int = 0
 ) -> tuple[dict[str, int], str, RecordStore]:
-    """The binding of ``op`` at ``layer``, its task key on this machine, and the records store (the task
-    described in it)."""
+    """The binding of ``op`` at ``layer``, its task key on this machine (``block``: of the kernel with a
+    channel-blocked signature, :func:`task_key`), and the records store (the task described in it)."""
+    if not is_integer(block) or block < 0:
+        raise TuneError(f"the channel block of a task must be a non-negative integer (0: plain), got {block!r}")
     binding = solve.bind(op, layer)
     mcpu = target_mcpu()
-    key = task_key(op, binding, mcpu)
+    key = task_key(op, binding, mcpu, block)
     store = RecordStore(db)
     # the operator's JSON and the space's version let a cost model trained across tasks rebuild the space
     description = {"op": op.key, "binding": binding, "target": mcpu, "json": op.to_json(), "space": VERSION}
+    if block:  # a plain task's description stays as it was
+        description["channel_block"] = block
     store.describe(key, description)
     return binding, key, store

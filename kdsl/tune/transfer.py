@@ -177,8 +177,8 @@ def load_tasks(
     """Every task of ``target`` (an mcpu name) in the records databases ``paths`` with at least
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
-    of the schedule space, or of an operator that cannot be rebuilt or lowered are skipped. ``kind`` is
-    the features' (:func:`~kdsl.tune.features.features_matrix`)."""
+    of the schedule space, of a kernel with a channel-blocked signature, or of an operator that cannot be
+    rebuilt or lowered are skipped. ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
     if kind not in KINDS:
         raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
     skip = set(exclude)
@@ -191,6 +191,8 @@ def load_tasks(
             if task in skip or str(description.get("target", "")) != target:
                 continue
             if description.get("space", VERSION) != VERSION:
+                continue
+            if description.get("channel_block"):  # timed in a blocked signature: not what the features describe
                 continue
             _, known = merged.setdefault(task, (description, {}))
             for key, record in measured(store.records(task)).items():

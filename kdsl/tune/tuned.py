@@ -37,12 +37,15 @@ def _applicable(record: Record) -> bool:
     return "trace" not in record.config
 
 
-def best_record(db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], tuner: str | None = None) -> Record:
+def best_record(
+    db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], tuner: str | None = None, block: int = 0
+) -> Record:
     """The fastest measured record of ``op`` at ``layer`` in the records database ``db`` (of one
-    ``tuner`` if given) whose schedule kdsl can apply; :class:`TuneError` if there is none, saying why."""
+    ``tuner`` if given; ``block > 0``: of the kernel with that channel-blocked signature, a task of its
+    own) whose schedule kdsl can apply; :class:`TuneError` if there is none, saying why."""
     if not Path(db).is_file():
         raise TuneError(f"no tuning records database at {db}; run kdsl tune first")
-    _, task, store = open_task(op, layer, db)
+    _, task, store = open_task(op, layer, db, block)
     try:
         records = [r for r in store.records(task, tuner) if r.latency is not None]
         elsewhere = store.other_targets(task) if not records else []
@@ -50,7 +53,7 @@ def best_record(db: str | os.PathLike[str], op: Operator, layer: Mapping[str, in
         store.database.close()
     usable = [r for r in records if _applicable(r)]
     if not usable:
-        which = f" by {tuner}" if tuner else ""
+        which = (f" by {tuner}" if tuner else "") + (f" with channel block {block}" if block else "")
         layer_text = ", ".join(f"{k}={v}" for k, v in sorted(layer.items()))
         if records:  # only MetaSchedule's: its best kernel is the library it kept, not a record
             raise TuneError(
@@ -134,10 +137,15 @@ def schedule_lines(config: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def tuned_schedule(db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int]) -> Callable[[Any], Any] | None:
+def tuned_schedule(
+    db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], block: int = 0
+) -> Callable[[Any], Any] | None:
     """The schedule (a ``Lowered -> Schedule`` function, as :func:`kdsl.codegen.tvm.build` takes it)
     of the best applicable record of ``op`` at ``layer`` in ``db``, or ``None`` when ``db`` holds
     none for this target: what ``kdsl discover`` times a candidate with when tuned records exist.
+    ``block > 0``: the best record of the kernel tuned with that channel-blocked signature (the
+    schedule to give :func:`kdsl.codegen.tvm.signature_layout.build_blocked`); a plain record never
+    stands in for it.
 
     >>> tuned_schedule("no-such-records.db", None, {}) is None
     True
@@ -145,7 +153,7 @@ def tuned_schedule(db: str | os.PathLike[str], op: Operator, layer: Mapping[str,
     if not Path(db).is_file():
         return None
     try:
-        record = best_record(db, op, layer)
+        record = best_record(db, op, layer, block=block)
     except TuneError:
         return None
     return lambda lowered: ScheduleSpace(lowered).apply(record.config)

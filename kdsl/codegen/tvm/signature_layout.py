@@ -29,7 +29,16 @@ from kdsl.codegen.tvm.toolchain import default_target, error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 
-__all__ = ["BlockedKernel", "block_signature", "blocked_shape", "build_blocked", "from_blocked", "to_blocked"]
+__all__ = [
+    "BlockedKernel",
+    "block_array",
+    "block_signature",
+    "blocked_shape",
+    "build_blocked",
+    "from_blocked",
+    "signature_name",
+    "to_blocked",
+]
 
 #: the dim of a data tensor that is blocked: the channels of ``[N, C, H, W]`` (and of ``[N, C, L]``)
 CHANNEL_AXIS = 1
@@ -64,6 +73,32 @@ def to_blocked(tensor: Any, block: int) -> Any:
     shape = blocked_shape(tuple(tensor.shape), block)
     split = tensor.reshape(shape[0], shape[1], block, *shape[2:-1])
     return split.movedim(2, -1).contiguous()
+
+
+def block_array(array: Any, block: int) -> Any:
+    """A NumPy array ``[N, C, ...]`` as ``[N, C/block, ..., block]`` (a contiguous copy, dtype kept): what
+    :func:`to_blocked` does to a torch tensor, for the tuner's measuring worker, which has no torch.
+
+    >>> import numpy as np
+    >>> block_array(np.arange(8).reshape(1, 4, 2), 2)[0, 1].tolist()  # per column (2 of them), channels 2 and 3
+    [[4, 6], [5, 7]]
+    """
+    import numpy as np
+
+    shape = blocked_shape(tuple(array.shape), block)
+    split = array.reshape(shape[0], shape[1], block, *shape[2:-1])
+    return np.ascontiguousarray(np.moveaxis(split, 2, -1))
+
+
+def signature_name(block: int, rank: int = 4) -> str:
+    """The name of a kernel signature's layout: ``NCHW`` for ``block == 0`` (the plain one), else the
+    channel-blocked one (``NCHW16c``); ``rank`` is the data tensor's number of dims.
+
+    >>> signature_name(0), signature_name(16), signature_name(8, rank=3)
+    ('NCHW', 'NCHW16c', 'NCL8c')
+    """
+    names = {3: "NCL", 4: "NCHW", 5: "NCDHW"}.get(rank, "NC" + "".join(f"D{i}" for i in range(rank - 2)))
+    return names if block == 0 else f"{names}{block}c"
 
 
 def from_blocked(tensor: Any) -> Any:
