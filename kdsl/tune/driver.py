@@ -33,8 +33,7 @@ from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered
 from kdsl.tune.metaschedule import tune_metaschedule
-from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
-from kdsl.tune.opevo import _check_options as check_opevo_options
+from kdsl.tune.opevo import OpEvo, RandomTuner, check_opevo_options, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, is_integer, open_task
 from kdsl.tune.transfer import Prefiltered, pretrained, run_ranking
 
