@@ -295,7 +295,7 @@ def walk(
 
 def identity(space: ScheduleSpace) -> dict[str, Any]:
     """The unscheduled program as a configuration: nothing tiled, no cache, no layout change."""
-    config = {name: space._identity(param) for name, param in space.parameters.items()}
+    config = {name: space.identity_value(name) for name in space.parameters}
     for name in config:
         if name.endswith(".cache"):
             config[name] = "none"
