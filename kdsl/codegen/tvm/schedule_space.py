@@ -136,6 +136,8 @@ class ScheduleSpace:
                 self.tensors.append(_Tensor(stage.name, shape, "intermediate", stage.name))
         self.parameters: dict[str, Parameter] = {}
         self._build_parameters()
+        #: :meth:`rejection`'s verdicts by :func:`~kdsl.codegen.tvm.parameters.config_key` (``None``: it applies)
+        self.verdicts: dict[str, str | None] = {}
 
     # -- parameters ------------------------------------------------------------------------------
 
@@ -317,15 +319,22 @@ class ScheduleSpace:
 
     def rejection(self, config: Mapping[str, Any]) -> str | None:
         """Why :meth:`apply` refuses ``config`` (the cheap rules first, then TVM's primitives), or ``None``
-        when it applies: the check a tuner runs before it proposes a configuration for measuring."""
+        when it applies: the check a tuner runs before it proposes a configuration for measuring. Verdicts are
+        kept (:attr:`verdicts`): the driver's check of a proposal the tuner checked applies nothing again."""
         try:
-            broken = conflicts(self, self.validate(config))
-            if broken:
-                return broken[0]
-            self.apply(config)
+            config = self.validate(config)
         except LoweringError as error:
             return str(error)
-        return None
+        key = config_key(config)
+        if key not in self.verdicts:
+            try:
+                broken = conflicts(self, config)
+                if not broken:
+                    self.apply(config)
+                self.verdicts[key] = broken[0] if broken else None
+            except LoweringError as error:
+                self.verdicts[key] = str(error)
+        return self.verdicts[key]
 
     def family(self, config: Mapping[str, Any]) -> str:
         """The structure of a configuration (its non-factor choices): outputs are checked once per family."""
