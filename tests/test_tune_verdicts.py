@@ -37,7 +37,7 @@ def test_a_verdict_is_kept_and_a_repeated_check_applies_nothing(monkeypatch):
     assert space.verdicts == {config_key(config): None, config_key(broken): first[1]}
 
 
-def test_the_driver_applies_no_proposal_twice(tmp_path, monkeypatch):
+def test_the_driver_applies_no_proposal_twice_and_counts_what_opevo_dropped(tmp_path, monkeypatch):
     from kdsl.tune.driver import tune
 
     applied, verdicts = Counter(), {}
@@ -71,4 +71,6 @@ def test_the_driver_applies_no_proposal_twice(tmp_path, monkeypatch):
     assert len(measurer.measured) == result.measured == 16 and result.rejected == 0
     assert max(applied.values()) == 1  # the tuner's check applied each once; the driver read its verdict
     assert all(applied[config_key(c)] == 1 for c in measurer.measured)
+    dropped = [key for key, reason in verdicts.items() if reason is not None]
     assert any(reason == "refused by this test" for reason in verdicts.values())  # the test refused some
+    assert result.refused == len(dropped) > 0

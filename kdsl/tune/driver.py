@@ -259,7 +259,8 @@ def tune(
                 progress.set(measured, rejected=rejected, best=duration(best))
             if log:
                 log(
-                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {duration(best)} "
+                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected ({_refused(space)} candidates"
+                    f" refused in all), best {duration(best)} "
                     f"(compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
                     f"{time.time() - started:.0f} s in all)"
                 )
@@ -270,8 +271,15 @@ def tune(
     finally:
         if measurer is None:
             own.close()
-    result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    best_record, seconds = store.best(key, tuner), time.time() - started
+    result = TuneResult(key, tuner, best_record, curve, measured, rejected, seconds, refused=_refused(space))
     return _with_ranking(result, model, space, store, run_started, log)
+
+
+def _refused(space: ScheduleSpace) -> int:
+    """Distinct candidates the space refused this run: the tuners' checks before proposing (OpEvo's children,
+    random draws, ALT's and the cost model's candidates) and the driver's of each proposal."""
+    return sum(reason is not None for reason in space.verdicts.values())
 
 
 def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:
