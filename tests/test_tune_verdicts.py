@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
+import pytest
 from backends import backend
 from test_space_rules import CASES, _FakeMeasurer, _space
 
@@ -37,7 +38,8 @@ def test_a_verdict_is_kept_and_a_repeated_check_applies_nothing(monkeypatch):
     assert space.verdicts == {config_key(config): None, config_key(broken): first[1]}
 
 
-def test_the_driver_applies_no_proposal_twice_and_counts_what_opevo_dropped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tuner", ["opevo", "gensor"])
+def test_the_driver_applies_no_proposal_twice_and_counts_what_the_tuner_dropped(tmp_path, monkeypatch, tuner):
     from kdsl.tune.driver import tune
 
     applied, verdicts = Counter(), {}
@@ -61,10 +63,11 @@ def test_the_driver_applies_no_proposal_twice_and_counts_what_opevo_dropped(tmp_
     result = tune(
         gallery.load("conv2d"),
         CASES["conv2d"],
-        "opevo",
+        tuner,
         16,
         tmp_path / "t.db",
         measurer=measurer,
+        options={"steps": 40, "walks": 2} if tuner == "gensor" else {},
         confirm=0,
         cost_model=False,
     )

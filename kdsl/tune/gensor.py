@@ -444,11 +444,8 @@ class Gensor:
                 if key in self.seen:
                     continue
                 self.seen.add(key)
-                try:
-                    self.space.apply(config)
-                except LoweringError:
-                    continue
-                out.append(config)
+                if self.space.rejection(config) is None:  # its verdict is kept: the driver applies nothing again
+                    out.append(config)
             if len(out) >= n:
                 break
         return out
