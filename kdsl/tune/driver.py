@@ -235,9 +235,7 @@ def tune(
                         best = min(best, other.latency)
                         curve.append(best)
                     continue
-                # the tuners check before proposing (a rejection here is a bug): their verdict, kept by the
-                # space, is read back rather than the schedule applied again (20-100 ms a configuration)
-                reason = space.rejection(config)
+                reason = space.rejection(config)  # the tuner's verdict, kept (a rejection here is a bug)
                 if reason is None:
                     fresh.append(config)
                 else:
@@ -259,9 +257,8 @@ def tune(
                 progress.set(measured, rejected=rejected, best=duration(best))
             if log:
                 log(
-                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected ({_refused(space)} candidates"
-                    f" refused in all), best {duration(best)} "
-                    f"(compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
+                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected ({_refused(space)} refused in all), "
+                    f"best {duration(best)} (compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
                     f"{time.time() - started:.0f} s in all)"
                 )
             if rejected > 20 * max(trials, 1):
@@ -278,7 +275,7 @@ def tune(
 
 def _refused(space: ScheduleSpace) -> int:
     """Distinct candidates the space refused this run: the tuners' checks before proposing (OpEvo's children,
-    random draws, ALT's and the cost model's candidates) and the driver's of each proposal."""
+    random draws, ALT's, Gensor's and the cost model's candidates) and the driver's of each proposal."""
     return sum(reason is not None for reason in space.verdicts.values())
 
 
