@@ -38,7 +38,8 @@ from typing import Any
 from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.parameters import config_key
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-from kdsl.tune.gensor_model import Model, nest_traffic, outer_loops, space_model, stage_nest, stage_terms_of
+from kdsl.codegen.tvm.space_rules import block_choices
+from kdsl.tune.gensor_model import Model, nest_traffic, space_model, stage_nest, stage_terms_of
 
 __all__ = ["blocking_benefit", "choose_block", "finish", "form_starts", "level_times", "vector_forms"]
 
@@ -128,22 +129,6 @@ def blocking_benefit(
     return max(before.values()) - max(after.values())
 
 
-def _valid_blocks(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
-    """The ``S.block`` choices that divide their axis's outer tiles into more than one block."""
-    name = f"{stage.name}.block"
-    outer = dict(outer_loops(stage, {**config, name: "none"}))
-    labels = [a for a, _ in stage.spatial]
-    out = []
-    for choice in space.parameters[name].choices:
-        if choice == "none":
-            continue
-        axis, count = choice.split(":")
-        tiles = outer.get(labels.index(axis), 1)
-        if tiles % int(count) == 0 and int(count) < tiles:
-            out.append(choice)
-    return out
-
-
 def choose_block(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, Any], model: Model | None = None) -> str:
     """The ``S.block`` of largest :func:`blocking_benefit` for ``stage``'s tiles in ``config`` (between blocks
     that save the same, the one whose levels take least time in all), or ``"none"`` where no block saves
@@ -156,7 +141,7 @@ def choose_block(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, A
     unblocked = {**config, name: "none"}
     slowest = max(level_times(space, stage, unblocked, model).values())
     best, best_key = "none", (0.0, 0.0)
-    for choice in _valid_blocks(space, stage, unblocked):
+    for choice in block_choices(space, stage, unblocked)[1:]:  # the blocks its tiles allow ("none" first)
         times = level_times(space, stage, {**unblocked, name: choice}, model)
         key = (slowest - max(times.values()), -sum(times.values()))
         if key[0] > 0 and key > best_key:
