@@ -273,12 +273,6 @@ def tune(
     return _with_ranking(result, model, space, store, run_started, log)
 
 
-def _refused(space: ScheduleSpace) -> int:
-    """Distinct candidates the space refused this run: the tuners' checks before proposing (OpEvo's children,
-    random draws, ALT's, Gensor's and the cost model's candidates) and the driver's of each proposal."""
-    return sum(reason is not None for reason in space.verdicts.values())
-
-
 def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:
     """Refuse a ``--cost-model-db`` that is not there, or one given to a tuner that never uses it."""
     for path in paths:
@@ -286,6 +280,12 @@ def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -
             raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
     if paths and tuner == "metaschedule":
         raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
+
+
+def _refused(space: ScheduleSpace) -> int:
+    """Distinct candidates the space refused this run: the tuners' checks before proposing (OpEvo's children,
+    random draws, ALT's, Gensor's and the cost model's candidates) and the driver's of each proposal."""
+    return sum(reason is not None for reason in space.verdicts.values())
 
 
 def _with_model(
