@@ -66,8 +66,9 @@ def data_inputs(x) -> tuple:
 
 
 def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> object:
-    """Backend ``name``'s float64 output of ``op`` on ``x`` (numpy; a tuple of arrays for a kernel of
-    several inputs), or the exception it raised."""
+    """Backend ``name``'s output of ``op`` on ``x`` (numpy; a tuple of arrays for a kernel of several
+    inputs), or the exception it raised. The module or kernel is built in float32 where the data inputs
+    are float32 arrays, else in float64 (the reference computes in the arrays' own precision)."""
     from kdsl.codegen import reference
 
     try:
@@ -75,14 +76,24 @@ def output_or_error(name: str, op, layer: dict[str, int], x, weights: list) -> o
             return reference.run(op, layer, x, weights)
         import torch
 
+        single = str(data_inputs(x)[0].dtype) == "float32"
         xs = [torch.from_numpy(a) for a in data_inputs(x)]
         if name == "torch":
-            module = codegen("torch").build(op, layer).double()
+            module = codegen("torch").build(op, layer).to(torch.float32 if single else torch.float64)
             with torch.no_grad():
                 for parameter, value in zip(module.weights, weights):
                     parameter.copy_(torch.from_numpy(value))
                 return module(*xs).numpy()
-        kernel = codegen("tvm").build(op, layer, dtype="float64")
+        kernel = codegen("tvm").build(op, layer, dtype="float32" if single else "float64")
         return kernel(*xs, *[torch.from_numpy(w) for w in weights]).numpy()
     except Exception as error:  # the caller tells a KdslError from a crash
         return error
+
+
+def run_backend(name: str, op, layer: dict[str, int], x, weights: list) -> object:
+    """:func:`output_or_error`'s output, where the backend raised that exception raised here (for a test
+    that lets an error propagate or catches the one it expects)."""
+    result = output_or_error(name, op, layer, x, weights)
+    if isinstance(result, Exception):
+        raise result
+    return result

@@ -32,7 +32,7 @@ from math import prod
 import backends
 import numpy as np
 import pytest
-from backends import data_inputs, output_or_error
+from backends import data_inputs, output_or_error, run_backend
 from helpers import assert_generated_source_runs_without_kdsl
 from hypothesis import Phase, assume, given, settings
 from hypothesis import strategies as st
@@ -73,21 +73,6 @@ def scaled_inputs(op, layer, seed, dtype=np.float64):
 def _cast(x, dtype):
     cast = tuple(a.astype(dtype) for a in data_inputs(x))
     return cast if isinstance(x, tuple) else cast[0]
-
-
-def run_backend(backend, op, layer, x, weights):
-    if backend == "reference":
-        return reference.run(op, layer, x, weights)
-    arrays = data_inputs(x)
-    double = arrays[0].dtype == np.float64
-    if backend == "torch":
-        module = kdsl_torch.build(op, layer).to(torch.float64 if double else torch.float32)
-        with torch.no_grad():
-            for parameter, value in zip(module.weights, weights):
-                parameter.copy_(torch.from_numpy(value))
-            return module(*[torch.from_numpy(a) for a in arrays]).numpy()
-    kernel = kdsl_tvm.build(op, layer, dtype="float64" if double else "float32")
-    return kernel(*[torch.from_numpy(a) for a in arrays], *[torch.from_numpy(w) for w in weights]).numpy()
 
 
 def assert_backends_agree(op, layer, seed=0, dtype=np.float32):

@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from backends import backend, output_or_error
+from backends import backend, run_backend
 
 torch = backend("torch")
 tvm = backend("tvm")
@@ -59,15 +59,6 @@ def expected_output(function, layer, op, x, weights):
     expected = function(torch.from_numpy(x), weight, values).numpy()
     assert np.abs(expected).max() > 0  # the comparison below is not vacuous
     return expected
-
-
-def run_backend(name, op, layer, x, weights):
-    """``op`` at ``layer`` on the backend ``name`` (reference, torch, tvm), as a NumPy array; what the
-    backend raised is raised here."""
-    result = output_or_error(name, op, layer, x, weights)
-    if isinstance(result, Exception):
-        raise result
-    return result
 
 
 @pytest.mark.parametrize("backend_name", ["reference", "torch", "tvm"])

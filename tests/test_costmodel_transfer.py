@@ -93,8 +93,7 @@ def test_a_lanes_configuration_is_read_as_the_schedule_that_runs():
     assert config_features(space, lanes[0]) == config_features(space, lanes[1])
     off, on = dict(zip(FEATURES, config_features(space, base))), dict(zip(FEATURES, config_features(space, lanes[0])))
     model = gensor_model.space_model(space)
-    extent = dict(stage.reduced)[stage.reduced[-1][0]]
-    factor = space._lane_factor(extent)
+    factor = space.lane_partials(stage)
     assert on["vector_log_length"] == math.log2(factor) and on["rfactor"] == 1.0
     assert on["accumulators_over_registers"] == 1 / model.accumulators and on["local_accumulator"] == 0.0
     assert on["extra_passes"] == off["extra_passes"] + 1  # the lanes' own reduction

@@ -271,7 +271,8 @@ def command_tune(args: argparse.Namespace) -> int:
         return code
     name, layer, record, out, result = rows[0]
     if record is None or record.latency is None:
-        print(f"no valid schedule found ({result.measured} measured, {result.rejected} rejected)")
+        counts = f"{result.measured} measured, {result.rejected} rejected, {result.refused} candidates refused"
+        print(f"no valid schedule found ({counts})")
         return 1
     if args.tuner == "metaschedule" and not args.apply and not args.json:
         print(f"best {duration(record.latency)} (metaschedule, records in {printable(args.db)})")

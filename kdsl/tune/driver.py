@@ -37,8 +37,7 @@ from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
 from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
 from kdsl.tune.metaschedule import tune_metaschedule
-from kdsl.tune.opevo import OpEvo, RandomTuner, opevo_options
-from kdsl.tune.opevo import _check_options as check_opevo_options
+from kdsl.tune.opevo import OpEvo, RandomTuner, check_opevo_options, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, is_integer, open_task
 from kdsl.tune.transfer import Prefiltered, pretrained, run_ranking
 
@@ -175,6 +174,55 @@ PREFILTER = 4
 _INTERNAL = ("fixed", "start", "seen")
 
 
+def _sort_proposals(
+    proposals: Sequence[Mapping[str, Any]],
+    store: RecordStore,
+    key: str,
+    tuner: str,
+    space: ScheduleSpace,
+    block: int,
+    log: Callable[[str], None] | None,
+) -> tuple[list[dict[str, Any]], list[Record], list[float]]:
+    """A batch of proposals as (configurations to measure, records of the ones not measured here: reused from
+    another tuner or refused, the reused ones' latencies). A proposal of the tuner's own stored configuration
+    is a tuner bug and raises."""
+    fresh: list[dict[str, Any]] = []
+    records: list[Record] = []
+    reused: list[float] = []
+    for config in proposals:
+        config = normalize(config)
+        ckey = config_key(config)
+        if store.known(key, ckey, tuner):
+            raise TuneError(f"tuner {tuner} proposed one of its stored configurations again")
+        other = store.known(key, ckey)
+        if other is not None:  # measured for another tuner: reuse, never measure twice
+            records.append(Record(config, other.latency, other.error, tuner))
+            if other.latency is not None:
+                reused.append(other.latency)
+            continue
+        reason = _refusal(space, config, block)
+        if reason is None:
+            fresh.append(config)
+        else:
+            records.append(Record(config, None, reason, tuner))
+            if log:
+                log(f"{tuner}: proposed a configuration that does not apply: {reason.splitlines()[0]}")
+    return fresh, records, reused
+
+
+def _refusal(space: ScheduleSpace, config: Mapping[str, Any], block: int) -> str | None:
+    """Why ``config`` cannot be measured, or None: the tuner's kept verdict (:meth:`ScheduleSpace.rejection`;
+    a refusal here is a tuner's bug) and, for a channel-blocked signature, whether the blocked layout
+    applies on top, which the tuners' check does not cover."""
+    reason = space.rejection(config)
+    if reason is None and block:
+        try:
+            signature_schedule(space, config, block)
+        except LoweringError as error:
+            return str(error)
+    return reason
+
+
 def tune(
     op: Operator,
     layer: Mapping[str, int],
@@ -227,29 +275,12 @@ def tune(
             if not proposals:
                 stalls += 1
                 continue
-            fresh, records = [], []
-            reused = 0
-            for config in proposals:
-                config = normalize(config)
-                ckey = config_key(config)
-                if store.known(key, ckey, tuner):
-                    raise TuneError(f"tuner {tuner} proposed one of its stored configurations again")
-                other = store.known(key, ckey)
-                if other is not None:  # measured for another tuner: reuse, never measure twice
-                    records.append(Record(config, other.latency, other.error, tuner))
-                    if other.latency is not None:
-                        measured += 1
-                        reused += 1
-                        best = min(best, other.latency)
-                        curve.append(best)
-                    continue
-                try:
-                    signature_schedule(space, config, block)
-                    fresh.append(config)
-                except LoweringError as error:  # the tuners check before proposing: a rejection here is a bug
-                    records.append(Record(config, None, str(error), tuner))
-                    if log:
-                        log(f"{tuner}: proposed a configuration that does not apply: {str(error).splitlines()[0]}")
+            fresh, records, reused_times = _sort_proposals(proposals, store, key, tuner, space, block, log)
+            for latency in reused_times:  # measured for another tuner: counted, never measured twice
+                measured += 1
+                best = min(best, latency)
+                curve.append(best)
+            reused = len(reused_times)
             rejected += len(records) - reused
             stalls = stalls + 1 if not fresh and not reused else 0
             for config, (latency, error) in zip(fresh, own.measure(space, fresh)):
@@ -265,8 +296,8 @@ def tune(
                 progress.set(measured, rejected=rejected, best=duration(best))
             if log:
                 log(
-                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected, best {duration(best)} "
-                    f"(compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
+                    f"{tuner}: {measured}/{trials} measured, {rejected} rejected ({_refused(space)} refused in all), "
+                    f"best {duration(best)} (compile {own.compile_seconds:.0f} s, measure {own.measure_seconds:.0f} s, "
                     f"{time.time() - started:.0f} s in all)"
                 )
             if rejected > 20 * max(trials, 1):
@@ -276,7 +307,8 @@ def tune(
     finally:
         if measurer is None:
             own.close()
-    result = TuneResult(key, tuner, store.best(key, tuner), curve, measured, rejected, time.time() - started)
+    best_record, seconds = store.best(key, tuner), time.time() - started
+    result = TuneResult(key, tuner, best_record, curve, measured, rejected, seconds, refused=_refused(space))
     return _with_ranking(result, model, space, store, run_started, log)
 
 
@@ -299,6 +331,12 @@ def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -
             raise TuneError(f"--cost-model-db: no records database at {str(path)!r}")
     if paths and tuner == "metaschedule":
         raise TuneError("metaschedule ranks with its own cost model; --cost-model-db is for opevo, alt, random")
+
+
+def _refused(space: ScheduleSpace) -> int:
+    """Distinct candidates the space refused this run: the tuners' checks before proposing (OpEvo's children,
+    random draws, ALT's, Gensor's and the cost model's candidates) and the driver's of each proposal."""
+    return sum(reason is not None for reason in space.verdicts.values())
 
 
 def _with_model(

@@ -115,12 +115,11 @@ def _heuristic_terms(space: ScheduleSpace, model: Model) -> tuple[float, float, 
 
 def _lane_axis(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) -> tuple[int, int] | None:
     """``(axis index, lanes)`` where ``S.lanes`` is on: the stage sums partial results in vector lanes
-    along its last reduced axis (:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace._lane_factor`),
+    along its last reduced axis (:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.lane_partials`),
     else None."""
     if config.get(f"{stage.name}.lanes") is not True or not stage.reduced:
         return None
-    extent = prod(e for _, e in stage.reduced[-stage.lane_run :])
-    return len(stage.spatial) + len(stage.reduced) - 1, space._lane_factor(extent)
+    return len(stage.spatial) + len(stage.reduced) - 1, space.lane_partials(stage)
 
 
 def as_applied(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:

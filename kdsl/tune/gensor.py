@@ -239,22 +239,22 @@ def constructions(
 
 
 def plausible(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> bool:
-    """Cheap checks the walk applies before the model: what the space rejects, and the construction's
+    """Cheap checks the walk applies before the model: what the space's own rules refuse
+    (:func:`~kdsl.codegen.tvm.space_rules.conflicts`: an ``S.block`` its tiles do not divide, a local
+    accumulator over the limit, a copy folded into a write-back without one, ..), and the construction's
     memory check at the register level (:func:`capacity`: a register tile that spills, or a vector tile
     of more than :data:`~kdsl.codegen.tvm.schedule_apply.MAX_VECTORS` vectors, measured up to 10x
     slower than the model said on matmul 512x1024x1024)."""
-    if conflicts(space, config):  # what the space's own rules refuse (an S.block its tiles do not divide, ..)
+    if conflicts(space, config):
         return False
     model = model or space_model(space)
     for stage in space.stages:
         s = stage.name
         if stage.kind == "reduce" and config.get(f"{s}.cache") == "local":
+            # conflicts bounds a tiled stage's accumulator; this also bounds the register tile of a stage
+            # that S.rfactor, S.lanes or S.attach schedule otherwise
             tile = prod(config.get(f"{s}.tile.{a}", (e, 1, 1))[2] for a, e in stage.spatial)
             if tile > MAX_LOCAL or not capacity(space, stage, config, "register", model):
-                return False
-        if stage.kind == "copy" and config.get(f"{s}.inline") is True:
-            producers = [b for b, _ in stage.reads if f"{b}.cache" in config]
-            if any(config[f"{b}.cache"] != "local" for b in producers):
                 return False
     return True
 
@@ -295,7 +295,7 @@ def walk(
 
 def identity(space: ScheduleSpace) -> dict[str, Any]:
     """The unscheduled program as a configuration: nothing tiled, no cache, no layout change."""
-    config = {name: space._identity(param) for name, param in space.parameters.items()}
+    config = {name: space.identity_value(name) for name in space.parameters}
     for name in config:
         if name.endswith(".cache"):
             config[name] = "none"
@@ -444,11 +444,8 @@ class Gensor:
                 if key in self.seen:
                     continue
                 self.seen.add(key)
-                try:
-                    self.space.apply(config)
-                except LoweringError:
-                    continue
-                out.append(config)
+                if self.space.rejection(config) is None:  # its verdict is kept: the driver applies nothing again
+                    out.append(config)
             if len(out) >= n:
                 break
         return out

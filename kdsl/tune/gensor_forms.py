@@ -37,9 +37,9 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.parameters import config_key
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
-from kdsl.codegen.tvm.schedule_space import SHORT_VECTORS, ScheduleSpace
-from kdsl.tune.gensor_model import Model, nest_traffic, outer_loops, space_model, stage_nest, stage_terms_of
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.codegen.tvm.space_rules import block_choices
+from kdsl.tune.gensor_model import Model, nest_traffic, space_model, stage_nest, stage_terms_of
 
 __all__ = ["blocking_benefit", "choose_block", "finish", "form_starts", "level_times", "vector_forms"]
 
@@ -61,28 +61,27 @@ def vector_forms(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, A
     them, the same with a data input that the axis gathers from packed with that dim last (where the
     space can), and partial sums in lanes (``S.lanes``) where the space offers them. Duplicates dropped."""
     s = stage.name
-    identity = {name: space._identity(space.parameters[name]) for name in _layouts_read(space, stage)}
+    identity = {name: space.identity_value(name) for name in _layouts_read(space, stage)}
     base = {**config, **identity}
     if f"{s}.lanes" in space.parameters:
         base[f"{s}.lanes"] = False
     out: dict[str, dict[str, Any]] = {}
     vectors = space.parameters[f"{s}.vector"].choices if f"{s}.vector" in space.parameters else ()
-    # the vector tile the space would take (plain operators take a short axis whole): the weights' packing
-    # factor until the construction has built its own (finish)
-    short = SHORT_VECTORS if space.lowered.op.is_linear else MAX_VECTORS
     for label in vectors:
         axis = stage.axis(label)
-        vf = space._vector_factor(axis.extent, short)
+        # the vector tile the space would take: the weights' packing factor until the construction has
+        # built its own (finish)
+        vf = space.vector_tile(axis)
         packed = {**base, f"{s}.vector": label}
         for pad in space.stages:  # zero-padded copies: inlined unless this vector runs along a padded dim
             if pad.kind == "pad" and stage.name in pad.consumers and f"{pad.name}.inline" in space.parameters:
-                packed[f"{pad.name}.inline"] = not space._pad_in_vector(pad, stage, label)
-        space._vector_layouts(stage, axis, max(vf, 1), packed)
+                packed[f"{pad.name}.inline"] = not space.padding_in_vector(pad, stage, label)
+        packed.update(space.vector_layouts(stage, axis, max(vf, 1)))
         inputs = {f"layout.{t.name}.perm" for t in space.tensors if t.kind == "input"}
         plain = {k: (base[k] if k in inputs and k in identity else v) for k, v in packed.items()}
         for form in (plain, packed):
             out.setdefault(config_key(form), form)
-    if f"{s}.lanes" in space.parameters and space._lane_axis(stage) is not None:
+    if f"{s}.lanes" in space.parameters and space.lane_axis(stage) is not None:
         lanes = {**base, f"{s}.lanes": True}
         out.setdefault(config_key(lanes), lanes)
     return list(out.values())
@@ -130,22 +129,6 @@ def blocking_benefit(
     return max(before.values()) - max(after.values())
 
 
-def _valid_blocks(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
-    """The ``S.block`` choices that divide their axis's outer tiles into more than one block."""
-    name = f"{stage.name}.block"
-    outer = dict(outer_loops(stage, {**config, name: "none"}))
-    labels = [a for a, _ in stage.spatial]
-    out = []
-    for choice in space.parameters[name].choices:
-        if choice == "none":
-            continue
-        axis, count = choice.split(":")
-        tiles = outer.get(labels.index(axis), 1)
-        if tiles % int(count) == 0 and int(count) < tiles:
-            out.append(choice)
-    return out
-
-
 def choose_block(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, Any], model: Model | None = None) -> str:
     """The ``S.block`` of largest :func:`blocking_benefit` for ``stage``'s tiles in ``config`` (between blocks
     that save the same, the one whose levels take least time in all), or ``"none"`` where no block saves
@@ -158,7 +141,7 @@ def choose_block(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, A
     unblocked = {**config, name: "none"}
     slowest = max(level_times(space, stage, unblocked, model).values())
     best, best_key = "none", (0.0, 0.0)
-    for choice in _valid_blocks(space, stage, unblocked):
+    for choice in block_choices(space, stage, unblocked)[1:]:  # the blocks its tiles allow ("none" first)
         times = level_times(space, stage, {**unblocked, name: choice}, model)
         key = (slowest - max(times.values()), -sum(times.values()))
         if key[0] > 0 and key > best_key:

@@ -115,7 +115,7 @@ class OpEvo:
         start: Mapping[str, Any] | None = None,
         seen: set[str] | None = None,
     ) -> None:
-        _check_options(parents, q, walks, explore, offspring, init)
+        check_opevo_options(parents, q, walks, explore, offspring, init)
         self.space = space
         self.rng = random.Random(seed)
         self.parents = parents
@@ -203,10 +203,18 @@ class OpEvo:
             self.population.append((self._tuple(record.config), record.fitness))
 
 
-def _check_options(
+def check_opevo_options(
     parents: int, q: float, walks: float | None, explore: float, offspring: int | None, init: str
 ) -> None:
-    """Refuse OpEvo options out of range (a :class:`TuneError` naming the option)."""
+    """Refuse OpEvo options out of range (a :class:`TuneError` naming the option); the constructor and
+    :func:`kdsl.tune.driver.check_options` (before anything is compiled or measured) both call it.
+
+    >>> check_opevo_options(8, 0.5, 2.0, 0.25, None, "heuristic")
+    >>> check_opevo_options(8, 1.0, 2.0, 0.25, None, "heuristic")
+    Traceback (most recent call last):
+    ...
+    kdsl.tune.records.TuneError: opevo: q must be in [0, 1) (q = 1 walks forever), got 1.0
+    """
     if not is_integer(parents) or parents < 1:
         raise TuneError(f"opevo: lambda (parents) must be a positive integer, got {parents!r}")
     if not is_number(q) or not 0 <= q < 1:

@@ -211,6 +211,7 @@ class TuneResult:
     seconds: float
     library: str | None = None  # a compiled library of the best schedule, when the tuner kept one
     ranking: Any = None  # the cross-operator cost model's held-out Ranking on this run (kdsl.tune.transfer)
+    refused: int = 0  # distinct candidates the space refused (tuners' checks and the driver's; rejected among them)
 
 
 def target_mcpu() -> str:

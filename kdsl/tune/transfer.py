@@ -58,9 +58,10 @@ MIN_TASKS = 2
 #: Boosted trees: how many, their depth and learning rate (ALT's, :mod:`kdsl.tune.cost_model`), the
 #: fewest configurations in a leaf, the share of features a split tries and of configurations a tree
 #: sees. Hundreds of records of a few operators: large leaves, shallow trees and random subsets keep the
-#: trees from learning one operator's quirks. Chosen once, not tuned on the held-out score: on the 6
-#: operators of docs/tune/README.md they ranked held-out operators at Spearman 0.81 where a forest of
-#: the same leaves (200 trees) did 0.78 and the analytic estimate 0.65 (seeds 0, 1, 2: 0.81 each).
+#: trees from learning one operator's quirks. Chosen once (ALT's trees, the earlier forest's leaves and
+#: feature share), never tuned on the held-out score. What they score against the analytic estimate
+#: changes with every collection of records and every feature set: docs/tune/README.md ("A cost model
+#: across operators") has the measured scores and what each was measured on.
 TREES, DEPTH, RATE, LEAF, SPLIT_FEATURES, SUBSAMPLE = 200, 3, 0.05, 16, 0.5, 0.7
 
 

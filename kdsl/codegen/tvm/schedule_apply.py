@@ -454,7 +454,7 @@ class _Applier:
         per lane, vectorized along the contiguous axis, then a short reduction of the lanes (a row max or
         sum of a softmax, which a vector across rows would gather with the row's stride)."""
         sch = self.sch
-        lanes = self.space._lane_factor(self.space._lane_extent(stage))
+        lanes = self.space.lane_partials(stage)
         nspatial = len(stage.spatial)
         spatial, reduce = loops[:nspatial], loops[nspatial:]
         run = reduce[-1] if stage.lane_run == 1 else sch.fuse(*reduce[-stage.lane_run :])

@@ -139,6 +139,8 @@ class ScheduleSpace:
                 self.tensors.append(_Tensor(stage.name, shape, "intermediate", stage.name))
         self.parameters: dict[str, Parameter] = {}
         self._build_parameters()
+        #: :meth:`rejection`'s verdicts by :func:`~kdsl.codegen.tvm.parameters.config_key` (``None``: it applies)
+        self.verdicts: dict[str, str | None] = {}
 
     # -- parameters ------------------------------------------------------------------------------
 
@@ -179,7 +181,7 @@ class ScheduleSpace:
                 self._add(Categorical(f"{s}.cache", ("local", "none")))
                 if prod(e for _, e in stage.spatial) < 64 and any(e > 1 for _, e in stage.reduced):
                     self._add(Categorical(f"{s}.rfactor", (False, True)))
-                if (stage.lane_reduce or self.lowered.op.is_linear) and self._lane_axis(stage) is not None:
+                if (stage.lane_reduce or self.lowered.op.is_linear) and self.lane_axis(stage) is not None:
                     # partial results in vector lanes along a contiguous reduced axis (softmax over a row; in a
                     # plain operator a dot product whose every read runs along the reduction, as in a GEMV)
                     self._add(Categorical(f"{s}.lanes", (False, True)))
@@ -234,13 +236,44 @@ class ScheduleSpace:
     def _stage(self, name: str) -> StageBlock:
         return next(s for s in self.stages if s.name == name)
 
-    def _lane_axis(self, stage: StageBlock) -> Axis | None:
-        """The last reduced axis when every read along it is contiguous and it divides into vectors of at
-        least 4 lanes (:meth:`_lane_factor`)."""
+    # -- what tuners and cost models read of the space's rules (public: modules outside the class use them) --
+
+    def lane_axis(self, stage: StageBlock) -> Axis | None:
+        """The axis ``S.lanes`` keeps partial results along: ``stage``'s last reduced axis when every read
+        along it is contiguous and :meth:`lane_partials` is more than 1, else ``None`` (no ``S.lanes``)."""
         last = next((a for a in reversed(stage.axes) if a.reduce), None)
         if last is None or last.gathers or stage.reduced[-1][0] != last.label:
             return None
-        return None if self._lane_factor(self._lane_extent(stage)) == 1 else last
+        return None if self.lane_partials(stage) == 1 else last
+
+    def lane_partials(self, stage: StageBlock) -> int:
+        """The partial results ``S.lanes`` keeps for ``stage``: its contiguous run (:meth:`_lane_extent`) in
+        vectors of the machine's width, or of half or a quarter of it (4 lanes or more); 1 if none divides."""
+        return self._lane_factor(self._lane_extent(stage))
+
+    def identity_value(self, name: str) -> Any:
+        """Parameter ``name``'s value that changes nothing where one can (a factorization whole, the identity
+        order, no layout tile), else its first choice: where :meth:`heuristic` starts every parameter."""
+        param = self.parameters[name]
+        if isinstance(param, Factorization):
+            return (param.extent,) + (1,) * (param.levels - 1)
+        if isinstance(param, Permutation):
+            return tuple(range(param.n))
+        if param.name.endswith(".tile"):
+            return "none"
+        return param.choices[0]
+
+    def vector_tile(self, axis: Axis) -> int:
+        """The vector tile :meth:`heuristic` gives ``axis`` as a stage's vector axis (a plain operator's short
+        axis whole up to :data:`SHORT_VECTORS` vectors: :meth:`_vector_factor`); 1 where none fits."""
+        return self._vector_factor(axis.extent, SHORT_VECTORS if self.lowered.op.is_linear else MAX_VECTORS)
+
+    def vector_layouts(self, stage: StageBlock, vector: Axis, vf: int) -> dict[str, Any]:
+        """The layout parameters :meth:`heuristic` sets for reduction ``stage`` vectorized along ``vector`` by
+        tiles of ``vf`` (:meth:`_vector_layouts`), as entries to update a configuration with."""
+        layouts: dict[str, Any] = {}
+        self._vector_layouts(stage, vector, vf, layouts)
+        return layouts
 
     def _lane_extent(self, stage: StageBlock) -> int:
         """The length of the contiguous run that lanes split: the last reduced axis, or the trailing reduced
@@ -289,15 +322,22 @@ class ScheduleSpace:
 
     def rejection(self, config: Mapping[str, Any]) -> str | None:
         """Why :meth:`apply` refuses ``config`` (the cheap rules first, then TVM's primitives), or ``None``
-        when it applies: the check a tuner runs before it proposes a configuration for measuring."""
+        when it applies: the check a tuner runs before it proposes a configuration for measuring. Verdicts are
+        kept (:attr:`verdicts`): the driver's check of a proposal the tuner checked applies nothing again."""
         try:
-            broken = conflicts(self, self.validate(config))
-            if broken:
-                return broken[0]
-            self.apply(config)
+            config = self.validate(config)
         except LoweringError as error:
             return str(error)
-        return None
+        key = config_key(config)
+        if key not in self.verdicts:
+            try:
+                broken = conflicts(self, config)
+                if not broken:
+                    self.apply(config)
+                self.verdicts[key] = broken[0] if broken else None
+            except LoweringError as error:
+                self.verdicts[key] = str(error)
+        return self.verdicts[key]
 
     def family(self, config: Mapping[str, Any]) -> str:
         """The structure of a configuration (its non-factor choices): outputs are checked once per family."""
@@ -342,7 +382,7 @@ class ScheduleSpace:
           which vectorizes ``W``: 0.35 ms with them, 0.05 ms without); elsewhere a check per broadcast
           scalar is cheaper than a pass over memory (conv2d 3x3, whose vector axis is ``Cout``). The phase
           form's copy (:mod:`kdsl.codegen.tvm.phases`) is always materialized."""
-        config = {name: self._identity(param) for name, param in self.parameters.items()}
+        config = {name: self.identity_value(name) for name in self.parameters}
         vectors: dict[str, str] = {}
         for stage in self.stages:
             s = stage.name
@@ -400,7 +440,7 @@ class ScheduleSpace:
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
                 # its phase's offset (conv_transpose2d at 1x256x14x14, 1 contended thread: 2.6-2.8 -> 2.35 ms)
                 config[f"{stage.name}.inline"] = not stage.phased and not any(
-                    self._pad_in_vector(stage, self._stage(c), vectors.get(c)) for c in stage.consumers
+                    self.padding_in_vector(stage, self._stage(c), vectors.get(c)) for c in stage.consumers
                 )
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
@@ -608,8 +648,9 @@ class ScheduleSpace:
         factor = largest_divisor(axis.extent, budget)
         return (axis, factor) if factor > 1 else (None, 1)
 
-    def _pad_in_vector(self, pad: StageBlock, reader: StageBlock, vector: str | None) -> bool:
-        """Whether ``reader`` indexes a padded dim of ``pad`` with its vector axis."""
+    def padding_in_vector(self, pad: StageBlock, reader: StageBlock, vector: str | None) -> bool:
+        """Whether ``reader``'s vector axis ``vector`` (a label, or ``None``) indexes a padded dim of ``pad``:
+        inlined, the zero-padded copy's bounds checks would sit inside the vector."""
         if vector is None:
             return False
         if not self.lowered.op.is_linear and reader.axis(vector).gathers:
@@ -618,15 +659,6 @@ class ScheduleSpace:
             return False
         i = reader.axis(vector).index
         return any(name == pad.name and any(i in dims[d] for d in pad.padded) for name, dims in reader.reads)
-
-    def _identity(self, param: Parameter) -> Any:
-        if isinstance(param, Factorization):
-            return (param.extent,) + (1,) * (param.levels - 1)
-        if isinstance(param, Permutation):
-            return tuple(range(param.n))
-        if param.name.endswith(".tile"):
-            return "none"
-        return param.choices[0]
 
     # -- application --------------------------------------------------------------------------------
 
