@@ -22,6 +22,7 @@ import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
 
 from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
+from kdsl.codegen.tvm.epilogue import FusedKernel  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
 from kdsl.discover.network import resnet18, resolve_ops  # noqa: E402
@@ -200,13 +201,23 @@ def tuned_db(network, tmp_path_factory):
     return db
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout):
+def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout, fuse):
     _, net, x = network
-    compiled = compile_network(net, layout, db=tuned_db, block=16, kernels=KERNELS)
-    # 13 kdsl layers: 2 transforms a layer unpropagated; propagated, 1 into stage 2, 3 in each later stage
-    transforms = {"plain": 0, "blocked": 26, "propagated": 10}[layout]
+    compiled = compile_network(net, layout, db=tuned_db, block=16, kernels=KERNELS, fuse=fuse)
+    # 13 kdsl layers: 2 transforms a layer unpropagated (fused, a block's second kernel also takes the
+    # residual: 8 more); propagated, 1 into stage 2, 3 in each later stage
+    transforms = {"plain": 0, "blocked": 34 if fuse else 26, "propagated": 10}[layout]
     assert_same_output(compiled, net, x, transforms)
+    kernels = [block[i][0] for block in compiled.blocks for i in (0, 2) if isinstance(block[i], tuple)]
+    assert len(kernels) == 13
+    # fused: every kdsl kernel carries its epilogue, folded into its write-back (no pass of its own)
+    assert (
+        all(isinstance(k, FusedKernel) and k.folded for k in kernels)
+        if fuse
+        else not any(isinstance(k, FusedKernel) for k in kernels)
+    )
 
 
 def test_compile_network_refuses_the_original_network_and_unknown_layouts(network):
