@@ -133,6 +133,10 @@ def test_bad_calls_and_operators_are_refused_with_what_is_wrong():
         kernel(x, w.requires_grad_(), scale=scale, shift=shift, residual=res)
     with pytest.raises(ShapeError, match="adds no residual"):
         build_fused(op, layer, Epilogue())(x, w.detach(), scale=scale, shift=shift, residual=res)
+    with pytest.raises(LoweringError, match="cannot be exported"):
+        kernel.export("fused.so")
+    with pytest.raises(LoweringError, match="timed by calling it"):
+        kernel.time(x, w.detach())
     with pytest.raises(KdslError, match="cannot be blocked by 3"):
         build_fused(op, layer, Epilogue(), block=3)
     with pytest.raises(LoweringError, match="epilogue_scale"):

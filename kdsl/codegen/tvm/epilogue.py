@@ -43,6 +43,7 @@ from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.elementwise import relu
 from kdsl.codegen.tvm.kernel import Kernel
 from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.signature_layout import CHANNEL_AXIS, block_index, blocked_shape
 from kdsl.codegen.tvm.toolchain import default_target, error_reason, load_tvm
 from kdsl.lang.errors import LoweringError, ShapeError
@@ -54,8 +55,6 @@ __all__ = ["EPILOGUE_STAGE", "Epilogue", "FusedKernel", "FusedLowered", "build_f
 EPILOGUE_STAGE = "epilogue"
 #: the names of the epilogue's inputs, after the operator's weights in the kernel's signature
 SCALE, SHIFT, RESIDUAL = "epilogue_scale", "epilogue_shift", "epilogue_residual"
-#: vector lanes of the epilogue's own pass when it cannot be folded (AVX-512 float32)
-_LANES = 16
 
 
 @dataclass(frozen=True)
@@ -132,11 +131,11 @@ def lower_fused(op: Operator, layer: Mapping[str, int], epilogue: Epilogue, dtyp
     return FusedLowered(**fields, epilogue=epilogue, scale=scale, shift=shift, residual=residual, result=result)
 
 
-def fold_epilogue(sch: Any) -> tuple[Any, bool]:
+def fold_epilogue(sch: Any, lanes: int = 16) -> tuple[Any, bool]:
     """Fold the epilogue stage of a scheduled :class:`FusedLowered` program into the block that writes the
     operator's output; where TVM refuses (that block is a reduction), schedule it as a parallel,
-    vectorized pass of its own instead. Returns the schedule (a new one after a refusal) and whether
-    the epilogue was folded."""
+    vectorized pass of its own instead (``lanes``: the target's vector width in elements). Returns the
+    schedule (a new one after a refusal) and whether the epilogue was folded."""
     backup = sch.copy()
     try:
         sch.reverse_compute_inline(sch.get_sblock(EPILOGUE_STAGE))
@@ -152,9 +151,9 @@ def fold_epilogue(sch: Any) -> tuple[Any, bool]:
     if inner:
         run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
         extent = int(sch.get(run).extent)
-        if extent % _LANES == 0:
-            sch.vectorize(sch.split(run, [None, _LANES])[1])
-        elif extent <= 4 * _LANES:
+        if extent % lanes == 0:
+            sch.vectorize(sch.split(run, [None, lanes])[1])
+        elif extent <= 4 * lanes:
             sch.vectorize(run)
     return sch, False
 
@@ -218,6 +217,14 @@ class FusedKernel(Kernel):
             raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
         return self._forward([x], [*weights, *extra], out)
 
+    def time(self, *args: Any, **kwargs: Any) -> list[float]:
+        raise LoweringError("a kernel with an epilogue is timed by calling it (its inputs include scale and shift)")
+
+    def export(self, path: Any) -> Any:
+        raise LoweringError(
+            "a kernel with an epilogue cannot be exported yet (its description would be the plain operator's)"
+        )
+
     def _operand(self, tensor: Any, what: str, shape: tuple[int, ...], dtype: Any) -> Any:
         """An epilogue input checked: a torch tensor of ``shape`` and the input's dtype."""
         import torch
@@ -250,7 +257,7 @@ def build_fused(
     tvm = load_tvm()
     lowered = lower_fused(op, layer, epilogue, dtype)
     sch = schedule(lowered) if schedule is not None else default_schedule(lowered)
-    sch, folded = fold_epilogue(sch)
+    sch, folded = fold_epilogue(sch, current_machine().lanes(dtype))
     if block:
         _block_buffers(sch, lowered, block)
     return FusedKernel(tvm.compile(sch.mod, target=default_target()), lowered, sch, block, folded)
