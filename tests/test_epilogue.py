@@ -101,10 +101,15 @@ def test_an_epilogue_that_cannot_fold_runs_as_a_pass_of_its_own():
     op = conv1d()
     layer = {"N": 2, "C": 3, "L": 40, "K": 3}
     (x, w), scale, shift, res, expected = arguments(op, layer, residual=True)
-    kernel = build_fused(op, layer, Epilogue(residual=True), lambda lowered: _unscheduled(lowered), dtype="float64")
-    assert not kernel.folded
-    got = kernel(x, w, scale=scale, shift=shift, residual=torch.from_numpy(res)).numpy()
-    assert np.allclose(got, expected, rtol=1e-10, atol=1e-10)
+    residual = torch.from_numpy(res)
+    for block in (0, 3):  # the pass of its own in the channel-blocked signature too
+        kernel = build_fused(op, layer, Epilogue(residual=True), _unscheduled, block=block, dtype="float64")
+        assert not kernel.folded
+        if block:
+            got = from_blocked(kernel(to_blocked(x, 3), w, scale=scale, shift=shift, residual=to_blocked(residual, 3)))
+        else:
+            got = kernel(x, w, scale=scale, shift=shift, residual=residual)
+        assert np.allclose(got.numpy(), expected, rtol=1e-10, atol=1e-10)
 
 
 def conv1d(weight: str = "w"):
