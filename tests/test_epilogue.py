@@ -20,7 +20,7 @@ backend("tvm")
 
 import torch  # noqa: E402  (after the skip: the kernels need TVM)
 
-from kdsl.codegen.tvm import load_tvm, lower  # noqa: E402
+from kdsl.codegen.tvm import build, load_tvm, lower  # noqa: E402
 from kdsl.codegen.tvm.epilogue import Epilogue, build_fused  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import from_blocked, to_blocked  # noqa: E402
@@ -81,6 +81,22 @@ def test_a_fused_kernel_is_the_operator_then_affine_residual_and_relu(name, resi
     assert_fused_matches(op, layer, epilogue, None, block=0)  # the default schedule
     # a record of the plain kernel applies to the fused one, here in the blocked signature too
     assert_fused_matches(op, layer, epilogue, random_schedule(op, layer, seed=len(name)), block=4)
+
+
+def test_a_plain_kernels_record_schedules_the_fused_kernel_as_it_does_the_plain_one():
+    # the task key and the space stay the plain kernel's: the fused schedule is the plain schedule's
+    # trace, primitive for primitive, then the epilogue folded into the write-back
+    op, layer = gallery.load("conv2d"), LAYERS["conv2d"]
+    schedule = random_schedule(op, layer, seed=3)
+    plain = build(op, layer, schedule=schedule)
+    fused = build_fused(op, layer, Epilogue(residual=True), schedule)
+    plain_lines = str(plain.schedule.trace).splitlines()
+    fused_lines = str(fused.schedule.trace).splitlines()
+    assert fused_lines[: len(plain_lines)] == plain_lines
+    assert [line.split("(")[0].split(".")[-1] for line in fused_lines[len(plain_lines) :]] == [
+        "get_sblock",
+        "reverse_compute_inline",
+    ]
 
 
 def test_without_relu_the_epilogue_keeps_negative_values():
