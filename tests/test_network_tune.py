@@ -22,6 +22,7 @@ import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
 
 from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
+from kdsl.codegen.tvm.epilogue import FusedKernel  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
 from kdsl.discover.network import resnet18, resolve_ops  # noqa: E402
@@ -211,27 +212,41 @@ def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
     """The conv2_x kernel compiled for a network (in KERNELS) and the schedule of ``config`` it should run,
     as TVM script."""
     shape = (1, 64, 8, 8) if block == 0 else (1, 64 // 16, 8, 8, 16)
-    (kernel,) = [k for (_, _, b, p), k in KERNELS.items() if (b, p) == (block, borrowed) and k.input_shape == shape]
+    (kernel,) = [
+        k
+        for (_, _, b, p, epilogue), k in KERNELS.items()
+        if (b, p, epilogue) == (block, borrowed, None) and k.input_shape == shape
+    ]
     assert kernel.schedule.mod.script() == signature_schedule(ScheduleSpace(kernel.lowered), config, block).mod.script()
 
 
+@pytest.mark.parametrize("fuse", [True, False])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout):
+def test_the_compiled_network_computes_what_the_pytorch_network_computes(network, tuned_db, layout, fuse):
     _, net, x = network
     db, configs = tuned_db
-    compiled = compile_network(net, layout, db=db, block=16, kernels=KERNELS)
-    # 13 kdsl layers: 2 transforms a layer unpropagated; propagated, 1 into stage 2, 3 in each later stage
-    transforms = {"plain": 0, "blocked": 26, "propagated": 10}[layout]
+    compiled = compile_network(net, layout, db=db, block=16, kernels=KERNELS, fuse=fuse)
+    # 13 kdsl layers: 2 transforms a layer unpropagated (fused, a block's second kernel also takes the
+    # residual: 8 more); propagated, 1 into stage 2, 3 in each later stage
+    transforms = {"plain": 0, "blocked": 34 if fuse else 26, "propagated": 10}[layout]
     assert_same_output(compiled, net, x, transforms)
-    # conv2_x runs the record tuned in the signature it runs in (the blocked ones: blocked after the schedule)
-    block = 0 if layout == "plain" else 16
-    conv2_x_script(block, configs[block])
+    kernels = [block[i][0] for block in compiled.blocks for i in (0, 2) if isinstance(block[i], tuple)]
+    assert len(kernels) == 13
+    # fused: every kdsl kernel carries its epilogue, folded into its write-back (no pass of its own)
+    assert (
+        all(isinstance(k, FusedKernel) and k.folded for k in kernels)
+        if fuse
+        else not any(isinstance(k, FusedKernel) for k in kernels)
+    )
+    if not fuse:  # conv2_x runs the record tuned in the signature it runs in (blocked: blocked after the schedule)
+        block = 0 if layout == "plain" else 16
+        conv2_x_script(block, configs[block])
 
 
 def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tuned_db):
     _, net, x = network
     db, configs = tuned_db
-    compiled = compile_network(net, "propagated", db=db, block=16, kernels=KERNELS, plain_records=True)
+    compiled = compile_network(net, "propagated", db=db, block=16, kernels=KERNELS, plain_records=True, fuse=False)
     assert_same_output(compiled, net, x, 10)
     conv2_x_script(16, configs[0], borrowed=True)
 

@@ -19,7 +19,11 @@ schedule) into the network, in one of three layouts (:data:`LAYOUTS`):
   pooling reads a blocked tensor directly (the mean over ``H, W`` of ``[N, C/b, H, W, b]`` is the
   channels in order).
 
-All three fold batch norm the same way, so they differ only in layouts and transforms.
+All three fold batch norm the same way, so they differ only in layouts and transforms. By default
+(``fuse=True``) each kdsl kernel also computes the glue after it (:mod:`kdsl.codegen.tvm.epilogue`): the
+folded batch norm and the ReLU after a block's first convolution, and the batch norm, the residual add
+and the ReLU after its second, so no PyTorch operator runs between a kdsl kernel and the next one's
+input; ``fuse=False`` runs that glue as PyTorch operators (the comparison row of :func:`time_compiled`).
 
 >>> [(task.label, task.weight) for task in network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1], 32)]
 [('conv2_x N=1', 4), ('conv3_x N=1', 3), ('conv4_x N=1', 3), ('conv5_x N=1', 3)]
@@ -38,6 +42,7 @@ from typing import Any
 from kdsl.bench.argument_types import positive_int
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
+from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel, build_fused
 from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, signature_name, to_blocked
 from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_worker, stage_layers
 from kdsl.lang.errors import KdslError, printable
@@ -51,6 +56,7 @@ from kdsl.tune.tuned import tuned_schedule
 __all__ = [
     "LAYOUTS",
     "NETWORKS",
+    "UNFUSED",
     "add_network_arguments",
     "command_tune_network",
     "compile_network",
@@ -66,6 +72,8 @@ LAYOUTS = ("plain", "blocked", "propagated")
 #: the row of the propagated network whose blocked kernels run the plain signature's records (as before
 #: kernels were tuned blocked), timed beside the one that runs the records tuned blocked
 PLAIN_RECORDS = "kdsl tuned NCHW, run blocked, propagated"
+#: the row of the network whose glue (batch norm, ReLU, residual add) runs as PyTorch operators
+UNFUSED = "kdsl tuned, plain, glue in PyTorch"
 
 
 def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0) -> list[NetworkTask]:
@@ -130,16 +138,27 @@ def _compiled_module() -> Any:
             shape = (1, -1, 1, 1) if x.dim() == 4 else (1, x.shape[1], 1, 1, x.shape[-1])
             return x * scale.reshape(shape) + shift.reshape(shape)
 
+        def layer(self, conv: Any, x: Any, scale_shift: tuple[Any, Any], rest: Any | None = None) -> Any:
+            """``relu(bn(conv(x)) [+ rest])``: in the kernel's epilogue when it has one, else in PyTorch."""
+            if not (isinstance(conv, tuple) and isinstance(conv[0], FusedKernel)):
+                y = self.affine(self.conv(conv, x), scale_shift)
+                return torch.relu(y if rest is None else y + self.convert(rest, y.dim() == 5))
+            kernel, weights = conv
+            blocked = self.layout != "plain"
+            residual = None if rest is None else self.convert(rest, blocked)
+            scale, shift = scale_shift
+            y = kernel(self.convert(x, blocked), *weights, scale=scale, shift=shift, residual=residual)
+            return self.convert(y, False) if self.layout == "blocked" else y
+
         def forward(self, x: Any) -> Any:
             x = self.stem(x)
             for conv1, bn1, conv2, bn2, shortcut in self.blocks:
                 # one transform of the block's input serves both its first convolution and its shortcut
                 first_blocked = isinstance(conv1, tuple) and self.layout == "propagated"
                 x = self.convert(x, first_blocked)
-                y = torch.relu(self.affine(self.conv(conv1, x), bn1))
-                y = self.affine(self.conv(conv2, y), bn2)
+                y = self.layer(conv1, x, bn1)
                 rest = x if shortcut is None else self.affine(shortcut[0](x), shortcut[1])
-                x = torch.relu(y + self.convert(rest, y.dim() == 5))
+                x = self.layer(conv2, y, bn2, rest)
             pooled = x.mean(dim=(2, 3)).reshape(x.shape[0], -1)  # blocked or not: channels in order
             return self.fc(pooled)
 
@@ -152,8 +171,9 @@ def compile_network(
     *,
     db: str | os.PathLike[str] | None = None,
     block: int = 16,
-    kernels: dict[tuple[str, str, int, bool], Any] | None = None,
+    kernels: dict[tuple[Any, ...], Any] | None = None,
     plain_records: bool = False,
+    fuse: bool = True,
 ) -> Any:
     """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
     layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding) in the
@@ -162,22 +182,33 @@ def compile_network(
     ``block``: the channel block of the blocked ones). ``plain_records``: the blocked kernels take the
     plain signature's records instead, as they did before kernels were tuned blocked (a comparison).
     It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
-    compiled kernels across calls."""
+    compiled kernels across calls. ``fuse``: each kernel computes the batch norm, ReLU and residual add
+    after it (:mod:`kdsl.codegen.tvm.epilogue`; the schedule is still the plain kernel's record), else
+    those run as PyTorch operators."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     kernels = {} if kernels is None else kernels
     blocked = 0 if layout == "plain" else block
     by_module: dict[int, tuple[Any, list[Any]]] = {}
+    # what follows each kdsl convolution: a block's first is followed by bn + relu, its second by bn,
+    # the shortcut's add and relu
+    epilogues: dict[int, Epilogue] = {}
+    for basic in (basic for stage in net.stages for basic in stage) if fuse else ():
+        epilogues[id(basic.conv1)] = Epilogue()  # a PyTorch (stride-2) conv1 is not a kdsl module: unused
+        epilogues[id(basic.conv2)] = Epilogue(residual=True)
     for module in net.modules():
         item, binding = getattr(module, "item", None), getattr(module, "binding", None)
         if item is None or binding is None:
             continue
         borrowed = plain_records and blocked > 0
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed)
+        epilogue = epilogues.get(id(module))
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue)
         if key not in kernels:
             records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
             schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
-            if blocked:
+            if epilogue is not None:
+                kernels[key] = build_fused(item.op, binding, epilogue, schedule, block=blocked)
+            elif blocked:
                 kernels[key] = build_blocked(item.op, binding, blocked, schedule)
             else:
                 kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default")
@@ -201,19 +232,21 @@ def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Cal
 
 def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One batch size's rows: PyTorch's ResNet-18 and the compiled networks (default schedule, and the
-    tuned one in every layout), plus the layout transforms alone, timed in the same interleaved rounds;
-    each network's output is checked against the PyTorch network of the same weights."""
+    tuned one in every layout; all with the glue in the kernels' epilogues, and the tuned plain one
+    again with its glue in PyTorch, :data:`UNFUSED`), plus the layout transforms alone, timed in the same
+    interleaved rounds; each network's output is checked against the PyTorch network of the same weights."""
     torch = load_torch()
     item = NetworkOp.from_dict(payload["op"])
     batch, resolution, block = payload["batch"], payload["resolution"], payload["block"]
     classes, seed, db = payload["classes"], payload["seed"], payload["db"]
     native = resnet18(batch=batch, resolution=resolution, classes=classes, seed=seed)
     net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
-    kernels: dict[tuple[str, str, int, bool], Any] = {}
+    kernels: dict[tuple[Any, ...], Any] = {}
     networks = {
         "PyTorch ResNet-18 (native)": native,
         "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
         "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
+        UNFUSED: compile_network(net, "plain", db=db, kernels=kernels, fuse=False),
         "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
         "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
         PLAIN_RECORDS: compile_network(net, "propagated", db=db, block=block, kernels=kernels, plain_records=True),
@@ -433,6 +466,10 @@ def command_tune_network(args: argparse.Namespace) -> int:
         f"below 1 faster, the median of the rounds' ratios); max |error|: against the PyTorch network of the same "
         f"weights; blocked: {signature_name(args.block)}, kernels tuned in that signature (the row "
         f"'{PLAIN_RECORDS}': the same network with the NCHW records, as before kernels were tuned blocked)."
+    )
+    print(
+        "kdsl's kernels compute the batch norm, ReLU and residual add after them in their epilogues "
+        f"(fused), but in the row '{UNFUSED}', where PyTorch's operators do."
     )
     print(network_table(rows))
     print()

@@ -108,7 +108,10 @@ def from_blocked(tensor: Any) -> Any:
     return plain.reshape(tensor.shape[0], tensor.shape[1] * block, *tensor.shape[2:-1]).contiguous()
 
 
-def _block_index(block: int) -> Callable[..., list[Any]]:
+def block_index(block: int) -> Callable[..., list[Any]]:
+    """The index map of the channel-blocked layout (``transform_layout``'s): ``[n, c, ..]`` to
+    ``[n, c // block, .., c % block]``."""
+
     def index(*i: Any) -> list[Any]:
         return [i[0], i[CHANNEL_AXIS] // block, *i[2:], i[CHANNEL_AXIS] % block]
 
@@ -133,8 +136,8 @@ def block_signature(sch: Any, lowered: Lowered, block: int) -> Any:
     if reader is None or writer is None:
         raise LoweringError(f"no block of the scheduled kernel reads {x_name} or writes {out_name}")
     try:
-        sch.transform_layout(reader, x_name, _block_index(block))
-        sch.transform_layout(writer, out_name, _block_index(block))
+        sch.transform_layout(reader, x_name, block_index(block))
+        sch.transform_layout(writer, out_name, block_index(block))
     except Exception as error:  # TVM refused the transform for this schedule
         raise LoweringError(f"cannot block the kernel's signature by {block}: {error_reason(error)}") from None
     return sch
