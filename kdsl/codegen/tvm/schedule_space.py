@@ -444,7 +444,7 @@ class ScheduleSpace:
                 )
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
-        return self.validate(config)
+        return self.validate(self.repair(config))  # a GEMV in lanes keeps no accumulator to fold a copy into
 
     def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
         """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
