@@ -205,3 +205,17 @@ def test_kdsl_tune_prints_the_default_schedules_share_of_its_roofline(capsys, mo
     for flag in ("no_roofline", "json", "apply"):  # nothing measured, nothing printed
         tune_commands._print_rooflines(op, rows, argparse.Namespace(**(vars(args) | {flag: True})))
     assert capsys.readouterr().out == "" and measured == [1, 1]  # once per command that prints a line
+
+
+def test_the_bound_counts_the_multiply_adds_the_program_runs():
+    """A transposed convolution written over the zero-dilated input counts the zeros; its phase form runs
+    a quarter of them at stride 2 with K = 4 (every tap meets whole phases), so the roofline's arithmetic
+    must be the program's or the kernel would beat its own bound. Plain operators run what they write."""
+    op = gallery.load("conv_transpose2d")
+    binding = solve.bind(op, {"N": 1, "Cin": 16, "Cout": 8, "H": 6, "W": 6})
+    written = solve.cost(op, binding)["macs"]
+    assert binding["s"] == 2 and binding["K"] == 4
+    assert roofline.program_macs(op, binding) * 4 == written
+    conv = gallery.load("conv2d")
+    conv_binding = solve.bind(conv, {"N": 1, "Cin": 8, "Cout": 8, "H": 6, "W": 6})
+    assert roofline.program_macs(conv, conv_binding) == solve.cost(conv, conv_binding)["macs"]

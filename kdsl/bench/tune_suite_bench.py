@@ -32,7 +32,7 @@ from kdsl import gallery, solve
 from kdsl.bench import target as bench_target
 from kdsl.bench import tune_bench
 from kdsl.bench.argument_types import positive_int
-from kdsl.bench.roofline import MARGIN, Roofline, measure_roofline, minimum_bytes, within_margin
+from kdsl.bench.roofline import MARGIN, Roofline, measure_roofline, minimum_bytes, program_macs, within_margin
 from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
 from kdsl.codegen import reference
 from kdsl.codegen.native import native_function
@@ -451,7 +451,7 @@ def bench_suite(args: argparse.Namespace) -> int:
             continue
         op = gallery.load(case.operator)
         binding = solve.bind(op, case.layer)
-        result = CaseResult(case, macs=float(solve.cost(op, binding)["macs"]), nbytes=minimum_bytes(op, binding))
+        result = CaseResult(case, macs=float(program_macs(op, binding)), nbytes=minimum_bytes(op, binding))
         for run in range(args.runs):
             _one_run(case, cols, run, folder, rounds, result)
         results.append(result)

@@ -22,7 +22,7 @@ from typing import Any
 from kdsl import solve
 from kdsl.bench.argument_types import TUNE_DB, positive_int
 from kdsl.bench.network_tune import add_network_arguments, command_tune_network
-from kdsl.bench.roofline import Roofline, default_latency, measure_roofline, minimum_bytes, room_line
+from kdsl.bench.roofline import Roofline, default_latency, measure_roofline, minimum_bytes, program_macs, room_line
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -333,7 +333,7 @@ def _print_rooflines(op: Any, rows: list[tuple], args: argparse.Namespace) -> No
         roofline = roofline or measure_roofline()
         try:
             binding = solve.bind(op, layer)
-            bound = roofline.bound(solve.cost(op, binding)["macs"], minimum_bytes(op, binding))
+            bound = roofline.bound(program_macs(op, binding), minimum_bytes(op, binding))
             default = default_latency(args.db, result.task, op, binding)
         except KdslError as error:  # the tuning is done and reported: a layer without a bound says why
             print(f"roofline of {printable(name)}: not computed ({error.message})")
