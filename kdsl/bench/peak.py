@@ -110,12 +110,21 @@ def fma_kernel(machine: Machine, accumulators: int, depth: int, block: int) -> A
     t, j, v, reduction = sch.get_loops(block_rv)
     outer, inner = sch.split(reduction, [None, block])
     sch.reorder(t, outer, inner, j, v)
+    return _compile_in_registers(sch, block_rv, (t, j, v, outer), machine)
+
+
+def _compile_in_registers(sch: Any, block_rv: Any, loops: tuple[Any, Any, Any, Any], machine: Machine) -> Any:
+    """Compile ``sch`` with ``block_rv``'s accumulators in registers: ``loops`` are (the parallel loop, the
+    unrolled accumulator loop, the vectorized lane loop, the outermost reduction loop, where the
+    accumulators are initialized), the result written back once per parallel part."""
+    tvm = load_tvm()
+    parallel, unrolled, lane, reduction = loops
     local = sch.cache_write(block_rv, 0, "local")  # the accumulators live in registers
-    sch.reverse_compute_at(local, t)
-    sch.parallel(t)
-    sch.unroll(j)
-    sch.vectorize(v)
-    sch.decompose_reduction(block_rv, outer)
+    sch.reverse_compute_at(local, parallel)
+    sch.parallel(parallel)
+    sch.unroll(unrolled)
+    sch.vectorize(lane)
+    sch.decompose_reduction(block_rv, reduction)
     return tvm.compile(sch.mod, target=default_target(machine.mcpu))
 
 
@@ -176,13 +185,7 @@ def read_kernel(machine: Machine, parts: int, rows: int, vectors: int, passes: i
     p, w, again, reduction = sch.get_loops(block_rv)
     vector, lane = sch.split(w, [vectors, lanes])
     sch.reorder(p, again, reduction, vector, lane)
-    local = sch.cache_write(block_rv, 0, "local")
-    sch.reverse_compute_at(local, p)
-    sch.parallel(p)
-    sch.unroll(vector)
-    sch.vectorize(lane)
-    sch.decompose_reduction(block_rv, again)
-    return tvm.compile(sch.mod, target=default_target(machine.mcpu))
+    return _compile_in_registers(sch, block_rv, (p, vector, lane, again), machine)
 
 
 def copy_kernel(machine: Machine, parts: int, length: int, vectors: int) -> Any:
