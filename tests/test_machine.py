@@ -17,7 +17,7 @@ from kdsl.codegen.tvm import default_target
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime import cpu as cpu_module
-from kdsl.runtime.cpu import from_features, host_caches, host_ghz, host_model
+from kdsl.runtime.cpu import FMA_UNITS, fma_units_of, from_features, host_caches, host_ghz, host_model
 from kdsl.runtime.workers import WorkerPool
 
 tvm = backend("tvm")
@@ -130,6 +130,62 @@ def test_fma_units_of_a_server_part_named_like_a_client_core():
     unnamed = from_features("rocketlake", features, cores=2, ghz=2.6)
     assert (server.fma_units, client.fma_units, unnamed.fma_units) == (2, 1, 1)
     assert server.peak_gflops() == pytest.approx(2 * client.peak_gflops())
+
+
+# every row of FMA_UNITS, written out here so that a changed row fails: (mcpu, its features, FMA units)
+_AVX512 = {"avx2", "fma", "avx512f"}
+_AVX2 = {"avx2", "fma"}
+FMA_ROWS = [
+    *[(name, {"avx", "fma"}, 1) for name in ("bdver2", "bdver3")],
+    ("bdver1", {"avx"}, 1),  # FMA4 only: LLVM's "fma" feature is FMA3
+    ("bdver4", _AVX2, 1),
+    ("btver2", {"avx"}, 1),
+    ("znver1", _AVX2, 1),
+    ("znver2", _AVX2, 2),
+    ("znver3", _AVX2, 2),
+    ("znver4", _AVX512, 1),
+    ("znver5", _AVX512, 2),
+    *[(name, _AVX512, 1) for name in ("cannonlake", "icelake-client", "tigerlake", "rocketlake")],
+    *[
+        (name, _AVX512, 2)
+        for name in (
+            "skylake-avx512",
+            "cascadelake",
+            "cooperlake",
+            "icelake-server",
+            "sapphirerapids",
+            "emeraldrapids",
+            "graniterapids",
+        )
+    ],
+    *[(name, _AVX2, 2) for name in ("haswell", "broadwell", "skylake", "alderlake")],
+]
+
+
+@pytest.mark.parametrize(("mcpu", "features", "units"), FMA_ROWS, ids=[row[0] for row in FMA_ROWS])
+def test_fma_units_follow_the_llvm_cpu_name(mcpu, features, units):
+    machine = from_features(mcpu, features, cores=2, ghz=2.0)
+    assert machine.fma_units == units
+    assert machine.peak_gflops() == pytest.approx(2 * units * machine.lanes() * 2 * 2.0)
+    assert FMA_UNITS[mcpu] == units
+    # an AMD server's model name changes nothing: LLVM's znver names come from the CPUID family itself
+    epyc = from_features(mcpu, features, cores=2, ghz=2.0, model="AMD EPYC 9B14")
+    assert epyc.fma_units == (units if "fma" in features or "avx512f" in features else 1)
+
+
+def test_every_row_of_the_fma_table_is_tested_and_known_to_llvm():
+    assert {row[0] for row in FMA_ROWS} == set(FMA_UNITS)
+    for mcpu in FMA_UNITS:
+        assert current_machine(default_target(mcpu)).mcpu == mcpu  # an unknown name raises
+
+
+def test_zen4_assumes_one_512_bit_fma_per_cycle_where_zen5_assumes_two():
+    zen4 = from_features("znver4", _AVX512, cores=2, ghz=2.6, model="AMD EPYC 9B14 96-Core Processor")
+    zen5 = from_features("znver5", _AVX512, cores=2, ghz=2.6, model="AMD EPYC 9B45 128-Core Processor")
+    assert (zen4.fma_units, zen5.fma_units) == (1, 2)
+    assert zen4.peak_gflops() == pytest.approx(166.4)  # 2 cores x 1 x 16 lanes x 2 x 2.6 GHz
+    assert "1 FMA unit," in zen4.describe() and "2 FMA units," in zen5.describe()
+    assert fma_units_of("znver3", {"sse2"}) == 1  # no FMA: a multiply and an add, one unit of two flops
 
 
 def test_percent_of_peak_counts_two_flops_per_mac():

@@ -14,10 +14,11 @@ Where each fact comes from:
   features as given). The target's ``mcpu`` is the host's, or the one named by
   ``--mcpu`` / ``KDSL_MCPU``: an AVX-512 machine runs AVX2 code, so ``--mcpu haswell`` measures the
   AVX2 case on either kind of machine.
-* **FMA units per core**: LLVM does not say. Two for every x86 core with FMA, except the parts
-  known to have one (:data:`ONE_FMA_UNIT`: client AVX-512 cores, Zen 1's 128-bit pipes); a host
-  whose model name says it is a server part (Xeon, EPYC) has two whatever LLVM calls it (a cloud VM
-  reports a Sapphire Rapids Xeon as ``rocketlake``).
+* **FMA units per core**: LLVM does not say. :data:`FMA_UNITS` gives, per LLVM cpu name, the vector
+  FMAs a core starts per cycle at that name's full vector width (Zen 4: one 512-bit FMA, as two
+  256-bit halves; Zen 5 and the Xeons: two); a name it lacks gets two when the target has FMA, one
+  otherwise. A host whose model name says it is a Xeon has two whatever client core LLVM calls it (a
+  cloud VM reports a Sapphire Rapids Xeon as ``rocketlake``).
 * **cores**: the target's ``num-cores`` (``TVM_NUM_THREADS``).
 * **clock and caches**: the host's (``/sys/devices/system/cpu``, ``/proc/cpuinfo``), which is where
   the code runs whatever ``mcpu`` it was compiled for; defaults where they cannot be read.
@@ -36,12 +37,78 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["ONE_FMA_UNIT", "Machine", "from_features", "host_caches", "host_ghz", "host_model"]
+__all__ = [
+    "FMA_UNITS",
+    "ONE_FMA_UNIT",
+    "Machine",
+    "fma_units_of",
+    "from_features",
+    "host_caches",
+    "host_ghz",
+    "host_model",
+]
 
-#: mcpus whose cores issue one vector FMA per cycle at the width they use (LLVM's names)
-ONE_FMA_UNIT = frozenset(
-    {"znver1", "icelake-client", "tigerlake", "rocketlake", "cannonlake", "btver2", "bdver1", "bdver2", "bdver3"}
-)
+#: LLVM cpu name -> vector FMAs one core starts per cycle at that name's full vector width (512 bits
+#: where it has AVX-512, else 256, else 128), from the vendors' optimization manuals. The widths matter:
+#: a core whose FMA pipes are narrower than its vectors splits each FMA into halves that take both pipes.
+FMA_UNITS: dict[str, int] = {
+    # AMD
+    "bdver1": 1,  # Bulldozer: two 128-bit FMACs per module, shared by its two cores
+    "bdver2": 1,  # Piledriver: as Bulldozer
+    "bdver3": 1,  # Steamroller: as Bulldozer
+    "bdver4": 1,  # Excavator: as Bulldozer
+    "btver2": 1,  # Jaguar: no FMA; one 128-bit multiply and one add pipe
+    "znver1": 1,  # Zen 1: two 128-bit FMA pipes, so a 256-bit FMA takes both
+    "znver2": 2,  # Zen 2: two 256-bit FMA pipes
+    "znver3": 2,  # Zen 3: two 256-bit FMA pipes
+    "znver4": 1,  # Zen 4: two 256-bit FMA pipes; a 512-bit FMA is executed as two halves, one per cycle
+    "znver5": 2,  # Zen 5 (server and desktop): two full 512-bit FMA pipes (the mobile parts' 256-bit
+    # datapath halves that, and LLVM calls them znver5 as well: an assumed peak 2x too high there)
+    # Intel client cores with AVX-512: ports 0 and 1 fuse into one 512-bit FMA; no second unit on port 5
+    "cannonlake": 1,
+    "icelake-client": 1,
+    "tigerlake": 1,
+    "rocketlake": 1,
+    # Intel server cores with AVX-512: the fused port 0+1 unit and a second one on port 5 (most Xeon
+    # Gold and Platinum; some Silver and Bronze parts lack port 5's, which LLVM's name cannot tell)
+    "skylake-avx512": 2,
+    "cascadelake": 2,
+    "cooperlake": 2,
+    "icelake-server": 2,
+    "sapphirerapids": 2,
+    "emeraldrapids": 2,
+    "graniterapids": 2,
+    # Intel AVX2 cores: two 256-bit FMA ports (0 and 1)
+    "haswell": 2,
+    "broadwell": 2,
+    "skylake": 2,
+    "alderlake": 2,
+}
+
+#: the names of :data:`FMA_UNITS` with one FMA per cycle at their full width
+ONE_FMA_UNIT = frozenset(name for name, units in FMA_UNITS.items() if units == 1)
+
+#: client cores with one 512-bit FMA unit that a cloud VM may report for a Xeon, which has two
+_XEON_LOOKALIKES = frozenset({"cannonlake", "icelake-client", "tigerlake", "rocketlake"})
+
+
+def fma_units_of(mcpu: str, features: Iterable[str] = ("fma",), model: str = "") -> int:
+    """Vector FMAs per cycle of one core of LLVM cpu ``mcpu`` at its full vector width
+    (:data:`FMA_UNITS`; two for a name not in it). A target without FMA counts one unit (a multiply
+    and an add per cycle, two flops); a ``model`` naming a Xeon lifts the client names a cloud VM
+    reports for it to two.
+
+    >>> fma_units_of("znver4"), fma_units_of("znver5"), fma_units_of("rocketlake")
+    (1, 2, 1)
+    >>> fma_units_of("rocketlake", model="Intel(R) Xeon(R) Platinum 8481C"), fma_units_of("x86-64", ("sse2",))
+    (2, 1)
+    """
+    features = frozenset(features)
+    if "fma" not in features and not features & {"avx512f", "neon"}:
+        return 1  # separate multiply and add: one of each per cycle, counted as one unit of two flops
+    if mcpu in _XEON_LOOKALIKES and re.search(r"xeon", model, re.IGNORECASE):
+        return 2
+    return FMA_UNITS.get(mcpu, 2)
 
 
 @dataclass(frozen=True)
@@ -52,7 +119,7 @@ class Machine:
     isa: str  # "avx512", "avx2", "avx", "sse" or "scalar"
     vector_bits: int
     vector_registers: int
-    fma_units: int
+    fma_units: int  # vector FMAs one core starts per cycle at vector_bits (fma_units_of)
     cores: int
     ghz: float
     l1d: int = 32 * 1024
@@ -92,7 +159,7 @@ class Machine:
         name = f"{self.model} " if self.model else ""
         return (
             f"{name}(mcpu {self.mcpu}): {self.isa.upper()}, {self.lanes()} fp32 lanes x {self.vector_registers} "
-            f"vector registers, {self.fma_units} FMA units, {self.cores} cores at {self.ghz:.2f} GHz, "
+            f"vector registers, {self.fma_units} FMA unit{'' if self.fma_units == 1 else 's'}, {self.cores} cores at {self.ghz:.2f} GHz, "
             f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB; assumed peak {self.peak_gflops():.0f} GFLOP/s fp32"
         )
 
@@ -125,10 +192,7 @@ def from_features(
         isa, bits, registers = "neon", 128, 32
     else:
         isa, bits, registers = "scalar", 32, 16
-    server = bool(re.search(r"xeon|epyc", model, re.IGNORECASE))
-    units = 1 if mcpu in ONE_FMA_UNIT and not server else 2
-    if "fma" not in features and isa not in ("avx512", "neon"):
-        units = 1  # separate multiply and add: one of each per cycle, counted as one unit of two flops
+    units = fma_units_of(mcpu, features, model)
     caches = caches or {}
     return Machine(
         mcpu=mcpu,
