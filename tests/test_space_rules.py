@@ -134,3 +134,23 @@ def test_the_tuners_never_spend_a_trial_on_a_configuration_that_fails_to_apply(t
     assert result.rejected == 0
     assert len(measurer.measured) == result.measured == 16
     assert all(space.rejection(c) is None for c in measurer.measured)
+
+
+def test_the_space_names_its_stages_and_tensors_and_the_producer_a_stage_folds_into():
+    from kdsl.codegen.tvm import lower
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+
+    space = ScheduleSpace(lower(gallery.load("residual_conv2d"), {"N": 1, "Cin": 8, "H": 6, "W": 6, "K": 3}))
+    kinds = {stage.name: stage.kind for stage in space.stages}
+    blend = next(stage for stage in space.stages if stage.elementwise)
+    conv = next(stage for stage in space.stages if stage.kind == "reduce")
+    assert space.stage_named(blend.name) is blend and kinds[conv.name] == "reduce"
+    # the residual addition folds into the convolution's write-back; the convolution itself folds nowhere
+    assert space.inline_producer(blend) == conv.name
+    assert space.inline_producer(conv) is None
+    assert space.tensor_named("x").kind == "input" and space.tensor_named("w").kind == "weight"
+    assert space.lane_partials(conv) >= 1
+    with pytest.raises(LoweringError, match="no stage 'nope'"):
+        space.stage_named("nope")
+    with pytest.raises(LoweringError, match="no tensor 'nope'.*x, w"):
+        space.tensor_named("nope")

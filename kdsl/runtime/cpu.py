@@ -157,9 +157,10 @@ class Machine:
     def describe(self) -> str:
         """One line for benchmark headers: model, mcpu, ISA, registers, cores, clock, caches, peak."""
         name = f"{self.model} " if self.model else ""
+        units = f"{self.fma_units} FMA unit{'' if self.fma_units == 1 else 's'}"
         return (
             f"{name}(mcpu {self.mcpu}): {self.isa.upper()}, {self.lanes()} fp32 lanes x {self.vector_registers} "
-            f"vector registers, {self.fma_units} FMA unit{'' if self.fma_units == 1 else 's'}, {self.cores} cores at {self.ghz:.2f} GHz, "
+            f"vector registers, {units}, {self.cores} cores at {self.ghz:.2f} GHz, "
             f"L1d {self.l1d // 1024} KiB, L2 {self.l2 // 1024} KiB; assumed peak {self.peak_gflops():.0f} GFLOP/s fp32"
         )
 

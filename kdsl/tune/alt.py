@@ -134,7 +134,7 @@ class Alt:
             param = space.parameters[name]
             if name.endswith(".tile") and isinstance(param, Categorical):
                 self.template[name] = pruned_choices(param.choices)
-            elif name.endswith(".perm") and space._tensor(name.split(".")[1]).kind == "input":
+            elif name.endswith(".perm") and space.tensor_named(name.split(".")[1]).kind == "input":
                 # a data input packed with one dim last (channels last: the vector axis's gathers made loads)
                 self.template[name] = moved_last(param.n, heuristic[name])
         # layouts tried: key -> (layout, best latency)

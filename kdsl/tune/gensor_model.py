@@ -590,7 +590,7 @@ def _lanes_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     macs = prod(e for _, e in stage.spatial + stage.reduced)
     parallel = prod(e for _, e in stage.spatial)
     par_eff = balance(parallel, m.cores) if parallel >= m.cores else parallel / m.cores
-    lanes = space._lane_factor(space._lane_extent(stage))
+    lanes = space.lane_partials(stage)
     fill = lanes / (math.ceil(lanes / m.lanes) * m.lanes)
     fill *= GATHER ** lane_gathers(space, stage, config)
     chains = macs / (m.peak * fill * par_eff / (m.fma_per_cycle * FMA_LATENCY) + 1e-9)

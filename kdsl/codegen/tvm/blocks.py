@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kdsl.codegen.tvm.lowering import Lowered
 from kdsl.codegen.tvm.toolchain import load_tvm
+from kdsl.lang.errors import LoweringError
 
 
 def invertible_copy(block: Any) -> bool:
@@ -100,6 +101,32 @@ class StageBlock:
 
     def axis(self, label: str) -> Axis:
         return next(a for a in self.axes if a.label == label)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+NamedT = TypeVar("NamedT", bound=_Named)
+
+
+def named(items: Sequence[NamedT], name: str, what: str) -> NamedT:
+    """The one of ``items`` called ``name`` (a stage, a tensor); a :class:`LoweringError` naming it and
+    the names there are where none is, never a bare ``StopIteration``.
+
+    >>> from types import SimpleNamespace as Item
+    >>> named([Item(name="x"), Item(name="stage0")], "stage0", "stage").name
+    'stage0'
+    >>> named([Item(name="x")], "y", "tensor")
+    Traceback (most recent call last):
+    ...
+    kdsl.lang.errors.LoweringError: the kernel has no tensor 'y' (its tensors: x)
+    """
+    found = next((item for item in items if item.name == name), None)
+    if found is None:
+        raise LoweringError(f"the kernel has no {what} {name!r} (its {what}s: {', '.join(i.name for i in items)})")
+    return found
 
 
 def unique_labels(names: Sequence[str]) -> list[str]:

@@ -494,7 +494,7 @@ class _Applier:
             sch.compute_inline(sch.get_sblock(s))
             return f"inlined into {', '.join(stage.consumers)}"
         if where == "producer":
-            producer = self.space._inline_producer(stage)
+            producer = self.space.inline_producer(stage)
             if producer is None or not self.local.get(producer):
                 raise LoweringError(f"{s}: folding into the write-back needs a local accumulator in {producer}")
             sch.reverse_compute_inline(sch.get_sblock(s))

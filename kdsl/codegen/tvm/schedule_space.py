@@ -60,7 +60,7 @@ from collections.abc import Collection, Iterator, Mapping
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze
+from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze, named
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.parameters import (
     Categorical,
@@ -185,7 +185,7 @@ class ScheduleSpace:
                     # partial results in vector lanes along a contiguous reduced axis (softmax over a row; in a
                     # plain operator a dot product whose every read runs along the reduction, as in a GEMV)
                     self._add(Categorical(f"{s}.lanes", (False, True)))
-                if len(stage.consumers) == 1 and self._stage(stage.consumers[0]).kind == "reduce":
+                if len(stage.consumers) == 1 and self.stage_named(stage.consumers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
             elif stage.kind == "copy":
                 producers = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
@@ -195,8 +195,8 @@ class ScheduleSpace:
                 if (
                     stage.invertible
                     and len(producers) == 1
-                    and self._stage(producers[0]).kind == "reduce"
-                    and len(self._stage(producers[0]).consumers) == 1
+                    and self.stage_named(producers[0]).kind == "reduce"
+                    and len(self.stage_named(producers[0]).consumers) == 1
                 ):
                     self._add(Categorical(f"{s}.inline", (True, False)))
             elif stage.kind == "pad":
@@ -208,7 +208,7 @@ class ScheduleSpace:
                 choices = ["none"]
                 if stage.consumers and stage.name != self.lowered.out.op.name:
                     choices.append("consumers")
-                if self._inline_producer(stage) is not None:
+                if self.inline_producer(stage) is not None:
                     choices.append("producer")
                 if len(choices) > 1:
                     self._add(Categorical(f"{s}.inline", tuple(choices)))
@@ -230,11 +230,13 @@ class ScheduleSpace:
             factors.append(extent)
         return factors
 
-    def _tensor(self, name: str) -> _Tensor:
-        return next(t for t in self.tensors if t.name == name)
+    def tensor_named(self, name: str) -> _Tensor:
+        """The kernel's tensor ``name`` (an input, a weight, a stage's buffer); a LoweringError if none."""
+        return named(self.tensors, name, "tensor")
 
-    def _stage(self, name: str) -> StageBlock:
-        return next(s for s in self.stages if s.name == name)
+    def stage_named(self, name: str) -> StageBlock:
+        """The kernel's stage ``name`` (:attr:`stages`); a LoweringError if none."""
+        return named(self.stages, name, "stage")
 
     # -- what tuners and cost models read of the space's rules (public: modules outside the class use them) --
 
@@ -284,13 +286,13 @@ class ScheduleSpace:
     def _lane_factor(self, extent: int) -> int:
         return next((f for f in (self.lanes, self.lanes // 2, self.lanes // 4) if f >= 4 and extent % f == 0), 1)
 
-    def _inline_producer(self, stage: StageBlock) -> str | None:
+    def inline_producer(self, stage: StageBlock) -> str | None:
         """The reduction stage whose write-back ``stage`` (element-wise) can be folded into: the one stage
         it reads, read one element per iteration (other buffers it reads are the kernel's inputs)."""
         produced = [b for b, _ in stage.reads if b in {t.name for t in self.stages}]
         if len(produced) != 1 or produced[0] not in stage.identity_reads:
             return None
-        producer = self._stage(produced[0])
+        producer = self.stage_named(produced[0])
         return producer.name if producer.kind == "reduce" and len(producer.consumers) == 1 else None
 
     def layout_parameters(self) -> list[str]:
@@ -440,7 +442,7 @@ class ScheduleSpace:
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
                 # its phase's offset (conv_transpose2d at 1x256x14x14, 1 contended thread: 2.6-2.8 -> 2.35 ms)
                 config[f"{stage.name}.inline"] = not stage.phased and not any(
-                    self.padding_in_vector(stage, self._stage(c), vectors.get(c)) for c in stage.consumers
+                    self.padding_in_vector(stage, self.stage_named(c), vectors.get(c)) for c in stage.consumers
                 )
             if stage.elementwise and f"{stage.name}.inline" in config:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
@@ -454,7 +456,7 @@ class ScheduleSpace:
         if vector is not None:
             self._vector_layouts(stage, vector, vf, config)
             self._cache_block(stage, vector, config)
-        s, reader = stage.name, self._stage(stage.consumers[0]) if stage.consumers else None
+        s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
         # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
         if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
             config[f"{s}.attach"] = "outer"
@@ -490,9 +492,9 @@ class ScheduleSpace:
             self._vector_last(stage, vector, config)
         elif vector.gathers:
             self._input_vector_last(stage, vector, config)
-        panels = [(w, d) for w, d in vector.panels if self._tensor(w).shape[d] > vf]
+        panels = [(w, d) for w, d in vector.panels if self.tensor_named(w).shape[d] > vf]
         for weight, dim in dict.fromkeys([*vector.packs, *panels]):
-            tensor = self._tensor(weight)
+            tensor = self.tensor_named(weight)
             tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
             param = self.parameters.get(f"layout.{weight}.tile")  # none where no factor divides the dim
             if tensor.reader == stage.name and param is not None and tile in param.choices:
@@ -507,7 +509,7 @@ class ScheduleSpace:
         parallel, vectorized pass of its own."""
         choices = self.parameters[f"{stage.name}.inline"].choices
         size = prod(e for _, e in stage.spatial)
-        readers = [self._stage(name) for name in stage.consumers]
+        readers = [self.stage_named(name) for name in stage.consumers]
         if "consumers" in choices and all(prod(e for _, e in c.spatial + c.reduced) <= size for c in readers):
             return "consumers"
         return "producer" if "producer" in choices else "none"
@@ -551,9 +553,9 @@ class ScheduleSpace:
                 # a copy of another rank (the phase form's [.., p, i, ..] copy) is no plain pad of the input
                 if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
                     continue
-            if self._tensor(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
+            if self.tensor_named(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
                 continue
-            rest = (d for d in range(len(self._tensor(tensor).shape)) if d != dim)
+            rest = (d for d in range(len(self.tensor_named(tensor).shape)) if d != dim)
             config[f"layout.{tensor}.perm"] = (*rest, dim)
 
     def _vector_factor(self, extent: int, short: int = MAX_VECTORS) -> int:

@@ -105,7 +105,7 @@ def has_local(space: Any, name: str | None, config: Mapping[str, Any]) -> bool:
     """Whether stage ``name`` gets a local accumulator (what a copy or element-wise stage folds into)."""
     if name is None:
         return False
-    stage = space._stage(name)
+    stage = space.stage_named(name)
     return tiled(stage, config) and config.get(f"{name}.cache") == "local"
 
 
@@ -116,7 +116,7 @@ def _folded_producer(space: Any, stage: StageBlock, config: Mapping[str, Any]) -
         stages = {t.name for t in space.stages}
         return name, False, next((b for b, _ in stage.reads if b in stages), None)
     if stage.elementwise and config.get(name) == "producer":
-        return name, "none", space._inline_producer(stage)
+        return name, "none", space.inline_producer(stage)
     return None
 
 
