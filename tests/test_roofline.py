@@ -193,18 +193,27 @@ def test_kdsl_tune_prints_the_default_schedules_share_of_its_roofline(capsys, mo
     assert roofline.default_latency(db, task, op, binding) == 3e-6
 
     measured = []
-    monkeypatch.setattr(tune_commands, "measure_roofline", lambda: measured.append(1) or CEILINGS)
+    monkeypatch.setattr(
+        tune_commands, "roofline_for", lambda remeasure=False: measured.append(remeasure) or (CEILINGS, "cached")
+    )
     best = Record({}, 2e-6, None, "opevo")
     rows = [("tiny", layer, best, None, argparse.Namespace(task=task)), ("other", layer, None, None, None)]
     args = argparse.Namespace(no_roofline=False, json=False, apply=False, db=db)
     tune_commands._print_rooflines(op, rows, args)
     bound = CEILINGS.bound(solve.cost(op, binding)["macs"], roofline.minimum_bytes(op, binding))
-    assert capsys.readouterr().out.splitlines() == [roofline.room_line("tiny", bound, CEILINGS, 3e-6, 2e-6)]
+    header = f"{CEILINGS.line()} (cached)"  # where the peak came from, once
+    assert capsys.readouterr().out.splitlines() == [header, roofline.room_line("tiny", bound, CEILINGS, 3e-6, 2e-6)]
     tune_commands._print_rooflines(op, [("bad", {"M": 8}, best, None, argparse.Namespace(task=task))], args)
-    assert capsys.readouterr().out.startswith("roofline of bad: not computed (the layer does not bind the variable")
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[1]
+        .startswith("roofline of bad: not computed (the layer does not bind the variable")
+    )
     for flag in ("no_roofline", "json", "apply"):  # nothing measured, nothing printed
         tune_commands._print_rooflines(op, rows, argparse.Namespace(**(vars(args) | {flag: True})))
-    assert capsys.readouterr().out == "" and measured == [1, 1]  # once per command that prints a line
+    assert capsys.readouterr().out == "" and measured == [False, False]  # once per command that prints a line
+    tune_commands._print_rooflines(op, rows, argparse.Namespace(**(vars(args) | {"remeasure_peak": True})))
+    assert measured[-1] is True  # --remeasure-peak reaches the cache
 
 
 def test_the_bound_counts_the_multiply_adds_the_program_runs():

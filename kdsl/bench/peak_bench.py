@@ -22,6 +22,8 @@ import os
 
 from kdsl.bench.argument_types import positive_int
 from kdsl.bench.peak import DRAM_BYTES, MIB, measure_peak, size_text
+from kdsl.bench.peak_cache import save_roofline
+from kdsl.bench.roofline import Roofline
 from kdsl.bench.target import add_mcpu_argument, machine_line, select_mcpu
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.lang.errors import KdslError
@@ -53,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-copy", action="store_true", help="measure reads only, not the copy bandwidth")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="store the FMA peak and read bandwidths as this machine's roofline for kdsl tune (kdsl.bench.peak_cache)",
+    )
     add_mcpu_argument(parser)
 
 
@@ -86,11 +93,14 @@ def bench_peak(args: argparse.Namespace) -> int:
     peak = measure_peak(
         machine, repeats=args.repeats, dram_bytes=dram, l2_bytes=l2, depth=args.depth, copy=not args.no_copy
     )
+    saved = save_roofline(machine, Roofline.from_peak(peak)) if args.save else None
     if args.json:
-        print(json.dumps(peak.as_dict() | {"load_average": load}, sort_keys=True))
+        print(json.dumps(peak.as_dict() | {"load_average": load, "saved": str(saved or "")}, sort_keys=True))
         return 0
     print(machine_line(machine))
     threads = f"{machine.cores} thread{'s' if machine.cores > 1 else ''}"
     print(f"{args.repeats} timings of each kernel on {threads}; load average {load:.2f} at start")
     print("\n".join(peak.lines()))
+    if saved is not None:
+        print(f"saved as this machine's roofline for kdsl tune and kdsl bench tune --suite: {saved}")
     return 0

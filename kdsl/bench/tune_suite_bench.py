@@ -32,7 +32,8 @@ from kdsl import gallery, solve
 from kdsl.bench import target as bench_target
 from kdsl.bench import tune_bench
 from kdsl.bench.argument_types import positive_int
-from kdsl.bench.roofline import MARGIN, Roofline, measure_roofline, minimum_bytes, program_macs, within_margin
+from kdsl.bench.peak_cache import roofline_for
+from kdsl.bench.roofline import MARGIN, Roofline, minimum_bytes, program_macs, within_margin
 from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
 from kdsl.codegen import reference
 from kdsl.codegen.native import native_function
@@ -85,13 +86,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="with --suite: folder of results.md, curves (default kdsl-tune-SUITE)",
     )
+    parser.add_argument(
+        "--remeasure-peak",
+        action="store_true",
+        help="with --suite: measure the roofline's peak now, not from the cache (kdsl.bench.peak_cache)",
+    )
 
 
 def bench_tune(args: argparse.Namespace) -> int:
     """``kdsl bench tune``: the suite of ``--suite``, else the plain bench (:mod:`kdsl.bench.tune_bench`)."""
     if getattr(args, "suite", None) is None:
         # the suites' own options mean nothing to the plain bench: refuse them rather than run without them
-        given = [flag for flag, value in (("--only", args.only), ("--out", args.out)) if value is not None]
+        remeasure = getattr(args, "remeasure_peak", False) or None
+        options = (("--only", args.only), ("--out", args.out), ("--remeasure-peak", remeasure))
+        given = [flag for flag, value in options if value is not None]
         if given:
             raise KdslError(f"{' and '.join(given)} choose cases and a folder of a suite: add --suite NAME")
         return tune_bench.bench_tune(args)
@@ -425,7 +433,8 @@ def bench_suite(args: argparse.Namespace) -> int:
     (folder / "records").mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     machine = current_machine()
-    roofline = measure_roofline(machine)  # once per suite, before any worker starts: a few seconds
+    # once per suite, before any worker starts: a few seconds where the cache has none a week old at most
+    roofline, source = roofline_for(machine, remeasure=getattr(args, "remeasure_peak", False))
     metaschedule = ""
     if "metaschedule" in args.tuners:
         metaschedule = f", MetaSchedule at {', '.join(map(str, args.metaschedule_trials))}"
@@ -435,7 +444,7 @@ def bench_suite(args: argparse.Namespace) -> int:
         f"{args.runs} runs; {trials} trials per kdsl tuner{metaschedule}; {rounds} re-measurement rounds; "
         f"load average {load:.2f} at start.",
         bench_target.machine_line(machine),
-        roofline.line(),
+        f"{roofline.line()} ({source})",
         "",
     ]
     print("\n".join(header), flush=True)

@@ -22,7 +22,8 @@ from typing import Any
 from kdsl import solve
 from kdsl.bench.argument_types import TUNE_DB, positive_int
 from kdsl.bench.network_tune import add_network_arguments, command_tune_network
-from kdsl.bench.roofline import Roofline, default_latency, measure_roofline, minimum_bytes, program_macs, room_line
+from kdsl.bench.peak_cache import roofline_for
+from kdsl.bench.roofline import Roofline, default_latency, minimum_bytes, program_macs, room_line
 from kdsl.bench.target import (
     add_mcpu_argument,
     percent_of_peak,
@@ -178,6 +179,12 @@ def add_tune_commands(subparsers: Any) -> None:
         help="skip measuring the machine's peak (seconds) for the line that says how far the default schedule "
         "is from its roofline",
     )
+    tune.add_argument(
+        "--remeasure-peak",
+        action="store_true",
+        help="measure the machine's peak for the roofline line now, not from the week-old-at-most cache "
+        "(kdsl.bench.peak_cache)",
+    )
     add_mcpu_argument(tune)  # records are kept per mcpu: --apply finds a run's records with the same --mcpu
     add_network_arguments(tune)  # kdsl tune --network resnet18: every layer of a network, one budget
     tune.set_defaults(run=command_tune)
@@ -322,7 +329,8 @@ def _tune_layer(
 
 def _print_rooflines(op: Any, rows: list[tuple], args: argparse.Namespace) -> None:
     """A line per tuned layer: its roofline (the machine's peak, measured once here) and the default
-    schedule's share of it, from the run's records (:func:`kdsl.bench.roofline.room_line`); nothing with
+    schedule's share of it, from the run's records (:func:`kdsl.bench.roofline.room_line`; the peak from the
+    cache, :func:`kdsl.bench.peak_cache.roofline_for`, unless ``--remeasure-peak``); nothing with
     ``--apply``, ``--json`` or ``--no-roofline``."""
     if args.apply or args.json or args.no_roofline:
         return
@@ -330,7 +338,9 @@ def _print_rooflines(op: Any, rows: list[tuple], args: argparse.Namespace) -> No
     for name, layer, record, _, result in rows:
         if result is None:
             continue
-        roofline = roofline or measure_roofline()
+        if roofline is None:
+            roofline, source = roofline_for(remeasure=getattr(args, "remeasure_peak", False))
+            print(f"{roofline.line()} ({source})")
         try:
             binding = solve.bind(op, layer)
             bound = roofline.bound(program_macs(op, binding), minimum_bytes(op, binding))
