@@ -46,10 +46,12 @@ __all__ = [
     "clock_bound_gflops",
     "copy_kernel",
     "fma_kernel",
+    "kernel_rate",
     "measure_bandwidth",
     "measure_fma",
     "measure_peak",
     "read_kernel",
+    "read_shape",
     "sanity_problems",
     "size_text",
 ]
@@ -89,6 +91,13 @@ def _rate(timer: Callable[..., Any], args: Sequence[Any], work: float, repeats: 
 
 def _timer(executable: Any, dev: Any) -> Callable[..., Any]:
     return lambda number, repeat: executable.mod.time_evaluator("main", dev, number=number, repeat=repeat)
+
+
+def kernel_rate(executable: Any, args: Sequence[Any], work: float, repeats: int = 10) -> Rate:
+    """``work`` units per second of a compiled kernel's ``main`` on ``args`` (TVM tensors), best and median
+    of ``repeats`` timings of about 50 ms each: how the peak kernels are timed, for a kernel to compare
+    with them side by side. A timing."""
+    return _rate(_timer(executable, load_tvm().cpu()), args, work, repeats)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -208,6 +217,19 @@ def copy_kernel(machine: Machine, parts: int, length: int, vectors: int) -> Any:
     return tvm.compile(sch.mod, target=default_target(machine.mcpu))
 
 
+def read_shape(machine: Machine, nbytes: int) -> tuple[int, int, int]:
+    """``(parts, rows, vectors)`` of the read kernel over about ``nbytes``: 4 parts per core (a core that
+    finishes early takes the next; static chunks stay balanced), half the accumulator budget of vectors
+    a row, whole rows (at least one).
+
+    >>> from kdsl.runtime.cpu import from_features
+    >>> read_shape(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0), 8 * 1024 * 1024)
+    (8, 1024, 4)
+    """
+    parts, vectors = 4 * machine.cores, max(1, machine.accumulators() // 2)
+    return parts, max(1, nbytes // (4 * parts * vectors * machine.lanes())), vectors
+
+
 def measure_bandwidth(
     nbytes: int, machine: Machine | None = None, *, repeats: int = 10, copy: bool = True
 ) -> tuple[Rate, Rate | None]:
@@ -219,10 +241,8 @@ def measure_bandwidth(
     machine = machine or current_machine()
     tvm = load_tvm()
     dev, lanes = tvm.cpu(), machine.lanes()
-    # several parts per core: a core that finishes early takes the next (static chunks stay balanced)
-    parts, vectors = 4 * machine.cores, max(1, machine.accumulators() // 2)
+    parts, rows, vectors = read_shape(machine, nbytes)
     row = vectors * lanes
-    rows = max(1, nbytes // (4 * parts * row))
     # a buffer the last-level cache holds is read again in the same call: 32 MiB a call in all
     passes = max(1, PASS_BYTES // (4 * parts * rows * row)) if nbytes <= machine.l3 else 1
     x = _small_integers(np.random.default_rng(1), (parts, rows, row), 4)  # sums below 2**24: exact

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from kdsl.bench.peak import DRAM_BYTES, MachinePeak, measure_peak
 from kdsl.codegen import reference
+from kdsl.codegen.tvm import lower
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.parameters import config_key, normalize
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
@@ -37,7 +38,6 @@ from kdsl.lang.errors import KdslError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.cpu import Machine
 from kdsl.runtime.units import duration
-from kdsl.tune.measurer import _lowered
 from kdsl.tune.records import RecordStore
 
 __all__ = [
@@ -149,7 +149,7 @@ def program_macs(op: Operator, layer: Mapping[str, int]) -> int:
     >>> program_macs(op, solve.bind(op, {"M": 2, "Cin": 3, "Cout": 4}))  # 2 x 3 x 4
     24
     """
-    stages = ScheduleSpace(_lowered(op, layer)).stages
+    stages = ScheduleSpace(lower(op, layer)).stages
     return sum(math.prod(e for _, e in (*stage.spatial, *stage.reduced)) for stage in stages if stage.kind == "reduce")
 
 
@@ -178,7 +178,7 @@ def default_latency(db: str, task: str, op: Operator, binding: Mapping[str, int]
     heuristic configuration (what :func:`~kdsl.codegen.tvm.default_schedule.default_schedule` applies),
     which OpEvo and ALT measure first; ``None`` where no tuner measured it (MetaSchedule, Gensor's
     walks that never met it)."""
-    space = ScheduleSpace(_lowered(op, binding))
+    space = ScheduleSpace(lower(op, binding))
     record = RecordStore(db).known(task, config_key(normalize(space.heuristic())))
     return record.latency if record is not None else None
 

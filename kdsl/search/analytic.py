@@ -64,8 +64,8 @@ def _baseline_and_capacity(space, result: Mapping[str, Any]) -> tuple[int, float
     """The spec baseline's FLOPs (the operator's own where the space has no baseline) and the
     operator's capacity: its parameters over ``min_params`` (default 5% of the baseline's), at most 1."""
     try:
-        base_flops = space._baseline("flops")
-        base_params = space._baseline("params")
+        base_flops = space.baseline_cost("flops")
+        base_params = space.baseline_cost("params")
     except KdslError:
         base_flops, base_params = result["flops"], result["params"] or 1
     enough = space.min_params if space.min_params is not None else max(1, base_params // 20)

@@ -372,10 +372,10 @@ class Space:
         self.reduction_index = {size: i for i, size in enumerate(self.reductions)}
         self.positive_monomials = tuple(m for m in self.coefficient_monomials if all(e > 0 for _, e in m.exponents))
         self._baseline_cost: dict[str, int] | None = None
-        self.max_flops = parse_budget(max_flops, self._baseline("flops") if is_relative(max_flops) else None)
-        self.max_params = parse_budget(max_params, self._baseline("params") if is_relative(max_params) else None)
-        self.min_params = parse_budget(min_params, self._baseline("params") if is_relative(min_params) else None)
-        self.min_flops = parse_budget(min_flops, self._baseline("flops") if is_relative(min_flops) else None)
+        self.max_flops = parse_budget(max_flops, self.baseline_cost("flops") if is_relative(max_flops) else None)
+        self.max_params = parse_budget(max_params, self.baseline_cost("params") if is_relative(max_params) else None)
+        self.min_params = parse_budget(min_params, self.baseline_cost("params") if is_relative(min_params) else None)
+        self.min_flops = parse_budget(min_flops, self.baseline_cost("flops") if is_relative(min_flops) else None)
         for metric, floor, ceiling in (
             ("FLOPs", self.min_flops, self.max_flops),
             ("params", self.min_params, self.max_params),
@@ -527,7 +527,9 @@ class Space:
             for name in step.consumes
         )
 
-    def _baseline(self, metric: str) -> int:
+    def baseline_cost(self, metric: str) -> int:
+        """The spec baseline operator's total ``metric`` (``flops``, ``params``) over the layers; a SearchError
+        where the spec names no baseline."""
         if self._baseline_cost is None:
             if not self.baseline_name:
                 raise SearchError(f"spec {self.spec.name} has no baseline operator for relative budgets")
