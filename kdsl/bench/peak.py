@@ -58,7 +58,7 @@ __all__ = [
 
 MIB = 1024 * 1024
 #: the version of these kernels: a cached peak (kdsl.bench.peak_cache) measured by another is measured again
-PEAK_KERNELS_VERSION = 2
+PEAK_KERNELS_VERSION = 1
 #: the default DRAM buffer: 8x the 32 MiB last-level caches of the project's machines
 DRAM_BYTES = 256 * MIB
 #: the bytes one call of the read kernel streams over a buffer the caches hold (several passes)
