@@ -220,11 +220,11 @@ def copy_kernel(machine: Machine, parts: int, length: int, vectors: int) -> Any:
 def read_shape(machine: Machine, nbytes: int) -> tuple[int, int, int]:
     """``(parts, rows, vectors)`` of the read kernel over about ``nbytes``: 4 parts per core (a core that
     finishes early takes the next; static chunks stay balanced), half the accumulator budget of vectors
-    a row, whole rows (at least one).
+    a row, whole rows (at least one): 8 parts x 8192 rows of 4 vectors of 8 lanes are 8 MiB of float32.
 
     >>> from kdsl.runtime.cpu import from_features
     >>> read_shape(from_features("haswell", {"avx2", "fma"}, cores=2, ghz=3.0), 8 * 1024 * 1024)
-    (8, 1024, 4)
+    (8, 8192, 4)
     """
     parts, vectors = 4 * machine.cores, max(1, machine.accumulators() // 2)
     return parts, max(1, nbytes // (4 * parts * vectors * machine.lanes())), vectors
@@ -316,8 +316,9 @@ class MachinePeak:
             out.append(f"{what} bandwidth ({size_text(size)} buffer): read {read.text('GB/s')}{copied}")
         bound = clock_bound_gflops(m)
         implied = self.fma.best / (m.cores * m.fma_units * m.lanes() * 2)
+        fmas = f"{m.fma_units} FMA{'s' if m.fma_units > 1 else ''} a cycle"
         out.append(
-            f"the FMA peak implies {implied:.2f} GHz at {m.fma_units} FMA units of {m.lanes()} lanes per core "
+            f"the FMA peak implies {implied:.2f} GHz at {fmas} of {m.lanes()} lanes per core "
             f"(bound from the reported clock: {bound:.0f} GFLOP/s)"
         )
         out += [f"warning: {problem}" for problem in sanity_problems(self)]
