@@ -83,7 +83,9 @@ def test_the_labels_of_the_all_suite_are_listed_suite_by_suite(capsys):
     assert "; alt: C1D, C2D, C3D, GRP," in err and "; gensor: M1, M2, M3," in err and "P3" in err
 
 
-@pytest.mark.parametrize("extra", [["--only", "MM1"], ["--out", "results"], ["--only", "MM1", "--out", "x"]])
+@pytest.mark.parametrize(
+    "extra", [["--only", "MM1"], ["--out", "results"], ["--only", "MM1", "--out", "x"], ["--remeasure-peak"]]
+)
 def test_the_suite_options_without_a_suite_are_refused(capsys, extra):
     assert main(["bench", "tune", *extra, "--trials", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

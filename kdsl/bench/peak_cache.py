@@ -40,6 +40,7 @@ from typing import Any
 from kdsl.bench.peak import PEAK_KERNELS_VERSION
 from kdsl.bench.roofline import Roofline, measure_roofline
 from kdsl.codegen.tvm.machine import current_machine
+from kdsl.discover.baseline_cache import cache_directory
 from kdsl.lang.errors import KdslError
 from kdsl.runtime.cpu import Machine
 
@@ -61,17 +62,14 @@ _FIELDS = ("peak_gflops", "dram_gbs", "cache_gbs", "cache_bytes")
 
 
 def cache_path(folder: str | os.PathLike[str] | None = None) -> Path:
-    """``peak.json`` in ``folder``, else in ``$KDSL_CACHE_DIR``, ``$XDG_CACHE_HOME/kdsl`` or ``~/.cache/kdsl``.
+    """``peak.json`` in ``folder``, else in kdsl's cache folder
+    (:func:`~kdsl.discover.baseline_cache.cache_directory`: ``$KDSL_CACHE_DIR``, ``$XDG_CACHE_HOME/kdsl``
+    or ``~/.cache/kdsl``, shared with the cached baselines).
 
     >>> cache_path("/tmp/somewhere").as_posix()
     '/tmp/somewhere/peak.json'
     """
-    if folder is None:
-        folder = os.environ.get("KDSL_CACHE_DIR") or ""
-    if not folder:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        folder = Path(xdg) / "kdsl"
-    return Path(folder) / CACHE_FILE
+    return cache_directory(folder) / CACHE_FILE
 
 
 def machine_key(machine: Machine) -> str:

@@ -101,7 +101,7 @@ def bench_tune(args: argparse.Namespace) -> int:
         options = (("--only", args.only), ("--out", args.out), ("--remeasure-peak", remeasure))
         given = [flag for flag, value in options if value is not None]
         if given:
-            raise KdslError(f"{' and '.join(given)} choose cases and a folder of a suite: add --suite NAME")
+            raise KdslError(f"{' and '.join(given)}: options of a suite (its cases, folder, peak): add --suite NAME")
         return tune_bench.bench_tune(args)
     return bench_suite(args)
 

@@ -38,7 +38,8 @@ VERSION = 1
 
 
 def cache_directory(given: str | os.PathLike[str] | None = None) -> Path:
-    """Where cached baselines live: ``given``, else ``$KDSL_CACHE_DIR``, else ``~/.cache/kdsl``.
+    """Where kdsl's per-user caches live (cached baselines, the measured peak): ``given``, else
+    ``$KDSL_CACHE_DIR``, else ``$XDG_CACHE_HOME/kdsl``, else ``~/.cache/kdsl``.
 
     >>> str(cache_directory("/tmp/somewhere"))
     '/tmp/somewhere'
@@ -47,7 +48,7 @@ def cache_directory(given: str | os.PathLike[str] | None = None) -> Path:
         return Path(given)
     if os.environ.get("KDSL_CACHE_DIR"):
         return Path(os.environ["KDSL_CACHE_DIR"])
-    return Path.home() / ".cache" / "kdsl"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kdsl"
 
 
 def _version(package: str) -> str | None:
