@@ -127,3 +127,28 @@ def test_a_cache_folder_that_cannot_be_written_is_warned_of_and_the_measurement_
     with pytest.warns(UserWarning, match="could not be cached"):
         roofline, note = roofline_for(ZEN4, folder=blocker / "kdsl", measure=FakeMeasure(QUIET))
     assert roofline == QUIET and note == "measured now (not cached)"
+
+
+def test_bench_peak_save_stores_what_it_measured_as_this_machines_roofline(capsys, monkeypatch):
+    from backends import backend
+
+    backend("tvm")
+    from kdsl.bench import peak, peak_bench
+    from kdsl.cli import main
+    from kdsl.codegen.tvm.machine import current_machine
+
+    machine = current_machine()
+
+    def fake_peak(measured, **options):
+        assert options["copy"] is True  # the flags reach the measurement
+        reads = (peak.Rate(25.0, 24.0), peak.Rate(200.0, 190.0))
+        return peak.MachinePeak(measured, peak.Rate(230.0, 229.0), *reads, 1 << 28, 1 << 20)
+
+    monkeypatch.setattr(peak_bench, "measure_peak", fake_peak)
+    assert main(["bench", "peak", "--save"]) == 0
+    out = capsys.readouterr().out
+    assert f"saved as this machine's roofline for kdsl tune and kdsl bench tune --suite: {cache_path()}" in out
+    saved = load_roofline(machine)
+    assert saved is not None and saved[0] == Roofline(230.0, 25.0, 200.0, machine.l3)
+    assert roofline_for(machine, measure=FakeMeasure(OTHER))[0] == saved[0]  # what kdsl tune now uses
+    assert main(["bench", "peak"]) == 0 and "saved as" not in capsys.readouterr().out  # only when asked
