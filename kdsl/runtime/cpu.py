@@ -53,7 +53,7 @@ __all__ = [
 #: a core whose FMA pipes are narrower than its vectors splits each FMA into halves that take both pipes.
 FMA_UNITS: dict[str, int] = {
     # AMD
-    "bdver1": 1,  # Bulldozer: two 128-bit FMACs per module, shared by its two cores
+    "bdver1": 1,  # Bulldozer: two 128-bit FMACs per module, shared by its two cores (1 flatters a busy module)
     "bdver2": 1,  # Piledriver: as Bulldozer
     "bdver3": 1,  # Steamroller: as Bulldozer
     "bdver4": 1,  # Excavator: as Bulldozer
@@ -82,7 +82,7 @@ FMA_UNITS: dict[str, int] = {
     "haswell": 2,
     "broadwell": 2,
     "skylake": 2,
-    "alderlake": 2,
+    "alderlake": 2,  # its P-cores; its E-cores have two 128-bit pipes (one 256-bit FMA a cycle)
 }
 
 #: the names of :data:`FMA_UNITS` with one FMA per cycle at their full width
