@@ -71,6 +71,7 @@ from kdsl.codegen.tvm.parameters import (
     config_key,
     largest_divisor,
 )
+from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
@@ -374,6 +375,8 @@ class ScheduleSpace:
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
+        * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
+          taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
           input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
@@ -398,7 +401,7 @@ class ScheduleSpace:
                 config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
                 continue
             vf = self._reuse_weights(stage, vector, vf)
-            vf = self._whole_product_rows(stage, vector, vf)
+            vf = whole_product_rows(self, stage, vector, vf, SHORT_VECTORS)
             if vector is not None:
                 vectors[s] = vector.label
                 config[f"{s}.vector"] = vector.label
@@ -636,26 +639,6 @@ class ScheduleSpace:
         if any(largest_divisor(a.extent, budget) < largest_divisor(a.extent, accumulators) for a in free):
             return lanes
         return vf
-
-    def _whole_product_rows(self, stage: StageBlock, vector: Axis | None, vf: int) -> int:
-        """The vector tile ``vf`` widened to the whole vector axis in a product of data inputs (a batched
-        matmul, attention's scores: a reduction over two or more buffers, none a weight) when that axis is at
-        most :data:`SHORT_VECTORS` whole vectors, read contiguously, and the register tile keeps two rows or
-        more. No weight is packed into panels there (packing a data input would be a second pass over it), so
-        the operand under the vector is read as it lies: whole, a tile reads each of its rows as one
-        contiguous run, and each broadcast of the other operand feeds every vector of the row (4 vectors x 4
-        rows, 8 loads a step, where 2 vectors x 8 rows took 10). OpEvo's BMM1-3 (B = 960, N = 64), 1 thread,
-        process CPU time, contended: 1.13-1.16x faster (``docs/tune/README.md``)."""
-        lanes = self.lanes
-        weights = {w.name for w in self.lowered.weights}
-        buffers = {buffer for buffer, _ in stage.reads}
-        if vector is None or vector.gathers or len(buffers) < 2 or buffers & weights:
-            return vf
-        extent = vector.extent
-        if not vf < extent <= SHORT_VECTORS * lanes or extent % lanes:
-            return vf
-        _, rows = self._register_axis(stage, vector, self.accumulators // (extent // lanes))
-        return extent if rows >= 2 else vf
 
     def _register_axis(
         self, stage: StageBlock, vector: Axis | None, budget: int, besides: Axis | None = None
