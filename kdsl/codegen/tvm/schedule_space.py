@@ -71,6 +71,7 @@ from kdsl.codegen.tvm.parameters import (
     config_key,
     largest_divisor,
 )
+from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
@@ -376,6 +377,8 @@ class ScheduleSpace:
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
+        * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
+          taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
           input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
         * A copy of the result is folded into the write-back where its inverse is trusted.
@@ -400,6 +403,7 @@ class ScheduleSpace:
                 config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
                 continue
             vf = self._reuse_weights(stage, vector, vf)
+            vf = whole_product_rows(self, stage, vector, vf, SHORT_VECTORS)
             if vector is not None:
                 vectors[s] = vector.label
                 config[f"{s}.vector"] = vector.label
