@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
+import numpy as np
+
 from kdsl.codegen.tvm.lowering import Lowered
 from kdsl.codegen.tvm.toolchain import load_tvm
 from kdsl.lang.errors import LoweringError, ShapeError
@@ -76,7 +78,6 @@ class WeightLayout:
         >>> WeightLayout("w", (4, 1), (2, 1, 2), index_map).pack(torch.tensor([[0.0], [1.0], [2.0], [3.0]])).tolist()
         [[[0.0, 1.0]], [[2.0, 3.0]]]
         """
-        import numpy as np
         import torch
 
         if isinstance(weight, np.ndarray):
@@ -146,39 +147,24 @@ def _prepack_one(sch: Any, name: str, shape: tuple[int, ...]) -> WeightLayout | 
     if prod(packed_shape) != prod(shape) or str(store.buffer.scope()) != "global":
         return None  # a padded or partial copy, or one into a cache of another scope: not a pure repacking
     iters = [iv.var for iv in node.iter_vars]
-    units = [int(iv.dom.extent) == 1 for iv in node.iter_vars]
-    if _same(store.indices, iters, units):  # packed[u] = weight[g(u)]: the layout is g's inverse
-        index_map = tvm.tirx.IndexMap(iters, list(store.value.indices), None).inverse(list(packed_shape))
-    elif _same(store.value.indices, iters, units):  # packed[m(v)] = weight[v]
-        index_map = tvm.tirx.IndexMap(iters, list(store.indices), None)
-    else:
-        return None
+    extents = [int(iv.dom.extent) for iv in node.iter_vars]
+    # the copy is packed[S(v)] = weight[R(v)] over its iterations v: the layout is S after R's inverse
+    # (R is the identity where the copy loops over the weight, S where it loops over the packed copy)
+    read_inverse = tvm.tirx.IndexMap(iters, list(store.value.indices), None).inverse(extents)
+    written = tvm.tirx.IndexMap(iters, list(store.indices), None).map_indices(list(read_inverse.final_indices))
+    index_map = tvm.tirx.IndexMap(list(read_inverse.initial_indices), list(written), None)
     if tuple(int(d) for d in index_map.map_shape(list(shape))) != packed_shape:
         return None
     sch.transform_layout(rv, ("read", 0), index_map)
-    copied = sch.get(rv).body
-    if not all(_equal(a, b) for a, b in zip(copied.value.indices, copied.indices, strict=True)):
-        raise LoweringError(f"the packing copy of {name} is no identity after its transform")
-    sch.compute_inline(rv)
+    # checked by evaluation, not by the printed form: TVM may leave ((v0 * 4 + v4) // 4) as it is
+    copied = sch.get(rv)
+    grid = np.ogrid[tuple(slice(0, n) for n in extents)]
+    iters = [iv.var for iv in copied.iter_vars]
+    for read, write in zip(copied.body.value.indices, copied.body.indices, strict=True):
+        if not np.array_equal(*np.broadcast_arrays(_evaluate(read, iters, grid), _evaluate(write, iters, grid))):
+            raise LoweringError(f"the packing copy of {name} is no identity after its transform")
+    sch.compute_inline(rv)  # the kernel now reads the packed parameter where it read the copy
     return WeightLayout(name, shape, packed_shape, index_map)
-
-
-def _same(indices: Sequence[Any], variables: Sequence[Any], units: Sequence[bool]) -> bool:
-    """Whether ``indices`` are exactly the block's iteration ``variables``, in order (``0`` standing for
-    a variable of extent 1, as TVM writes it: ``units``)."""
-    tirx = load_tvm().tirx
-    return len(indices) == len(variables) and all(
-        i.same_as(v) or (unit and isinstance(i, tirx.IntImm) and i.value == 0)
-        for i, v, unit in zip(indices, variables, units)
-    )
-
-
-def _equal(a: Any, b: Any) -> bool:
-    """Whether two indices are the same variable or the same constant."""
-    tirx = load_tvm().tirx
-    if isinstance(a, tirx.IntImm) and isinstance(b, tirx.IntImm):
-        return a.value == b.value
-    return a.same_as(b)
 
 
 def _evaluate(expr: Any, variables: Sequence[Any], values: Sequence[Any]) -> Any:
