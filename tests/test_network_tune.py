@@ -218,7 +218,9 @@ def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
         for (_, _, b, p, epilogue, prepack), k in KERNELS.items()
         if (b, p, epilogue, prepack) == (block, borrowed, None, True) and k.input_shape == shape
     ]
-    expected, layouts = prepack_weights(signature_schedule(ScheduleSpace(kernel.lowered), config, block), kernel.lowered)
+    expected, layouts = prepack_weights(
+        signature_schedule(ScheduleSpace(kernel.lowered), config, block), kernel.lowered
+    )
     assert kernel.schedule.mod.script() == expected.mod.script()
     assert kernel.weight_layouts == layouts
 

@@ -115,14 +115,25 @@ def test_packing_puts_every_element_where_the_index_map_says():
 def test_fused_and_blocked_kernels_take_prepacked_weights(block):
     op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 8, "Cout": 16, "H": 4, "W": 5}
     x, w = torch.randn(1, 8, 4, 5, dtype=torch.float64), torch.randn(16, 8, 3, 3, dtype=torch.float64)
-    scale, shift, res = torch.rand(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64), torch.randn(1, 16, 4, 5, dtype=torch.float64)
-    fused = {flag: build_fused(op, layer, Epilogue(residual=True), block=block, dtype="float64", prepacked_weights=flag) for flag in (False, True)}
+    scale, shift, res = (
+        torch.rand(16, dtype=torch.float64),
+        torch.randn(16, dtype=torch.float64),
+        torch.randn(1, 16, 4, 5, dtype=torch.float64),
+    )
+    fused = {
+        flag: build_fused(op, layer, Epilogue(residual=True), block=block, dtype="float64", prepacked_weights=flag)
+        for flag in (False, True)
+    }
     assert fused[True].prepacked and not fused[False].prepacked
     xb, resb = (to_blocked(x, block), to_blocked(res, block)) if block else (x, res)
     with torch.no_grad():
-        outs = [kernel(xb, *kernel.pack_weights(w), scale=scale, shift=shift, residual=resb) for kernel in fused.values()]
+        outs = [
+            kernel(xb, *kernel.pack_weights(w), scale=scale, shift=shift, residual=resb) for kernel in fused.values()
+        ]
     assert outs[0].equal(outs[1])
-    expected = torch.relu(torch.nn.functional.conv2d(x, w, padding=1) * scale[:, None, None] + shift[:, None, None] + res)
+    expected = torch.relu(
+        torch.nn.functional.conv2d(x, w, padding=1) * scale[:, None, None] + shift[:, None, None] + res
+    )
     assert torch.allclose(from_blocked(outs[1]) if block else outs[1], expected, atol=1e-10)
     if block:
         kernel = build_blocked(op, layer, block, dtype="float64", prepacked_weights=True)

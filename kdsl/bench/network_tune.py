@@ -223,9 +223,7 @@ def compile_network(
             elif blocked:
                 kernels[key] = build_blocked(item.op, binding, blocked, schedule, prepacked_weights=prepack)
             else:
-                kernels[key] = tvm_build(
-                    item.op, binding, schedule=schedule or "default", prepacked_weights=prepack
-                )
+                kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default", prepacked_weights=prepack)
         # packed here, once (a weight its kernel does not pack is passed on as it is)
         by_module[id(module)] = (kernels[key], kernels[key].pack_weights([w.detach() for w in module.inner.weights]))
     if not by_module:

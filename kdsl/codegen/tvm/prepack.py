@@ -83,7 +83,9 @@ class WeightLayout:
         if isinstance(weight, np.ndarray):
             weight = torch.from_numpy(weight)
         if not isinstance(weight, torch.Tensor):
-            raise ShapeError(f"the weight {self.name} must be a torch tensor or a NumPy array, got {type(weight).__name__}")
+            raise ShapeError(
+                f"the weight {self.name} must be a torch tensor or a NumPy array, got {type(weight).__name__}"
+            )
         if tuple(weight.shape) != self.shape:
             raise ShapeError(
                 f"the weight {self.name} has shape {tuple(weight.shape)}, expected {self.shape} (its layout in the "
@@ -93,9 +95,13 @@ class WeightLayout:
         # scatter broadcasts them (no full-size index array per dim for a 9 MB weight)
         grid = np.ogrid[tuple(slice(0, n) for n in self.shape)]
         variables = list(self.index_map.initial_indices)
-        coordinates = [np.asarray(_evaluate(expr, variables, grid), dtype=np.int64) for expr in self.index_map.final_indices]
+        coordinates = [
+            np.asarray(_evaluate(expr, variables, grid), dtype=np.int64) for expr in self.index_map.final_indices
+        ]
         if np.broadcast_shapes(*(c.shape for c in coordinates), (1,) * len(self.shape)) != self.shape:
-            raise LoweringError(f"the packed layout of {self.name} does not use every dim of {self.shape}: {self.describe()}")
+            raise LoweringError(
+                f"the packed layout of {self.name} does not use every dim of {self.shape}: {self.describe()}"
+            )
         packed = weight.new_empty(self.packed_shape)
         packed[tuple(torch.from_numpy(c) for c in coordinates)] = weight.detach()
         return packed

@@ -7,8 +7,8 @@ stays, every call pays the packing). :func:`block_signature` instead transforms 
 input and output buffers, after the schedule is applied: the kernel then reads a tensor of shape
 ``[N, C/b, H, W, b]`` (channel ``c`` of the plain tensor at ``[c // b, ..., c % b]``) and writes its
 output the same way. Only buffer indices change, never the loops, so the schedule's tiling stays as
-tuned and the kernel computes exactly what the plain one does. Weights keep their layout (a network
-packs them once, or the schedule packs them in the kernel).
+tuned and the kernel computes exactly what the plain one does. Weights keep their layout (the schedule
+packs them in the kernel, or with ``prepacked_weights=True`` the caller, once: :mod:`.prepack`).
 
 >>> import torch
 >>> x = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
