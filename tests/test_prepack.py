@@ -43,24 +43,21 @@ def configurations(op, layer, count: int = 2) -> list[dict]:
         unpacked[f"layout.{weight.name}.tile"] = "none"
         unpacked[f"layout.{weight.name}.perm"] = tuple(range(len(weight.dims)))
     configs = [heuristic, unpacked]
-    rng = random.Random(7)
+    rng = random.Random(0)
     for _ in range(200):
         if len(configs) == count + 2:
             break
         config = space.random(rng)
+        # short unrolls: they do not touch the layouts and keep the compiles of this test fast
+        config.update({k: min(v, 16) for k, v in config.items() if k.endswith(".unroll")})
+        config.update({k: False for k in config if k.endswith(".unroll_tile")})
         if space.rejection(config) is None:
             configs.append(config)
     assert len(configs) == count + 2, "too few valid random configurations"
     return configs
 
 
-def packs(config: dict, weight: str) -> bool:
-    """Whether ``config`` packs ``weight`` in a copy (a tile, or another order of its dims)."""
-    perm = tuple(config.get(f"layout.{weight}.perm", ()))
-    return config.get(f"layout.{weight}.tile", "none") != "none" or perm != tuple(sorted(perm))
-
-
-def assert_prepacked_matches(name: str, config: dict) -> None:
+def assert_prepacked_matches(name: str, config: dict) -> list[bool]:
     op, layer = gallery.load(name), LAYERS[name]
     lowered = lower(op, layer, "float64")
     rng = np.random.default_rng(0)
@@ -79,23 +76,26 @@ def assert_prepacked_matches(name: str, config: dict) -> None:
         plain = per_call(torch.from_numpy(x), *tensors).numpy()
     assert np.array_equal(got, plain), float(np.abs(got - plain).max())  # the same loops, the same sums
     assert np.allclose(got, expected, rtol=1e-10, atol=1e-10), float(np.abs(got - expected).max())
-    script = prepacked.schedule.mod.script()
+    script, per_call_script = prepacked.schedule.mod.script(), per_call.schedule.mod.script()
+    copied = []  # per weight: whether the per-call kernel packs it in a copy of its own
     for weight, array, layout, shape in zip(op.weights, weights, prepacked.weight_layouts, prepacked.weight_shapes):
-        if packs(config, weight.name):  # the packing stage left the kernel: the signature takes it packed
-            assert layout is not None and shape == layout.packed_shape != layout.shape
+        copied.append(f"{weight.name}_global" in per_call_script)
+        if copied[-1]:  # the packing stage left the kernel: the signature takes the weight packed
+            assert layout is not None and shape == layout.packed_shape  # (a permutation may keep the shape)
             assert f"{weight.name}_global" not in script
         else:  # nothing to prepack: the kernel is the per-call one
             assert layout is None and shape == array.shape
-            assert script == per_call.schedule.mod.script()
+            assert script == per_call_script
+    assert copied, "the operator has no weight"
+    return copied
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_a_prepacked_kernel_computes_what_the_per_call_packing_kernel_does(name):
     op, layer = gallery.load(name), LAYERS[name]
-    configs = configurations(op, layer)
-    assert packs(configs[0], op.weights[0].name) and not packs(configs[1], op.weights[0].name)
-    for config in configs:
-        assert_prepacked_matches(name, config)
+    copied = [assert_prepacked_matches(name, config)[0] for config in configurations(op, layer)]
+    assert copied[:2] == [True, False]  # the heuristic packs the weight; with its layout left alone, nothing
+    assert any(copied[2:]), "no random configuration packs the weight: nothing prepacked there"
 
 
 def test_packing_puts_every_element_where_the_index_map_says():
