@@ -22,7 +22,7 @@ import torch  # noqa: E402  (after the skip: the kernels need TVM)
 
 from kdsl.codegen.tvm import build, load_tvm, lower  # noqa: E402
 from kdsl.codegen.tvm.epilogue import Epilogue, build_fused  # noqa: E402
-from kdsl.codegen.tvm.prepack import WeightLayout, prepack_weights  # noqa: E402
+from kdsl.codegen.tvm.prepack import WeightLayout, _one_to_one, prepack_weights  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
 
@@ -109,6 +109,9 @@ def test_packing_puts_every_element_where_the_index_map_says():
         target = tuple(int(i) for i in index_map.map_indices(list(index)))
         assert packed[target] == weight[index]
     assert layout.pack(weight.numpy()).equal(packed)
+    # a map that repeats elements (and so leaves others unset) is no layout: prepacking declines it
+    repeats = tvm.tirx.IndexMap.from_func(lambda a, b, c: (b, a // 4, b, a % 4), ndim=3, index_dtype="int32")
+    assert _one_to_one(index_map, (8, 3, 2), (3, 2, 2, 4)) and not _one_to_one(repeats, (8, 3, 2), (3, 2, 2, 4))
 
 
 @pytest.mark.parametrize("block", [0, 4])

@@ -161,6 +161,8 @@ def _prepack_one(sch: Any, name: str, shape: tuple[int, ...]) -> WeightLayout | 
     index_map = tvm.tirx.IndexMap(list(read_inverse.initial_indices), list(written), None)
     if tuple(int(d) for d in index_map.map_shape(list(shape))) != packed_shape:
         return None
+    if not _one_to_one(index_map, shape, packed_shape):
+        return None  # a packing that drops or repeats elements is no layout a caller could pack into
     sch.transform_layout(rv, ("read", 0), index_map)
     # checked by evaluation, not by the printed form: TVM may leave ((v0 * 4 + v4) // 4) as it is
     copied = sch.get(rv)
@@ -171,6 +173,20 @@ def _prepack_one(sch: Any, name: str, shape: tuple[int, ...]) -> WeightLayout | 
             raise LoweringError(f"the packing copy of {name} is no identity after its transform")
     sch.compute_inline(rv)  # the kernel now reads the packed parameter where it read the copy
     return WeightLayout(name, shape, packed_shape, index_map)
+
+
+def _one_to_one(index_map: Any, shape: tuple[int, ...], packed_shape: tuple[int, ...]) -> bool:
+    """Whether ``index_map`` sends the elements of ``shape`` to every element of ``packed_shape`` once
+    (evaluated element by element with NumPy: a scatter by a map that is not would leave elements unset)."""
+    grid = np.ogrid[tuple(slice(0, n) for n in shape)]
+    variables = list(index_map.initial_indices)
+    flat = np.zeros(shape, dtype=np.int64)
+    for coordinate, extent in zip(index_map.final_indices, packed_shape):
+        position = np.asarray(_evaluate(coordinate, variables, grid), dtype=np.int64)
+        if position.min() < 0 or position.max() >= extent:
+            return False
+        flat = flat * extent + position
+    return bool((np.bincount(flat.ravel(), minlength=prod(packed_shape)) == 1).all())
 
 
 def _evaluate(expr: Any, variables: Sequence[Any], values: Sequence[Any]) -> Any:
