@@ -215,7 +215,7 @@ def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
     shape = (1, 64, 8, 8) if block == 0 else (1, 64 // 16, 8, 8, 16)
     (kernel,) = [
         k
-        for (_, _, b, p, epilogue, prepack), k in KERNELS.items()
+        for (_, _, b, p, epilogue, prepack, _), k in KERNELS.items()
         if (b, p, epilogue, prepack) == (block, borrowed, None, True) and k.input_shape == shape
     ]
     expected, layouts = prepack_weights(
@@ -262,6 +262,20 @@ def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tun
     compiled = compile_network(net, "propagated", db=db, block=16, kernels=KERNELS, plain_records=True, fuse=False)
     assert_same_output(compiled, net, x, 10)
     conv2_x_script(16, configs[0], borrowed=True)
+
+
+def test_a_kernel_cache_shared_with_default_schedules_gives_the_tuned_network_its_records(network, tuned_db):
+    _, net, x = network
+    db, configs = tuned_db
+    cache: dict = {}
+    default = compile_network(net, "plain", kernels=cache, fuse=False)
+    tuned = compile_network(net, "plain", db=db, kernels=cache, fuse=False)
+    # each network's first kdsl kernel: conv2_x's
+    first = [next(b[0][0] for b in compiled.blocks if isinstance(b[0], tuple)) for compiled in (default, tuned)]
+    assert first[0] is not first[1]
+    expected, _ = prepack_weights(signature_schedule(ScheduleSpace(first[1].lowered), configs[0]), first[1].lowered)
+    assert first[1].schedule.mod.script() == expected.mod.script()
+    assert_same_output(tuned, net, x)
 
 
 def test_compile_network_refuses_the_original_network_and_unknown_layouts(network):

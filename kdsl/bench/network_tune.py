@@ -212,7 +212,10 @@ def compile_network(
             continue
         borrowed = plain_records and blocked > 0
         epilogue = epilogues.get(id(module))
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue, prepack)
+        # the records database is part of the key: a cache shared with a network of default schedules
+        # (db=None) would otherwise hand its kernels to the tuned one
+        records = None if db is None else os.fspath(db)
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue, prepack, records)
         if key not in kernels:
             records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
             schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
