@@ -23,6 +23,7 @@ import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
 from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
 from kdsl.codegen.tvm.epilogue import FusedKernel  # noqa: E402
+from kdsl.codegen.tvm.prepack import prepack_weights  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
 from kdsl.discover.network import resnet18, resolve_ops  # noqa: E402
@@ -210,14 +211,18 @@ def tuned_db(network, tmp_path_factory):
 
 def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
     """The conv2_x kernel compiled for a network (in KERNELS) and the schedule of ``config`` it should run,
-    as TVM script."""
+    as TVM script: the record's, then its packed weights taken by the signature (prepacked)."""
     shape = (1, 64, 8, 8) if block == 0 else (1, 64 // 16, 8, 8, 16)
     (kernel,) = [
         k
-        for (_, _, b, p, epilogue), k in KERNELS.items()
-        if (b, p, epilogue) == (block, borrowed, None) and k.input_shape == shape
+        for (_, _, b, p, epilogue, prepack, _), k in KERNELS.items()
+        if (b, p, epilogue, prepack) == (block, borrowed, None, True) and k.input_shape == shape
     ]
-    assert kernel.schedule.mod.script() == signature_schedule(ScheduleSpace(kernel.lowered), config, block).mod.script()
+    expected, layouts = prepack_weights(
+        signature_schedule(ScheduleSpace(kernel.lowered), config, block), kernel.lowered
+    )
+    assert kernel.schedule.mod.script() == expected.mod.script()
+    assert kernel.weight_layouts == layouts
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -241,6 +246,14 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     if not fuse:  # conv2_x runs the record tuned in the signature it runs in (blocked: blocked after the schedule)
         block = 0 if layout == "plain" else 16
         conv2_x_script(block, configs[block])
+    # the weights every kernel's schedule packs are packed once, when compiled (all 13 kernels at these
+    # sizes pack theirs), or by the kernels on every call
+    assert all(k.prepacked for k in kernels)
+    weights = [w for b in compiled.blocks for i in (0, 2) if isinstance(b[i], tuple) for w in b[i][1]]
+    assert compiled.prepacked_bytes == sum(w.numel() * 4 for w in weights) > 0
+    per_call = compile_network(net, layout, db=db, block=16, kernels=KERNELS, fuse=fuse, prepack=False)
+    assert_same_output(per_call, net, x, transforms)
+    assert per_call.prepacked_bytes == 0
 
 
 def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tuned_db):
@@ -249,6 +262,20 @@ def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tun
     compiled = compile_network(net, "propagated", db=db, block=16, kernels=KERNELS, plain_records=True, fuse=False)
     assert_same_output(compiled, net, x, 10)
     conv2_x_script(16, configs[0], borrowed=True)
+
+
+def test_a_kernel_cache_shared_with_default_schedules_gives_the_tuned_network_its_records(network, tuned_db):
+    _, net, x = network
+    db, configs = tuned_db
+    cache: dict = {}
+    default = compile_network(net, "plain", kernels=cache, fuse=False)
+    tuned = compile_network(net, "plain", db=db, kernels=cache, fuse=False)
+    # each network's first kdsl kernel: conv2_x's
+    first = [next(b[0][0] for b in compiled.blocks if isinstance(b[0], tuple)) for compiled in (default, tuned)]
+    assert first[0] is not first[1]
+    expected, _ = prepack_weights(signature_schedule(ScheduleSpace(first[1].lowered), configs[0]), first[1].lowered)
+    assert first[1].schedule.mod.script() == expected.mod.script()
+    assert_same_output(tuned, net, x)
 
 
 def test_compile_network_refuses_the_original_network_and_unknown_layouts(network):

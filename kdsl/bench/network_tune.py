@@ -24,6 +24,9 @@ All three fold batch norm the same way, so they differ only in layouts and trans
 folded batch norm and the ReLU after a block's first convolution, and the batch norm, the residual add
 and the ReLU after its second, so no PyTorch operator runs between a kdsl kernel and the next one's
 input; ``fuse=False`` runs that glue as PyTorch operators (the comparison row of :func:`time_compiled`).
+By default (``prepack=True``) each kernel takes the weights its schedule packs already packed
+(:mod:`kdsl.codegen.tvm.prepack`), packed once when the network is compiled instead of on every call;
+``prepack=False`` packs them in the kernel per call (the row :data:`PER_CALL`).
 
 >>> [(task.label, task.weight) for task in network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1], 32)]
 [('conv2_x N=1', 4), ('conv3_x N=1', 3), ('conv4_x N=1', 3), ('conv5_x N=1', 3)]
@@ -56,6 +59,7 @@ from kdsl.tune.tuned import tuned_schedule
 __all__ = [
     "LAYOUTS",
     "NETWORKS",
+    "PER_CALL",
     "UNFUSED",
     "add_network_arguments",
     "command_tune_network",
@@ -74,6 +78,8 @@ LAYOUTS = ("plain", "blocked", "propagated")
 PLAIN_RECORDS = "kdsl tuned NCHW, run blocked, propagated"
 #: the row of the network whose glue (batch norm, ReLU, residual add) runs as PyTorch operators
 UNFUSED = "kdsl tuned, plain, glue in PyTorch"
+#: the row of the network whose kernels pack their weights on every call (not once, when compiled)
+PER_CALL = "kdsl tuned, plain, weights packed per call"
 
 
 def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0) -> list[NetworkTask]:
@@ -174,6 +180,7 @@ def compile_network(
     kernels: dict[tuple[Any, ...], Any] | None = None,
     plain_records: bool = False,
     fuse: bool = True,
+    prepack: bool = True,
 ) -> Any:
     """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
     layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding) in the
@@ -184,7 +191,10 @@ def compile_network(
     It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
     compiled kernels across calls. ``fuse``: each kernel computes the batch norm, ReLU and residual add
     after it (:mod:`kdsl.codegen.tvm.epilogue`; the schedule is still the plain kernel's record), else
-    those run as PyTorch operators."""
+    those run as PyTorch operators. ``prepack``: each kernel's signature takes the weights its schedule
+    packs in that packed layout (:mod:`kdsl.codegen.tvm.prepack`), packed here, once (so the compiled
+    network holds packed copies of those weights: a later change to ``net``'s weights needs a new
+    compile); else every kernel call packs them."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     kernels = {} if kernels is None else kernels
@@ -202,20 +212,34 @@ def compile_network(
             continue
         borrowed = plain_records and blocked > 0
         epilogue = epilogues.get(id(module))
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue)
+        # the records database is part of the key: a cache shared with a network of default schedules
+        # (db=None) would otherwise hand its kernels to the tuned one
+        records = None if db is None else os.fspath(db)
+        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue, prepack, records)
         if key not in kernels:
             records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
             schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
             if epilogue is not None:
-                kernels[key] = build_fused(item.op, binding, epilogue, schedule, block=blocked)
+                kernels[key] = build_fused(
+                    item.op, binding, epilogue, schedule, block=blocked, prepacked_weights=prepack
+                )
             elif blocked:
-                kernels[key] = build_blocked(item.op, binding, blocked, schedule)
+                kernels[key] = build_blocked(item.op, binding, blocked, schedule, prepacked_weights=prepack)
             else:
-                kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default")
-        by_module[id(module)] = (kernels[key], [w.detach() for w in module.inner.weights])
+                kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default", prepacked_weights=prepack)
+        # packed here, once (a weight its kernel does not pack is passed on as it is)
+        by_module[id(module)] = (kernels[key], kernels[key].pack_weights([w.detach() for w in module.inner.weights]))
     if not by_module:
         raise KdslError("compile_network needs a network built with an operator (resnet18(item)), got the original one")
-    return _compiled_module()(net, by_module, layout, block).eval()
+    compiled = _compiled_module()(net, by_module, layout, block).eval()
+    #: bytes of weights packed once here that the kernels would otherwise pack on every forward pass
+    compiled.prepacked_bytes = sum(
+        w.numel() * w.element_size()
+        for kernel, weights in by_module.values()
+        for w, layout in zip(weights, kernel.weight_layouts)
+        if layout is not None
+    )
+    return compiled
 
 
 def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Callable[[], None]:
@@ -232,8 +256,9 @@ def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Cal
 
 def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One batch size's rows: PyTorch's ResNet-18 and the compiled networks (default schedule, and the
-    tuned one in every layout; all with the glue in the kernels' epilogues, and the tuned plain one
-    again with its glue in PyTorch, :data:`UNFUSED`), plus the layout transforms alone, timed in the same
+    tuned one in every layout; all with the glue in the kernels' epilogues and the weights packed once, and
+    the tuned plain one again with its glue in PyTorch, :data:`UNFUSED`, and with its weights packed on
+    every call, :data:`PER_CALL`), plus the layout transforms alone, timed in the same
     interleaved rounds; each network's output is checked against the PyTorch network of the same weights."""
     torch = load_torch()
     item = NetworkOp.from_dict(payload["op"])
@@ -247,6 +272,7 @@ def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
         "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
         "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
         UNFUSED: compile_network(net, "plain", db=db, kernels=kernels, fuse=False),
+        PER_CALL: compile_network(net, "plain", db=db, kernels=kernels, prepack=False),
         "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
         "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
         PLAIN_RECORDS: compile_network(net, "propagated", db=db, block=block, kernels=kernels, plain_records=True),
@@ -258,6 +284,7 @@ def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
         for name, network in networks.items():
             error = None if network is native else float((network(x) - expected).abs().max())
             rows.append({"network": name, "batch": batch, "max_abs_error": error, "transforms": 0})
+            rows[-1]["prepacked_mb"] = getattr(network, "prepacked_bytes", 0) / 1e6
             functions.append(lambda network=network: network(x))
         for name in ("kdsl tuned, blocked, no propagation", "kdsl tuned, blocked, propagated"):
             networks[name].trace = []
@@ -469,10 +496,17 @@ def command_tune_network(args: argparse.Namespace) -> int:
     )
     print(
         "kdsl's kernels compute the batch norm, ReLU and residual add after them in their epilogues "
-        f"(fused), but in the row '{UNFUSED}', where PyTorch's operators do."
+        f"(fused), but in the row '{UNFUSED}', where PyTorch's operators do; and take the weights their "
+        f"schedules pack packed once, when the network is compiled, but in the row '{PER_CALL}'."
     )
     print(network_table(rows))
     print()
+    for row in rows:
+        if row["network"] == "kdsl tuned, plain":
+            print(
+                f"batch {row['batch']}: weights packed once when compiled, not per call: {row['prepacked_mb']:.1f} MB "
+                f"a forward pass (the tuned plain network's kernels; '{PER_CALL}' packs them in every call)"
+            )
     for line in propagation_summary(rows):
         print(line)
     return 0

@@ -44,6 +44,7 @@ from kdsl.codegen.tvm.elementwise import relu
 from kdsl.codegen.tvm.kernel import Kernel
 from kdsl.codegen.tvm.lowering import Lowered, lower
 from kdsl.codegen.tvm.machine import current_machine
+from kdsl.codegen.tvm.prepack import WeightLayout, prepack_weights
 from kdsl.codegen.tvm.signature_layout import CHANNEL_AXIS, block_index, blocked_shape
 from kdsl.codegen.tvm.toolchain import default_target, error_reason, load_tvm
 from kdsl.lang.errors import LoweringError, ShapeError
@@ -185,8 +186,16 @@ class FusedKernel(Kernel):
     ``x``, ``residual`` and the result are channel-blocked (``[N, C/b, .., b]``), ``scale`` and ``shift``
     stay ``[C]``. ``folded``: whether the epilogue runs in the operator's write-back (else its own pass)."""
 
-    def __init__(self, executable: Any, lowered: FusedLowered, schedule: Any, block: int, folded: bool) -> None:
-        super().__init__(executable, lowered, schedule)
+    def __init__(
+        self,
+        executable: Any,
+        lowered: FusedLowered,
+        schedule: Any,
+        block: int,
+        folded: bool,
+        weight_layouts: list[WeightLayout | None] | None = None,
+    ) -> None:
+        super().__init__(executable, lowered, schedule, weight_layouts)
         self.epilogue, self.block, self.folded = lowered.epilogue, block, folded
         self.channels = lowered.output_shape[CHANNEL_AXIS]
         if block:
@@ -248,16 +257,22 @@ def build_fused(
     *,
     block: int = 0,
     dtype: str = "float32",
+    prepacked_weights: bool = False,
 ) -> FusedKernel:
     """Compile ``op`` at ``layer`` followed by ``epilogue``; ``schedule`` schedules the operator's stages
     (a ``Lowered -> s_tir.Schedule`` function as :func:`kdsl.codegen.tvm.build` takes, e.g. a tuned
     record's, :func:`kdsl.tune.tuned.tuned_schedule`; default: the default schedule), then the
     epilogue is folded into the output's write-back (:func:`fold_epilogue`). ``block > 0``: a
-    channel-blocked signature. See the module docstring."""
+    channel-blocked signature. ``prepacked_weights``: the signature takes the weights the schedule packs
+    packed (:mod:`.prepack`; call with ``kernel.pack_weights(*weights)``, packed once). See the module
+    docstring."""
     tvm = load_tvm()
     lowered = lower_fused(op, layer, epilogue, dtype)
     sch = schedule(lowered) if schedule is not None else default_schedule(lowered)
     sch, folded = fold_epilogue(sch, current_machine().lanes(dtype))
     if block:
         _block_buffers(sch, lowered, block)
-    return FusedKernel(tvm.compile(sch.mod, target=default_target()), lowered, sch, block, folded)
+    layouts = None
+    if prepacked_weights:  # last: the packing copies read only weights, which nothing above transforms
+        sch, layouts = prepack_weights(sch, lowered)
+    return FusedKernel(tvm.compile(sch.mod, target=default_target()), lowered, sch, block, folded, layouts)

@@ -26,6 +26,7 @@ from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm.cuda import cuda_source, cuda_target, schedule_verified
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.prepack import WeightLayout, pack_weights, prepack_weights
 from kdsl.codegen.tvm.toolchain import default_target, load_tvm
 from kdsl.lang.errors import KdslError, LoweringError, ShapeError
 from kdsl.lang.operator import Operator
@@ -60,16 +61,44 @@ def _call_arguments(inputs: int, x: Any, weights: tuple[Any, ...]) -> tuple[Any,
 
 class Kernel:
     """A compiled operator: ``kernel(x, *weights) -> out`` on torch tensors (zero-copy via DLPack); a
-    kernel of several inputs takes them first, in its input order: ``kernel(q, k, *weights)``."""
+    kernel of several inputs takes them first, in its input order: ``kernel(q, k, *weights)``.
 
-    def __init__(self, executable: Any, lowered: Lowered, schedule: Any | None) -> None:
+    ``weight_layouts``: per weight, the packed layout its signature takes (:mod:`.prepack`; ``None``:
+    the operator's own); such a kernel is called with :meth:`pack_weights`'s tensors and runs forward only."""
+
+    def __init__(
+        self,
+        executable: Any,
+        lowered: Lowered,
+        schedule: Any | None,
+        weight_layouts: Sequence[WeightLayout | None] | None = None,
+    ) -> None:
         self.executable = executable
         self.lowered = lowered
         self.schedule = schedule
         self.input_shapes = [tuple(int(d) for d in t.shape) for t in lowered.inputs]
         self.input_shape = self.input_shapes[0]
-        self.weight_shapes = [tuple(int(d) for d in w.shape) for w in lowered.weights]
+        self.weight_layouts: list[WeightLayout | None] = (
+            list(weight_layouts) if weight_layouts is not None else [None] * len(lowered.weights)
+        )
+        self.weight_shapes = [
+            tuple(int(d) for d in w.shape) if layout is None else layout.packed_shape
+            for w, layout in zip(lowered.weights, self.weight_layouts)
+        ]
         self.output_shape = lowered.output_shape
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether the signature takes any weight packed (:meth:`pack_weights` makes them)."""
+        return any(layout is not None for layout in self.weight_layouts)
+
+    def pack_weights(self, *weights: Any) -> list[Any]:
+        """The weights as this kernel's signature takes them: each one whose layout the schedule packs,
+        packed once (a new tensor), the others as they are (:func:`.prepack.pack_weights`); the weights
+        may also come as one list. Call it once per set of weights, not per call."""
+        if len(weights) == 1 and isinstance(weights[0], (tuple, list)):
+            weights = tuple(weights[0])
+        return pack_weights(self.weight_layouts, weights)
 
     @property
     def dtype(self) -> str:
@@ -141,7 +170,9 @@ class Kernel:
         for weight, shape, spec in zip(weights, self.weight_shapes, self.lowered.op.weights):
             weight = tensor(weight, f"the weight {spec.name}")
             if tuple(weight.shape) != shape:
-                raise ShapeError(f"weight {spec.name} has shape {tuple(weight.shape)}, expected {shape}")
+                layout = self.weight_layouts[len(checked)]
+                hint = "" if layout is None else " (packed: this kernel takes kernel.pack_weights(...)'s weights)"
+                raise ShapeError(f"weight {spec.name} has shape {tuple(weight.shape)}, expected {shape}{hint}")
             checked.append(weight)
         return x, checked
 
@@ -166,6 +197,11 @@ class Kernel:
         ):
             raise ShapeError(f"out must be a {self.dtype} torch tensor of shape {self.output_shape}")
         if torch.is_grad_enabled() and any(t.requires_grad for t in [*xs, *weights]):
+            if self.prepacked:
+                raise LoweringError(
+                    "a kernel with prepacked weights runs forward only (its backward pass would need the "
+                    "weights in the operator's layout): call it under torch.no_grad() (or detach the inputs)"
+                )
             if out is not None:
                 raise LoweringError("out= writes in place and cannot take part in autograd: call without out=")
             return _autograd_function().apply(self, *xs, *weights)
@@ -199,6 +235,11 @@ class Kernel:
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Write the compiled kernel as a shared library at ``path`` and its description beside it
         (:func:`description_path`): :func:`load` makes it a :class:`Kernel` again."""
+        if self.prepacked:
+            raise LoweringError(
+                "a kernel with prepacked weights cannot be exported yet (its description has no weight layouts): "
+                "build it without prepacked_weights=True to export it"
+            )
         self.executable.export_library(str(path))
         return write_description(path, self.lowered.op, self.lowered.binding, self.dtype)
 
@@ -270,6 +311,7 @@ class PaddedKernel:
         self.input_shape = padding.input_shape
         self.weight_shapes = kernel.weight_shapes
         self.output_shape = padding.output_shape
+        self.pack_weights = kernel.pack_weights  # the compiled kernel's layouts (of the padded weights)
 
     @property
     def dtype(self) -> str:
@@ -318,6 +360,7 @@ def build(
     schedule: str | Callable[[Lowered], Any] | None = "default",
     pad: bool = False,
     arch: str = "sm_90",
+    prepacked_weights: bool = False,
 ) -> Kernel | PaddedKernel:
     """Compile ``op`` (an operator or a branching kernel) at the sizes of ``layer``; ``schedule`` is
     ``"default"`` (derived from the operator's structure), ``None`` (unscheduled), or a function
@@ -327,6 +370,11 @@ def build(
 
     With ``pad=True`` a size that does not divide the layer is padded (:mod:`kdsl.solve.padding`):
     the result is a :class:`PaddedKernel`, compiled at the padded sizes and called at the layer's.
+
+    With ``prepacked_weights=True`` (CPU) each weight that the schedule packs in a copy of its own
+    (``layout.<weight>.*``) is taken packed by the signature instead and the copy is removed
+    (:mod:`.prepack`): pack the weights once with ``kernel.pack_weights(*weights)`` and call
+    ``kernel(x, *packed)``; the kernel runs forward only.
 
     >>> import torch
     >>> from kdsl.lang import *
@@ -345,10 +393,15 @@ def build(
                 f"yet; pass sizes that divide"
             )
         padding = pad_binding(op, layer)
-        return PaddedKernel(build(op, padding.padded_binding, target, dtype=dtype, schedule=schedule), padding)
+        kernel = build(
+            op, padding.padded_binding, target, dtype=dtype, schedule=schedule, prepacked_weights=prepacked_weights
+        )
+        return PaddedKernel(kernel, padding)
     tvm = load_tvm()
     lowered = lower(op, layer, dtype)
     if isinstance(target, str) and target == "cuda":
+        if prepacked_weights:
+            raise LoweringError("prepacked_weights=True is for CPU kernels: the GPU schedule packs no weights")
         gpu_target = cuda_target(arch)
         sch, *_ = schedule_verified(lowered, from_arch(arch), target=gpu_target)
         return Kernel(tvm.compile(sch.mod, target=gpu_target), lowered, sch)
@@ -362,8 +415,12 @@ def build(
         module = sch.mod
     elif schedule is not None:
         raise LoweringError(f"unknown schedule {schedule!r}; use 'default', None or a function")
+    layouts = None
+    if prepacked_weights and sch is not None:  # unscheduled, a kernel packs nothing: its signature stays
+        sch, layouts = prepack_weights(sch, lowered)
+        module = sch.mod
     executable = tvm.compile(module, target=target or default_target())
-    return Kernel(executable, lowered, sch)
+    return Kernel(executable, lowered, sch, layouts)
 
 
 def source(

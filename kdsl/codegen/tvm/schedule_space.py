@@ -48,7 +48,9 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 * layouts (ALT): every input, weight and intermediate tensor ``T`` has ``layout.T.perm`` (an order of
   its dims) and ``layout.T.tile`` (``"d:f"``: dim ``d`` tiled by ``f``, the tile moved last, ALT's
   ``tiled channel last``; only factors that divide are offered, and a short dim whole); inputs and weights are packed by
-  ``cache_read`` + ``transform_layout`` (the signature stays), intermediates are transformed in place.
+  ``cache_read`` + ``transform_layout`` (the signature stays; with ``prepacked_weights=True`` the kernel's
+  signature takes a packed weight instead and the copy is removed, :mod:`kdsl.codegen.tvm.prepack`),
+  intermediates are transformed in place.
   The output's layout is the signature's. In a branching kernel the heuristic lays an intermediate that one
   reduction reads out with that reader's vector dim last (a Product's operand made by an FC).
 """
@@ -370,7 +372,9 @@ class ScheduleSpace:
           So are weights it indexes in their last dim when that dim is longer than the vector tile: a
           tile's slab is then a panel of rows a whole dim apart (matmul 512x1024x1024: 1024 rows 4 KiB
           apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
-          unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms).
+          unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms). A kernel built
+          with ``prepacked_weights=True`` takes such weights packed in its signature instead, packed
+          once by the caller (:mod:`kdsl.codegen.tvm.prepack`; what a compiled network does).
         * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
           rather than by half vectors; several vectors are cut to one where they leave the register
           tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector

@@ -7,8 +7,8 @@ stays, every call pays the packing). :func:`block_signature` instead transforms 
 input and output buffers, after the schedule is applied: the kernel then reads a tensor of shape
 ``[N, C/b, H, W, b]`` (channel ``c`` of the plain tensor at ``[c // b, ..., c % b]``) and writes its
 output the same way. Only buffer indices change, never the loops, so the schedule's tiling stays as
-tuned and the kernel computes exactly what the plain one does. Weights keep their layout (a network
-packs them once, or the schedule packs them in the kernel).
+tuned and the kernel computes exactly what the plain one does. Weights keep their layout (the schedule
+packs them in the kernel, or with ``prepacked_weights=True`` the caller, once: :mod:`.prepack`).
 
 >>> import torch
 >>> x = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)
@@ -25,6 +25,7 @@ from typing import Any
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.kernel import Kernel
 from kdsl.codegen.tvm.lowering import Lowered, lower
+from kdsl.codegen.tvm.prepack import WeightLayout, prepack_weights
 from kdsl.codegen.tvm.toolchain import default_target, error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
@@ -147,8 +148,15 @@ class BlockedKernel(Kernel):
     """A compiled kernel called as ``kernel(x_blocked, *weights) -> out_blocked`` (forward only: the
     PyTorch lowering that gives kernels their backward pass computes in the plain layout)."""
 
-    def __init__(self, executable: Any, lowered: Lowered, schedule: Any, block: int) -> None:
-        super().__init__(executable, lowered, schedule)
+    def __init__(
+        self,
+        executable: Any,
+        lowered: Lowered,
+        schedule: Any,
+        block: int,
+        weight_layouts: list[WeightLayout | None] | None = None,
+    ) -> None:
+        super().__init__(executable, lowered, schedule, weight_layouts)
         self.block = block
         self.input_shape = blocked_shape(self.input_shape, block, "the input")
         self.input_shapes = [self.input_shape]
@@ -171,10 +179,12 @@ def build_blocked(
     schedule: Callable[[Lowered], Any] | None = None,
     *,
     dtype: str = "float32",
+    prepacked_weights: bool = False,
 ) -> BlockedKernel:
     """Compile ``op`` at ``layer`` with ``schedule`` (a ``Lowered -> s_tir.Schedule`` function, as
     :func:`kdsl.codegen.tvm.build` takes; default: the default schedule) and a channel-blocked
-    signature (:func:`block_signature`).
+    signature (:func:`block_signature`); ``prepacked_weights``: the weights the schedule packs taken
+    packed too (:mod:`.prepack`; call with ``kernel.pack_weights(*weights)``).
 
     >>> import torch
     >>> from kdsl import gallery
@@ -191,4 +201,7 @@ def build_blocked(
     lowered = lower(op, layer, dtype)
     sch = schedule(lowered) if schedule is not None else default_schedule(lowered)
     block_signature(sch, lowered, block)
-    return BlockedKernel(tvm.compile(sch.mod, target=default_target()), lowered, sch, block)
+    layouts = None
+    if prepacked_weights:
+        sch, layouts = prepack_weights(sch, lowered)
+    return BlockedKernel(tvm.compile(sch.mod, target=default_target()), lowered, sch, block, layouts)
