@@ -75,7 +75,9 @@ def main() -> None:
                 return torch.relu(y) if relu else y
 
             functions += [
-                lambda kernel=kernel, x=x, w=w, s=scale, t=shift, r=residual: kernel(x, w, scale=s, shift=t, residual=r),
+                lambda kernel=kernel, x=x, w=w, s=scale, t=shift, r=residual: kernel(
+                    x, w, scale=s, shift=t, residual=r
+                ),
                 lambda x=x, w=w, stride=stride, k=k: F.conv2d(x, w, stride=stride, padding=k // 2),
                 glue,
             ]

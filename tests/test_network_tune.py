@@ -235,6 +235,7 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     # plain: every convolution (the stem, 3 stride-2 ones and their 3 shortcuts besides the 13); the
     # blocked layouts keep PyTorch's for those 7
     assert len(kernels) == (20 if layout == "plain" else 13)
+    assert isinstance(compiled.pool, tuple) == (layout == "plain")  # the stem's max pooling
     # fused: every kdsl kernel carries its epilogue, folded into its write-back (no pass of its own)
     assert (
         all(isinstance(k, FusedKernel) and k.folded for k in kernels)
@@ -255,9 +256,7 @@ def compiled_kernels(compiled) -> list:
     return kernels
 
 
-def test_the_old_form_keeps_pytorchs_strided_convolutions_and_the_strided_kernels_run_their_records(
-    network, tmp_path
-):
+def test_the_old_form_keeps_pytorchs_strided_convolutions_and_the_strided_kernels_run_their_records(network, tmp_path):
     _, net, x = network
     compiled = compile_network(net, "plain", kernels=KERNELS, replace="3x3")
     assert_same_output(compiled, net, x, 0)

@@ -8,6 +8,8 @@ for even H and W (the output is ``H / 2``; the weight is PyTorch's ``[Cout, Cin,
 runs once a forward pass; ``kdsl tune --network resnet18 --replace all`` (the default) tunes them
 with the stage convolutions and compiles them with their glue fused (:mod:`kdsl.codegen.tvm.epilogue`):
 the stem's and a block's first convolution's batch norm and ReLU, the shortcut's batch norm alone.
+The stem's 3x3 stride-2 max pooling is a kdsl kernel too (:func:`max_pool_op`: Canvas's max ``Fold``
+over strided windows), with its default schedule (it is not tuned).
 
 >>> [(layer.name, layer["Cin"], layer["Cout"], layer["H"], k) for layer, k in strided_layers(1, 224)][:3]
 [('stem 7x7/2', 3, 64, 224, 7), ('conv3_x 3x3/2', 64, 128, 56, 3), ('conv3_x 1x1/2', 64, 128, 56, 1)]
@@ -21,13 +23,23 @@ from typing import Any
 from kdsl import gallery
 from kdsl.codegen.tvm.epilogue import Epilogue
 from kdsl.discover.network import STAGES, stage_layers
+from kdsl.lang import Fold, Input, Output, Stride, Unfold, coefficient, primary
 from kdsl.lang.errors import KdslError
 from kdsl.lang.operator import Operator
 from kdsl.solve import bind
 from kdsl.solve.layers import Layer
 from kdsl.tune.network import NetworkTask
 
-__all__ = ["REPLACE", "STRIDED_OP", "strided_layers", "strided_modules", "strided_op", "strided_tasks"]
+__all__ = [
+    "REPLACE",
+    "STRIDED_OP",
+    "max_pool_binding",
+    "max_pool_op",
+    "strided_layers",
+    "strided_modules",
+    "strided_op",
+    "strided_tasks",
+]
 
 #: what ``--replace`` may put kdsl kernels in: the 13 stride-1 3x3 convolutions, or every convolution
 REPLACE = ("all", "3x3")
@@ -41,6 +53,38 @@ _STRIDE = 2
 def strided_op() -> Operator:
     """The gallery's ``strided_conv2d`` (loaded once)."""
     return gallery.load(STRIDED_OP)
+
+
+@cache
+def max_pool_op() -> Operator:
+    """Max pooling over K x K windows with stride s and padding ``K // 2``: ``F.max_pool2d(x, K, s, K // 2)``
+    for odd K and s dividing H and W (ResNet-18's stem: K=3, s=2). A max ``Fold`` ignores the zeros a
+    window reads outside the image, as PyTorch's padding does.
+
+    >>> import torch
+    >>> from kdsl.codegen import reference
+    >>> x = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+    >>> got = reference.run(max_pool_op(), {"N": 1, "Cin": 2, "H": 6, "W": 4}, x.numpy(), [])
+    >>> bool((torch.from_numpy(got) == torch.nn.functional.max_pool2d(x, 3, 2, 1)).all())
+    True
+    """
+    n, cin, h, w = primary("N Cin H W")
+    window, stride = coefficient("K s")
+    return (
+        Input(n, cin, h, w)
+        >> Unfold(h, window, "kh")
+        >> Unfold(w, window, "kw")
+        >> Stride(h, stride)
+        >> Stride(w, stride)
+        >> Fold("kh", "kw", how="max")
+        >> Output(n, cin, "H", "W", defaults={"K": 3, "s": _STRIDE})
+    )
+
+
+def max_pool_binding(batch: int, resolution: int) -> dict[str, int]:
+    """The binding of :func:`max_pool_op` at ResNet-18's stem output (64 channels, half the resolution)."""
+    size = resolution // 2
+    return bind(max_pool_op(), Layer("stem pool", {"N": batch, "Cin": 64, "H": size, "W": size}), {})
 
 
 def strided_layers(batch: int, resolution: int) -> list[tuple[Layer, int]]:

@@ -40,7 +40,14 @@ from statistics import median
 from typing import Any
 
 from kdsl.bench.argument_types import positive_int
-from kdsl.bench.network_strided import REPLACE, strided_modules, strided_op, strided_tasks
+from kdsl.bench.network_strided import (
+    REPLACE,
+    max_pool_binding,
+    max_pool_op,
+    strided_modules,
+    strided_op,
+    strided_tasks,
+)
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel, build_fused
@@ -128,7 +135,7 @@ def _compiled_module() -> Any:
             # the stem's convolution, its batch norm folded, and its max pooling, run apart when a
             # kernel computes the convolution, batch norm and ReLU in one
             self.stem_conv = kernels.get(id(net.stem[0]), net.stem[0])
-            self.stem_bn, self.pool = _fold(net.stem[1]), net.stem[3]
+            self.stem_bn, self.pool = _fold(net.stem[1]), kernels.get(id(net.stem[3]), net.stem[3])
             self.blocks = []  # (conv1, bn1, conv2, bn2, shortcut) per basic block
             for stage in net.stages:
                 for basic in stage:
@@ -178,11 +185,11 @@ def _compiled_module() -> Any:
             return self.convert(y, False) if self.layout == "blocked" else y
 
         def forward(self, x: Any) -> Any:
-            x = (
-                self.stem(x)
-                if self.stem_conv is self.stem[0]
-                else self.pool(self.layer(self.stem_conv, x, self.stem_bn))
-            )
+            if self.stem_conv is self.stem[0]:
+                x = self.stem(x)
+            else:
+                x = self.layer(self.stem_conv, x, self.stem_bn)
+                x = self.pool[0](x) if isinstance(self.pool, tuple) else self.pool(x)
             for conv1, bn1, conv2, bn2, shortcut in self.blocks:
                 # one transform of the block's input serves both its first convolution and its shortcut
                 first_blocked = isinstance(conv1, tuple) and self.layout == "propagated"
@@ -216,9 +223,9 @@ def compile_network(
     It shares ``net``'s weights and runs forward only (under ``torch.no_grad()``). ``kernels`` caches
     compiled kernels across calls. ``fuse``: each kernel computes the batch norm, ReLU and residual add
     after it (:mod:`kdsl.codegen.tvm.epilogue`; the schedule is still the plain kernel's record), else
-    those run as PyTorch operators. ``replace="all"``: in the plain layout the stem, the stride-2
-    convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`); the
-    blocked layouts, and ``replace="3x3"``, keep PyTorch's convolutions there."""
+    those run as PyTorch operators. ``replace="all"``: in the plain layout the stem, its max pooling, the
+    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`);
+    the blocked layouts, and ``replace="3x3"``, keep PyTorch's operators there."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
     if replace not in REPLACE:
@@ -256,6 +263,12 @@ def compile_network(
             _strided_kernel(binding, epilogue if fuse else None, db, kernels),
             [module.weight.detach()],
         )
+    if replace == "all" and layout == "plain":  # the stem's max pooling: default schedule, never tuned
+        binding = max_pool_binding(net.batch, net.resolution)
+        key = (max_pool_op().key, json.dumps(binding, sort_keys=True), 0, False, None)
+        if key not in kernels:
+            kernels[key] = tvm_build(max_pool_op(), binding, schedule="default")
+        by_module[id(net.stem[3])] = (kernels[key], [])
     return _compiled_module()(net, by_module, layout, block).eval()
 
 
