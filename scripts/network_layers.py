@@ -1,7 +1,7 @@
 """Where a ResNet-18 forward pass spends its time, layer by layer: each convolution as kdsl's fused
 kernel (the convolution with its batch norm, ReLU and residual add in the epilogue) against PyTorch's
 ``conv2d`` on the same layer and PyTorch's glue after it, and the parts that stay PyTorch's (max
-pooling, global average pooling and the classifier), every function timed in the same interleaved
+pooling, which has a kdsl kernel too, global average pooling and the classifier), every function timed in the same interleaved
 rounds (median ms per call). Run it with one thread so the two thread pools do not wait for each other:
 
     TVM_NUM_THREADS=1 TVM_BIND_THREADS=0 PYTHONPATH=. python scripts/network_layers.py [--batch 1] [--db records.db]
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from kdsl import gallery
-from kdsl.bench.network_strided import strided_layers, strided_op
+from kdsl.bench.network_strided import max_pool_binding, max_pool_op, strided_layers, strided_op
+from kdsl.codegen.tvm import build
 from kdsl.codegen.tvm.epilogue import Epilogue, build_fused
 from kdsl.discover.network import STAGES, stage_layers
 from kdsl.runtime.timing import interleaved_samples
@@ -86,7 +87,10 @@ def main() -> None:
         stem_out = torch.randn(args.batch, 64, size, size)
         last = torch.randn(args.batch, 512, args.resolution // 32, args.resolution // 32)
         fc = torch.nn.Linear(512, 1000)
-        functions += [lambda: F.max_pool2d(stem_out, 3, 2, 1), lambda: fc(last.mean(dim=(2, 3)))]
+        pool = build(max_pool_op(), max_pool_binding(args.batch, args.resolution))
+        assert torch.equal(pool(stem_out), F.max_pool2d(stem_out, 3, 2, 1))
+        functions += [lambda: pool(stem_out), lambda: F.max_pool2d(stem_out, 3, 2, 1)]
+        functions += [lambda: fc(last.mean(dim=(2, 3)))]
         rounds = interleaved_samples(functions, repeats=args.repeats, target=0.2, warmup=2)
     ms = [median(samples) * 1e3 for samples in rounds]
     print(f"{'layer':<16} {'runs':>4} {'kdsl fused':>10} {'torch conv':>10} {'torch glue':>10} {'kdsl/torch':>10}")
@@ -96,7 +100,9 @@ def main() -> None:
         totals = [totals[0] + runs * kdsl, totals[1] + runs * conv, totals[2] + runs * glue]
         print(f"{label:<16} {runs:>4} {kdsl:10.3f} {conv:10.3f} {glue:10.3f} {kdsl / (conv + glue):10.2f}")
     print(f"{'per pass':<16} {'':>4} {totals[0]:10.3f} {totals[1]:10.3f} {totals[2]:10.3f}")
-    print(f"max pooling (PyTorch) {ms[-2]:.3f} ms; average pooling + classifier (PyTorch) {ms[-1]:.3f} ms")
+    print(
+        f"max pooling: kdsl {ms[-3]:.3f} ms, PyTorch {ms[-2]:.3f} ms; average pooling + classifier (PyTorch) {ms[-1]:.3f} ms"
+    )
 
 
 if __name__ == "__main__":
