@@ -1,7 +1,7 @@
 """Where a ResNet-18 forward pass spends its time, layer by layer: each convolution as kdsl's fused
 kernel (the convolution with its batch norm, ReLU and residual add in the epilogue) against PyTorch's
-``conv2d`` on the same layer and PyTorch's glue after it, and the parts that stay PyTorch's (max
-pooling, which has a kdsl kernel too, global average pooling and the classifier), every function timed in the same interleaved
+``conv2d`` on the same layer and PyTorch's glue after it, the max pooling (kdsl's kernel and PyTorch's),
+and what stays PyTorch's (global average pooling and the classifier), every function timed in the same interleaved
 rounds (median ms per call). Run it with one thread so the two thread pools do not wait for each other:
 
     TVM_NUM_THREADS=1 TVM_BIND_THREADS=0 PYTHONPATH=. python scripts/network_layers.py [--batch 1] [--db records.db]
@@ -101,7 +101,8 @@ def main() -> None:
         print(f"{label:<16} {runs:>4} {kdsl:10.3f} {conv:10.3f} {glue:10.3f} {kdsl / (conv + glue):10.2f}")
     print(f"{'per pass':<16} {'':>4} {totals[0]:10.3f} {totals[1]:10.3f} {totals[2]:10.3f}")
     print(
-        f"max pooling: kdsl {ms[-3]:.3f} ms, PyTorch {ms[-2]:.3f} ms; average pooling + classifier (PyTorch) {ms[-1]:.3f} ms"
+        f"max pooling: kdsl {ms[-3]:.3f} ms, PyTorch {ms[-2]:.3f} ms; "
+        f"average pooling + classifier (PyTorch) {ms[-1]:.3f} ms"
     )
 
 
