@@ -216,9 +216,15 @@ def test_the_network_command_tunes_every_layer_in_both_signatures(monkeypatch, c
     monkeypatch.setattr(network_tune, "tune_network", fake_tune_network)
     monkeypatch.setattr(network_tune, "time_networks", lambda *args, **kwargs: [])
     argv = ["tune", "conv2d", "--network", "resnet18", "--batch", "1", "--resolution", "32", "--block", "32"]
-    assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db")]) == 0
+    assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db"), "--replace", "3x3"]) == 0
     tasks = given["tasks"]
     assert [task.block for task in tasks] == [0] * 4 + [32] * 4
     assert [(t.layer, t.weight, t.scale) for t in tasks[:4]] == [(t.layer, t.weight, t.scale) for t in tasks[4:]]
     out = capsys.readouterr().out
     assert "split evenly between the kernels' NCHW and NCHW32c signatures" in out and "conv5_x N=1 NCHW32c" in out
+    # by default the plain signature also tunes the stem, the stride-2 convolutions and their shortcuts
+    assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db")]) == 0
+    tasks = given["tasks"]
+    assert [task.block for task in tasks] == [0] * 11 + [32] * 4
+    assert [t.label for t in tasks[4:11]][:3] == ["stem 7x7/2 N=1", "conv3_x 3x3/2 N=1", "conv3_x 1x1/2 N=1"]
+    assert "strided_conv2d in the 7x7 stem" in capsys.readouterr().out

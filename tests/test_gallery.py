@@ -232,6 +232,9 @@ CASES = {
             {"N": 1, "Cin": 3, "Cout": 2, "H": 6, "W": 8},
             {"N": 2, "Cin": 2, "Cout": 3, "H": 2, "W": 6, "K": 5},
             {"N": 1, "Cin": 2, "Cout": 2, "H": 9, "W": 3, "s": 3},
+            # ResNet-18's stem (7x7, stride 2, padding 3, 3 input channels) and its 1x1 stride-2 shortcuts
+            {"N": 1, "Cin": 3, "Cout": 2, "H": 10, "W": 8, "K": 7, "s": 2},
+            {"N": 2, "Cin": 3, "Cout": 2, "H": 6, "W": 4, "K": 1, "s": 2},
         ],
     ),
     "conv2d_valid": (

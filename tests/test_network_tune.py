@@ -20,6 +20,7 @@ backend("tvm")
 
 import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
 
+from kdsl.bench.network_strided import strided_op  # noqa: E402
 from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
 from kdsl.codegen.tvm.epilogue import FusedKernel  # noqa: E402
@@ -215,8 +216,10 @@ def conv2_x_script(block: int, config: dict, borrowed: bool = False) -> None:
     shape = (1, 64, 8, 8) if block == 0 else (1, 64 // 16, 8, 8, 16)
     (kernel,) = [
         k
-        for (_, _, b, p, epilogue, prepack, _), k in KERNELS.items()
-        if (b, p, epilogue, prepack) == (block, borrowed, None, True) and k.input_shape == shape
+        for (op_key, _, b, p, epilogue, prepack, _), k in KERNELS.items()
+        if (b, p, epilogue, prepack) == (block, borrowed, None, True)
+        and k.input_shape == shape
+        and op_key != strided_op().key
     ]
     expected, layouts = prepack_weights(
         signature_schedule(ScheduleSpace(kernel.lowered), config, block), kernel.lowered
@@ -235,8 +238,11 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     # residual: 8 more); propagated, 1 into stage 2, 3 in each later stage
     transforms = {"plain": 0, "blocked": 34 if fuse else 26, "propagated": 10}[layout]
     assert_same_output(compiled, net, x, transforms)
-    kernels = [block[i][0] for block in compiled.blocks for i in (0, 2) if isinstance(block[i], tuple)]
-    assert len(kernels) == 13
+    kernels = compiled_kernels(compiled)
+    # plain: every convolution (the stem, 3 stride-2 ones and their 3 shortcuts besides the 13); the
+    # blocked layouts keep PyTorch's for those 7
+    assert len(kernels) == (20 if layout == "plain" else 13)
+    assert isinstance(compiled.pool, tuple) == (layout == "plain")  # the stem's max pooling
     # fused: every kdsl kernel carries its epilogue, folded into its write-back (no pass of its own)
     assert (
         all(isinstance(k, FusedKernel) and k.folded for k in kernels)
@@ -249,11 +255,62 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     # the weights every kernel's schedule packs are packed once, when compiled (all 13 kernels at these
     # sizes pack theirs), or by the kernels on every call
     assert all(k.prepacked for k in kernels)
-    weights = [w for b in compiled.blocks for i in (0, 2) if isinstance(b[i], tuple) for w in b[i][1]]
+    weights = [w for conv in compiled_convolutions(compiled) if isinstance(conv, tuple) for w in conv[1]]
     assert compiled.prepacked_bytes == sum(w.numel() * 4 for w in weights) > 0
     per_call = compile_network(net, layout, db=db, block=16, kernels=KERNELS, fuse=fuse, prepack=False)
     assert_same_output(per_call, net, x, transforms)
     assert per_call.prepacked_bytes == 0
+
+
+def compiled_convolutions(compiled) -> list:
+    """Every convolution of a compiled network: a kdsl one is a (kernel, weights) pair, a PyTorch one its module."""
+    convolutions = [compiled.stem_conv] + [block[i] for block in compiled.blocks for i in (0, 2)]
+    convolutions += [block[4][0] for block in compiled.blocks if block[4] is not None]
+    assert len(convolutions) == 20
+    return convolutions
+
+
+def compiled_kernels(compiled) -> list:
+    """The kdsl kernels of a compiled network (a convolution that is a (kernel, weights) pair), at least one."""
+    kernels = [conv[0] for conv in compiled_convolutions(compiled) if isinstance(conv, tuple)]
+    assert kernels
+    return kernels
+
+
+def test_the_old_form_keeps_pytorchs_strided_convolutions_and_the_strided_kernels_run_their_records(network, tmp_path):
+    _, net, x = network
+    compiled = compile_network(net, "plain", kernels=KERNELS, replace="3x3")
+    assert_same_output(compiled, net, x, 0)
+    assert len(compiled_kernels(compiled)) == 13 and not isinstance(compiled.stem_conv, tuple)
+    # a record of the stem's task is the schedule its kernel runs, with the epilogue folded after it
+    stem = next(task for task in network_tasks(network[0], [1], RESOLUTION, replace="all") if "stem" in task.label)
+    binding, key, store = open_task(stem.op, stem.layer, str(tmp_path / "stem.db"), 0)
+    space = ScheduleSpace(lower(stem.op, binding))
+    config = space.random(random.Random(3))
+    store.add(key, Record(config, 1e-9, None, "opevo"))
+    store.database.close()
+    stages = {key: kernel for key, kernel in KERNELS.items() if key[0] != strided_op().key}  # compiled before
+    compiled = compile_network(net, "plain", db=str(tmp_path / "stem.db"), kernels=stages)
+    assert_same_output(compiled, net, x, 0)
+    kernel = compiled.stem_conv[0]
+    assert isinstance(kernel, FusedKernel) and kernel.folded and kernel.input_shape == (1, 3, RESOLUTION, RESOLUTION)
+    with pytest.raises(KdslError, match="unknown replace 'some'"):
+        compile_network(net, "plain", replace="some")
+
+
+def test_the_network_tasks_have_the_strided_convolutions_once_a_pass():
+    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
+    tasks = network_tasks(item, [1, 8], RESOLUTION, replace="all")
+    strided = [task for task in tasks if task.op == strided_op()]
+    assert len(tasks) == 22 and len(strided) == 14 and {task.weight for task in strided} == {1}
+    assert [(t.layer["Cin"], t.layer["Cout"], t.layer["H"], t.layer["K"], t.layer["s"]) for t in strided[:3]] == [
+        (3, 64, RESOLUTION, 7, 2),
+        (64, 128, RESOLUTION // 4, 3, 2),
+        (64, 128, RESOLUTION // 4, 1, 2),
+    ]
+    assert len(network_tasks(item, [1], RESOLUTION, block=16, replace="all")) == 4  # blocked: the 3x3 ones only
+    with pytest.raises(KdslError, match="unknown --replace '1x1'"):
+        network_tasks(item, [1], RESOLUTION, replace="1x1")
 
 
 def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tuned_db):

@@ -43,6 +43,14 @@ from statistics import median
 from typing import Any
 
 from kdsl.bench.argument_types import positive_int
+from kdsl.bench.network_strided import (
+    REPLACE,
+    max_pool_binding,
+    max_pool_op,
+    strided_modules,
+    strided_op,
+    strided_tasks,
+)
 from kdsl.codegen.torch import load_torch
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel, build_fused
@@ -59,7 +67,9 @@ from kdsl.tune.tuned import tuned_schedule
 __all__ = [
     "LAYOUTS",
     "NETWORKS",
+    "ONLY_3X3",
     "PER_CALL",
+    "REPLACE",
     "UNFUSED",
     "add_network_arguments",
     "command_tune_network",
@@ -80,14 +90,23 @@ PLAIN_RECORDS = "kdsl tuned NCHW, run blocked, propagated"
 UNFUSED = "kdsl tuned, plain, glue in PyTorch"
 #: the row of the network whose kernels pack their weights on every call (not once, when compiled)
 PER_CALL = "kdsl tuned, plain, weights packed per call"
+#: the row of the tuned plain network with kdsl kernels in its 13 stride-1 3x3 convolutions only (the
+#: stem, the stride-2 convolutions and their shortcuts PyTorch's), timed beside the all-kdsl one
+ONLY_3X3 = "kdsl tuned, plain, 3x3 convs only"
 
 
-def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0) -> list[NetworkTask]:
+def network_tasks(
+    item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0, replace: str = "3x3"
+) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
-    batch size, weighted by how many times a forward pass runs it (the stage's first block keeps a
-    stride-2 PyTorch convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times),
+    batch size, weighted by how many times a forward pass runs it (the stage's first block has a
+    stride-2 convolution in stages 3-5, so they run the layer 3 times, ``conv2_x`` 4 times),
     scaled by ``1 / batch``: the budget is shared by time saved per image. ``block > 0``: the kernels
-    with the channel-blocked signature the blocked networks run (labelled with it, ``NCHW16c``)."""
+    with the channel-blocked signature the blocked networks run (labelled with it, ``NCHW16c``).
+    ``replace="all"``: with the plain signature, also the seven strided convolutions
+    (:func:`kdsl.bench.network_strided.strided_tasks`)."""
+    if replace not in REPLACE:
+        raise KdslError(f"unknown --replace {replace!r}: use one of {', '.join(REPLACE)}")
     tasks = []
     suffix = f" {signature_name(block)}" if block else ""
     for batch in batches:
@@ -95,6 +114,8 @@ def network_tasks(item: NetworkOp, batches: Sequence[int], resolution: int = 224
             weight = 4 if stride == 1 else 3
             label = f"{layer.name} N={batch}{suffix}"
             tasks.append(NetworkTask(label, item.op, item.binding(layer), weight, 1 / batch, block))
+    if replace == "all" and not block:
+        tasks += strided_tasks(list(batches), resolution)
     return tasks
 
 
@@ -109,16 +130,25 @@ def _compiled_module() -> Any:
     torch = load_torch()
 
     class CompiledResNet(torch.nn.Module):
-        """ResNet-18 with kdsl kernels in its stage convolutions; a tensor of 5 dims is blocked."""
+        """ResNet-18 with kdsl kernels in its convolutions; a tensor of 5 dims is blocked. A convolution
+        is a PyTorch module or a (kernel, weights) pair; the strided ones' kernels are always plain
+        (``NCHW``): only the plain layout gets them."""
 
         def __init__(self, net: Any, kernels: dict[int, tuple[Any, list[Any]]], layout: str, block: int) -> None:
             super().__init__()
             self.layout, self.block = layout, block
             self.stem, self.fc = net.stem, net.fc
+            # the stem's convolution, its batch norm folded, and its max pooling, run apart when a
+            # kernel computes the convolution, batch norm and ReLU in one
+            self.stem_conv = kernels.get(id(net.stem[0]), net.stem[0])
+            self.stem_bn, self.pool = _fold(net.stem[1]), kernels.get(id(net.stem[3]), net.stem[3])
             self.blocks = []  # (conv1, bn1, conv2, bn2, shortcut) per basic block
             for stage in net.stages:
                 for basic in stage:
-                    shortcut = None if basic.shortcut is None else (basic.shortcut[0], _fold(basic.shortcut[1]))
+                    shortcut = None
+                    if basic.shortcut is not None:
+                        projection = basic.shortcut[0]
+                        shortcut = (kernels.get(id(projection), projection), _fold(basic.shortcut[1]))
                     conv1 = kernels.get(id(basic.conv1), basic.conv1)
                     conv2 = kernels[id(basic.conv2)]
                     self.blocks.append((conv1, _fold(basic.bn1), conv2, _fold(basic.bn2), shortcut))
@@ -144,11 +174,15 @@ def _compiled_module() -> Any:
             shape = (1, -1, 1, 1) if x.dim() == 4 else (1, x.shape[1], 1, 1, x.shape[-1])
             return x * scale.reshape(shape) + shift.reshape(shape)
 
-        def layer(self, conv: Any, x: Any, scale_shift: tuple[Any, Any], rest: Any | None = None) -> Any:
-            """``relu(bn(conv(x)) [+ rest])``: in the kernel's epilogue when it has one, else in PyTorch."""
+        def layer(
+            self, conv: Any, x: Any, scale_shift: tuple[Any, Any], rest: Any | None = None, relu: bool = True
+        ) -> Any:
+            """``relu(bn(conv(x)) [+ rest])`` (no ReLU if not ``relu``): in the kernel's epilogue when it
+            has one, else in PyTorch."""
             if not (isinstance(conv, tuple) and isinstance(conv[0], FusedKernel)):
                 y = self.affine(self.conv(conv, x), scale_shift)
-                return torch.relu(y if rest is None else y + self.convert(rest, y.dim() == 5))
+                y = y if rest is None else y + self.convert(rest, y.dim() == 5)
+                return torch.relu(y) if relu else y
             kernel, weights = conv
             blocked = self.layout != "plain"
             residual = None if rest is None else self.convert(rest, blocked)
@@ -157,13 +191,17 @@ def _compiled_module() -> Any:
             return self.convert(y, False) if self.layout == "blocked" else y
 
         def forward(self, x: Any) -> Any:
-            x = self.stem(x)
+            if self.stem_conv is self.stem[0]:
+                x = self.stem(x)
+            else:
+                x = self.layer(self.stem_conv, x, self.stem_bn)
+                x = self.pool[0](x) if isinstance(self.pool, tuple) else self.pool(x)
             for conv1, bn1, conv2, bn2, shortcut in self.blocks:
                 # one transform of the block's input serves both its first convolution and its shortcut
                 first_blocked = isinstance(conv1, tuple) and self.layout == "propagated"
                 x = self.convert(x, first_blocked)
                 y = self.layer(conv1, x, bn1)
-                rest = x if shortcut is None else self.affine(shortcut[0](x), shortcut[1])
+                rest = x if shortcut is None else self.layer(shortcut[0], x, shortcut[1], relu=False)
                 x = self.layer(conv2, y, bn2, rest)
             pooled = x.mean(dim=(2, 3)).reshape(x.shape[0], -1)  # blocked or not: channels in order
             return self.fc(pooled)
@@ -181,6 +219,7 @@ def compile_network(
     plain_records: bool = False,
     fuse: bool = True,
     prepack: bool = True,
+    replace: str = "all",
 ) -> Any:
     """``net`` (a :func:`~kdsl.discover.network.resnet18` with an operator, in eval mode) with its kdsl
     layers compiled by TVM: each with the best schedule of ``db`` for its (operator, binding) in the
@@ -194,9 +233,14 @@ def compile_network(
     those run as PyTorch operators. ``prepack``: each kernel's signature takes the weights its schedule
     packs in that packed layout (:mod:`kdsl.codegen.tvm.prepack`), packed here, once (so the compiled
     network holds packed copies of those weights: a later change to ``net``'s weights needs a new
-    compile); else every kernel call packs them."""
+    compile); else every kernel call packs them.
+    ``replace="all"``: in the plain layout the stem, its max pooling, the
+    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`);
+    the blocked layouts, and ``replace="3x3"``, keep PyTorch's operators there."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
+    if replace not in REPLACE:
+        raise KdslError(f"unknown replace {replace!r}: use one of {', '.join(REPLACE)}")
     kernels = {} if kernels is None else kernels
     blocked = 0 if layout == "plain" else block
     by_module: dict[int, tuple[Any, list[Any]]] = {}
@@ -231,15 +275,41 @@ def compile_network(
         by_module[id(module)] = (kernels[key], kernels[key].pack_weights([w.detach() for w in module.inner.weights]))
     if not by_module:
         raise KdslError("compile_network needs a network built with an operator (resnet18(item)), got the original one")
+    for module, binding, epilogue in strided_modules(net) if replace == "all" and layout == "plain" else ():
+        kernel = _strided_kernel(binding, epilogue if fuse else None, db, kernels, prepack)
+        by_module[id(module)] = (kernel, kernel.pack_weights([module.weight.detach()]))
+    if replace == "all" and layout == "plain":  # the stem's max pooling: default schedule, never tuned
+        binding = max_pool_binding(net.batch, net.resolution)
+        key = (max_pool_op().key, json.dumps(binding, sort_keys=True), 0, False, None, False, None)
+        if key not in kernels:
+            kernels[key] = tvm_build(max_pool_op(), binding, schedule="default")
+        by_module[id(net.stem[3])] = (kernels[key], [])
     compiled = _compiled_module()(net, by_module, layout, block).eval()
     #: bytes of weights packed once here that the kernels would otherwise pack on every forward pass
     compiled.prepacked_bytes = sum(
         w.numel() * w.element_size()
         for kernel, weights in by_module.values()
-        for w, layout in zip(weights, kernel.weight_layouts)
+        for w, layout in zip(weights, getattr(kernel, "weight_layouts", ()))
         if layout is not None
     )
     return compiled
+
+
+def _strided_kernel(
+    binding: dict[str, int], epilogue: Epilogue | None, db: Any, kernels: dict[tuple[Any, ...], Any], prepack: bool
+) -> Any:
+    """The plain kernel of ``strided_conv2d`` at ``binding`` (tuned record, else default schedule), cached
+    under the records database too (as :func:`compile_network`'s kernels)."""
+    op = strided_op()
+    records = None if db is None else os.fspath(db)
+    key = (op.key, json.dumps(binding, sort_keys=True), 0, False, epilogue, prepack, records)
+    if key not in kernels:
+        schedule = tuned_schedule(db, op, binding, 0) if db is not None else None
+        if epilogue is not None:
+            kernels[key] = build_fused(op, binding, epilogue, schedule, prepacked_weights=prepack)
+        else:
+            kernels[key] = tvm_build(op, binding, schedule=schedule or "default", prepacked_weights=prepack)
+    return kernels[key]
 
 
 def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Callable[[], None]:
@@ -258,21 +328,27 @@ def time_compiled(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One batch size's rows: PyTorch's ResNet-18 and the compiled networks (default schedule, and the
     tuned one in every layout; all with the glue in the kernels' epilogues and the weights packed once, and
     the tuned plain one again with its glue in PyTorch, :data:`UNFUSED`, and with its weights packed on
-    every call, :data:`PER_CALL`), plus the layout transforms alone, timed in the same
+    every call, :data:`PER_CALL`; with ``replace="all"`` also the tuned plain one with kdsl kernels in the
+    3x3 stage convolutions only, :data:`ONLY_3X3`), plus the layout transforms alone, timed in the same
     interleaved rounds; each network's output is checked against the PyTorch network of the same weights."""
     torch = load_torch()
     item = NetworkOp.from_dict(payload["op"])
     batch, resolution, block = payload["batch"], payload["resolution"], payload["block"]
     classes, seed, db = payload["classes"], payload["seed"], payload["db"]
+    replace = payload.get("replace", "all")
     native = resnet18(batch=batch, resolution=resolution, classes=classes, seed=seed)
     net = resnet18(item, batch=batch, resolution=resolution, classes=classes, seed=seed)
     kernels: dict[tuple[Any, ...], Any] = {}
     networks = {
         "PyTorch ResNet-18 (native)": native,
-        "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels),
-        "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels),
-        UNFUSED: compile_network(net, "plain", db=db, kernels=kernels, fuse=False),
-        PER_CALL: compile_network(net, "plain", db=db, kernels=kernels, prepack=False),
+        "kdsl default schedules, plain": compile_network(net, "plain", kernels=kernels, replace=replace),
+        "kdsl tuned, plain": compile_network(net, "plain", db=db, kernels=kernels, replace=replace),
+    }
+    if replace == "all":
+        networks[ONLY_3X3] = compile_network(net, "plain", db=db, kernels=kernels, replace="3x3")
+    networks |= {
+        UNFUSED: compile_network(net, "plain", db=db, kernels=kernels, fuse=False, replace=replace),
+        PER_CALL: compile_network(net, "plain", db=db, kernels=kernels, prepack=False, replace=replace),
         "kdsl tuned, blocked, no propagation": compile_network(net, "blocked", db=db, block=block, kernels=kernels),
         "kdsl tuned, blocked, propagated": compile_network(net, "propagated", db=db, block=block, kernels=kernels),
         PLAIN_RECORDS: compile_network(net, "propagated", db=db, block=block, kernels=kernels, plain_records=True),
@@ -314,10 +390,14 @@ def time_networks(
     repeats: int = 7,
     target: float = 0.3,
     seed: int = 0,
+    replace: str = "all",
 ) -> list[dict[str, Any]]:
     """:func:`time_compiled` at every batch size, each in its own worker process (PyTorch and TVM in
     one process: :func:`kdsl.runtime.threads.shared_process_environment` keeps TVM's threads unpinned and
-    sleeping between kernels, so they leave PyTorch's operators the cores)."""
+    sleeping between kernels, so they leave PyTorch's operators the cores). ``replace``: which
+    convolutions the plain networks run as kdsl kernels (:data:`REPLACE`)."""
+    if replace not in REPLACE:
+        raise KdslError(f"unknown --replace {replace!r}: use one of {', '.join(REPLACE)}")
     rows = []
     environment = shared_process_environment(threads)
     for batch in batches:
@@ -332,6 +412,7 @@ def time_networks(
             "repeats": repeats,
             "target": target,
             "seed": seed,
+            "replace": replace,
         }
         rows += run_worker("kdsl.bench.network_tune", payload, environment, f"the batch-{batch} timing")
     return rows
@@ -361,6 +442,13 @@ def add_network_arguments(parser: argparse.ArgumentParser) -> None:
         "--block", type=positive_int, default=16, help="with --network: the channel block of the blocked layouts"
     )
     parser.add_argument("--threads", type=positive_int, default=2, help="with --network: threads when timing")
+    parser.add_argument(
+        "--replace",
+        choices=REPLACE,
+        default="all",
+        help="with --network: the convolutions the plain network runs as kdsl kernels: all (the stem, the stride-2 "
+        "convolutions and their shortcuts too, as strided_conv2d) or 3x3 (the 13 stride-1 3x3 ones only)",
+    )
     parser.add_argument(
         "--repeats", type=positive_int, default=7, help="with --network: interleaved rounds of the end-to-end timing"
     )
@@ -451,7 +539,7 @@ def command_tune_network(args: argparse.Namespace) -> int:
     for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
         blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
     # each layer in both signatures the networks are timed in: the plain one, and the blocked one
-    tasks = network_tasks(item, args.batch_sizes, args.resolution)
+    tasks = network_tasks(item, args.batch_sizes, args.resolution, replace=args.replace)
     tasks += network_tasks(item, args.batch_sizes, args.resolution, args.block)
     log = None if args.json else (lambda line: print(f"tune --network: {line}", file=sys.stderr, flush=True))
     summaries = tune_network(
@@ -475,13 +563,20 @@ def command_tune_network(args: argparse.Namespace) -> int:
         threads=args.threads,
         repeats=args.repeats,
         seed=args.seed,
+        replace=args.replace,
     )
     if args.json:
         tasks_json = [vars(summary) for summary in summaries]
         print(json.dumps({"tasks": tasks_json, "networks": rows, "db": args.db}, indent=1))
         return 0
+    where = "the 13 stride-1 3x3 convolutions"
+    if args.replace == "all":
+        where += (
+            "; strided_conv2d in the 7x7 stem, the three stride-2 3x3 convolutions and their 1x1 shortcuts "
+            f"(the plain networks but the row '{ONLY_3X3}'; the blocked ones keep PyTorch's conv2d there)"
+        )
     print(
-        f"kdsl tune --network {args.network}: {printable(item.label)} in the 13 stride-1 3x3 convolutions, "
+        f"kdsl tune --network {args.network}: {printable(item.label)} in {where}, "
         f"{args.resolution}x{args.resolution} input, {tuner}, {args.trials} trials split evenly between the kernels' "
         f"NCHW and {signature_name(args.block)} signatures, each share given to its layers by expected saving "
         f"(records in {printable(args.db)})"

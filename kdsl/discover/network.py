@@ -317,7 +317,10 @@ def resnet18(
             blocks.append(BasicBlock(conv1, conv2, width, shortcut))
         stages.append(nn.Sequential(*blocks))
         previous = width
-    return ResNet18(stem, nn.Sequential(*stages), classes).eval()
+    net = ResNet18(stem, nn.Sequential(*stages), classes).eval()
+    # what its layers were bound for: kdsl kernels compiled for the network later need the same sizes
+    net.batch, net.resolution = batch, resolution
+    return net
 
 
 def tvm_network(net: Any, kernels: dict[tuple[str, str], Any] | None = None) -> Any:
