@@ -17,7 +17,8 @@ with the measured latencies is printed beside the analytic estimate's, then one 
 
 (means over the held-out tasks). Only this target's records count (``--mcpu`` picks another one).
 ``--split half`` scores the stricter way (:func:`~kdsl.tune.transfer.train_on_half`): models trained on
-half the operators rank the other half's tasks.
+half the operators rank the other half's tasks. ``--prior`` is the analytic estimate's weight in the
+model's score (:data:`~kdsl.tune.transfer.PRIOR`; 0 scores the trees alone, the model before session 37).
 
 >>> len(DEFAULT_OPS), sorted(set(LAYERS) - set(DEFAULT_OPS))
 (10, ['avg_pool2d_strided'])
