@@ -167,10 +167,10 @@ def test_leave_one_operator_out_never_trains_on_the_held_out_operator(monkeypatc
         self._spied = fitted[-1]
         return fit(self, train)
 
-    def spy_predict(self, features):
+    def spy_predict(self, features, estimates=None):
         row = next(i for i, t in enumerate(tasks) if t.features is features)
         predicted.append((self._spied, row))
-        return predict(self, features)
+        return predict(self, features, estimates)
 
     monkeypatch.setattr(TransferModel, "fit", spy_fit)
     monkeypatch.setattr(TransferModel, "predict_features", spy_predict)
@@ -194,9 +194,9 @@ def test_train_on_half_scores_each_task_only_with_models_that_never_saw_its_oper
         self._spied = fitted[-1]
         return fit(self, train)
 
-    def spy_predict(self, features):
+    def spy_predict(self, features, estimates=None):
         seen.append((self._spied, next(t.operator for t in tasks if t.features is features)))
-        return predict(self, features)
+        return predict(self, features, estimates)
 
     monkeypatch.setattr(TransferModel, "fit", spy_fit)
     monkeypatch.setattr(TransferModel, "predict_features", spy_predict)
@@ -206,6 +206,28 @@ def test_train_on_half_scores_each_task_only_with_models_that_never_saw_its_oper
     assert len(seen) == 6 * 4 and sorted(s.task for s in scores) == sorted(t.task for t in tasks)
     assert min(s.model for s in scores) > 0.5  # the same rule on every operator: ranked well held out
     assert transfer.train_on_half(tasks[:2]) == []  # one operator: nothing to hold out
+
+
+def test_the_estimates_weight_adds_its_log_to_the_trees_score():
+    rng = random.Random(7)
+    tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b") for i in range(4)]
+    held = _synthetic("c", "c0", rng)
+    trees, weighted, ruled = TransferModel("t", prior=0.0), TransferModel("t", prior=0.3), TransferModel("t", prior=1e6)
+    for model in (trees, weighted, ruled):
+        model.fit(tasks)
+    alone = trees.predict_features(held.features)
+    assert alone == trees.predict_features(held.features, held.estimates)  # weight 0: the estimates unread
+    expected = [v + 0.3 * math.log2(e) for v, e in zip(alone, held.estimates)]
+    assert weighted.predict_features(held.features, held.estimates) == pytest.approx(expected, rel=1e-12)
+    # a weight that dwarfs the trees' range (ranks in [-0.5, 0.5]) ranks as the estimate does
+    assert rank_correlation(ruled.predict_features(held.features, held.estimates), held.estimates) == 1.0
+    with pytest.raises(TuneError, match="need as many analytic estimates, got none"):
+        weighted.predict_features(held.features)
+    with pytest.raises(TuneError, match="need as many analytic estimates, got 3"):
+        weighted.predict_features(held.features, held.estimates[:3])
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(TuneError, match="weight"):
+            TransferModel("t", prior=bad)
 
 
 def test_a_model_of_one_target_refuses_another_targets_tasks():
@@ -382,6 +404,9 @@ def test_bench_costmodel_scores_each_held_out_task_and_prints_the_summary(tmp_pa
     half = capsys.readouterr().out.splitlines()
     assert len([line for line in half if line.startswith(("matmul ", "conv2d "))]) == 3
     assert half[-1].startswith("held-out Spearman: model") and half[-1].split()[5] == out[-1].split()[5]
+    with pytest.raises(SystemExit):  # a negative weight would rank by the estimate backwards
+        main(["bench", "costmodel", "--db", str(db), "--prior", "-0.5"])
+    assert "--prior" in capsys.readouterr().err
 
 
 def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):

@@ -17,7 +17,8 @@ with the measured latencies is printed beside the analytic estimate's, then one 
 
 (means over the held-out tasks). Only this target's records count (``--mcpu`` picks another one).
 ``--split half`` scores the stricter way (:func:`~kdsl.tune.transfer.train_on_half`): models trained on
-half the operators rank the other half's tasks.
+half the operators rank the other half's tasks. ``--prior`` is the analytic estimate's weight in the
+model's score (:data:`~kdsl.tune.transfer.PRIOR`; 0 scores the trees alone, the model before session 37).
 
 >>> len(DEFAULT_OPS), sorted(set(LAYERS) - set(DEFAULT_OPS))
 (10, ['avg_pool2d_strided'])
@@ -26,6 +27,7 @@ half the operators rank the other half's tasks.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -37,7 +39,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.tune.driver import tune
 from kdsl.tune.features import KINDS
 from kdsl.tune.records import target_mcpu
-from kdsl.tune.transfer import TaskScore, leave_one_operator_out, load_tasks, train_on_half
+from kdsl.tune.transfer import PRIOR, TaskScore, leave_one_operator_out, load_tasks, train_on_half
 
 _CONV_SMALL = {"N": 1, "Cin": 32, "Cout": 32, "H": 16, "W": 16}
 _CONV_MEDIUM = {"N": 1, "Cin": 64, "Cout": 64, "H": 28, "W": 28}
@@ -123,7 +125,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the model's features: each against the task's heuristic configuration (the model kdsl tune "
         "uses), or absolute (the model before session 36, to compare)",
     )
+    parser.add_argument(
+        "--prior",
+        type=estimate_weight,
+        default=PRIOR,
+        help=f"the analytic estimate's weight in the model's score (default {PRIOR}; 0: the trees alone, "
+        "the model before session 37)",
+    )
     bench_target.add_mcpu_argument(parser)
+
+
+def estimate_weight(text: str) -> float:
+    """argparse type of ``--prior``: a finite number at least 0 (a negative weight would rank by the
+    estimate backwards).
+
+    >>> estimate_weight("0.02")
+    0.02
+    >>> estimate_weight("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: --prior: the analytic estimate's weight must be a finite number >= 0, got '-1'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"--prior: the analytic estimate's weight must be a finite number >= 0, got {text!r}"
+        )
+    return value
 
 
 def collect(
@@ -172,7 +202,9 @@ def bench_costmodel(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.db, target, kind=args.features)
     operators = sorted({t.label for t in tasks})
     print(f"target {target}: {len(tasks)} tasks of {len(operators)} operators ({', '.join(operators)})")
-    scores = (train_on_half if args.split == "half" else leave_one_operator_out)(tasks, seed=args.seed)
+    scores = (train_on_half if args.split == "half" else leave_one_operator_out)(
+        tasks, seed=args.seed, prior=args.prior
+    )
     print(f"{'held-out operator':20} {'layer':44} {'configs':>7} {'model':>6} {'analytic':>8}")
     for score in sorted(scores, key=lambda s: (s.label, _layer_text(s.binding))):
         print(

@@ -63,6 +63,14 @@ MIN_TASKS = 2
 #: changes with every collection of records and every feature set: docs/tune/README.md ("A cost model
 #: across operators") has the measured scores and what each was measured on.
 TREES, DEPTH, RATE, LEAF, SPLIT_FEATURES, SUBSAMPLE = 200, 3, 0.05, 16, 0.5, 0.7
+#: The analytic estimate's weight in the model's score: a configuration scores the trees' predicted rank
+#: plus ``PRIOR`` x log2 of its estimate (lower is faster; a task's constant drops out of its order). The
+#: trees learn ranks, in [-0.5, 0.5]; at 0.02 a configuration the estimate puts 4x slower scores 0.04
+#: higher (4% of a task's rank range), so the estimate orders what the trees see as alike. Each split of
+#: the records picked 0.02 of the weights tried, and it tested within +0.01 of the trees alone on the
+#: other: a tie-breaker, not a gain (docs/tune/README.md, "A cost model across operators": every weight
+#: and every other variant tried, on both splits and two seeds).
+PRIOR = 0.02
 
 
 def rank_target(latencies: Sequence[float]) -> np.ndarray:
@@ -228,19 +236,29 @@ def load_tasks(
 class TransferModel:
     """Boosted trees from :mod:`kdsl.tune.features` to a configuration's latency rank within its
     task (:func:`rank_target`), trained on the tasks of one ``target`` whose features are of ``kind``
-    (relative to the task's heuristic configuration by default). Deterministic given ``seed``.
+    (relative to the task's heuristic configuration by default). A configuration's score is the trees'
+    prediction plus ``prior`` x log2 of its analytic estimate (:data:`PRIOR`; 0: the trees alone).
+    Deterministic given ``seed``.
 
     >>> TransferModel("znver4", kind="logs")
     Traceback (most recent call last):
     kdsl.tune.records.TuneError: cost model: no features of kind 'logs'; choose from relative, absolute
+    >>> TransferModel("znver4", prior=-1.0)
+    Traceback (most recent call last):
+    kdsl.tune.records.TuneError: cost model: the analytic estimate's weight (prior) must be finite and >= 0, got -1.0
     """
 
-    def __init__(self, target: str, seed: int = 0, kind: str = "relative") -> None:
+    def __init__(self, target: str, seed: int = 0, kind: str = "relative", prior: float = PRIOR) -> None:
         if kind not in KINDS:
             raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
+        if not (math.isfinite(prior) and prior >= 0):
+            raise TuneError(
+                f"cost model: the analytic estimate's weight (prior) must be finite and >= 0, got {prior!r}"
+            )
         self.target = target
         self.seed = seed
         self.kind = kind
+        self.prior = prior
         self.model: Any = None
         self.tasks: list[str] = []
         self.operators: list[str] = []
@@ -282,18 +300,28 @@ class TransferModel:
     def trained(self) -> bool:
         return self.model is not None
 
-    def predict_features(self, features: np.ndarray) -> list[float]:
-        """Predicted rank (in [-0.5, 0.5]) of each row of features among its task (lower is faster)."""
+    def predict_features(self, features: np.ndarray, estimates: Sequence[float] | None = None) -> list[float]:
+        """The score of each row of features (lower is faster): the trees' predicted rank among its task
+        (in [-0.5, 0.5]) plus :attr:`prior` x log2 of the row's analytic estimate in ``estimates`` (seconds,
+        one per row; needed unless the prior is 0)."""
         if self.model is None:
             raise TuneError("the cross-operator cost model is not trained (no tasks with measured records)")
         if len(features) == 0:
             return []
-        return [float(v) for v in self.model.predict(np.asarray(features, dtype=float))]
+        ranks = self.model.predict(np.asarray(features, dtype=float))
+        if self.prior == 0:
+            return [float(v) for v in ranks]
+        if estimates is None or len(estimates) != len(ranks):
+            given = "none" if estimates is None else len(estimates)
+            raise TuneError(f"cost model: {len(ranks)} rows of features need as many analytic estimates, got {given}")
+        logs = np.log2(np.maximum(np.asarray(estimates, dtype=float), 1e-30))  # an estimate of 0 stays finite
+        return [float(v) for v in ranks + self.prior * logs]
 
     def predict(self, space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[float]:
-        """Predicted rank of each configuration of ``space`` (lower is faster)."""
+        """The score of each configuration of ``space`` (lower is faster; :meth:`predict_features`)."""
         rows = features_matrix(space, configs, self.kind)
-        return self.predict_features(np.array(rows, dtype=float).reshape(-1, len(KINDS[self.kind])))
+        estimates = [gensor_model.estimate(space, c) for c in configs] if self.prior else None
+        return self.predict_features(np.array(rows, dtype=float).reshape(-1, len(KINDS[self.kind])), estimates)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,18 +342,18 @@ class TaskScore:
     analytic: float
 
 
-def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0) -> list[TaskScore]:
-    """For each operator, a model trained on the other operators' tasks scores each of its tasks
-    (operators with no other operator to learn from are not scored)."""
+def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR) -> list[TaskScore]:
+    """For each operator, a model (the estimate's weight ``prior``) trained on the other operators' tasks
+    scores each of its tasks (operators with no other operator to learn from are not scored)."""
     out = []
     for operator in sorted({t.operator for t in tasks}):
         train = [t for t in tasks if t.operator != operator]
         if not train:
             continue
-        model = TransferModel(tasks[0].target, seed, tasks[0].kind)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior)
         model.fit(train)
         for data in (t for t in tasks if t.operator == operator):
-            predicted = model.predict_features(data.features)
+            predicted = model.predict_features(data.features, data.estimates)
             model_rho = rank_correlation(predicted, data.latencies)
             analytic_rho = rank_correlation(data.estimates, data.latencies)
             out.append(TaskScore(data.task, data.label, data.binding, len(data.latencies), model_rho, analytic_rho))
@@ -337,11 +365,11 @@ def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0) -> list[Tas
 HALF_SPLITS = 20
 
 
-def train_on_half(tasks: Sequence[TaskData], seed: int = 0) -> list[TaskScore]:
+def train_on_half(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR) -> list[TaskScore]:
     """The stricter split: models trained on half the operators (rounded down) each score every task of
-    the other half, for every such choice (at most :data:`HALF_SPLITS`, drawn with ``seed``); a task's
-    model score is its mean over the models that never saw its operator. Fewer than two operators: no
-    score.
+    the other half, for every such choice (at most :data:`HALF_SPLITS`, drawn with ``seed``; the estimate's
+    weight ``prior``); a task's model score is its mean over the models that never saw its operator.
+    Fewer than two operators: no score.
 
     >>> train_on_half([])
     []
@@ -354,11 +382,11 @@ def train_on_half(tasks: Sequence[TaskData], seed: int = 0) -> list[TaskScore]:
         choices = random.Random(seed).sample(choices, HALF_SPLITS)
     scores: dict[str, list[float]] = {}
     for trained_on in choices:
-        model = TransferModel(tasks[0].target, seed, tasks[0].kind)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior)
         model.fit([t for t in tasks if t.operator in trained_on])
         for data in (t for t in tasks if t.operator not in trained_on):
             scores.setdefault(data.task, []).append(
-                rank_correlation(model.predict_features(data.features), data.latencies)
+                rank_correlation(model.predict_features(data.features, data.estimates), data.latencies)
             )
     return [
         TaskScore(
