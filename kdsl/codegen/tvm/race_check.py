@@ -74,7 +74,8 @@ class Race:
         if self.kind == "unchecked":
             return f"{self.buffer}: unchecked in parallel loop {self.loop} ({self.detail})"
         where = "in every iteration" if self.kind == "same elements" else "by two or more iterations"
-        return f"{self.buffer}: {self.kind} {where} of parallel loop {self.loop} ({self.elements} element(s), {self.detail})"
+        counted = f"{self.elements} element(s), {self.detail}"
+        return f"{self.buffer}: {self.kind} {where} of parallel loop {self.loop} ({counted})"
 
 
 class _Stop(Exception):
