@@ -103,3 +103,19 @@ def test_the_measurer_check_fails_an_unwritten_element_even_after_a_right_answer
     latency, error = _measure_job(state, (right, True), contextlib.nullcontext)
     assert error is None and latency > 0
     assert np.isfinite(state["out"].numpy()).all()
+
+
+def test_a_kernel_call_in_a_check_starts_from_nan():
+    import torch
+
+    from kdsl.codegen.tvm import load_tvm
+    from kdsl.codegen.tvm.kernel import Kernel, outputs_filled_with_nan
+    from kdsl.codegen.tvm.toolchain import default_target
+
+    executable = load_tvm().compile(_skips_one, target=default_target())
+    kernel = Kernel(executable, lower(gallery.load("matmul"), MATMUL), None)
+    x, w = torch.rand(8, 8), torch.rand(8, 8)
+    with outputs_filled_with_nan():
+        got = kernel(x, w)
+    assert torch.isnan(got).nonzero().tolist() == [[0, 0]]  # the one element the kernel skips
+    torch.testing.assert_close(got[0, 1:], (x @ w)[0, 1:])
