@@ -64,6 +64,18 @@ def test_iterations_whose_stores_overlap_are_a_race():
     assert race.elements == 64  # every element: 16 windows of 8 from steps of 4 cover it twice
 
 
+@T.prim_func(s_tir=True)
+def _past_the_end(a: T.Buffer((16,), "float32"), out: T.Buffer((16,), "float32")):
+    for i in T.parallel(16):
+        out[i + 1] = a[i]  # the last iteration writes one element past the output
+
+
+def test_a_store_past_the_end_is_out_of_bounds():
+    (race,) = find_races(lowered_function(_past_the_end))
+    assert (race.buffer, race.kind, race.elements) == ("out", "out of bounds", 1)
+    assert "indices 16..16 of 16" in str(race)
+
+
 def test_an_element_no_store_writes_is_counted():
     func = lowered_function(_skips_one)
     assert find_races(func) == []  # each iteration i writes its own row

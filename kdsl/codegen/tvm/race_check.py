@@ -17,8 +17,11 @@ and every vector lane, guards applied; then reports each buffer that two iterati
 store to at one index: ``same elements`` when the index does not depend on the parallel loop at all (every
 thread writes it), ``overlap`` when it does but two iterations still meet. A store it cannot evaluate (an
 index read from memory, too many points) is reported ``unchecked``: conservative, to be judged by reading
-the IR. A store whose guard reads memory is counted as executed. :func:`unwritten` counts the elements of a
-buffer that no store of the function writes.
+the IR. A store whose guard reads memory is counted as executed. The same evaluation reports ``out of
+bounds`` the stores (into a parameter, or inside a parallel loop into a buffer allocated outside it) whose
+index falls outside the buffer they store through: a write into other memory, an input or a scratch buffer
+the next reader then takes as data. :func:`unwritten` counts the elements of a buffer that no store of the
+function writes.
 
 >>> from tvm.script import tirx as T
 >>> @T.prim_func(s_tir=True)
@@ -62,17 +65,20 @@ _LAST_PASS = "tirx.SplitHostDevice"
 
 @dataclass(frozen=True)
 class Race:
-    """A buffer that two iterations of a parallel loop may store to at one index (or might: ``unchecked``)."""
+    """A finding: a buffer that two iterations of a parallel loop store to at one index (``same elements``,
+    ``overlap``), or might (``unchecked``), or that a store writes outside of (``out of bounds``)."""
 
     buffer: str
     loop: str
-    kind: str  # "same elements", "overlap" or "unchecked"
+    kind: str  # "same elements", "overlap", "out of bounds" or "unchecked"
     elements: int  # how many of the buffer's elements are shared (0 when unchecked)
     detail: str = ""
 
     def __str__(self) -> str:
         if self.kind == "unchecked":
             return f"{self.buffer}: unchecked in parallel loop {self.loop} ({self.detail})"
+        if self.kind == "out of bounds":
+            return f"{self.buffer}: {self.elements} store(s) out of bounds in loop {self.loop} ({self.detail})"
         where = "in every iteration" if self.kind == "same elements" else "by two or more iterations"
         counted = f"{self.elements} element(s), {self.detail}"
         return f"{self.buffer}: {self.kind} {where} of parallel loop {self.loop} ({counted})"
@@ -119,7 +125,7 @@ def races_of_schedule(sch: Any, target: Any = None) -> list[Race]:
 def find_races(func: Any) -> list[Race]:
     """Every buffer that two iterations of a ``parallel`` loop of ``func`` (a lowered PrimFunc,
     :func:`lowered_function`) store to at one index; see the module docstring."""
-    walker = _Walker()
+    walker = _Walker(params=func.params)
     walker.stmt(func.body)
     return walker.races()
 
@@ -161,7 +167,7 @@ class _Walker:
     ``d`` is ``arange(extent)`` on axis ``-(d + 1)`` and a store's vector lanes one axis more, so that the
     values of enclosing and enclosed variables broadcast against each other (as in :mod:`.store_check`)."""
 
-    def __init__(self, cover: str | None = None) -> None:
+    def __init__(self, cover: str | None = None, params: Any = ()) -> None:
         self.tvm = load_tvm()
         self.env: dict[Any, Any] = {}
         self.lets: dict[Any, Any] = {}
@@ -175,6 +181,8 @@ class _Walker:
         self.covered: list[np.ndarray] = []
         self.unchecked_cover: list[str] = []
         self.alias: dict[Any, Any] = {}  # a view's buffer variable -> the buffer it views
+        self.params = set(params)
+        self.outside: list[Race] = []  # stores outside their buffer
 
     def _root(self, buffer: Any) -> Any:
         while buffer in self.alias:
@@ -182,7 +190,7 @@ class _Walker:
         return buffer
 
     def races(self) -> list[Race]:
-        found = list(self.unchecked)
+        found = [*self.outside, *self.unchecked]
         for loop in self.done:
             name = loop.var.name
             for buffer, pairs in loop.stores.items():
@@ -263,7 +271,7 @@ class _Walker:
         name = root.name
         shared = [loop for loop in self.parallel if root not in loop.private]
         covering = self.cover is not None and name == self.cover
-        if not shared and not covering:
+        if not shared and not covering and root not in self.params:
             return
         keep = {self.depth - loop.depth for loop in shared}  # the parallel loops' axes, never collapsed
         try:
@@ -274,9 +282,11 @@ class _Walker:
             if covering:
                 self.unchecked_cover.append(str(error))
             return
+        shape = np.broadcast_shapes(index.shape, mask.shape)
+        written = np.broadcast_to(index, shape)[np.broadcast_to(mask, shape)]
         if covering:
-            shape = np.broadcast_shapes(index.shape, mask.shape)
-            self.covered.append(np.broadcast_to(index, shape)[np.broadcast_to(mask, shape)])
+            self.covered.append(written)
+        self._bounds(node, name, written)
         for loop in shared:
             axis = self.depth - loop.depth  # the parallel loop's axis in the point arrays
             if index.shape[axis] == 1:  # every iteration computes the same indices
@@ -291,6 +301,22 @@ class _Walker:
             runs = np.broadcast_to(mask, points)
             pairs = np.stack([np.broadcast_to(iterations, points)[runs], np.broadcast_to(index, points)[runs]], 1)
             loop.stores.setdefault(name, []).append(np.unique(pairs, axis=0))
+
+    def _bounds(self, node: Any, name: str, written: np.ndarray) -> None:
+        """Record the store's indices outside the buffer it stores through (a write into other memory: an
+        input or another scratch buffer, whose next reader then computes garbage)."""
+        shape = getattr(getattr(node.buffer, "ty", None), "shape", None)
+        try:
+            size = prod(int(d) for d in shape) if shape is not None else None
+        except (TypeError, ValueError):
+            size = None
+        if size is None or not written.size:
+            return
+        outside = written[(written < 0) | (written >= size)]
+        if outside.size:
+            loop = self.parallel[-1].var.name if self.parallel else "-"
+            detail = f"indices {int(outside.min())}..{int(outside.max())} of {size}"
+            self.outside.append(Race(name, loop, "out of bounds", int(np.unique(outside).size), detail))
 
     def _points(self, node: Any, keep: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """The store's flat index and whether it runs, each over (lane, loop iterations, outermost loop
