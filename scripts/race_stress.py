@@ -7,9 +7,10 @@ signature (``NCHW16c``, :func:`~kdsl.codegen.tvm.signature_layout.block_signatur
 and ``--draws`` random valid configurations of its schedule space, each compiled once to a shared library
 as the tuner's compile workers do. For each ``--threads`` value a fresh process (``TVM_NUM_THREADS`` set:
 more threads than cores is how a loaded machine looks to TVM's thread pool) loads every library and calls
-it ``--runs`` times on the measurer's inputs, the output buffer filled with NaN before each call, while
-``--busy`` processes spin on the cores. It counts the calls whose output differs from the first call's in
-any bit, that hold a NaN (an element not written), and that fail the measurer's check against the float64
+it ``--runs`` times on two sets of the measurer's inputs in turn, the output buffer filled with NaN before
+each call, while
+``--busy`` processes spin on the cores. It counts the calls whose output differs from the first call's on the
+same inputs in any bit, that hold a NaN (an element not written), and that fail the measurer's check against the float64
 reference, and prints one line per (threads, kernel).
 """
 
@@ -24,11 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
 from kdsl import gallery
+from kdsl.codegen import reference
 from kdsl.codegen.tvm import load_tvm
+from kdsl.codegen.tvm.signature_layout import block_array
 from kdsl.tune.measurer import (
     _compile_setup,
     _expected,
@@ -68,26 +72,43 @@ def compile_kernels(directory: str, draws: int, seed: int) -> list[tuple[str, st
     return kernels
 
 
+def _input_sets(tvm: Any) -> list[dict[str, Any]]:
+    """Two measuring-worker states of different random inputs (seeds 0 and 1), blocked as the measurer's."""
+    sets = []
+    for seed in (0, 1):
+        state = _measure_setup(gallery.load(OP), dict(LAYER), BLOCK)
+        x, weights = reference.random_inputs(state["op"], state["layer"], dtype=np.float32, seed=seed)
+        state["x"], state["weights"] = x, weights
+        plain = [block_array(x, BLOCK), *weights]
+        state["args"] = [tvm.runtime.tensor(a, state["dev"]) for a in plain]
+        _expected(state)
+        sets.append(state)
+    return sets
+
+
 def child(kernels: list[tuple[str, str]], runs: int) -> None:
-    """In a process with ``TVM_NUM_THREADS`` set: run each kernel ``runs`` times; print a JSON line each."""
+    """In a process with ``TVM_NUM_THREADS`` set: run each kernel ``runs`` times, alternating two input
+    sets (so that a scratch buffer left from the call before holds the other set's data: a kernel that
+    reads its packed weights before they are all written computes with the wrong ones, not with the
+    same ones by luck); print a JSON line per kernel."""
     tvm = load_tvm()
-    state = _measure_setup(gallery.load(OP), dict(LAYER), BLOCK)
-    _, expected = _expected(state)
-    out, args = state["out"], state["args"]
+    sets = _input_sets(tvm)
+    out = sets[0]["out"]
     nan = np.full(tuple(int(d) for d in out.shape), np.nan, dtype=np.float32)
     for label, path in kernels:
         main = tvm.runtime.load_module(path)["main"]
-        first = None
+        firsts: list[Any] = [None, None]
         differ = unwritten = wrong = 0
         started = time.perf_counter()
-        for _ in range(runs):
+        for run in range(runs):
+            state = sets[run % 2]
             out.copyfrom(nan)
-            main(*args, out)
+            main(*state["args"], out)
             got = out.numpy()
-            first = got.copy() if first is None else first
+            first = firsts[run % 2] = got.copy() if firsts[run % 2] is None else firsts[run % 2]
             differ += not np.array_equal(got.view(np.uint32), first.view(np.uint32))
             unwritten += bool(np.isnan(got).any())
-            wrong += check_output(got, expected) is not None
+            wrong += check_output(got, state["expected"][1]) is not None
         seconds = (time.perf_counter() - started) / runs
         row = {"kernel": label, "runs": runs, "differ": differ, "unwritten": unwritten, "wrong": wrong}
         print(json.dumps({**row, "ms": round(seconds * 1e3, 2)}), flush=True)
