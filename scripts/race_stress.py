@@ -34,6 +34,7 @@ from kdsl.codegen import reference
 from kdsl.codegen.tvm import load_tvm
 from kdsl.codegen.tvm.signature_layout import block_array
 from kdsl.tune.measurer import (
+    Measurer,
     _compile_setup,
     _expected,
     _measure_setup,
@@ -114,6 +115,31 @@ def child(kernels: list[tuple[str, str]], runs: int) -> None:
         print(json.dumps({**row, "ms": round(seconds * 1e3, 2)}), flush=True)
 
 
+def through_measurers(count: int, busy: int) -> None:
+    """The default configuration measured ``count`` times as ``kdsl tune --network`` measures it: each time
+    by a fresh :class:`~kdsl.tune.measurer.Measurer` (compile workers, a measuring worker whose first
+    library it is, the check on its first call), ``busy`` processes spinning; prints the failures."""
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in range(busy)]
+    for spinner in spinners:
+        spinner.start()
+    failures = []
+    try:
+        for _ in range(count):
+            with Measurer(gallery.load(OP), dict(LAYER), block=BLOCK) as measurer:
+                space = _compile_setup(gallery.load(OP), dict(LAYER))
+                ((latency, error),) = measurer.measure(space, [space.heuristic()])
+            if latency is None:
+                failures.append(error)
+                print(error, flush=True)
+    finally:
+        stop.set()
+        for spinner in spinners:
+            spinner.join()
+    threads = os.environ.get("TVM_NUM_THREADS", "2")
+    print(f"{count} fresh measurers, TVM_NUM_THREADS={threads}: {len(failures)} failed; load {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
@@ -121,10 +147,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--busy", type=int, default=2, help="spinning processes during the runs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--measurers", type=int, default=0, help="instead: the tuner's path, fresh each time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child), args.runs)
+        return
+    if args.measurers:
+        through_measurers(args.measurers, args.busy)
         return
     with tempfile.TemporaryDirectory(prefix="kdsl-race-") as directory:
         kernels = compile_kernels(directory, args.draws, args.seed)
