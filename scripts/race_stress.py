@@ -1,6 +1,7 @@
 """Run a blocked kernel many times under load, comparing every output with the first, bit for bit.
 
     PYTHONPATH=. python scripts/race_stress.py --runs 200 --draws 3 --threads 2 4 8 --busy 2
+    TVM_NUM_THREADS=4 PYTHONPATH=. python scripts/race_stress.py --measurers 15 --busy 2   # the tuner's path
 
 The kernel is ResNet-18's ``conv2_x`` convolution (conv2d, N=1, C=64, 56x56, K=3) with the channel-blocked
 signature (``NCHW16c``, :func:`~kdsl.codegen.tvm.signature_layout.block_signature`): its default schedule
@@ -11,7 +12,9 @@ it ``--runs`` times on two sets of the measurer's inputs in turn, the output buf
 each call, while
 ``--busy`` processes spin on the cores. It counts the calls whose output differs from the first call's on the
 same inputs in any bit, that hold a NaN (an element not written), and that fail the measurer's check against the float64
-reference, and prints one line per (threads, kernel).
+reference, and prints one line per (threads, kernel). ``--measurers N`` instead measures the default N times
+through fresh :class:`~kdsl.tune.measurer.Measurer` objects, as ``kdsl tune --network`` does, and counts the
+failed checks.
 """
 
 from __future__ import annotations
