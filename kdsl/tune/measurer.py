@@ -6,7 +6,8 @@ then timed one at a time in a measuring worker (median of repeated runs with TVM
 that holds the machine's latency slot (:func:`~kdsl.runtime.timing.latency_slot`) while it runs a
 kernel, so tuning never times while a discover run (or another tuning run) does; waiting for the slot
 does not count against :data:`MEASURE_TIMEOUT`. Every output is checked against the NumPy reference
-backend before it is timed. A crash or a hang of a worker costs that configuration only: it is recorded
+backend before it is timed, from an output buffer filled with NaN first (an element the kernel does not
+write fails the check). A crash or a hang of a worker costs that configuration only: it is recorded
 as invalid and the worker is replaced.
 
 A measurer made with ``block > 0`` measures the kernel with a channel-blocked signature
@@ -112,6 +113,7 @@ def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0) -> dict[
         "args": [tvm.runtime.tensor(a, dev) for a in (*inputs, *weights)],  # the PrimFunc's order
         "out": tvm.runtime.empty(output_shape, "float32", dev),
         "expected": None,
+        "sentinel": None,
         "block": block,
     }
 
@@ -182,26 +184,61 @@ def _expected(state: dict[str, Any]) -> tuple[tuple[int, ...] | None, Any]:
     return state["expected"]
 
 
+def _sentinel(state: dict[str, Any]) -> Any:
+    """The measuring worker's output-sized array of NaN (made once)."""
+    import numpy as np
+
+    if state.get("sentinel") is None:
+        state["sentinel"] = np.full(tuple(int(d) for d in state["out"].shape), np.nan, dtype=np.float32)
+    return state["sentinel"]
+
+
+def check_output(got: Any, expected: Any) -> str | None:
+    """Why a kernel's output ``got`` (its buffer filled with NaN before the run) is wrong against the float64
+    reference ``expected``, or ``None`` when it is right within :data:`RTOL` of the output's scale.
+
+    >>> import numpy as np
+    >>> expected = np.array([1.0, -2.0, 4.0])
+    >>> check_output(np.array([1.0, -2.0, 4.001], np.float32), expected) is None
+    True
+    >>> check_output(np.array([1.0, np.nan, 4.0], np.float32), expected)
+    'wrong result: 1 of 3 output elements are NaN (never written by the kernel, or computed as NaN)'
+    >>> check_output(np.array([1.0, -2.0, 5.0], np.float32), expected)
+    "wrong result: max error 2.50e-01 of the output's scale"
+    """
+    import numpy as np
+
+    unwritten = int(np.count_nonzero(np.isnan(got)))
+    if unwritten:
+        return (
+            f"wrong result: {unwritten} of {got.size} output elements are NaN (never written by the kernel, "
+            "or computed as NaN)"
+        )
+    scale = float(np.abs(expected).max()) or 1.0
+    error = float(np.abs(got - expected).max()) / scale
+    return None if error <= RTOL else f"wrong result: max error {error:.2e} of the output's scale"
+
+
 def _measure_job(state: dict[str, Any], job: tuple[str, bool], slot: Slot) -> tuple[float | None, str | None]:
     """Time the library at a path (checked against the reference if asked): ``(seconds, None)`` or
     ``(None, reason)``. Everything that runs the kernel runs inside the latency slot."""
-    import numpy as np
-
     path, check = job
     tvm, dev, args, out = state["tvm"], state["dev"], state["args"], state["out"]
     try:
         module = tvm.runtime.load_module(path)
         rows, expected = _expected(state) if check else (None, None)  # before the slot: nothing to time here
+        if expected is not None:
+            # NaN in every element first: one the kernel never writes then fails the check every time,
+            # instead of passing when the buffer still holds an earlier configuration's right answer
+            out.copyfrom(_sentinel(state))
         with slot():
             start = time.perf_counter()
             module["main"](*args, out)
             first = time.perf_counter() - start
             if expected is not None:
-                got = out.numpy() if rows is None else out.numpy()[list(rows)]
-                scale = float(np.abs(expected).max()) or 1.0
-                error = float(np.abs(got - expected).max()) / scale
-                if not error <= RTOL:
-                    return None, f"wrong result: max error {error:.2e} of the output's scale"
+                reason = check_output(out.numpy() if rows is None else out.numpy()[list(rows)], expected)
+                if reason is not None:
+                    return None, reason
             if first > 1.0:
                 return first, None
             start = time.perf_counter()

@@ -14,9 +14,11 @@ vector-Jacobian product (see :func:`_autograd_function`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,31 @@ DESCRIPTION_VERSION = 1
 #: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
 #: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
 ALIGNMENT = 64
+
+
+#: while true (:func:`outputs_filled_with_nan`), a kernel call that allocates its output fills it with NaN
+_NAN_OUTPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("kdsl_nan_outputs", default=False)
+
+
+@contextlib.contextmanager
+def outputs_filled_with_nan() -> Iterator[None]:
+    """Within it, every kernel call that allocates its output (no ``out=``) starts from NaN instead of
+    whatever the allocator's memory held, so an element the kernel never writes shows as NaN in a check
+    rather than as a value left there by an earlier call (a right one, when the same memory held the same
+    tensor). For checks: the fill costs a pass over the output.
+
+    >>> import torch
+    >>> from kdsl import gallery
+    >>> kernel = build(gallery.load("matmul"), {"M": 2, "Cin": 3, "Cout": 4})
+    >>> with outputs_filled_with_nan():
+    ...     bool(torch.isnan(kernel(torch.ones(2, 3), torch.ones(3, 4))).any())
+    False
+    """
+    token = _NAN_OUTPUTS.set(True)
+    try:
+        yield
+    finally:
+        _NAN_OUTPUTS.reset(token)
 
 
 def _aligned(tensor: Any) -> Any:
@@ -215,6 +242,8 @@ class Kernel:
         inputs = [_aligned(x.contiguous()).detach() for x in xs]
         args = [_aligned(w.detach().to(dtype).contiguous()) for w in weights]
         result = torch.empty(self.output_shape, dtype=dtype) if out is None else _aligned(out)
+        if out is None and _NAN_OUTPUTS.get():
+            result.fill_(float("nan"))
         self.executable(*inputs, *args, result)
         if out is not None and result is not out:
             out.copy_(result)
