@@ -4,20 +4,18 @@ keep their tiles, and the tuners measure the new register tile within 16 trials 
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 from backends import backend
 
 backend("tvm")
 backend("torch")
 
+from test_space_rules import _FakeMeasurer  # noqa: E402  (a latency from the configuration's key)
 from test_tvm_schedule_forms import check_config  # noqa: E402
 
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen.tvm import lower  # noqa: E402
 from kdsl.codegen.tvm.machine import current_machine  # noqa: E402
-from kdsl.codegen.tvm.parameters import config_key  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.runtime.cpu import from_features  # noqa: E402
 
@@ -65,22 +63,6 @@ def test_the_whole_row_schedule_matches_the_reference(name):
     config = space.heuristic()
     assert config["n2_product.tile.N"] == (1, 1, 32)
     check_config(op, layer, space, config)
-
-
-class _FakeMeasurer:
-    """Times nothing: a latency from the configuration's key; remembers what it was asked to measure."""
-
-    compile_seconds = measure_seconds = 0.0
-
-    def __init__(self) -> None:
-        self.measured: list[dict] = []
-
-    def measure(self, space, configs):
-        self.measured += list(configs)
-        return [(1e-4 * (1 + zlib.crc32(config_key(c).encode()) % 97), None) for c in configs]
-
-    def close(self) -> None:
-        assert True  # nothing to release
 
 
 @pytest.mark.parametrize("tuner", ["opevo", "gensor", "alt"])
