@@ -193,7 +193,7 @@ def test_min_flops_drops_operators_below_it():
     assert evaluate(plain, pointwise)["status"] == "valid"
     assert evaluate(floored, pointwise)["status"] == "over_budget"
     assert evaluate(floored, gallery.load("grouped_conv2d"))["status"] == "valid"
-    assert floored.min_flops == int(0.2 * plain._baseline("flops"))
+    assert floored.min_flops == int(0.2 * plain.baseline_cost("flops"))
     assert f"FLOPs >= {floored.min_flops}" in floored.describe()
     assert floored.fingerprint() != plain.fingerprint()
     # a space without the floor keeps the fingerprint stores were written with
