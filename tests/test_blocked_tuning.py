@@ -193,7 +193,7 @@ def test_a_network_tuned_in_both_signatures_splits_the_budget_evenly(monkeypatch
         tune_network_module, "task_summary", lambda task, db, trials=0: TaskSummary(task.label, 1, trials, 1.0, 0.5)
     )
     item = resolve_ops(["conv2d"], resolution=32)[0]
-    tasks = network_tasks(item, [1], 32) + network_tasks(item, [1], 32, 16)
+    tasks = network_tasks(item, [1], 32, replace="3x3") + network_tasks(item, [1], 32, 16)
     assert [task.label for task in tasks[4:]] == [f"conv{i}_x N=1 NCHW16c" for i in range(2, 6)]
     summaries = tune_network(tasks, 32, str(tmp_path / "t.db"))
     given = {block: sum(n for b, n in rounds if b == block) for block in (0, 16)}

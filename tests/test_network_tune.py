@@ -143,7 +143,7 @@ def test_tune_network_measures_every_default_before_any_round(monkeypatch, tmp_p
     monkeypatch.setattr(tune_network_module, "tune", fake_tune)
     monkeypatch.setattr(tune_network_module, "task_summary", fake_summary)
     item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
-    tasks = network_tasks(item, [1], RESOLUTION)
+    tasks = network_tasks(item, [1], RESOLUTION, replace="3x3")
     summaries = tune_network(tasks, 24, str(tmp_path / "t.db"))
     kinds = [kind for kind, _ in events]
     assert kinds.count("default") == 4 and kinds.index("round") > max(i for i, k in enumerate(kinds) if k == "default")
@@ -190,7 +190,7 @@ def tuned_db(network, tmp_path_factory):
     the database and the configuration of each signature (channel block -> configuration)."""
     item = network[0]
     db = str(tmp_path_factory.mktemp("net") / "records.db")
-    task = network_tasks(item, [1], RESOLUTION)[0]
+    task = network_tasks(item, [1], RESOLUTION, replace="3x3")[0]
     rng = random.Random(0)
     configs = {}
     for block in (0, 16):
@@ -380,7 +380,7 @@ def test_the_command_refuses_unknown_networks_unfit_operators_and_mixed_argument
 
 
 def test_a_network_at_two_batch_sizes_shares_the_budget_per_image():
-    tasks = network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1, 8], 32)
+    tasks = network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1, 8], 32, replace="3x3")
     assert [task.scale for task in tasks] == [1.0] * 4 + [1 / 8] * 4
     # batch 8 takes 7x batch 1's time (better per image): without the scale it would win every round
     scheduler = BudgetScheduler([task.weight * task.scale for task in (tasks[0], tasks[4])])

@@ -28,8 +28,11 @@ By default (``prepack=True``) each kernel takes the weights its schedule packs a
 (:mod:`kdsl.codegen.tvm.prepack`), packed once when the network is compiled instead of on every call;
 ``prepack=False`` packs them in the kernel per call (the row :data:`PER_CALL`).
 
->>> [(task.label, task.weight) for task in network_tasks(resolve_ops(["conv2d"], resolution=32)[0], [1], 32)]
+>>> item = resolve_ops(["conv2d"], resolution=32)[0]
+>>> [(task.label, task.weight) for task in network_tasks(item, [1], 32, replace="3x3")]
 [('conv2_x N=1', 4), ('conv3_x N=1', 3), ('conv4_x N=1', 3), ('conv5_x N=1', 3)]
+>>> len(network_tasks(item, [1], 32))  # replace="all", the default: the stem and the strided convs too
+11
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ ONLY_3X3 = "kdsl tuned, plain, 3x3 convs only"
 
 
 def network_tasks(
-    item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0, replace: str = "3x3"
+    item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0, replace: str = "all"
 ) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
     batch size, weighted by how many times a forward pass runs it (the stage's first block has a

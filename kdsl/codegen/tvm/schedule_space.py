@@ -75,6 +75,7 @@ from kdsl.codegen.tvm.parameters import (
 )
 from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.space_memory import BLOCK_TILES, MemoryRules
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
@@ -94,11 +95,6 @@ UNROLL_REDUCTION = 4
 LAYOUT_FACTORS = (1, 4, 8, 16, 32, 64)
 #: Largest stride of a strided vector load that a branching kernel's stage prefers to a gather across rows.
 MAX_GATHER_STRIDE = 4
-#: Outer tiles per cache block offered by ``S.block``.
-BLOCK_TILES = (2, 4, 8, 16, 32, 64)
-#: Data inputs larger than this many L2 caches get the heuristic's cache blocking (at 2, matmul
-#: 512x1024x1024 on a 1 MiB L2 ran 0.92x with it; at 8, 1.06-1.36x; contended).
-BLOCK_ABOVE_L2 = 4
 #: Longest short axis (in vectors) that a plain operator's heuristic vectorizes whole instead of by half vectors.
 SHORT_VECTORS = 4
 #: Bounds on the product of unrolled inner reduction loops (MetaSchedule's unroll pragma goes to 512).
@@ -112,7 +108,7 @@ HEURISTIC_UNROLL = 256
 # ------------------------------------------------------------------------------------------------
 
 
-class ScheduleSpace:
+class ScheduleSpace(MemoryRules):
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering.lower`)."""
 
     def __init__(self, lowered: Any, machine: Machine | None = None) -> None:
@@ -372,9 +368,8 @@ class ScheduleSpace:
           So are weights it indexes in their last dim when that dim is longer than the vector tile: a
           tile's slab is then a panel of rows a whole dim apart (matmul 512x1024x1024: 1024 rows 4 KiB
           apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
-          unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms). A kernel built
-          with ``prepacked_weights=True`` takes such weights packed in its signature instead, packed
-          once by the caller (:mod:`kdsl.codegen.tvm.prepack`; what a compiled network does).
+          unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms). A compiled
+          network packs them once (:mod:`kdsl.codegen.tvm.prepack`).
         * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
           rather than by half vectors; several vectors are cut to one where they leave the register
           tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
@@ -394,57 +389,10 @@ class ScheduleSpace:
         config = {name: self.identity_value(name) for name in self.parameters}
         vectors: dict[str, str] = {}
         for stage in self.stages:
-            s = stage.name
-            if stage.kind == "copy" and f"{s}.inline" in config:
-                config[f"{s}.inline"] = True
-            if stage.kind != "reduce" or not stage.spatial:
-                continue
-            vector, vf = self._vector_axis(stage)
-            if f"{s}.lanes" in config and not stage.lane_reduce and self._weights_read_once(stage):
-                config[f"{s}.lanes"] = True  # a GEMV: packing the weight would be a second pass for no reuse
-                continue
-            if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
-                config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
-                continue
-            vf = self._reuse_weights(stage, vector, vf)
-            vf = whole_product_rows(self, stage, vector, vf, SHORT_VECTORS)
-            if vector is not None:
-                vectors[s] = vector.label
-                config[f"{s}.vector"] = vector.label
-                config[f"{s}.tile.{vector.label}"] = (vector.extent // vf, 1, vf)
-            budget = self.accumulators // max(1, vf // self.lanes)
-            rolled = any(e > UNROLL_REDUCTION for _, e in stage.reduced)
-            if not self.lowered.op.is_linear and vf % self.lanes and self.lanes % vf and rolled:
-                # a short axis whole that is no multiple of a vector (28 = 16 + 8 + 4 lanes) under a reduction
-                # loop that stays rolled: the rows of a register tile start off vector boundaries in the local
-                # accumulator, which then stays in memory and is assembled lane by lane (attention's scores at
-                # 8x28x28, Wk of 28 under 14 rows of Hk and a loop over d of 16, 1 thread: 57 -> 21 ms); one
-                # row only. Under unrolled windows alone LLVM keeps the rows in registers (a max pool's rows
-                # share their window's loads). Plain operators keep their schedules.
-                budget = 1
-            register, uf = self._register_axis(stage, vector, max(1, budget))
-            if register is not None:
-                config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
-                second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
-                if second is not None and self.lowered.op.is_linear:
-                    # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
-                    # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
-                    # AVX2, 2 threads: 14.7 ms with a 2 x 2-vector tile, 8.9 ms with 2 x 2 x 2 vectors)
-                    config[f"{s}.tile.{second.label}"] = (second.extent // sf, 1, sf)
-                if vector is None and f"{s}.vector" in config and config[f"{s}.vector"] == register.label:
-                    # no axis vectorizes: name one whose inner tile stays 1 (apply then vectorizes nothing)
-                    others = [a for a, e in stage.spatial if e > 1 and a != register.label]
-                    config[f"{s}.vector"] = others[0] if others else register.label
-            windows = [e for _, e in stage.reduced if 1 < e <= UNROLL_REDUCTION]
-            for axis, e in stage.reduced:
-                if e > 1:
-                    config[f"{s}.tile.{axis}"] = (1, e) if e <= UNROLL_REDUCTION else (e, 1)
-            if f"{s}.reductions" in config:
-                config[f"{s}.reductions"] = "whole"
-            config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
-            config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
-            config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
-            self._memory(stage, vector, vf, config)
+            if stage.kind == "copy" and f"{stage.name}.inline" in config:
+                config[f"{stage.name}.inline"] = True
+            if stage.kind == "reduce" and stage.spatial:
+                self._tile_reduction(stage, config, vectors)
         for stage in self.stages:
             if stage.kind == "pad":
                 # the phase form's copy is always materialized: inlined, every broadcast would also select
@@ -456,58 +404,56 @@ class ScheduleSpace:
                 config[f"{stage.name}.inline"] = self._elementwise_inline(stage)
         return self.validate(self.repair(config))  # a GEMV in lanes keeps no accumulator to fold a copy into
 
-    def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
-        """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
-        blocking (:meth:`_cache_block`), and a window sum read by another window sum (a separable pooling's rows,
-        then its columns) computed at its reader's parallel loop, so that its result is read back from cache,
-        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
+    def _tile_reduction(self, stage: StageBlock, config: dict[str, Any], vectors: dict[str, str]) -> None:
+        """:meth:`heuristic`'s register-tiled micro-kernel for one reduction stage, written into ``config``
+        (``vectors`` gets the stage's vector axis, which the rule for padded copies reads)."""
+        s = stage.name
+        vector, vf = self._vector_axis(stage)
+        if f"{s}.lanes" in config and not stage.lane_reduce and self._weights_read_once(stage):
+            config[f"{s}.lanes"] = True  # a GEMV: packing the weight would be a second pass for no reuse
+            return
+        if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
+            config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
+            return
+        vf = self._reuse_weights(stage, vector, vf)
+        vf = whole_product_rows(self, stage, vector, vf, SHORT_VECTORS)
         if vector is not None:
-            self._vector_layouts(stage, vector, vf, config)
-            self._cache_block(stage, vector, config)
-        s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
-        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
-        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
-            config[f"{s}.attach"] = "outer"
-
-    def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
-        """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused
-        parallel loop, consecutive tasks sweep all the data once per weight panel, from memory; blocks of the
-        first data axis's outer tiles (``S.block``), each block's data at most half of L2, keep it in L2
-        while the weight panels pass (matmul 4096x512x2048, 1 MiB L2, AVX-512, 2 contended threads: 1.36x
-        faster; where the data is only a few L2s, :data:`BLOCK_ABOVE_L2`, it does not pay)."""
-        name = f"{stage.name}.block"
-        if name not in self.parameters or vector.label not in stage.weight_only:
-            return
-        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
-        data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
-        if data <= BLOCK_ABOVE_L2 * self.machine.l2:
-            return
-        for axis, extent in stage.spatial:
-            if extent == 1 or axis in stage.weight_only:
-                continue
-            _, middle, inner = config[f"{stage.name}.tile.{axis}"]
-            count = extent // (middle * inner)
-            fits = [n for n in BLOCK_TILES if count % n == 0 and n < count and data * n <= count * self.machine.l2 // 2]
-            if fits and f"{axis}:{fits[-1]}" in self.parameters[name].choices:
-                config[name] = f"{axis}:{fits[-1]}"
-            return  # the first data axis only: the fused loop's outermost
-
-    def _vector_layouts(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
-        """The heuristic's layouts for a reduction stage's vector axis: intermediates with its dim last
-        (branching kernels), a data input it gathers from with its dim last (plain operators), and packed
-        weights (``packs`` and long ``panels``)."""
-        if not self.lowered.op.is_linear:
-            self._vector_last(stage, vector, config)
-        elif vector.gathers:
-            self._input_vector_last(stage, vector, config)
-        panels = [(w, d) for w, d in vector.panels if self.tensor_named(w).shape[d] > vf]
-        for weight, dim in dict.fromkeys([*vector.packs, *panels]):
-            tensor = self.tensor_named(weight)
-            tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
-            param = self.parameters.get(f"layout.{weight}.tile")  # none where no factor divides the dim
-            if tensor.reader == stage.name and param is not None and tile in param.choices:
-                config[f"layout.{weight}.tile"] = tile
-                config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
+            vectors[s] = vector.label
+            config[f"{s}.vector"] = vector.label
+            config[f"{s}.tile.{vector.label}"] = (vector.extent // vf, 1, vf)
+        budget = self.accumulators // max(1, vf // self.lanes)
+        rolled = any(e > UNROLL_REDUCTION for _, e in stage.reduced)
+        if not self.lowered.op.is_linear and vf % self.lanes and self.lanes % vf and rolled:
+            # a short axis whole that is no multiple of a vector (28 = 16 + 8 + 4 lanes) under a reduction
+            # loop that stays rolled: the rows of a register tile start off vector boundaries in the local
+            # accumulator, which then stays in memory and is assembled lane by lane (attention's scores at
+            # 8x28x28, Wk of 28 under 14 rows of Hk and a loop over d of 16, 1 thread: 57 -> 21 ms); one
+            # row only. Under unrolled windows alone LLVM keeps the rows in registers (a max pool's rows
+            # share their window's loads). Plain operators keep their schedules.
+            budget = 1
+        register, uf = self._register_axis(stage, vector, max(1, budget))
+        if register is not None:
+            config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
+            second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
+            if second is not None and self.lowered.op.is_linear:
+                # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
+                # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
+                # AVX2, 2 threads: 14.7 ms with a 2 x 2-vector tile, 8.9 ms with 2 x 2 x 2 vectors)
+                config[f"{s}.tile.{second.label}"] = (second.extent // sf, 1, sf)
+            if vector is None and f"{s}.vector" in config and config[f"{s}.vector"] == register.label:
+                # no axis vectorizes: name one whose inner tile stays 1 (apply then vectorizes nothing)
+                others = [a for a, e in stage.spatial if e > 1 and a != register.label]
+                config[f"{s}.vector"] = others[0] if others else register.label
+        windows = [e for _, e in stage.reduced if 1 < e <= UNROLL_REDUCTION]
+        for axis, e in stage.reduced:
+            if e > 1:
+                config[f"{s}.tile.{axis}"] = (1, e) if e <= UNROLL_REDUCTION else (e, 1)
+        if f"{s}.reductions" in config:
+            config[f"{s}.reductions"] = "whole"
+        config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
+        config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
+        config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
+        self._memory(stage, vector, vf, config)
 
     def _elementwise_inline(self, stage: StageBlock) -> str:
         """Where an element-wise stage goes: into its consumers when each of them reads every element
@@ -521,50 +467,6 @@ class ScheduleSpace:
         if "consumers" in choices and all(prod(e for _, e in c.spatial + c.reduced) <= size for c in readers):
             return "consumers"
         return "producer" if "producer" in choices else "none"
-
-    def _vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
-        """Lay out the intermediate results that ``stage`` reads with the vector axis's dim last, where a
-        reduction stage made them for this reader alone: a branching kernel's data operand (a Product's
-        values, made by an FC with the channel first) is else read with a gather per lane. Plain
-        operators keep their layouts (their schedules are unchanged)."""
-        out = self.lowered.out.op.name
-        for buffer, dims in stage.reads:
-            producer = next((p for p in self.stages if p.name == buffer), None)
-            if producer is None or buffer == out or producer.kind != "reduce" or producer.consumers != [stage.name]:
-                continue
-            positions = [d for d, used in enumerate(dims) if vector.index in used]
-            if len(positions) != 1 or positions[0] == len(dims) - 1 or len(dims[positions[0]]) != 1:
-                continue
-            moved = positions[0]
-            perm = (*(d for d in range(len(dims)) if d != moved), moved)
-            if f"layout.{buffer}.perm" in self.parameters:
-                config[f"layout.{buffer}.perm"] = perm
-
-    def _input_vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
-        """Pack a data input that the vector axis gathers from with that axis's dim last, where the stage
-        reads it directly or through a zero-padded copy that is inlined (one along an unpadded dim: the
-        pad's bounds checks stay outside the vector). A depthwise convolution at 14x14, whose rows take no
-        vector, vectorizes its channels; in ``[N, C, H, W]`` each lane is a row apart, packed ``[N, H, W, C]``
-        the lanes are one load (256x14x14, AVX-512, 2 contended threads: 0.30 -> 0.16 ms, the packing
-        included). Only plain (linear) operators: a branching kernel's stages have rules of their own."""
-        for buffer, dims in stage.reads:
-            positions = [d for d, used in enumerate(dims) if vector.index in used]
-            if len(positions) != 1 or dims[positions[0]] != {vector.index} or positions[0] == len(dims) - 1:
-                continue
-            dim, tensor = positions[0], buffer
-            producer = next((p for p in self.stages if p.name == buffer), None)
-            if producer is not None:
-                # only a zero-padded copy of an input, along a dim it does not pad, read by this stage alone
-                if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
-                    continue
-                tensor, pad_dims = producer.reads[0]
-                # a copy of another rank (the phase form's [.., p, i, ..] copy) is no plain pad of the input
-                if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
-                    continue
-            if self.tensor_named(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
-                continue
-            rest = (d for d in range(len(self.tensor_named(tensor).shape)) if d != dim)
-            config[f"layout.{tensor}.perm"] = (*rest, dim)
 
     def _vector_factor(self, extent: int, short: int = MAX_VECTORS) -> int:
         """The vector tile of an axis: whole vectors (at most :data:`MAX_VECTORS`), else half or quarter

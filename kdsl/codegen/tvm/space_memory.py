@@ -1,0 +1,127 @@
+"""How the heuristic's reduction stages meet memory: the layouts their vector axis wants, cache blocking
+where the data exceed L2, and window sums computed where their reader runs.
+
+:class:`MemoryRules` holds these rules of :meth:`ScheduleSpace.heuristic
+<kdsl.codegen.tvm.schedule_space.ScheduleSpace.heuristic>`; the space inherits them (they read its
+parameters, tensors, stages and machine), so :mod:`kdsl.codegen.tvm.schedule_space` stays one readable file.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.blocks import Axis, StageBlock
+
+#: Outer tiles per cache block offered by ``S.block``.
+BLOCK_TILES = (2, 4, 8, 16, 32, 64)
+#: Data inputs larger than this many L2 caches get the heuristic's cache blocking (at 2, matmul
+#: 512x1024x1024 on a 1 MiB L2 ran 0.92x with it; at 8, 1.06-1.36x; contended).
+BLOCK_ABOVE_L2 = 4
+
+
+class MemoryRules:
+    """The heuristic's memory rules, a part of :class:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace`."""
+
+    parameters: dict[str, Any]
+    tensors: list[Any]
+    stages: list[StageBlock]
+    machine: Any
+    lowered: Any
+
+    def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
+        """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
+        blocking (:meth:`_cache_block`), and a window sum read by another window sum (a separable pooling's rows,
+        then its columns) computed at its reader's parallel loop, so that its result is read back from cache,
+        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
+        if vector is not None:
+            self._vector_layouts(stage, vector, vf, config)
+            self._cache_block(stage, vector, config)
+        s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
+        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
+        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
+            config[f"{s}.attach"] = "outer"
+
+    def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused
+        parallel loop, consecutive tasks sweep all the data once per weight panel, from memory; blocks of the
+        first data axis's outer tiles (``S.block``), each block's data at most half of L2, keep it in L2
+        while the weight panels pass (matmul 4096x512x2048, 1 MiB L2, AVX-512, 2 contended threads: 1.36x
+        faster; where the data is only a few L2s, :data:`BLOCK_ABOVE_L2`, it does not pay)."""
+        name = f"{stage.name}.block"
+        if name not in self.parameters or vector.label not in stage.weight_only:
+            return
+        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
+        data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
+        if data <= BLOCK_ABOVE_L2 * self.machine.l2:
+            return
+        for axis, extent in stage.spatial:
+            if extent == 1 or axis in stage.weight_only:
+                continue
+            _, middle, inner = config[f"{stage.name}.tile.{axis}"]
+            count = extent // (middle * inner)
+            fits = [n for n in BLOCK_TILES if count % n == 0 and n < count and data * n <= count * self.machine.l2 // 2]
+            if fits and f"{axis}:{fits[-1]}" in self.parameters[name].choices:
+                config[name] = f"{axis}:{fits[-1]}"
+            return  # the first data axis only: the fused loop's outermost
+
+    def _vector_layouts(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
+        """The heuristic's layouts for a reduction stage's vector axis: intermediates with its dim last
+        (branching kernels), a data input it gathers from with its dim last (plain operators), and packed
+        weights (``packs`` and long ``panels``)."""
+        if not self.lowered.op.is_linear:
+            self._vector_last(stage, vector, config)
+        elif vector.gathers:
+            self._input_vector_last(stage, vector, config)
+        panels = [(w, d) for w, d in vector.panels if self.tensor_named(w).shape[d] > vf]
+        for weight, dim in dict.fromkeys([*vector.packs, *panels]):
+            tensor = self.tensor_named(weight)
+            tile, perm = f"{dim}:{vf}", (dim, *(d for d in range(len(tensor.shape)) if d != dim))
+            param = self.parameters.get(f"layout.{weight}.tile")  # none where no factor divides the dim
+            if tensor.reader == stage.name and param is not None and tile in param.choices:
+                config[f"layout.{weight}.tile"] = tile
+                config[f"layout.{weight}.perm"] = perm  # v's tile index first: see _pack
+
+    def _vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Lay out the intermediate results that ``stage`` reads with the vector axis's dim last, where a
+        reduction stage made them for this reader alone: a branching kernel's data operand (a Product's
+        values, made by an FC with the channel first) is else read with a gather per lane. Plain
+        operators keep their layouts (their schedules are unchanged)."""
+        out = self.lowered.out.op.name
+        for buffer, dims in stage.reads:
+            producer = next((p for p in self.stages if p.name == buffer), None)
+            if producer is None or buffer == out or producer.kind != "reduce" or producer.consumers != [stage.name]:
+                continue
+            positions = [d for d, used in enumerate(dims) if vector.index in used]
+            if len(positions) != 1 or positions[0] == len(dims) - 1 or len(dims[positions[0]]) != 1:
+                continue
+            moved = positions[0]
+            perm = (*(d for d in range(len(dims)) if d != moved), moved)
+            if f"layout.{buffer}.perm" in self.parameters:
+                config[f"layout.{buffer}.perm"] = perm
+
+    def _input_vector_last(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """Pack a data input that the vector axis gathers from with that axis's dim last, where the stage
+        reads it directly or through a zero-padded copy that is inlined (one along an unpadded dim: the
+        pad's bounds checks stay outside the vector). A depthwise convolution at 14x14, whose rows take no
+        vector, vectorizes its channels; in ``[N, C, H, W]`` each lane is a row apart, packed ``[N, H, W, C]``
+        the lanes are one load (256x14x14, AVX-512, 2 contended threads: 0.30 -> 0.16 ms, the packing
+        included). Only plain (linear) operators: a branching kernel's stages have rules of their own."""
+        for buffer, dims in stage.reads:
+            positions = [d for d, used in enumerate(dims) if vector.index in used]
+            if len(positions) != 1 or dims[positions[0]] != {vector.index} or positions[0] == len(dims) - 1:
+                continue
+            dim, tensor = positions[0], buffer
+            producer = next((p for p in self.stages if p.name == buffer), None)
+            if producer is not None:
+                # only a zero-padded copy of an input, along a dim it does not pad, read by this stage alone
+                if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
+                    continue
+                tensor, pad_dims = producer.reads[0]
+                # a copy of another rank (the phase form's [.., p, i, ..] copy) is no plain pad of the input
+                if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
+                    continue
+            if self.tensor_named(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
+                continue
+            rest = (d for d in range(len(self.tensor_named(tensor).shape)) if d != dim)
+            config[f"layout.{tensor}.perm"] = (*rest, dim)
