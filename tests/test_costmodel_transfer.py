@@ -20,6 +20,7 @@ from kdsl.tune.transfer import (
     TransferModel,
     leave_one_operator_out,
     load_tasks,
+    other_versions,
     rank_correlation,
     run_ranking,
 )
@@ -237,12 +238,12 @@ def test_a_model_of_one_target_refuses_another_targets_tasks():
         model.fit([_synthetic("a", "x", rng, "haswell"), _synthetic("b", "y", rng, "skylake-avx512")])
 
 
-def _store_task(store: RecordStore, op, layer, target: str, latencies) -> str:
+def _store_task(store: RecordStore, op, layer, target: str, latencies, **described) -> str:
     from kdsl.tune.records import task_key
 
     binding = solve.bind(op, layer)
     key = task_key(op, binding, target)
-    store.describe(key, {"op": op.key, "binding": binding, "target": target, "json": op.to_json()})
+    store.describe(key, {"op": op.key, "binding": binding, "target": target, "json": op.to_json(), **described})
     space = _space("matmul", layer)
     rng = random.Random(len(latencies))
     seen = set()
@@ -267,6 +268,17 @@ def test_load_tasks_reads_only_the_target_asked_for(tmp_path):
     assert load_tasks([tmp_path / "r.db"], "haswell", exclude=[mine]) == []
     with pytest.raises(TuneError, match="no records database"):
         load_tasks([tmp_path / "missing.db"], "haswell")
+
+
+def test_tasks_of_another_space_version_are_skipped_and_counted(tmp_path):
+    store = RecordStore(tmp_path / "r.db")
+    op = gallery.load("matmul")
+    mine = _store_task(store, op, MATMUL, "haswell", [1e-3 * (i + 1) for i in range(8)])
+    latencies = [1e-3 * (i + 1) for i in range(8)]
+    _store_task(store, op, {"M": 32, "Cin": 32, "Cout": 32}, "haswell", latencies, space="tvm-space-7")
+    assert [t.task for t in load_tasks([tmp_path / "r.db"], "haswell")] == [mine]
+    assert other_versions([tmp_path / "r.db", tmp_path / "missing.db"], "haswell") == {"tvm-space-7": 1}
+    assert other_versions([tmp_path / "r.db"], "skylake-avx512") == {}
 
 
 class _Proposer:

@@ -34,12 +34,13 @@ from collections.abc import Mapping, Sequence
 
 from kdsl.bench import target as bench_target
 from kdsl.bench.argument_types import positive_int
+from kdsl.codegen.tvm.schedule_space import VERSION
 from kdsl.lang import library
 from kdsl.lang.errors import KdslError
 from kdsl.tune.driver import tune
 from kdsl.tune.features import KINDS
 from kdsl.tune.records import target_mcpu
-from kdsl.tune.transfer import PRIOR, TaskScore, leave_one_operator_out, load_tasks, train_on_half
+from kdsl.tune.transfer import PRIOR, TaskScore, leave_one_operator_out, load_tasks, other_versions, train_on_half
 
 _CONV_SMALL = {"N": 1, "Cin": 32, "Cout": 32, "H": 16, "W": 16}
 _CONV_MEDIUM = {"N": 1, "Cin": 64, "Cout": 64, "H": 28, "W": 28}
@@ -202,6 +203,8 @@ def bench_costmodel(args: argparse.Namespace) -> int:
     tasks = load_tasks(args.db, target, kind=args.features)
     operators = sorted({t.label for t in tasks})
     print(f"target {target}: {len(tasks)} tasks of {len(operators)} operators ({', '.join(operators)})")
+    for version, count in sorted(other_versions(args.db, target).items()):
+        print(f"skipped {count} tasks of schedule space {version} (this kdsl's is {VERSION}: other kernels)")
     scores = (train_on_half if args.split == "half" else leave_one_operator_out)(
         tasks, seed=args.seed, prior=args.prior
     )

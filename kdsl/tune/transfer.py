@@ -175,6 +175,22 @@ def measured(records: Iterable[Record]) -> dict[str, Record]:
     return best
 
 
+def other_versions(paths: Sequence[str | os.PathLike[str]], target: str) -> dict[str, int]:
+    """How many tasks of ``target`` in the records databases ``paths`` were tuned in another version of
+    the schedule space than this kdsl's (:data:`~kdsl.codegen.tvm.schedule_space.VERSION`), by version:
+    :func:`load_tasks` skips them (their configurations timed other kernels), and a caller that finds no
+    task says why. A database that does not exist counts nothing."""
+    counts: dict[str, int] = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        for description in RecordStore(path).descriptions().values():
+            version = str(description.get("space", VERSION))
+            if str(description.get("target", "")) == target and version != VERSION:
+                counts[version] = counts.get(version, 0) + 1
+    return counts
+
+
 def load_tasks(
     paths: Sequence[str | os.PathLike[str]],
     target: str,
