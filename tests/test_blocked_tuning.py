@@ -172,7 +172,7 @@ def test_a_network_tuned_in_both_signatures_splits_the_budget_evenly(monkeypatch
     rounds, opened = [], []
 
     class FakeMeasurer:
-        def __init__(self, op, binding, block=0):
+        def __init__(self, op, binding, block=0, prepacked=False):
             opened.append(block)
             self.block = block
 

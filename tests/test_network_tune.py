@@ -120,7 +120,7 @@ def test_tune_network_measures_every_default_before_any_round(monkeypatch, tmp_p
     events = []
 
     class FakeMeasurer:
-        def __init__(self, op, binding, block=0):
+        def __init__(self, op, binding, block=0, prepacked=False):
             events.append(("open", binding["H"]))
 
         def close(self):

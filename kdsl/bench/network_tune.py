@@ -26,7 +26,11 @@ and the ReLU after its second, so no PyTorch operator runs between a kdsl kernel
 input; ``fuse=False`` runs that glue as PyTorch operators (the comparison row of :func:`time_compiled`).
 By default (``prepack=True``) each kernel takes the weights its schedule packs already packed
 (:mod:`kdsl.codegen.tvm.prepack`), packed once when the network is compiled instead of on every call;
-``prepack=False`` packs them in the kernel per call (the row :data:`PER_CALL`).
+``prepack=False`` packs them in the kernel per call (the row :data:`PER_CALL`). ``kdsl tune --network``
+tunes each layer in the signature its kernel runs: weights packed once, outside the measured time
+(``NetworkTask.prepacked``, records under a task of their own), and a prepacked kernel takes its schedule
+from those records; the per-call row from the per-call ones (either falls back to the other's records,
+then to the default schedule: :func:`compile_network`).
 
 >>> item = resolve_ops(["conv2d"], resolution=32)[0]
 >>> [(task.label, task.weight) for task in network_tasks(item, [1], 32, replace="3x3")]
@@ -38,6 +42,7 @@ By default (``prepack=True``) each kernel takes the weights its schedule packs a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -100,7 +105,12 @@ ONLY_3X3 = "kdsl tuned, plain, 3x3 convs only"
 
 
 def network_tasks(
-    item: NetworkOp, batches: Sequence[int], resolution: int = 224, block: int = 0, replace: str = "all"
+    item: NetworkOp,
+    batches: Sequence[int],
+    resolution: int = 224,
+    block: int = 0,
+    replace: str = "all",
+    prepacked: bool = False,
 ) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
     batch size, weighted by how many times a forward pass runs it (the stage's first block has a
@@ -108,7 +118,9 @@ def network_tasks(
     scaled by ``1 / batch``: the budget is shared by time saved per image. ``block > 0``: the kernels
     with the channel-blocked signature the blocked networks run (labelled with it, ``NCHW16c``).
     ``replace="all"``: with the plain signature, also the seven strided convolutions
-    (:func:`kdsl.bench.network_strided.strided_tasks`)."""
+    (:func:`kdsl.bench.network_strided.strided_tasks`). ``prepacked``: every task tuned with its packed
+    weights taken packed (:attr:`~kdsl.tune.network.NetworkTask.prepacked`), as :func:`compile_network`
+    runs the kernels by default."""
     if replace not in REPLACE:
         raise KdslError(f"unknown --replace {replace!r}: use one of {', '.join(REPLACE)}")
     tasks = []
@@ -117,9 +129,9 @@ def network_tasks(
         for layer, (_, _, stride) in zip(stage_layers(batch, resolution), STAGES):
             weight = 4 if stride == 1 else 3
             label = f"{layer.name} N={batch}{suffix}"
-            tasks.append(NetworkTask(label, item.op, item.binding(layer), weight, 1 / batch, block))
+            tasks.append(NetworkTask(label, item.op, item.binding(layer), weight, 1 / batch, block, prepacked))
     if replace == "all" and not block:
-        tasks += strided_tasks(list(batches), resolution)
+        tasks += [dataclasses.replace(task, prepacked=prepacked) for task in strided_tasks(list(batches), resolution)]
     return tasks
 
 
@@ -237,7 +249,11 @@ def compile_network(
     those run as PyTorch operators. ``prepack``: each kernel's signature takes the weights its schedule
     packs in that packed layout (:mod:`kdsl.codegen.tvm.prepack`), packed here, once (so the compiled
     network holds packed copies of those weights: a later change to ``net``'s weights needs a new
-    compile); else every kernel call packs them.
+    compile); else every kernel call packs them. The records follow: a prepacked kernel takes the best
+    record of its task tuned prepacked (``NetworkTask.prepacked``), falling back to the best of the task
+    tuned with its weights packed per call, then to the default schedule; a per-call kernel (``prepack=False``)
+    takes the per-call task's best, falling back to the prepacked one's, then the default (the fallbacks
+    keep a database tuned one way usable the other).
     ``replace="all"``: in the plain layout the stem, its max pooling, the
     stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`);
     the blocked layouts, and ``replace="3x3"``, keep PyTorch's operators there."""
@@ -266,7 +282,7 @@ def compile_network(
         key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue, prepack, records)
         if key not in kernels:
             records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
-            schedule = tuned_schedule(db, item.op, binding, records_of) if db is not None else None
+            schedule = None if db is None else tuned_schedule(db, item.op, binding, records_of, prepack, fallback=True)
             if epilogue is not None:
                 kernels[key] = build_fused(
                     item.op, binding, epilogue, schedule, block=blocked, prepacked_weights=prepack
@@ -308,7 +324,7 @@ def _strided_kernel(
     records = None if db is None else os.fspath(db)
     key = (op.key, json.dumps(binding, sort_keys=True), 0, False, epilogue, prepack, records)
     if key not in kernels:
-        schedule = tuned_schedule(db, op, binding, 0) if db is not None else None
+        schedule = None if db is None else tuned_schedule(db, op, binding, 0, prepack, fallback=True)
         if epilogue is not None:
             kernels[key] = build_fused(op, binding, epilogue, schedule, prepacked_weights=prepack)
         else:
@@ -543,9 +559,10 @@ def command_tune_network(args: argparse.Namespace) -> int:
     item = resolve_ops([args.operator or "conv2d"], resolution=args.resolution)[0]
     for name, width, _ in STAGES:  # refuse a --block that does not divide a stage's channels before tuning
         blocked_shape((1, width, 1, 1), args.block, f"--block: {name}")
-    # each layer in both signatures the networks are timed in: the plain one, and the blocked one
-    tasks = network_tasks(item, args.batch_sizes, args.resolution, replace=args.replace)
-    tasks += network_tasks(item, args.batch_sizes, args.resolution, args.block)
+    # each layer in both signatures the networks are timed in: the plain one, and the blocked one, each
+    # with the weights the schedule packs taken packed (what compile_network runs, prepack=True)
+    tasks = network_tasks(item, args.batch_sizes, args.resolution, replace=args.replace, prepacked=True)
+    tasks += network_tasks(item, args.batch_sizes, args.resolution, args.block, prepacked=True)
     log = None if args.json else (lambda line: print(f"tune --network: {line}", file=sys.stderr, flush=True))
     summaries = tune_network(
         tasks,
@@ -583,8 +600,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
     print(
         f"kdsl tune --network {args.network}: {printable(item.label)} in {where}, "
         f"{args.resolution}x{args.resolution} input, {tuner}, {args.trials} trials split evenly between the kernels' "
-        f"NCHW and {signature_name(args.block)} signatures, each share given to its layers by expected saving "
-        f"(records in {printable(args.db)})"
+        f"NCHW and {signature_name(args.block)} signatures (weights packed once, outside the measured time), "
+        f"each share given to its layers by expected saving (records in {printable(args.db)})"
     )
     print(task_table(summaries))
     print(
@@ -597,7 +614,8 @@ def command_tune_network(args: argparse.Namespace) -> int:
     print(
         "kdsl's kernels compute the batch norm, ReLU and residual add after them in their epilogues "
         f"(fused), but in the row '{UNFUSED}', where PyTorch's operators do; and take the weights their "
-        f"schedules pack packed once, when the network is compiled, but in the row '{PER_CALL}'."
+        f"schedules pack packed once, when the network is compiled, but in the row '{PER_CALL}' (which runs the "
+        "records tuned packing per call where the database has them, else the prepacked ones)."
     )
     print(network_table(rows))
     print()

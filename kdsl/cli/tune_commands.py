@@ -162,6 +162,13 @@ def add_tune_commands(subparsers: Any) -> None:
     )
     tune.add_argument("--no-cost-model", action="store_true", help="never rank candidates with the cost model")
     tune.add_argument(
+        "--prepacked",
+        action="store_true",
+        help="tune (or with --apply, read) the kernel that takes the weights its schedule packs already packed, as "
+        "a compiled network runs it: packed once, outside the measured time; records of a task of their own "
+        "(--network always tunes so)",
+    )
+    tune.add_argument(
         "--apply",
         action="store_true",
         help="tune nothing: take the best record in --db (of --tuner if given), print its schedule, and build it "
@@ -208,7 +215,10 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
     else:
         layers = " ".join(shlex.quote(item) for item in args.layers)
         again = f"kdsl tune {printable(args.operator)} --layers {printable(layers)} --db {printable(args.db)}"
-        print(f"build it: {again} --apply --out kernel.so, or kdsl.tune.apply(db, op, layer) in Python")
+        if args.prepacked:  # no library of a prepacked kernel yet: build the schedule in Python
+            print("build it: kdsl.codegen.tvm.build(op, layer, schedule=..., prepacked_weights=True) in Python")
+        else:
+            print(f"build it: {again} --apply --out kernel.so, or kdsl.tune.apply(db, op, layer) in Python")
 
 
 def _summary(op: Any, layer: dict[str, int], record: Any, args: argparse.Namespace, out: str | None = None) -> dict:
@@ -253,6 +263,11 @@ def command_tune(args: argparse.Namespace) -> int:
         )
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: a layer's name (conv3_x), JSON sizes, or a layer file")
+    if args.prepacked and args.out:
+        raise KdslError(
+            "kdsl tune --prepacked --out: a kernel with prepacked weights cannot be exported yet (its description has "
+            "no weight layouts); tune it, or export the per-call task's record without --prepacked"
+        )
     op = load_operator(args.operator)
     layers = parse_layers(args.layers)
     if not args.apply:
@@ -263,7 +278,8 @@ def command_tune(args: argparse.Namespace) -> int:
     for index, (name, layer) in enumerate(layers, 1):
         out = _out_path(args.out, name, index, several)
         if args.apply:
-            record = best_record(args.db, op, layer, args.tuner)  # no --tuner: the best of any tuner
+            # no --tuner: the best of any tuner
+            record = best_record(args.db, op, layer, args.tuner, prepacked=args.prepacked)
             if out:
                 export(record, op, layer, out)
             else:
@@ -310,6 +326,7 @@ def _tune_layer(
             options=dict(args.tuner_option),
             cost_model_db=args.cost_model_db,
             cost_model=not args.no_cost_model,
+            prepacked=args.prepacked,
         )
     if result.ranking is not None and not args.json:
         print(result.ranking.line())

@@ -16,6 +16,9 @@ estimate's, logged as one line.
 ``tune(..., block=16)`` tunes the kernel whose data input and output are channel-blocked by 16
 (:mod:`kdsl.codegen.tvm.signature_layout`; what a network built blocked runs), a task of its own in the
 records (:func:`~kdsl.tune.records.task_key`), measured on blocked buffers (:mod:`kdsl.tune.measurer`).
+``tune(..., prepacked=True)`` tunes the kernel that takes the weights its schedule packs already packed
+(:mod:`kdsl.codegen.tvm.prepack`; what a compiled network runs), a task of its own too, its weights packed
+once by the measurer and only the kernel timed.
 """
 
 from __future__ import annotations
@@ -240,6 +243,7 @@ def tune(
     cost_model_db: Sequence[str | os.PathLike[str]] = (),
     cost_model: bool = True,
     block: int = 0,
+    prepacked: bool = False,
 ) -> TuneResult:
     """Tune ``op`` at ``layer`` with ``tuner`` for ``trials`` new measurements, storing every record in ``db``.
 
@@ -251,20 +255,21 @@ def tune(
     kernel down, so the fastest timing is the estimate), and a single timing decided the winner.
     ``tuner="metaschedule"`` runs TVM's MetaSchedule instead
     (:func:`kdsl.tune.metaschedule.tune_metaschedule`). ``progress`` (a :class:`kdsl.runtime.progress.Progress`)
-    is set to the trials measured so far after each batch. The cost model and ``block``: the module's text."""
+    is set to the trials measured so far after each batch. The cost model, ``block`` and ``prepacked``: the
+    module's text."""
     check_options(tuner, options or {})  # a misspelt option is refused before anything is compiled
     _check_cost_model_dbs(tuner, cost_model_db)
-    _check_signature(tuner, measurer, block)
+    _check_signature(tuner, measurer, block, prepacked)
     if tuner == "metaschedule":
         return tune_metaschedule(op, layer, trials, db, log=log, measurer=measurer, seed=seed)
     started = time.time()
     run_started = started
-    binding, key, store = open_task(op, layer, db, block)
+    binding, key, store = open_task(op, layer, db, block, prepacked)
     space = ScheduleSpace(_lowered(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
     search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)
-    own = measurer or Measurer(op, binding, block=block)
+    own = measurer or Measurer(op, binding, block=block, prepacked=prepacked)
     best = min((r.latency for r in history if r.latency is not None), default=float("inf"))
     curve: list[float] = []
     measured = rejected = 0
@@ -312,16 +317,22 @@ def tune(
     return _with_ranking(result, model, space, store, run_started, log)
 
 
-def _check_signature(tuner: str, measurer: Measurer | None, block: int) -> None:
-    """Refuse a channel-blocked task that MetaSchedule would tune, or a measurer of another signature."""
-    if block and tuner == "metaschedule":
+def _check_signature(tuner: str, measurer: Measurer | None, block: int, prepacked: bool = False) -> None:
+    """Refuse a channel-blocked or prepacked task that MetaSchedule would tune, or a measurer of another
+    signature."""
+    if (block or prepacked) and tuner == "metaschedule":
+        which = "channel-blocked" if block else "prepacked-weights"
         raise TuneError(
-            "metaschedule tunes its own module in the plain signature; tune a channel-blocked one with opevo, alt "
-            "or gensor"
+            f"metaschedule tunes its own module in the plain signature; tune a {which} one with opevo, alt or gensor"
         )
     given = getattr(measurer, "block", 0)
     if measurer is not None and given != block:  # its timings would be of another signature
         raise TuneError(f"the measurer given measures channel block {given}, the task's is {block}")
+    packs = getattr(measurer, "prepacked", False)
+    if measurer is not None and packs != prepacked:
+        raise TuneError(
+            f"the measurer given measures prepacked={packs} (weights packed once), the task's is prepacked={prepacked}"
+        )
 
 
 def _check_cost_model_dbs(tuner: str, paths: Sequence[str | os.PathLike[str]]) -> None:

@@ -14,11 +14,20 @@ A measurer made with ``block > 0`` measures the kernel with a channel-blocked si
 (:mod:`kdsl.codegen.tvm.signature_layout`): each configuration is applied, then its input and output
 buffers are blocked, and the kernel is timed on blocked inputs and checked against the reference output
 blocked the same way; what a network built blocked runs.
+
+A measurer made with ``prepacked=True`` measures the kernel a compiled network runs with its weights
+packed once (:mod:`kdsl.codegen.tvm.prepack`): each configuration is applied (and blocked, with
+``block``), then :func:`~kdsl.codegen.tvm.prepack.prepack_weights` removes the copies that pack a weight
+on every call and gives the signature those weights' packed layouts, which the compile worker writes
+beside the library (:func:`layouts_path`); the measuring worker packs its weights into them once per
+layout, outside the timing, and times only the kernel. A weight whose packing copy prepack refuses is
+passed as it is, as a compiled network passes it. The check against the reference is the same.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import tempfile
 import time
@@ -28,11 +37,13 @@ from typing import Any
 
 from kdsl.codegen import reference
 from kdsl.codegen.tvm import default_target, load_tvm, lower
+from kdsl.codegen.tvm.prepack import WeightLayout, prepack_weights
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.codegen.tvm.signature_layout import block_array, block_signature, blocked_shape
 from kdsl.lang.errors import LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.workers import Outcome, Slot, WorkerPool
+from kdsl.tune.records import TuneError
 
 #: Seconds one compile may take before its configuration is declared invalid.
 COMPILE_TIMEOUT = 120.0
@@ -46,6 +57,8 @@ REPEATS = 5
 RTOL = 2e-3
 #: A layer whose batch dim is larger than four times this is checked on its first and last this many rows.
 CHECKED_ROWS = 2
+#: Packed weights the measuring worker keeps, by layout (configurations of a task share a few layouts).
+PACKED_KEPT = 8
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,15 +81,33 @@ def signature_schedule(space: ScheduleSpace, config: Mapping[str, Any], block: i
     return block_signature(sch, space.lowered, block) if block else sch
 
 
-def _compile_job(space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot, block: int = 0) -> str | None:
-    """Apply and compile a configuration (its signature blocked by ``block``) into a shared library at a
-    path; the reason on failure."""
+def layouts_path(path: str) -> str:
+    """Where a library compiled with prepacked weights has its weights' packed layouts: beside it.
+
+    >>> layouts_path("/tmp/k1.so")
+    '/tmp/k1.so.layouts.json'
+    """
+    return path + ".layouts.json"
+
+
+def _compile_job(
+    space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot, block: int = 0, prepacked: bool = False
+) -> str | None:
+    """Apply and compile a configuration (its signature blocked by ``block``; with ``prepacked``, its
+    packing copies removed and the weights' layouts written to :func:`layouts_path`) into a shared
+    library at a path; the reason on failure."""
     config, path = job
     tvm = load_tvm()
     try:
         sch = signature_schedule(space, config, block)
+        layouts = None
+        if prepacked:  # what compile_network builds: the weights the schedule packs are taken packed
+            sch, layouts = prepack_weights(sch, space.lowered)
         executable = tvm.compile(sch.mod, target=default_target())
         executable.export_library(path)
+        if layouts is not None:
+            entries = [None if layout is None else layout.to_json() for layout in layouts]
+            Path(layouts_path(path)).write_text(json.dumps(entries))
     except LoweringError as error:
         return str(error)
     except Exception as error:  # a compiler error is the configuration's fault: invalid
@@ -89,10 +120,11 @@ def compile_module(module: Any, path: str) -> None:
     load_tvm().compile(module, target=default_target()).export_library(path)
 
 
-def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0) -> dict[str, Any]:
+def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0, prepacked: bool = False) -> dict[str, Any]:
     """The measuring worker's state: TVM, random inputs (every data input of a kernel of several, in
     its input order) on its device, an output buffer; with ``block``, the data input and the output
-    buffer channel-blocked (the reference is computed on the plain input and blocked after)."""
+    buffer channel-blocked (the reference is computed on the plain input and blocked after); with
+    ``prepacked``, the weights are packed for each library by the layouts beside it (:func:`_arguments`)."""
     import numpy as np
 
     tvm = load_tvm()
@@ -115,6 +147,8 @@ def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0) -> dict[
         "expected": None,
         "sentinel": None,
         "block": block,
+        "prepacked": prepacked,
+        "packed": {},  # layout (as JSON) -> the weight packed in it, on the device
     }
 
 
@@ -219,13 +253,46 @@ def check_output(got: Any, expected: Any) -> str | None:
     return None if error <= RTOL else f"wrong result: max error {error:.2e} of the output's scale"
 
 
+def _arguments(state: dict[str, Any], path: str) -> list[Any]:
+    """The measuring worker's arguments for the library at ``path`` (before its output): the data inputs,
+    then the weights; with prepacked weights each weight the library takes packed is packed by the layout
+    its compile wrote beside it (:func:`layouts_path`), once per layout (the last :data:`PACKED_KEPT` are
+    kept), never inside the timing."""
+    args = state["args"]
+    if not state.get("prepacked"):
+        return args
+    try:
+        entries = json.loads(Path(layouts_path(path)).read_text())
+    except (OSError, ValueError):
+        raise LoweringError(f"no weight layouts beside {path}: it was not compiled with prepacked weights") from None
+    weights = state["weights"]
+    if not isinstance(entries, list) or len(entries) != len(weights):
+        raise LoweringError(f"the weight layouts beside {path} are not one per weight ({len(weights)})")
+    first = len(args) - len(weights)
+    out = list(args[:first])
+    packed = state["packed"]
+    for weight, given, entry in zip(weights, args[first:], entries):
+        if entry is None:  # not packed by the schedule, or prepack refused its copy: passed as it is
+            out.append(given)
+            continue
+        key = json.dumps(entry, sort_keys=True)
+        if key not in packed:
+            if len(packed) >= PACKED_KEPT:
+                packed.pop(next(iter(packed)))  # the oldest layout
+            packed[key] = state["tvm"].runtime.tensor(WeightLayout.from_json(entry).pack_array(weight), state["dev"])
+        out.append(packed[key])
+    return out
+
+
 def _measure_job(state: dict[str, Any], job: tuple[str, bool], slot: Slot) -> tuple[float | None, str | None]:
     """Time the library at a path (checked against the reference if asked): ``(seconds, None)`` or
-    ``(None, reason)``. Everything that runs the kernel runs inside the latency slot."""
+    ``(None, reason)``. Everything that runs the kernel runs inside the latency slot; packing prepacked
+    weights (:func:`_arguments`) runs before it."""
     path, check = job
-    tvm, dev, args, out = state["tvm"], state["dev"], state["args"], state["out"]
+    tvm, dev, out = state["tvm"], state["dev"], state["out"]
     try:
         module = tvm.runtime.load_module(path)
+        args = _arguments(state, path)
         rows, expected = _expected(state) if check else (None, None)  # before the slot: nothing to time here
         if expected is not None:
             # NaN in every element first: one the kernel never writes then fails the check every time,
@@ -259,7 +326,8 @@ def _measure_job(state: dict[str, Any], job: tuple[str, bool], slot: Slot) -> tu
 class Measurer:
     """Compiles configurations on ``workers`` compile workers and times them one at a time in a
     measuring worker that takes the machine's latency slot (``lock_path`` overrides its lock file);
-    ``block > 0``: of the kernel whose data input and output are channel-blocked by ``block``."""
+    ``block > 0``: of the kernel whose data input and output are channel-blocked by ``block``;
+    ``prepacked``: of the kernel that takes the weights its schedule packs already packed (the module's text)."""
 
     def __init__(
         self,
@@ -269,10 +337,14 @@ class Measurer:
         *,
         lock_path: str | None = None,
         block: int = 0,
+        prepacked: bool = False,
     ) -> None:
+        if not isinstance(prepacked, bool):
+            raise TuneError(f"a measurer's prepacked flag must be True or False, got {prepacked!r}")
         self.op = op
         self.layer = dict(layer)
         self.block = block
+        self.prepacked = prepacked
         if block:  # refused here, naming the dim, rather than as every configuration's compile error
             lowered = _lowered(op, self.layer)
             if lowered.extra_inputs:
@@ -286,7 +358,7 @@ class Measurer:
         environment = {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "2")}
         # the processes start on first use, so a measurer that only compiles never starts a measuring one
         self.compilers: WorkerPool[tuple[dict[str, Any], str]] = WorkerPool(
-            functools.partial(_compile_job, block=block),
+            functools.partial(_compile_job, block=block, prepacked=prepacked),
             size=workers,
             setup=functools.partial(_compile_setup, op, self.layer),
             timeout=COMPILE_TIMEOUT,
@@ -297,7 +369,7 @@ class Measurer:
         self.timer: WorkerPool[tuple[str, bool]] = WorkerPool(
             _measure_job,
             size=1,
-            setup=functools.partial(_measure_setup, op, self.layer, block),
+            setup=functools.partial(_measure_setup, op, self.layer, block, prepacked),
             timeout=MEASURE_TIMEOUT,
             environment=environment,
             lock_path=lock_path,
@@ -354,6 +426,7 @@ class Measurer:
                 self.checked.add(space.family(config))
             results.append((latency, error))
             Path(path).unlink(missing_ok=True)
+            Path(layouts_path(path)).unlink(missing_ok=True)
         self.measure_seconds += time.perf_counter() - started
         return results
 

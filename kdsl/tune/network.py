@@ -21,7 +21,10 @@ record in one database (a second run resumes from it). A network built in two ke
 ``NCHW``, and channel-blocked: :attr:`NetworkTask.block`) has each layer's kernel tuned in each, as two
 tasks whose records never mix; the budget is then split evenly between the signatures (what one leaves
 unused goes to the next), and each signature's share goes round by round to its own layers by its own
-scheduler, so the plain and the blocked network are compared at equal trials.
+scheduler, so the plain and the blocked network are compared at equal trials. A task with
+:attr:`NetworkTask.prepacked` is measured with its weights packed once, outside the timing (the
+signature a compiled network runs its kernels in), a task of its own in the records too; a signature
+is then a (channel block, prepacked) pair.
 
 >>> scheduler = BudgetScheduler([2, 3], round_trials=8)
 >>> scheduler.record_default(0, 0.002); scheduler.record_default(1, 0.001)
@@ -60,7 +63,9 @@ class NetworkTask:
     sizes take ``1 / batch``, so the budget goes where it saves the most time per image and a batch-8
     network (eight times the milliseconds) does not take every trial from the batch-1 one. ``block > 0``:
     the kernel is tuned (measured) with its data input and output channel-blocked by ``block``, the
-    signature a blocked network runs it in."""
+    signature a blocked network runs it in. ``prepacked``: the kernel is tuned with the weights its
+    schedule packs taken already packed (packed once by the measurer, not timed), as
+    :func:`kdsl.bench.network_tune.compile_network` runs it by default."""
 
     label: str
     op: Operator
@@ -68,6 +73,7 @@ class NetworkTask:
     weight: int
     scale: float = 1.0
     block: int = 0
+    prepacked: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, int) or self.weight < 1:
@@ -76,6 +82,8 @@ class NetworkTask:
             raise KdslError(f"task {self.label}: its scale must be positive, got {self.scale!r}")
         if not isinstance(self.block, int) or self.block < 0:
             raise KdslError(f"task {self.label}: its channel block must be 0 (plain) or positive, got {self.block!r}")
+        if not isinstance(self.prepacked, bool):
+            raise KdslError(f"task {self.label}: its prepacked flag must be True or False, got {self.prepacked!r}")
 
 
 @dataclass
@@ -191,7 +199,7 @@ def measure_default(task: NetworkTask, db: str | os.PathLike[str], measurer: Mea
     and read from there on a second run); None when it fails."""
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 
-    binding, key, store = open_task(task.op, task.layer, db, task.block)
+    binding, key, store = open_task(task.op, task.layer, db, task.block, task.prepacked)
     try:
         stored = store.records(key, DEFAULT)
         if stored:
@@ -222,7 +230,7 @@ class TaskSummary:
 
 def task_summary(task: NetworkTask, db: str | os.PathLike[str], trials: int = 0) -> TaskSummary:
     """The default schedule's and the best record's latency of ``task`` in ``db``."""
-    _, key, store = open_task(task.op, task.layer, db, task.block)
+    _, key, store = open_task(task.op, task.layer, db, task.block, task.prepacked)
     try:
         defaults = [r.latency for r in store.records(key, DEFAULT) if r.latency is not None]
         best = store.best(key)
@@ -249,22 +257,22 @@ def tune_network(
     """Measure every task's default schedule, then share ``trials`` new trials among ``tasks`` with a
     :class:`BudgetScheduler`, each round a :func:`~kdsl.tune.driver.tune` run of ``tuner`` on the
     chosen task (records in ``db``; a second run resumes). Tasks of several signatures
-    (:attr:`NetworkTask.block`) split ``trials`` evenly, a scheduler each, in the order they first
-    appear (the module's text). Returns one :class:`TaskSummary` per task."""
+    (:attr:`NetworkTask.block` and :attr:`NetworkTask.prepacked`) split ``trials`` evenly, a scheduler
+    each, in the order they first appear (the module's text). Returns one :class:`TaskSummary` per task."""
     if tuner not in TUNERS or tuner == "metaschedule":
         raise TuneError(f"--network tunes with opevo, alt or gensor (kdsl's schedule space), got {tuner!r}")
     labels = [task.label for task in tasks]
     if len(set(labels)) != len(labels):
         raise TuneError(f"two network tasks share a label: {labels}")
-    signatures: dict[int, list[int]] = {}  # channel block -> its tasks' indices
+    signatures: dict[tuple[int, bool], list[int]] = {}  # (channel block, prepacked) -> its tasks' indices
     for index, task in enumerate(tasks):
-        signatures.setdefault(task.block, []).append(index)
+        signatures.setdefault((task.block, task.prepacked), []).append(index)
     schedulers = {
-        block: BudgetScheduler([tasks[i].weight * tasks[i].scale for i in members], round_trials=round_trials)
-        for block, members in signatures.items()
+        signature: BudgetScheduler([tasks[i].weight * tasks[i].scale for i in members], round_trials=round_trials)
+        for signature, members in signatures.items()
     }
     # where each task's budget state lives: its signature's scheduler and its index there
-    place = {i: (schedulers[block], members.index(i)) for block, members in signatures.items() for i in members}
+    place = {i: (schedulers[key], members.index(i)) for key, members in signatures.items() for i in members}
     measurers: dict[int, Measurer] = {}
 
     def measurer(index: int) -> Measurer:
@@ -273,9 +281,10 @@ def tune_network(
         if index not in measurers:
             for other in list(measurers):
                 measurers.pop(other).close()
-            binding, _, store = open_task(tasks[index].op, tasks[index].layer, db, tasks[index].block)
+            task = tasks[index]
+            binding, _, store = open_task(task.op, task.layer, db, task.block, task.prepacked)
             store.database.close()
-            measurers[index] = Measurer(tasks[index].op, binding, block=tasks[index].block)
+            measurers[index] = Measurer(task.op, binding, block=task.block, prepacked=task.prepacked)
         return measurers[index]
 
     def run_round(index: int, count: int) -> tuple[int, float | None]:
@@ -293,6 +302,7 @@ def tune_network(
             options=options,
             confirm=0,
             block=task.block,
+            prepacked=task.prepacked,
         )
         best = task_summary(task, db).best_ms
         return result.measured, None if best is None else best / 1e3
@@ -314,10 +324,10 @@ def tune_network(
                 shown = "failed" if latency is None else f"{latency * 1e3:.3f} ms"
                 log(f"{task.label}: default schedule {shown}")
         left = trials
-        for position, (block, members) in enumerate(signatures.items()):
+        for position, (signature, members) in enumerate(signatures.items()):
             # an even share of what is left: a signature whose tuners run dry leaves its rest to the next
             share = left // (len(signatures) - position)
-            left -= schedulers[block].allocate(
+            left -= schedulers[signature].allocate(
                 share,
                 lambda local, count, members=members: run_round(members[local], count),
                 lambda local, measured, best, members=members: heard(members[local], measured, best),

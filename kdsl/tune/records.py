@@ -1,8 +1,9 @@
 """Tuning records: the store every tuner writes to, a task's identity, and the tuner interface.
 
-A *task* is one operator at one layer on this machine's target (:func:`task_key`). Every measured
-configuration becomes a :class:`Record` in one SQLite :class:`RecordStore`; tuners see a task's records as
-their history, so a run resumes where it stopped and never measures a stored configuration again.
+A *task* is one operator at one layer on this machine's target, in one kernel signature (:func:`task_key`).
+Every measured configuration becomes a :class:`Record` in one SQLite :class:`RecordStore`; tuners see a
+task's records as their history, so a run resumes where it stopped and never measures a stored
+configuration again.
 
 >>> store = RecordStore(":memory:")
 >>> store.add("task", Record({"a": 1}, 0.002, None, "opevo"))
@@ -124,7 +125,9 @@ class RecordStore:
         query += "(SELECT 1 FROM records r WHERE r.task = t.task AND r.latency IS NOT NULL)"
         for (text,) in self.db.execute(query, (task,)).fetchall():
             other = json.loads(text)
-            same = all(other.get(name) == mine.get(name) for name in ("op", "binding", "channel_block"))
+            same = all(
+                other.get(name) == mine.get(name) for name in ("op", "binding", "channel_block", "prepacked_weights")
+            )
             if same:
                 found.add(str(other.get("target", "")))
         return sorted(found - {str(mine.get("target", ""))})
@@ -168,14 +171,18 @@ class RecordStore:
         return min(valid, key=lambda r: r.latency or 0.0) if valid else None
 
 
-def task_key(op: Operator, binding: Mapping[str, int], target: str, block: int = 0) -> str:
+def task_key(op: Operator, binding: Mapping[str, int], target: str, block: int = 0, prepacked: bool = False) -> str:
     """The key of a tuning task: the operator's structure, its sizes, the target and the space's version,
-    and the kernel's signature layout: ``block > 0`` is a kernel whose data input and output are
-    channel-blocked by ``block`` (:mod:`kdsl.codegen.tvm.signature_layout`), a task of its own, since its
-    records time other memory accesses (the plain signature's key is the one it always was)."""
+    and the kernel's signature: ``block > 0`` is a kernel whose data input and output are
+    channel-blocked by ``block`` (:mod:`kdsl.codegen.tvm.signature_layout`), ``prepacked`` one that takes
+    the weights its schedule packs already packed (:mod:`kdsl.codegen.tvm.prepack`), each a task of its
+    own, since its records time other memory accesses (a part of the key only when set: the plain
+    signature's key is the one it always was)."""
     parts: list[Any] = [op.key, sorted(binding.items()), target, VERSION]
     if block:
         parts.append(["channel block", block])
+    if prepacked:
+        parts.append(["prepacked weights", True])
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:20]
 
 
@@ -220,19 +227,24 @@ def target_mcpu() -> str:
 
 
 def open_task(
-    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str], block: int = 0
+    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str], block: int = 0, prepacked: bool = False
 ) -> tuple[dict[str, int], str, RecordStore]:
     """The binding of ``op`` at ``layer``, its task key on this machine (``block``: of the kernel with a
-    channel-blocked signature, :func:`task_key`), and the records store (the task described in it)."""
+    channel-blocked signature; ``prepacked``: of the kernel that takes its packed weights packed;
+    :func:`task_key`), and the records store (the task described in it)."""
     if not is_integer(block) or block < 0:
         raise TuneError(f"the channel block of a task must be a non-negative integer (0: plain), got {block!r}")
+    if not isinstance(prepacked, bool):
+        raise TuneError(f"the prepacked flag of a task must be True or False, got {prepacked!r}")
     binding = solve.bind(op, layer)
     mcpu = target_mcpu()
-    key = task_key(op, binding, mcpu, block)
+    key = task_key(op, binding, mcpu, block, prepacked)
     store = RecordStore(db)
     # the operator's JSON and the space's version let a cost model trained across tasks rebuild the space
     description = {"op": op.key, "binding": binding, "target": mcpu, "json": op.to_json(), "space": VERSION}
     if block:  # a plain task's description stays as it was
         description["channel_block"] = block
+    if prepacked:
+        description["prepacked_weights"] = True
     store.describe(key, description)
     return binding, key, store

@@ -202,7 +202,7 @@ def load_tasks(
     """Every task of ``target`` (an mcpu name) in the records databases ``paths`` with at least
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
-    of the schedule space, of a kernel with a channel-blocked signature, or of an operator that cannot be
+    of the schedule space, of a channel-blocked or prepacked signature, or of an operator that cannot be
     rebuilt or lowered are skipped. ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
     if kind not in KINDS:
         raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
@@ -217,8 +217,8 @@ def load_tasks(
                 continue
             if description.get("space", VERSION) != VERSION:
                 continue
-            if description.get("channel_block"):  # timed in a blocked signature: not what the features describe
-                continue
+            if description.get("channel_block") or description.get("prepacked_weights"):
+                continue  # timed in a blocked or prepacked signature: not the kernel the features describe
             _, known = merged.setdefault(task, (description, {}))
             for key, record in measured(store.records(task)).items():
                 if key not in known or (record.latency or 0.0) < (known[key].latency or 0.0):

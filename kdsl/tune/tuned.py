@@ -38,14 +38,20 @@ def _applicable(record: Record) -> bool:
 
 
 def best_record(
-    db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], tuner: str | None = None, block: int = 0
+    db: str | os.PathLike[str],
+    op: Operator,
+    layer: Mapping[str, int],
+    tuner: str | None = None,
+    block: int = 0,
+    prepacked: bool = False,
 ) -> Record:
     """The fastest measured record of ``op`` at ``layer`` in the records database ``db`` (of one
-    ``tuner`` if given; ``block > 0``: of the kernel with that channel-blocked signature, a task of its
-    own) whose schedule kdsl can apply; :class:`TuneError` if there is none, saying why."""
+    ``tuner`` if given; ``block > 0``: of the kernel with that channel-blocked signature; ``prepacked``:
+    of the kernel tuned with its packed weights taken packed; each a task of its own) whose schedule kdsl
+    can apply; :class:`TuneError` if there is none, saying why."""
     if not Path(db).is_file():
         raise TuneError(f"no tuning records database at {db}; run kdsl tune first")
-    _, task, store = open_task(op, layer, db, block)
+    _, task, store = open_task(op, layer, db, block, prepacked)
     try:
         records = [r for r in store.records(task, tuner) if r.latency is not None]
         elsewhere = store.other_targets(task) if not records else []
@@ -54,6 +60,7 @@ def best_record(
     usable = [r for r in records if _applicable(r)]
     if not usable:
         which = (f" by {tuner}" if tuner else "") + (f" with channel block {block}" if block else "")
+        which += " with prepacked weights" if prepacked else ""
         layer_text = ", ".join(f"{k}={v}" for k, v in sorted(layer.items()))
         if records:  # only MetaSchedule's: its best kernel is the library it kept, not a record
             raise TuneError(
@@ -138,22 +145,34 @@ def schedule_lines(config: Mapping[str, Any]) -> list[str]:
 
 
 def tuned_schedule(
-    db: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], block: int = 0
+    db: str | os.PathLike[str],
+    op: Operator,
+    layer: Mapping[str, int],
+    block: int = 0,
+    prepacked: bool = False,
+    *,
+    fallback: bool = False,
 ) -> Callable[[Any], Any] | None:
     """The schedule (a ``Lowered -> Schedule`` function, as :func:`kdsl.codegen.tvm.build` takes it)
     of the best applicable record of ``op`` at ``layer`` in ``db``, or ``None`` when ``db`` holds
     none for this target: what ``kdsl discover`` times a candidate with when tuned records exist.
     ``block > 0``: the best record of the kernel tuned with that channel-blocked signature (the
     schedule to give :func:`kdsl.codegen.tvm.signature_layout.build_blocked`); a plain record never
-    stands in for it.
+    stands in for it. ``prepacked``: the best record of the kernel tuned with its packed weights taken
+    packed (``build(..., prepacked_weights=True)``); with ``fallback``, where that task (prepacked or per
+    call) has no record, the best record of the same kernel tuned with the weights packed the other way
+    (a schedule applies to both: only what was timed differs).
 
     >>> tuned_schedule("no-such-records.db", None, {}) is None
     True
     """
     if not Path(db).is_file():
         return None
-    try:
-        record = best_record(db, op, layer, block=block)
-    except TuneError:
-        return None
-    return lambda lowered: ScheduleSpace(lowered).apply(record.config)
+    tries = (prepacked, not prepacked) if fallback else (prepacked,)
+    for packed in tries:
+        try:
+            record = best_record(db, op, layer, block=block, prepacked=packed)
+        except TuneError:
+            continue
+        return lambda lowered: ScheduleSpace(lowered).apply(record.config)
+    return None

@@ -31,7 +31,7 @@ True
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from typing import Any
@@ -86,9 +86,33 @@ class WeightLayout:
             raise ShapeError(
                 f"the weight {self.name} must be a torch tensor or a NumPy array, got {type(weight).__name__}"
             )
-        if tuple(weight.shape) != self.shape:
+        coordinates = self._coordinates(tuple(weight.shape))
+        packed = weight.new_empty(self.packed_shape)
+        packed[tuple(torch.from_numpy(c) for c in coordinates)] = weight.detach()
+        return packed
+
+    def pack_array(self, weight: np.ndarray) -> np.ndarray:
+        """``weight`` (a NumPy array of :attr:`shape`) in the packed layout as a new NumPy array, same
+        dtype, packed as :meth:`pack` packs it but without torch (a tuning run's measuring process).
+
+        >>> tvm = load_tvm()
+        >>> index_map = tvm.tirx.IndexMap.from_func(lambda a, b: (a // 2, b, a % 2), ndim=2, index_dtype="int32")
+        >>> WeightLayout("w", (4, 1), (2, 1, 2), index_map).pack_array(np.arange(4.0).reshape(4, 1)).tolist()
+        [[[0.0, 1.0]], [[2.0, 3.0]]]
+        """
+        if not isinstance(weight, np.ndarray):
+            raise ShapeError(f"the weight {self.name} must be a NumPy array, got {type(weight).__name__}")
+        coordinates = self._coordinates(tuple(weight.shape))
+        packed = np.empty(self.packed_shape, dtype=weight.dtype)
+        packed[tuple(coordinates)] = weight
+        return packed
+
+    def _coordinates(self, shape: tuple[int, ...]) -> list[np.ndarray]:
+        """The packed coordinates of every element of a weight of ``shape`` (which must be :attr:`shape`),
+        one open-grid array per packed dim, broadcasting to ``shape``."""
+        if shape != self.shape:
             raise ShapeError(
-                f"the weight {self.name} has shape {tuple(weight.shape)}, expected {self.shape} (its layout in the "
+                f"the weight {self.name} has shape {shape}, expected {self.shape} (its layout in the "
                 f"operator) to pack it to {self.packed_shape}"
             )
         # open grids: each packed coordinate is computed over only the dims it depends on, and the
@@ -102,9 +126,31 @@ class WeightLayout:
             raise LoweringError(
                 f"the packed layout of {self.name} does not use every dim of {self.shape}: {self.describe()}"
             )
-        packed = weight.new_empty(self.packed_shape)
-        packed[tuple(torch.from_numpy(c) for c in coordinates)] = weight.detach()
-        return packed
+        return coordinates
+
+    def to_json(self) -> dict[str, Any]:
+        """The layout as JSON-able values (its index map as TVM's JSON), for another process to rebuild
+        with :meth:`from_json`: a tuning run compiles in one process and times in another.
+
+        >>> tvm = load_tvm()
+        >>> index_map = tvm.tirx.IndexMap.from_func(lambda a, b: (a // 4, b, a % 4), ndim=2, index_dtype="int32")
+        >>> WeightLayout.from_json(WeightLayout("w", (8, 3), (2, 3, 4), index_map).to_json()).describe()
+        'w (8, 3) -> (2, 3, 4): (i0 // 4, i1, i0 % 4)'
+        """
+        index_map = load_tvm().ir.save_json(self.index_map)
+        return {"name": self.name, "shape": list(self.shape), "packed_shape": list(self.packed_shape), "map": index_map}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WeightLayout:
+        """The layout :meth:`to_json` gave (a :class:`LoweringError` for anything else)."""
+        try:
+            index_map = load_tvm().ir.load_json(data["map"])
+            layout = cls(str(data["name"]), tuple(data["shape"]), tuple(data["packed_shape"]), index_map)
+        except Exception as error:  # a missing field, or TVM's own error for text that is no IndexMap
+            raise LoweringError(f"not a packed weight layout: {str(error).strip()[-200:]}") from None
+        if not isinstance(index_map, load_tvm().tirx.IndexMap) or len(index_map.initial_indices) != len(layout.shape):
+            raise LoweringError(f"the packed layout of {layout.name} maps another number of dims than {layout.shape}")
+        return layout
 
 
 def pack_weights(layouts: Sequence[WeightLayout | None], weights: Sequence[Any]) -> list[Any]:
