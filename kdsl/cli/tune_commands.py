@@ -216,7 +216,10 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
         layers = " ".join(shlex.quote(item) for item in args.layers)
         again = f"kdsl tune {printable(args.operator)} --layers {printable(layers)} --db {printable(args.db)}"
         if args.prepacked:  # no library of a prepacked kernel yet: build the schedule in Python
-            print("build it: kdsl.codegen.tvm.build(op, layer, schedule=..., prepacked_weights=True) in Python")
+            print(
+                "build it in Python: kdsl.codegen.tvm.build(op, layer, prepacked_weights=True, "
+                "schedule=kdsl.tune.tuned.tuned_schedule(db, op, layer, prepacked=True))"
+            )
         else:
             print(f"build it: {again} --apply --out kernel.so, or kdsl.tune.apply(db, op, layer) in Python")
 
