@@ -8,12 +8,14 @@ kernel: for every weight whose only reader is such a packing copy, it transforms
 weight parameter with the copy's index map (``transform_layout`` on the parameter buffer: the
 signature changes) and inlines the copy, which has become an identity; the kernel then reads the
 packed weight the caller passes where it read the packed copy. The loops are untouched, so a tuned
-record's schedule applies unchanged (the task key stays the plain kernel's) and the kernel computes
+record's schedule applies unchanged (whether it was tuned packing per call or prepacked: ``kdsl.tune``'s
+``prepacked`` tasks, measured with this signature, are keyed apart) and the kernel computes
 exactly what the per-call packing one does. A weight the schedule does not pack keeps its layout.
 
 :class:`WeightLayout` says what the signature takes and packs a weight into it once (NumPy index
 arithmetic and one scatter, no TVM call: TVM's own ``IndexMap.map_tensor`` took 15 s for a
-512x512x3x3 weight).
+512x512x3x3 weight); :meth:`WeightLayout.to_json` carries it to another process, and
+:meth:`WeightLayout.pack_array` packs there without torch (a tuning run's measuring worker).
 
 >>> import torch
 >>> from kdsl import gallery
