@@ -271,3 +271,17 @@ def test_compile_network_runs_the_prepacked_records_and_the_per_call_row_its_own
         with torch.no_grad():
             got, want = network(x), net(x)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), float((got - want).abs().max())
+
+
+def test_the_cost_model_trains_on_the_per_call_task_and_skips_the_prepacked_one(tmp_path):
+    from kdsl.tune.transfer import load_tasks
+
+    op = gallery.load("matmul")
+    layer = {"M": 4, "Cin": 8, "Cout": 16}
+    db = tmp_path / "t.db"
+    keys = {}
+    for packed in (False, True):
+        binding, keys[packed], store = open_task(op, layer, db, prepacked=packed)
+        store.add(keys[packed], Record(ScheduleSpace(lower(op, binding)).heuristic(), 1e-6, None, "opevo"))
+        store.database.close()
+    assert [task.task for task in load_tasks([db], target_mcpu(), min_configs=1)] == [keys[False]]
