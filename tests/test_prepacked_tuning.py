@@ -285,3 +285,28 @@ def test_the_cost_model_trains_on_the_per_call_task_and_skips_the_prepacked_one(
         store.add(keys[packed], Record(ScheduleSpace(lower(op, binding)).heuristic(), 1e-6, None, "opevo"))
         store.database.close()
     assert [task.task for task in load_tasks([db], target_mcpu(), min_configs=1)] == [keys[False]]
+
+
+def test_kdsl_tune_prepacked_tunes_and_reads_the_prepacked_task(monkeypatch, capsys, tmp_path):
+    from kdsl.cli import main, tune_commands
+
+    op, layer, db = gallery.load("matmul"), {"M": 4, "Cin": 8, "Cout": 16}, str(tmp_path / "t.db")
+
+    def fake_tune(op, layer, tuner, trials, db, **kwargs):
+        # what a run stores: a measured record under the task of the signature asked for
+        binding, key, store = open_task(op, layer, db, prepacked=kwargs["prepacked"])
+        record = Record(ScheduleSpace(lower(op, binding)).heuristic(), 1e-6, None, tuner)
+        store.add(key, record)
+        store.database.close()
+        return TuneResult(key, tuner, record, [1e-6], 1, 0, 0.0)
+
+    monkeypatch.setattr(tune_commands, "tune", fake_tune)
+    argv = ["tune", "matmul", "--layers", json.dumps(layer), "--db", db, "--no-roofline"]
+    assert main([*argv, "--prepacked", "--trials", "1"]) == 0
+    assert "prepacked_weights=True" in capsys.readouterr().out  # how to build it: no library yet
+    assert main([*argv, "--apply", "--prepacked"]) == 0
+    assert main([*argv, "--apply"]) == 2  # nothing tuned per call: an error
+    assert "no measured schedule" in capsys.readouterr().err
+    assert main([*argv, "--apply", "--prepacked", "--out", str(tmp_path / "k.so")]) == 2
+    assert "--prepacked --out: a kernel with prepacked weights cannot be exported yet" in capsys.readouterr().err
+    assert best_record(db, op, layer, prepacked=True).tuner == "opevo"
