@@ -15,8 +15,8 @@ Both run once a forward pass: one task each per batch size, weighted ``1 / batch
 :func:`~kdsl.bench.network_tune.compile_network` from their tuned records (the default schedule when
 there are none), cached under :func:`kernel_key`, the one key every kernel of that cache has.
 
->>> [(task.label, task.weight, task.layer["H"], task.layer["Cout"]) for task in head_tasks([1], 64, classes=10)]
-[('maxpool 3x3/2 N=1', 1, 32, 64), ('avgpool+fc N=1', 1, 2, 10)]
+>>> [(task.label, task.weight, task.layer["Cin"], task.layer["H"]) for task in head_tasks([1], 64, classes=10)]
+[('maxpool 3x3/2 N=1', 1, 64, 32), ('avgpool+fc N=1', 1, 512, 2)]
 """
 
 from __future__ import annotations

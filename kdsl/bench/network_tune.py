@@ -256,7 +256,9 @@ def compile_network(
     network holds packed copies of those weights: a later change to ``net``'s weights needs a new
     compile); else every kernel call packs them.
     ``replace="all"``: in the plain layout the stem, its max pooling, the
-    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`);
+    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`),
+    and so are the global average pooling and the classifier, one kernel whose epilogue adds the bias
+    (:mod:`kdsl.bench.network_head`; unfused, PyTorch adds it), each from its tuned record if any;
     the blocked layouts, and ``replace="3x3"``, keep PyTorch's operators there."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
@@ -574,8 +576,9 @@ def command_tune_network(args: argparse.Namespace) -> int:
     where = "the 13 stride-1 3x3 convolutions"
     if args.replace == "all":
         where += (
-            "; strided_conv2d in the 7x7 stem, the three stride-2 3x3 convolutions and their 1x1 shortcuts "
-            f"(the plain networks but the row '{ONLY_3X3}'; the blocked ones keep PyTorch's conv2d there)"
+            "; strided_conv2d in the 7x7 stem, the three stride-2 3x3 convolutions and their 1x1 shortcuts, "
+            "a max Fold in the max pooling, and one kernel for the average pooling and the classifier "
+            f"(the plain networks but the row '{ONLY_3X3}'; the blocked ones keep PyTorch's operators there)"
         )
     print(
         f"kdsl tune --network {args.network}: {printable(item.label)} in {where}, "
