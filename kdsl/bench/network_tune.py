@@ -143,7 +143,7 @@ def _compiled_module() -> Any:
     class CompiledResNet(torch.nn.Module):
         """ResNet-18 with kdsl kernels in its convolutions; a tensor of 5 dims is blocked. A convolution
         is a PyTorch module or a (kernel, weights) pair; the strided ones' kernels are always plain
-        (``NCHW``): only the plain layout gets them."""
+        (``NCHW``): only the plain layout gets them, and kernels for the max pooling and the head."""
 
         def __init__(self, net: Any, kernels: dict[int, tuple[Any, list[Any]]], layout: str, block: int) -> None:
             super().__init__()
