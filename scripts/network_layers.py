@@ -1,7 +1,7 @@
 """Where a ResNet-18 forward pass spends its time, layer by layer: each convolution as kdsl's fused
 kernel (the convolution with its batch norm, ReLU and residual add in the epilogue) against PyTorch's
-``conv2d`` on the same layer and PyTorch's glue after it, the max pooling (kdsl's kernel and PyTorch's),
-and what stays PyTorch's (global average pooling and the classifier), every function timed in the same interleaved
+``conv2d`` on the same layer and PyTorch's glue after it, the max pooling and the head (global average
+pooling and the classifier; kdsl's kernels and PyTorch's), every function timed in the same interleaved
 rounds (median ms per call). Run it with one thread so the two thread pools do not wait for each other:
 
     TVM_NUM_THREADS=1 TVM_BIND_THREADS=0 PYTHONPATH=. python scripts/network_layers.py [--batch 1] [--db records.db]
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kdsl import gallery
+from kdsl.bench.network_head import head_binding, head_op
 from kdsl.bench.network_strided import max_pool_binding, max_pool_op, strided_layers, strided_op
 from kdsl.codegen.tvm import build
 from kdsl.codegen.tvm.epilogue import Epilogue, build_fused
@@ -87,10 +88,19 @@ def main() -> None:
         stem_out = torch.randn(args.batch, 64, size, size)
         last = torch.randn(args.batch, 512, args.resolution // 32, args.resolution // 32)
         fc = torch.nn.Linear(512, 1000)
-        pool = build(max_pool_op(), max_pool_binding(args.batch, args.resolution))
+        binding = max_pool_binding(args.batch, args.resolution)
+        schedule = tuned_schedule(args.db, max_pool_op(), binding) if args.db else None
+        pool = build(max_pool_op(), binding, schedule=schedule or "default")
         assert torch.equal(pool(stem_out), F.max_pool2d(stem_out, 3, 2, 1))
         functions += [lambda: pool(stem_out), lambda: F.max_pool2d(stem_out, 3, 2, 1)]
-        functions += [lambda: fc(last.mean(dim=(2, 3)))]
+        # the head: the average pooling and the classifier in one kernel, the bias its epilogue's shift
+        binding = head_binding(args.batch, args.resolution, 1000)
+        schedule = tuned_schedule(args.db, head_op(), binding) if args.db else None
+        head = build_fused(head_op(), binding, Epilogue(relu=False), schedule, prepacked_weights=True)
+        packed, ones, bias = head.pack_weights([fc.weight.detach()]), torch.ones(1000), fc.bias.detach()
+        got = head(last, *packed, scale=ones, shift=bias)
+        assert torch.allclose(got, fc(last.mean(dim=(2, 3))), rtol=1e-3, atol=1e-3)
+        functions += [lambda: head(last, *packed, scale=ones, shift=bias), lambda: fc(last.mean(dim=(2, 3)))]
         rounds = interleaved_samples(functions, repeats=args.repeats, target=0.2, warmup=2)
     ms = [median(samples) * 1e3 for samples in rounds]
     print(f"{'layer':<16} {'runs':>4} {'kdsl fused':>10} {'torch conv':>10} {'torch glue':>10} {'kdsl/torch':>10}")
@@ -101,8 +111,8 @@ def main() -> None:
         print(f"{label:<16} {runs:>4} {kdsl:10.3f} {conv:10.3f} {glue:10.3f} {kdsl / (conv + glue):10.2f}")
     print(f"{'per pass':<16} {'':>4} {totals[0]:10.3f} {totals[1]:10.3f} {totals[2]:10.3f}")
     print(
-        f"max pooling: kdsl {ms[-3]:.3f} ms, PyTorch {ms[-2]:.3f} ms; "
-        f"average pooling + classifier (PyTorch) {ms[-1]:.3f} ms"
+        f"max pooling: kdsl {ms[-4]:.3f} ms, PyTorch {ms[-3]:.3f} ms; "
+        f"average pooling + classifier: kdsl {ms[-2]:.3f} ms, PyTorch {ms[-1]:.3f} ms"
     )
 
 

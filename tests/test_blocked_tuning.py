@@ -222,9 +222,12 @@ def test_the_network_command_tunes_every_layer_in_both_signatures(monkeypatch, c
     assert [(t.layer, t.weight, t.scale) for t in tasks[:4]] == [(t.layer, t.weight, t.scale) for t in tasks[4:]]
     out = capsys.readouterr().out
     assert "split evenly between the kernels' NCHW and NCHW32c signatures" in out and "conv5_x N=1 NCHW32c" in out
-    # by default the plain signature also tunes the stem, the stride-2 convolutions and their shortcuts
+    # by default the plain signature also tunes the stem, the stride-2 convolutions and their shortcuts,
+    # the max pooling and the head (average pooling and classifier)
     assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db")]) == 0
     tasks = given["tasks"]
-    assert [task.block for task in tasks] == [0] * 11 + [32] * 4
+    assert [task.block for task in tasks] == [0] * 13 + [32] * 4
     assert [t.label for t in tasks[4:11]][:3] == ["stem 7x7/2 N=1", "conv3_x 3x3/2 N=1", "conv3_x 1x1/2 N=1"]
-    assert "strided_conv2d in the 7x7 stem" in capsys.readouterr().out
+    assert [t.label for t in tasks[11:13]] == ["maxpool 3x3/2 N=1", "avgpool+fc N=1"]
+    out = capsys.readouterr().out
+    assert "strided_conv2d in the 7x7 stem" in out and "maxpool 3x3/2 N=1" in out and "avgpool+fc N=1" in out

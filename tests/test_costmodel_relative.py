@@ -29,11 +29,11 @@ TASKS = (
 
 
 def _space(name: str, layer: dict[str, int]):
+    from kdsl.codegen.tvm import lower
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-    from kdsl.tune.measurer import _lowered
 
     op = gallery.load(name)
-    return ScheduleSpace(_lowered(op, solve.bind(op, layer)))
+    return ScheduleSpace(lower(op, solve.bind(op, layer)))
 
 
 def test_the_heuristic_is_the_origin_of_every_task_whatever_its_size():

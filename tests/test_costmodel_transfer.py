@@ -32,11 +32,11 @@ CONV = {"N": 1, "Cin": 8, "Cout": 8, "H": 8, "W": 8}
 
 
 def _space(name: str, layer: dict[str, int]):
+    from kdsl.codegen.tvm import lower
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-    from kdsl.tune.measurer import _lowered
 
     op = gallery.load(name)
-    return ScheduleSpace(_lowered(op, solve.bind(op, layer)))
+    return ScheduleSpace(lower(op, solve.bind(op, layer)))
 
 
 def assert_features_sane(space, config) -> None:

@@ -20,10 +20,11 @@ backend("tvm")
 
 import torch  # noqa: E402  (after the skip: the compiled network needs TVM)
 
-from kdsl.bench.network_strided import strided_op  # noqa: E402
+from kdsl.bench.network_head import head_binding, head_op, kernel_key  # noqa: E402
+from kdsl.bench.network_strided import max_pool_op, strided_op  # noqa: E402
 from kdsl.bench.network_tune import LAYOUTS, compile_network, network_tasks  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
-from kdsl.codegen.tvm.epilogue import FusedKernel  # noqa: E402
+from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel, build_fused  # noqa: E402
 from kdsl.codegen.tvm.prepack import prepack_weights  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.signature_layout import build_blocked, from_blocked, to_blocked  # noqa: E402
@@ -243,6 +244,11 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     # blocked layouts keep PyTorch's for those 7
     assert len(kernels) == (20 if layout == "plain" else 13)
     assert isinstance(compiled.pool, tuple) == (layout == "plain")  # the stem's max pooling
+    # the head (average pooling and classifier): one kdsl kernel in the plain layout, its bias in the
+    # epilogue when fused; PyTorch's in the blocked layouts
+    assert (compiled.head is not None) == (layout == "plain")
+    if compiled.head is not None:
+        assert isinstance(compiled.head[0], FusedKernel) == fuse
     # fused: every kdsl kernel carries its epilogue, folded into its write-back (no pass of its own)
     assert (
         all(isinstance(k, FusedKernel) and k.folded for k in kernels)
@@ -256,6 +262,8 @@ def test_the_compiled_network_computes_what_the_pytorch_network_computes(network
     # sizes pack theirs), or by the kernels on every call
     assert all(k.prepacked for k in kernels)
     weights = [w for conv in compiled_convolutions(compiled) if isinstance(conv, tuple) for w in conv[1]]
+    if compiled.head is not None and compiled.head[0].prepacked:  # the classifier's, where its schedule packs it
+        weights += compiled.head[1]
     assert compiled.prepacked_bytes == sum(w.numel() * 4 for w in weights) > 0
     per_call = compile_network(net, layout, db=db, block=16, kernels=KERNELS, fuse=fuse, prepack=False)
     assert_same_output(per_call, net, x, transforms)
@@ -282,6 +290,7 @@ def test_the_old_form_keeps_pytorchs_strided_convolutions_and_the_strided_kernel
     compiled = compile_network(net, "plain", kernels=KERNELS, replace="3x3")
     assert_same_output(compiled, net, x, 0)
     assert len(compiled_kernels(compiled)) == 13 and not isinstance(compiled.stem_conv, tuple)
+    assert compiled.head is None and not isinstance(compiled.pool, tuple)
     # a record of the stem's task is the schedule its kernel runs, with the epilogue folded after it
     stem = next(task for task in network_tasks(network[0], [1], RESOLUTION, replace="all") if "stem" in task.label)
     binding, key, store = open_task(stem.op, stem.layer, str(tmp_path / "stem.db"), 0)
@@ -302,7 +311,7 @@ def test_the_network_tasks_have_the_strided_convolutions_once_a_pass():
     item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
     tasks = network_tasks(item, [1, 8], RESOLUTION, replace="all")
     strided = [task for task in tasks if task.op == strided_op()]
-    assert len(tasks) == 22 and len(strided) == 14 and {task.weight for task in strided} == {1}
+    assert len(tasks) == 26 and len(strided) == 14 and {task.weight for task in strided} == {1}
     assert [(t.layer["Cin"], t.layer["Cout"], t.layer["H"], t.layer["K"], t.layer["s"]) for t in strided[:3]] == [
         (3, 64, RESOLUTION, 7, 2),
         (64, 128, RESOLUTION // 4, 3, 2),
@@ -311,6 +320,81 @@ def test_the_network_tasks_have_the_strided_convolutions_once_a_pass():
     assert len(network_tasks(item, [1], RESOLUTION, block=16, replace="all")) == 4  # blocked: the 3x3 ones only
     with pytest.raises(KdslError, match="unknown --replace '1x1'"):
         network_tasks(item, [1], RESOLUTION, replace="1x1")
+
+
+def test_the_max_pooling_and_the_head_are_tasks_once_a_pass_at_every_batch_size():
+    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
+    resolution = 2 * RESOLUTION  # a final feature map of 2 x 2: the mean has something to average
+    tasks = network_tasks(item, [1, 2], resolution, classes=7)
+    ours = [task for task in tasks if task.op in (max_pool_op(), head_op())]
+    assert [(task.label, task.weight, task.scale) for task in ours] == [
+        ("maxpool 3x3/2 N=1", 1, 1.0),
+        ("avgpool+fc N=1", 1, 1.0),
+        ("maxpool 3x3/2 N=2", 1, 0.5),
+        ("avgpool+fc N=2", 1, 0.5),
+    ]
+    pool, head = ours[2].layer, ours[3].layer
+    # the pooling reads the stem's output (64 channels, half the input); the head the last stage's
+    assert (pool["N"], pool["Cin"], pool["H"], pool["K"], pool["s"]) == (2, 64, resolution // 2, 3, 2)
+    assert (head["N"], head["Cin"], head["Cout"], head["H"], head["W"]) == (
+        2,
+        512,
+        7,
+        resolution // 32,
+        resolution // 32,
+    )
+    assert not any(task.op == head_op() for task in network_tasks(item, [1], RESOLUTION, replace="3x3"))
+    with pytest.raises(KdslError, match="number of classes must be a positive integer, got 0"):
+        network_tasks(item, [1], RESOLUTION, classes=0)
+
+
+def test_the_head_kernel_computes_the_mean_and_the_classifier_with_its_bias():
+    binding = head_binding(2, 2 * RESOLUTION, 5)
+    kernel = build_fused(head_op(), binding, Epilogue(relu=False))
+    x, weight, bias = torch.randn(2, 512, 2, 2), torch.randn(5, 512), torch.randn(5)
+    with torch.no_grad():
+        got = kernel(x, *kernel.pack_weights([weight]), scale=torch.ones(5), shift=bias)
+    expected = torch.nn.functional.linear(x.mean(dim=(2, 3)), weight, bias)
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-4), float((got - expected).abs().max())
+
+
+def assert_runs_record(kernel, config, default) -> None:
+    """``kernel`` (compiled with its weights prepacked) runs the schedule of ``config``, which is not the
+    schedule of ``default`` (the same layer's default-schedule kernel)."""
+    expected, _ = prepack_weights(ScheduleSpace(kernel.lowered).apply(config), kernel.lowered)
+    assert kernel.schedule.mod.script() == expected.mod.script() != default.schedule.mod.script()
+
+
+def test_the_max_pooling_and_the_head_run_their_records_and_a_shared_cache_keeps_dbs_apart(network, tmp_path):
+    item, net, x = network
+    db = str(tmp_path / "head.db")
+    cache: dict = {}
+    default = compile_network(net, "plain", kernels=cache, fuse=False)
+    defaults = {max_pool_op().key: default.pool[0], head_op().key: default.head[0]}
+    configs = {}
+    for task in network_tasks(item, [1], RESOLUTION, classes=10)[-2:]:
+        binding, key, store = open_task(task.op, task.layer, db, 0)
+        space, rng = ScheduleSpace(lower(task.op, binding)), random.Random(5)
+        # a random schedule that is not the default one, so running the default would fail the check
+        script = defaults[task.op.key].schedule.mod.script()
+        for _ in range(20):
+            config = space.random(rng)
+            if prepack_weights(space.apply(config), space.lowered)[0].mod.script() != script:
+                break
+        configs[task.op.key] = config
+        store.add(key, Record(config, 1e-9, None, "opevo"))
+        store.database.close()
+    tuned = compile_network(net, "plain", db=db, kernels=cache, fuse=False)
+    assert_same_output(tuned, net, x, 0)
+    for op, kernel in ((max_pool_op(), tuned.pool[0]), (head_op(), tuned.head[0])):
+        assert kernel is not defaults[op.key]
+        assert_runs_record(kernel, configs[op.key], defaults[op.key])
+    # fused: the same record with the bias in the epilogue, folded into the write-back or a pass of its own
+    fused = compile_network(net, "plain", db=db, kernels=cache)
+    assert_same_output(fused, net, x, 0)
+    assert isinstance(fused.head[0], FusedKernel) and fused.pool[0] is tuned.pool[0]
+    keys = {kernel_key(head_op(), head_binding(1, RESOLUTION, 10), name, None, True) for name in (db, None)}
+    assert {key for key, kernel in cache.items() if kernel in (tuned.head[0], default.head[0])} == keys
 
 
 def test_a_blocked_network_can_run_the_plain_records_for_comparison(network, tuned_db):

@@ -212,7 +212,10 @@ def test_the_network_tunes_and_measures_every_task_prepacked(monkeypatch, capsys
     argv = ["tune", "conv2d", "--network", "resnet18", "--batch", "1", "--resolution", "32", "--trials", "8"]
     assert main([*argv, "--db", str(tmp_path / "t.db")]) == 0
     tasks = given["tasks"]
-    assert len(tasks) == 15 and all(task.prepacked for task in tasks)  # the strided ones and the blocked ones too
+    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
+    every = network_tasks(item, [1], RESOLUTION) + network_tasks(item, [1], RESOLUTION, 16)  # per call
+    assert [task.label for task in tasks] == [task.label for task in every]
+    assert all(task.prepacked for task in tasks)  # the strided ones, the head's and the blocked ones too
     assert "weights packed once, outside the measured time" in capsys.readouterr().out
 
     opened, rounds = [], []

@@ -178,15 +178,15 @@ def test_kdsl_tune_prints_the_default_schedules_share_of_its_roofline(capsys, mo
     which OpEvo proposes first: no tuning here, a records database written by hand."""
     backend("tvm")
     from kdsl.cli import tune_commands
+    from kdsl.codegen.tvm import lower
     from kdsl.codegen.tvm.parameters import config_key, normalize
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
     from kdsl.tune.driver import make_tuner
-    from kdsl.tune.measurer import _lowered
     from kdsl.tune.records import Record, open_task
 
     op, layer, db = gallery.load("matmul"), {"M": 8, "Cin": 16, "Cout": 16}, str(tmp_path / "t.db")
     binding, task, store = open_task(op, layer, db)
-    space = ScheduleSpace(_lowered(op, binding))
+    space = ScheduleSpace(lower(op, binding))
     first = make_tuner("opevo", space, []).propose(1)[0]
     assert config_key(normalize(first)) == config_key(normalize(space.heuristic()))  # measured first
     store.add(task, Record(normalize(first), 3e-6, None, "opevo"))

@@ -98,13 +98,14 @@ def test_the_new_native_baselines_compute_the_gallery_operators(name):
 
 def test_the_measurer_times_a_kernel_of_two_inputs(tmp_path):
     backend("tvm")
+    from kdsl.codegen.tvm import lower
     from kdsl.codegen.tvm.default_schedule import default_schedule
-    from kdsl.tune.measurer import _lowered, _measure_job, _measure_setup, compile_module
+    from kdsl.tune.measurer import _measure_job, _measure_setup, compile_module
 
     op = gallery.load("bmm_tn")
     binding = dict(solve.bind(op, {"B": 2, "M": 8, "K": 4, "N": 8}))
     path = str(tmp_path / "bmm.so")
-    compile_module(default_schedule(_lowered(op, binding)).mod, path)
+    compile_module(default_schedule(lower(op, binding)).mod, path)
     state = _measure_setup(op, binding)
     latency, error = _measure_job(state, (path, True), _no_slot)
     assert error is None and latency is not None and latency > 0

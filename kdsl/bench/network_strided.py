@@ -9,7 +9,7 @@ runs once a forward pass; ``kdsl tune --network resnet18 --replace all`` (the de
 with the stage convolutions and compiles them with their glue fused (:mod:`kdsl.codegen.tvm.epilogue`):
 the stem's and a block's first convolution's batch norm and ReLU, the shortcut's batch norm alone.
 The stem's 3x3 stride-2 max pooling is a kdsl kernel too (:func:`max_pool_op`: Canvas's max ``Fold``
-over strided windows), with its default schedule (it is not tuned).
+over strided windows), tuned as a task of its own (:mod:`kdsl.bench.network_head`, with the head).
 
 >>> [(layer.name, layer["Cin"], layer["Cout"], layer["H"], k) for layer, k in strided_layers(1, 224)][:3]
 [('stem 7x7/2', 3, 64, 224, 7), ('conv3_x 3x3/2', 64, 128, 56, 3), ('conv3_x 1x1/2', 64, 128, 56, 1)]

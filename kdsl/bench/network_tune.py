@@ -35,8 +35,8 @@ then to the default schedule: :func:`compile_network`).
 >>> item = resolve_ops(["conv2d"], resolution=32)[0]
 >>> [(task.label, task.weight) for task in network_tasks(item, [1], 32, replace="3x3")]
 [('conv2_x N=1', 4), ('conv3_x N=1', 3), ('conv4_x N=1', 3), ('conv5_x N=1', 3)]
->>> len(network_tasks(item, [1], 32))  # replace="all", the default: the stem and the strided convs too
-11
+>>> len(network_tasks(item, [1], 32))  # replace="all", the default: the 7 strided convs, max pool and head too
+13
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from statistics import median
 from typing import Any
 
 from kdsl.bench.argument_types import positive_int
+from kdsl.bench.network_head import head_module, head_op, head_tasks, kernel_key, plain_kernel
 from kdsl.bench.network_strided import (
     REPLACE,
     max_pool_binding,
@@ -110,6 +111,7 @@ def network_tasks(
     resolution: int = 224,
     block: int = 0,
     replace: str = "all",
+    classes: int = 1000,
     prepacked: bool = False,
 ) -> list[NetworkTask]:
     """The tuning tasks of ResNet-18 with ``item`` in its stage convolutions: one per stage layer and
@@ -118,9 +120,10 @@ def network_tasks(
     scaled by ``1 / batch``: the budget is shared by time saved per image. ``block > 0``: the kernels
     with the channel-blocked signature the blocked networks run (labelled with it, ``NCHW16c``).
     ``replace="all"``: with the plain signature, also the seven strided convolutions
-    (:func:`kdsl.bench.network_strided.strided_tasks`). ``prepacked``: every task tuned with its packed
-    weights taken packed (:attr:`~kdsl.tune.network.NetworkTask.prepacked`), as :func:`compile_network`
-    runs the kernels by default."""
+    (:func:`kdsl.bench.network_strided.strided_tasks`), the max pooling and the head (the average pooling
+    and the classifier of ``classes`` classes: :func:`kdsl.bench.network_head.head_tasks`). ``prepacked``:
+    every task tuned with its packed weights taken packed (:attr:`~kdsl.tune.network.NetworkTask.prepacked`),
+    as :func:`compile_network` runs the kernels by default."""
     if replace not in REPLACE:
         raise KdslError(f"unknown --replace {replace!r}: use one of {', '.join(REPLACE)}")
     tasks = []
@@ -131,7 +134,8 @@ def network_tasks(
             label = f"{layer.name} N={batch}{suffix}"
             tasks.append(NetworkTask(label, item.op, item.binding(layer), weight, 1 / batch, block, prepacked))
     if replace == "all" and not block:
-        tasks += [dataclasses.replace(task, prepacked=prepacked) for task in strided_tasks(list(batches), resolution)]
+        others = strided_tasks(list(batches), resolution) + head_tasks(batches, resolution, classes)
+        tasks += [dataclasses.replace(task, prepacked=prepacked) for task in others]
     return tasks
 
 
@@ -148,7 +152,7 @@ def _compiled_module() -> Any:
     class CompiledResNet(torch.nn.Module):
         """ResNet-18 with kdsl kernels in its convolutions; a tensor of 5 dims is blocked. A convolution
         is a PyTorch module or a (kernel, weights) pair; the strided ones' kernels are always plain
-        (``NCHW``): only the plain layout gets them."""
+        (``NCHW``): only the plain layout gets them, and kernels for the max pooling and the head."""
 
         def __init__(self, net: Any, kernels: dict[int, tuple[Any, list[Any]]], layout: str, block: int) -> None:
             super().__init__()
@@ -158,6 +162,11 @@ def _compiled_module() -> Any:
             # kernel computes the convolution, batch norm and ReLU in one
             self.stem_conv = kernels.get(id(net.stem[0]), net.stem[0])
             self.stem_bn, self.pool = _fold(net.stem[1]), kernels.get(id(net.stem[3]), net.stem[3])
+            # the average pooling and the classifier: one kernel (its bias added by its epilogue, or by
+            # PyTorch when it has none), else PyTorch's mean and nn.Linear
+            self.head, bias = kernels.get(id(net.fc)), net.fc.bias
+            self.fc_bias = torch.zeros(net.fc.out_features) if bias is None else bias.detach()
+            self.fc_scale = torch.ones(net.fc.out_features)
             self.blocks = []  # (conv1, bn1, conv2, bn2, shortcut) per basic block
             for stage in net.stages:
                 for basic in stage:
@@ -219,6 +228,11 @@ def _compiled_module() -> Any:
                 y = self.layer(conv1, x, bn1)
                 rest = x if shortcut is None else self.layer(shortcut[0], x, shortcut[1], relu=False)
                 x = self.layer(conv2, y, bn2, rest)
+            if self.head is not None:
+                kernel, weights = self.head
+                if isinstance(kernel, FusedKernel):
+                    return kernel(x, *weights, scale=self.fc_scale, shift=self.fc_bias)
+                return kernel(x, *weights) + self.fc_bias
             pooled = x.mean(dim=(2, 3)).reshape(x.shape[0], -1)  # blocked or not: channels in order
             return self.fc(pooled)
 
@@ -255,7 +269,9 @@ def compile_network(
     takes the per-call task's best, falling back to the prepacked one's, then the default (the fallbacks
     keep a database tuned one way usable the other).
     ``replace="all"``: in the plain layout the stem, its max pooling, the
-    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`);
+    stride-2 convolutions and their shortcuts are kdsl kernels too (:mod:`kdsl.bench.network_strided`),
+    and so are the global average pooling and the classifier, one kernel whose epilogue adds the bias
+    (:mod:`kdsl.bench.network_head`; unfused, PyTorch adds it), each from its tuned record if any;
     the blocked layouts, and ``replace="3x3"``, keep PyTorch's operators there."""
     if layout not in LAYOUTS:
         raise KdslError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
@@ -276,10 +292,7 @@ def compile_network(
             continue
         borrowed = plain_records and blocked > 0
         epilogue = epilogues.get(id(module))
-        # the records database is part of the key: a cache shared with a network of default schedules
-        # (db=None) would otherwise hand its kernels to the tuned one
-        records = None if db is None else os.fspath(db)
-        key = (item.op.key, json.dumps(binding, sort_keys=True), blocked, borrowed, epilogue, prepack, records)
+        key = kernel_key(item.op, binding, db, epilogue, prepack, blocked, borrowed)
         if key not in kernels:
             records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
             schedule = None if db is None else tuned_schedule(db, item.op, binding, records_of, prepack, fallback=True)
@@ -296,14 +309,14 @@ def compile_network(
     if not by_module:
         raise KdslError("compile_network needs a network built with an operator (resnet18(item)), got the original one")
     for module, binding, epilogue in strided_modules(net) if replace == "all" and layout == "plain" else ():
-        kernel = _strided_kernel(binding, epilogue if fuse else None, db, kernels, prepack)
+        kernel = plain_kernel(strided_op(), binding, epilogue if fuse else None, db, kernels, prepack)
         by_module[id(module)] = (kernel, kernel.pack_weights([module.weight.detach()]))
-    if replace == "all" and layout == "plain":  # the stem's max pooling: default schedule, never tuned
-        binding = max_pool_binding(net.batch, net.resolution)
-        key = (max_pool_op().key, json.dumps(binding, sort_keys=True), 0, False, None, False, None)
-        if key not in kernels:
-            kernels[key] = tvm_build(max_pool_op(), binding, schedule="default")
-        by_module[id(net.stem[3])] = (kernels[key], [])
+    if replace == "all" and layout == "plain":  # the stem's max pooling and the head (pooling + classifier)
+        pool = plain_kernel(max_pool_op(), max_pool_binding(net.batch, net.resolution), None, db, kernels, prepack)
+        by_module[id(net.stem[3])] = (pool, [])
+        fc, binding = head_module(net)  # its bias: the epilogue's shift (fused), else a PyTorch add
+        head = plain_kernel(head_op(), binding, Epilogue(relu=False) if fuse else None, db, kernels, prepack)
+        by_module[id(fc)] = (head, head.pack_weights([fc.weight.detach()]))
     compiled = _compiled_module()(net, by_module, layout, block).eval()
     #: bytes of weights packed once here that the kernels would otherwise pack on every forward pass
     compiled.prepacked_bytes = sum(
@@ -313,23 +326,6 @@ def compile_network(
         if layout is not None
     )
     return compiled
-
-
-def _strided_kernel(
-    binding: dict[str, int], epilogue: Epilogue | None, db: Any, kernels: dict[tuple[Any, ...], Any], prepack: bool
-) -> Any:
-    """The plain kernel of ``strided_conv2d`` at ``binding`` (tuned record, else default schedule), cached
-    under the records database too (as :func:`compile_network`'s kernels)."""
-    op = strided_op()
-    records = None if db is None else os.fspath(db)
-    key = (op.key, json.dumps(binding, sort_keys=True), 0, False, epilogue, prepack, records)
-    if key not in kernels:
-        schedule = None if db is None else tuned_schedule(db, op, binding, 0, prepack, fallback=True)
-        if epilogue is not None:
-            kernels[key] = build_fused(op, binding, epilogue, schedule, prepacked_weights=prepack)
-        else:
-            kernels[key] = tvm_build(op, binding, schedule=schedule or "default", prepacked_weights=prepack)
-    return kernels[key]
 
 
 def _transforms(trace: Sequence[tuple[str, tuple[int, ...]]], block: int) -> Callable[[], None]:
@@ -594,8 +590,9 @@ def command_tune_network(args: argparse.Namespace) -> int:
     where = "the 13 stride-1 3x3 convolutions"
     if args.replace == "all":
         where += (
-            "; strided_conv2d in the 7x7 stem, the three stride-2 3x3 convolutions and their 1x1 shortcuts "
-            f"(the plain networks but the row '{ONLY_3X3}'; the blocked ones keep PyTorch's conv2d there)"
+            "; strided_conv2d in the 7x7 stem, the three stride-2 3x3 convolutions and their 1x1 shortcuts, "
+            "a max Fold in the max pooling, and one kernel for the average pooling and the classifier "
+            f"(the plain networks but the row '{ONLY_3X3}'; the blocked ones keep PyTorch's operators there)"
         )
     print(
         f"kdsl tune --network {args.network}: {printable(item.label)} in {where}, "

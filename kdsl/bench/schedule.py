@@ -6,6 +6,7 @@ why); ``python -m kdsl.bench.schedule [--quick]`` prints a Markdown table.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -139,6 +140,26 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m kdsl.bench.schedule [--quick]
-    quick = "--quick" in sys.argv
-    print(format_table(measure(measure_cases(extra=not quick), rounds=1 if quick else 3)))
+def main(argv: Sequence[str] | None = None) -> str:
+    """``python -m kdsl.bench.schedule [--quick]``: measure and return the Markdown table (``--help``
+    prints the usage; an unknown flag is refused by argparse rather than ignored).
+
+    >>> main(["--bogus"])
+    Traceback (most recent call last):
+    ...
+    SystemExit: 2
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m kdsl.bench.schedule",
+        description="The default TVM schedule against PyTorch, alternated in one fresh process: conv2d at "
+        "ResNet-18's layers (batch 1 and 8), matmul and a few gallery operators; prints a Markdown table.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="leave out the extra gallery operators and time one round, not 3"
+    )
+    args = parser.parse_args(argv)
+    return format_table(measure(measure_cases(extra=not args.quick), rounds=1 if args.quick else 3))
+
+
+if __name__ == "__main__":
+    print(main())

@@ -23,6 +23,7 @@ from kdsl import gallery, solve
 from kdsl.bench import target as bench_target
 from kdsl.bench.argument_types import positive_int
 from kdsl.codegen.native import native_function
+from kdsl.codegen.tvm import lower
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
@@ -32,7 +33,7 @@ from kdsl.runtime.timing import median_seconds, round_order
 from kdsl.runtime.units import duration, format_time, time_unit
 from kdsl.runtime.workers import Slot, WorkerPool
 from kdsl.tune.driver import TUNERS, tune
-from kdsl.tune.measurer import Measurer, _lowered, compile_module
+from kdsl.tune.measurer import Measurer, compile_module
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -200,12 +201,12 @@ def bench_tune(args: argparse.Namespace) -> int:
                         libraries[tuner] = result.library
                 elif result.best is not None and result.best.latency is not None:
                     if space is None:
-                        space = ScheduleSpace(_lowered(op, binding))
+                        space = ScheduleSpace(lower(op, binding))
                     path = os.path.join(folder, f"{name}-{tuner}.so")
                     compile_module(space.apply(result.best.config).mod, path)
                     libraries[tuner] = path
             path = os.path.join(folder, f"{name}-default.so")
-            compile_module(default_schedule(_lowered(op, binding)).mod, path)
+            compile_module(default_schedule(lower(op, binding)).mod, path)
             libraries["default schedule"] = path
             final, torch_s = remeasure(
                 measurer,

@@ -37,6 +37,7 @@ from kdsl.bench.roofline import MARGIN, Roofline, minimum_bytes, program_macs, w
 from kdsl.bench.tune_suites import SuiteCase, baseline_reason, blocked_reason, suite_cases, suite_names, suite_of
 from kdsl.codegen import reference
 from kdsl.codegen.native import native_function
+from kdsl.codegen.tvm import lower
 from kdsl.codegen.tvm.default_schedule import default_schedule
 from kdsl.codegen.tvm.machine import current_machine
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
@@ -44,7 +45,7 @@ from kdsl.lang.errors import KdslError
 from kdsl.runtime.timing import median_seconds
 from kdsl.runtime.workers import Slot, WorkerPool
 from kdsl.tune.driver import tune
-from kdsl.tune.measurer import Measurer, _lowered, compile_module
+from kdsl.tune.measurer import Measurer, compile_module
 
 
 def budgets(text: str) -> list[int]:
@@ -206,12 +207,12 @@ def _one_run(case: SuiteCase, cols: Sequence[Column], run: int, folder: Path, ro
                 if outcome.library:
                     libraries[col.name] = outcome.library
             elif outcome.best is not None and outcome.best.latency is not None:
-                space = space or ScheduleSpace(_lowered(op, binding))
+                space = space or ScheduleSpace(lower(op, binding))
                 path = str(folder / "records" / f"{_slug(case)}-run{run}-{col.name}.so")
                 compile_module(space.apply(outcome.best.config).mod, path)
                 libraries[col.name] = path
         path = str(folder / "records" / f"{_slug(case)}-run{run}-default.so")
-        compile_module(default_schedule(_lowered(op, binding)).mod, path)
+        compile_module(default_schedule(lower(op, binding)).mod, path)
         libraries["default schedule"] = path
         final, torch_s = _remeasure(measurer, libraries, rounds, torch_worker if has_baseline else None, case, binding)
     for name in [c.name for c in cols] + ["default schedule"]:

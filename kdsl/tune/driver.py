@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kdsl.codegen.tvm import lower
 from kdsl.codegen.tvm.parameters import config_key, normalize
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.errors import LoweringError
@@ -38,7 +39,7 @@ from kdsl.runtime.progress import Progress
 from kdsl.runtime.units import duration
 from kdsl.tune.alt import Alt, check_alt_options
 from kdsl.tune.gensor import Gensor
-from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
+from kdsl.tune.measurer import Measurer, signature_schedule
 from kdsl.tune.metaschedule import tune_metaschedule
 from kdsl.tune.opevo import OpEvo, RandomTuner, check_opevo_options, opevo_options
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner, TuneResult, is_integer, open_task
@@ -265,7 +266,7 @@ def tune(
     started = time.time()
     run_started = started
     binding, key, store = open_task(op, layer, db, block, prepacked)
-    space = ScheduleSpace(_lowered(op, binding))
+    space = ScheduleSpace(lower(op, binding))
     history = store.records(key, tuner)  # the tuner resumes from its own records
     search = make_tuner(tuner, space, history, seed=seed, **dict(options or {}))
     search, model = _with_model(search, space, [db, *cost_model_db], store, key, seed) if cost_model else (search, None)

@@ -65,13 +65,9 @@ PACKED_KEPT = 8
 # In the worker processes
 
 
-def _lowered(op: Operator, layer: Mapping[str, int]) -> Any:
-    return lower(op, layer)
-
-
 def _compile_setup(op: Operator, layer: dict[str, int]) -> ScheduleSpace:
     """A compile worker's state: the schedule space of the lowered operator."""
-    return ScheduleSpace(_lowered(op, layer))
+    return ScheduleSpace(lower(op, layer))
 
 
 def signature_schedule(space: ScheduleSpace, config: Mapping[str, Any], block: int = 0) -> Any:
@@ -131,7 +127,7 @@ def _measure_setup(op: Operator, layer: dict[str, int], block: int = 0, prepacke
     x, weights = reference.random_inputs(op, layer, dtype=np.float32)
     inputs = list(x) if isinstance(x, tuple) else [x]  # a kernel of several inputs: a tuple of them
     dev = tvm.cpu(0)
-    output_shape = tuple(int(d) for d in _lowered(op, layer).output_shape)
+    output_shape = tuple(int(d) for d in lower(op, layer).output_shape)
     if block:
         inputs = [block_array(inputs[0], block)]  # one data input: the Measurer checked it
         output_shape = blocked_shape(output_shape, block, "the output")
@@ -346,7 +342,7 @@ class Measurer:
         self.block = block
         self.prepacked = prepacked
         if block:  # refused here, naming the dim, rather than as every configuration's compile error
-            lowered = _lowered(op, self.layer)
+            lowered = lower(op, self.layer)
             if lowered.extra_inputs:
                 raise LoweringError("a channel-blocked signature is for kernels of one data input")
             blocked_shape(tuple(int(d) for d in lowered.x.shape), block, "the input")

@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kdsl.codegen.tvm import default_target
+from kdsl.codegen.tvm import default_target, lower
 from kdsl.lang.operator import Operator
 from kdsl.runtime.units import duration
-from kdsl.tune.measurer import Measurer, _lowered, compile_module
+from kdsl.tune.measurer import Measurer, compile_module
 from kdsl.tune.records import Record, TuneResult, open_task
 
 
@@ -71,7 +71,7 @@ def tune_metaschedule(
     started = time.time()
     binding, key, store = open_task(op, layer, db)
     target = default_target()
-    module = without_pads(_lowered(op, binding))
+    module = without_pads(lower(op, binding))
     work_dir = Path(f"{db}.ms") / key
     work_dir.mkdir(parents=True, exist_ok=True)
     before = len(ms.database.JSONDatabase(work_dir=str(work_dir)).get_all_tuning_records())

@@ -42,11 +42,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kdsl.codegen.tvm import lower
 from kdsl.lang.errors import KdslError, LoweringError
 from kdsl.lang.operator import Operator
 from kdsl.runtime.progress import Progress
 from kdsl.tune.driver import TUNERS, tune
-from kdsl.tune.measurer import Measurer, _lowered, signature_schedule
+from kdsl.tune.measurer import Measurer, signature_schedule
 from kdsl.tune.records import Record, TuneError, open_task
 
 __all__ = ["BudgetScheduler", "NetworkTask", "TaskSummary", "measure_default", "task_summary", "tune_network"]
@@ -204,7 +205,7 @@ def measure_default(task: NetworkTask, db: str | os.PathLike[str], measurer: Mea
         stored = store.records(key, DEFAULT)
         if stored:
             return stored[0].latency
-        space = ScheduleSpace(_lowered(task.op, binding))
+        space = ScheduleSpace(lower(task.op, binding))
         config = space.heuristic()
         try:
             signature_schedule(space, config, task.block)
