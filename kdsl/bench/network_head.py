@@ -141,7 +141,8 @@ def plain_kernel(
     kernels: dict[tuple[Any, ...], Any],
     prepack: bool,
 ) -> Any:
-    """The plain (``NCHW``) kernel of ``op`` at ``binding`` (tuned record, else default schedule; with
+    """The plain (``NCHW``) kernel of ``op`` at ``binding`` (tuned record of the signature ``prepack`` says,
+    else of the other packing, else default schedule, as :func:`~kdsl.bench.network_tune.compile_network`; with
     ``epilogue`` after it when one is given), cached under :func:`kernel_key`: the strided convolutions,
     the max pooling and the head."""
     key = kernel_key(op, binding, db, epilogue, prepack)
