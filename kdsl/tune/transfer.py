@@ -203,7 +203,8 @@ def load_tasks(
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
     of the schedule space, of a kernel with a channel-blocked signature, or of an operator that cannot be
-    rebuilt or lowered are skipped. ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
+    rebuilt or lowered are skipped, and so are MetaSchedule's records (a trace, not a configuration).
+    ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
     if kind not in KINDS:
         raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
     skip = set(exclude)
@@ -220,7 +221,10 @@ def load_tasks(
             if description.get("channel_block"):  # timed in a blocked signature: not what the features describe
                 continue
             _, known = merged.setdefault(task, (description, {}))
-            for key, record in measured(store.records(task)).items():
+            # MetaSchedule's records hold a trace of its own schedule, not a configuration of kdsl's space:
+            # their features would be the heuristic's defaults, so they teach and score nothing
+            ours = [r for r in store.records(task) if "trace" not in r.config]
+            for key, record in measured(ours).items():
                 if key not in known or (record.latency or 0.0) < (known[key].latency or 0.0):
                     known[key] = record
     out = []
