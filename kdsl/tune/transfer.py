@@ -422,6 +422,39 @@ def train_on_half(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR
     ]
 
 
+def confirm_on(
+    train: Sequence[TaskData], held_out: Sequence[TaskData], seed: int = 0, prior: float = PRIOR
+) -> list[TaskScore]:
+    """Score records no variant was chosen on: each task of ``held_out`` is ranked by a model trained on
+    the tasks of ``train`` of every *other* operator (and never on the task itself), so a held-out task is
+    a new layer of an operator the model never saw. Where :func:`leave_one_operator_out` on ``train``
+    picked the features and settings, this is the number that was not picked on.
+
+    >>> confirm_on([], [])
+    []
+    """
+    out = []
+    for operator in sorted({t.operator for t in held_out}):
+        seen = [t for t in train if t.operator != operator]
+        if not seen:
+            continue
+        model = TransferModel(seen[0].target, seed, seen[0].kind, prior)
+        model.fit(seen)
+        for data in (t for t in held_out if t.operator == operator):
+            predicted = model.predict_features(data.features, data.estimates)
+            out.append(
+                TaskScore(
+                    data.task,
+                    data.label,
+                    data.binding,
+                    len(data.latencies),
+                    rank_correlation(predicted, data.latencies),
+                    rank_correlation(data.estimates, data.latencies),
+                )
+            )
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # In front of a tuner, and the driver's per-run report
 # ------------------------------------------------------------------------------------------------
