@@ -18,7 +18,11 @@ with the measured latencies is printed beside the analytic estimate's, then one 
 (means over the held-out tasks). Only this target's records count (``--mcpu`` picks another one).
 ``--split half`` scores the stricter way (:func:`~kdsl.tune.transfer.train_on_half`): models trained on
 half the operators rank the other half's tasks. ``--prior`` is the analytic estimate's weight in the
-model's score (:data:`~kdsl.tune.transfer.PRIOR`; 0 scores the trees alone, the model before session 37).
+model's score (:data:`~kdsl.tune.transfer.PRIORS`; 0 scores the trees alone), ``--learner`` the trees'
+objective (:data:`~kdsl.tune.transfer.LEARNERS`: ``ranks`` is the model before session 38).
+``--confirm DB ...`` scores the tasks of other databases, each with a model trained on ``--db``'s tasks
+of the other operators (records no setting was chosen on: collect them with ``--layers confirm`` into a
+database of their own), on lines before the summary.
 
 >>> len(DEFAULT_OPS), sorted(set(LAYERS) - set(DEFAULT_OPS))
 (10, ['avg_pool2d_strided'])
@@ -41,6 +45,8 @@ from kdsl.tune.driver import tune
 from kdsl.tune.features import KINDS
 from kdsl.tune.records import target_mcpu
 from kdsl.tune.transfer import (
+    LEARNERS,
+    PAIR_PRIOR,
     PRIOR,
     TaskData,
     TaskScore,
@@ -172,9 +178,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prior",
         type=estimate_weight,
-        default=PRIOR,
-        help=f"the analytic estimate's weight in the model's score (default {PRIOR}; 0: the trees alone, "
-        "the model before session 37)",
+        default=None,
+        help=f"the analytic estimate's weight in the model's score (default: the learner's, {PAIR_PRIOR} for "
+        f"pairs, {PRIOR} for ranks; 0: the trees alone)",
+    )
+    parser.add_argument(
+        "--learner",
+        choices=LEARNERS,
+        default=LEARNERS[0],
+        help="pairs: trees boosted on the order of each pair of a task's configurations, started from the "
+        "estimate (the model kdsl tune uses); ranks: trees on each configuration's rank (the model before "
+        "session 38)",
     )
     bench_target.add_mcpu_argument(parser)
 
@@ -270,7 +284,7 @@ def _confirm(args: argparse.Namespace, tasks: Sequence[TaskData], target: str) -
     """``--confirm``: score the confirm databases' tasks (those not in ``--db``) with models of ``tasks``."""
     known = {t.task for t in tasks}
     held_out = load_tasks(args.confirm, target, exclude=known, kind=args.features)
-    scores = confirm_on(tasks, held_out, seed=args.seed, prior=args.prior)
+    scores = confirm_on(tasks, held_out, seed=args.seed, prior=args.prior, learner=args.learner)
     if not scores:
         print(f"confirm: no task in {', '.join(args.confirm)} of an operator --db's model can be trained without")
         return
@@ -296,7 +310,7 @@ def bench_costmodel(args: argparse.Namespace) -> int:
     for version, count in sorted(other_versions(args.db, target).items()):
         print(f"skipped {count} tasks of schedule space {version} (this kdsl's is {VERSION}: other kernels)")
     scores = (train_on_half if args.split == "half" else leave_one_operator_out)(
-        tasks, seed=args.seed, prior=args.prior
+        tasks, seed=args.seed, prior=args.prior, learner=args.learner
     )
     _print_rows(scores)
     if args.confirm:
