@@ -32,6 +32,11 @@ from kdsl.lang.errors import import_or_explain
 from kdsl.tune.records import TuneError
 
 
+#: The largest step of one row in one tree, in the loss's units before the learning rate: 200 trees at
+#: rate 0.05 can then move a score by 40 at most, several times the span of log2 of an estimate over a task.
+MAX_STEP = 4.0
+
+
 def _tree_class() -> Any:
     """scikit-learn's regression tree, imported on first use (``import kdsl`` does not load scikit-learn)."""
     return import_or_explain(
@@ -88,7 +93,8 @@ class PairTrees:
             return self
         for _ in range(self.trees):
             # d(loss)/d(score): a pair whose faster row scores above the slower one pushes both apart
-            p = 1.0 / (1.0 + np.exp(score[slower] - score[faster]))  # the chance the order is wrong
+            # the chance the order is wrong, sigmoid(score[faster] - score[slower]), in a form that cannot overflow
+            p = 0.5 * (1.0 + np.tanh(0.5 * (score[faster] - score[slower])))
             gradient = np.zeros(rows)
             np.add.at(gradient, faster, weight * p)
             np.add.at(gradient, slower, -weight * p)
@@ -96,6 +102,9 @@ class PairTrees:
             np.add.at(hessian, faster, weight * p * (1 - p))
             np.add.at(hessian, slower, weight * p * (1 - p))
             hessian = np.maximum(hessian, 1e-12)  # a row in no pair: weight ~0, target finite
+            # a pair the start orders wrong by a wide margin has p ~ 1 and a Hessian ~ 0: its Newton step
+            # would be unbounded, so each row's step is capped (XGBoost's max_delta_step does the same)
+            step = np.clip(-gradient / hessian, -MAX_STEP, MAX_STEP)
             sample = rng.random(rows) < self.subsample
             tree = tree_class(
                 max_depth=self.depth,
@@ -103,7 +112,7 @@ class PairTrees:
                 max_features=self.features,
                 random_state=int(rng.integers(1 << 30)),
             )
-            tree.fit(x[sample], (-gradient / hessian)[sample], sample_weight=hessian[sample])
+            tree.fit(x[sample], step[sample], sample_weight=hessian[sample])
             score += self.rate * tree.predict(x)
             self.fitted.append(tree)
         return self
