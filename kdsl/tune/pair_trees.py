@@ -31,7 +31,6 @@ import numpy as np
 from kdsl.lang.errors import import_or_explain
 from kdsl.tune.records import TuneError
 
-
 #: The largest step of one row in one tree, in the loss's units before the learning rate: 200 trees at
 #: rate 0.05 can then move a score by 40 at most, several times the span of log2 of an estimate over a task.
 MAX_STEP = 4.0

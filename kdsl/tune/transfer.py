@@ -8,10 +8,13 @@ operators taught.
 
 * :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
   records databases; records of another target are never read (a schedule's time is the machine's).
-* :class:`TransferModel` is boosted trees (gradient boosting of shallow regression trees) from the
-  features to a configuration's latency *rank within its task* (ranking the configurations of one task
-  is what a tuner needs; the absolute time of a task is not learnt), each task weighing the same
-  whatever its record count.
+* :class:`TransferModel` is boosted shallow regression trees from the features to the *order of a task's
+  configurations* (ranking the configurations of one task is what a tuner needs; the absolute time of a
+  task is not learnt), each task weighing the same whatever its record count: by default trees boosted on
+  the pairwise logistic loss from the analytic estimate (:mod:`kdsl.tune.pair_trees`), or (``learner=
+  "ranks"``) trees regressing each configuration's rank within its task.
+* :func:`confirm_on` scores records no setting was chosen on: other databases' tasks, each ranked by a
+  model of the other operators.
 * :func:`leave_one_operator_out` scores it the way a new operator meets it: for each operator, a model
   trained on the other operators' tasks ranks the held-out operator's configurations, task by task
   (Spearman's rank correlation, :func:`rank_correlation`), beside the analytic estimate of
