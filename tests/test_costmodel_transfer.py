@@ -213,7 +213,7 @@ def test_the_estimates_weight_adds_its_log_to_the_trees_score():
     rng = random.Random(7)
     tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b") for i in range(4)]
     held = _synthetic("c", "c0", rng)
-    trees, weighted, ruled = TransferModel("t", prior=0.0), TransferModel("t", prior=0.3), TransferModel("t", prior=1e6)
+    trees, weighted, ruled = (TransferModel("t", prior=p, learner="ranks") for p in (0.0, 0.3, 1e6))
     for model in (trees, weighted, ruled):
         model.fit(tasks)
     alone = trees.predict_features(held.features)
@@ -229,6 +229,24 @@ def test_the_estimates_weight_adds_its_log_to_the_trees_score():
     for bad in (-0.1, float("nan"), float("inf")):
         with pytest.raises(TuneError, match="weight"):
             TransferModel("t", prior=bad)
+
+
+def test_the_pairs_learner_starts_from_the_estimate_and_learns_where_it_is_wrong():
+    rng = random.Random(3)
+    tasks = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b", "c") for i in range(3)]
+    held = _synthetic("d", "d0", rng)
+    assert TransferModel("t").learner == "pairs" and TransferModel("t").prior == transfer.PAIR_PRIOR
+    learnt = TransferModel("t", prior=0.0)
+    learnt.fit(tasks)
+    assert learnt.predict_features(held.features) == learnt.predict_features(held.features, held.estimates)
+    # the latency falls with feature 20, which the estimate does not read: only the trees can rank by it
+    estimate_alone = rank_correlation(held.estimates, held.latencies)
+    assert rank_correlation(learnt.predict_features(held.features), held.latencies) > estimate_alone + 0.1
+    # an estimate weighted far above what 200 small steps can move keeps the estimate's order
+    ruled = TransferModel("t", prior=1e6)
+    ruled.fit(tasks)
+    scores = ruled.predict_features(held.features, held.estimates)
+    assert all(math.isfinite(v) for v in scores) and rank_correlation(scores, held.estimates) == 1.0
 
 
 def test_a_model_of_one_target_refuses_another_targets_tasks():
@@ -427,3 +445,79 @@ def test_descriptions_skip_rows_that_are_not_json_objects(tmp_path):
     store.db.execute("INSERT INTO tasks VALUES ('bad', 'not json', 0.0)")
     store.db.execute("INSERT INTO tasks VALUES ('list', '[1, 2]', 0.0)")
     assert list(store.descriptions()) == ["good"]
+
+
+def test_pair_trees_rank_a_monotone_task_and_refuse_bad_settings():
+    from kdsl.tune.pair_trees import PairTrees
+
+    rng = np.random.default_rng(2)
+    x = rng.random((60, 3))
+    # three groups whose latency rises with column 0 at three scales: only the order within a group is shared
+    groups = [range(0, 20), range(20, 40), range(40, 60)]
+    latencies = [[scale * (1 + x[i, 0]) for i in rows] for rows, scale in zip(groups, (1e-3, 5.0, 2e4))]
+    trees = PairTrees(trees=100, leaf=2, features=1.0, seed=0).fit(x, groups, latencies)
+    fresh = rng.random((30, 3))
+    # a sum of depth-3 steps learnt from 60 rows: close to the order, not exact (backwards would be -1)
+    assert rank_correlation(list(trees.predict(fresh)), list(fresh[:, 0])) > 0.85
+    assert list(PairTrees(trees=3).fit(x[:2], [[0, 1]], [[1.0, 1.0]]).predict(x[:2])) == [0.0, 0.0]  # ties: no order
+    with pytest.raises(TuneError, match="rate > 0"):
+        PairTrees(rate=float("nan"))
+    with pytest.raises(TuneError, match="a group of 2 rows has 3 latencies"):
+        PairTrees().fit(x[:2], [[0, 1]], [[1.0, 2.0, 3.0]])
+
+
+def test_confirm_on_trains_without_the_held_out_operator(monkeypatch):
+    rng = random.Random(9)
+    train = [_synthetic(op, f"{op}{i}", rng) for op in ("a", "b", "c") for i in range(2)]
+    held = [_synthetic("a", "a-new", rng), _synthetic("z", "z-new", rng)]
+    fitted: list[set[str]] = []
+    fit = TransferModel.fit
+    monkeypatch.setattr(
+        TransferModel, "fit", lambda self, tasks: fitted.append({t.operator for t in tasks}) or fit(self, tasks)
+    )
+    scores = transfer.confirm_on(train, held)
+    assert sorted(s.task for s in scores) == ["a-new", "z-new"]
+    assert sorted(map(sorted, fitted)) == [["a", "b", "c"], ["b", "c"]]  # a's new layer: never a's records
+    assert min(s.model for s in scores) > 0.5  # the same rule on every operator
+    assert transfer.confirm_on([], held) == []
+
+
+def test_metaschedule_records_are_not_read_as_configurations(tmp_path):
+    store = RecordStore(tmp_path / "r.db")
+    op = gallery.load("matmul")
+    key = _store_task(store, op, MATMUL, "haswell", [1e-3 * (i + 1) for i in range(8)])
+    for i in range(10):
+        store.add(key, Record({"trace": f"sch{i}"}, 1e-4, None, "metaschedule:reported"))
+    (task,) = load_tasks([tmp_path / "r.db"], "haswell")
+    assert len(task.configs) == 8 and all("trace" not in c for c in task.configs)
+
+
+def test_bench_costmodel_layers_and_confirm(tmp_path, capsys):
+    from kdsl.bench import costmodel_bench
+    from kdsl.cli import main
+    from kdsl.lang.errors import KdslError
+    from kdsl.tune.driver import tune
+
+    assert all(set(layers) == set(costmodel_bench.LAYER_NAMES) for layers in costmodel_bench.LAYERS.values())
+    for name, layers in costmodel_bench.LAYERS.items():  # confirm layers are new sizes, not a copy of one
+        assert layers["confirm"] not in (layers["small"], layers["medium"]), name
+    with pytest.raises(SystemExit):
+        main(["bench", "costmodel", "--layers", "large", "--db", str(tmp_path / "x.db")])
+    assert "--layers: no layer 'large'; choose from small, medium, confirm" in capsys.readouterr().err
+    with pytest.raises(KdslError, match="operator 'conv2d' has no layer 'huge'"):
+        costmodel_bench.collect(["conv2d"], ["huge"], 2, str(tmp_path / "x.db"), log=False)
+    db, confirm = tmp_path / "cm.db", tmp_path / "new.db"
+    measurer = _FakeMeasurer()
+    for path, name, layer in (
+        (db, "matmul", MATMUL),
+        (db, "conv2d", CONV),
+        (confirm, "matmul", {"M": 24, "Cin": 32, "Cout": 16}),
+        (confirm, "conv2d", CONV),  # the same task as --db's: scored there, not here
+    ):
+        tune(gallery.load(name), layer, "random", 8, path, batch=8, measurer=measurer, confirm=0, cost_model=False)
+    assert main(["bench", "costmodel", "--db", str(db), "--confirm", str(confirm), "--learner", "ranks"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("held-out Spearman: model")  # the summary of --db stays last
+    assert out[-2].startswith("confirmed on 1 tasks of 1 operators nothing was chosen on: model")
+    (row,) = [line for line in out if "M=24" in line]
+    assert row.startswith("matmul ") and row.split()[4] == "8"

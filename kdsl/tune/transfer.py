@@ -8,10 +8,13 @@ operators taught.
 
 * :func:`load_tasks` reads the measured configurations of every task of one target (``mcpu``) from
   records databases; records of another target are never read (a schedule's time is the machine's).
-* :class:`TransferModel` is boosted trees (gradient boosting of shallow regression trees) from the
-  features to a configuration's latency *rank within its task* (ranking the configurations of one task
-  is what a tuner needs; the absolute time of a task is not learnt), each task weighing the same
-  whatever its record count.
+* :class:`TransferModel` is boosted shallow regression trees from the features to the *order of a task's
+  configurations* (ranking the configurations of one task is what a tuner needs; the absolute time of a
+  task is not learnt), each task weighing the same whatever its record count: by default trees boosted on
+  the pairwise logistic loss from the analytic estimate (:mod:`kdsl.tune.pair_trees`), or (``learner=
+  "ranks"``) trees regressing each configuration's rank within its task.
+* :func:`confirm_on` scores records no setting was chosen on: other databases' tasks, each ranked by a
+  model of the other operators.
 * :func:`leave_one_operator_out` scores it the way a new operator meets it: for each operator, a model
   trained on the other operators' tasks ranks the held-out operator's configurations, task by task
   (Spearman's rank correlation, :func:`rank_correlation`), beside the analytic estimate of
@@ -49,6 +52,7 @@ from kdsl.lang.serialize import from_json
 from kdsl.tune import gensor_model
 from kdsl.tune.cost_model import load_ensemble
 from kdsl.tune.features import KINDS, features_matrix
+from kdsl.tune.pair_trees import PairTrees
 from kdsl.tune.records import Record, RecordStore, TuneError, Tuner
 
 #: Measured configurations a task needs to train or score the model (a rank correlation of 3 is noise).
@@ -71,6 +75,17 @@ TREES, DEPTH, RATE, LEAF, SPLIT_FEATURES, SUBSAMPLE = 200, 3, 0.05, 16, 0.5, 0.7
 #: other: a tie-breaker, not a gain (docs/tune/README.md, "A cost model across operators": every weight
 #: and every other variant tried, on both splits and two seeds).
 PRIOR = 0.02
+#: The learners of :class:`TransferModel`: ``"pairs"`` (:class:`~kdsl.tune.pair_trees.PairTrees`, boosted on
+#: the pairwise logistic loss within each task, started from ``PAIR_PRIOR`` x log2 of the estimate) and
+#: ``"ranks"`` (the trees on each configuration's rank, :func:`rank_target`, the model before session 38).
+LEARNERS = ("pairs", "ranks")
+#: The estimate's weight in the pairs learner's score: in the loss's units, an estimate 2x slower starts
+#: a configuration e times less likely to be the faster of a pair; the trees learn where that is wrong.
+#: 1 was written down before any score; 2 and 4, scored after, ranked lower on both splits of
+#: ``costmodel8.db`` (docs/tune/README.md, "A cost model across operators").
+PAIR_PRIOR = 1.0
+#: Each learner's default weight of the estimate.
+PRIORS = {"pairs": PAIR_PRIOR, "ranks": PRIOR}
 
 
 def rank_target(latencies: Sequence[float]) -> np.ndarray:
@@ -203,7 +218,8 @@ def load_tasks(
     ``min_configs`` measured configurations, except the tasks in ``exclude``; tasks of the same
     operator, layer and target in several databases merge. Tasks of another target, of another version
     of the schedule space, of a channel-blocked or prepacked signature, or of an operator that cannot be
-    rebuilt or lowered are skipped. ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
+    rebuilt or lowered are skipped, and so are MetaSchedule's records (a trace, not a configuration).
+    ``kind`` is the features' (:func:`~kdsl.tune.features.features_matrix`)."""
     if kind not in KINDS:
         raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
     skip = set(exclude)
@@ -220,7 +236,10 @@ def load_tasks(
             if description.get("channel_block") or description.get("prepacked_weights"):
                 continue  # timed in a blocked or prepacked signature: not the kernel the features describe
             _, known = merged.setdefault(task, (description, {}))
-            for key, record in measured(store.records(task)).items():
+            # MetaSchedule's records hold a trace of its own schedule, not a configuration of kdsl's space:
+            # their features would be the heuristic's defaults, so they teach and score nothing
+            ours = [r for r in store.records(task) if "trace" not in r.config]
+            for key, record in measured(ours).items():
                 if key not in known or (record.latency or 0.0) < (known[key].latency or 0.0):
                     known[key] = record
     out = []
@@ -250,11 +269,13 @@ def load_tasks(
 
 
 class TransferModel:
-    """Boosted trees from :mod:`kdsl.tune.features` to a configuration's latency rank within its
-    task (:func:`rank_target`), trained on the tasks of one ``target`` whose features are of ``kind``
-    (relative to the task's heuristic configuration by default). A configuration's score is the trees'
-    prediction plus ``prior`` x log2 of its analytic estimate (:data:`PRIOR`; 0: the trees alone).
-    Deterministic given ``seed``.
+    """Boosted trees from :mod:`kdsl.tune.features` to the order of a task's configurations, trained on
+    the tasks of one ``target`` whose features are of ``kind`` (relative to the task's heuristic
+    configuration by default). A configuration's score is the trees' prediction plus ``prior`` x log2 of
+    its analytic estimate (None: the learner's default, :data:`PRIORS`; 0: the trees alone). The
+    ``learner`` (:data:`LEARNERS`) is ``"pairs"``, trees boosted on the order of every pair of a task's
+    configurations starting from that score, or ``"ranks"``, trees regressing each configuration's rank
+    within its task (:func:`rank_target`) with the estimate added after. Deterministic given ``seed``.
 
     >>> TransferModel("znver4", kind="logs")
     Traceback (most recent call last):
@@ -262,11 +283,24 @@ class TransferModel:
     >>> TransferModel("znver4", prior=-1.0)
     Traceback (most recent call last):
     kdsl.tune.records.TuneError: cost model: the analytic estimate's weight (prior) must be finite and >= 0, got -1.0
+    >>> TransferModel("znver4", learner="forest")
+    Traceback (most recent call last):
+    kdsl.tune.records.TuneError: cost model: no learner 'forest'; choose from pairs, ranks
     """
 
-    def __init__(self, target: str, seed: int = 0, kind: str = "relative", prior: float = PRIOR) -> None:
+    def __init__(
+        self,
+        target: str,
+        seed: int = 0,
+        kind: str = "relative",
+        prior: float | None = None,
+        learner: str = LEARNERS[0],
+    ) -> None:
         if kind not in KINDS:
             raise TuneError(f"cost model: no features of kind {kind!r}; choose from {', '.join(KINDS)}")
+        if learner not in LEARNERS:
+            raise TuneError(f"cost model: no learner {learner!r}; choose from {', '.join(LEARNERS)}")
+        prior = PRIORS[learner] if prior is None else prior
         if not (math.isfinite(prior) and prior >= 0):
             raise TuneError(
                 f"cost model: the analytic estimate's weight (prior) must be finite and >= 0, got {prior!r}"
@@ -275,6 +309,7 @@ class TransferModel:
         self.seed = seed
         self.kind = kind
         self.prior = prior
+        self.learner = learner
         self.model: Any = None
         self.tasks: list[str] = []
         self.operators: list[str] = []
@@ -295,6 +330,11 @@ class TransferModel:
             self.model = None
             return 0
         features = np.vstack([t.features for t in usable])
+        self.tasks = [t.task for t in usable]
+        self.operators = sorted({t.label for t in usable})
+        if self.learner == "pairs":
+            self.model = self._fit_pairs(usable, features)
+            return len(features)
         targets = np.concatenate([rank_target(t.latencies) for t in usable])
         weights = np.concatenate([np.full(len(t.latencies), 1.0 / len(t.latencies)) for t in usable])
         model = load_ensemble().GradientBoostingRegressor(
@@ -308,9 +348,18 @@ class TransferModel:
         )
         model.fit(features, targets, sample_weight=weights)
         self.model = model
-        self.tasks = [t.task for t in usable]
-        self.operators = sorted({t.label for t in usable})
         return len(features)
+
+    def _fit_pairs(self, tasks: Sequence[TaskData], features: np.ndarray) -> PairTrees:
+        """The pairs learner on ``tasks`` (their rows stacked in ``features``), started from the estimate's
+        term of the score; the same trees' settings as the ranks learner's."""
+        groups, start = [], 0
+        for data in tasks:
+            groups.append(range(start, start + len(data.latencies)))
+            start += len(data.latencies)
+        init = self.prior * _log2_estimates([e for t in tasks for e in t.estimates]) if self.prior else None
+        trees = PairTrees(TREES, DEPTH, RATE, LEAF, SPLIT_FEATURES, SUBSAMPLE, seed=self.seed)
+        return trees.fit(features, groups, [t.latencies for t in tasks], init)
 
     @property
     def trained(self) -> bool:
@@ -330,14 +379,18 @@ class TransferModel:
         if estimates is None or len(estimates) != len(ranks):
             given = "none" if estimates is None else len(estimates)
             raise TuneError(f"cost model: {len(ranks)} rows of features need as many analytic estimates, got {given}")
-        logs = np.log2(np.maximum(np.asarray(estimates, dtype=float), 1e-30))  # an estimate of 0 stays finite
-        return [float(v) for v in ranks + self.prior * logs]
+        return [float(v) for v in ranks + self.prior * _log2_estimates(estimates)]
 
     def predict(self, space: ScheduleSpace, configs: Sequence[Mapping[str, Any]]) -> list[float]:
         """The score of each configuration of ``space`` (lower is faster; :meth:`predict_features`)."""
         rows = features_matrix(space, configs, self.kind)
         estimates = [gensor_model.estimate(space, c) for c in configs] if self.prior else None
         return self.predict_features(np.array(rows, dtype=float).reshape(-1, len(KINDS[self.kind])), estimates)
+
+
+def _log2_estimates(estimates: Sequence[float]) -> np.ndarray:
+    """log2 of analytic estimates (seconds), an estimate of 0 kept finite."""
+    return np.log2(np.maximum(np.asarray(estimates, dtype=float), 1e-30))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,15 +411,17 @@ class TaskScore:
     analytic: float
 
 
-def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR) -> list[TaskScore]:
-    """For each operator, a model (the estimate's weight ``prior``) trained on the other operators' tasks
-    scores each of its tasks (operators with no other operator to learn from are not scored)."""
+def leave_one_operator_out(
+    tasks: Sequence[TaskData], seed: int = 0, prior: float | None = None, learner: str = LEARNERS[0]
+) -> list[TaskScore]:
+    """For each operator, a model (of ``learner``, the estimate's weight ``prior``) trained on the other
+    operators' tasks scores each of its tasks (operators with no other operator to learn from are not scored)."""
     out = []
     for operator in sorted({t.operator for t in tasks}):
         train = [t for t in tasks if t.operator != operator]
         if not train:
             continue
-        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior, learner)
         model.fit(train)
         for data in (t for t in tasks if t.operator == operator):
             predicted = model.predict_features(data.features, data.estimates)
@@ -381,7 +436,9 @@ def leave_one_operator_out(tasks: Sequence[TaskData], seed: int = 0, prior: floa
 HALF_SPLITS = 20
 
 
-def train_on_half(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR) -> list[TaskScore]:
+def train_on_half(
+    tasks: Sequence[TaskData], seed: int = 0, prior: float | None = None, learner: str = LEARNERS[0]
+) -> list[TaskScore]:
     """The stricter split: models trained on half the operators (rounded down) each score every task of
     the other half, for every such choice (at most :data:`HALF_SPLITS`, drawn with ``seed``; the estimate's
     weight ``prior``); a task's model score is its mean over the models that never saw its operator.
@@ -398,7 +455,7 @@ def train_on_half(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR
         choices = random.Random(seed).sample(choices, HALF_SPLITS)
     scores: dict[str, list[float]] = {}
     for trained_on in choices:
-        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior)
+        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior, learner)
         model.fit([t for t in tasks if t.operator in trained_on])
         for data in (t for t in tasks if t.operator not in trained_on):
             scores.setdefault(data.task, []).append(
@@ -416,6 +473,43 @@ def train_on_half(tasks: Sequence[TaskData], seed: int = 0, prior: float = PRIOR
         for t in tasks
         if t.task in scores
     ]
+
+
+def confirm_on(
+    train: Sequence[TaskData],
+    held_out: Sequence[TaskData],
+    seed: int = 0,
+    prior: float | None = None,
+    learner: str = LEARNERS[0],
+) -> list[TaskScore]:
+    """Score records no variant was chosen on: each task of ``held_out`` is ranked by a model trained on
+    the tasks of ``train`` of every *other* operator (and never on the task itself), so a held-out task is
+    a new layer of an operator the model never saw. Where :func:`leave_one_operator_out` on ``train``
+    picked the features and settings, this is the number that was not picked on.
+
+    >>> confirm_on([], [])
+    []
+    """
+    out = []
+    for operator in sorted({t.operator for t in held_out}):
+        seen = [t for t in train if t.operator != operator]
+        if not seen:
+            continue
+        model = TransferModel(seen[0].target, seed, seen[0].kind, prior, learner)
+        model.fit(seen)
+        for data in (t for t in held_out if t.operator == operator):
+            predicted = model.predict_features(data.features, data.estimates)
+            out.append(
+                TaskScore(
+                    data.task,
+                    data.label,
+                    data.binding,
+                    len(data.latencies),
+                    rank_correlation(predicted, data.latencies),
+                    rank_correlation(data.estimates, data.latencies),
+                )
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
