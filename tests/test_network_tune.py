@@ -303,6 +303,11 @@ def test_the_old_form_keeps_pytorchs_strided_convolutions_and_the_strided_kernel
     assert_same_output(compiled, net, x, 0)
     kernel = compiled.stem_conv[0]
     assert isinstance(kernel, FusedKernel) and kernel.folded and kernel.input_shape == (1, 3, RESOLUTION, RESOLUTION)
+    # unfused, the stem's kernel is the record's schedule itself, not the default one
+    default = compile_network(net, "plain", kernels=stages, fuse=False).stem_conv[0]
+    unfused = compile_network(net, "plain", db=str(tmp_path / "stem.db"), kernels=stages, fuse=False)
+    assert_same_output(unfused, net, x, 0)
+    assert_runs_record(unfused.stem_conv[0], config, default)
     with pytest.raises(KdslError, match="unknown replace 'some'"):
         compile_network(net, "plain", replace="some")
 
