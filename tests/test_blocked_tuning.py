@@ -227,7 +227,9 @@ def test_the_network_command_tunes_every_layer_in_both_signatures(monkeypatch, c
     assert main([*argv, "--trials", "8", "--db", str(tmp_path / "t.db")]) == 0
     tasks = given["tasks"]
     assert [task.block for task in tasks] == [0] * 13 + [32] * 4
+    assert all(task.prepacked for task in tasks)  # the network runs its weights packed once: so are they tuned
     assert [t.label for t in tasks[4:11]][:3] == ["stem 7x7/2 N=1", "conv3_x 3x3/2 N=1", "conv3_x 1x1/2 N=1"]
     assert [t.label for t in tasks[11:13]] == ["maxpool 3x3/2 N=1", "avgpool+fc N=1"]
     out = capsys.readouterr().out
     assert "strided_conv2d in the 7x7 stem" in out and "maxpool 3x3/2 N=1" in out and "avgpool+fc N=1" in out
+    assert "weights packed once, outside the measured time" in out

@@ -197,27 +197,8 @@ def test_prepacked_tuning_refuses_what_it_cannot_do(tmp_path):
 # The network
 
 
-def test_the_network_tunes_and_measures_every_task_prepacked(monkeypatch, capsys, tmp_path):
-    import kdsl.bench.network_tune as network_tune
-    from kdsl.cli import main
-
-    given = {}
-
-    def fake_tune_network(tasks, trials, db, **kwargs):
-        given["tasks"] = tasks
-        return [TaskSummary(task.label, task.weight, 0, 1.0, 1.0) for task in tasks]
-
-    monkeypatch.setattr(network_tune, "tune_network", fake_tune_network)
-    monkeypatch.setattr(network_tune, "time_networks", lambda *args, **kwargs: [])
-    argv = ["tune", "conv2d", "--network", "resnet18", "--batch", "1", "--resolution", "32", "--trials", "8"]
-    assert main([*argv, "--db", str(tmp_path / "t.db")]) == 0
-    tasks = given["tasks"]
-    item = resolve_ops(["conv2d"], resolution=RESOLUTION)[0]
-    every = network_tasks(item, [1], RESOLUTION) + network_tasks(item, [1], RESOLUTION, 16)  # per call
-    assert [task.label for task in tasks] == [task.label for task in every]
-    assert all(task.prepacked for task in tasks)  # the strided ones, the head's and the blocked ones too
-    assert "weights packed once, outside the measured time" in capsys.readouterr().out
-
+def test_the_network_budget_is_split_between_the_per_call_and_prepacked_signatures(monkeypatch, tmp_path):
+    # (that the command makes every task prepacked: tests/test_blocked_tuning.py, with its other tasks)
     opened, rounds = [], []
 
     class FakeMeasurer:

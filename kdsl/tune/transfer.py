@@ -415,20 +415,9 @@ def leave_one_operator_out(
     tasks: Sequence[TaskData], seed: int = 0, prior: float | None = None, learner: str = LEARNERS[0]
 ) -> list[TaskScore]:
     """For each operator, a model (of ``learner``, the estimate's weight ``prior``) trained on the other
-    operators' tasks scores each of its tasks (operators with no other operator to learn from are not scored)."""
-    out = []
-    for operator in sorted({t.operator for t in tasks}):
-        train = [t for t in tasks if t.operator != operator]
-        if not train:
-            continue
-        model = TransferModel(tasks[0].target, seed, tasks[0].kind, prior, learner)
-        model.fit(train)
-        for data in (t for t in tasks if t.operator == operator):
-            predicted = model.predict_features(data.features, data.estimates)
-            model_rho = rank_correlation(predicted, data.latencies)
-            analytic_rho = rank_correlation(data.estimates, data.latencies)
-            out.append(TaskScore(data.task, data.label, data.binding, len(data.latencies), model_rho, analytic_rho))
-    return out
+    operators' tasks scores each of its tasks (operators with no other operator to learn from are not scored):
+    :func:`confirm_on` with the same tasks on both sides."""
+    return confirm_on(tasks, tasks, seed, prior, learner)
 
 
 #: At most this many choices of half the operators train :func:`train_on_half`'s models (drawn at random
