@@ -132,3 +132,10 @@ def test_one_tiny_case_end_to_end_writes_the_table_and_the_curves(tmp_path, caps
     plotted = list(out.glob("*.png"))
     assert plotted or "matplotlib is not installed" in table
     assert "MM-tiny" in capsys.readouterr().out
+    # a second suite into the same --out is refused before any work: its tuners would continue from these
+    # records (MetaSchedule warm-starts from its database), past their budget; nothing is deleted
+    before = sorted(p.name for p in (out / "records").iterdir())
+    assert main([*argv, "--rounds", "1", "--out", str(out)]) != 0
+    error = capsys.readouterr().err
+    assert f"--out {out} holds records of an earlier run" in error and "smoke-mm-tiny-run0-opevo.db" in error
+    assert sorted(p.name for p in (out / "records").iterdir()) == before

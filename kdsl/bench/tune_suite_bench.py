@@ -185,6 +185,24 @@ def _slug(case: SuiteCase) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", f"{suite_of(case)}-{case.label}").strip("-").lower()
 
 
+def _records_path(folder: Path, case: SuiteCase, run: int, col: Column) -> Path:
+    """The records database of ``col``'s tuning in run ``run`` of ``case`` under ``--out`` ``folder``."""
+    return folder / "records" / f"{_slug(case)}-run{run}-{col.name.replace('@', '-')}.db"
+
+
+def left_records(folder: Path, cases: Sequence[SuiteCase], runs: int, cols: Sequence[Column]) -> list[Path]:
+    """The records databases under ``folder`` that a suite of ``cases`` x ``runs`` x ``cols`` would tune
+    into and that already exist (MetaSchedule's work folder ``<db>.ms`` counts): a run must start from
+    fresh ones, and a tuner given an old database continues from it (MetaSchedule warm-starts from its
+    records), so its column would hold more trials than its budget.
+
+    >>> left_records(Path("/nonexistent"), suite_cases("smoke"), 1, columns(["opevo"], 2, []))
+    []
+    """
+    paths = (_records_path(folder, case, run, col) for case in cases for run in range(runs) for col in cols)
+    return [p for p in paths if p.exists() or Path(f"{p}.ms").exists()]
+
+
 def _one_run(case: SuiteCase, cols: Sequence[Column], run: int, folder: Path, rounds: int, result: CaseResult) -> None:
     """Tune every column once (fresh databases, seed ``run``), then re-measure the bests and PyTorch."""
     op = gallery.load(case.operator)
@@ -194,7 +212,7 @@ def _one_run(case: SuiteCase, cols: Sequence[Column], run: int, folder: Path, ro
     with Measurer(op, binding) as measurer, native_pool() as torch_worker:
         space: ScheduleSpace | None = None
         for col in cols:
-            db = folder / "records" / f"{_slug(case)}-run{run}-{col.name.replace('@', '-')}.db"
+            db = _records_path(folder, case, run, col)
             log = functools.partial(print, f"  [{case.label} run {run + 1}]", file=sys.stderr)
             try:
                 outcome = tune(op, binding, col.tuner, col.trials, str(db), seed=run, measurer=measurer, log=log)
@@ -431,6 +449,13 @@ def bench_suite(args: argparse.Namespace) -> int:
     trials, rounds = tune_bench.budgets(args)
     cols = columns(args.tuners, trials, args.metaschedule_trials)
     folder = Path(args.out or f"kdsl-tune-{args.suite}")
+    left = left_records(folder, [c for c in cases if blocked_reason(c) is None], args.runs, cols)
+    if left:  # refused before any work, and nothing of the earlier run is deleted
+        shown = ", ".join(str(p) for p in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        raise KdslError(
+            f"--out {folder} holds records of an earlier run ({shown}): every run of a suite tunes from fresh "
+            "databases (a tuner would continue from these, past its budget); give a new --out or remove them"
+        )
     (folder / "records").mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     machine = current_machine()
