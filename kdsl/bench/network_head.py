@@ -11,7 +11,7 @@ bias is the epilogue's per-output shift (:class:`~kdsl.codegen.tvm.epilogue.Epil
 dim 1 is its channel. ``nn.Linear``'s weight ``[classes, 512]`` is the operator's weight as is.
 
 Both run once a forward pass: one task each per batch size, weighted ``1 / batch`` like the others.
-:func:`plain_kernel` compiles them, and the strided convolutions, for
+:func:`network_kernel` compiles them, and the strided convolutions, for
 :func:`~kdsl.bench.network_tune.compile_network` from their tuned records (the default schedule when
 there are none), cached under :func:`kernel_key`, the one key every kernel of that cache has.
 
@@ -30,6 +30,7 @@ from typing import Any
 from kdsl.bench.network_strided import max_pool_binding, max_pool_op
 from kdsl.codegen.tvm import build as tvm_build
 from kdsl.codegen.tvm.epilogue import Epilogue, build_fused
+from kdsl.codegen.tvm.signature_layout import build_blocked
 from kdsl.discover.network import STAGES, stage_layers
 from kdsl.lang import Input, Output, Reduce, Share, Weight, primary
 from kdsl.lang.errors import KdslError
@@ -47,7 +48,7 @@ __all__ = [
     "head_op",
     "head_tasks",
     "kernel_key",
-    "plain_kernel",
+    "network_kernel",
 ]
 
 #: the label of the max pooling's task (before `` N=batch``)
@@ -133,23 +134,30 @@ def kernel_key(
     return (op.key, json.dumps(dict(binding), sort_keys=True), block, borrowed, epilogue, prepack, records)
 
 
-def plain_kernel(
+def network_kernel(
     op: Any,
     binding: dict[str, int],
     epilogue: Epilogue | None,
     db: Any,
     kernels: dict[tuple[Any, ...], Any],
     prepack: bool,
+    block: int = 0,
+    borrowed: bool = False,
 ) -> Any:
-    """The plain (``NCHW``) kernel of ``op`` at ``binding`` (tuned record of the signature ``prepack`` says,
-    else of the other packing, else default schedule, as :func:`~kdsl.bench.network_tune.compile_network`; with
-    ``epilogue`` after it when one is given), cached under :func:`kernel_key`: the strided convolutions,
-    the max pooling and the head."""
-    key = kernel_key(op, binding, db, epilogue, prepack)
+    """The kernel of ``op`` at ``binding`` for :func:`~kdsl.bench.network_tune.compile_network`, cached in
+    ``kernels`` under :func:`kernel_key`: ``NCHW`` (``block=0``: the strided convolutions, the max pooling,
+    the head) or channel-blocked by ``block``, with ``epilogue`` after it when one is given. Its schedule is
+    the tuned record of the signature ``prepack`` says, else of the other packing, else the default; the
+    records of the plain signature when ``borrowed`` (a blocked network run with plain records), else of
+    its own."""
+    key = kernel_key(op, binding, db, epilogue, prepack, block, borrowed)
     if key not in kernels:
-        schedule = None if db is None else tuned_schedule(db, op, binding, 0, prepack, fallback=True)
+        records_of = 0 if borrowed else block  # the signature whose records give the schedule
+        schedule = None if db is None else tuned_schedule(db, op, binding, records_of, prepack, fallback=True)
         if epilogue is not None:
-            kernels[key] = build_fused(op, binding, epilogue, schedule, prepacked_weights=prepack)
+            kernels[key] = build_fused(op, binding, epilogue, schedule, block=block, prepacked_weights=prepack)
+        elif block:
+            kernels[key] = build_blocked(op, binding, block, schedule, prepacked_weights=prepack)
         else:
             kernels[key] = tvm_build(op, binding, schedule=schedule or "default", prepacked_weights=prepack)
     return kernels[key]

@@ -51,7 +51,7 @@ from statistics import median
 from typing import Any
 
 from kdsl.bench.argument_types import positive_int
-from kdsl.bench.network_head import head_module, head_op, head_tasks, kernel_key, plain_kernel
+from kdsl.bench.network_head import head_module, head_op, head_tasks, network_kernel
 from kdsl.bench.network_strided import (
     REPLACE,
     max_pool_binding,
@@ -61,10 +61,9 @@ from kdsl.bench.network_strided import (
     strided_tasks,
 )
 from kdsl.codegen.torch import load_torch
-from kdsl.codegen.tvm import build as tvm_build
-from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel, build_fused
+from kdsl.codegen.tvm.epilogue import Epilogue, FusedKernel
 from kdsl.codegen.tvm.kernel import outputs_filled_with_nan
-from kdsl.codegen.tvm.signature_layout import blocked_shape, build_blocked, from_blocked, signature_name, to_blocked
+from kdsl.codegen.tvm.signature_layout import blocked_shape, from_blocked, signature_name, to_blocked
 from kdsl.discover.network import STAGES, NetworkOp, resnet18, resolve_ops, run_worker, stage_layers
 from kdsl.lang.errors import KdslError, printable
 from kdsl.runtime.threads import shared_process_environment
@@ -72,7 +71,6 @@ from kdsl.runtime.timing import interleaved_samples, latency_slot, ratio_of_pair
 from kdsl.runtime.units import faster_or_slower
 from kdsl.tune.driver import check_options
 from kdsl.tune.network import NetworkTask, TaskSummary, tune_network
-from kdsl.tune.tuned import tuned_schedule
 
 __all__ = [
     "LAYOUTS",
@@ -291,31 +289,19 @@ def compile_network(
         if item is None or binding is None:
             continue
         borrowed = plain_records and blocked > 0
-        epilogue = epilogues.get(id(module))
-        key = kernel_key(item.op, binding, db, epilogue, prepack, blocked, borrowed)
-        if key not in kernels:
-            records_of = 0 if borrowed else blocked  # the signature whose records give the schedule
-            schedule = None if db is None else tuned_schedule(db, item.op, binding, records_of, prepack, fallback=True)
-            if epilogue is not None:
-                kernels[key] = build_fused(
-                    item.op, binding, epilogue, schedule, block=blocked, prepacked_weights=prepack
-                )
-            elif blocked:
-                kernels[key] = build_blocked(item.op, binding, blocked, schedule, prepacked_weights=prepack)
-            else:
-                kernels[key] = tvm_build(item.op, binding, schedule=schedule or "default", prepacked_weights=prepack)
+        kernel = network_kernel(item.op, binding, epilogues.get(id(module)), db, kernels, prepack, blocked, borrowed)
         # packed here, once (a weight its kernel does not pack is passed on as it is)
-        by_module[id(module)] = (kernels[key], kernels[key].pack_weights([w.detach() for w in module.inner.weights]))
+        by_module[id(module)] = (kernel, kernel.pack_weights([w.detach() for w in module.inner.weights]))
     if not by_module:
         raise KdslError("compile_network needs a network built with an operator (resnet18(item)), got the original one")
     for module, binding, epilogue in strided_modules(net) if replace == "all" and layout == "plain" else ():
-        kernel = plain_kernel(strided_op(), binding, epilogue if fuse else None, db, kernels, prepack)
+        kernel = network_kernel(strided_op(), binding, epilogue if fuse else None, db, kernels, prepack)
         by_module[id(module)] = (kernel, kernel.pack_weights([module.weight.detach()]))
     if replace == "all" and layout == "plain":  # the stem's max pooling and the head (pooling + classifier)
-        pool = plain_kernel(max_pool_op(), max_pool_binding(net.batch, net.resolution), None, db, kernels, prepack)
+        pool = network_kernel(max_pool_op(), max_pool_binding(net.batch, net.resolution), None, db, kernels, prepack)
         by_module[id(net.stem[3])] = (pool, [])
         fc, binding = head_module(net)  # its bias: the epilogue's shift (fused), else a PyTorch add
-        head = plain_kernel(head_op(), binding, Epilogue(relu=False) if fuse else None, db, kernels, prepack)
+        head = network_kernel(head_op(), binding, Epilogue(relu=False) if fuse else None, db, kernels, prepack)
         by_module[id(fc)] = (head, head.pack_weights([fc.weight.detach()]))
     compiled = _compiled_module()(net, by_module, layout, block).eval()
     #: bytes of weights packed once here that the kernels would otherwise pack on every forward pass
