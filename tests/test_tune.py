@@ -286,3 +286,26 @@ def test_a_large_batch_is_checked_on_its_first_and_last_rows(tmp_path):
         changed["args"][0].copyfrom(data)
         latency, error = _measure_job(changed, (path, True), contextlib.nullcontext)
         assert latency is None and "wrong result" in error
+
+
+def test_a_compile_job_with_fallback_compiles_what_the_default_schedule_compiles(tmp_path, monkeypatch):
+    """The network's default-schedule measurement passes ``fallback``: a stage whose part of the configuration
+    refuses gets the plain schedule, as in the compiled default, instead of failing the measurement."""
+    import contextlib
+
+    from kdsl import gallery
+    from kdsl.codegen.tvm import schedule_apply
+    from kdsl.tune.measurer import _compile_job, _compile_setup, _measure_job, _measure_setup
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated schedule failure")
+
+    monkeypatch.setattr(schedule_apply._Applier, "_reduce", broken)
+    op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 4, "Cout": 16, "H": 5, "W": 5}
+    space = _compile_setup(op, layer)
+    path = str(tmp_path / "k.so")
+    error = _compile_job(space, (space.heuristic(), path), contextlib.nullcontext)
+    assert error is not None and "simulated schedule failure" in error
+    assert _compile_job(space, (space.heuristic(), path, True), contextlib.nullcontext) is None
+    latency, error = _measure_job(_measure_setup(op, layer), (path, True), contextlib.nullcontext)
+    assert error is None and latency > 0

@@ -57,6 +57,10 @@ REPEATS = 5
 RTOL = 2e-3
 #: A layer whose batch dim is larger than four times this is checked on its first and last this many rows.
 CHECKED_ROWS = 2
+#: A compile worker's job: a configuration, the library's path and, optionally, whether stages that refuse
+#: their part of the configuration fall back to the plain parallel schedule (the compiled default's rule).
+CompileJob = tuple[dict[str, Any], str] | tuple[dict[str, Any], str, bool]
+
 #: Packed weights the measuring worker keeps, by layout (configurations of a task share a few layouts).
 PACKED_KEPT = 8
 
@@ -70,10 +74,14 @@ def _compile_setup(op: Operator, layer: dict[str, int]) -> ScheduleSpace:
     return ScheduleSpace(lower(op, layer))
 
 
-def signature_schedule(space: ScheduleSpace, config: Mapping[str, Any], block: int = 0) -> Any:
+def signature_schedule(
+    space: ScheduleSpace, config: Mapping[str, Any], block: int = 0, *, fallback: bool = False
+) -> Any:
     """The schedule of ``config`` in ``space``, its signature channel-blocked by ``block`` (0: plain); a
-    :class:`LoweringError` when either step refuses."""
-    sch = space.apply(config)
+    :class:`LoweringError` when either step refuses. With ``fallback``, a stage whose part of ``config``
+    fails gets the plain parallel schedule, as the compiled default schedule does
+    (:meth:`ScheduleSpace.apply`)."""
+    sch = space.apply(config, fallback=fallback)
     return block_signature(sch, space.lowered, block) if block else sch
 
 
@@ -87,15 +95,17 @@ def layouts_path(path: str) -> str:
 
 
 def _compile_job(
-    space: ScheduleSpace, job: tuple[dict[str, Any], str], slot: Slot, block: int = 0, prepacked: bool = False
+    space: ScheduleSpace, job: CompileJob, slot: Slot, block: int = 0, prepacked: bool = False
 ) -> str | None:
     """Apply and compile a configuration (its signature blocked by ``block``; with ``prepacked``, its
     packing copies removed and the weights' layouts written to :func:`layouts_path`) into a shared
-    library at a path; the reason on failure."""
-    config, path = job
+    library at a path; the reason on failure. A job is ``(config, path)`` or ``(config, path, fallback)``
+    (:func:`signature_schedule`'s ``fallback``)."""
+    config, path = job[0], job[1]
+    fallback = len(job) > 2 and bool(job[2])
     tvm = load_tvm()
     try:
-        sch = signature_schedule(space, config, block)
+        sch = signature_schedule(space, config, block, fallback=fallback)
         layouts = None
         if prepacked:  # what compile_network builds: the weights the schedule packs are taken packed
             sch, layouts = prepack_weights(sch, space.lowered)
@@ -353,7 +363,7 @@ class Measurer:
         # compile and measure with 2 TVM threads unless told otherwise (TVM's default here is 1)
         environment = {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS", "2")}
         # the processes start on first use, so a measurer that only compiles never starts a measuring one
-        self.compilers: WorkerPool[tuple[dict[str, Any], str]] = WorkerPool(
+        self.compilers: WorkerPool[CompileJob] = WorkerPool(
             functools.partial(_compile_job, block=block, prepacked=prepacked),
             size=workers,
             setup=functools.partial(_compile_setup, op, self.layer),
@@ -376,14 +386,17 @@ class Measurer:
         self.compile_seconds = 0.0
         self.measure_seconds = 0.0
 
-    def compile(self, configs: Sequence[dict[str, Any]]) -> list[tuple[str | None, str | None]]:
-        """``(library path, None)`` or ``(None, reason)`` for every configuration, compiled in parallel."""
-        jobs = []
+    def compile(
+        self, configs: Sequence[dict[str, Any]], *, fallback: bool = False
+    ) -> list[tuple[str | None, str | None]]:
+        """``(library path, None)`` or ``(None, reason)`` for every configuration, compiled in parallel (with
+        ``fallback``, as :func:`signature_schedule` says)."""
+        jobs: list[CompileJob] = []
         for config in configs:
             self.count += 1
-            jobs.append((dict(config), os.path.join(self.tmp.name, f"k{self.count}.so")))
+            jobs.append((dict(config), os.path.join(self.tmp.name, f"k{self.count}.so"), fallback))
         results: list[tuple[str | None, str | None]] = []
-        for (_, path), outcome in zip(jobs, self.compilers.run(jobs)):
+        for (_, path, _), outcome in zip(jobs, self.compilers.run(jobs)):
             error = _compile_error(outcome)
             results.append((None, error) if error else (path, None))
         return results
@@ -404,12 +417,15 @@ class Measurer:
             return None, "the kernel crashed the measuring process"
         return None, f"run failed: {outcome.error}"[:300]
 
-    def measure(self, space: ScheduleSpace, configs: Sequence[dict[str, Any]]) -> list[tuple[float | None, str | None]]:
-        """Compile ``configs`` in parallel, then time each. Every output is checked against the reference
-        (stricter than once per family: a check costs one comparison, and a layout that does not align with
-        the tiles once produced a wrong kernel in a family whose first member was right)."""
+    def measure(
+        self, space: ScheduleSpace, configs: Sequence[dict[str, Any]], *, fallback: bool = False
+    ) -> list[tuple[float | None, str | None]]:
+        """Compile ``configs`` in parallel (with ``fallback``, as :func:`signature_schedule` says), then time
+        each. Every output is checked against the reference (stricter than once per family: a check costs
+        one comparison, and a layout that does not align with the tiles once produced a wrong kernel in a
+        family whose first member was right)."""
         started = time.perf_counter()
-        built = self.compile(configs)
+        built = self.compile(configs, fallback=fallback)
         self.compile_seconds += time.perf_counter() - started
         started = time.perf_counter()
         results = []
