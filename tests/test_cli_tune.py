@@ -86,6 +86,37 @@ def test_apply_for_another_target_names_the_mcpu_the_records_were_tuned_for(caps
     assert code == 2 and f"only for mcpu {host}" in err and f"add --mcpu {host}" in err
 
 
+def test_looking_records_up_describes_no_task(capsys, tuned, monkeypatch, tmp_path):
+    """Reading a database (``--apply``, a network's fallback to the other packing, another target) adds no
+    task to it: only tuning describes a task."""
+    import sqlite3
+
+    from kdsl.tune.records import RecordStore
+    from kdsl.tune.tuned import tuned_schedule
+
+    db = tmp_path / "copy.db"
+    source, copy = sqlite3.connect(tuned), sqlite3.connect(db)
+    source.backup(copy)  # its records may still be in the write-ahead log, which a file copy leaves behind
+    source.close()
+    copy.close()
+
+    def tasks() -> set[str]:
+        store = RecordStore(db)
+        try:
+            return set(store.descriptions())
+        finally:
+            store.database.close()
+
+    before = tasks()
+    layer = json.loads(TINY)
+    assert tuned_schedule(db, gallery.load("matmul"), layer, prepacked=True, fallback=True) is not None
+    assert tuned_schedule(db, gallery.load("matmul"), layer, block=16) is None
+    monkeypatch.setenv("KDSL_MCPU", "haswell" if target_mcpu() != "haswell" else "skylake")
+    code, _, err = run(capsys, "tune", "matmul", "--layers", TINY, "--db", str(db), "--apply")
+    assert code == 2 and "only for mcpu" in err  # found from the task's description, not the database's
+    assert tasks() == before and len(before) == 1
+
+
 def test_tune_takes_several_layers_and_ends_with_one_table(capsys, tmp_path):
     other = '{"M": 8, "Cin": 8, "Cout": 8}'
     db = str(tmp_path / "two.db")

@@ -232,7 +232,7 @@ class TaskSummary:
 
 def task_summary(task: NetworkTask, db: str | os.PathLike[str], trials: int = 0) -> TaskSummary:
     """The default schedule's and the best record's latency of ``task`` in ``db``."""
-    _, key, store = open_task(task.op, task.layer, db, task.block, task.prepacked)
+    _, key, store = open_task(task.op, task.layer, db, task.block, task.prepacked, describe=False)
     try:
         defaults = [r.latency for r in store.records(key, DEFAULT) if r.latency is not None]
         best = store.best(key)

@@ -113,13 +113,16 @@ class RecordStore:
             "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
         )
 
-    def other_targets(self, task: str) -> list[str]:
+    def other_targets(self, task: str, description: Mapping[str, Any] | None = None) -> list[str]:
         """The targets (mcpu names) of the tasks with measured records for the operator and sizes of
-        ``task`` on other targets (records are kept per target)."""
-        row = self.db.execute("SELECT description FROM tasks WHERE task = ?", (task,)).fetchone()
-        if row is None:
-            return []
-        mine = json.loads(row[0])
+        ``task`` on other targets (records are kept per target); ``description``: the task's
+        (:func:`task_description`), for a task this database does not describe."""
+        if description is None:
+            row = self.db.execute("SELECT description FROM tasks WHERE task = ?", (task,)).fetchone()
+            if row is None:
+                return []
+            description = json.loads(row[0])
+        mine = description
         found = set()
         query = "SELECT t.description FROM tasks t WHERE t.task != ? AND EXISTS "
         query += "(SELECT 1 FROM records r WHERE r.task = t.task AND r.latency IS NOT NULL)"
@@ -227,11 +230,18 @@ def target_mcpu() -> str:
 
 
 def open_task(
-    op: Operator, layer: Mapping[str, int], db: str | os.PathLike[str], block: int = 0, prepacked: bool = False
+    op: Operator,
+    layer: Mapping[str, int],
+    db: str | os.PathLike[str],
+    block: int = 0,
+    prepacked: bool = False,
+    *,
+    describe: bool = True,
 ) -> tuple[dict[str, int], str, RecordStore]:
     """The binding of ``op`` at ``layer``, its task key on this machine (``block``: of the kernel with a
     channel-blocked signature; ``prepacked``: of the kernel that takes its packed weights packed;
-    :func:`task_key`), and the records store (the task described in it)."""
+    :func:`task_key`), and the records store, the task described in it unless ``describe`` is false (a
+    reader that only looks records up must not add a task that was never tuned)."""
     if not is_integer(block) or block < 0:
         raise TuneError(f"the channel block of a task must be a non-negative integer (0: plain), got {block!r}")
     if not isinstance(prepacked, bool):
@@ -240,11 +250,20 @@ def open_task(
     mcpu = target_mcpu()
     key = task_key(op, binding, mcpu, block, prepacked)
     store = RecordStore(db)
-    # the operator's JSON and the space's version let a cost model trained across tasks rebuild the space
-    description = {"op": op.key, "binding": binding, "target": mcpu, "json": op.to_json(), "space": VERSION}
-    if block:  # a plain task's description stays as it was
+    if describe:
+        store.describe(key, task_description(op, binding, mcpu, block, prepacked))
+    return binding, key, store
+
+
+def task_description(
+    op: Operator, binding: Mapping[str, int], mcpu: str, block: int = 0, prepacked: bool = False
+) -> dict[str, Any]:
+    """What a task key stands for, as the records database keeps it: the operator's JSON and the space's
+    version let a cost model trained across tasks rebuild the space; the channel block and the prepacked
+    flag appear only when set, so a plain task's description stays as it was."""
+    description = {"op": op.key, "binding": dict(binding), "target": mcpu, "json": op.to_json(), "space": VERSION}
+    if block:
         description["channel_block"] = block
     if prepacked:
         description["prepacked_weights"] = True
-    store.describe(key, description)
-    return binding, key, store
+    return description

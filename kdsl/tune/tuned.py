@@ -27,7 +27,7 @@ from kdsl.codegen.tvm import build, lower, write_description
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.operator import Operator
 from kdsl.tune.measurer import compile_module
-from kdsl.tune.records import Record, TuneError, open_task, target_mcpu
+from kdsl.tune.records import Record, TuneError, open_task, target_mcpu, task_description
 
 __all__ = ["apply", "best_record", "export", "schedule_lines", "tuned_schedule"]
 
@@ -51,10 +51,11 @@ def best_record(
     can apply; :class:`TuneError` if there is none, saying why."""
     if not Path(db).is_file():
         raise TuneError(f"no tuning records database at {db}; run kdsl tune first")
-    _, task, store = open_task(op, layer, db, block, prepacked)
+    binding, task, store = open_task(op, layer, db, block, prepacked, describe=False)
     try:
         records = [r for r in store.records(task, tuner) if r.latency is not None]
-        elsewhere = store.other_targets(task) if not records else []
+        description = task_description(op, binding, target_mcpu(), block, prepacked)
+        elsewhere = store.other_targets(task, description) if not records else []
     finally:
         store.database.close()
     usable = [r for r in records if _applicable(r)]
