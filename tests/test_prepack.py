@@ -170,7 +170,41 @@ def test_a_prepacked_kernel_refuses_plain_weights_gradients_and_export(tmp_path)
         kernel.pack_weights([[1.0]])
     with pytest.raises(LoweringError, match="forward only"):
         kernel(x.requires_grad_(), *kernel.pack_weights(w))
-    with pytest.raises(LoweringError, match="cannot be exported"):
-        kernel.export(tmp_path / "k.so")
     with pytest.raises(LoweringError, match="for CPU kernels"):
         build(op, layer, target="cuda", prepacked_weights=True)
+
+
+def test_a_prepacked_kernel_exports_and_loads_with_its_layouts(tmp_path):
+    """The description beside the library carries each weight's packed layout: the loaded kernel packs
+    weights as the built one does and computes the same; an older (version 1) description of it, or a layout
+    of another shape, is refused by name."""
+    import json
+
+    from kdsl.codegen.tvm import description_path, load
+
+    op, layer = gallery.load("conv2d"), LAYERS["conv2d"]
+    built = build(op, layer, prepacked_weights=True)
+    assert built.prepacked
+    path = built.export(tmp_path / "k.so")
+    text = json.loads(description_path(path).read_text())
+    assert text["kdsl_kernel"] == 2 and len(text["weight_layouts"]) == 1 and text["weight_layouts"][0]["name"] == "w"
+    loaded = load(path)
+    assert loaded.prepacked and loaded.weight_shapes == built.weight_shapes
+    x, w = torch.randn(1, 8, 5, 6), torch.randn(32, 8, 3, 3)
+    expected = torch.nn.functional.conv2d(x, w, padding=1)
+    torch.testing.assert_close(loaded(x, *loaded.pack_weights(w)), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(loaded(x, *loaded.pack_weights(w)), built(x, *built.pack_weights(w)))
+    with pytest.raises(ShapeError, match="pack_weights"):
+        loaded(x, w)  # unpacked weights are refused, not misread
+    text["weight_layouts"][0]["shape"] = [32, 8, 3, 1]
+    description_path(path).write_text(json.dumps(text))
+    with pytest.raises(LoweringError, match=r"packed layout of weight w packs shape \(32, 8, 3, 1\)"):
+        load(path)
+    del text["weight_layouts"]
+    description_path(path).write_text(json.dumps(text))
+    with pytest.raises(LoweringError, match="gives no layout for each of its 1 weights"):
+        load(path)
+    # a plain kernel's description stays version 1, without layouts
+    plain = build(op, layer).export(tmp_path / "plain.so")
+    assert "weight_layouts" not in json.loads(description_path(plain).read_text())
+    assert json.loads(description_path(plain).read_text())["kdsl_kernel"] == 1

@@ -29,6 +29,7 @@ backend("tvm")
 import torch  # noqa: E402  (after the skip: the kernels need TVM)
 
 from kdsl.bench.network_tune import compile_network, network_tasks  # noqa: E402
+from kdsl.codegen import tvm as kdsl_tvm  # noqa: E402
 from kdsl.codegen.tvm import load_tvm, lower  # noqa: E402
 from kdsl.codegen.tvm.prepack import WeightLayout, prepack_weights  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import VERSION, ScheduleSpace  # noqa: E402
@@ -274,7 +275,8 @@ def test_the_cost_model_trains_on_the_per_call_task_and_skips_the_prepacked_one(
 def test_kdsl_tune_prepacked_tunes_and_reads_the_prepacked_task(monkeypatch, capsys, tmp_path):
     from kdsl.cli import main, tune_commands
 
-    op, layer, db = gallery.load("matmul"), {"M": 4, "Cin": 8, "Cout": 16}, str(tmp_path / "t.db")
+    # a layer whose heuristic schedule packs the weight: the exported kernel takes it packed
+    op, layer, db = gallery.load("matmul"), {"M": 16, "Cin": 32, "Cout": 64}, str(tmp_path / "t.db")
 
     def fake_tune(op, layer, tuner, trials, db, **kwargs):
         # what a run stores: a measured record under the task of the signature asked for
@@ -287,10 +289,15 @@ def test_kdsl_tune_prepacked_tunes_and_reads_the_prepacked_task(monkeypatch, cap
     monkeypatch.setattr(tune_commands, "tune", fake_tune)
     argv = ["tune", "matmul", "--layers", json.dumps(layer), "--db", db, "--no-roofline"]
     assert main([*argv, "--prepacked", "--trials", "1"]) == 0
-    assert "prepacked_weights=True" in capsys.readouterr().out  # how to build it: no library yet
+    assert "--prepacked --apply --out" in capsys.readouterr().out  # how to build it, and to pack its weights
     assert main([*argv, "--apply", "--prepacked"]) == 0
     assert main([*argv, "--apply"]) == 2  # nothing tuned per call: an error
     assert "no measured schedule" in capsys.readouterr().err
-    assert main([*argv, "--apply", "--prepacked", "--out", str(tmp_path / "k.so")]) == 2
-    assert "--prepacked --out: a kernel with prepacked weights cannot be exported yet" in capsys.readouterr().err
+    library = tmp_path / "k.so"
+    assert main([*argv, "--apply", "--prepacked", "--out", str(library)]) == 0
+    kernel = kdsl_tvm.load(library)  # the prepacked kernel, its weights' layouts from the description
+    assert kernel.prepacked and kernel.weight_shapes != [(32, 64)]
+    x, w = np.random.default_rng(0).standard_normal((16, 32)), np.random.default_rng(1).standard_normal((32, 64))
+    got = kernel(torch.tensor(x, dtype=torch.float32), *kernel.pack_weights(torch.tensor(w, dtype=torch.float32)))
+    np.testing.assert_allclose(got.numpy(), reference.run(op, layer, x, [w]), rtol=1e-4, atol=1e-4)
     assert best_record(db, op, layer, prepacked=True).tuner == "opevo"

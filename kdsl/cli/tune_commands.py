@@ -215,10 +215,11 @@ def _print_best(op: Any, layer: dict[str, int], record: Any, what: str, args: ar
     else:
         layers = " ".join(shlex.quote(item) for item in args.layers)
         again = f"kdsl tune {printable(args.operator)} --layers {printable(layers)} --db {printable(args.db)}"
-        if args.prepacked:  # no library of a prepacked kernel yet: build the schedule in Python
+        if args.prepacked:  # its loaded kernel takes the weights packed: say how to pack them
             print(
-                "build it in Python: kdsl.codegen.tvm.build(op, layer, prepacked_weights=True, "
-                "schedule=kdsl.tune.tuned.tuned_schedule(db, op, layer, prepacked=True))"
+                f"build it: {again} --prepacked --apply --out kernel.so, then kernel = kdsl.codegen.tvm.load("
+                f"'kernel.so') and kernel(x, *kernel.pack_weights(*weights)) (pack once), or "
+                f"kdsl.tune.apply(db, op, layer, prepacked=True) in Python"
             )
         else:
             print(f"build it: {again} --apply --out kernel.so, or kdsl.tune.apply(db, op, layer) in Python")
@@ -266,11 +267,6 @@ def command_tune(args: argparse.Namespace) -> int:
         )
     if not args.layers:  # not `required=True`: the hidden old spelling --layer fills it too
         raise KdslError("kdsl tune needs --layers LAYER: a layer's name (conv3_x), JSON sizes, or a layer file")
-    if args.prepacked and args.out:
-        raise KdslError(
-            "kdsl tune --prepacked --out: a kernel with prepacked weights cannot be exported yet (its description has "
-            "no weight layouts); tune it, or export the per-call task's record without --prepacked"
-        )
     op = load_operator(args.operator)
     layers = parse_layers(args.layers)
     if not args.apply:
@@ -284,7 +280,7 @@ def command_tune(args: argparse.Namespace) -> int:
             # no --tuner: the best of any tuner
             record = best_record(args.db, op, layer, args.tuner, prepacked=args.prepacked)
             if out:
-                export(record, op, layer, out)
+                export(record, op, layer, out, prepacked=args.prepacked)
             else:
                 apply(record, op, layer)  # compiled once, so that a schedule this TVM refuses is an error here
             rows.append((name, layer, record, out, None))
@@ -343,7 +339,7 @@ def _tune_layer(
             shutil.copyfile(result.library, out)
             write_description(out, op, solve.bind(op, layer), "float32")  # what kdsl.codegen.tvm.load reads
         else:
-            export(best, op, layer, out)
+            export(best, op, layer, out, prepacked=args.prepacked)
     return best, result
 
 

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kdsl import solve
-from kdsl.codegen.tvm import build, lower, write_description
+from kdsl.codegen.tvm import build
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.lang.operator import Operator
-from kdsl.tune.measurer import compile_module
 from kdsl.tune.records import Record, TuneError, open_task, target_mcpu, task_description
 
 __all__ = ["apply", "best_record", "export", "schedule_lines", "tuned_schedule"]
@@ -86,12 +85,13 @@ def _record(
     op: Operator,
     layer: Mapping[str, int],
     tuner: str | None,
+    prepacked: bool = False,
 ) -> Record:
     if isinstance(source, Record):
         return source
     if isinstance(source, Mapping):  # a configuration, as `kdsl tune --json` prints it
         return Record(dict(source), None, None, tuner or "given")
-    return best_record(source, op, layer, tuner)
+    return best_record(source, op, layer, tuner, prepacked=prepacked)
 
 
 def apply(
@@ -101,15 +101,24 @@ def apply(
     *,
     tuner: str | None = None,
     dtype: str = "float32",
+    prepacked: bool = False,
 ) -> Any:
     """A compiled TVM kernel of ``op`` at ``layer`` with a tuned schedule: the best record of a records
     database (a path), a :class:`~kdsl.tune.records.Record`, or a configuration dict. The kernel is
     the one :func:`kdsl.codegen.tvm.build` returns (callable on torch tensors, autograd included),
-    only scheduled differently; a schedule never changes what the kernel computes."""
-    record = _record(source, op, layer, tuner)
+    only scheduled differently; a schedule never changes what the kernel computes. ``prepacked``: the
+    best record of the prepacked task, built with ``prepacked_weights=True`` (pack the weights once with
+    ``kernel.pack_weights``; forward only)."""
+    record = _record(source, op, layer, tuner, prepacked)
     if not _applicable(record):
         raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
-    return build(op, layer, dtype=dtype, schedule=lambda lowered: ScheduleSpace(lowered).apply(record.config))
+    return build(
+        op,
+        layer,
+        dtype=dtype,
+        schedule=lambda lowered: ScheduleSpace(lowered).apply(record.config),
+        prepacked_weights=prepacked,
+    )
 
 
 def export(
@@ -119,17 +128,15 @@ def export(
     path: str | os.PathLike[str],
     *,
     tuner: str | None = None,
+    prepacked: bool = False,
 ) -> Path:
     """Compile the tuned schedule (as :func:`apply` finds it) into a shared library at ``path``, with
     its description beside it (``path + ".json"``): :func:`kdsl.codegen.tvm.load` loads it as a
     kernel called like :func:`apply`'s, ``kernel(x, *weights)``. (Its ``main``, which
-    ``tvm.runtime.load_module(path)["main"]`` gives, takes the input, the weights and the output.)"""
-    record = _record(source, op, layer, tuner)
-    if not _applicable(record):
-        raise TuneError("a MetaSchedule record holds a trace, not a kdsl schedule; it cannot be applied")
-    binding = solve.bind(op, layer)
-    compile_module(ScheduleSpace(lower(op, binding)).apply(record.config).mod, str(path))
-    return write_description(path, op, binding, "float32")
+    ``tvm.runtime.load_module(path)["main"]`` gives, takes the input, the weights and the output.)
+    ``prepacked``: the kernel with prepacked weights, its weights' packed layouts in the description
+    (call the loaded kernel with ``kernel.pack_weights(*weights)``'s tensors)."""
+    return apply(source, op, solve.bind(op, layer), tuner=tuner, prepacked=prepacked).export(path)
 
 
 def schedule_lines(config: Mapping[str, Any]) -> list[str]:

@@ -37,8 +37,12 @@ from kdsl.runtime.gpu import from_arch
 from kdsl.solve.constraints import pad_binding
 from kdsl.solve.padding import Padding
 
-#: The version of the description :func:`write_description` writes beside a kernel's library.
+#: The version of the description :func:`write_description` writes beside a kernel's library: 1 for a
+#: kernel that takes its weights as the operator has them, 2 when the description carries the packed
+#: layouts of a kernel with prepacked weights (an older kdsl refuses it rather than call it with unpacked
+#: weights).
 DESCRIPTION_VERSION = 1
+PREPACKED_DESCRIPTION_VERSION = 2
 
 #: TVM assumes its buffers start at this byte alignment and emits aligned vector loads and stores
 #: (a misaligned AVX-512 access segfaults); torch's allocator aligns to 64, torch.from_numpy may not.
@@ -263,14 +267,11 @@ class Kernel:
 
     def export(self, path: str | os.PathLike[str]) -> Path:
         """Write the compiled kernel as a shared library at ``path`` and its description beside it
-        (:func:`description_path`): :func:`load` makes it a :class:`Kernel` again."""
-        if self.prepacked:
-            raise LoweringError(
-                "a kernel with prepacked weights cannot be exported yet (its description has no weight layouts): "
-                "build it without prepacked_weights=True to export it"
-            )
+        (:func:`description_path`, with the packed weights' layouts of a prepacked kernel): :func:`load`
+        makes it a :class:`Kernel` again."""
         self.executable.export_library(str(path))
-        return write_description(path, self.lowered.op, self.lowered.binding, self.dtype)
+        layouts = self.weight_layouts if self.prepacked else None
+        return write_description(path, self.lowered.op, self.lowered.binding, self.dtype, layouts)
 
     def torch_module(self) -> Any:
         """The PyTorch lowering of the same operator at the same binding and dtype (built once): what
@@ -478,14 +479,49 @@ def description_path(path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(path)}.json")
 
 
-def write_description(path: str | os.PathLike[str], op: Operator, layer: Mapping[str, int], dtype: str) -> Path:
+def write_description(
+    path: str | os.PathLike[str],
+    op: Operator,
+    layer: Mapping[str, int],
+    dtype: str,
+    weight_layouts: Sequence[WeightLayout | None] | None = None,
+) -> Path:
     """Write beside the kernel library at ``path`` what :func:`load` needs to call it: the operator's
     DSL text, its binding and the dtype (a library holds only machine code: not which tensors its
-    ``main`` takes). Returns ``path``."""
+    ``main`` takes), and for a kernel with prepacked weights each weight's packed layout (``None``: taken
+    as it is). Returns ``path``."""
     binding = {name: int(value) for name, value in dict(layer).items() if value is not None}
-    text = {"kdsl_kernel": DESCRIPTION_VERSION, "operator": op.to_dsl(), "binding": binding, "dtype": dtype}
+    text: dict[str, Any] = {"kdsl_kernel": DESCRIPTION_VERSION, "operator": op.to_dsl(), "binding": binding}
+    text["dtype"] = dtype
+    if weight_layouts is not None and any(layout is not None for layout in weight_layouts):
+        text["kdsl_kernel"] = PREPACKED_DESCRIPTION_VERSION
+        text["weight_layouts"] = [None if layout is None else layout.to_json() for layout in weight_layouts]
     description_path(path).write_text(json.dumps(text, indent=1) + "\n", encoding="utf-8")
     return Path(path)
+
+
+def _described_layouts(described: Path, text: Mapping[str, Any], lowered: Lowered) -> list[WeightLayout | None]:
+    """The packed weight layouts a description carries (none for version 1), each checked against the
+    weight of the operator it packs."""
+    entries = text.get("weight_layouts")
+    if text["kdsl_kernel"] == DESCRIPTION_VERSION:
+        return [None] * len(lowered.weights)
+    if not isinstance(entries, list) or len(entries) != len(lowered.weights):
+        raise LoweringError(
+            f"{described} describes a kernel with prepacked weights but gives no layout for each of its "
+            f"{len(lowered.weights)} weights"
+        )
+    layouts: list[WeightLayout | None] = []
+    for weight, entry in zip(lowered.weights, entries):
+        layout = None if entry is None else WeightLayout.from_json(entry)
+        shape = tuple(int(d) for d in weight.shape)
+        if layout is not None and layout.shape != shape:
+            raise LoweringError(
+                f"{described}: the packed layout of weight {weight.name} packs shape {layout.shape}, but the "
+                f"operator's weight has shape {shape}"
+            )
+        layouts.append(layout)
+    return layouts
 
 
 class _Library:
@@ -515,7 +551,10 @@ def load(
     one :func:`build` returns, ``kernel(x, *weights, out=None) -> out`` on torch tensors (inputs
     checked, output allocated, autograd through the PyTorch lowering). What it computes is read from
     the description written beside the library (``FILE.so.json``); for a library without one, pass
-    the operator and the layer (and ``dtype`` when it is not float32) it was compiled for.
+    the operator and the layer (and ``dtype`` when it is not float32) it was compiled for. A kernel
+    with prepacked weights (``build(..., prepacked_weights=True)``) keeps its weights' packed layouts in
+    its description: load it without ``op`` and ``layer``, then call it with :meth:`Kernel.pack_weights`'s
+    tensors.
 
     An example (not a doctest: it compiles)::
 
@@ -532,6 +571,7 @@ def load(
     if not file.is_file():
         raise LoweringError(f"no kernel library at {file}; write one with kdsl tune OP --apply --out {file.name}")
     described = description_path(file)
+    text: dict[str, Any] | None = None  # the description, when one was read
     if op is None or layer is None:
         if not described.is_file():
             raise LoweringError(
@@ -543,14 +583,18 @@ def load(
             version, source, binding = text["kdsl_kernel"], text["operator"], text["binding"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise LoweringError(f"{described} is no kernel description kdsl wrote ({error})") from None
-        if version != DESCRIPTION_VERSION:
-            raise LoweringError(f"{described} has description version {version}; this kdsl reads {DESCRIPTION_VERSION}")
+        if version not in (DESCRIPTION_VERSION, PREPACKED_DESCRIPTION_VERSION):
+            raise LoweringError(
+                f"{described} has description version {version}; this kdsl reads {DESCRIPTION_VERSION} and "
+                f"{PREPACKED_DESCRIPTION_VERSION}"
+            )
         op = parse(source) if op is None else op
         layer = binding if layer is None else layer
         dtype = dtype or text.get("dtype")
     lowered = lower(op, layer, dtype or "float32")
+    layouts = _described_layouts(described, text, lowered) if text is not None else None
     try:
         module = load_tvm().runtime.load_module(str(file))
     except Exception as error:  # TVM raises its own error types for a file that is no library
         raise LoweringError(f"TVM cannot load {file} as a kernel library: {error}") from None
-    return Kernel(_Library(module), lowered, None)
+    return Kernel(_Library(module), lowered, None, layouts)
