@@ -3,9 +3,10 @@
     PYTHONPATH=. TVM_BIND_THREADS=0 python scripts/window_schedules.py             # every case, 5 rounds
     PYTHONPATH=. TVM_BIND_THREADS=0 python scripts/window_schedules.py --only P1 --rounds 9
 
-For each case it compiles the heuristic configuration twice: as the space makes it now, and with
-:meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.strided_rows` declining (the schedule before the rule:
-a strided TVM vector ramp). Both kernels and PyTorch's own function run in alternating rounds, each round
+For each case it compiles the heuristic configuration twice: as the space makes it now, and as space
+version 8 made it (:func:`old_heuristic`: :meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.strided_rows`
+declining, a strided TVM vector ramp; a max pool's padding inlined as bounds checks).
+Both kernels and PyTorch's own function run in alternating rounds, each round
 its median of a few repeats (:func:`kdsl.runtime.timing.median_seconds`); the best per side is printed with
 the ratios old / new and PyTorch / new (above 1: the new schedule is faster). Both kernels are checked
 against each other and against PyTorch first. On a shared machine compare the ratios, not the times.
@@ -49,16 +50,33 @@ def cases() -> list[tuple[str, Any, dict[str, int], Callable[[Any, dict[str, int
     return rows
 
 
+def old_heuristic(space: ScheduleSpace) -> dict[str, Any]:
+    """The heuristic configuration of space version 8: no strided rows, and in a branching kernel a zero-padded
+    copy inlined wherever its readers' vectors gather (their bounds checks inside a strided vector)."""
+    space.strided_rows = lambda stage, vector: False
+    config = space.heuristic()
+    if not space.lowered.op.is_linear:
+        for pad in space.stages:
+            if pad.kind != "pad" or f"{pad.name}.inline" not in config:
+                continue
+            readers = [space.stage_named(c) for c in pad.consumers]
+            vectors = [config.get(f"{r.name}.vector") for r in readers]
+            checked = [
+                space.padding_in_vector(pad, r, v) and not r.axis(v).gathers for r, v in zip(readers, vectors) if v
+            ]
+            config[f"{pad.name}.inline"] = not pad.phased and not any(checked)
+    return config
+
+
 def kernels(op: Any, binding: dict[str, int]) -> dict[str, Any]:
-    """The compiled heuristic schedule of ``op`` at ``binding``: ``old`` without the strided-rows rule, ``new`` with."""
+    """The compiled heuristic schedule of ``op`` at ``binding``: ``old`` (space version 8's rules) and ``new``."""
     tvm = load_tvm()
     lowered = lower(op, binding)
     built = {}
     for side in ("old", "new"):
         space = ScheduleSpace(lowered)
-        if side == "old":
-            space.strided_rows = lambda stage, vector: False  # the heuristic as it was before the rule
-        built[side] = tvm.compile(space.apply(space.heuristic()).mod, target=default_target())
+        config = old_heuristic(space) if side == "old" else space.heuristic()
+        built[side] = tvm.compile(space.apply(config).mod, target=default_target())
     return built
 
 

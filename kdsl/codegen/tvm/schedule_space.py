@@ -82,6 +82,7 @@ from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
 # 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows)
+#    and pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own
 # 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
 #    records of such configurations timed it scalar)
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
@@ -601,10 +602,9 @@ class ScheduleSpace(MemoryRules):
         inlined, the zero-padded copy's bounds checks would sit inside the vector."""
         if vector is None:
             return False
-        if not self.lowered.op.is_linear and reader.axis(vector).gathers:
-            # a strided vector (a max pool's Stride of 2) loads element-wise anyway: bounds checks cost less
-            # than a pass that pads the input (64x112x112, 1 thread: 0.63 -> 0.49 ms)
-            return False
+        # a strided vector (a max pool's Stride of 2) too: its bounds checks select lane by lane, which cost more
+        # than a pass that pads the input (ResNet-18's stem pool, 64x112x112, Cascade Lake, contended: 1 thread
+        # 1.7x, 2 threads 2.0x faster padded; an earlier measurement, 1 thread, had the checks 1.3x faster)
         i = reader.axis(vector).index
         return any(name == pad.name and any(i in dims[d] for d in pad.padded) for name, dims in reader.reads)
 
