@@ -381,9 +381,13 @@ class ScheduleSpace(MemoryRules):
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
-          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
+          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`). Where
+          that row reads its input with a stride above 1 (:meth:`strided_rows`: ``x[.., 2*wo + kw]``), it is no
+          TVM vector but a serial loop of any length with the window unrolled inside it and the sum in place
+          (:meth:`_serial_rows`), which LLVM's loop vectorizer turns into whole loads and shuffles.
         * A copy of the result is folded into the write-back where its inverse is trusted.
-        * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
+        * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim (a strided
+          vector's too, :meth:`padding_in_vector`):
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
           which vectorizes ``W``: 0.35 ms with them, 0.05 ms without); elsewhere a check per broadcast
           scalar is cheaper than a pass over memory (conv2d 3x3, whose vector axis is ``Cout``). The phase
@@ -502,7 +506,13 @@ class ScheduleSpace(MemoryRules):
                 # a window sum's row whole, ragged or not (Gensor's P2: W = 83, prime): each element is read
                 # once or twice, so a vector across rows, with the pass that packs the input for it, costs more
                 # than the ragged tail of a vector along them (P2: 0.8x -> 2.1x PyTorch, P3: 0.6x -> 3.9x, contended)
-                factor = axis.extent if 1 < axis.extent <= RAGGED_VECTORS * self.lanes else factor
+                # a strided row of any length: it runs as a serial loop for LLVM (strided_rows), no TVM vector
+                serial = axis.gathers > 0 and (axis.gather_stride or 0) > 1
+                factor = (
+                    axis.extent
+                    if axis.extent > 1 and (serial or axis.extent <= RAGGED_VECTORS * self.lanes)
+                    else factor
+                )
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
