@@ -37,12 +37,13 @@ def _strided(n, c, size, window, stride):
 
 
 #: (operator, layer): tile means at stride 2 (Wo = 6; Wo = 19, no multiple of any vector), overlapping means
-#: (K=3, s=2: Wo = 10; 41 with a dropped last column), and the separable form's columns at stride 2
+#: (K=3, s=2: Wo = 10; 41 with a dropped last column; K=5), the separable form's columns at stride 2
 MEANS = [
     ("avg_pool2d", {"N": 2, "Cin": 3, "H": 12, "W": 12, "K": 2}),
     ("avg_pool2d", {"N": 1, "Cin": 2, "H": 38, "W": 38, "K": 2}),
     ("avg_pool2d_strided", _strided(2, 3, 21, 3, 2)),
     ("avg_pool2d_strided", _strided(1, 2, 83, 3, 2)),
+    ("avg_pool2d_strided", _strided(2, 2, 23, 5, 2)),  # a window of 5, longer than the usual unroll bound
 ]
 
 
@@ -55,6 +56,8 @@ def _strided_stages(space, config):
         vector = stage.axis(config[f"{stage.name}.vector"])
         assert config[f"{stage.name}.tile.{vector.label}"] == (1, vector.extent, 1), config
         assert config[f"{stage.name}.cache"] == "none", config
+        # the whole window unrolled inside the row (a rolled window loop would be LLVM's innermost loop)
+        assert all(config[f"{stage.name}.tile.{a}"] == (1, e) for a, e in stage.reduced if e > 1), config
         found.append(stage.name)
     assert found is not None
     return found

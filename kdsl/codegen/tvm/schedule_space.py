@@ -546,18 +546,22 @@ class ScheduleSpace(MemoryRules):
         return vector.gather_stride is not None and vector.gather_stride > 1
 
     def _serial_rows(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
-        """:meth:`heuristic`'s schedule for a stage with :meth:`strided_rows`: the other spatial axes fused and
-        parallel, the vector axis one serial middle loop (its tile ``(1, extent, 1)``: no TVM vector), the short
-        window loops inside it unrolled, the sum kept in place (a local accumulator of one element per output
-        ran 1.2x slower). MetaSchedule's best schedule for Gensor's P1 is this nest; the heuristic's strided
-        16-lane ramp was 3.9x slower than it (16x48x48x48, K=2, AVX-512, 2 contended threads)."""
+        """:meth:`heuristic`'s schedule for a stage with strided rows (:meth:`strided_rows`): the other
+        spatial axes fused and parallel, the vector axis one serial middle loop (its tile ``(1, extent, 1)``:
+        no TVM vector), the window loops inside it unrolled (all of them up to :data:`HEURISTIC_UNROLL`
+        iterations), the sum kept in place (a local accumulator of one element per output ran 1.2x slower).
+        MetaSchedule's best schedule for Gensor's P1 is this nest; the heuristic's strided 16-lane ramp was
+        3.9x slower than it (16x48x48x48, K=2, AVX-512, 2 contended threads)."""
         s = stage.name
         config[f"{s}.vector"] = vector.label
         config[f"{s}.tile.{vector.label}"] = (1, vector.extent, 1)
-        windows = [e for _, e in stage.reduced if 1 < e <= UNROLL_REDUCTION]
+        # the whole window unrolled where it fits the heuristic's bound (5x5 too: LLVM vectorizes innermost loops
+        # only, and a rolled window loop inside the row would be the innermost one), else the short loops only
+        whole = prod(e for _, e in stage.reduced) <= HEURISTIC_UNROLL
+        windows = [e for _, e in stage.reduced if e > 1 and (whole or e <= UNROLL_REDUCTION)]
         for axis, e in stage.reduced:
             if e > 1:
-                config[f"{s}.tile.{axis}"] = (1, e) if e <= UNROLL_REDUCTION else (e, 1)
+                config[f"{s}.tile.{axis}"] = (1, e) if whole or e <= UNROLL_REDUCTION else (e, 1)
         if f"{s}.reductions" in config:
             config[f"{s}.reductions"] = "whole"  # in the block's order: after the spatial axes, inside the row
         config[f"{s}.unroll"] = min(
