@@ -59,7 +59,8 @@ def _strided_stages(space, config):
         # the whole window unrolled inside the row (a rolled window loop would be LLVM's innermost loop)
         assert all(config[f"{stage.name}.tile.{a}"] == (1, e) for a, e in stage.reduced if e > 1), config
         found.append(stage.name)
-    assert found is not None
+    # every stage it names reads along its row with a constant stride above 1 (the analysis's verdict)
+    assert all(space.stage_named(n).axis(config[f"{n}.vector"]).gather_stride > 1 for n in found), found
     return found
 
 
