@@ -18,7 +18,9 @@ checks would fall inside a vector; other stages get their outer loops fused and 
 innermost loop vectorized where its reads are contiguous. A window sum or mean (average pooling: a
 reduction that reads no weight) is bound by memory, not arithmetic: its vector runs along the rows it
 reads, ragged where no whole vector divides them, so its input is read as it lies, and a separable pooling's
-row sums are computed per tile of the column sums that read them.
+row sums are computed per tile of the column sums that read them; a row that reads its input with a stride
+(a window at stride 2) is a serial loop with the window unrolled inside it, which LLVM's loop vectorizer
+loads as whole vectors (a TVM vector there is a strided ramp that LLVM loads lane by lane).
 
 Branching kernels (:mod:`kdsl.codegen.tvm.node_rules`) add stages of their own: max/min folds, FCs,
 Products and the softmax's max and sum are reduction stages and get the same register-tiled

@@ -81,12 +81,14 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows)
+#    and pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own
 # 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
 #    records of such configurations timed it scalar)
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-8"
+VERSION = "tvm-space-9"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -379,9 +381,13 @@ class ScheduleSpace(MemoryRules):
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
-          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`).
+          input unpacked; one read by another is computed at its reader's parallel loop (:meth:`_memory`). Where
+          that row reads its input with a stride above 1 (:meth:`strided_rows`: ``x[.., 2*wo + kw]``), it is no
+          TVM vector but a serial loop of any length with the window unrolled inside it and the sum in place
+          (:meth:`_serial_rows`), which LLVM's loop vectorizer turns into whole loads and shuffles.
         * A copy of the result is folded into the write-back where its inverse is trusted.
-        * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim:
+        * A zero-padded copy is materialized only where a reader's vector axis runs along a padded dim (a strided
+          vector's too, :meth:`padding_in_vector`):
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
           which vectorizes ``W``: 0.35 ms with them, 0.05 ms without); elsewhere a check per broadcast
           scalar is cheaper than a pass over memory (conv2d 3x3, whose vector axis is ``Cout``). The phase
@@ -414,6 +420,9 @@ class ScheduleSpace(MemoryRules):
             return
         if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
             config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
+            return
+        if self.strided_rows(stage, vector):
+            self._serial_rows(stage, vector, config)
             return
         vf = self._reuse_weights(stage, vector, vf)
         vf = whole_product_rows(self, stage, vector, vf, SHORT_VECTORS)
@@ -497,7 +506,13 @@ class ScheduleSpace(MemoryRules):
                 # a window sum's row whole, ragged or not (Gensor's P2: W = 83, prime): each element is read
                 # once or twice, so a vector across rows, with the pass that packs the input for it, costs more
                 # than the ragged tail of a vector along them (P2: 0.8x -> 2.1x PyTorch, P3: 0.6x -> 3.9x, contended)
-                factor = axis.extent if 1 < axis.extent <= RAGGED_VECTORS * self.lanes else factor
+                # a strided row of any length: it runs as a serial loop for LLVM (strided_rows), no TVM vector
+                serial = axis.gathers > 0 and (axis.gather_stride or 0) > 1
+                factor = (
+                    axis.extent
+                    if axis.extent > 1 and (serial or axis.extent <= RAGGED_VECTORS * self.lanes)
+                    else factor
+                )
             if factor == 1:
                 continue
             key = (axis.gathers == 0, factor >= self.lanes, axis.weight_only, axis.index)
@@ -518,6 +533,42 @@ class ScheduleSpace(MemoryRules):
         (contiguous, or a short constant stride), so its input is read as it lies, without a packing pass."""
         weights = {w.name for w in self.lowered.weights}
         return self.lowered.op.is_linear and stage.kind == "reduce" and not any(b in weights for b, _ in stage.reads)
+
+    def strided_rows(self, stage: StageBlock, vector: Axis | None) -> bool:
+        """Whether the heuristic leaves ``stage``'s vector axis ``vector`` to LLVM's loop vectorizer
+        (:meth:`_serial_rows`): a window sum or mean (:meth:`_streams`) whose vector axis reads its input with
+        a constant stride above 1 (a pooling window's stride: ``x[.., 2*wo + kw]``). TVM emits such a vector as a
+        strided ramp that LLVM's code generator loads lane by lane (a scalar load and an insert per lane); a
+        serial loop over the axis with the window unrolled inside it is vectorized by LLVM's loop vectorizer,
+        which loads the interleaved elements as whole vectors and shuffles them apart."""
+        if vector is None or not self._streams(stage) or not vector.gathers:
+            return False
+        return vector.gather_stride is not None and vector.gather_stride > 1
+
+    def _serial_rows(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
+        """:meth:`heuristic`'s schedule for a stage with strided rows (:meth:`strided_rows`): the other
+        spatial axes fused and parallel, the vector axis one serial middle loop (its tile ``(1, extent, 1)``:
+        no TVM vector), the window loops inside it unrolled (all of them up to :data:`HEURISTIC_UNROLL`
+        iterations), the sum kept in place (a local accumulator of one element per output ran 1.2x slower).
+        MetaSchedule's best schedule for Gensor's P1 is this nest; the heuristic's strided 16-lane ramp was
+        3.9x slower than it (16x48x48x48, K=2, AVX-512, 2 contended threads)."""
+        s = stage.name
+        config[f"{s}.vector"] = vector.label
+        config[f"{s}.tile.{vector.label}"] = (1, vector.extent, 1)
+        # the whole window unrolled where it fits the heuristic's bound (5x5 too: LLVM vectorizes innermost loops
+        # only, and a rolled window loop inside the row would be the innermost one), else the short loops only
+        whole = prod(e for _, e in stage.reduced) <= HEURISTIC_UNROLL
+        windows = [e for _, e in stage.reduced if e > 1 and (whole or e <= UNROLL_REDUCTION)]
+        for axis, e in stage.reduced:
+            if e > 1:
+                config[f"{s}.tile.{axis}"] = (1, e) if whole or e <= UNROLL_REDUCTION else (e, 1)
+        if f"{s}.reductions" in config:
+            config[f"{s}.reductions"] = "whole"  # in the block's order: after the spatial axes, inside the row
+        config[f"{s}.unroll"] = min(
+            next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1]), HEURISTIC_UNROLL
+        )
+        config[f"{s}.cache"] = "none"
+        self._memory(stage, None, 1, config)
 
     def _weights_read_once(self, stage: StageBlock) -> bool:
         """Whether every weight element is read once per call: no spatial axis longer than 1 leaves the
@@ -565,10 +616,9 @@ class ScheduleSpace(MemoryRules):
         inlined, the zero-padded copy's bounds checks would sit inside the vector."""
         if vector is None:
             return False
-        if not self.lowered.op.is_linear and reader.axis(vector).gathers:
-            # a strided vector (a max pool's Stride of 2) loads element-wise anyway: bounds checks cost less
-            # than a pass that pads the input (64x112x112, 1 thread: 0.63 -> 0.49 ms)
-            return False
+        # a strided vector (a max pool's Stride of 2) too: its bounds checks select lane by lane, which cost more
+        # than a pass that pads the input (ResNet-18's stem pool, 64x112x112, Cascade Lake, contended: 1 thread
+        # 1.7x, 2 threads 2.0x faster padded; an earlier measurement, 1 thread, had the checks 1.3x faster)
         i = reader.axis(vector).index
         return any(name == pad.name and any(i in dims[d] for d in pad.padded) for name, dims in reader.reads)
 
