@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from kdsl.codegen.tvm.schedule_space import VERSION
 from kdsl.tune.transfer import rank_correlation
 
 
@@ -75,7 +76,7 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", required=True, help="records databases of runs on one machine")
     parser.add_argument("--skip", nargs="*", default=[], help="databases of --pairs that copy another's rows")
     parser.add_argument("--tasks", nargs="+", required=True, help="records databases whose tasks are scored")
-    parser.add_argument("--space", default="tvm-space-8", help="schedule space version of the tasks read")
+    parser.add_argument("--space", default=VERSION, help="schedule space version of the tasks read (default: this kdsl's)")
     parser.add_argument("--draws", type=int, default=200, help="noise draws per task")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
