@@ -76,7 +76,9 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", required=True, help="records databases of runs on one machine")
     parser.add_argument("--skip", nargs="*", default=[], help="databases of --pairs that copy another's rows")
     parser.add_argument("--tasks", nargs="+", required=True, help="records databases whose tasks are scored")
-    parser.add_argument("--space", default=VERSION, help="schedule space version of the tasks read (default: this kdsl's)")
+    parser.add_argument(
+        "--space", default=VERSION, help="schedule space version of the tasks read (default: this kdsl's)"
+    )
     parser.add_argument("--draws", type=int, default=200, help="noise draws per task")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
