@@ -45,15 +45,19 @@ class MemoryRules:
 
     def _rows_whole(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> bool:
         """Take a weight-only vector axis out of the fused parallel loop where its slab order buys nothing: when
-        all the stage's weights fit in L2 and the data rows of one register tile (its rows times the whole
-        reduction) in half of L1, the vector axis's tiles all go to the middle loops (``(1, extent // vf, vf)``),
-        so each parallel task keeps its data rows in L1 while the weights pass from L2 and writes whole rows of
-        the output, the vector axis being its last dim. A thin matmul's result is its traffic: with the weight
-        panels outermost, each task wrote its rows a page apart (Gensor's U3, 16384x32x1024, AVX-512, 2
-        contended threads: 87 -> 34 ms). Needs as many data tiles as 4 tasks a core; returns whether it
-        applied (cache blocking then has no weight panels to sweep the data for)."""
+        all the stage's weights fit in half of L2 and the data rows of one register tile (its rows times the
+        whole reduction) in half of L1, the vector axis's tiles all go to the middle loops
+        (``(1, extent // vf, vf)``), so each parallel task keeps its data rows in L1 while the weights pass from
+        L2, and writes whole rows of the output (only a stage that writes the kernel's output itself, the vector
+        axis its last dim). A thin matmul's result is its traffic: with the weight panels outermost, each task
+        wrote its rows a page apart (Gensor's U3, 16384x32x1024, AVX-512, 2 contended threads: 40 -> 18 ms,
+        ``scripts/heuristic_compare.py``). Needs 4 data tiles a core; returns whether it applied (cache
+        blocking then has no weight panels to sweep the data for)."""
         s = stage.name
-        if vector.label not in stage.weight_only or stage.spatial[-1][0] != vector.label:
+        # only a stage that writes the kernel's output itself, along the vector axis last: one that a copy
+        # folded into its write-back transposes (a grouped conv2d's [g, H, W, co] into NCHW) writes no whole rows
+        writes_output = stage.name == self.lowered.out.op.name
+        if vector.label not in stage.weight_only or stage.spatial[-1][0] != vector.label or not writes_output:
             return False
         itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
         weights = {w.name for w in self.lowered.weights}
