@@ -81,8 +81,10 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
-# 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows)
-#    and pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own
+# 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows),
+#    pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own, and takes a thin
+#    product's weight-only vector axis out of the parallel loop (whole output rows per task,
+#    MemoryRules._rows_whole): version 8's records timed the defaults these replace
 # 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
 #    records of such configurations timed it scalar)
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
@@ -377,7 +379,10 @@ class ScheduleSpace(MemoryRules):
           tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
-          data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`).
+          data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`),
+          except in a thin product: where the weights fit in half of L2 and a register tile's data rows (the
+          whole reduction) in half of L1, the weight-only vector axis's tiles all go to the middle loops, so
+          each parallel task writes whole output rows (:meth:`_rows_whole`: Gensor's U3 2.3x faster).
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the

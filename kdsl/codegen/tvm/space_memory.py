@@ -36,11 +36,41 @@ class MemoryRules:
         not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
         if vector is not None:
             self._vector_layouts(stage, vector, vf, config)
-            self._cache_block(stage, vector, config)
+            if not self._rows_whole(stage, vector, vf, config):
+                self._cache_block(stage, vector, config)
         s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
         # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
         if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
             config[f"{s}.attach"] = "outer"
+
+    def _rows_whole(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> bool:
+        """Take a weight-only vector axis out of the fused parallel loop where its slab order buys nothing: when
+        all the stage's weights fit in half of L2 and the data rows of one register tile (its rows times the
+        whole reduction) in half of L1, the vector axis's tiles all go to the middle loops
+        (``(1, extent // vf, vf)``), so each parallel task keeps its data rows in L1 while the weights pass from
+        L2, and writes whole rows of the output (only a stage that writes the kernel's output itself, the vector
+        axis its last dim). A thin matmul's result is its traffic: with the weight panels outermost, each task
+        wrote its rows a page apart (Gensor's U3, 16384x32x1024, AVX-512, 2 contended threads: 40 -> 18 ms,
+        ``scripts/heuristic_compare.py``). Needs 4 data tiles a core; returns whether it applied (cache
+        blocking then has no weight panels to sweep the data for)."""
+        s = stage.name
+        # only a stage that writes the kernel's output itself, along the vector axis last: one that a copy
+        # folded into its write-back transposes (a grouped conv2d's [g, H, W, co] into NCHW) writes no whole rows
+        writes_output = stage.name == self.lowered.out.op.name
+        if vector.label not in stage.weight_only or stage.spatial[-1][0] != vector.label or not writes_output:
+            return False
+        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
+        weights = {w.name for w in self.lowered.weights}
+        read = {b for b, _ in stage.reads}
+        weight_bytes = itemsize * sum(prod(t.shape) for t in self.tensors if t.name in weights & read)
+        others = [(a, e) for a, e in stage.spatial if a != vector.label and e > 1]
+        rows = prod(config[f"{s}.tile.{a}"][2] for a, _ in others)
+        tasks = prod(e // config[f"{s}.tile.{a}"][2] for a, e in others)
+        data_bytes = itemsize * rows * prod(e for _, e in stage.reduced)
+        if weight_bytes > self.machine.l2 // 2 or data_bytes > self.machine.l1d // 2 or tasks < 4 * self.machine.cores:
+            return False
+        config[f"{s}.tile.{vector.label}"] = (1, vector.extent // vf, vf)
+        return True
 
     def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
         """Cache blocking where the data inputs exceed L2: with a weight-only vector axis first in the fused

@@ -1,0 +1,154 @@
+"""Time an earlier commit's heuristic configuration against this tree's, and PyTorch, side by side in one process.
+
+A change to :meth:`ScheduleSpace.heuristic <kdsl.codegen.tvm.schedule_space.ScheduleSpace.heuristic>` is judged
+by ratios measured in alternation (the machine is shared; absolute times drift by 30 %). The earlier commit's
+configurations are read by a subprocess that imports that commit's tree (``git archive``), so both sides are
+applied by this tree's code: the comparison isolates the heuristic's picks (parameters the earlier space lacks
+take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tune_suites.py``) or
+``conv3_x`` (ResNet-18's 3x3 convolution at 128x28x28, N=1)::
+
+    PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 U3 U2 M2 BMM2 MM1 conv3_x --rounds 4
+
+Each row prints the best of ``rounds`` medians of each side and the ratios old/new and new/PyTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from typing import Any
+
+os.environ.update(TVM_NUM_THREADS=os.environ.get("TVM_NUM_THREADS", "2"), TVM_BIND_THREADS="0")
+
+#: Cases outside the tune suites: (gallery operator, layer).
+EXTRA = {
+    "conv3_x": ("conv2d", {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28, "K": 3}),
+    "mm3136": ("matmul", {"M": 3136, "Cin": 64, "Cout": 64}),  # ResNet-18's 1x1 shapes as matmuls
+    "mm784": ("matmul", {"M": 784, "Cin": 128, "Cout": 128}),
+    "syno2x": ("syno_op1", {"N": 1, "H": 56, "W": 56, "Cin": 64, "Cout": 64}),
+}
+
+DUMP = """
+import json, sys
+from kdsl import gallery
+from kdsl.codegen.tvm.lowering import lower
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+out = {}
+for label, (name, layer) in json.loads(sys.argv[1]).items():
+    out[label] = ScheduleSpace(lower(gallery.load(name), layer)).heuristic()
+print("CONFIGS" + json.dumps(out))
+"""
+
+
+def case_table(labels: list[str]) -> dict[str, tuple[str, dict[str, int]]]:
+    """``label -> (operator, layer)`` for tune-suite labels and :data:`EXTRA`."""
+    from kdsl.bench.tune_suites import suite_cases, suite_names
+
+    known = {c.label: (c.operator, dict(c.layer)) for s in suite_names() for c in suite_cases(s)} | EXTRA
+    missing = [label for label in labels if label not in known]
+    assert not missing, f"unknown cases {missing}; known: {sorted(known)}"
+    return {label: known[label] for label in labels}
+
+
+def old_configs(ref: str, cases: dict[str, tuple[str, dict[str, int]]]) -> dict[str, dict[str, Any]]:
+    """The heuristic configurations of commit ``ref``'s tree for ``cases`` (read in a subprocess)."""
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True)
+    archive = subprocess.run(["git", "-C", root.stdout.strip(), "archive", ref, "kdsl", "gallery"], capture_output=True)
+    assert archive.returncode == 0, archive.stderr.decode()
+    with tempfile.TemporaryDirectory() as tree:
+        with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+            tar.extractall(tree, filter="data")
+        env = dict(os.environ, PYTHONPATH=tree)
+        done = subprocess.run(
+            [sys.executable, "-c", DUMP, json.dumps(cases)], env=env, cwd=tree, capture_output=True, text=True
+        )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("CONFIGS")), None)
+    assert line is not None, done.stderr[-3000:]
+    return json.loads(line[len("CONFIGS") :])
+
+
+def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Best-of-``rounds`` medians (seconds) of the old configuration, the new heuristic and PyTorch."""
+    import torch
+
+    from kdsl import gallery, solve
+    from kdsl.codegen.native import has_native, native_function
+    from kdsl.codegen.torch import build as torch_build
+    from kdsl.codegen.tvm import build
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+    from kdsl.runtime.timing import median_seconds, round_order
+
+    op = gallery.load(name)
+
+    def scheduler(pick: str) -> Any:
+        def schedule(lowered: Any) -> Any:
+            space = ScheduleSpace(lowered)
+            config = space.heuristic()
+            if pick == "old":
+                config = {n: old[n] if n in old else space.identity_value(n) for n in space.parameters}
+            return space.apply(config, fallback=True)
+
+        return schedule
+
+    kernels = {pick: build(op, layer, schedule=scheduler(pick)) for pick in ("old", "new")}
+    torch.manual_seed(0)
+    k = kernels["new"]
+    inputs = [torch.randn(shape) for shape in k.input_shapes]
+    x = inputs[0] if len(inputs) == 1 else tuple(inputs)
+    ws = [torch.randn(shape) for shape in k.weight_shapes]
+    outs = {pick: torch.empty(k.output_shape) for pick in kernels}
+    args = (*inputs, *ws)
+    if has_native(name):
+        torch_call = native_function(name, x, ws, dict(solve.bind(op, layer)))
+    else:  # no PyTorch function of its own: kdsl's PyTorch backend stands in
+        module = torch_build(op, layer)
+        torch_call = lambda: module(*inputs)
+    for pick, kernel in kernels.items():
+        kernel.executable(*args, outs[pick])
+    # PyTorch's own function computes the same thing from the same tensors; kdsl's PyTorch module has weights
+    # of its own, so there the old schedule's result is the reference of the new one's
+    with torch.no_grad():
+        expected = torch_call().clone() if has_native(name) else outs["old"]
+    for pick in kernels:
+        error = float((outs[pick] - expected).abs().max())
+        assert error < 1e-2 * max(1.0, float(expected.abs().max())), f"{label} {pick}: max error {error}"
+    calls = {
+        "old": lambda: kernels["old"].executable(*args, outs["old"]),
+        "new": lambda: kernels["new"].executable(*args, outs["new"]),
+        "torch": torch_call,
+    }
+    sides = list(calls)
+    best = dict.fromkeys(sides, float("inf"))
+    with torch.no_grad():
+        for r in range(rounds):
+            for i in round_order(len(sides), r):
+                best[sides[i]] = min(best[sides[i]], median_seconds(calls[sides[i]], repeats=5, warmup=2))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="+")
+    parser.add_argument("--old", default="HEAD", help="the commit whose heuristic is the baseline")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    cases = case_table(args.cases)
+    olds = old_configs(args.old, cases)
+    print(f"{'case':8} {'old ms':>9} {'new ms':>9} {'torch ms':>9} {'old/new':>8} {'new/torch':>9}", flush=True)
+    for label, (name, layer) in cases.items():
+        t = compare(label, name, layer, olds[label], args.rounds)
+        print(
+            f"{label:8} {t['old'] * 1e3:9.3f} {t['new'] * 1e3:9.3f} {t['torch'] * 1e3:9.3f} "
+            f"{t['old'] / t['new']:8.2f} {t['new'] / t['torch']:9.2f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

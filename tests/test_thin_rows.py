@@ -1,0 +1,69 @@
+"""Thin products (a short reduction under a weight that fits in L2): the heuristic moves the weight-only vector
+axis's tiles out of the fused parallel loop into the middle loops, so every task writes whole output rows
+(:meth:`~kdsl.codegen.tvm.space_memory.MemoryRules._rows_whole`). The pick follows the block analysis and the
+machine's caches, not the operator's name; its schedules compute what the NumPy reference computes for short
+and ragged reductions, for AVX-512's and AVX2's lane widths."""
+
+from __future__ import annotations
+
+import pytest
+from backends import backend
+
+backend("tvm")
+backend("torch")
+
+from test_tvm_schedule_forms import check_config  # noqa: E402
+
+from kdsl import gallery  # noqa: E402
+from kdsl.codegen.tvm import lower  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
+from kdsl.runtime.cpu import from_features  # noqa: E402
+
+AVX512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=2.6)
+AVX2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+
+
+def _vector_tile(name: str, layer: dict, machine, dtype: str = "float32") -> tuple[tuple[int, int, int], ScheduleSpace]:
+    """The heuristic's tile of the vector axis of the operator's one reduction stage, and the space."""
+    space = ScheduleSpace(lower(gallery.load(name), layer, dtype=dtype), machine)
+    config = space.heuristic()
+    vector = config["stage0.vector"]
+    assert vector == "Cout", config
+    return config[f"stage0.tile.{vector}"], space
+
+
+@pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])
+@pytest.mark.parametrize(
+    ("name", "layer"), [("matmul", {"M": 512, "Cin": 8, "Cout": 128}), ("linear", {"N": 512, "Cin": 8, "Cout": 128})]
+)
+def test_a_thin_product_takes_its_weight_axis_out_of_the_parallel_loop(machine, name, layer):
+    # matmul's weight is [Cin, Cout], linear's [Cout, Cin]: the same analysis, whatever the name or layout
+    tile, space = _vector_tile(name, layer, machine)
+    outer, middle, inner = tile
+    assert outer == 1 and middle * inner == 128 and inner % machine.lanes() == 0, tile
+    assert space.parameters["stage0.tile.Cout"].validate(tile) == tile  # a point of the space tuners reach
+    assert space.heuristic()["stage0.block"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("layer", "machine", "why"),
+    [
+        ({"M": 512, "Cin": 1024, "Cout": 128}, AVX512, "a long reduction: a tile's data rows exceed half of L1"),
+        ({"M": 512, "Cin": 8, "Cout": 128}, from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0,
+                                                           caches={"l2": 4 * 1024}), "the weights exceed half of L2"),
+        ({"M": 16, "Cin": 8, "Cout": 128}, AVX512, "too few data tiles: fewer than 4 tasks a core"),
+    ],
+)  # fmt: skip
+def test_the_weight_panels_stay_outermost_elsewhere(layer, machine, why):
+    tile, _ = _vector_tile("matmul", layer, machine)
+    assert tile[0] > 1, why
+
+
+@pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])
+@pytest.mark.parametrize("cin", [1, 3, 4, 7, 32])
+def test_thin_rows_match_the_reference(machine, cin):
+    # short and ragged reductions (1, 3, 7: no vector of them) in float64 (8 lanes for AVX-512, 4 for AVX2)
+    op, layer = gallery.load("matmul"), {"M": 96, "Cin": cin, "Cout": 48}
+    tile, space = _vector_tile("matmul", layer, machine, dtype="float64")
+    assert tile[0] == 1 and tile[1] > 1, tile
+    check_config(op, layer, space, space.heuristic())
