@@ -4,10 +4,12 @@ A change to :meth:`ScheduleSpace.heuristic <kdsl.codegen.tvm.schedule_space.Sche
 by ratios measured in alternation (the machine is shared; absolute times drift by 30 %). The earlier commit's
 configurations are read by a subprocess that imports that commit's tree (``git archive``), so both sides are
 applied by this tree's code: the comparison isolates the heuristic's picks (parameters the earlier space lacks
-take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tune_suites.py``) or
-``conv3_x`` (ResNet-18's 3x3 convolution at 128x28x28, N=1)::
+take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tune_suites.py``) or those of
+:data:`EXTRA` (ResNet-18's layers: ``conv3_x``, its 3x3 convolution at 128x28x28, N=1; ``stem_pool``, its
+3x3 stride-2 max pooling, the kernel a compiled network runs; ``pool2x``, a 2x2 mean at conv2_x)::
 
     PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 U3 U2 M2 BMM2 MM1 conv3_x --rounds 4
+    PYTHONPATH=. python scripts/heuristic_compare.py --old cf177ae P1 P2 P3 stem_pool pool2x --rounds 7
 
 Each row prints the best of ``rounds`` medians of each side and the ratios old/new and new/PyTorch.
 """
@@ -26,12 +28,18 @@ from typing import Any
 
 os.environ.update(TVM_NUM_THREADS=os.environ.get("TVM_NUM_THREADS", "2"), TVM_BIND_THREADS="0")
 
-#: Cases outside the tune suites: (gallery operator, layer).
+#: The operator name of the network's max pooling, which is no gallery operator.
+STEM_POOL = "network:max_pool"
+
+#: Cases outside the tune suites: (gallery operator or :data:`STEM_POOL`, layer).
 EXTRA = {
     "conv3_x": ("conv2d", {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28, "K": 3}),
     "mm3136": ("matmul", {"M": 3136, "Cin": 64, "Cout": 64}),  # ResNet-18's 1x1 shapes as matmuls
     "mm784": ("matmul", {"M": 784, "Cin": 128, "Cout": 128}),
     "syno2x": ("syno_op1", {"N": 1, "H": 56, "W": 56, "Cin": 64, "Cout": 64}),
+    # the network's max pooling (kdsl.bench.network_strided.max_pool_op at max_pool_binding(1, 224)) and a mean
+    "stem_pool": (STEM_POOL, {"N": 1, "Cin": 64, "H": 112, "W": 112, "K": 3, "s": 2}),
+    "pool2x": ("avg_pool2d", {"N": 1, "Cin": 64, "H": 56, "W": 56, "K": 2}),
 }
 
 DUMP = """
@@ -41,7 +49,12 @@ from kdsl.codegen.tvm.lowering import lower
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 out = {}
 for label, (name, layer) in json.loads(sys.argv[1]).items():
-    out[label] = ScheduleSpace(lower(gallery.load(name), layer)).heuristic()
+    if name == "network:max_pool":
+        from kdsl.bench.network_strided import max_pool_op
+        op = max_pool_op()
+    else:
+        op = gallery.load(name)
+    out[label] = ScheduleSpace(lower(op, layer)).heuristic()
 print("CONFIGS" + json.dumps(out))
 """
 
@@ -84,7 +97,12 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
     from kdsl.runtime.timing import median_seconds, round_order
 
-    op = gallery.load(name)
+    if name == STEM_POOL:
+        from kdsl.bench.network_strided import max_pool_op
+
+        op = max_pool_op()
+    else:
+        op = gallery.load(name)
 
     def scheduler(pick: str) -> Any:
         def schedule(lowered: Any) -> Any:
@@ -104,7 +122,9 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     ws = [torch.randn(shape) for shape in k.weight_shapes]
     outs = {pick: torch.empty(k.output_shape) for pick in kernels}
     args = (*inputs, *ws)
-    if has_native(name):
+    if name == STEM_POOL:  # nn.MaxPool2d(3, 2, 1), as torchvision's ResNet-18 has it
+        torch_call = lambda: torch.nn.functional.max_pool2d(x, 3, 2, 1)
+    elif has_native(name):
         torch_call = native_function(name, x, ws, dict(solve.bind(op, layer)))
     else:  # no PyTorch function of its own: kdsl's PyTorch backend stands in
         module = torch_build(op, layer)
@@ -114,7 +134,7 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     # PyTorch's own function computes the same thing from the same tensors; kdsl's PyTorch module has weights
     # of its own, so there the old schedule's result is the reference of the new one's
     with torch.no_grad():
-        expected = torch_call().clone() if has_native(name) else outs["old"]
+        expected = torch_call().clone() if has_native(name) or name == STEM_POOL else outs["old"]
     for pick in kernels:
         error = float((outs[pick] - expected).abs().max())
         assert error < 1e-2 * max(1.0, float(expected.abs().max())), f"{label} {pick}: max error {error}"
