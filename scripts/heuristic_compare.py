@@ -36,6 +36,11 @@ EXTRA = {
     "conv3_x": ("conv2d", {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28, "K": 3}),
     "mm3136": ("matmul", {"M": 3136, "Cin": 64, "Cout": 64}),  # ResNet-18's 1x1 shapes as matmuls
     "mm784": ("matmul", {"M": 784, "Cin": 128, "Cout": 128}),
+    # around them, for where the thin-product rule (MemoryRules._rows_whole) pays and where it costs
+    "mm784_64": ("matmul", {"M": 784, "Cin": 64, "Cout": 64}),
+    "mm784_256": ("matmul", {"M": 784, "Cin": 256, "Cout": 256}),
+    "mm3136_128": ("matmul", {"M": 3136, "Cin": 128, "Cout": 128}),
+    "mm12544_64": ("matmul", {"M": 12544, "Cin": 64, "Cout": 64}),
     "syno2x": ("syno_op1", {"N": 1, "H": 56, "W": 56, "Cin": 64, "Cout": 64}),
     # the network's max pooling (kdsl.bench.network_strided.max_pool_op at max_pool_binding(1, 224)) and a mean
     "stem_pool": (STEM_POOL, {"N": 1, "Cin": 64, "H": 112, "W": 112, "K": 3, "s": 2}),
