@@ -113,16 +113,10 @@ class RecordStore:
             "UPDATE records SET latency = ? WHERE task = ? AND key = ? AND tuner = ?", (latency, task, key, tuner)
         )
 
-    def other_targets(self, task: str, description: Mapping[str, Any] | None = None) -> list[str]:
+    def other_targets(self, task: str, mine: Mapping[str, Any]) -> list[str]:
         """The targets (mcpu names) of the tasks with measured records for the operator and sizes of
-        ``task`` on other targets (records are kept per target); ``description``: the task's
-        (:func:`task_description`), for a task this database does not describe."""
-        if description is None:
-            row = self.db.execute("SELECT description FROM tasks WHERE task = ?", (task,)).fetchone()
-            if row is None:
-                return []
-            description = json.loads(row[0])
-        mine = description
+        ``task``, described by ``mine`` (:func:`task_description`; the database need not describe it), on
+        other targets (records are kept per target)."""
         found = set()
         query = "SELECT t.description FROM tasks t WHERE t.task != ? AND EXISTS "
         query += "(SELECT 1 FROM records r WHERE r.task = t.task AND r.latency IS NOT NULL)"

@@ -53,8 +53,9 @@ def best_record(
     binding, task, store = open_task(op, layer, db, block, prepacked, describe=False)
     try:
         records = [r for r in store.records(task, tuner) if r.latency is not None]
-        description = task_description(op, binding, target_mcpu(), block, prepacked)
-        elsewhere = store.other_targets(task, description) if not records else []
+        elsewhere = (
+            [] if records else store.other_targets(task, task_description(op, binding, target_mcpu(), block, prepacked))
+        )
     finally:
         store.database.close()
     usable = [r for r in records if _applicable(r)]
