@@ -41,12 +41,23 @@ __all__ = [
     "FMA_UNITS",
     "ONE_FMA_UNIT",
     "Machine",
+    "dtype_bits",
     "fma_units_of",
     "from_features",
     "host_caches",
     "host_ghz",
     "host_model",
 ]
+
+
+def dtype_bits(dtype: str) -> int:
+    """The width in bits of one element of ``dtype`` (a TVM or NumPy name; 32 when it names none).
+
+    >>> dtype_bits("float64"), dtype_bits("float16")
+    (64, 16)
+    """
+    return int("".join(c for c in str(dtype) if c.isdigit()) or 32)
+
 
 #: LLVM cpu name -> vector FMAs one core starts per cycle at that name's full vector width (512 bits
 #: where it has AVX-512, else 256, else 128), from the vendors' optimization manuals. The widths matter:
@@ -134,8 +145,7 @@ class Machine:
         >>> from_features("znver3", {"avx2", "fma"}, cores=1, ghz=1.0).lanes("float64")
         4
         """
-        bits = int("".join(c for c in dtype if c.isdigit()) or 32)
-        return max(1, self.vector_bits // bits)
+        return max(1, self.vector_bits // dtype_bits(dtype))
 
     def accumulators(self) -> int:
         """Vector registers a register tile may fill with accumulators: half the register file. The

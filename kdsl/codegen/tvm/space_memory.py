@@ -12,6 +12,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock
+from kdsl.runtime.cpu import dtype_bits
 
 #: Outer tiles per cache block offered by ``S.block``.
 BLOCK_TILES = (2, 4, 8, 16, 32, 64)
@@ -59,7 +60,7 @@ class MemoryRules:
         writes_output = stage.name == self.lowered.out.op.name
         if vector.label not in stage.weight_only or stage.spatial[-1][0] != vector.label or not writes_output:
             return False
-        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
+        itemsize = max(1, dtype_bits(self.lowered.out.dtype) // 8)
         weights = {w.name for w in self.lowered.weights}
         read = {b for b, _ in stage.reads}
         weight_bytes = itemsize * sum(prod(t.shape) for t in self.tensors if t.name in weights & read)
@@ -81,7 +82,7 @@ class MemoryRules:
         name = f"{stage.name}.block"
         if name not in self.parameters or vector.label not in stage.weight_only:
             return
-        itemsize = max(1, int("".join(c for c in str(self.lowered.out.dtype) if c.isdigit()) or 32) // 8)
+        itemsize = max(1, dtype_bits(self.lowered.out.dtype) // 8)
         data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
         if data <= BLOCK_ABOVE_L2 * self.machine.l2:
             return
