@@ -97,7 +97,7 @@ def test_a_kernel_tuned_blocked_computes_the_plain_kernel_after_the_transform(tm
     # the measuring worker's steps, in this process: compile blocked, time on blocked buffers, check
     space = _compile_setup(op, binding)
     path = str(tmp_path / "k.so")
-    assert _compile_job(space, (config, path), contextlib.nullcontext, block=BLOCK) is None
+    assert _compile_job(space, (config, path, False), contextlib.nullcontext, block=BLOCK) is None
     state = _measure_setup(op, binding, BLOCK)
     latency, error = _measure_job(state, (path, True), contextlib.nullcontext)
     assert error is None and latency > 0
@@ -121,8 +121,8 @@ def test_the_blocked_check_fails_on_a_wrong_or_plain_kernel(tmp_path):
     binding = dict(solve.bind(op, LAYERS["conv2d"]))
     space = _compile_setup(op, binding)
     blocked, plain = str(tmp_path / "b.so"), str(tmp_path / "p.so")
-    assert _compile_job(space, (space.heuristic(), blocked), contextlib.nullcontext, block=BLOCK) is None
-    assert _compile_job(space, (space.heuristic(), plain), contextlib.nullcontext) is None
+    assert _compile_job(space, (space.heuristic(), blocked, False), contextlib.nullcontext, block=BLOCK) is None
+    assert _compile_job(space, (space.heuristic(), plain, False), contextlib.nullcontext) is None
     state = _measure_setup(op, binding, BLOCK)
     assert _measure_job(state, (blocked, True), contextlib.nullcontext)[1] is None
     # a plain kernel does not take the blocked buffers

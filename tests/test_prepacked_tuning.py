@@ -104,7 +104,7 @@ def compiled(tmp_path, config: dict | None = None, prepacked: bool = True) -> tu
     binding = dict(solve.bind(op, LAYER))
     space = _compile_setup(op, binding)
     path = str(tmp_path / f"k{len(list(tmp_path.iterdir()))}.so")
-    job = (config or space.heuristic(), path)
+    job = (config or space.heuristic(), path, False)
     assert _compile_job(space, job, contextlib.nullcontext, prepacked=prepacked) is None
     beside = Path(layouts_path(path))
     layouts = json.loads(beside.read_text()) if beside.exists() else None

@@ -104,7 +104,7 @@ def test_the_measurer_check_fails_an_unwritten_element_even_after_a_right_answer
     op = gallery.load("matmul")
     space = _compile_setup(op, MATMUL)
     right, skipping = str(tmp_path / "right.so"), str(tmp_path / "skips.so")
-    assert _compile_job(space, (space.heuristic(), right), contextlib.nullcontext) is None
+    assert _compile_job(space, (space.heuristic(), right, False), contextlib.nullcontext) is None
     compile_module(_skips_one, skipping)
     state = _measure_setup(op, MATMUL)
     assert _measure_job(state, (right, True), contextlib.nullcontext)[1] is None

@@ -274,7 +274,7 @@ def test_a_large_batch_is_checked_on_its_first_and_last_rows(tmp_path):
 
     space = _compile_setup(op, layer)
     path = str(tmp_path / "k.so")
-    assert _compile_job(space, (space.heuristic(), path), contextlib.nullcontext) is None
+    assert _compile_job(space, (space.heuristic(), path, False), contextlib.nullcontext) is None
     state = _measure_setup(op, layer)
     latency, error = _measure_job(state, (path, True), contextlib.nullcontext)
     assert error is None and latency > 0
@@ -304,7 +304,7 @@ def test_a_compile_job_with_fallback_compiles_what_the_default_schedule_compiles
     op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 4, "Cout": 16, "H": 5, "W": 5}
     space = _compile_setup(op, layer)
     path = str(tmp_path / "k.so")
-    error = _compile_job(space, (space.heuristic(), path), contextlib.nullcontext)
+    error = _compile_job(space, (space.heuristic(), path, False), contextlib.nullcontext)
     assert error is not None and "simulated schedule failure" in error
     assert _compile_job(space, (space.heuristic(), path, True), contextlib.nullcontext) is None
     latency, error = _measure_job(_measure_setup(op, layer), (path, True), contextlib.nullcontext)

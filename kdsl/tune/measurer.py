@@ -57,9 +57,9 @@ REPEATS = 5
 RTOL = 2e-3
 #: A layer whose batch dim is larger than four times this is checked on its first and last this many rows.
 CHECKED_ROWS = 2
-#: A compile worker's job: a configuration, the library's path and, optionally, whether stages that refuse
-#: their part of the configuration fall back to the plain parallel schedule (the compiled default's rule).
-CompileJob = tuple[dict[str, Any], str] | tuple[dict[str, Any], str, bool]
+#: A compile worker's job: a configuration, the library's path and whether stages that refuse their part of
+#: the configuration fall back to the plain parallel schedule (the compiled default's rule).
+CompileJob = tuple[dict[str, Any], str, bool]
 
 #: Packed weights the measuring worker keeps, by layout (configurations of a task share a few layouts).
 PACKED_KEPT = 8
@@ -99,10 +99,9 @@ def _compile_job(
 ) -> str | None:
     """Apply and compile a configuration (its signature blocked by ``block``; with ``prepacked``, its
     packing copies removed and the weights' layouts written to :func:`layouts_path`) into a shared
-    library at a path; the reason on failure. A job is ``(config, path)`` or ``(config, path, fallback)``
-    (:func:`signature_schedule`'s ``fallback``)."""
-    config, path = job[0], job[1]
-    fallback = len(job) > 2 and bool(job[2])
+    library at a path; the reason on failure. A job is ``(config, path, fallback)`` (:func:`signature_schedule`'s
+    ``fallback``)."""
+    config, path, fallback = job
     tvm = load_tvm()
     try:
         sch = signature_schedule(space, config, block, fallback=fallback)
