@@ -89,6 +89,27 @@ def test_the_suite_table_counts_the_defaults_near_their_bound():
     assert any("on 1 of 2 cases" in line for line in lines), lines
 
 
+def test_the_suite_table_raises_the_peak_to_a_kernel_that_ran_faster():
+    case = suite_cases("opevo")[0]
+    result = fake_result(case, None, None)
+    bound = CEILINGS.bound(result.macs, result.nbytes)
+    assert bound.limit == "compute"
+    result.latencies = {"default schedule": [bound.seconds * 1.05], "opevo": [bound.seconds * 1.02]}
+    result.torch = [bound.seconds / 1.5]  # PyTorch 1.5x faster than the measured peak allows
+    lines = tune_suite_bench.roofline_table([result], tune_suite_bench.columns(["opevo"], 8, []), CEILINGS)
+    raised = [line for line in lines if line.startswith("The FMA peak is raised")]
+    assert len(raised) == 1 and f"to {CEILINGS.peak_gflops * 1.5:.0f} GFLOP/s" in raised[0], lines
+    assert "PyTorch on opevo MM1" in raised[0]
+    (row,) = [line for line in lines if line.startswith("| opevo ")]
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    # against the raised peak the default is at 1 / (1.05 * 1.5) of its bound: not within 10%, so not counted
+    assert cells[6] == f"{1 / (1.05 * 1.5):.2f}" and any("on 0 of 1 cases" in line for line in lines), lines
+    # without PyTorch's time the measured peak stands and the default counts as near its bound
+    result.torch = []
+    lines = tune_suite_bench.roofline_table([result], tune_suite_bench.columns(["opevo"], 8, []), CEILINGS)
+    assert not any("raised" in line for line in lines) and any("on 1 of 1 cases" in line for line in lines)
+
+
 def assert_refused(capsys: pytest.CaptureFixture[str], argv: list[str], flag: str) -> None:
     """``kdsl argv`` exits with code 2 and one ``error:`` line naming ``flag``, having measured nothing."""
     assert main(argv) == 2

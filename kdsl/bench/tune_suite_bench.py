@@ -317,10 +317,14 @@ def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofli
     """The Markdown lines of the roofline section: per case its bound (:mod:`kdsl.bench.roofline`),
     the default schedule's and the best column's share of it (bound / mean time), and how many
     defaults are within 10% of their bound, where no tuner can gain 1.1x (the ceilings are in the
-    header's :meth:`~kdsl.bench.roofline.Roofline.line`)."""
+    header's :meth:`~kdsl.bench.roofline.Roofline.line`). Where a kernel of the run, PyTorch's included,
+    computed faster than the measured FMA peak allows, the bound takes its rate
+    (:meth:`~kdsl.bench.roofline.Roofline.raised_to`) and the section says so."""
+    roofline, raised = roofline.raised_to(_compute_rates(results, cols))
     lines = [
         "## Roofline",
         "",
+        *([f"{raised[0].upper()}{raised[1:]}.", ""] if raised else []),
         "| case | GMAC | min MiB | bound | roofline ms | default ms | default vs roofline | best | best ms | "
         "best vs roofline |",
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |",
@@ -354,6 +358,19 @@ def roofline_table(results: Sequence[CaseResult], cols: Sequence[Column], roofli
         "and the output written once (fp32); vs roofline: bound / mean time (1 = at the machine's bound).",
     ]
     return lines
+
+
+def _compute_rates(results: Sequence[CaseResult], cols: Sequence[Column]) -> dict[str, float]:
+    """GFLOP/s (2 per MAC) of every kernel's mean time in ``results``, keyed by who ran it on which case."""
+    rates = {}
+    for result in results:
+        name = f"{suite_of(result.case)} {result.case.label}"
+        means = {"PyTorch": statistics.fmean(result.torch) if result.torch else None}
+        means |= {c: _mean_latency(result, c) for c in ("default schedule", *(col.name for col in cols))}
+        for who, seconds in means.items():
+            if seconds is not None and seconds > 0 and result.macs > 0:
+                rates[f"{who} on {name}"] = 2.0 * result.macs / seconds / 1e9
+    return rates
 
 
 def _ms(seconds: float | None) -> str:
