@@ -563,14 +563,14 @@ class ScheduleSpace(MemoryRules):
         # the whole window unrolled where it fits the heuristic's bound (5x5 too: LLVM vectorizes innermost loops
         # only, and a rolled window loop inside the row would be the innermost one), else the short loops only
         whole = prod(e for _, e in stage.reduced) <= HEURISTIC_UNROLL
-        windows = [e for _, e in stage.reduced if e > 1 and (whole or e <= UNROLL_REDUCTION)]
+        windows = {axis: e for axis, e in stage.reduced if e > 1 and (whole or e <= UNROLL_REDUCTION)}
         for axis, e in stage.reduced:
             if e > 1:
-                config[f"{s}.tile.{axis}"] = (1, e) if whole or e <= UNROLL_REDUCTION else (e, 1)
+                config[f"{s}.tile.{axis}"] = (1, e) if axis in windows else (e, 1)
         if f"{s}.reductions" in config:
             config[f"{s}.reductions"] = "whole"  # in the block's order: after the spatial axes, inside the row
         config[f"{s}.unroll"] = min(
-            next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1]), HEURISTIC_UNROLL
+            next((u for u in UNROLL_LIMITS if u >= prod(windows.values())), UNROLL_LIMITS[-1]), HEURISTIC_UNROLL
         )
         config[f"{s}.cache"] = "none"
         self._memory(stage, None, 1, config)
