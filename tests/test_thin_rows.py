@@ -2,9 +2,13 @@
 axis's tiles out of the fused parallel loop into the middle loops, so every task writes whole output rows
 (:meth:`~kdsl.codegen.tvm.space_memory.MemoryRules._rows_whole`). The pick follows the block analysis and the
 machine's caches, not the operator's name; its schedules compute what the NumPy reference computes for short
-and ragged reductions, for AVX-512's and AVX2's lane widths."""
+and ragged reductions, for AVX-512's and AVX2's lane widths. A register tile's vector wider than the packed
+weights' tile along its axis is vectorized in pieces that each load one tile
+(:meth:`~kdsl.codegen.tvm.schedule_apply._Applier._vectorize_packed`)."""
 
 from __future__ import annotations
+
+from math import gcd
 
 import pytest
 from backends import backend
@@ -67,3 +71,30 @@ def test_thin_rows_match_the_reference(machine, cin):
     tile, space = _vector_tile("matmul", layer, machine, dtype="float64")
     assert tile[0] == 1 and tile[1] > 1, tile
     check_config(op, layer, space, space.heuristic())
+
+
+def _vector_loop(schedule, block: str) -> int:
+    """The extent of ``block``'s innermost loop, which must be vectorized (the block's vector width)."""
+    from tvm.tirx import ForKind
+
+    loop = schedule.get(schedule.get_loops(schedule.get_sblock(block))[-1])
+    assert loop.kind == ForKind.VECTORIZED, loop.kind
+    return int(loop.extent)
+
+
+@pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])
+@pytest.mark.parametrize(("vectors", "packed"), [(4, 2), (2, 1), (3, 2)])
+def test_a_vector_wider_than_its_packed_weight_tile_reads_whole_tiles(machine, vectors, packed):
+    # a register tile of `vectors` vectors along Cout under weights packed [Cout // f, Cin, Cout % f] with f of
+    # `packed` vectors: one load of the whole tile would cross f (TVM then loaded it lane by lane, 7x slower on
+    # U3); it is split into pieces of gcd(tile, f) lanes, each one tile's contiguous run, and stays exact
+    lanes = machine.lanes("float64")
+    width, factor = vectors * lanes, packed * lanes
+    op, layer = gallery.load("matmul"), {"M": 32, "Cin": 5, "Cout": 4 * 3 * lanes}
+    space = ScheduleSpace(lower(op, layer, dtype="float64"), machine)
+    config = {**space.heuristic(), "stage0.tile.Cout": (1, layer["Cout"] // width, width)}
+    config.update({"stage0.tile.M": (16, 1, 2), "layout.w.perm": (1, 0), "layout.w.tile": f"1:{factor}"})
+    assert space.parameters["stage0.tile.Cout"].validate(config["stage0.tile.Cout"]) == config["stage0.tile.Cout"]
+    assert space.parameters["layout.w.tile"].validate(config["layout.w.tile"]) == config["layout.w.tile"]
+    assert _vector_loop(space.apply(config), "stage0_update") == gcd(width, factor)
+    check_config(op, layer, space, config)

@@ -81,6 +81,9 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 11: a register tile's vector wider than a packed layout tile along its axis is vectorized in pieces of their
+#    greatest common divisor (schedule_apply._Applier._vectorize_packed): version 10 loaded it lane by lane, so its
+#    records timed such configurations 7x too slow
 # 10: the heuristic unrolls 4 steps of a stage's one long reduction inside its loop where it has no window
 #    (a matmul's K: tile (K // 4, 4)): version 9's records timed the defaults this replaces
 # 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows),
@@ -92,7 +95,7 @@ from kdsl.runtime.cpu import Machine
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-10"
+VERSION = "tvm-space-11"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
