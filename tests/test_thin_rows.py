@@ -56,6 +56,9 @@ def test_a_thin_product_takes_its_weight_axis_out_of_the_parallel_loop(machine, 
         ({"M": 512, "Cin": 8, "Cout": 128}, from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0,
                                                            caches={"l2": 4 * 1024}), "the weights exceed half of L2"),
         ({"M": 16, "Cin": 8, "Cout": 128}, AVX512, "too few data tiles: fewer than 4 tasks a core"),
+        ({"M": 784, "Cin": 128, "Cout": 128}, AVX512, "all in L2 (848 KiB), 64 KiB of weights: panels in L1 win"),
+        ({"M": 784, "Cin": 128, "Cout": 128}, from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0,
+                                                             caches={"l2": 1024 * 1024}), "the same for AVX2"),
     ],
 )  # fmt: skip
 def test_the_weight_panels_stay_outermost_elsewhere(layer, machine, why):
@@ -98,3 +101,20 @@ def test_a_vector_wider_than_its_packed_weight_tile_reads_whole_tiles(machine, v
     assert space.parameters["layout.w.tile"].validate(config["layout.w.tile"]) == config["layout.w.tile"]
     assert _vector_loop(space.apply(config), "stage0_update") == gcd(width, factor)
     check_config(op, layer, space, config)
+
+
+@pytest.mark.parametrize(
+    ("layer", "caches", "why"),
+    [
+        ({"M": 784, "Cin": 64, "Cout": 64}, {}, "in L2, but its 16 KiB of weights fit in half of L1"),
+        ({"M": 784, "Cin": 128, "Cout": 128}, {"l2": 512 * 1024}, "848 KiB of inputs, weights and output exceed L2"),
+        ({"M": 784, "Cin": 256, "Cout": 256}, {}, "1.75 MiB exceed L2 (1.18x faster with whole rows, Cascade Lake)"),
+    ],
+)
+@pytest.mark.parametrize("features", [{"avx2", "fma", "avx512f"}, {"avx2", "fma"}], ids=["avx512", "avx2"])
+def test_whole_rows_where_the_kernel_leaves_l2_or_its_weights_fit_l1(layer, caches, why, features):
+    # the narrowing of the rule reads the machine's caches: the same 784x128x128 keeps its panels outermost with
+    # a 1 MiB L2 (the case above) and takes whole rows with half of that
+    machine = from_features("x", features, cores=2, ghz=2.0, caches=caches)
+    tile, _ = _vector_tile("matmul", layer, machine)
+    assert tile[0] == 1 and tile[1] > 1, (tile, why)

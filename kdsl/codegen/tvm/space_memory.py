@@ -52,8 +52,10 @@ class MemoryRules:
         L2, and writes whole rows of the output (only a stage that writes the kernel's output itself, the vector
         axis its last dim). A thin matmul's result is its traffic: with the weight panels outermost, each task
         wrote its rows a page apart (Gensor's U3, 16384x32x1024, AVX-512, 2 contended threads: 40 -> 18 ms,
-        ``scripts/heuristic_compare.py``). Needs 4 data tiles a core; returns whether it applied (cache
-        blocking then has no weight panels to sweep the data for)."""
+        ``scripts/heuristic_compare.py``). Needs 4 data tiles a core, and not a kernel that stays in one
+        core's L2 (inputs, weights and output) with weights over half of L1 (ResNet-18's 784x128x128: there
+        the panels, each kept in L1, win); returns whether it applied (cache blocking then has no weight
+        panels to sweep the data for)."""
         s = stage.name
         # only a stage that writes the kernel's output itself, along the vector axis last: one that a copy
         # folded into its write-back transposes (a grouped conv2d's [g, H, W, co] into NCHW) writes no whole rows
@@ -69,6 +71,14 @@ class MemoryRules:
         tasks = prod(e // config[f"{s}.tile.{a}"][2] for a, e in others)
         data_bytes = itemsize * rows * prod(e for _, e in stage.reduced)
         if weight_bytes > self.machine.l2 // 2 or data_bytes > self.machine.l1d // 2 or tasks < 4 * self.machine.cores:
+            return False
+        # whole rows save writes to memory; a kernel whose inputs, weights and output all stay in one core's L2
+        # makes none, and there one weight panel kept in L1 across the data tiles beats every task reading all
+        # the weights from L2, unless they fit in L1 anyway (rule off / on, Cascade Lake, 11 rounds: 784x128x128
+        # 0.98, 512x128x128 0.96, 392x128x128 1.01, 784x96x96 0.99; 784x64x64, weights in L1: 1.08)
+        inputs = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
+        resident = inputs + weight_bytes + itemsize * prod(e for _, e in stage.spatial) <= self.machine.l2
+        if resident and weight_bytes > self.machine.l1d // 2:
             return False
         config[f"{s}.tile.{vector.label}"] = (1, vector.extent // vf, vf)
         return True
