@@ -47,6 +47,8 @@ def test_a_thin_product_takes_its_weight_axis_out_of_the_parallel_loop(machine, 
     assert outer == 1 and middle * inner == 128 and inner % machine.lanes() == 0, tile
     assert space.parameters["stage0.tile.Cout"].validate(tile) == tile  # a point of the space tuners reach
     assert space.heuristic()["stage0.block"] == "none"
+    # accumulated in place: a local tile would live in a workspace buffer that every tile zeroes and stores to
+    assert space.heuristic()["stage0.cache"] == "none"
 
 
 @pytest.mark.parametrize(
@@ -62,8 +64,9 @@ def test_a_thin_product_takes_its_weight_axis_out_of_the_parallel_loop(machine, 
     ],
 )  # fmt: skip
 def test_the_weight_panels_stay_outermost_elsewhere(layer, machine, why):
-    tile, _ = _vector_tile("matmul", layer, machine)
+    tile, space = _vector_tile("matmul", layer, machine)
     assert tile[0] > 1, why
+    assert space.heuristic()["stage0.cache"] == "local", why
 
 
 @pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])

@@ -84,7 +84,8 @@ from kdsl.runtime.cpu import Machine
 # 11: a register tile's vector wider than a packed layout tile along its axis is vectorized in pieces of their
 #    greatest common divisor (schedule_apply._Applier._vectorize_packed): version 10 loaded it lane by lane, so its
 #    records timed such configurations 7x too slow; and the thin-product rule is narrowed: a kernel resident in L2
-#    whose weights exceed half of L1 keeps its weight panels outermost (MemoryRules._rows_whole)
+#    whose weights exceed half of L1 keeps its weight panels outermost, and a thin product accumulates in place
+#    (MemoryRules._rows_whole)
 # 10: the heuristic unrolls 4 steps of a stage's one long reduction inside its loop where it has no window
 #    (a matmul's K: tile (K // 4, 4)): version 9's records timed the defaults this replaces
 # 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows),
@@ -393,7 +394,8 @@ class ScheduleSpace(MemoryRules):
           whole reduction) in half of L1, the weight-only vector axis's tiles all go to the middle loops, so
           each parallel task writes whole output rows (:meth:`_rows_whole`: Gensor's U3 2.3x faster), but not
           in a kernel whose inputs, weights and output all fit in one core's L2 while its weights exceed half
-          of L1 (no writes to memory to save; the weight panels, each kept in L1, stay outermost).
+          of L1 (no writes to memory to save; the weight panels, each kept in L1, stay outermost); a thin
+          product accumulates in place (``S.cache = "none"``: LLVM keeps the tile in registers, no workspace).
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
