@@ -52,21 +52,22 @@ def test_a_thin_product_takes_its_weight_axis_out_of_the_parallel_loop(machine, 
 
 
 @pytest.mark.parametrize(
-    ("layer", "machine", "why"),
+    ("layer", "machine", "cache", "why"),
     [
-        ({"M": 512, "Cin": 1024, "Cout": 128}, AVX512, "a long reduction: a tile's data rows exceed half of L1"),
+        ({"M": 512, "Cin": 1024, "Cout": 128}, AVX512, "local", "a long reduction: data rows over half of L1"),
         ({"M": 512, "Cin": 8, "Cout": 128}, from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0,
-                                                           caches={"l2": 4 * 1024}), "the weights exceed half of L2"),
-        ({"M": 16, "Cin": 8, "Cout": 128}, AVX512, "too few data tiles: fewer than 4 tasks a core"),
-        ({"M": 784, "Cin": 128, "Cout": 128}, AVX512, "all in L2 (848 KiB), 64 KiB of weights: panels in L1 win"),
+                                                           caches={"l2": 4 * 1024}), "local", "weights over L2 / 2"),
+        ({"M": 16, "Cin": 8, "Cout": 128}, AVX512, "local", "too few data tiles: fewer than 4 tasks a core"),
+        # a thin product all in L2 keeps its panels but still accumulates in place (no workspace tile)
+        ({"M": 784, "Cin": 128, "Cout": 128}, AVX512, "none", "all in L2 (848 KiB), weights 64 KiB: panels win"),
         ({"M": 784, "Cin": 128, "Cout": 128}, from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0,
-                                                             caches={"l2": 1024 * 1024}), "the same for AVX2"),
+                                                             caches={"l2": 1024 * 1024}), "none", "the same for AVX2"),
     ],
 )  # fmt: skip
-def test_the_weight_panels_stay_outermost_elsewhere(layer, machine, why):
+def test_the_weight_panels_stay_outermost_elsewhere(layer, machine, cache, why):
     tile, space = _vector_tile("matmul", layer, machine)
     assert tile[0] > 1, why
-    assert space.heuristic()["stage0.cache"] == "local", why
+    assert space.heuristic()["stage0.cache"] == cache, why
 
 
 @pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])
@@ -121,3 +122,15 @@ def test_whole_rows_where_the_kernel_leaves_l2_or_its_weights_fit_l1(layer, cach
     machine = from_features("x", features, cores=2, ghz=2.0, caches=caches)
     tile, _ = _vector_tile("matmul", layer, machine)
     assert tile[0] == 1 and tile[1] > 1, (tile, why)
+
+
+@pytest.mark.parametrize("features", [{"avx2", "fma", "avx512f"}, {"avx2", "fma"}], ids=["avx512", "avx2"])
+def test_a_resident_thin_product_in_place_with_its_panels_matches_the_reference(features):
+    # a 4 KiB L1 makes 64x32x64 in float64 the 784x128x128 case in small: all in L2, weights (16 KiB) over half
+    # of L1, so the weight panels stay outermost, and the tile still accumulates in place
+    machine = from_features("x", features, cores=2, ghz=2.0, caches={"l1d": 4 * 1024})
+    op, layer = gallery.load("matmul"), {"M": 64, "Cin": 32, "Cout": 64}
+    tile, space = _vector_tile("matmul", layer, machine, dtype="float64")
+    config = space.heuristic()
+    assert tile[0] > 1 and config["stage0.cache"] == "none", (tile, config["stage0.cache"])
+    check_config(op, layer, space, config)

@@ -395,7 +395,8 @@ class ScheduleSpace(MemoryRules):
           each parallel task writes whole output rows (:meth:`_rows_whole`: Gensor's U3 2.3x faster), but not
           in a kernel whose inputs, weights and output all fit in one core's L2 while its weights exceed half
           of L1 (no writes to memory to save; the weight panels, each kept in L1, stay outermost); a thin
-          product accumulates in place (``S.cache = "none"``: LLVM keeps the tile in registers, no workspace).
+          product accumulates in place either way (``S.cache = "none"``: LLVM keeps the tile in registers,
+          where a local tile lives in a workspace buffer).
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the

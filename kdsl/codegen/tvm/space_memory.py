@@ -55,7 +55,7 @@ class MemoryRules:
         ``scripts/heuristic_compare.py``). Needs 4 data tiles a core, and not a kernel that stays in one
         core's L2 (inputs, weights and output) with weights over half of L1 (ResNet-18's 784x128x128: there
         the panels, each kept in L1, win); returns whether it applied (cache blocking then has no weight
-        panels to sweep the data for). Such a stage accumulates in place (``S.cache = "none"``)."""
+        panels to sweep the data for). A thin product accumulates in place (``S.cache = "none"``) either way."""
         s = stage.name
         # only a stage that writes the kernel's output itself, along the vector axis last: one that a copy
         # folded into its write-back transposes (a grouped conv2d's [g, H, W, co] into NCHW) writes no whole rows
@@ -72,6 +72,12 @@ class MemoryRules:
         data_bytes = itemsize * rows * prod(e for _, e in stage.reduced)
         if weight_bytes > self.machine.l2 // 2 or data_bytes > self.machine.l1d // 2 or tasks < 4 * self.machine.cores:
             return False
+        # reduced in place: with the whole short reduction inside the tile (and no stage folded into a write-back
+        # of the output) LLVM keeps the accumulators in registers, where a local tile lives in a workspace buffer
+        # that each tile zeroes and stores to before writing back (time in place / local, Cascade Lake, one
+        # process: U3 0.78, M2 0.91, U2 0.88; 784x128x128 with its panels outermost 0.82)
+        if "none" in self.parameters[f"{s}.cache"].choices:
+            config[f"{s}.cache"] = "none"
         # whole rows save writes to memory; a kernel whose inputs, weights and output all stay in one core's L2
         # makes none, and there one weight panel kept in L1 across the data tiles beats every task reading all
         # the weights from L2, unless they fit in L1 anyway (rule off / on, Cascade Lake, 11 rounds: 784x128x128
@@ -81,12 +87,6 @@ class MemoryRules:
         if resident and weight_bytes > self.machine.l1d // 2:
             return False
         config[f"{s}.tile.{vector.label}"] = (1, vector.extent // vf, vf)
-        # reduced in place: with the whole short reduction inside the tile (and no stage folded into a write-back
-        # of the output) LLVM keeps the accumulators in registers, where a local tile lives in a workspace buffer
-        # that each tile zeroes and stores to before writing back (time in place / local, Cascade Lake, one
-        # process, 5 rounds: U3 0.73, M2 0.70, U2 0.88)
-        if "none" in self.parameters[f"{s}.cache"].choices:
-            config[f"{s}.cache"] = "none"
         return True
 
     def _cache_block(self, stage: StageBlock, vector: Axis, config: dict[str, Any]) -> None:
