@@ -1,9 +1,10 @@
 """One long reduction and no window (a matmul, a batched matmul, a 1x1 convolution): the heuristic unrolls
 :data:`~kdsl.codegen.tvm.schedule_space.UNROLL_REDUCTION` steps of it inside its rolled loop (the reduction's
-tile ``(e // 4, 4)``, unroll bound 4), so that the loop's own work is spread over four register tiles of FMAs.
-Stages with windows keep their reduction rolled whole (a convolution's ``Cin`` around its unrolled ``kh, kw``).
-The pick reads the block analysis (the stage's reduction axes), not the operator's name; its kernels compute
-what the reference computes, for AVX-512's and AVX2's lane widths."""
+tile ``(e // 4, 4)``, unroll bound 4), so that the loop's own work is spread over four register tiles of FMAs,
+and accumulates in place where it writes the output's rows itself (``S.cache = "none"``: no workspace tile).
+Stages with windows keep their reduction rolled whole and their local tile (a convolution's ``Cin`` around its
+unrolled ``kh, kw``). The pick reads the block analysis (the stage's reduction axes), not the operator's name;
+its kernels compute what the reference computes, for AVX-512's and AVX2's lane widths."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def test_one_long_reduction_is_unrolled_four_steps_inside_its_loop(machine, name
     extent = dict(stage.reduced)[axis]
     assert config[f"{stage.name}.tile.{axis}"] == (extent // UNROLL_REDUCTION, UNROLL_REDUCTION), config
     assert config[f"{stage.name}.unroll"] >= UNROLL_REDUCTION and config[f"{stage.name}.reductions"] == "whole"
+    # it writes the output's rows itself: accumulated in place (LLVM keeps the tile in registers)
+    assert config[f"{stage.name}.cache"] == "none", config
     assert space.validate(config) == config  # a point of the space: tuners reach it and leave it
     check_config(space.lowered.op, layer, ScheduleSpace(lower(space.lowered.op, layer, dtype="float64"), machine),
                  config)  # fmt: skip
@@ -64,6 +67,7 @@ def test_other_reductions_keep_their_tiles(machine, name, layer, why):
     config, space = _reduction_tiles(name, layer, machine)
     stage = next(s for s in space.stages if s.kind == "reduce")
     tiles = {a: config[f"{stage.name}.tile.{a}"] for a, e in stage.reduced if e > 1}
+    assert name != "conv2d" or config[f"{stage.name}.cache"] == "local", config
     assert all(
         t in ((e, 1), (1, e)) for (a, e), t in zip([(a, e) for a, e in stage.reduced if e > 1], tiles.values())
     ), (

@@ -44,6 +44,14 @@ class MemoryRules:
         if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
             config[f"{s}.attach"] = "outer"
 
+    def _rows_in_output(self, stage: StageBlock, vector: Axis | None) -> bool:
+        """Whether ``stage`` writes the kernel's output itself with its vector axis ``vector`` along the output's
+        last dim, so that its register tiles are boxes of whole output rows it can write, or accumulate, in
+        place. A stage that a copy folded into its write-back transposes (a grouped conv2d's ``[g, H, W, co]``
+        into NCHW) does not write the output's rows."""
+        writes_output = stage.name == self.lowered.out.op.name
+        return writes_output and vector is not None and stage.spatial[-1][0] == vector.label
+
     def _rows_whole(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> bool:
         """Take a weight-only vector axis out of the fused parallel loop where its slab order buys nothing: when
         all the stage's weights fit in half of L2 and the data rows of one register tile (its rows times the
@@ -57,10 +65,7 @@ class MemoryRules:
         the panels, each kept in L1, win); returns whether it applied (cache blocking then has no weight
         panels to sweep the data for). A thin product accumulates in place (``S.cache = "none"``) either way."""
         s = stage.name
-        # only a stage that writes the kernel's output itself, along the vector axis last: one that a copy
-        # folded into its write-back transposes (a grouped conv2d's [g, H, W, co] into NCHW) writes no whole rows
-        writes_output = stage.name == self.lowered.out.op.name
-        if vector.label not in stage.weight_only or stage.spatial[-1][0] != vector.label or not writes_output:
+        if vector.label not in stage.weight_only or not self._rows_in_output(stage, vector):
             return False
         itemsize = max(1, dtype_bits(self.lowered.out.dtype) // 8)
         weights = {w.name for w in self.lowered.weights}
