@@ -375,8 +375,10 @@ class ScheduleSpace(MemoryRules):
           unrolled ``kh, kw``, ran 15-20% slower with ``c`` moved outside them, N=8); a stage's one long
           reduction with no window (a matmul's ``K``) gets :data:`UNROLL_REDUCTION` steps unrolled inside its
           rolled loop, spreading the loop's own instructions over four register tiles of FMAs (matmul
-          512x1024x1024, AVX-512, 2 threads beside other work: 1.09x); the accumulator is a ``local`` tile
-          written back once.
+          512x1024x1024, AVX-512, 2 threads beside other work: 1.09x) and, where the stage writes the
+          output's rows itself, accumulates in place (a ``local`` tile lives in a workspace each tile zeroes
+          and copies; in place LLVM keeps it in registers); else the accumulator is a ``local`` tile written
+          back once.
         * Weights that the vector axis indexes in another dim than their last are packed once per call
           to ``[v // f, <other dims>, v % f]`` (ALT-style): one tile's weights form one contiguous block.
           So are weights it indexes in their last dim when that dim is longer than the vector tile: a
