@@ -11,16 +11,16 @@ invents, and from the target machine's description (:mod:`kdsl.runtime.cpu`: vec
 register file that bounds the register tile, caches), never from constants: the same operator gets a
 16-lane tile of 16 accumulators for AVX-512 and an 8-lane tile of 8 for AVX2 (``--mcpu haswell``).
 :meth:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace.heuristic` documents the rules: a register-tiled
-micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile in the
-block's order with the short ones unrolled, a local accumulator laid out tile-last, weights packed along
-the vector axis; one long reduction without windows (a matmul's) unrolled 4 steps inside its loop and
-accumulated in place in the output rows the stage writes itself; a thin product, whose weights fit in L2
-and whose short reduction keeps a tile's data rows in L1, gives each parallel task whole output rows,
-accumulated in place, unless the whole kernel stays in L2 and its weights exceed half of L1), copies folded into the write-back, zero-padded copies
-materialized only where bounds checks would fall inside a vector; other stages get their outer loops fused and
-parallel and their innermost loop vectorized where its reads are contiguous. A window sum or mean (average pooling: a
-reduction that reads no weight) is bound by memory, not arithmetic: its vector runs along the rows it
-reads, ragged where no whole vector divides them, so its input is read as it lies, and a separable pooling's
+micro-kernel per reduction stage (vector axis, register axis, reductions outside the tile in the block's order
+with the short ones unrolled, a local accumulator laid out tile-last, weights packed along the vector axis;
+one long reduction without windows (a matmul's) unrolled 4 steps inside its loop and accumulated in place in
+the output rows the stage writes itself; a thin product, whose weights fit in L2 and whose short reduction
+keeps a tile's data rows in L1, gives each parallel task whole output rows, accumulated in place, unless the
+whole kernel stays in L2 and its weights exceed half of L1), copies folded into the write-back, zero-padded
+copies materialized only where bounds checks would fall inside a vector; other stages get their outer loops
+fused and parallel and their innermost loop vectorized where its reads are contiguous. A window sum or mean
+(average pooling: a reduction that reads no weight) is bound by memory, not arithmetic: its vector runs along
+the rows it reads, ragged where no whole vector divides them, so its input is read as it lies, and a separable pooling's
 row sums are computed per tile of the column sums that read them; a row that reads its input with a stride
 (a window at stride 2) is a serial loop with the window unrolled inside it, which LLVM's loop vectorizer
 loads as whole vectors (a TVM vector there is a strided ramp that LLVM loads lane by lane).
