@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
+from kdsl.codegen.tvm.schedule_apply import MAX_UNROLLED_TILE, MAX_VECTORS
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.gensor_access import footprint as _footprint
@@ -39,6 +39,7 @@ __all__ = [
     "Model",
     "SCALES",
     "balance",
+    "in_registers",
     "caching_benefit",
     "calibrate",
     "capacity",
@@ -271,13 +272,39 @@ def level_cost(
     slices = prod(e for _, e in stage.reduced) / prod(tile[nspatial:])
     if level == "register":
         footprint = _register_footprint(stage, tile, vi, model.lanes)
-        cached = config.get(f"{stage.name}.cache") == "local"
+        cached = in_registers(stage, config)
         out = size / model.lanes * (1 if cached else 2 * slices)
         return tiles * _register_loads(stage, tile, vi, model.lanes) + out, footprint
     out_dims = [{k} for k in range(nspatial)]
     footprint = sum(_footprint(dims, tile) for _, dims in stage.reads) + _footprint(out_dims, tile)
     traffic = tiles * sum(_footprint(dims, tile) for _, dims in stage.reads) + size * slices
     return 4.0 * traffic, 4.0 * footprint
+
+
+def in_registers(stage: Any, config: Mapping[str, Any]) -> bool:
+    """Whether ``stage``'s register tile accumulates in registers across its reduction: a local tile (written
+    back once), or the tile accumulated in place (``S.cache = "none"``) and fully unrolled, each accumulator
+    one address that LLVM's loop-invariant code motion keeps in a register across the reduction loops (the
+    heuristic's matmuls in place ran 1.07-1.49x faster than with TVM's local tile, which lives in a workspace
+    each tile zeroes and copies: docs/tune/README.md, session 40).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64)])
+    >>> tiles = {"s.tile.M": (8, 1, 8), "s.tile.N": (4, 1, 16), "s.vector": "N"}
+    >>> in_registers(stage, {**tiles, "s.cache": "local"}), in_registers(stage, {**tiles, "s.cache": "none"})
+    (True, False)
+    >>> in_registers(stage, {**tiles, "s.cache": "none", "s.unroll_tile": True})  # 8 x 16: 8 unrolled rows
+    True
+    """
+    cache = config.get(f"{stage.name}.cache")
+    if cache == "local":
+        return True
+    if cache != "none" or not config.get(f"{stage.name}.unroll_tile"):
+        return False
+    # the applier unrolls only tiles of at most MAX_UNROLLED_TILE points; the vector axis's lanes are not unrolled
+    vector = config.get(f"{stage.name}.vector")
+    points = prod(config.get(f"{stage.name}.tile.{a}", (1, 1, 1))[2] for a, _ in stage.spatial if a != vector)
+    return points <= MAX_UNROLLED_TILE
 
 
 def capacity(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
@@ -431,7 +458,7 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
                 split += (load_pieces(vf, lanes) / math.ceil(vf / lanes) - 1) * gather_share(stage, tiles, dims)
     accumulators = _register_footprint(stage, [t[2] for t in tiles[:nspatial]], vi, lanes)
     accumulators *= prod(e for _, e in below)  # its tile joins the local accumulator
-    if config.get(f"{s}.cache") == "local":
+    if in_registers(stage, config):
         # independent accumulators hide the FMA latency: fma units x latency of them keep the units busy
         reg_eff = min(1.0, accumulators / (m.fma_per_cycle * FMA_LATENCY))
         if accumulators > m.accumulators:
@@ -451,7 +478,7 @@ def _stage_time(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], m: 
     compute += gather_time
     # an extra load takes an issue slot as an FMA does (two of each per cycle on current x86 cores)
     compute += split * macs / (m.peak * (vf / (math.ceil(vf / lanes) * lanes)) * par_eff + 1e-9)
-    if config.get(f"{s}.cache") == "local" and scattered(stage, config):
+    if in_registers(stage, config) and scattered(stage, config):
         compute += prod(e for _, e in stage.spatial) / (m.hz * m.cores * par_eff)  # a store per element
     return compute, _memory_time(stage, nest_traffic(stage, config, nest, m), m) + gather_time
 
@@ -523,7 +550,7 @@ def nest_traffic(stage: Any, config: Mapping[str, Any], nest: Sequence[tuple[int
     True
     """
     nspatial = len(stage.spatial)
-    cached = config.get(f"{stage.name}.cache") == "local"
+    cached = in_registers(stage, config)
     buffers = [dims for _, dims in stage.reads] + ([] if cached else [[{k} for k in range(nspatial)]])
     indexes = [{k for used in dims for k in used} for dims in buffers]
     writeback = 4 * prod(e for _, e in stage.spatial) if cached else 0
