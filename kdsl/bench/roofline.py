@@ -118,7 +118,7 @@ class Roofline:
         """This roofline with its FMA peak raised to the highest of ``rates`` (GFLOP/s, keyed by who reached
         it) where one is above it, and a sentence saying so; else itself and ``None``. A kernel that ran at
         a rate shows the machine can: a peak measured lower (on a busy or throttled moment: the same 2-core
-        VM measured 148 and, a day later, 259 GFLOP/s) would put kernels "within 10% of their bound" that
+        VM measured 148 and, two hours later, 259 GFLOP/s) would put kernels "within 10% of their bound" that
         have room, so a table's bound takes the larger figure.
 
         >>> roofline = Roofline(peak_gflops=100.0, dram_gbs=10.0, cache_gbs=50.0, cache_bytes=1 << 20)
