@@ -52,6 +52,18 @@ class MemoryRules:
         writes_output = stage.name == self.lowered.out.op.name
         return writes_output and vector is not None and stage.spatial[-1][0] == vector.label
 
+    @property
+    def _itemsize(self) -> int:
+        """Bytes of one element of the kernel's output dtype (the sizes the cache rules compare)."""
+        return max(1, dtype_bits(self.lowered.out.dtype) // 8)
+
+    def _accumulate_in_place(self, stage: StageBlock, config: dict[str, Any]) -> None:
+        """``stage`` accumulates in the output it writes (``S.cache = "none"``) where its space offers it: LLVM
+        keeps the register tile in registers across the reduction, where a local tile lives in a workspace
+        buffer that each tile zeroes and stores to before its write-back."""
+        if "none" in self.parameters[f"{stage.name}.cache"].choices:
+            config[f"{stage.name}.cache"] = "none"
+
     def _rows_whole(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> bool:
         """Take a weight-only vector axis out of the fused parallel loop where its slab order buys nothing: when
         all the stage's weights fit in half of L2 and the data rows of one register tile (its rows times the
@@ -67,7 +79,7 @@ class MemoryRules:
         s = stage.name
         if vector.label not in stage.weight_only or not self._rows_in_output(stage, vector):
             return False
-        itemsize = max(1, dtype_bits(self.lowered.out.dtype) // 8)
+        itemsize = self._itemsize
         weights = {w.name for w in self.lowered.weights}
         read = {b for b, _ in stage.reads}
         weight_bytes = itemsize * sum(prod(t.shape) for t in self.tensors if t.name in weights & read)
@@ -81,8 +93,7 @@ class MemoryRules:
         # of the output) LLVM keeps the accumulators in registers, where a local tile lives in a workspace buffer
         # that each tile zeroes and stores to before writing back (time in place / local, Cascade Lake, one
         # process: U3 0.78, M2 0.91, U2 0.88; 784x128x128 with its panels outermost 0.82)
-        if "none" in self.parameters[f"{s}.cache"].choices:
-            config[f"{s}.cache"] = "none"
+        self._accumulate_in_place(stage, config)
         # whole rows save writes to memory; a kernel whose inputs, weights and output all stay in one core's L2
         # makes none, and there one weight panel kept in L1 across the data tiles beats every task reading all
         # the weights from L2, unless they fit in L1 anyway (rule off / on, Cascade Lake, 11 rounds: 784x128x128
@@ -103,7 +114,7 @@ class MemoryRules:
         name = f"{stage.name}.block"
         if name not in self.parameters or vector.label not in stage.weight_only:
             return
-        itemsize = max(1, dtype_bits(self.lowered.out.dtype) // 8)
+        itemsize = self._itemsize
         data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
         if data <= BLOCK_ABOVE_L2 * self.machine.l2:
             return
