@@ -44,10 +44,17 @@ def _reduce(space):
 
 
 def _unblocked_heuristic(space):
-    """The rule-based tiles without the rule-based blocking: what the construction's blocking is asked about."""
+    """The rule-based tiles without the rule-based blocking: what the construction's blocking is asked about
+    (neither ``S.block`` nor ``S.rblock``'s K blocking, whose data tiles go back to the parallel loop)."""
     config = space.heuristic()
-    name = f"{_reduce(space).name}.block"
+    stage = _reduce(space)
+    name = f"{stage.name}.block"
     assert name in config, f"no {name} parameter"
+    if config.get(f"{stage.name}.rblock", "none") != "none":
+        config[f"{stage.name}.rblock"] = "none"
+        for axis, extent in stage.spatial:
+            outer, middle, inner = config.get(f"{stage.name}.tile.{axis}", (extent, 1, 1))
+            config[f"{stage.name}.tile.{axis}"] = (outer * middle, 1, inner)
     return {**config, name: "none"}
 
 

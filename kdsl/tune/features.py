@@ -151,6 +151,7 @@ def as_applied(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any
         out.pop(f"{name}.vector", None)
         out.update({f"{name}.cache": "none", f"{name}.unroll": 1, f"{name}.unroll_tile": False})
         out.update({f"{name}.reductions": "split", f"{name}.block": "none", f"{name}.spatial_below": "none"})
+        out[f"{name}.rblock"] = "none"
     return out
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_apply import MAX_UNROLLED_TILE, MAX_VECTORS
+from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, reduction_block_depth, unrolls_register_tile
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.gensor_access import footprint as _footprint
@@ -297,14 +297,7 @@ def in_registers(stage: Any, config: Mapping[str, Any]) -> bool:
     True
     """
     cache = config.get(f"{stage.name}.cache")
-    if cache == "local":
-        return True
-    if cache != "none" or not config.get(f"{stage.name}.unroll_tile"):
-        return False
-    # the applier unrolls only tiles of at most MAX_UNROLLED_TILE points; the vector axis's lanes are not unrolled
-    vector = config.get(f"{stage.name}.vector")
-    points = prod(config.get(f"{stage.name}.tile.{a}", (1, 1, 1))[2] for a, _ in stage.spatial if a != vector)
-    return points <= MAX_UNROLLED_TILE
+    return cache == "local" or (cache == "none" and unrolls_register_tile(stage, config))
 
 
 def capacity(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], level: str, model: Model) -> bool:
@@ -397,7 +390,16 @@ def stage_nest(stage: Any, config: Mapping[str, Any]) -> tuple[list[tuple[int, i
     middle = [
         (middle_ix[i], tiles[middle_ix[i]][1] if middle_ix[i] < nspatial else tiles[middle_ix[i]][0]) for i in order
     ]
-    r_inner = [(k, tiles[k][1]) for k in range(nspatial, len(axes))]
+    # S.rblock: the blocked reduction's middle loop counts its blocks, and the steps within a block (then its
+    # inner tile) go below every middle loop whatever S.reductions says
+    depths = {k: reduction_block_depth(config, s, labels[k]) for k in range(nspatial, len(axes))}
+    middle = [(k, axes[k][1] // depths[k]) if depths.get(k) else (k, e) for k, e in middle]
+    blocked = [(k, e) for k in range(nspatial, len(axes)) if depths[k] for e in (depths[k] // tiles[k][1], tiles[k][1])]
+    r_inner = [
+        (k, e)
+        for k in range(nspatial, len(axes))
+        for e in ((depths[k] // tiles[k][1], tiles[k][1]) if depths[k] else (tiles[k][1],))
+    ]
     s_inner = [(k, tiles[k][2]) for k in range(nspatial) if k != vi]
     v_inner = [(vi, tiles[vi][2])] if vi is not None else []
     below_label = config.get(f"{s}.spatial_below", "none")
@@ -409,9 +411,9 @@ def stage_nest(stage: Any, config: Mapping[str, Any]) -> tuple[list[tuple[int, i
         whole = []
         for k, extent in middle:
             whole.append((k, extent))
-            if k >= nspatial:
+            if k >= nspatial and not depths[k]:
                 whole.append((k, tiles[k][1]))
-        return outer + whole + below + s_inner + v_inner, below
+        return outer + whole + blocked + below + s_inner + v_inner, below
     return outer + middle + r_inner + below + s_inner + v_inner, below
 
 

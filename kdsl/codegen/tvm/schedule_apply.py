@@ -10,7 +10,7 @@ The space imports this module (never the other way round), so the applier takes 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import gcd, prod
 from typing import Any
@@ -79,6 +79,38 @@ def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
     factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if extent % f == 0), None)
     if factor is not None:
         sch.vectorize(sch.split(loop, [None, factor])[1])
+
+
+def reduction_block_depth(config: Mapping[str, Any], stage: str, axis: str) -> int:
+    """The depth of ``S.rblock``'s blocks of reduction ``axis`` (0: the axis is not blocked).
+
+    >>> reduction_block_depth({"stage0.rblock": "Cin:256"}, "stage0", "Cin"), reduction_block_depth({}, "stage0", "Cin")
+    (256, 0)
+    """
+    value = config.get(f"{stage}.rblock", "none")
+    if value == "none" or value.split(":")[0] != axis:
+        return 0
+    return int(value.split(":")[1])
+
+
+def unrolls_register_tile(stage: StageBlock, config: Mapping[str, Any]) -> bool:
+    """Whether the applier unrolls ``stage``'s register tile: ``S.unroll_tile`` asks, and the tile has at most
+    :data:`MAX_UNROLLED_TILE` points besides the vector axis's lanes (a larger unrolled body compiles for
+    minutes).
+
+    >>> from types import SimpleNamespace
+    >>> stage = SimpleNamespace(name="s", spatial=[("M", 64), ("N", 64)])
+    >>> config = {"s.tile.M": (8, 1, 8), "s.tile.N": (4, 1, 16), "s.vector": "N", "s.unroll_tile": True}
+    >>> unrolls_register_tile(stage, config), unrolls_register_tile(stage, {**config, "s.tile.M": (1, 1, 64)})
+    (True, True)
+    >>> unrolls_register_tile(stage, {**config, "s.vector": "M"})  # 16 rows x 8 vector lanes, 16 points
+    True
+    """
+    if not config.get(f"{stage.name}.unroll_tile"):
+        return False
+    vector = config.get(f"{stage.name}.vector")
+    points = prod(config.get(f"{stage.name}.tile.{a}", (1, 1, 1))[2] for a, _ in stage.spatial if a != vector)
+    return points <= MAX_UNROLLED_TILE
 
 
 def _split(sch: Any, loop: Any, factors: Sequence[int], keep_outer: bool = False) -> list[Any | None]:
@@ -296,6 +328,19 @@ class _Applier:
                     tiles.r_inner.append((loop, 1))
                 continue
             factors = config[f"{s}.tile.{axis}"]
+            depth = reduction_block_depth(config, s, axis) if k >= nspatial else 0
+            if depth and depth % factors[1]:
+                raise LoweringError(
+                    f"{s}: S.rblock {axis}:{depth} needs the inner tile of {axis} ({factors[1]}) to divide {depth}"
+                )
+            if depth:
+                # S.rblock: blocks of ``depth`` reduction steps in S.order's place, the steps within a block and
+                # the inner tile below every middle loop (Goto's K blocking: one block's operands are reused
+                # across the middle spatial tiles while they are in cache; the output accumulates in place)
+                blocks, within, inner = _split(sch, loop, (extent // depth, depth // factors[1], factors[1]))
+                tiles.middle[axis] = [blocks]
+                tiles.r_inner += [(lp, f) for lp, f in ((within, depth // factors[1]), (inner, factors[1])) if lp]
+                continue
             parts = _split(sch, loop, factors, keep_outer=k < nspatial)
             if k < nspatial:
                 if parts[0] is not None:
@@ -402,13 +447,10 @@ class _Applier:
         the ``unroll`` budget lasts."""
         sch, config, s = self.sch, self.config, stage.name
         unrolled = 1
-        if config[f"{s}.unroll_tile"]:
-            # fully unrolled register tiles only: a larger unrolled body compiles for minutes
-            tile = prod(int(sch.get(lp).extent) for lp in tiles.s_inner)
-            if tile <= MAX_UNROLLED_TILE:
-                unrolled = tile
-                for lp in tiles.s_inner:
-                    sch.unroll(lp)
+        if unrolls_register_tile(stage, config):
+            unrolled = prod(int(sch.get(lp).extent) for lp in tiles.s_inner)
+            for lp in tiles.s_inner:
+                sch.unroll(lp)
         budget = min(config[f"{s}.unroll"], max(1, 1024 // unrolled))
         # the inner reduction tiles in nest order, wherever S.reductions put them (a long reduction
         # between two of them is not unrolled: the budget counts only these)

@@ -27,6 +27,8 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   the blocks outermost in the fused parallel loop and the ``n`` tiles innermost (``n`` must divide the
   outer tiles' count: else the configuration is invalid; :meth:`ScheduleSpace.random` and
   :meth:`ScheduleSpace.repair` keep to the blocks the tiles allow, :mod:`kdsl.codegen.tvm.space_rules`);
+  ``S.rblock`` (``"none"`` or ``"a:n"``: K blocking) splits reduction ``a``'s outer tiles into blocks of ``n``
+  steps, the blocks at ``a``'s place in ``S.order`` and the steps within a block below every middle loop;
   ``S.cache`` accumulates in a ``local`` tile (laid out with the tile's axes last, the vector axis innermost)
   written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
@@ -75,19 +77,16 @@ from kdsl.codegen.tvm.parameters import (
 )
 from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
-from kdsl.codegen.tvm.space_memory import BLOCK_TILES, MemoryRules
+from kdsl.codegen.tvm.space_memory import BLOCK_TILES, RBLOCK_DEPTHS, MemoryRules
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
-# 11: a register tile's vector wider than a packed layout tile along its axis is vectorized in pieces of their
-#    greatest common divisor (schedule_apply._Applier._vectorize_packed): version 10 loaded it lane by lane, so its
-#    records timed such configurations 7x too slow; and the thin-product rule is narrowed: a kernel resident in L2
-#    whose weights exceed half of L1 keeps its weight panels outermost, and a thin product accumulates in place
-#    (MemoryRules._rows_whole)
+# 12: S.rblock (K blocking) and the heuristic's pick of it (MemoryRules._block_reduction)
+# 11: a vector wider than a packed layout tile vectorized in pieces of their gcd (version 10 loaded it lane by lane:
+#    its records timed such configurations 7x too slow); the thin-product rule narrowed (MemoryRules._rows_whole)
 # 10: the heuristic unrolls 4 steps of a stage's one long reduction inside its loop where it has no window
-#    (a matmul's K: tile (K // 4, 4)): version 9's records timed the defaults this replaces
 # 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows),
 #    pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own, and takes a thin
 #    product's weight-only vector axis out of the parallel loop (whole output rows per task,
@@ -97,7 +96,7 @@ from kdsl.runtime.cpu import Machine
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-11"
+VERSION = "tvm-space-12"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -186,6 +185,9 @@ class ScheduleSpace(MemoryRules):
                 if blocks and any(e > 1 for _, e in stage.reduced):
                     # cache blocking: one axis's outer tiles in blocks of n, the blocks outermost
                     self._add(Categorical(f"{s}.block", ("none", *blocks)))
+                depths = [f"{a}:{n}" for a, e in stage.reduced for n in RBLOCK_DEPTHS if e % n == 0 and n < e]
+                if depths and vectors:  # K blocking: blocks of a long reduction's steps, the outer loop in S.order
+                    self._add(Categorical(f"{s}.rblock", ("none", *depths)))
                 self._add(Discrete(f"{s}.unroll", UNROLL_LIMITS))
                 self._add(Categorical(f"{s}.unroll_tile", (True, False)))
                 self._add(Categorical(f"{s}.cache", ("local", "none")))

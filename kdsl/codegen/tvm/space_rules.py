@@ -8,6 +8,8 @@ values, but a few are valid only given others, and :meth:`ScheduleSpace.apply
 
 * ``S.block = "a:n"`` needs ``n`` to divide the count of ``a``'s outer tiles, ``extent // (middle *
   inner)``, and to be fewer (:func:`block_choices`);
+* ``S.rblock = "a:n"`` needs the inner tile of reduction ``a`` to divide the block's depth ``n``
+  (:func:`rblock_choices`);
 * a local accumulator (``S.cache = "local"``) holds at most :data:`~kdsl.codegen.tvm.schedule_apply.MAX_LOCAL`
   elements: the register tile times the middle tiles of the spatial axes below the reductions
   (:func:`local_tile`), and its tile along a dim of ``S``'s own layout tile ``layout.S.tile = "d:f"``
@@ -16,7 +18,7 @@ values, but a few are valid only given others, and :meth:`ScheduleSpace.apply
   producer's write-back, which only a local accumulator has.
 
 :func:`conflicts` lists what a configuration breaks; :func:`repair` changes the fewest dependent
-parameters to satisfy them (the tiles are kept; the ``S.block``, ``S.cache``, layout tile or ``inline``
+parameters to satisfy them (the tiles are kept; the ``S.block``, ``S.rblock``, ``S.cache``, layout tile or ``inline``
 that they rule out is moved to the nearest value they allow). The set of valid configurations is the
 space's as before: only proposals change, so records keep their meaning. The space imports this
 module (never the other way round), so the functions take the space untyped.
@@ -61,6 +63,22 @@ def block_choices(space: Any, stage: StageBlock, config: Mapping[str, Any]) -> l
         axis, count = choice.split(":")
         tiles, n = outer_count(stage, axis, config), int(count)
         if tiles % n == 0 and n < tiles:
+            out.append(choice)
+    return out
+
+
+def rblock_choices(space: Any, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
+    """The values of ``S.rblock`` that ``config``'s tiles allow (``"none"`` first), among the space's: a
+    block of ``n`` steps of reduction ``a`` holds whole inner tiles."""
+    param = space.parameters.get(f"{stage.name}.rblock")
+    if param is None:
+        return ["none"]
+    out = ["none"]
+    for choice in param.choices[1:]:
+        axis, depth = choice.split(":")
+        extent = dict(stage.reduced)[axis]
+        _, inner = config.get(f"{stage.name}.tile.{axis}", (extent, 1))
+        if int(depth) % inner == 0:
             out.append(choice)
     return out
 
@@ -145,6 +163,10 @@ def conflicts(space: Any, config: Mapping[str, Any]) -> list[str]:
                 f"{s}: S.block {block} needs {n} to divide the {outer_count(stage, axis, config)} outer tiles"
                 f" of {axis}, and to be fewer"
             )
+        rblock = config.get(f"{s}.rblock", "none")
+        if rblock not in rblock_choices(space, stage, config):
+            axis, depth = rblock.split(":")
+            out.append(f"{s}: S.rblock {rblock} needs the inner tile of {axis} to divide {depth}")
         if config.get(f"{s}.cache") == "local":
             tile = local_tile(stage, config)
             if prod(tile.values()) > MAX_LOCAL:
@@ -164,8 +186,8 @@ def repair(
 ) -> dict[str, Any]:
     """``config`` with what breaks the rules moved to the nearest value the rest allows.
 
-    An ``S.block`` its tiles rule out becomes the allowed block of the same axis nearest in size (ties:
-    the smaller), else ``"none"``; with ``rng``, one of the allowed blocks drawn uniformly instead (a
+    An ``S.block`` (or ``S.rblock``) its tiles rule out becomes the allowed block of the same axis nearest in
+    size (ties: the smaller), else ``"none"``; with ``rng``, one of the allowed blocks drawn uniformly instead (a
     conditional draw). A local accumulator over the size limit becomes ``S.cache = "none"``; one
     misaligned with ``S``'s own layout tile keeps the accumulator and drops the layout tile, unless the
     layout is in ``keep`` (ALT tunes loops under a fixed layout). A fold into a write-back that has no
@@ -180,6 +202,10 @@ def repair(
         block = out.get(f"{s}.block", "none")
         if block not in allowed and f"{s}.block" not in keep:
             out[f"{s}.block"] = rng.choice(allowed) if rng is not None else _nearest_block(block, allowed)
+        allowed = rblock_choices(space, stage, out)
+        rblock = out.get(f"{s}.rblock", "none")
+        if rblock not in allowed and f"{s}.rblock" not in keep:
+            out[f"{s}.rblock"] = rng.choice(allowed) if rng is not None else _nearest_block(rblock, allowed)
         if out.get(f"{s}.cache") != "local":
             continue
         tile = local_tile(stage, out)

@@ -1,0 +1,157 @@
+"""K blocking (``S.rblock = "a:n"``, Goto's ``Kc``): a long reduction split into blocks of ``n`` steps, the
+blocks at the axis's place in ``S.order`` and the steps within a block (then the inner tile) below every middle
+loop, so that one block's operands are reused across the middle spatial tiles while they are in cache.
+
+Checked here: which stages the space offers it to, the rule that a block holds whole inner tiles (listed,
+repaired, refused with a reason), kernels that compute what the reference computes (in place and with a local
+tile, a matmul and a convolution whose windows stay outside the block), the heuristic's pick (from the
+machine's L1 and L2 and the stage's block analysis, never the operator's name) and Gensor's loop nest of it."""
+
+from __future__ import annotations
+
+import pytest
+from backends import backend
+
+backend("tvm")
+backend("torch")
+
+from test_tvm_schedule_forms import check_config  # noqa: E402
+
+from kdsl import gallery  # noqa: E402
+from kdsl.codegen.tvm import lower  # noqa: E402
+from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
+from kdsl.codegen.tvm.space_rules import conflicts, repair  # noqa: E402
+from kdsl.lang.errors import LoweringError  # noqa: E402
+from kdsl.runtime.cpu import from_features  # noqa: E402
+from kdsl.tune import gensor_model  # noqa: E402
+from kdsl.tune.gensor_forms import level_times  # noqa: E402
+
+CACHES = {"l1d": 32 << 10, "l2": 1 << 20, "l3": 32 << 20}
+AVX512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=2.6, caches=CACHES)
+AVX2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0, caches=CACHES)
+MACHINES = pytest.mark.parametrize("machine", [AVX512, AVX2], ids=["avx512", "haswell"])
+
+
+def _space(name: str, layer: dict, machine=AVX512, dtype: str = "float32") -> ScheduleSpace:
+    return ScheduleSpace(lower(gallery.load(name), layer, dtype=dtype), machine)
+
+
+def _reduce_name(space: ScheduleSpace) -> str:
+    (stage,) = [s for s in space.stages if s.kind == "reduce"]
+    return stage.name
+
+
+def test_the_space_offers_blocks_shorter_than_a_reduction_it_divides():
+    space = _space("matmul", {"M": 64, "Cin": 384, "Cout": 64})
+    s = _reduce_name(space)
+    assert space.parameters[f"{s}.rblock"].choices == ("none", "Cin:64", "Cin:128")  # 256 does not divide 384
+    # a reduction of 64 steps has no shorter block on offer
+    assert f"{s}.rblock" not in _space("matmul", {"M": 64, "Cin": 64, "Cout": 64}).parameters
+    conv = _space("conv2d", {"N": 1, "Cin": 128, "Cout": 32, "H": 8, "W": 8, "K": 3})
+    assert conv.parameters[f"{_reduce_name(conv)}.rblock"].choices == ("none", "Cin:64")  # not the 3-step windows
+
+
+def test_a_block_must_hold_whole_inner_tiles():
+    space = _space("matmul", {"M": 64, "Cin": 512, "Cout": 64})
+    s = _reduce_name(space)
+    config = {**space.heuristic(), f"{s}.tile.Cin": (4, 128), f"{s}.rblock": "Cin:64"}
+    assert conflicts(space, config) == [f"{s}: S.rblock Cin:64 needs the inner tile of Cin to divide 64"]
+    repaired = repair(space, config)
+    assert repaired[f"{s}.rblock"] == "Cin:128" and conflicts(space, repaired) == []  # the nearest that holds it
+    with pytest.raises(LoweringError, match=r"S.rblock Cin:64 needs the inner tile of Cin \(128\) to divide 64"):
+        space.apply(config)
+
+
+@MACHINES
+@pytest.mark.parametrize("cache", ["none", "local"])
+@pytest.mark.parametrize("reductions", ["whole", "split"])
+def test_blocked_matmuls_compute_the_reference(machine, cache, reductions):
+    layer = {"M": 32, "Cin": 256, "Cout": 32}
+    space = _space("matmul", layer, machine, dtype="float64")
+    s = _reduce_name(space)
+    config = {
+        **space.heuristic(),
+        f"{s}.tile.M": (2, 4, 4),
+        f"{s}.tile.Cin": (64, 4),
+        f"{s}.rblock": "Cin:64",
+        f"{s}.order": (2, 0, 1),  # the blocks first: the middle data tiles below them
+        f"{s}.reductions": reductions,
+        f"{s}.cache": cache,
+        f"{s}.block": "none",
+    }
+    config = space.validate(repair(space, config, keep={f"{s}.rblock", f"{s}.order"}))
+    assert config[f"{s}.rblock"] == "Cin:64"
+    check_config(space.lowered.op, layer, space, config)
+
+
+def test_a_blocked_convolution_keeps_its_windows_and_computes_the_reference():
+    layer = {"N": 1, "Cin": 128, "Cout": 16, "H": 6, "W": 6, "K": 3}
+    space = _space("conv2d", layer, dtype="float64")
+    s = _reduce_name(space)
+    stage = next(st for st in space.stages if st.name == s)
+    labels = [a for a, e in stage.spatial + stage.reduced if e > 1]  # S.order's middle loops
+    first = labels.index("Cin")
+    order = (first, *(i for i in range(len(labels)) if i != first))  # the blocks above the middle data tiles
+    config = {**space.heuristic(), f"{s}.rblock": "Cin:64", f"{s}.order": order}
+    assert config[f"{s}.tile.kh"] == (1, 3) and config[f"{s}.reductions"] == "whole"  # windows unrolled in place
+    config = space.validate(repair(space, config, keep={f"{s}.rblock"}))
+    assert config[f"{s}.rblock"] == "Cin:64"
+    check_config(space.lowered.op, layer, space, config)
+
+
+def test_the_heuristic_blocks_a_long_reduction_by_the_l1_and_the_l2():
+    space = _space("matmul", {"M": 512, "Cin": 4096, "Cout": 1024})
+    s = _reduce_name(space)
+    config = space.heuristic()
+    vf = config[f"{s}.tile.Cout"][2]
+    depth = int(config[f"{s}.rblock"].split(":")[1])
+    # one register tile's weight panel of a block fills L1, no more
+    assert depth * vf * 4 <= CACHES["l1d"] < 2 * depth * vf * 4, (depth, vf)
+    outer, middle, rows = config[f"{s}.tile.M"]
+    assert middle > 1 and middle * rows * depth * 4 <= CACHES["l2"] // 2, config  # the block's data rows: half of L2
+    assert outer * config[f"{s}.tile.Cout"][0] >= 16 * 2  # 16 tasks a core
+    assert config[f"{s}.order"][0] == 2 and config[f"{s}.cache"] == "none"  # the blocks first, in place
+    check_config(space.lowered.op, {"M": 512, "Cin": 4096, "Cout": 1024}, space, config, dtype="float32")
+
+
+@pytest.mark.parametrize(
+    ("name", "layer", "why"),
+    [
+        ("matmul", {"M": 16384, "Cin": 64, "Cout": 32}, "a reduction as short as a block"),
+        ("matmul", {"M": 4096, "Cin": 512, "Cout": 32}, "a thin product: its rows whole in one task"),
+        ("conv2d", {"N": 1, "Cin": 512, "Cout": 64, "H": 14, "W": 14, "K": 3}, "windows: a local tile"),
+    ],
+)
+def test_the_heuristic_leaves_other_reductions_unblocked(name, layer, why):
+    space = _space(name, layer)
+    assert space.heuristic().get(f"{_reduce_name(space)}.rblock", "none") == "none", why
+
+
+def test_gensors_nest_puts_the_blocks_in_the_middle_and_their_steps_below():
+    space = _space("matmul", {"M": 64, "Cin": 512, "Cout": 64})
+    stage = next(st for st in space.stages if st.kind == "reduce")
+    s = stage.name
+    config = {
+        **space.heuristic(),
+        f"{s}.tile.M": (2, 4, 8),
+        f"{s}.tile.Cout": (2, 1, 32),
+        f"{s}.tile.Cin": (128, 4),
+        f"{s}.order": (2, 0, 1),
+        f"{s}.reductions": "whole",
+        f"{s}.rblock": "Cin:128",
+    }
+    nest, _ = gensor_model.stage_nest(stage, config)
+    cin = 2  # axis index: M, Cout, then the reduction
+    reductions = [(k, e) for k, e in nest if k == cin]
+    assert reductions == [(cin, 4), (cin, 32), (cin, 4)], nest  # 4 blocks, 32 steps of 4 within each
+    m_middle = next(i for i, (k, e) in enumerate(nest) if (k, e) == (0, 4))
+    assert nest.index((cin, 4)) < m_middle < nest.index((cin, 32)), nest
+    # the model prices the reuse: a long matmul blocked moves less between L2 and L1 than its tiles unblocked,
+    # the data tiles back in the parallel loop and the reduction in the middle loops' identity order
+    long = _space("matmul", {"M": 512, "Cin": 4096, "Cout": 1024})
+    blocked = long.heuristic()
+    outer, middle, rows = blocked[f"{s}.tile.M"]
+    unblocked = {**blocked, f"{s}.rblock": "none", f"{s}.tile.M": (outer * middle, 1, rows), f"{s}.order": (0, 1, 2)}
+    model, stage = gensor_model.space_model(long), long.stages[0]
+    times = {name: level_times(long, stage, c, model) for name, c in (("blocked", blocked), ("unblocked", unblocked))}
+    assert times["blocked"]["L2"] < times["unblocked"]["L2"] / 2, times
