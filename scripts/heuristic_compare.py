@@ -11,7 +11,11 @@ take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tun
     PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 U3 U2 M2 BMM2 MM1 conv3_x --rounds 4
     PYTHONPATH=. python scripts/heuristic_compare.py --old cf177ae P1 P2 P3 stem_pool pool2x --rounds 7
 
-Each row prints the best of ``rounds`` medians of each side and the ratios old/new and new/PyTorch.
+Each row prints the best of ``rounds`` medians of each side and the ratios old/new and new/PyTorch. With
+``--processes P`` each case runs in ``P`` fresh processes, one after another, and the row prints medians over
+them (per-process ratios): on a VM a kernel's time moves by up to 60% from one process to the next::
+
+    PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 MM1 MM3 --rounds 4 --processes 5
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -157,20 +162,50 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     return best
 
 
+def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str, float]:
+    """:func:`compare` of one case in ``processes`` fresh processes, one after another: each side's median over
+    them of its best-of-``rounds`` time, and the medians of the per-process ratios (``old/new``,
+    ``new/torch``). A process's tensors land on pages of its own, and on a VM the same kernel's time moves by
+    up to 60% from one process to the next, unevenly between schedules (matmul 512x1024x1024, 6 processes on
+    Cascade Lake: a new default from 1.20x faster than the old one to 1.16x slower)."""
+    runs = []
+    for _ in range(processes):
+        argv = [sys.executable, __file__, label, "--old", old, "--rounds", str(rounds), "--json"]
+        done = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("TIMES")), None)
+        assert line is not None, done.stderr[-3000:]
+        runs.append(json.loads(line[len("TIMES") :]))
+    out = {side: statistics.median(r[side] for r in runs) for side in runs[0]}
+    out["old/new"] = statistics.median(r["old"] / r["new"] for r in runs)
+    out["new/torch"] = statistics.median(r["new"] / r["torch"] for r in runs)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="+")
     parser.add_argument("--old", default="HEAD", help="the commit whose heuristic is the baseline")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=1, help="fresh processes per case (medians over them)")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process's times, for the above
     args = parser.parse_args()
     cases = case_table(args.cases)
-    olds = old_configs(args.old, cases)
+    if args.json:
+        olds = old_configs(args.old, cases)
+        for label, (name, layer) in cases.items():
+            print("TIMES" + json.dumps(compare(label, name, layer, olds[label], args.rounds)), flush=True)
+        return
+    olds = old_configs(args.old, cases) if args.processes == 1 else {}
     print(f"{'case':8} {'old ms':>9} {'new ms':>9} {'torch ms':>9} {'old/new':>8} {'new/torch':>9}", flush=True)
     for label, (name, layer) in cases.items():
-        t = compare(label, name, layer, olds[label], args.rounds)
+        if args.processes > 1:
+            t = in_processes(label, args.old, args.rounds, args.processes)
+        else:
+            t = compare(label, name, layer, olds[label], args.rounds)
+            t.update({"old/new": t["old"] / t["new"], "new/torch": t["new"] / t["torch"]})
         print(
             f"{label:8} {t['old'] * 1e3:9.3f} {t['new'] * 1e3:9.3f} {t['torch'] * 1e3:9.3f} "
-            f"{t['old'] / t['new']:8.2f} {t['new'] / t['torch']:9.2f}",
+            f"{t['old/new']:8.2f} {t['new/torch']:9.2f}",
             flush=True,
         )
 

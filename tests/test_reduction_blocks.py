@@ -118,6 +118,7 @@ def test_the_heuristic_blocks_a_long_reduction_by_the_l1_and_the_l2():
     ("name", "layer", "why"),
     [
         ("matmul", {"M": 16384, "Cin": 64, "Cout": 32}, "a reduction as short as a block"),
+        ("matmul", {"M": 512, "Cin": 1024, "Cout": 1024}, "a register tile's operands fit half of L2 (160 KiB)"),
         ("matmul", {"M": 4096, "Cin": 512, "Cout": 32}, "a thin product: its rows whole in one task"),
         ("conv2d", {"N": 1, "Cin": 512, "Cout": 64, "H": 14, "W": 14, "K": 3}, "windows: a local tile"),
     ],

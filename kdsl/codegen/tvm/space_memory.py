@@ -111,13 +111,15 @@ class MemoryRules:
         return True
 
     def _block_reduction(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
-        """K blocking (``S.rblock``, Goto's ``Kc``) of a stage's one long reduction where it accumulates in place
-        and its vector axis runs along weight panels: the reduction in blocks as deep as one register tile's
+        """K blocking (``S.rblock``, Goto's ``Kc``) of a stage's one long reduction where it accumulates in place,
+        its vector axis runs along weight panels, and one register tile's operands over the whole reduction (its
+        data rows and its weight panel) exceed half of L2: the reduction in blocks as deep as one register tile's
         weight panel fits L1 (``depth * vf`` elements), the blocks outermost in the middle loops, and below them
         the middle tiles of the register tile's data axis, so each panel is read from L1 by that many data tiles
-        (whose rows of one block stay in half of L2) before the next block. Without it a tile's panel runs the
-        whole reduction through L2 (matmul 512x4096x1024, Cascade Lake, 2 threads, one process, 8 rounds: 42.4 ->
-        27.1-29.3 ms; 512x1024x1024: 7.7 -> 6.0 ms). The data axis keeps :data:`BLOCK_TASKS` tasks a core."""
+        (whose rows of one block stay in half of L2) before the next block. The data axis keeps
+        :data:`BLOCK_TASKS` tasks a core. Matmul 512x4096x1024 (Cascade Lake, 1 MiB L2, 2 threads; median over
+        5 fresh processes of 4 rounds each, ``scripts/heuristic_compare.py --processes``): 40.0 -> 35.8 ms. Where the
+        operands fit (512x1024x1024: 160 KiB) blocking measured 1.07x slower (7.7 -> 8.2 ms, 6 processes): left."""
         s = stage.name
         name = f"{s}.rblock"
         long = [(a, e) for a, e in stage.reduced if e > 1]
@@ -136,6 +138,10 @@ class MemoryRules:
         ]
         rows = [(a, e) for a, e in stage.spatial if a != vector.label and e > 1 and config[f"{s}.tile.{a}"][2] > 1]
         if not depths or not rows:
+            return
+        extent = dict(stage.reduced)[axis]
+        operands = extent * (prod(config[f"{s}.tile.{a}"][2] for a, _ in rows) + vf) * itemsize
+        if operands <= self.machine.l2 // 2:
             return
         row_axis = rows[0][0]
         outer, middle, tile = config[f"{s}.tile.{row_axis}"]
