@@ -27,7 +27,7 @@ module (never the other way round), so the functions take the space untyped.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from math import prod
 from typing import Any
 
@@ -53,34 +53,36 @@ def outer_count(stage: StageBlock, axis: str, config: Mapping[str, Any]) -> int:
     return extent // (middle * inner)
 
 
-def block_choices(space: Any, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
-    """The values of ``S.block`` that ``config``'s tiles allow (``"none"`` first), among the space's."""
-    param = space.parameters.get(f"{stage.name}.block")
+def _allowed(space: Any, stage: StageBlock, parameter: str, allows: Callable[[str, int], bool]) -> list[str]:
+    """The values ``"a:n"`` of ``S.<parameter>`` among the space's that ``allows(a, n)`` keeps (``"none"``
+    first, and alone where the space has no such parameter)."""
+    param = space.parameters.get(f"{stage.name}.{parameter}")
     if param is None:
         return ["none"]
-    out = ["none"]
-    for choice in param.choices[1:]:
-        axis, count = choice.split(":")
-        tiles, n = outer_count(stage, axis, config), int(count)
-        if tiles % n == 0 and n < tiles:
-            out.append(choice)
-    return out
+    kept = [c for c in param.choices[1:] if allows(c.split(":")[0], int(c.split(":")[1]))]
+    return ["none", *kept]
+
+
+def block_choices(space: Any, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
+    """The values of ``S.block`` that ``config``'s tiles allow (``"none"`` first), among the space's: ``n``
+    divides the count of ``a``'s outer tiles, and is fewer."""
+
+    def allows(axis: str, n: int) -> bool:
+        tiles = outer_count(stage, axis, config)
+        return tiles % n == 0 and n < tiles
+
+    return _allowed(space, stage, "block", allows)
 
 
 def rblock_choices(space: Any, stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
     """The values of ``S.rblock`` that ``config``'s tiles allow (``"none"`` first), among the space's: a
     block of ``n`` steps of reduction ``a`` holds whole inner tiles."""
-    param = space.parameters.get(f"{stage.name}.rblock")
-    if param is None:
-        return ["none"]
-    out = ["none"]
-    for choice in param.choices[1:]:
-        axis, depth = choice.split(":")
-        extent = dict(stage.reduced)[axis]
-        _, inner = config.get(f"{stage.name}.tile.{axis}", (extent, 1))
-        if int(depth) % inner == 0:
-            out.append(choice)
-    return out
+
+    def allows(axis: str, depth: int) -> bool:
+        _, inner = config.get(f"{stage.name}.tile.{axis}", (dict(stage.reduced)[axis], 1))
+        return depth % inner == 0
+
+    return _allowed(space, stage, "rblock", allows)
 
 
 def below_reductions(stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
