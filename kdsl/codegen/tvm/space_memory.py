@@ -118,7 +118,7 @@ class MemoryRules:
         the middle tiles of the register tile's data axis, so each panel is read from L1 by that many data tiles
         (whose rows of one block stay in half of L2) before the next block. The data axis keeps
         :data:`BLOCK_TASKS` tasks a core. Matmul 512x4096x1024 (Cascade Lake, 1 MiB L2, 2 threads; median over
-        5 fresh processes of 4 rounds each, ``scripts/heuristic_compare.py --processes``): 40.0 -> 35.8 ms. Where the
+        5 fresh processes of 4 rounds each, ``scripts/heuristic_compare.py --processes 5``): 41.7 -> 36.7 ms. Where the
         operands fit (512x1024x1024: 160 KiB) blocking measured 1.07x slower (7.7 -> 8.2 ms, 6 processes): left."""
         s = stage.name
         name = f"{s}.rblock"
