@@ -30,7 +30,7 @@ def main() -> None:
     from kdsl import gallery
     from kdsl.codegen.tvm import build
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-    from kdsl.runtime.timing import median_seconds, round_order
+    from kdsl.runtime.timing import best_medians
 
     m, k, n = (int(v) for v in args.case.split("x"))
     layer = {"M": m, "Cin": k, "Cout": n}
@@ -51,10 +51,7 @@ def main() -> None:
         kernel.executable(x, w, out)
         assert torch.allclose(out, expected, atol=1e-3), override
         calls.append(lambda kernel=kernel, out=out: kernel.executable(x, w, out))
-    best = [float("inf")] * len(calls)
-    for r in range(args.rounds):
-        for i in round_order(len(calls), r):
-            best[i] = min(best[i], median_seconds(calls[i], repeats=7, warmup=2))
+    best = best_medians(calls, rounds=args.rounds, repeats=7, warmup=2)
     for override, seconds in zip(overrides, best):
         label = json.dumps(override) if override else "heuristic"
         print(f"{args.case} {label:60s} {seconds * 1e3:8.3f} ms  /heuristic {seconds / best[0]:.2f}")

@@ -105,7 +105,7 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     from kdsl.codegen.torch import build as torch_build
     from kdsl.codegen.tvm import build
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-    from kdsl.runtime.timing import median_seconds, round_order
+    from kdsl.runtime.timing import best_medians
 
     if name == STEM_POOL:
         from kdsl.bench.network_strided import max_pool_op
@@ -153,13 +153,9 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
         "new": lambda: kernels["new"].executable(*args, outs["new"]),
         "torch": torch_call,
     }
-    sides = list(calls)
-    best = dict.fromkeys(sides, float("inf"))
     with torch.no_grad():
-        for r in range(rounds):
-            for i in round_order(len(sides), r):
-                best[sides[i]] = min(best[sides[i]], median_seconds(calls[sides[i]], repeats=5, warmup=2))
-    return best
+        best = best_medians(list(calls.values()), rounds=rounds, repeats=5, warmup=2)
+    return dict(zip(calls, best))
 
 
 def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ def main() -> None:
     from kdsl import gallery, solve
     from kdsl.codegen.native import native_function
     from kdsl.codegen.tvm import build, load_tvm
-    from kdsl.runtime.timing import median_seconds, round_order
+    from kdsl.runtime.timing import best_medians
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("operator", help="a gallery operator with a PyTorch function of its own")
@@ -55,10 +55,7 @@ def main() -> None:
             call()
             error = float((out - expected).abs().max())
             assert error < 1e-2 * max(1.0, float(expected.abs().max())), f"max error {error}"
-        best = [float("inf")] * len(calls)
-        for r in range(args.rounds):
-            for i in round_order(len(calls), r):
-                best[i] = min(best[i], median_seconds(calls[i], repeats=5, warmup=2))
+        best = best_medians(calls, rounds=args.rounds, repeats=5, warmup=2)
     labels = ["default", *(os.path.basename(os.path.dirname(p)) + "/" + os.path.basename(p) for p in args.libraries)]
     print("  ".join(f"{label} {b * 1e3:.3f}" for label, b in zip([*labels, "torch"], best)))
 

@@ -19,7 +19,7 @@ from kdsl.codegen.native import NATIVE, native_function
 from kdsl.codegen.torch import build as torch_build
 from kdsl.codegen.tvm import build
 from kdsl.runtime.threads import shared_process_environment
-from kdsl.runtime.timing import median_seconds, round_order
+from kdsl.runtime.timing import best_medians
 
 
 def measure_cases(batches: Sequence[int] = (1, 8), extra: bool = True) -> list[tuple[str, str, dict[str, int]]]:
@@ -69,16 +69,11 @@ def _measure_worker(cases: list[tuple[str, str, dict[str, int]]], number: int, r
         else:  # no PyTorch function of its own: kdsl's PyTorch backend stands in
             module = torch_build(op, layer)
             torch_call = lambda module=module, x=x: module(x)
-        best = {"tvm": float("inf"), "torch": float("inf")}
         with torch.no_grad():
             tvm_call = lambda kernel=kernel, args=(x, *ws, out): kernel.executable(*args)
-            calls = {"torch": torch_call, "tvm": tvm_call}
-            timing = dict(number=number, repeats=repeat, warmup=2)
-            for round_index in range(rounds):
-                # who goes first alternates: the call right after PyTorch's pays its spinning threads
-                for index in round_order(len(calls), round_index):
-                    side = ("torch", "tvm")[index]
-                    best[side] = min(best[side], median_seconds(calls[side], **timing))
+            # who goes first alternates: the call right after PyTorch's pays its spinning threads
+            times = best_medians([torch_call, tvm_call], rounds=rounds, number=number, repeats=repeat, warmup=2)
+            best = {"tvm": times[1], "torch": times[0]}
         print(json.dumps({"label": label, "macs": macs, **best}), flush=True)
 
 

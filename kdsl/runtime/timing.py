@@ -241,6 +241,23 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def best_medians(functions: Sequence[Callable[[], Any]], *, rounds: int, **timing: Any) -> list[float]:
+    """Each function's best :func:`median_seconds` (given ``timing``'s keywords) over ``rounds`` rounds, the
+    functions taken in the order :func:`round_order` rotates each round: a VM drifts over minutes, so rivals
+    timed in alternation compare where one timed after the other would not, and the call right after
+    PyTorch's pays its spinning threads, which the rotation spreads over all of them.
+
+    >>> fast, slow = best_medians([lambda: None, lambda: time.sleep(0.002)], rounds=2, repeats=3, target=0.004)
+    >>> fast < slow
+    True
+    """
+    best = [float("inf")] * len(functions)
+    for round_index in range(rounds):
+        for index in round_order(len(functions), round_index):
+            best[index] = min(best[index], median_seconds(functions[index], **timing))
+    return best
+
+
 def median_seconds(
     function: Callable[[], Any], *, repeats: int = 5, target: float = 0.04, number: int | None = None, warmup: int = 1
 ) -> float:
