@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, reduction_block_depth, unrolls_register_tile
+from kdsl.codegen.tvm.parameters import reduction_block_depth
+from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, unrolls_register_tile
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.gensor_access import footprint as _footprint
@@ -394,12 +395,9 @@ def stage_nest(stage: Any, config: Mapping[str, Any]) -> tuple[list[tuple[int, i
     # inner tile) go below every middle loop whatever S.reductions says
     depths = {k: reduction_block_depth(config, s, labels[k]) for k in range(nspatial, len(axes))}
     middle = [(k, axes[k][1] // depths[k]) if depths.get(k) else (k, e) for k, e in middle]
-    blocked = [(k, e) for k in range(nspatial, len(axes)) if depths[k] for e in (depths[k] // tiles[k][1], tiles[k][1])]
-    r_inner = [
-        (k, e)
-        for k in range(nspatial, len(axes))
-        for e in ((depths[k] // tiles[k][1], tiles[k][1]) if depths[k] else (tiles[k][1],))
-    ]
+    steps = {k: ((depths[k] // tiles[k][1], tiles[k][1]) if depths[k] else (tiles[k][1],)) for k in depths}
+    r_inner = [(k, e) for k in depths for e in steps[k]]
+    blocked = [(k, e) for k in depths if depths[k] for e in steps[k]]
     s_inner = [(k, tiles[k][2]) for k in range(nspatial) if k != vi]
     v_inner = [(vi, tiles[vi][2])] if vi is not None else []
     below_label = config.get(f"{s}.spatial_below", "none")

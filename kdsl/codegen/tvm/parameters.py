@@ -255,3 +255,26 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
     {'a': True, 'b': [2, 1]}
     """
     return {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(config.items())}
+
+
+def order_labels(stage: Any) -> list[str]:
+    """The labels of the middle loops that ``S.order`` permutes, in its identity order: every axis of the
+    stage longer than 1, the spatial ones first.
+
+    >>> from types import SimpleNamespace
+    >>> order_labels(SimpleNamespace(spatial=[("N", 1), ("M", 64)], reduced=[("K", 32), ("kh", 1)]))
+    ['M', 'K']
+    """
+    return [a for a, e in stage.spatial + stage.reduced if e > 1]
+
+
+def reduction_block_depth(config: Mapping[str, Any], stage: str, axis: str) -> int:
+    """The depth of ``S.rblock``'s blocks of reduction ``axis`` (0: the axis is not blocked).
+
+    >>> reduction_block_depth({"stage0.rblock": "Cin:256"}, "stage0", "Cin"), reduction_block_depth({}, "stage0", "Cin")
+    (256, 0)
+    """
+    value = config.get(f"{stage}.rblock", "none")
+    if value == "none" or value.split(":")[0] != axis:
+        return 0
+    return int(value.split(":")[1])

@@ -16,6 +16,7 @@ from math import gcd, prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.parameters import order_labels, reduction_block_depth
 from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
@@ -79,18 +80,6 @@ def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
     factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if extent % f == 0), None)
     if factor is not None:
         sch.vectorize(sch.split(loop, [None, factor])[1])
-
-
-def reduction_block_depth(config: Mapping[str, Any], stage: str, axis: str) -> int:
-    """The depth of ``S.rblock``'s blocks of reduction ``axis`` (0: the axis is not blocked).
-
-    >>> reduction_block_depth({"stage0.rblock": "Cin:256"}, "stage0", "Cin"), reduction_block_depth({}, "stage0", "Cin")
-    (256, 0)
-    """
-    value = config.get(f"{stage}.rblock", "none")
-    if value == "none" or value.split(":")[0] != axis:
-        return 0
-    return int(value.split(":")[1])
 
 
 def unrolls_register_tile(stage: StageBlock, config: Mapping[str, Any]) -> bool:
@@ -373,7 +362,7 @@ class _Applier:
         ``order``, the inner reduction tiles, the register tile with the vector loop last."""
         sch, config, s = self.sch, self.config, stage.name
         outer = tiles.outer
-        middle_labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
+        middle_labels = order_labels(stage)
         order = config.get(f"{s}.order", tuple(range(len(middle_labels))))
         if tiles.vector_outer is not None and vector in stage.weight_only:
             outer.insert(0, outer.pop(next(i for i, lp in enumerate(outer) if lp.same_as(tiles.vector_outer))))

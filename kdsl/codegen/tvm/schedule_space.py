@@ -74,6 +74,7 @@ from kdsl.codegen.tvm.parameters import (
     Permutation,
     config_key,
     largest_divisor,
+    order_labels,
 )
 from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
@@ -166,7 +167,7 @@ class ScheduleSpace(MemoryRules):
                 for axis, extent in stage.reduced:
                     if extent > 1:
                         self._add(Factorization(f"{s}.tile.{axis}", extent, 2))
-                middle = [a for a, e in stage.spatial + stage.reduced if e > 1]
+                middle = order_labels(stage)
                 if len(middle) > 1:
                     self._add(Permutation(f"{s}.order", len(middle)))
                     if any(e > 1 for _, e in stage.reduced):

@@ -12,6 +12,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock
+from kdsl.codegen.tvm.parameters import order_labels
 from kdsl.runtime.cpu import dtype_bits
 
 #: Outer tiles per cache block offered by ``S.block``.
@@ -127,7 +128,7 @@ class MemoryRules:
             return
         if vector.label not in stage.weight_only:
             return
-        axis, _ = long[0]
+        axis, extent = long[0]
         itemsize, inner = self._itemsize, config[f"{s}.tile.{axis}"][1]
         depths = [
             n
@@ -139,7 +140,6 @@ class MemoryRules:
         rows = [(a, e) for a, e in stage.spatial if a != vector.label and e > 1 and config[f"{s}.tile.{a}"][2] > 1]
         if not depths or not rows:
             return
-        extent = dict(stage.reduced)[axis]
         operands = extent * (prod(config[f"{s}.tile.{a}"][2] for a, _ in rows) + vf) * itemsize
         if operands <= self.machine.l2 // 2:
             return
@@ -157,7 +157,7 @@ class MemoryRules:
             return
         config[f"{s}.tile.{row_axis}"] = (outer // m, middle * m, tile)
         config[name] = f"{axis}:{depths[-1]}"
-        labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
+        labels = order_labels(stage)
         first = labels.index(axis)
         config[f"{s}.order"] = (first, *(i for i in range(len(labels)) if i != first))
 

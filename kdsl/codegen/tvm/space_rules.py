@@ -32,6 +32,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.parameters import order_labels
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 
 
@@ -89,7 +90,7 @@ def below_reductions(stage: StageBlock, config: Mapping[str, Any]) -> list[str]:
     """The spatial axes whose middle tiles run below the stage's first reduction loop (``S.order``'s after
     the first middle reduction, and ``S.spatial_below``'s): their middle tiles join the accumulator."""
     spatial = {a for a, _ in stage.spatial}
-    labels = [a for a, e in stage.spatial + stage.reduced if e > 1]
+    labels = order_labels(stage)
     order = [labels[i] for i in config.get(f"{stage.name}.order", range(len(labels)))]
     first = next((i for i, a in enumerate(order) if a not in spatial), len(order))
     below_axis = config.get(f"{stage.name}.spatial_below", "none")
