@@ -9,6 +9,8 @@ machine's L1 and L2 and the stage's block analysis, never the operator's name) a
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from backends import backend
 
@@ -23,7 +25,7 @@ from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.space_rules import conflicts, repair  # noqa: E402
 from kdsl.lang.errors import LoweringError  # noqa: E402
 from kdsl.runtime.cpu import from_features  # noqa: E402
-from kdsl.tune import gensor_model  # noqa: E402
+from kdsl.tune import gensor, gensor_model  # noqa: E402
 from kdsl.tune.gensor_forms import level_times  # noqa: E402
 
 CACHES = {"l1d": 32 << 10, "l2": 1 << 20, "l3": 32 << 20}
@@ -156,3 +158,46 @@ def test_gensors_nest_puts_the_blocks_in_the_middle_and_their_steps_below():
     model, stage = gensor_model.space_model(long), long.stages[0]
     times = {name: level_times(long, stage, c, model) for name, c in (("blocked", blocked), ("unblocked", unblocked))}
     assert times["blocked"]["L2"] < times["unblocked"]["L2"] / 2, times
+
+
+def test_gensors_constructions_block_their_own_tiles_and_are_never_refused():
+    # the heuristic blocks this long matmul and puts the blocks first in S.order; Gensor's constructions start
+    # from its choices with the tiles undone, and before they chose their own blocks, every one was refused:
+    # the start's blocks did not hold the built inner tiles, and the register-level accumulator, below
+    # reductions outside the middle tiles, spanned those tiles
+    space = _space("matmul", {"M": 512, "Cin": 4096, "Cout": 1024})
+    s = _reduce_name(space)
+    assert space.heuristic()[f"{s}.rblock"] != "none"
+    built = [config for _, config in gensor.constructions(space, space.heuristic(), random.Random(0), count=8)]
+    assert all(conflicts(space, config) == [] for config in built), [conflicts(space, c) for c in built]
+    tiled = [c for c in built if c[f"{s}.tile.Cin"][0] > 1]  # not a lanes form
+    blocked = [c for c in tiled if c[f"{s}.rblock"] != "none"]
+    assert blocked, [(c[f"{s}.vector"], c[f"{s}.tile.M"], c[f"{s}.tile.Cout"]) for c in tiled]
+    for config in blocked:  # the rule's depth for the built tile: its weight panel fills L1
+        vf = config[f"{s}.tile.Cout"][2]
+        depth = int(config[f"{s}.rblock"].split(":")[1])
+        assert config[f"{s}.vector"] == "Cout" and config[f"{s}.cache"] == "none"
+        assert depth * vf * 4 <= CACHES["l1d"] < 2 * depth * vf * 4 or depth == 1024, (depth, vf)
+
+
+def test_block_reduction_applies_the_rule_to_given_tiles_only_where_it_holds():
+    space = _space("matmul", {"M": 512, "Cin": 4096, "Cout": 1024})
+    stage = space.stages[0]
+    s = stage.name
+    # a register tile of 8 rows x 32 columns over 4096 steps: 640 KiB of operands, over half of L2, and 8 data
+    # tiles in the middle loops to read each block's weight panels again
+    given = {
+        **space.heuristic(),
+        f"{s}.rblock": "none",
+        f"{s}.tile.M": (8, 8, 8),
+        f"{s}.tile.Cout": (2, 16, 32),
+        f"{s}.tile.Cin": (128, 32),
+    }
+    blocked = space.block_reduction(stage, given)
+    assert blocked[f"{s}.rblock"] == "Cin:256" and blocked[f"{s}.tile.M"] == (8, 8, 8)  # 16 tasks: none moved
+    assert given[f"{s}.rblock"] == "none"  # a copy
+    # one data tile in the middle and 64 tasks: two move into each block, the tasks stay at 16 a core
+    alone = space.block_reduction(stage, {**given, f"{s}.tile.M": (64, 1, 8), f"{s}.tile.Cout": (1, 32, 32)})
+    assert alone[f"{s}.tile.M"] == (32, 2, 8) and alone[f"{s}.rblock"] == "Cin:256"
+    # a local accumulator: the rule is for a stage that accumulates in place
+    assert space.block_reduction(stage, {**given, f"{s}.cache": "local"})[f"{s}.rblock"] == "none"

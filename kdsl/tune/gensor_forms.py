@@ -11,6 +11,8 @@ rather than taken from the rule-based schedule.
   gain the model does not see). Every form is a start of the level-by-level construction
   (:func:`form_starts`), and the constructions' estimates choose among them: the form's vector fill,
   gathers and packing pass are terms of :func:`~kdsl.tune.gensor_model.estimate`.
+* **K blocking** (``S.rblock``, in :func:`finish`): the rule-based schedule's rule applied to the built
+  tiles (blocks of a long reduction whose weight panel fills L1, accumulated in place), where it applies.
 * **Cache blocking** (:func:`blocking_benefit`, :func:`choose_block`): after the tiles are built, the
   outer tiles of one spatial axis in blocks of ``n`` (the blocks outermost in the fused parallel loop).
   Its benefit is the paper's caching benefit (formula 2) read per level: at L2 and at a core's share of
@@ -151,12 +153,22 @@ def choose_block(space: ScheduleSpace, stage: StageBlock, config: Mapping[str, A
 
 def finish(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None = None) -> dict[str, Any]:
     """A built configuration completed with the forms that depend on its tiles: each reduction stage's weights
-    packed by its built vector tile (where the space offers that factor) and its cache blocking
-    (:func:`choose_block`)."""
+    packed by its built vector tile (where the space offers that factor), its K blocking and its cache
+    blocking (:func:`choose_block`).
+
+    K blocking (``S.rblock``) is the rule-based schedule's rule applied to the built tiles
+    (:meth:`~kdsl.codegen.tvm.space_memory.MemoryRules.block_reduction`: where one register tile's operands
+    over a long reduction exceed half of L2, blocks whose weight panel fills L1, accumulated in place), not
+    the model's pick: the model puts matmul 512x4096x1024 at its compute bound with blocks or without, where
+    the rule measured 1.16x. The start's blocks never stay: chosen for the start's tiles, they rarely hold
+    whole inner tiles of the built ones, and with the built local accumulator they span the middle tiles,
+    which the space refuses (every construction for that matmul was refused before)."""
     model = model or space_model(space)
     out = dict(config)
     for stage in space.stages:
         s = stage.name
+        if f"{s}.rblock" in out:
+            out[f"{s}.rblock"] = "none"  # chosen for the start's tiles
         if stage.kind != "reduce" or f"{s}.cache" not in space.parameters or out.get(f"{s}.lanes") is True:
             continue
         vector = out.get(f"{s}.vector")
@@ -171,6 +183,12 @@ def finish(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None 
                     and f"{dim}:{inner}" in space.parameters[name].choices
                 ):
                     out[name] = f"{dim}:{inner}"
+        if f"{s}.rblock" in space.parameters and "none" in space.parameters[f"{s}.cache"].choices:
+            blocked = space.block_reduction(stage, {**out, f"{s}.cache": "none"})
+            if blocked[f"{s}.rblock"] != "none":
+                out = blocked
         if f"{s}.block" in space.parameters:
             out[f"{s}.block"] = choose_block(space, stage, out, model)
-    return out
+    # a register-level accumulator below reduction loops that run outside the middle spatial tiles (the levels'
+    # order, or a start's blocks first) spans those tiles: over the space's limit it accumulates in place
+    return space.repair(out)

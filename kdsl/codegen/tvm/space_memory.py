@@ -8,6 +8,7 @@ parameters, tensors, stages and machine), so :mod:`kdsl.codegen.tvm.schedule_spa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import prod
 from typing import Any
 
@@ -111,6 +112,28 @@ class MemoryRules:
         config[f"{s}.tile.{vector.label}"] = (1, vector.extent // vf, vf)
         return True
 
+    def block_reduction(self, stage: StageBlock, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config`` with the heuristic's K blocking (:meth:`_block_reduction`) applied to ``stage``'s tiles as
+        they are: its vector axis and register tile are ``config``'s, not the heuristic's. For a tuner that
+        builds its own tiles (Gensor's constructions), whose start's blocks were chosen for other tiles.
+
+        >>> from kdsl.lang import library
+        >>> from kdsl.codegen.tvm import lower
+        >>> from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+        >>> from kdsl.runtime.cpu import from_features
+        >>> machine = from_features("x", {"avx2", "avx512f", "fma"}, cores=2, ghz=2.5)  # L1d 32 KiB, L2 1 MiB
+        >>> space = ScheduleSpace(lower(library.load("matmul"), {"M": 512, "Cin": 4096, "Cout": 1024}), machine=machine)
+        >>> config = {**space.heuristic(), "stage0.rblock": "none"}
+        >>> space.block_reduction(space.stages[0], config)["stage0.rblock"]
+        'Cin:256'
+        """
+        out = dict(config)
+        vector = out.get(f"{stage.name}.vector")
+        if vector is None or f"{stage.name}.tile.{vector}" not in out:
+            return out
+        self._block_reduction(stage, stage.axis(vector), out[f"{stage.name}.tile.{vector}"][2], out)
+        return out
+
     def _block_reduction(self, stage: StageBlock, vector: Axis, vf: int, config: dict[str, Any]) -> None:
         """K blocking (``S.rblock``, Goto's ``Kc``) of a stage's one long reduction where it accumulates in place,
         its vector axis runs along weight panels, and one register tile's operands over the whole reduction (its
@@ -126,8 +149,8 @@ class MemoryRules:
         long = [(a, e) for a, e in stage.reduced if e > 1]
         if name not in self.parameters or config.get(f"{s}.cache") != "none" or len(long) != 1:
             return
-        if vector.label not in stage.weight_only:
-            return
+        if vector.label not in stage.weight_only or vf < self.machine.lanes(self.lowered.out.dtype):
+            return  # no weight panel as wide as a vector (a tuner's tile may have none)
         axis, extent = long[0]
         itemsize, inner = self._itemsize, config[f"{s}.tile.{axis}"][1]
         depths = [
@@ -153,7 +176,7 @@ class MemoryRules:
             and 2 * m * middle * tile * depths[-1] * itemsize <= self.machine.l2 // 2
         ):
             m *= 2
-        if m == 1:
+        if middle * m == 1:  # no data tile to read a block's weight panels from L1 again
             return
         config[f"{s}.tile.{row_axis}"] = (outer // m, middle * m, tile)
         config[name] = f"{axis}:{depths[-1]}"
