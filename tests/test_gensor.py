@@ -225,17 +225,21 @@ def test_constructions_for_every_suite_case_pass_the_spaces_rules(machine):
     # a construction the space refuses is skipped by the tuner without a word: 221 of 768 once were (24 a case,
     # Cascade Lake), on 28 of the 32 cases, where the levels' order put the register-level accumulator below
     # reductions outside the middle tiles, and every tiled one of OpEvo's MM3 and Gensor's M1 (the start's K
-    # blocks kept for the built tiles)
+    # blocks kept for the built tiles). Now those accumulate in place along the output's rows, the others
+    # (in place they would scatter every step) are left out, and most of each case's constructions remain.
     from kdsl.bench.tune_suites import SUITES
     from kdsl.codegen.tvm.space_rules import conflicts
     from kdsl.tune.gensor import constructions
 
-    refused = {}
+    refused, few = {}, {}
     for suite, cases in SUITES.items():
         for case in cases:
             space = _space((case.operator, case.layer), machine)
-            for _, config in constructions(space, space.heuristic(), random.Random(0), count=8):
+            built = constructions(space, space.heuristic(), random.Random(0), count=8)
+            if len(built) < 4:
+                few[f"{suite} {case.label}"] = len(built)
+            for _, config in built:
                 why = conflicts(space, config) or space.rejection(config)
                 if why:
                     refused[f"{suite} {case.label}"] = why
-    assert refused == {}, refused
+    assert refused == {} and few == {}, (refused, few)

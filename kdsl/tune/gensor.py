@@ -210,10 +210,11 @@ def constructions(
     forms: bool = True,
 ) -> list[tuple[float, dict[str, Any]]]:
     """``count`` level-by-level constructions (:func:`build`) from ``base``'s choices with its tiles undone,
-    completed by :func:`~kdsl.tune.gensor_forms.finish` (weight packing by the built vector tile, cache
-    blocking), with their estimates, best first. With ``forms``, the starts are every vector form of the
-    stages (:func:`~kdsl.tune.gensor_forms.form_starts`: ``base``'s first), taken in turn; half of each
-    form's constructions take the levels' loop order (:func:`blocked_order`), the others keep the start's.
+    completed by :func:`~kdsl.tune.gensor_forms.finish` (weight packing by the built vector tile, K and cache
+    blocking), with their estimates, best first; those the space's rules refuse are left out. With ``forms``,
+    the starts are every vector form of the stages (:func:`~kdsl.tune.gensor_forms.form_starts`: ``base``'s
+    first), taken in turn; half of each form's constructions take the levels' loop order
+    (:func:`blocked_order`), the others keep the start's.
     Without, every construction starts from ``base``'s form and keeps its loop order.
 
     >>> from kdsl.lang import library
@@ -231,6 +232,8 @@ def constructions(
     for i in range(count):
         blocked = forms and (i // len(starts)) % 2 == 1
         config = finish(space, build(space, starts[i % len(starts)], rng, model, blocked=blocked), model)
+        if conflicts(space, config):  # refused by the space: not a candidate (the tuner would skip it unmeasured)
+            continue
         built.append((estimate(space, config, model), i % len(starts), config))
     # equal estimates go to base's form: the model ties matmul's two vector axes (M with the data input
     # transposed, Cout with the weight in panels), and the M form measured 2-4x slower (GMM 1024^3, contended)
