@@ -154,3 +154,30 @@ def test_the_space_names_its_stages_and_tensors_and_the_producer_a_stage_folds_i
         space.stage_named("nope")
     with pytest.raises(LoweringError, match="no tensor 'nope'.*x, w"):
         space.tensor_named("nope")
+
+
+def test_an_accumulator_over_the_limit_goes_in_place_only_along_its_buffers_rows():
+    from kdsl.codegen.tvm import lower
+    from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+    from kdsl.codegen.tvm.space_rules import scatters_in_place
+
+    space = ScheduleSpace(lower(gallery.load("matmul"), {"M": 256, "Cin": 256, "Cout": 256}))
+    s = next(st for st in space.stages if st.kind == "reduce").name
+    # the reductions outside the middle tiles: the local accumulator spans 128 x 128 outputs, over the limit
+    big = {
+        **space.heuristic(),
+        f"{s}.tile.M": (2, 8, 16),
+        f"{s}.tile.Cout": (2, 8, 16),
+        f"{s}.tile.Cin": (64, 4),
+        f"{s}.order": (2, 0, 1),
+        f"{s}.rblock": "none",
+        f"{s}.cache": "local",
+    }
+    along_rows = {**big, f"{s}.vector": "Cout"}
+    assert conflicts(space, along_rows) and space.repair(along_rows)[f"{s}.cache"] == "none"
+    assert space.rejection(space.repair(along_rows)) is None
+    # M on the lanes: in place, every step would gather and scatter a column of the output (measured 7-125x
+    # slower), so the repair leaves the accumulator, and the space refuses it before any measurement
+    across = {**big, f"{s}.vector": "M"}
+    assert scatters_in_place(space.stages[0], across) and not scatters_in_place(space.stages[0], along_rows)
+    assert space.repair(across)[f"{s}.cache"] == "local" and conflicts(space, space.repair(across))

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from math import prod
 from typing import Any
 
+from kdsl.codegen.tvm.parameters import stored_last
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.tune import gensor_model
 from kdsl.tune.gensor_model import FMA_LATENCY, Model, balance, level_cost, space_model
@@ -165,11 +166,7 @@ def _gather_share(stage: Any, config: Mapping[str, Any], vector: int | None) -> 
         uses = [d for d, used in enumerate(dims) if vector in used]
         if not uses:
             continue  # the vector axis does not index this read: one broadcast serves every lane
-        tile = config.get(f"layout.{buffer}.tile", "none")
-        perm = config.get(f"layout.{buffer}.perm")
-        stored_last = list(perm)[-1] if perm is not None else len(dims) - 1
-        last = int(str(tile).split(":")[0]) if tile != "none" else stored_last  # a tiled dim's tile goes last
-        if len(uses) > 1 or uses[0] != last:
+        if len(uses) > 1 or uses[0] != stored_last(config, buffer, len(dims)):
             gathers += 1
     return gathers / len(stage.reads)
 
@@ -179,11 +176,7 @@ def _write_scatter(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], 
     (every vector store scatters), else 0."""
     if vector is None or not any(t.name == stage.name and t.kind == "intermediate" for t in space.tensors):
         return 0.0
-    tile = config.get(f"layout.{stage.name}.tile", "none")
-    perm = config.get(f"layout.{stage.name}.perm")
-    stored_last = list(perm)[-1] if perm is not None else len(stage.spatial) - 1
-    last = int(str(tile).split(":")[0]) if tile != "none" else stored_last
-    return 0.0 if last == vector else 1.0
+    return 0.0 if stored_last(config, stage.name, len(stage.spatial)) == vector else 1.0
 
 
 def _permuted(space: ScheduleSpace, config: Mapping[str, Any]) -> float:

@@ -10,9 +10,11 @@ that hold all of a stage's data between the timed calls (:func:`resident_levels`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from math import prod
 from typing import Any
+
+from kdsl.codegen.tvm.parameters import stored_last
 
 __all__ = ["footprint", "gather_share", "load_pieces", "resident_levels", "stored_last"]
 
@@ -20,28 +22,6 @@ __all__ = ["footprint", "gather_share", "load_pieces", "resident_levels", "store
 def footprint(dims: Sequence[set[int]], tile: Sequence[int]) -> int:
     """Elements of a buffer that a tile touches (a window's axes add up along one dim)."""
     return prod(sum(tile[i] - 1 for i in used) + 1 for used in dims)
-
-
-def stored_last(config: Mapping[str, Any], tensor: str, ndims: int) -> int:
-    """The dim of ``tensor`` (of ``ndims`` dims) whose elements its layout in ``config`` stores contiguously:
-    a tiled dim (``layout.T.tile = "d:f"`` moves ``d``'s tile of ``f`` last; a tile of 1 moves nothing),
-    else the last of ``layout.T.perm``, else the last dim. A vector read along any other dim gathers: with
-    the channels tiled last (``1:8``), a depthwise convolution's rows along ``W`` are 8 elements apart
-    (measured 65-89 us against 17 us with rows contiguous, 64x28x28 on AVX-512, where the model had
-    counted them contiguous and estimated both alike).
-
-    >>> stored_last({}, "x", 4), stored_last({"layout.x.perm": (0, 2, 3, 1)}, "x", 4)
-    (3, 1)
-    >>> stored_last({"layout.x.perm": (0, 1, 2, 3), "layout.x.tile": "1:8"}, "x", 4)
-    1
-    >>> stored_last({"layout.x.tile": "1:1"}, "x", 4)
-    3
-    """
-    tile = config.get(f"layout.{tensor}.tile", "none")
-    if tile != "none" and int(tile.split(":")[1]) > 1:
-        return int(tile.split(":")[0])
-    perm = config.get(f"layout.{tensor}.perm")
-    return list(perm)[-1] if perm is not None else ndims - 1
 
 
 def gather_share(stage: Any, tiles: Sequence[tuple[int, ...]], dims: Sequence[set[int]]) -> float:

@@ -190,12 +190,6 @@ def finish(space: ScheduleSpace, config: Mapping[str, Any], model: Model | None 
         if f"{s}.block" in space.parameters:
             out[f"{s}.block"] = choose_block(space, stage, out, model)
     # a register-level accumulator below reduction loops that run outside the middle spatial tiles (the levels'
-    # order, or a start's blocks first) spans those tiles: over the space's limit it accumulates in place where
-    # the vector runs along the output's rows; along another dim every step would scatter into the output
-    # (matmul 512x4096x1024 with M on the lanes: 1.3-3.4 s against 28 ms), so it stays, and is refused
-    repaired = space.repair(out)
-    for stage in space.stages:
-        name, vector = f"{stage.name}.cache", out.get(f"{stage.name}.vector")
-        if repaired.get(name) != out.get(name) and not (vector and space.rows_in_output(stage, stage.axis(vector))):
-            repaired[name] = out[name]
-    return repaired
+    # order, or a start's blocks first) spans those tiles: over the space's limit it accumulates in place, unless
+    # in place it would scatter into the output every step (space_rules.scatters_in_place: then it is refused)
+    return space.repair(out)

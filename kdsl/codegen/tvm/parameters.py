@@ -278,3 +278,25 @@ def reduction_block_depth(config: Mapping[str, Any], stage: str, axis: str) -> i
     if value == "none" or value.split(":")[0] != axis:
         return 0
     return int(value.split(":")[1])
+
+
+def stored_last(config: Mapping[str, Any], tensor: str, ndims: int) -> int:
+    """The dim of ``tensor`` (of ``ndims`` dims) whose elements its layout in ``config`` stores contiguously:
+    a tiled dim (``layout.T.tile = "d:f"`` moves ``d``'s tile of ``f`` last; a tile of 1 moves nothing),
+    else the last of ``layout.T.perm``, else the last dim. A vector read along any other dim gathers: with
+    the channels tiled last (``1:8``), a depthwise convolution's rows along ``W`` are 8 elements apart
+    (measured 65-89 us against 17 us with rows contiguous, 64x28x28 on AVX-512, where the model had
+    counted them contiguous and estimated both alike).
+
+    >>> stored_last({}, "x", 4), stored_last({"layout.x.perm": (0, 2, 3, 1)}, "x", 4)
+    (3, 1)
+    >>> stored_last({"layout.x.perm": (0, 1, 2, 3), "layout.x.tile": "1:8"}, "x", 4)
+    1
+    >>> stored_last({"layout.x.tile": "1:1"}, "x", 4)
+    3
+    """
+    tile = config.get(f"layout.{tensor}.tile", "none")
+    if tile != "none" and int(tile.split(":")[1]) > 1:
+        return int(tile.split(":")[0])
+    perm = config.get(f"layout.{tensor}.perm")
+    return list(perm)[-1] if perm is not None else ndims - 1
