@@ -495,7 +495,7 @@ class ScheduleSpace(MemoryRules):
         config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
         config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
         config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
-        if one_long and self.rows_in_output(stage, vector):
+        if one_long and self._rows_in_output(stage, vector):
             # in place (time in place / local, Cascade Lake, one process beside other work: bmm 960x128x128x64
             # 0.83, bmm_tn 0.88, matmul 784x128x128 0.93, 512x1024x1024 0.97); a convolution's windows keep
             # their local tile (conv2d 3x3 at conv3_x: 1.07 in place)

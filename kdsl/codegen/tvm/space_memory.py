@@ -51,7 +51,7 @@ class MemoryRules:
         if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
             config[f"{s}.attach"] = "outer"
 
-    def rows_in_output(self, stage: StageBlock, vector: Axis | None) -> bool:
+    def _rows_in_output(self, stage: StageBlock, vector: Axis | None) -> bool:
         """Whether ``stage`` writes the kernel's output itself with its vector axis ``vector`` along the output's
         last dim, so that its register tiles are boxes of whole output rows it can write, or accumulate, in
         place. A stage that a copy folded into its write-back transposes (a grouped conv2d's ``[g, H, W, co]``
@@ -84,7 +84,7 @@ class MemoryRules:
         the panels, each kept in L1, win); returns whether it applied (cache blocking then has no weight
         panels to sweep the data for). A thin product accumulates in place (``S.cache = "none"``) either way."""
         s = stage.name
-        if vector.label not in stage.weight_only or not self.rows_in_output(stage, vector):
+        if vector.label not in stage.weight_only or not self._rows_in_output(stage, vector):
             return False
         itemsize = self._itemsize
         weights = {w.name for w in self.lowered.weights}
