@@ -39,6 +39,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.parameters import stored_last
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
+from kdsl.codegen.tvm.space_rules import scatters_in_place
 from kdsl.tune import gensor_model
 from kdsl.tune.gensor_model import FMA_LATENCY, Model, balance, level_cost, space_model
 from kdsl.tune.records import TuneError
@@ -171,12 +172,11 @@ def _gather_share(stage: Any, config: Mapping[str, Any], vector: int | None) -> 
     return gathers / len(stage.reads)
 
 
-def _write_scatter(space: ScheduleSpace, stage: Any, config: Mapping[str, Any], vector: int | None) -> float:
+def _write_scatter(space: ScheduleSpace, stage: Any, config: Mapping[str, Any]) -> float:
     """1 where the stage writes an intermediate buffer whose layout does not store the vector axis last
-    (every vector store scatters), else 0."""
-    if vector is None or not any(t.name == stage.name and t.kind == "intermediate" for t in space.tensors):
-        return 0.0
-    return 0.0 if stored_last(config, stage.name, len(stage.spatial)) == vector else 1.0
+    (every vector store scatters: :func:`~kdsl.codegen.tvm.space_rules.scatters_in_place`), else 0."""
+    intermediate = any(t.name == stage.name and t.kind == "intermediate" for t in space.tensors)
+    return 1.0 if intermediate and scatters_in_place(stage, config) else 0.0
 
 
 def _permuted(space: ScheduleSpace, config: Mapping[str, Any]) -> float:
@@ -224,7 +224,7 @@ def _stage_features(space: ScheduleSpace, stage: Any, config: Mapping[str, Any],
         fill,
         1.0 if length % lanes == 0 else 0.0,
         gathers,
-        _write_scatter(space, stage, config, vector),
+        _write_scatter(space, stage, config),
         _permuted(space, config),
         float(inline_pads),
         accumulators / max(1, model.accumulators),
