@@ -111,7 +111,12 @@ def test_the_heuristic_blocks_a_long_reduction_by_the_l1_and_the_l2():
     assert depth * vf * 4 <= CACHES["l1d"] < 2 * depth * vf * 4, (depth, vf)
     outer, middle, rows = config[f"{s}.tile.M"]
     assert middle > 1 and middle * rows * depth * 4 <= CACHES["l2"] // 2, config  # the block's data rows: half of L2
-    assert outer * config[f"{s}.tile.Cout"][0] >= 16 * 2  # 16 tasks a core
+    panels_outer, panels, _ = config[f"{s}.tile.Cout"]
+    # each task packs one block of its weight panels (pack_inside), as many panels as half of L2 holds while
+    # two tasks a core remain: here the tasks bound them, 4 tasks of 8 panels of 32 columns, 256 KiB a block
+    assert config["layout.w.pack"] == "block" and config["layout.w.tile"] == "1:32", config
+    assert panels == 8 and depth * vf * panels * 4 <= CACHES["l2"] // 2, config
+    assert outer * panels_outer == 2 * 2, config
     assert config[f"{s}.order"][0] == 2 and config[f"{s}.cache"] == "none"  # the blocks first, in place
     check_config(space.lowered.op, {"M": 512, "Cin": 4096, "Cout": 1024}, space, config, dtype="float32")
 

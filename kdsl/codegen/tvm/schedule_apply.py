@@ -16,6 +16,7 @@ from math import gcd, prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.pack_inside import compute_copy_at, pack_layout
 from kdsl.codegen.tvm.parameters import order_labels, reduction_block_depth
 from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
@@ -125,6 +126,7 @@ class _Applier:
         self.fallback = fallback
         self.outer: dict[str, Any] = {}  # stage -> its fused parallel loop
         self.local: dict[str, bool] = {}
+        self.copies: dict[str, list[tuple[Any, _Tensor]]] = {}  # reader -> packing copies its nest computes
         self.report: list[tuple[str, str]] = []
 
     def run(self) -> None:
@@ -134,6 +136,8 @@ class _Applier:
             self._stage(stage, attached=stage in attached)
         for stage in attached:  # at their consumer's parallel loop, once it exists
             self._guarded(stage, lambda stage=stage: self._attach(stage))
+        if self.copies:  # a reader scheduled otherwise than by tiles (space_rules refuses these)
+            raise LoweringError(f"layout.T.pack inside {', '.join(self.copies)}: not a tiled reduction's nest")
 
     def _stage(self, stage: StageBlock, attached: bool) -> None:
         def schedule() -> str:
@@ -169,6 +173,7 @@ class _Applier:
         except Exception as error:  # any failing primitive: fall back, never crash
             reason = error_reason(error) if str(error).strip() else type(error).__name__
             self.sch, backup = backup, backup.copy()
+            self.copies.pop(stage.name, None)  # made by the schedule just undone
             try:
                 what = self._plain(stage)
             except Exception:  # even the plain schedule failed: leave the stage as lowered
@@ -187,13 +192,8 @@ class _Applier:
         return "parallel outer loop"
 
     def _index_map(self, tensor: _Tensor) -> Any | None:
-        t = f"layout.{tensor.name}"
-        perm = self.config.get(f"{t}.perm", tuple(range(len(tensor.shape))))
-        tile = self.config.get(f"{t}.tile", "none")
-        tiled, factor = (None, 1) if tile == "none" else (int(tile.split(":")[0]), int(tile.split(":")[1]))
-        if tiled is not None and tensor.shape[tiled] == factor and perm[-1] == tiled:
-            tiled = None  # the whole dim is already last
-        if tiled is None and tuple(perm) == tuple(range(len(tensor.shape))):
+        perm, tiled, factor = pack_layout(self.config, tensor.name, tensor.shape)
+        if tiled is None and perm == tuple(range(len(tensor.shape))):
             return None
         ndim = len(tensor.shape)
 
@@ -208,7 +208,9 @@ class _Applier:
     def _layout(self, tensor: _Tensor) -> None:
         if not tensor.reader or self.config.get(f"{tensor.name}.inline") is True:
             return  # an inlined pad has no buffer of its own
-        index_map = self._index_map(tensor)
+        index_map, place = self._index_map(tensor), self.config.get(f"layout.{tensor.name}.pack", "pass")
+        if index_map is None and place != "pass":
+            raise LoweringError(f"layout.{tensor.name}.pack {place}: {tensor.name} is not packed (no copy to place)")
         if index_map is None:
             return
         sch = self.sch
@@ -222,6 +224,9 @@ class _Applier:
         names = [region.source.name for region in sch.get(block).reads]
         pack = sch.cache_read(block, names.index(tensor.name), "global")
         sch.transform_layout(pack, ("write", 0), index_map)
+        if place != "pass":
+            self.copies.setdefault(tensor.reader, []).append((pack, tensor))  # moved inside by _copies_inside
+            return
         # loop over the packed copy in its own order: contiguous vector stores and gathered loads (in the
         # source's order every store lands on another cache line; conv2d conv3_x: 1.17 -> 1.08 ms)
         sch.transform_block_layout(pack, index_map)
@@ -270,10 +275,25 @@ class _Applier:
             init_loops = sch.get_loops(init)
             if tiles.vector_inner is not None and init_loops:
                 sch.vectorize(init_loops[-1])
+        self._copies_inside(stage, tiles)
         packed = sum(
             1 for t in self.space.tensors if t.reader == s and config.get(f"layout.{t.name}.tile", "none") != "none"
         )
         return f"register tile {tile_shape} (vector axis {vector}), packed {packed}"
+
+    def _copies_inside(self, stage: StageBlock, tiles: _TileLoops) -> None:
+        """Compute the packing copies of what ``stage`` reads at its parallel loop (``layout.T.pack = "task"``)
+        or its ``S.rblock`` blocks' loop (``"block"``): :mod:`kdsl.codegen.tvm.pack_inside`."""
+        rblock = self.config.get(f"{stage.name}.rblock", "none")
+        for copy, tensor in self.copies.pop(stage.name, []):
+            place = self.config[f"layout.{tensor.name}.pack"]
+            if place == "block" and rblock == "none":
+                raise LoweringError(f"layout.{tensor.name}.pack block needs {stage.name}.rblock (it is none)")
+            anchor = tiles.middle[rblock.split(":")[0]][0] if place == "block" else self.outer.get(stage.name)
+            if anchor is None:
+                raise LoweringError(f"layout.{tensor.name}.pack {place}: {stage.name} has no parallel loop")
+            layout = pack_layout(self.config, tensor.name, tensor.shape)
+            compute_copy_at(self.sch, copy, anchor, layout, lambda lp: _vectorize_inner(self.sch, lp, self.space.lanes))
 
     def _vectorize_packed(self, stage: StageBlock, tiles: _TileLoops, vector: str | None) -> None:
         """Vectorize the register tile's vector loop in pieces that each read one tile of every tensor that the

@@ -50,7 +50,8 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
 * layouts (ALT): every input, weight and intermediate tensor ``T`` has ``layout.T.perm`` (an order of
   its dims) and ``layout.T.tile`` (``"d:f"``: dim ``d`` tiled by ``f``, the tile moved last, ALT's
   ``tiled channel last``; only factors that divide are offered, and a short dim whole); inputs and weights are packed by
-  ``cache_read`` + ``transform_layout`` (the signature stays; with ``prepacked_weights=True`` the kernel's
+  ``cache_read`` + ``transform_layout``, in a pass or per task or K block of a reduction reader (``layout.T.pack``,
+  :mod:`kdsl.codegen.tvm.pack_inside`; the signature stays; with ``prepacked_weights=True`` the kernel's
   signature takes a packed weight instead and the copy is removed, :mod:`kdsl.codegen.tvm.prepack`),
   intermediates are transformed in place.
   The output's layout is the signature's. In a branching kernel the heuristic lays an intermediate that one
@@ -66,6 +67,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock, analyze, named
 from kdsl.codegen.tvm.machine import current_machine
+from kdsl.codegen.tvm.pack_inside import PACK_PLACES
 from kdsl.codegen.tvm.parameters import (
     Categorical,
     Discrete,
@@ -84,6 +86,7 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
+# 13: layout.T.pack (the packing copy per task or K block, kdsl.codegen.tvm.pack_inside) and the heuristic's use of it
 # 12: S.rblock (K blocking) and the heuristic's pick of it (MemoryRules._block_reduction)
 # 11: a vector wider than a packed layout tile vectorized in pieces of their gcd (version 10 loaded it lane by lane:
 #    its records timed such configurations 7x too slow); the thin-product rule narrowed (MemoryRules._rows_whole)
@@ -97,7 +100,7 @@ from kdsl.runtime.cpu import Machine
 # 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
 # 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-12"
+VERSION = "tvm-space-13"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -234,6 +237,10 @@ class ScheduleSpace(MemoryRules):
             tiles = [f"{d}:{f}" for d, e in enumerate(tensor.shape) for f in self._layout_factors(e)]
             if tiles:
                 self._add(Categorical(f"{t}.tile", ("none", *tiles)))
+            reader = self.stage_named(tensor.reader) if tensor.kind != "intermediate" else None
+            if reader is not None and reader.kind == "reduce" and f"{reader.name}.vector" in self.parameters:
+                blocks = PACK_PLACES[2:] if f"{reader.name}.rblock" in self.parameters else ()
+                self._add(Categorical(f"{t}.pack", (*PACK_PLACES[:2], *blocks)))  # where its copy runs
 
     def _layout_factors(self, extent: int) -> list[int]:
         """Tile factors offered for a dim: :data:`LAYOUT_FACTORS` that divide it, and the whole dim when it

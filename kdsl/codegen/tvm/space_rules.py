@@ -15,7 +15,9 @@ values, but a few are valid only given others, and :meth:`ScheduleSpace.apply
   (:func:`local_tile`), and its tile along a dim of ``S``'s own layout tile ``layout.S.tile = "d:f"``
   is a multiple or a divisor of ``f``;
 * a copy's ``inline`` (``True``) and an element-wise stage's ``inline = "producer"`` fold into their
-  producer's write-back, which only a local accumulator has.
+  producer's write-back, which only a local accumulator has;
+* a packing copy inside its reader (``layout.T.pack`` ``"task"`` or ``"block"``) needs a packed ``T`` and a tiled
+  reader, ``"block"`` also the reader's ``S.rblock`` (repaired to ``"task"``, else ``"pass"``).
 
 :func:`conflicts` lists what a configuration breaks; :func:`repair` changes the fewest dependent
 parameters to satisfy them (the tiles are kept; the ``S.block``, ``S.rblock``, ``S.cache``, layout tile or ``inline``
@@ -28,11 +30,12 @@ module (never the other way round), so the functions take the space untyped.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.pack_inside import is_packed
 from kdsl.codegen.tvm.parameters import order_labels, stored_last
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 
@@ -182,7 +185,27 @@ def conflicts(space: Any, config: Mapping[str, Any]) -> list[str]:
         folded = _folded_producer(space, stage, config)
         if folded is not None and not has_local(space, folded[2], config):
             out.append(f"{stage.name}: folding into the write-back needs a local accumulator in {folded[2]}")
+    for tensor, place, allowed in _copy_places(space, config):
+        if place not in allowed:
+            out.append(
+                f"layout.{tensor.name}.pack {place}: {tensor.name} is not packed, or {tensor.reader} "
+                + ("has no S.rblock" if "task" in allowed else "is not a tiled reduction")
+            )
     return out
+
+
+def _copy_places(space: Any, config: Mapping[str, Any]) -> Iterator[tuple[Any, str, list[str]]]:
+    """``(tensor, its layout.T.pack, the places config allows)`` of each tensor with the parameter: inside its
+    reader only where it is packed and the reader a tiled reduction, per K block only where that has S.rblock."""
+    for tensor in space.tensors:
+        place = config.get(f"layout.{tensor.name}.pack", "pass")
+        if f"layout.{tensor.name}.pack" not in space.parameters:
+            continue
+        reader = space.stage_named(tensor.reader)
+        allowed = ["pass"]
+        if is_packed(config, tensor.name, tensor.shape) and tiled(reader, config):
+            allowed += ["task"] + (["block"] if config.get(f"{reader.name}.rblock", "none") != "none" else [])
+        yield tensor, place, allowed
 
 
 def repair(
@@ -226,6 +249,9 @@ def repair(
         folded = _folded_producer(space, stage, out)
         if folded is not None and folded[0] not in keep and not has_local(space, folded[2], out):
             out[folded[0]] = folded[1]
+    for tensor, place, allowed in _copy_places(space, out):
+        if place not in allowed and f"layout.{tensor.name}.pack" not in keep:
+            out[f"layout.{tensor.name}.pack"] = allowed[-1]  # per task where per block is not, else a pass
     return out
 
 

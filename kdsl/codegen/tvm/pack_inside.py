@@ -1,0 +1,83 @@
+"""Packing copies inside their reader's loop nest (``layout.T.pack``): Goto's packing of a weight panel per block.
+
+A packed input or weight (``layout.T.perm`` / ``layout.T.tile`` other than the identity) is copied into its
+layout by ``cache_read`` + ``transform_layout``. With ``layout.T.pack = "pass"`` the copy is a parallel pass of
+its own over the whole tensor before its reader runs: on matmul 512x4096x1024 that pass reads the 16 MiB weight
+from memory, writes 16 MiB and the reduction reads them back. With ``"task"`` the copy is computed at the reader's
+fused parallel loop (each task copies the part of ``T`` it reads into a buffer of its own), with ``"block"`` at
+the loop of the reader's ``S.rblock`` blocks (each task copies one K block of its part, which then stays in L2
+while the task's data tiles read it): the weight is read from memory once and its packed copy never goes back.
+TVM sizes the copy's buffer to the region read below that loop (it is allocated per task).
+
+A task whose outer tiles split an axis that ``T`` does not index copies the same part as other tasks: the
+copies are repeated there (the space keeps them valid; the heuristic uses ``"block"`` where each block of copy
+feeds a whole block of multiply-adds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+#: Where a packed input or weight is copied into its layout (``layout.T.pack``), first the default.
+PACK_PLACES = ("pass", "task", "block")
+
+
+def pack_layout(config: Mapping[str, Any], name: str, shape: Sequence[int]) -> tuple[tuple[int, ...], int | None, int]:
+    """``(perm, tiled dim or None, factor)`` of ``layout.<name>.*`` in ``config`` for a tensor of ``shape`` (the
+    identity when unset; a tile of a whole dim that the permutation already puts last is no tile).
+
+    >>> pack_layout({"layout.w.perm": (1, 0), "layout.w.tile": "1:32"}, "w", (64, 64))
+    ((1, 0), 1, 32)
+    >>> pack_layout({"layout.w.tile": "1:32"}, "w", (64, 32)), pack_layout({}, "w", (64, 32))
+    (((0, 1), None, 1), ((0, 1), None, 1))
+    """
+    perm = tuple(config.get(f"layout.{name}.perm", tuple(range(len(shape)))))
+    tile = config.get(f"layout.{name}.tile", "none")
+    if tile == "none":
+        return perm, None, 1
+    dim, factor = (int(part) for part in tile.split(":"))
+    if shape[dim] == factor and perm[-1] == dim:
+        return perm, None, 1  # the whole dim is already last
+    return perm, dim, factor
+
+
+def is_packed(config: Mapping[str, Any], name: str, shape: Sequence[int]) -> bool:
+    """Whether ``config`` lays tensor ``name`` out other than as it is passed (so it has a packing copy).
+
+    >>> is_packed({"layout.w.perm": (1, 0)}, "w", (8, 8)), is_packed({"layout.w.perm": (0, 1)}, "w", (8, 8))
+    (True, False)
+    """
+    perm, tiled, _ = pack_layout(config, name, shape)
+    return tiled is not None or perm != tuple(range(len(shape)))
+
+
+def compute_copy_at(
+    sch: Any, copy: Any, anchor: Any, layout: tuple[tuple[int, ...], int | None, int], vectorize: Callable[[Any], None]
+) -> None:
+    """Move the packing copy block ``copy`` below loop ``anchor`` of its reader and loop over the region it copies
+    in the packed layout's order (``[d // f for d in perm] + [tiled % f]``), the last loop vectorized: stores run
+    along the packed buffer, as in the pass of its own (a store per cache line otherwise)."""
+    sch.compute_at(copy, anchor, preserve_unit_loops=True)
+    loops = sch.get_loops(copy)
+    depth = next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(sch.get_sref(anchor)))
+    region = list(loops[depth + 1 :])
+    perm, tiled, factor = layout
+    if len(region) != len(perm):
+        return  # TVM left out a loop of the region: keep its order (correct, only slower stores)
+    by_dim: dict[int, Any] = dict(enumerate(region))
+    inner = None
+    if tiled is not None:
+        extent = int(sch.get(by_dim[tiled]).extent)
+        if extent % factor:
+            return  # the region cuts the layout's tiles: no whole tile to store at once
+        if extent > factor:
+            by_dim[tiled], inner = sch.split(by_dim[tiled], [None, factor])
+        else:
+            by_dim[tiled], inner = None, by_dim[tiled]
+    ordered = [by_dim[d] for d in perm if by_dim[d] is not None] + ([inner] if inner is not None else [])
+    if len(ordered) > 1:
+        sch.reorder(*ordered)
+    last = ordered[-1]
+    if int(sch.get(last).extent) % 4 == 0:
+        vectorize(last)
