@@ -352,8 +352,22 @@ def stage_terms(
         terms.append(_stage_time(space, stage, config, model))
     for tensor in space.tensors:
         if tensor.kind != "intermediate" and _packed(config, tensor):
-            terms.append((0.0, prod(tensor.shape) * 8 / (model.bw_l3 * model.cores)))  # a packing pass
+            terms.append((0.0, _copy_bytes(space, config, tensor) / (model.bw_l3 * model.cores)))
     return terms
+
+
+def _copy_bytes(space: ScheduleSpace, config: Mapping[str, Any], tensor: Any) -> int:
+    """The memory traffic of a packing copy (fp32): read and written back in a pass of its own; inside its
+    reader (``layout.T.pack``) read once by each task that an outer tile of an axis it does not index repeats,
+    and written to cache only."""
+    size = prod(tensor.shape) * 4
+    if config.get(f"layout.{tensor.name}.pack", "pass") == "pass":
+        return 2 * size
+    stage = space.stage_named(tensor.reader)
+    indexed = set().union(*(d for buffer, dims in stage.reads if buffer == tensor.name for d in dims))
+    return size * prod(
+        config[f"{stage.name}.tile.{a}"][0] for a, e in stage.spatial if e > 1 and stage.axis(a).index not in indexed
+    )
 
 
 def _packed(config: Mapping[str, Any], tensor: Any) -> bool:
