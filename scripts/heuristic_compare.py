@@ -41,6 +41,7 @@ EXTRA = {
     "conv3_x": ("conv2d", {"N": 1, "Cin": 128, "Cout": 128, "H": 28, "W": 28, "K": 3}),
     "mm3136": ("matmul", {"M": 3136, "Cin": 64, "Cout": 64}),  # ResNet-18's 1x1 shapes as matmuls
     "mm784": ("matmul", {"M": 784, "Cin": 128, "Cout": 128}),
+    "mm2048_4096": ("matmul", {"M": 2048, "Cin": 4096, "Cout": 2048}),  # K-blocked with data tasks, as M1 (8192^3)
     # around them, for where the thin-product rule (MemoryRules._rows_whole) pays and where it costs
     "mm784_64": ("matmul", {"M": 784, "Cin": 64, "Cout": 64}),
     "mm784_256": ("matmul", {"M": 784, "Cin": 256, "Cout": 256}),
@@ -171,6 +172,9 @@ def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str,
         line = next((x for x in done.stdout.splitlines() if x.startswith("TIMES")), None)
         assert line is not None, done.stderr[-3000:]
         runs.append(json.loads(line[len("TIMES") :]))
+        print(
+            f"  {label} process {len(runs)}: " + " ".join(f"{k} {v * 1e3:.3f}" for k, v in runs[-1].items()), flush=True
+        )
     out = {side: statistics.median(r[side] for r in runs) for side in runs[0]}
     out["old/new"] = statistics.median(r["old"] / r["new"] for r in runs)
     out["new/torch"] = statistics.median(r["new"] / r["torch"] for r in runs)
