@@ -195,7 +195,6 @@ class _Applier:
         perm, tiled, factor = pack_layout(self.config, tensor.name, tensor.shape)
         if tiled is None and perm == tuple(range(len(tensor.shape))):
             return None
-        ndim = len(tensor.shape)
 
         def index_map(*idx: Any) -> tuple[Any, ...]:
             out = [idx[d] // factor if d == tiled else idx[d] for d in perm]
@@ -203,7 +202,7 @@ class _Applier:
                 out.append(idx[tiled] % factor)
             return tuple(out)
 
-        return self.space.tvm.tirx.IndexMap.from_func(index_map, ndim=ndim, index_dtype="int32")
+        return self.space.tvm.tirx.IndexMap.from_func(index_map, ndim=len(tensor.shape), index_dtype="int32")
 
     def _layout(self, tensor: _Tensor) -> None:
         if not tensor.reader or self.config.get(f"{tensor.name}.inline") is True:

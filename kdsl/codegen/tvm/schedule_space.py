@@ -95,10 +95,8 @@ from kdsl.runtime.cpu import Machine
 #    pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own, and takes a thin
 #    product's weight-only vector axis out of the parallel loop (whole output rows per task,
 #    MemoryRules._rows_whole): version 8's records timed the defaults these replace
-# 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (version 7's
-#    records of such configurations timed it scalar)
-# 7: a window over a Dilate's inserted zeros lowered in its phase form (other stages and knobs)
-# 6: S.spatial_below, S.block, unroll 512 and 1024, S.lanes in plain operators
+# 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (7 timed it scalar)
+# 7: a window over a Dilate's zeros in its phase form; 6: S.spatial_below, S.block, unroll 512, 1024, S.lanes
 #: The space's version: stored with every tuning record (a new version never reuses old records).
 VERSION = "tvm-space-13"
 # The vector width, the register file and the caches are the target machine's

@@ -198,9 +198,9 @@ def _copy_places(space: Any, config: Mapping[str, Any]) -> Iterator[tuple[Any, s
     """``(tensor, its layout.T.pack, the places config allows)`` of each tensor with the parameter: inside its
     reader only where it is packed and the reader a tiled reduction, per K block only where that has S.rblock."""
     for tensor in space.tensors:
-        place = config.get(f"layout.{tensor.name}.pack", "pass")
         if f"layout.{tensor.name}.pack" not in space.parameters:
             continue
+        place = config.get(f"layout.{tensor.name}.pack", "pass")
         reader = space.stage_named(tensor.reader)
         allowed = ["pass"]
         if is_packed(config, tensor.name, tensor.shape) and tiled(reader, config):
