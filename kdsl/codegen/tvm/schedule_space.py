@@ -420,7 +420,8 @@ class ScheduleSpace(MemoryRules):
           bounds checks inside the vector keep LLVM from vectorizing the read (syno_op1's first stage,
           which vectorizes ``W``: 0.35 ms with them, 0.05 ms without); elsewhere a check per broadcast
           scalar is cheaper than a pass over memory (conv2d 3x3, whose vector axis is ``Cout``). The phase
-          form's copy (:mod:`kdsl.codegen.tvm.phases`) is always materialized."""
+          form's copy (:mod:`kdsl.codegen.tvm.phases`) too: it holds ``s**dims`` shifted copies of the input,
+          and its scalar pass cost more than the phase offsets it saves (ALT's T3D 38 -> 22 ms inlined)."""
         config = {name: self.identity_value(name) for name in self.parameters}
         vectors: dict[str, str] = {}
         for stage in self.stages:
@@ -430,9 +431,7 @@ class ScheduleSpace(MemoryRules):
                 self._tile_reduction(stage, config, vectors)
         for stage in self.stages:
             if stage.kind == "pad":
-                # the phase form's copy is always materialized: inlined, every broadcast would also select
-                # its phase's offset (conv_transpose2d at 1x256x14x14, 1 contended thread: 2.6-2.8 -> 2.35 ms)
-                config[f"{stage.name}.inline"] = not stage.phased and not any(
+                config[f"{stage.name}.inline"] = not any(
                     self.padding_in_vector(stage, self.stage_named(c), vectors.get(c)) for c in stage.consumers
                 )
             if stage.elementwise and f"{stage.name}.inline" in config:
