@@ -188,10 +188,40 @@ def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
     space = ScheduleSpace(lower(op, layer, dtype="float64"))
     config = space.heuristic()
     assert config["stage0.lanes"] is True and config["layout.w.tile"] == "none", config
+    assert config["stage0.lane_rows"] == (4 if layer["Cout"] % 4 == 0 else 1), config  # 4 streams where 4 divide
     check_config(op, layer, space, config)
     # with more than one row the weights are reused: the register tile stays
     rows = ScheduleSpace(lower(op, {**layer, "N": 4}, dtype="float64")).heuristic()
     assert rows["stage0.lanes"] is False, rows
+
+
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("linear", {"N": 1, "Cin": 40, "Cout": 24}),
+        ("linear", {"N": 3, "Cin": 32, "Cout": 8}),  # rows fused across N and Cout
+        ("spatial_attention", {"N": 1, "Cin": 16, "H": 4, "W": 6}),  # a softmax's row max and sum
+        ("squeeze_excitation", {"N": 2, "Cin": 32, "H": 7, "W": 8}),  # a global mean
+    ],
+)
+def test_lanes_over_several_rows_at_once_match_the_reference(name, layer):
+    op = gallery.load(name)
+    space = ScheduleSpace(lower(op, layer, dtype="float64"))
+    names = [n.removesuffix(".lane_rows") for n in space.parameters if n.endswith(".lane_rows")]
+    assert names, f"{name}: no S.lane_rows"
+    for rows in (2, 4, 8):
+        config = space.heuristic()
+        for s in names:
+            if rows in space.parameters[f"{s}.lane_rows"].choices:
+                config.update({f"{s}.lanes": True, f"{s}.lane_rows": rows})
+        sch = space.apply(config)
+        for s in names:  # the rows' loop sits inside the reduction, right above the vector lanes
+            if config[f"{s}.lane_rows"] == rows:
+                loops = sch.get_loops(
+                    sch.get_sblock(f"{s}_rf_update" if f"{s}_rf_update" in sch.mod.script() else f"{s}_rf")
+                )
+                assert int(sch.get(loops[-2]).extent) == rows, (s, rows)
+        check_config(op, layer, space, config)
 
 
 def test_cache_blocking_where_the_data_exceeds_the_l2():

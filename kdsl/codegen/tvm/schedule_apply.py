@@ -1,9 +1,8 @@
 """Applying a configuration of a :class:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace` as TVM schedule primitives.
 
-:meth:`ScheduleSpace.apply <kdsl.codegen.tvm.schedule_space.ScheduleSpace.apply>` builds an
-:class:`_Applier` over a fresh
-``s_tir.Schedule`` of the operator's TE program; the applier schedules stage by stage (layouts, reduction
-tiling, caches, rfactor, lanes, inlining, attaching) as the space's docstring describes, and with
+:meth:`ScheduleSpace.apply <kdsl.codegen.tvm.schedule_space.ScheduleSpace.apply>` builds an :class:`_Applier`
+over a fresh ``s_tir.Schedule`` of the operator's TE program; the applier schedules stage by stage (layouts,
+reduction tiling, caches, rfactor, lanes, inlining, attaching) as the space's docstring describes, and with
 ``fallback`` gives a stage whose part of the configuration fails the plain parallel schedule instead.
 The space imports this module (never the other way round), so the applier takes the space untyped.
 """
@@ -216,9 +215,8 @@ class _Applier:
         if tensor.kind == "intermediate":
             sch.transform_layout(sch.get_sblock(tensor.name), ("write", 0), index_map)
             return
-        # a packed copy (the heuristic's weights: [v // f, <other dims>, v % f], so that one register
-        # tile's weights are one contiguous block; [K, N/f, f] would still stride by N between reduction
-        # steps of a matmul)
+        # a packed copy (the heuristic's weights: [v // f, <other dims>, v % f], so that one register tile's
+        # weights are one contiguous block; [K, N/f, f] would still stride by N between a matmul's steps)
         block = sch.get_sblock(tensor.reader)
         names = [region.source.name for region in sch.get(block).reads]
         pack = sch.cache_read(block, names.index(tensor.name), "global")
@@ -389,8 +387,8 @@ class _Applier:
             outer = tiles.outer = self._block(stage, outer, tiles.block_outer)  # the fused parallel loop's order
         spatial_labels = {a for a, _ in stage.spatial}
         middle = [(middle_labels[i], tiles.middle[middle_labels[i]]) for i in order]
-        # the accumulator's place: below the last middle spatial loop before the first reduction loop
-        # (none when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
+        # the accumulator's place: below the last middle spatial loop before the first reduction loop (none
+        # when every spatial extent is 1, a reduction to one value: the write-back stays at the root)
         first_reduce = next((i for i, (a, _) in enumerate(middle) if a not in spatial_labels), len(middle))
         spatial_before = [lp for _, lps in middle[:first_reduce] for lp in lps]
         below = [(a, lp) for a, lps in middle[first_reduce:] for lp in lps]
@@ -460,8 +458,7 @@ class _Applier:
             for lp in tiles.s_inner:
                 sch.unroll(lp)
         budget = min(config[f"{s}.unroll"], max(1, 1024 // unrolled))
-        # the inner reduction tiles in nest order, wherever S.reductions put them (a long reduction
-        # between two of them is not unrolled: the budget counts only these)
+        # the inner reduction tiles in nest order, wherever S.reductions put them (the budget counts only these)
         unrollable = [(lp, tiles.r_tiles[id(lp)]) for _, lp in nest.below if id(lp) in tiles.r_tiles] + tiles.r_inner
         for lp, extent in reversed(unrollable):
             if extent <= budget:
@@ -537,17 +534,20 @@ class _Applier:
         _, inner = sch.split(run, [None, lanes])
         rf = sch.rfactor(inner, nspatial)
         sch.parallel(sch.fuse(*spatial) if len(spatial) > 1 else spatial[0])  # the lanes' reduction
-        # the partial results have loops of their own: their spatial loops parallel too (else the whole
-        # reduction runs on one thread: a global max pool took as long on 2 threads as on 1)
+        # the partial results' own spatial loops parallel too (a global max pool ran as long on 2 threads as 1)
         rf_loops = sch.get_loops(rf)
         rf_spatial = sch.fuse(*rf_loops[:nspatial]) if nspatial > 1 else rf_loops[0]
+        if (rows := self.config.get(f"{stage.name}.lane_rows", 1)) > 1:  # interleaved: a stream, a sum each
+            rf_spatial, inner = sch.split(rf_spatial, [None, rows])
+            sch.reorder(*sch.get_loops(rf)[2:-1], inner, sch.get_loops(rf)[-1])
+            sch.unroll(inner)
         sch.parallel(rf_spatial)
         rf_loops = sch.get_loops(rf)
         sch.vectorize(rf_loops[-1])
         init = sch.decompose_reduction(rf, rf_loops[1])
         sch.vectorize(sch.get_loops(init)[-1])
         along = ", ".join(a for a, _ in stage.reduced[-stage.lane_run :])
-        return f"lanes: {lanes} partial results along {along}"
+        return f"lanes: {lanes} partial results along {along}" + (f", {rows} rows at once" if rows > 1 else "")
 
     def _copy(self, stage: StageBlock) -> str:
         """A copy of a tiled stage's result folds into that stage's write-back (saving a pass over

@@ -33,8 +33,9 @@ The space of one operator (per TE stage ``S``, built from the block analysis of
   written back once, or in place;
   ``S.rfactor`` (stages with little spatial parallelism) splits the outer reduction into a parallel
   partial sum; ``S.lanes`` (below) also serves a plain operator's reduction that every read walks
-  contiguously (a GEMV's dot products); ``S.attach`` computes a producer stage at its consumer's parallel loop
-  (an attached reduction with its reductions above its innermost loop, which is vectorized);
+  contiguously (a GEMV's dot products), ``S.lane_rows`` of its rows at once; ``S.attach`` computes a
+  producer stage at its consumer's parallel loop (an attached reduction with its reductions above its
+  innermost loop, which is vectorized);
 * copy stages: ``S.inline`` folds the copy into its producer's write-back, else (like element-wise
   stages) their outer loops are fused and parallel, the innermost vectorized if its reads are contiguous;
 * zero-padded copies (``padN``, the lowering's stage for each windowed read): ``S.inline`` puts the bounds
@@ -86,19 +87,9 @@ from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
 from kdsl.runtime.cpu import Machine
 
-# 13: layout.T.pack (the packing copy per task or K block, kdsl.codegen.tvm.pack_inside) and the heuristic's use of it
-# 12: S.rblock (K blocking) and the heuristic's pick of it (MemoryRules._block_reduction)
-# 11: a vector wider than a packed layout tile vectorized in pieces of their gcd (version 10 loaded it lane by lane:
-#    its records timed such configurations 7x too slow); the thin-product rule narrowed (MemoryRules._rows_whole)
-# 10: the heuristic unrolls 4 steps of a stage's one long reduction inside its loop where it has no window
-# 9: the heuristic leaves a window sum's strided vector axis to LLVM's loop vectorizer (ScheduleSpace.strided_rows),
-#    pads the input of a strided vector in a branching kernel (a max pool) in a pass of its own, and takes a thin
-#    product's weight-only vector axis out of the parallel loop (whole output rows per task,
-#    MemoryRules._rows_whole): version 8's records timed the defaults these replace
-# 8: an attached reduction (S.attach = "outer") vectorizes its innermost loop below its reductions (7 timed it scalar)
-# 7: a window over a Dilate's zeros in its phase form; 6: S.spatial_below, S.block, unroll 512, 1024, S.lanes
+# what each version changed: docs/tune/space_versions.md
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-13"
+VERSION = "tvm-space-14"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
@@ -111,6 +102,8 @@ MAX_GATHER_STRIDE = 4
 SHORT_VECTORS = 4
 #: Bounds on the product of unrolled inner reduction loops (MetaSchedule's unroll pragma goes to 512).
 UNROLL_LIMITS = (1, 4, 16, 64, 256, 512, 1024)
+#: Rows that ``S.lanes`` may sum at once (``S.lane_rows``), each a stream of its own.
+LANE_ROWS = (1, 2, 4, 8)
 #: The largest bound the heuristic picks (its schedules stay those of the space before 512 and 1024).
 HEURISTIC_UNROLL = 256
 
@@ -199,6 +192,8 @@ class ScheduleSpace(MemoryRules):
                     # partial results in vector lanes along a contiguous reduced axis (softmax over a row; in a
                     # plain operator a dot product whose every read runs along the reduction, as in a GEMV)
                     self._add(Categorical(f"{s}.lanes", (False, True)))
+                    rows = prod(e for _, e in stage.spatial)  # rows of S.lanes interleaved: one stream each
+                    self._add(Discrete(f"{s}.lane_rows", tuple(r for r in LANE_ROWS if rows % r == 0)))
                 if len(stage.consumers) == 1 and self.stage_named(stage.consumers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
             elif stage.kind == "copy":
@@ -445,6 +440,8 @@ class ScheduleSpace(MemoryRules):
         vector, vf = self._vector_axis(stage)
         if f"{s}.lanes" in config and not stage.lane_reduce and self._weights_read_once(stage):
             config[f"{s}.lanes"] = True  # a GEMV: packing the weight would be a second pass for no reuse
+            # 4 rows at once: 4 streams from memory and 4 sums in flight (GEMV 16384 x 8192: 30.2 -> 26.2 ms)
+            config[f"{s}.lane_rows"] = max(r for r in self.parameters[f"{s}.lane_rows"].choices if r <= 4)
             return
         if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
             config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
