@@ -4,7 +4,8 @@ A change to :meth:`ScheduleSpace.heuristic <kdsl.codegen.tvm.schedule_space.Sche
 by ratios measured in alternation (the machine is shared; absolute times drift by 30 %). The earlier commit's
 configurations are read by a subprocess that imports that commit's tree (``git archive``), so both sides are
 applied by this tree's code: the comparison isolates the heuristic's picks (parameters the earlier space lacks
-take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tune_suites.py``) or those of
+take this space's identity value). Cases are tune-suite labels (``kdsl/bench/tune_suites.py``; ``opevo:C2``
+where two suites share one, a bare ``C2`` is the last suite's) or those of
 :data:`EXTRA` (ResNet-18's layers: ``conv3_x``, its 3x3 convolution at 128x28x28, N=1; ``stem_pool``, its
 3x3 stride-2 max pooling, the kernel a compiled network runs; ``pool2x``, a 2x2 mean at conv2_x)::
 
@@ -74,7 +75,9 @@ def case_table(labels: list[str]) -> dict[str, tuple[str, dict[str, int]]]:
     """``label -> (operator, layer)`` for tune-suite labels and :data:`EXTRA`."""
     from kdsl.bench.tune_suites import suite_cases, suite_names
 
-    known = {c.label: (c.operator, dict(c.layer)) for s in suite_names() for c in suite_cases(s)} | EXTRA
+    cases = [(s, c) for s in suite_names() for c in suite_cases(s)]
+    known = {c.label: (c.operator, dict(c.layer)) for _, c in cases} | EXTRA  # a label two suites share: the last's
+    known |= {f"{s}:{c.label}": (c.operator, dict(c.layer)) for s, c in cases}  # opevo:C2, gensor:C2
     missing = [label for label in labels if label not in known]
     assert not missing, f"unknown cases {missing}; known: {sorted(known)}"
     return {label: known[label] for label in labels}
