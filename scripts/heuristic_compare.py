@@ -17,6 +17,9 @@ Each row prints the best of ``rounds`` medians of each side and the ratios old/n
 them (per-process ratios): on a VM a kernel's time moves by up to 60% from one process to the next::
 
     PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 MM1 MM3 --rounds 4 --processes 5
+
+``--prepacked`` adds the new default built with ``prepacked_weights=True`` and called with weights packed once
+outside the call: the difference is what its packing copies cost on every call.
 """
 
 from __future__ import annotations
@@ -100,8 +103,11 @@ def old_configs(ref: str, cases: dict[str, tuple[str, dict[str, int]]]) -> dict[
     return json.loads(line[len("CONFIGS") :])
 
 
-def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], rounds: int) -> dict[str, float]:
-    """Best-of-``rounds`` medians (seconds) of the old configuration, the new heuristic and PyTorch."""
+def compare(
+    label: str, name: str, layer: dict[str, int], old: dict[str, Any], rounds: int, prepacked: bool = False
+) -> dict[str, float]:
+    """Best-of-``rounds`` medians (seconds) of the old configuration, the new heuristic and PyTorch (and, with
+    ``prepacked``, the new heuristic with its weights packed once outside the call: what its packing copies cost)."""
     import torch
 
     from kdsl import gallery, solve
@@ -129,6 +135,8 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
         return schedule
 
     kernels = {pick: build(op, layer, schedule=scheduler(pick)) for pick in ("old", "new")}
+    if prepacked:
+        kernels["packed"] = build(op, layer, schedule=scheduler("new"), prepacked_weights=True)
     torch.manual_seed(0)
     k = kernels["new"]
     inputs = [torch.randn(shape) for shape in k.input_shapes]
@@ -136,6 +144,7 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
     ws = [torch.randn(shape) for shape in k.weight_shapes]
     outs = {pick: torch.empty(k.output_shape) for pick in kernels}
     args = (*inputs, *ws)
+    packed_args = (*inputs, *kernels["packed"].pack_weights(*ws)) if prepacked else ()
     if name == STEM_POOL:  # nn.MaxPool2d(3, 2, 1), as torchvision's ResNet-18 has it
         torch_call = lambda: torch.nn.functional.max_pool2d(x, 3, 2, 1)
     elif has_native(name):
@@ -144,7 +153,7 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
         module = torch_build(op, layer)
         torch_call = lambda: module(*inputs)
     for pick, kernel in kernels.items():
-        kernel.executable(*args, outs[pick])
+        kernel.executable(*(packed_args if pick == "packed" else args), outs[pick])
     # PyTorch's own function computes the same thing from the same tensors; kdsl's PyTorch module has weights
     # of its own, so there the old schedule's result is the reference of the new one's
     with torch.no_grad():
@@ -157,12 +166,14 @@ def compare(label: str, name: str, layer: dict[str, int], old: dict[str, Any], r
         "new": lambda: kernels["new"].executable(*args, outs["new"]),
         "torch": torch_call,
     }
+    if prepacked:
+        calls["packed"] = lambda: kernels["packed"].executable(*packed_args, outs["packed"])
     with torch.no_grad():
         best = best_medians(list(calls.values()), rounds=rounds, repeats=5, warmup=2)
     return dict(zip(calls, best))
 
 
-def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str, float]:
+def in_processes(label: str, old: str, rounds: int, processes: int, prepacked: bool = False) -> dict[str, float]:
     """:func:`compare` of one case in ``processes`` fresh processes, one after another: each side's median over
     them of its best-of-``rounds`` time, and the medians of the per-process ratios (``old/new``,
     ``new/torch``). A process's tensors land on pages of its own, and on a VM the same kernel's time moves by
@@ -171,6 +182,7 @@ def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str,
     runs = []
     for _ in range(processes):
         argv = [sys.executable, __file__, label, "--old", old, "--rounds", str(rounds), "--json"]
+        argv += ["--prepacked"] if prepacked else []
         done = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
         line = next((x for x in done.stdout.splitlines() if x.startswith("TIMES")), None)
         assert line is not None, done.stderr[-3000:]
@@ -181,6 +193,8 @@ def in_processes(label: str, old: str, rounds: int, processes: int) -> dict[str,
     out = {side: statistics.median(r[side] for r in runs) for side in runs[0]}
     out["old/new"] = statistics.median(r["old"] / r["new"] for r in runs)
     out["new/torch"] = statistics.median(r["new"] / r["torch"] for r in runs)
+    if prepacked:
+        out["packed/torch"] = statistics.median(r["packed"] / r["torch"] for r in runs)
     return out
 
 
@@ -190,25 +204,33 @@ def main() -> None:
     parser.add_argument("--old", default="HEAD", help="the commit whose heuristic is the baseline")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--processes", type=int, default=1, help="fresh processes per case (medians over them)")
+    parser.add_argument(
+        "--prepacked", action="store_true", help="also time the new default with its weights packed once, outside"
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process's times, for the above
     args = parser.parse_args()
     cases = case_table(args.cases)
     if args.json:
         olds = old_configs(args.old, cases)
         for label, (name, layer) in cases.items():
-            print("TIMES" + json.dumps(compare(label, name, layer, olds[label], args.rounds)), flush=True)
+            times = compare(label, name, layer, olds[label], args.rounds, args.prepacked)
+            print("TIMES" + json.dumps(times), flush=True)
         return
     olds = old_configs(args.old, cases) if args.processes == 1 else {}
-    print(f"{'case':8} {'old ms':>9} {'new ms':>9} {'torch ms':>9} {'old/new':>8} {'new/torch':>9}", flush=True)
+    extra = f" {'packed ms':>9} {'packed/torch':>12}" if args.prepacked else ""
+    print(f"{'case':8} {'old ms':>9} {'new ms':>9} {'torch ms':>9} {'old/new':>8} {'new/torch':>9}{extra}", flush=True)
     for label, (name, layer) in cases.items():
         if args.processes > 1:
-            t = in_processes(label, args.old, args.rounds, args.processes)
+            t = in_processes(label, args.old, args.rounds, args.processes, args.prepacked)
         else:
-            t = compare(label, name, layer, olds[label], args.rounds)
+            t = compare(label, name, layer, olds[label], args.rounds, args.prepacked)
             t.update({"old/new": t["old"] / t["new"], "new/torch": t["new"] / t["torch"]})
+            if args.prepacked:
+                t["packed/torch"] = t["packed"] / t["torch"]
+        extra = f" {t['packed'] * 1e3:9.3f} {t['packed/torch']:12.2f}" if args.prepacked else ""
         print(
             f"{label:8} {t['old'] * 1e3:9.3f} {t['new'] * 1e3:9.3f} {t['torch'] * 1e3:9.3f} "
-            f"{t['old/new']:8.2f} {t['new/torch']:9.2f}",
+            f"{t['old/new']:8.2f} {t['new/torch']:9.2f}{extra}",
             flush=True,
         )
 

@@ -95,7 +95,6 @@ class StageBlock:
     invertible: bool = False  # a copy that reverse_compute_inline folds correctly (invertible_copy)
     elementwise: bool = False  # a branching kernel's element-wise stage (StageInfo.elementwise)
     lane_reduce: bool = False  # StageInfo.lane_reduce
-    phased: bool = False  # StageInfo.phased: the phase form's copy of a window's input
     lane_run: int = 1  # trailing reduced axes that every read walks as one contiguous run (_trailing_run)
     identity_reads: set[str] = field(default_factory=set)  # buffers it reads one element per iteration, bijectively
 
@@ -214,7 +213,6 @@ def _analyze_block(node: Any, info: Any, weight_names: set[str]) -> StageBlock:
         invertible=kind == "copy" and invertible_copy(node),
         elementwise=info.elementwise,
         lane_reduce=info.lane_reduce,
-        phased=info.phased,
         lane_run=_trailing_run(node, reduce_ix) if info.lane_reduce and reduce_ix else 1,
         identity_reads=_identity_reads(node) if info.elementwise else set(),
     )

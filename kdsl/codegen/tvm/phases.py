@@ -13,7 +13,7 @@ The TVM lowering (:func:`kdsl.codegen.tvm.chain_stages.lower_chain`) lowers such
 * a copy of the input with the phase as a new axis, shifted and zero-padded so that the reduction's
   read is affine and needs no bounds check: ``phased[.., p, i, ..] = x[.., i + c(p), ..]`` for
   ``i`` in ``[0, n + ceil(K/s) - 1)`` (zero outside ``[0, n)``); a zero-padded copy (``padN``, marked
-  ``StageInfo.phased``) that the default schedule materializes and the schedule space may inline back,
+  ``StageInfo.phased``) that the default schedule inlines into the reduction and the space may materialize,
 * one reduction over ``t`` instead of ``k`` whose result is laid out ``[.., o1, p, ..]``: row-major it
   is the same memory as ``[.., s*o1 + p, ..]``, so the copy to the plan's ``[.., o, ..]`` reads
   ``result[.., o // s, o % s, ..]``, which the schedule folds into the reduction's write-back,

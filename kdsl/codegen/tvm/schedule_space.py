@@ -192,8 +192,9 @@ class ScheduleSpace(MemoryRules):
                     # partial results in vector lanes along a contiguous reduced axis (softmax over a row; in a
                     # plain operator a dot product whose every read runs along the reduction, as in a GEMV)
                     self._add(Categorical(f"{s}.lanes", (False, True)))
-                    rows = prod(e for _, e in stage.spatial)  # rows of S.lanes interleaved: one stream each
-                    self._add(Discrete(f"{s}.lane_rows", tuple(r for r in LANE_ROWS if rows % r == 0)))
+                    rows = tuple(r for r in LANE_ROWS if prod(e for _, e in stage.spatial) % r == 0)
+                    if len(rows) > 1:  # rows of S.lanes interleaved: one stream each
+                        self._add(Discrete(f"{s}.lane_rows", rows))
                 if len(stage.consumers) == 1 and self.stage_named(stage.consumers[0]).kind == "reduce":
                     self._add(Categorical(f"{s}.attach", ("root", "outer")))
             elif stage.kind == "copy":
@@ -441,7 +442,8 @@ class ScheduleSpace(MemoryRules):
         if f"{s}.lanes" in config and not stage.lane_reduce and self._weights_read_once(stage):
             config[f"{s}.lanes"] = True  # a GEMV: packing the weight would be a second pass for no reuse
             # 4 rows at once: 4 streams from memory and 4 sums in flight (GEMV 16384 x 8192: 30.2 -> 26.2 ms)
-            config[f"{s}.lane_rows"] = max(r for r in self.parameters[f"{s}.lane_rows"].choices if r <= 4)
+            if f"{s}.lane_rows" in config:
+                config[f"{s}.lane_rows"] = max(r for r in self.parameters[f"{s}.lane_rows"].choices if r <= 4)
             return
         if f"{s}.lanes" in config and stage.lane_reduce and (vector is None or vector.gathers):
             config[f"{s}.lanes"] = True  # a gathered vector (stride of a row) is slower than lanes of partials
