@@ -36,6 +36,7 @@ class MemoryRules:
     stages: list[StageBlock]
     machine: Any
     lowered: Any
+    lanes: int
 
     def _memory(self, stage: StageBlock, vector: Axis | None, vf: int, config: dict[str, Any]) -> None:
         """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
