@@ -286,17 +286,9 @@ class MemoryRules:
             positions = [d for d, used in enumerate(dims) if vector.index in used]
             if len(positions) != 1 or dims[positions[0]] != {vector.index} or positions[0] == len(dims) - 1:
                 continue
-            dim, tensor = positions[0], buffer
-            producer = next((p for p in self.stages if p.name == buffer), None)
-            if producer is not None:
-                # only a zero-padded copy of an input, along a dim it does not pad, read by this stage alone
-                if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
-                    continue
-                tensor, pad_dims = producer.reads[0]
-                # a copy of another rank (the phase form's [.., p, i, ..] copy) is no plain pad of the input
-                if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
-                    continue
-            if self.tensor_named(tensor).kind != "input" or f"layout.{tensor}.perm" not in self.parameters:
+            dim = positions[0]
+            tensor = self._input_along(stage, buffer, dims, dim)
+            if tensor is None or f"layout.{tensor}.perm" not in self.parameters:
                 continue
             rest = (d for d in range(len(self.tensor_named(tensor).shape)) if d != dim)
             config[f"layout.{tensor}.perm"] = (*rest, dim)
@@ -310,20 +302,28 @@ class MemoryRules:
         where the stage reads the input itself or through an inlined zero-padded copy of the same rank."""
         itemsize, nspatial = self._itemsize, len(stage.spatial)
         for buffer, dims in stage.reads:
-            tensor, producer = buffer, next((p for p in self.stages if p.name == buffer), None)
-            if producer is not None:  # a pad (inlined where the vector runs along no padded dim) of the input
-                if producer.kind != "pad" or producer.consumers != [stage.name]:
-                    continue
-                tensor, pad_dims = producer.reads[0]
-                if len(pad_dims) != len(dims) or any(used != {d} for d, used in enumerate(pad_dims)):
-                    continue
-            param = self.parameters.get(f"layout.{tensor}.tile")
-            shape = self.tensor_named(tensor).shape if param is not None else ()
-            if not shape or self.tensor_named(tensor).kind != "input" or prod(shape) * itemsize <= self.machine.l2:
-                continue
             for d, used in enumerate(dims[:-1]):
                 # one reduction axis alone, not the vector's, and no pad along it (its checks would split vectors)
                 alone = len(used) == 1 and min(used) >= nspatial and vector.index not in used
-                if alone and (producer is None or d not in producer.padded) and f"{d}:{self.lanes}" in param.choices:
+                tensor = self._input_along(stage, buffer, dims, d) if alone else None
+                param = self.parameters.get(f"layout.{tensor}.tile") if tensor is not None else None
+                if param is None or f"{d}:{self.lanes}" not in param.choices:
+                    continue
+                if prod(self.tensor_named(tensor).shape) * itemsize > self.machine.l2:
                     config[f"layout.{tensor}.tile"] = f"{d}:{self.lanes}"
-                    break
+                break
+
+    def _input_along(self, stage: StageBlock, buffer: str, dims: list[set[int]], dim: int) -> str | None:
+        """The data input that ``stage``'s read of ``buffer`` (``dims``: the iter indices per buffer dim) reaches
+        along its dim ``dim``: ``buffer`` itself, or the input of a zero-padded copy of the same rank that this
+        stage alone reads, that does not pad ``dim`` and reads it along the same dim; ``None`` for anything
+        else (a copy of another rank, such as the phase form's ``[.., p, i, ..]`` copy, is no plain pad)."""
+        producer = next((p for p in self.stages if p.name == buffer), None)
+        tensor = buffer
+        if producer is not None:
+            if producer.kind != "pad" or dim in producer.padded or producer.consumers != [stage.name]:
+                return None
+            tensor, pad_dims = producer.reads[0]
+            if len(pad_dims) != len(dims) or pad_dims[dim] != {dim}:
+                return None
+        return tensor if self.tensor_named(tensor).kind == "input" else None
