@@ -106,3 +106,32 @@ def test_a_weight_packed_per_block_is_prepacked_like_a_pass():
     with torch.no_grad():
         got = kernel(x, *kernel.pack_weights(w))
     np.testing.assert_allclose(got.numpy(), (x @ w).numpy(), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("rows", "columns", "expected"),
+    [
+        (64, 64, [8, 4, 8, 16]),  # blocks of PASS_ROWS rows around the column tiles
+        (12, 64, [3, 4, 4, 16]),  # 8 does not divide 12: blocks of 4
+        (7, 64, [4, 7, 16]),  # no block divides 7: the packed layout's own order
+    ],
+)
+def test_a_pass_tiling_the_last_dim_reads_rows_in_blocks_and_copies_exactly(rows, columns, expected):
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from kdsl.codegen.tvm.pack_inside import pass_order
+
+    source = te.placeholder((rows, columns), "float32", name="w")
+    packed = te.compute((columns // 16, rows, 16), lambda a, k, t: source[k, a * 16 + t], name="packed")
+    sch = Schedule(te.create_prim_func([source, packed]))
+    ordered = pass_order(sch, sch.get_loops(sch.get_sblock("packed")), ((1, 0), 1, 16))
+    assert [int(sch.get(loop).extent) for loop in ordered] == expected
+    assert [sch.get(loop) for loop in ordered] == [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("packed"))]
+    sch.vectorize(ordered[-1])
+    executable = tvm.compile(sch.mod, target="llvm")
+    data = np.arange(rows * columns, dtype="float32").reshape(rows, columns)
+    out = tvm.runtime.tensor(np.zeros((columns // 16, rows, 16), "float32"))
+    executable(tvm.runtime.tensor(data), out)
+    np.testing.assert_array_equal(out.numpy(), data.reshape(rows, columns // 16, 16).transpose(1, 0, 2))

@@ -21,6 +21,9 @@ from typing import Any
 
 #: Where a packed input or weight is copied into its layout (``layout.T.pack``), first the default.
 PACK_PLACES = ("pass", "task", "block")
+#: Source rows a packing copy reads at once where it tiles the source's contiguous dim (:func:`copy_order`;
+#: 8 was the fastest of 1, 8, 32 and 128 on weights [1024, 1024], [1024, 4096] and [4096, 1024]).
+PASS_ROWS = 8
 
 
 def pack_layout(config: Mapping[str, Any], name: str, shape: Sequence[int]) -> tuple[tuple[int, ...], int | None, int]:
@@ -52,6 +55,44 @@ def is_packed(config: Mapping[str, Any], name: str, shape: Sequence[int]) -> boo
     return tiled is not None or perm != tuple(range(len(shape)))
 
 
+def copy_order(sch: Any, by_dim: dict[int, Any], perm: Sequence[int], tiled: int | None, inner: Any) -> list[Any]:
+    """Reorder a packing copy's loops (``by_dim``: source dim -> its loop, the tiled dim's over whole tiles or
+    None; ``inner`` the loop within a tile or None) and return them outermost first.
+
+    The packed layout's own order (``[d // f for d in perm] + [tiled % f]``) stores contiguously. Where the
+    tiled dim is the source's last, that order reads one tile of each source row in turn: every read is a row
+    further on (4-16 KiB), a new page each time, where the hardware prefetchers never follow. Then the rows
+    run in blocks of :data:`PASS_ROWS` around the tiles: each row is read along its length, a block's rows at
+    once (a 16 MiB weight [4096, 1024] into [32, 4096, 32] at 2 threads, Cascade Lake: 4.8 -> 1.9 ms).
+    """
+    ordered = [by_dim[d] for d in perm if by_dim[d] is not None] + ([inner] if inner is not None else [])
+    rows = [d for d in perm if d != tiled and by_dim[d] is not None]
+    blocked = tiled is not None and tiled == len(perm) - 1 and by_dim[tiled] is not None and inner is not None
+    if blocked and rows and rows == sorted(rows):
+        extent = 1
+        for d in rows:
+            extent *= int(sch.get(by_dim[d]).extent)
+        block = next((b for b in (PASS_ROWS, 4, 2) if extent % b == 0 and extent > b), None)
+        if block is not None:
+            sch.reorder(*[by_dim[d] for d in rows], by_dim[tiled], inner)
+            fused = sch.fuse(*[by_dim[d] for d in rows]) if len(rows) > 1 else by_dim[rows[0]]
+            outer, within = sch.split(fused, [None, block])
+            sch.reorder(outer, by_dim[tiled], within, inner)
+            return [outer, by_dim[tiled], within, inner]
+    if len(ordered) > 1:
+        sch.reorder(*ordered)
+    return ordered
+
+
+def pass_order(sch: Any, loops: Sequence[Any], layout: tuple[tuple[int, ...], int | None, int]) -> list[Any]:
+    """The loops of a packing pass of its own (``loops`` in the packed layout's order, ``layout`` from
+    :func:`pack_layout`) reordered by :func:`copy_order`, outermost first."""
+    perm, tiled, _ = layout
+    if tiled is None or len(loops) != len(perm) + 1:
+        return list(loops)
+    return copy_order(sch, {d: loops[i] for i, d in enumerate(perm)}, perm, tiled, loops[-1])
+
+
 def compute_copy_at(
     sch: Any, copy: Any, anchor: Any, layout: tuple[tuple[int, ...], int | None, int], vectorize: Callable[[Any], None]
 ) -> None:
@@ -75,9 +116,7 @@ def compute_copy_at(
             by_dim[tiled], inner = sch.split(by_dim[tiled], [None, factor])
         else:
             by_dim[tiled], inner = None, by_dim[tiled]
-    ordered = [by_dim[d] for d in perm if by_dim[d] is not None] + ([inner] if inner is not None else [])
-    if len(ordered) > 1:
-        sch.reorder(*ordered)
+    ordered = copy_order(sch, by_dim, perm, tiled, inner)
     last = ordered[-1]
     if int(sch.get(last).extent) % 4 == 0:
         vectorize(last)

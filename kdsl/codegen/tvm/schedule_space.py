@@ -89,7 +89,7 @@ from kdsl.runtime.cpu import Machine
 
 # what each version changed: docs/tune/space_versions.md
 #: The space's version: stored with every tuning record (a new version never reuses old records).
-VERSION = "tvm-space-14"
+VERSION = "tvm-space-15"
 # The vector width, the register file and the caches are the target machine's
 # (:mod:`kdsl.runtime.cpu`): ``ScheduleSpace.lanes`` and ``ScheduleSpace.accumulators``.
 #: Reduction loops at most this long are unrolled by the heuristic (windows such as kh, kw).
