@@ -1,6 +1,7 @@
 """The heuristic tiles a data input larger than L2 along the channels its reduction walks
-(``MemoryRules._input_reduced_tiles``: ``[N, C, H, W] -> [N, C/v, H, W, v]``), and the kernels it makes compute
-what the NumPy reference computes."""
+(``MemoryRules._input_reduced_tiles``: ``[N, C, H, W] -> [N, C/v, H, W, v]``), or the zero-padded copy it is
+read through (then made in a pass of its own, so that the reader has no bounds checks), and the kernels it
+makes compute what the NumPy reference computes."""
 
 from __future__ import annotations
 
@@ -28,22 +29,29 @@ def _machine(l2: int):
 
 
 CONVS = [
-    ("conv2d", {"N": 2, "Cin": 32, "Cout": 32, "H": 12, "W": 12, "K": 3}),  # x 36 KiB, padded (the pad inlined)
-    ("alexnet_c1", {"N": 2, "Cin": 32, "Cout": 16, "H": 13, "W": 13, "Ho": 6, "Wo": 6, "K": 3, "s": 2}),  # strided
+    ("conv2d", {"N": 2, "Cin": 32, "Cout": 32, "H": 12, "W": 12, "K": 3}, "pad0"),  # x 36 KiB, read through a pad
+    ("conv3d", {"N": 1, "Cin": 16, "Cout": 16, "D": 4, "H": 10, "W": 10, "K": 3}, "pad0"),
+    ("alexnet_c1", {"N": 2, "Cin": 32, "Cout": 16, "H": 13, "W": 13, "Ho": 6, "Wo": 6, "K": 3, "s": 2}, "x"),  # strided
 ]
 
 
-@pytest.mark.parametrize(("name", "layer"), CONVS)
-def test_an_input_beyond_l2_is_tiled_along_its_channels_and_computes_the_reference(name, layer):
+@pytest.mark.parametrize(("name", "layer", "tiled"), CONVS)
+def test_an_input_beyond_l2_is_tiled_along_its_channels_and_computes_the_reference(name, layer, tiled):
     op = gallery.load(name)
     lowered = lower(op, layer, dtype="float64")
     space = ScheduleSpace(lowered, machine=_machine(16 << 10))
     config = space.heuristic()
     lanes = space.lanes  # 8 doubles on AVX-512
-    assert config["layout.x.tile"] == f"1:{lanes}", config
+    assert config[f"layout.{tiled}.tile"] == f"1:{lanes}", config
+    if tiled != "x":  # the padded copy is tiled instead of the input, and made in a pass of its own
+        assert config["layout.x.tile"] == "none" and config[f"{tiled}.inline"] is False, config
+        update = space.apply(config).mod.script().split('T.sblock("stage0_update")')[1].split("T.sblock")[0]
+        assert "if_then_else" not in update, update  # no bounds checks left in the multiply-adds
     check_config(op, layer, space, config)
-    # within L2 the input keeps its layout
-    assert ScheduleSpace(lowered, machine=_machine(1 << 20)).heuristic()["layout.x.tile"] == "none"
+    # within L2 the input keeps its layout, and its pad is inlined
+    within = ScheduleSpace(lowered, machine=_machine(1 << 20)).heuristic()
+    assert within["layout.x.tile"] == within.get("layout.pad0.tile", "none") == "none", within
+    assert within.get("pad0.inline", True) is True, within
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,8 @@ class _Applier:
         sch = self.sch
         if tensor.kind == "intermediate":
             sch.transform_layout(sch.get_sblock(tensor.name), ("write", 0), index_map)
+            if self.space.stage_named(tensor.name).kind == "pad":  # a pass: loops in its tiles' order, as below
+                sch.transform_block_layout(sch.get_sblock(tensor.name), index_map)
             return
         # a packed copy (the heuristic's weights: [v // f, <other dims>, v % f], so that one register tile's
         # weights are one contiguous block; [K, N/f, f] would still stride by N between a matmul's steps)

@@ -426,8 +426,8 @@ class ScheduleSpace(MemoryRules):
             if stage.kind == "reduce" and stage.spatial:
                 self._tile_reduction(stage, config, vectors)
         for stage in self.stages:
-            if stage.kind == "pad":
-                config[f"{stage.name}.inline"] = not any(
+            if stage.kind == "pad":  # a pad laid out in tiles is a copy of its own (_input_reduced_tiles)
+                config[f"{stage.name}.inline"] = config.get(f"layout.{stage.name}.tile", "none") == "none" and not any(
                     self.padding_in_vector(stage, self.stage_named(c), vectors.get(c)) for c in stage.consumers
                 )
             if stage.elementwise and f"{stage.name}.inline" in config:
