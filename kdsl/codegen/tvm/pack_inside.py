@@ -62,8 +62,9 @@ def copy_order(sch: Any, by_dim: dict[int, Any], perm: Sequence[int], tiled: int
     The packed layout's own order (``[d // f for d in perm] + [tiled % f]``) stores contiguously. Where the
     tiled dim is the source's last, that order reads one tile of each source row in turn: every read is a row
     further on (4-16 KiB), a new page each time, where the hardware prefetchers never follow. Then the rows
-    run in blocks of :data:`PASS_ROWS` around the tiles: each row is read along its length, a block's rows at
-    once (a 16 MiB weight [4096, 1024] into [32, 4096, 32] at 2 threads, Cascade Lake: 4.8 -> 1.9 ms).
+    run in blocks of :data:`PASS_ROWS` (else 4 or 2: whichever divides them into at least two blocks) around
+    the tiles: each row is read along its length, a block's rows at once (a 16 MiB weight [4096, 1024] into
+    [32, 4096, 32] at 2 threads, Cascade Lake: 4.8 -> 1.9 ms). Rows that no block divides keep the layout's order.
     """
     ordered = [by_dim[d] for d in perm if by_dim[d] is not None] + ([inner] if inner is not None else [])
     rows = [d for d in perm if d != tiled and by_dim[d] is not None]

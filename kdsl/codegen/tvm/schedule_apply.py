@@ -212,13 +212,12 @@ class _Applier:
         if index_map is None:
             return
         sch = self.sch
-        if tensor.kind == "intermediate":
+        if tensor.kind == "intermediate":  # a pad's pass loops in its tiles' order, as a packing copy's below
             sch.transform_layout(sch.get_sblock(tensor.name), ("write", 0), index_map)
-            if self.space.stage_named(tensor.name).kind == "pad":  # a pass: loops in its tiles' order, as below
+            if self.space.stage_named(tensor.name).kind == "pad":
                 sch.transform_block_layout(sch.get_sblock(tensor.name), index_map)
             return
-        # a packed copy (the heuristic's weights: [v // f, <other dims>, v % f], so that one register tile's
-        # weights are one contiguous block; [K, N/f, f] would still stride by N between a matmul's steps)
+        # a packed copy ([v // f, <other dims>, v % f]: one register tile's weights in one contiguous block)
         block = sch.get_sblock(tensor.reader)
         names = [region.source.name for region in sch.get(block).reads]
         pack = sch.cache_read(block, names.index(tensor.name), "global")
@@ -226,11 +225,11 @@ class _Applier:
         if place != "pass":
             self.copies.setdefault(tensor.reader, []).append((pack, tensor))  # moved inside by _copies_inside
             return
-        # loop over the packed copy in its own order: contiguous vector stores and gathered loads (in the
-        # source's order every store lands on another cache line; conv2d conv3_x: 1.17 -> 1.08 ms)
+        # the copy's loops in the packed order, contiguous vector stores (in the source's order each store is on
+        # another line: conv3_x 1.17 -> 1.08 ms), rows in blocks by pass_order; fused, each thread runs that order
         sch.transform_block_layout(pack, index_map)
         loops = pass_order(sch, sch.get_loops(pack), pack_layout(self.config, tensor.name, tensor.shape))
-        if len(loops) > 1:  # fused in that order, each thread's share runs in it
+        if len(loops) > 1:
             sch.parallel(sch.fuse(*loops[:-1]))
             _vectorize_inner(sch, loops[-1], self.space.lanes)
         elif loops:
@@ -342,9 +341,8 @@ class _Applier:
                     f"{s}: S.rblock {axis}:{depth} needs the inner tile of {axis} ({factors[1]}) to divide {depth}"
                 )
             if depth:
-                # S.rblock: blocks of ``depth`` reduction steps in S.order's place, the steps within a block and
-                # the inner tile below every middle loop (Goto's K blocking: one block's operands are reused
-                # across the middle spatial tiles while they are in cache; the output accumulates in place)
+                # S.rblock: blocks of ``depth`` steps in S.order's place, the steps within a block and the inner
+                # tile below every middle loop (Goto's K blocking: a block's operands reused across middle tiles)
                 blocks, within, inner = _split(sch, loop, (extent // depth, depth // factors[1], factors[1]))
                 tiles.middle[axis] = [blocks]
                 tiles.r_inner += [(lp, f) for lp, f in ((within, depth // factors[1]), (inner, factors[1])) if lp]
