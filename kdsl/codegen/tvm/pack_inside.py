@@ -17,6 +17,7 @@ feeds a whole block of multiply-adds).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from math import prod
 from typing import Any
 
 #: Where a packed input or weight is copied into its layout (``layout.T.pack``), first the default.
@@ -70,13 +71,12 @@ def copy_order(sch: Any, by_dim: dict[int, Any], perm: Sequence[int], tiled: int
     rows = [d for d in perm if d != tiled and by_dim[d] is not None]
     blocked = tiled is not None and tiled == len(perm) - 1 and by_dim[tiled] is not None and inner is not None
     if blocked and rows and rows == sorted(rows):
-        extent = 1
-        for d in rows:
-            extent *= int(sch.get(by_dim[d]).extent)
+        row_loops = [by_dim[d] for d in rows]
+        extent = prod(int(sch.get(loop).extent) for loop in row_loops)
         block = next((b for b in (PASS_ROWS, 4, 2) if extent % b == 0 and extent > b), None)
         if block is not None:
-            sch.reorder(*[by_dim[d] for d in rows], by_dim[tiled], inner)
-            fused = sch.fuse(*[by_dim[d] for d in rows]) if len(rows) > 1 else by_dim[rows[0]]
+            sch.reorder(*row_loops, by_dim[tiled], inner)
+            fused = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
             outer, within = sch.split(fused, [None, block])
             sch.reorder(outer, by_dim[tiled], within, inner)
             return [outer, by_dim[tiled], within, inner]

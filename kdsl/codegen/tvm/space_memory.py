@@ -299,22 +299,24 @@ class MemoryRules:
         The reduction's steps over channels then read neighbouring elements where they read a plane apart,
         a new cache line a step, from memory (Gensor's C2, conv2d at N=32, 128x28x28, Cascade Lake: 50 ->
         32 ms; the strided C3 71 -> 44; conv3_x at N=1, within L2: 1.13 -> 1.10, so left as it is). Only
-        where the stage reads the input itself or through an inlined zero-padded copy of the same rank."""
+        where the stage reads the input itself or through a zero-padded copy of the same rank; through a copy,
+        the copy is tiled instead, and the heuristic materializes it."""
         itemsize, nspatial = self._itemsize, len(stage.spatial)
         for buffer, dims in stage.reads:
             for d, used in enumerate(dims[:-1]):
                 # one reduction axis alone, not the vector's, and no pad along it (its checks would split vectors)
                 alone = len(used) == 1 and min(used) >= nspatial and vector.index not in used
                 tensor = self._input_along(stage, buffer, dims, d) if alone else None
-                param = self.parameters.get(f"layout.{tensor}.tile") if tensor is not None else None
+                # read through a zero-padded copy: tile that copy, made in a pass of its own, so that the reader
+                # has no bounds checks left (OpEvo's C2, conv2d 5x5 at N=512, 64x27x27, Cascade Lake: the input
+                # tiled and its pad inlined 1720 ms, the pad tiled 1038 ms)
+                padded = tensor not in (None, buffer) and f"layout.{buffer}.tile" in self.parameters
+                target = buffer if padded else tensor
+                param = self.parameters.get(f"layout.{target}.tile") if target is not None else None
                 if param is None or f"{d}:{self.lanes}" not in param.choices:
                     continue
                 if prod(self.tensor_named(tensor).shape) * itemsize > self.machine.l2:
-                    # read through a zero-padded copy: tile that copy, made in a pass of its own, so that the
-                    # reader has no bounds checks left (OpEvo's C2, conv2d 5x5 at N=512, 64x27x27, Cascade
-                    # Lake: the input tiled and its pad inlined 1720 ms, the pad tiled 1038 ms)
-                    padded = buffer != tensor and f"layout.{buffer}.tile" in self.parameters
-                    config[f"layout.{buffer if padded else tensor}.tile"] = f"{d}:{self.lanes}"
+                    config[f"layout.{target}.tile"] = f"{d}:{self.lanes}"
                 break
 
     def _input_along(self, stage: StageBlock, buffer: str, dims: list[set[int]], dim: int) -> str | None:
