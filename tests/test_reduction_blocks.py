@@ -121,6 +121,23 @@ def test_the_heuristic_blocks_a_long_reduction_by_the_l1_and_the_l2():
     check_config(space.lowered.op, {"M": 512, "Cin": 4096, "Cout": 1024}, space, config, dtype="float32")
 
 
+def test_the_heuristic_packs_the_data_rows_of_a_blocked_product_with_many_columns():
+    # 2048 columns: the copy of the data rows is cheap beside the multiply-adds, so each register tile's rows of
+    # a K block are packed into one contiguous panel ([M, K] -> [M/8, K, 8], Goto's packed A)
+    layer = {"M": 64, "Cin": 4096, "Cout": 2048}
+    space = _space("matmul", layer)
+    s = _reduce_name(space)
+    config = space.heuristic()
+    rows = config[f"{s}.tile.M"][2]
+    assert config[f"{s}.rblock"] != "none" and config["layout.x.tile"] == f"0:{rows}", config
+    assert config["layout.x.perm"] == (0, 1) and rows > 1
+    check_config(space.lowered.op, layer, space, config, dtype="float32")
+    # 1024 columns (OpEvo's MM3): blocked, but the rows stay as they are; unblocked, too
+    assert _space("matmul", {"M": 512, "Cin": 4096, "Cout": 1024}).heuristic()["layout.x.tile"] == "none"
+    unblocked = _space("matmul", {"M": 256, "Cin": 2048, "Cout": 2048}).heuristic()
+    assert unblocked.get(f"{s}.rblock", "none") == "none" and unblocked["layout.x.tile"] == "none"
+
+
 @pytest.mark.parametrize(
     ("name", "layer", "why"),
     [
