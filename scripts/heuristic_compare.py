@@ -20,6 +20,15 @@ them (per-process ratios): on a VM a kernel's time moves by up to 60% from one p
 
 ``--prepacked`` adds the new default built with ``prepacked_weights=True`` and called with weights packed once
 outside the call: the difference is what its packing copies cost on every call.
+
+``--pairs N`` times the sides instead in ``N`` interleaved rounds of back-to-back calls
+(:func:`~kdsl.runtime.timing.interleaved_samples`): each ratio is then the median of the rounds' ratios
+(:func:`~kdsl.runtime.timing.ratio_of_pairs`), and a column gives the spread of ``new/torch``'s (interquartile
+range over median, :func:`~kdsl.runtime.timing.ratio_spread`). Two calls a few milliseconds apart share the VM's
+state, which best-of-rounds times taken minutes apart need not (this machine's PyTorch GEMM moved between 137 and
+182 GFLOP/s from one second to the next with no steal time reported)::
+
+    PYTHONPATH=. python scripts/heuristic_compare.py --old HEAD~1 MM1 GMM --pairs 15
 """
 
 from __future__ import annotations
@@ -104,10 +113,18 @@ def old_configs(ref: str, cases: dict[str, tuple[str, dict[str, int]]]) -> dict[
 
 
 def compare(
-    label: str, name: str, layer: dict[str, int], old: dict[str, Any], rounds: int, prepacked: bool = False
+    label: str,
+    name: str,
+    layer: dict[str, int],
+    old: dict[str, Any],
+    rounds: int,
+    prepacked: bool = False,
+    pairs: int = 0,
 ) -> dict[str, float]:
     """Best-of-``rounds`` medians (seconds) of the old configuration, the new heuristic and PyTorch (and, with
-    ``prepacked``, the new heuristic with its weights packed once outside the call: what its packing copies cost)."""
+    ``prepacked``, the new heuristic with its weights packed once outside the call: what its packing copies cost).
+    With ``pairs``, each side's median over ``pairs`` interleaved rounds instead, and the ratios as medians of
+    the rounds' ratios (``old/new``, ``new/torch``, ``packed/torch``) with ``spread``, ``new/torch``'s."""
     import torch
 
     from kdsl import gallery, solve
@@ -115,7 +132,7 @@ def compare(
     from kdsl.codegen.torch import build as torch_build
     from kdsl.codegen.tvm import build
     from kdsl.codegen.tvm.schedule_space import ScheduleSpace
-    from kdsl.runtime.timing import best_medians
+    from kdsl.runtime.timing import best_medians, interleaved_samples, ratio_of_pairs, ratio_spread
 
     if name == STEM_POOL:
         from kdsl.bench.network_strided import max_pool_op
@@ -168,12 +185,24 @@ def compare(
     }
     if prepacked:
         calls["packed"] = lambda: kernels["packed"].executable(*packed_args, outs["packed"])
+    if pairs:
+        with torch.no_grad():
+            samples = dict(zip(calls, interleaved_samples(list(calls.values()), repeats=pairs, warmup=2)))
+        out = {side: statistics.median(times) for side, times in samples.items()}
+        out["old/new"] = ratio_of_pairs(samples["old"], samples["new"])
+        out["new/torch"] = ratio_of_pairs(samples["new"], samples["torch"])
+        out["spread"] = ratio_spread(samples["new"], samples["torch"])
+        if prepacked:
+            out["packed/torch"] = ratio_of_pairs(samples["packed"], samples["torch"])
+        return out
     with torch.no_grad():
         best = best_medians(list(calls.values()), rounds=rounds, repeats=5, warmup=2)
     return dict(zip(calls, best))
 
 
-def in_processes(label: str, old: str, rounds: int, processes: int, prepacked: bool = False) -> dict[str, float]:
+def in_processes(
+    label: str, old: str, rounds: int, processes: int, prepacked: bool = False, pairs: int = 0
+) -> dict[str, float]:
     """:func:`compare` of one case in ``processes`` fresh processes, one after another: each side's median over
     them of its best-of-``rounds`` time, and the medians of the per-process ratios (``old/new``,
     ``new/torch``). A process's tensors land on pages of its own, and on a VM the same kernel's time moves by
@@ -182,7 +211,7 @@ def in_processes(label: str, old: str, rounds: int, processes: int, prepacked: b
     runs = []
     for _ in range(processes):
         argv = [sys.executable, __file__, label, "--old", old, "--rounds", str(rounds), "--json"]
-        argv += ["--prepacked"] if prepacked else []
+        argv += (["--prepacked"] if prepacked else []) + (["--pairs", str(pairs)] if pairs else [])
         done = subprocess.run(argv, capture_output=True, text=True, env=os.environ)
         line = next((x for x in done.stdout.splitlines() if x.startswith("TIMES")), None)
         assert line is not None, done.stderr[-3000:]
@@ -191,6 +220,8 @@ def in_processes(label: str, old: str, rounds: int, processes: int, prepacked: b
             f"  {label} process {len(runs)}: " + " ".join(f"{k} {v * 1e3:.3f}" for k, v in runs[-1].items()), flush=True
         )
     out = {side: statistics.median(r[side] for r in runs) for side in runs[0]}
+    if pairs:  # each process's ratios are medians of its rounds' ratios already
+        return out
     out["old/new"] = statistics.median(r["old"] / r["new"] for r in runs)
     out["new/torch"] = statistics.median(r["new"] / r["torch"] for r in runs)
     if prepacked:
@@ -207,27 +238,33 @@ def main() -> None:
     parser.add_argument(
         "--prepacked", action="store_true", help="also time the new default with its weights packed once, outside"
     )
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="time N interleaved rounds of back-to-back calls; ratios of pairs"
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process's times, for the above
     args = parser.parse_args()
     cases = case_table(args.cases)
     if args.json:
         olds = old_configs(args.old, cases)
         for label, (name, layer) in cases.items():
-            times = compare(label, name, layer, olds[label], args.rounds, args.prepacked)
+            times = compare(label, name, layer, olds[label], args.rounds, args.prepacked, args.pairs)
             print("TIMES" + json.dumps(times), flush=True)
         return
     olds = old_configs(args.old, cases) if args.processes == 1 else {}
     extra = f" {'packed ms':>9} {'packed/torch':>12}" if args.prepacked else ""
+    extra += f" {'spread':>6}" if args.pairs else ""
     print(f"{'case':8} {'old ms':>9} {'new ms':>9} {'torch ms':>9} {'old/new':>8} {'new/torch':>9}{extra}", flush=True)
     for label, (name, layer) in cases.items():
         if args.processes > 1:
-            t = in_processes(label, args.old, args.rounds, args.processes, args.prepacked)
+            t = in_processes(label, args.old, args.rounds, args.processes, args.prepacked, args.pairs)
         else:
-            t = compare(label, name, layer, olds[label], args.rounds, args.prepacked)
-            t.update({"old/new": t["old"] / t["new"], "new/torch": t["new"] / t["torch"]})
-            if args.prepacked:
-                t["packed/torch"] = t["packed"] / t["torch"]
+            t = compare(label, name, layer, olds[label], args.rounds, args.prepacked, args.pairs)
+            if not args.pairs:
+                t.update({"old/new": t["old"] / t["new"], "new/torch": t["new"] / t["torch"]})
+                if args.prepacked:
+                    t["packed/torch"] = t["packed"] / t["torch"]
         extra = f" {t['packed'] * 1e3:9.3f} {t['packed/torch']:12.2f}" if args.prepacked else ""
+        extra += f" {t['spread']:6.2f}" if args.pairs else ""
         print(
             f"{label:8} {t['old'] * 1e3:9.3f} {t['new'] * 1e3:9.3f} {t['torch'] * 1e3:9.3f} "
             f"{t['old/new']:8.2f} {t['new/torch']:9.2f}{extra}",
