@@ -217,7 +217,11 @@ def in_processes(
         assert line is not None, done.stderr[-3000:]
         runs.append(json.loads(line[len("TIMES") :]))
         print(
-            f"  {label} process {len(runs)}: " + " ".join(f"{k} {v * 1e3:.3f}" for k, v in runs[-1].items()), flush=True
+            f"  {label} process {len(runs)}: "
+            + " ".join(
+                f"{k} {v:.2f}" if "/" in k or k == "spread" else f"{k} {v * 1e3:.3f}" for k, v in runs[-1].items()
+            ),
+            flush=True,
         )
     out = {side: statistics.median(r[side] for r in runs) for side in runs[0]}
     if pairs:  # each process's ratios are medians of its rounds' ratios already
@@ -243,6 +247,12 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one process's times, for the above
     args = parser.parse_args()
+    if args.pairs:
+        # calls back to back: neither pool may spin into the other's call (TVM's threads after a kernel, PyTorch's
+        # OpenMP threads after an operator), which slowed one side of every pair in some processes (MM1: PyTorch
+        # 2x slower in one of two processes); both sleep as soon as their call ends, as in a network's worker
+        os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cases = case_table(args.cases)
     if args.json:
         olds = old_configs(args.old, cases)
