@@ -1,4 +1,16 @@
-"""Paired timing: heuristic kernel, override kernels, PyTorch; interleaved rounds; median of per-round ratios."""
+"""Paired timing of a gallery operator at a layer: the heuristic's kernel, kernels with configuration overrides
+(JSON objects), and PyTorch's function, in REPS interleaved rounds of back-to-back calls (TARGET seconds of calls
+each); prints each kernel's median ms and the quartiles of its rounds' ratios to PyTorch and to the heuristic::
+
+    REPS=4 TARGET=0.01 PYTHONPATH=. python docs/tune/suites_2026-11-29/pairs.py matmul \
+        '{"M": 8192, "Cin": 8192, "Cout": 8192}' '{"layout.x.tile": "none"}'
+
+(session 46's M1 runs compared the heuristic of the commit before the rule against ``{"layout.x.tile": "0:8"}``;
+after it, the heuristic packs and ``"none"`` is the old layout). NT sets the threads (2). As run in session 46
+both thread pools spin after their calls (no ``TVM_THREAD_POOL_SPIN_COUNT=0``, ``OMP_WAIT_POLICY=PASSIVE``): its
+ratios between kernels share that, its ratios to PyTorch are biased against the kernels (README.md, "Why the
+pairs' pools sleep"); ``scripts/heuristic_compare.py --pairs`` sets both.
+"""
 import os, sys, json, statistics
 os.environ.update(TVM_NUM_THREADS=os.environ.get("NT","2"), TVM_BIND_THREADS="0")
 import torch; torch.set_num_threads(int(os.environ.get("NT","2")))

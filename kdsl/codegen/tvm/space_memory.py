@@ -198,16 +198,17 @@ class MemoryRules:
         :data:`PACK_ROWS_COLUMNS` columns, so that the one copy costs little beside the multiply-adds. A data
         tile's rows of one block, kept in L1 while the block's weight panels pass, are then one contiguous run;
         unpacked they are whole rows apart, in M1 32 KiB, and share L1's sets with each other and with the
-        panels. Gensor's M1 (8192^3, Cascade Lake, 2 threads, one process each, pairs timed back to back): 0.85
-        and 0.89 of the unpacked time. At 1024 columns (OpEvo's MM3, 512x4096x1024) it was level (0.99): there
-        the copy, a gather of 8 rows, is about 5% of the call."""
-        if vector.extent < PACK_ROWS_COLUMNS:
+        panels. Gensor's M1 (8192^3, Cascade Lake, 2 threads): 1.09x faster (``scripts/heuristic_compare.py``, 2
+        processes: 1.14 and 1.03), and 0.85 and 0.89 of the unpacked time in two runs of back-to-back pairs. At
+        1024 columns (OpEvo's MM3, 512x4096x1024) it was level (0.99): there the copy, a gather of 8 rows, is
+        about 5% of the call."""
+        if vector.extent < PACK_ROWS_COLUMNS or tile <= 1:
             return
         nspatial = len(stage.spatial)
         row = next(i for i, (a, _) in enumerate(stage.spatial) if a == row_axis)
         for buffer, dims in stage.reads:
             tensor = next((t for t in self.tensors if t.name == buffer), None)
-            if tensor is None or tensor.kind != "input" or len(dims) < 2 or tile <= 1:
+            if tensor is None or tensor.kind != "input" or len(dims) < 2:
                 continue
             last = dims[-1]
             if len(last) != 1 or min(last) < nspatial or {row} not in dims[:-1]:
