@@ -204,16 +204,15 @@ class MemoryRules:
         about 5% of the call."""
         if vector.extent < PACK_ROWS_COLUMNS or tile <= 1:
             return
-        nspatial = len(stage.spatial)
-        row = next(i for i, (a, _) in enumerate(stage.spatial) if a == row_axis)
+        nspatial, row = len(stage.spatial), stage.axis(row_axis).index
         for buffer, dims in stage.reads:
-            tensor = next((t for t in self.tensors if t.name == buffer), None)
-            if tensor is None or tensor.kind != "input" or len(dims) < 2:
-                continue
             last = dims[-1]
             if len(last) != 1 or min(last) < nspatial or {row} not in dims[:-1]:
                 continue  # not rows of the reduction: a window's or the vector's read
-            choice = f"{dims.index({row})}:{tile}"
+            d = dims.index({row})
+            if self._input_along(stage, buffer, dims, d) != buffer:
+                continue  # a weight, or an input read through a copy
+            choice = f"{d}:{tile}"
             param = self.parameters.get(f"layout.{buffer}.tile")
             if param is not None and choice in param.choices and config.get(f"layout.{buffer}.tile", "none") == "none":
                 config[f"layout.{buffer}.tile"] = choice
