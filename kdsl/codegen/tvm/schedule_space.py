@@ -469,8 +469,10 @@ class ScheduleSpace(MemoryRules):
             budget = 1
         register, uf = self._register_axis(stage, vector, max(1, budget))
         if register is not None:
-            config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
             second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
+            if self.lowered.op.is_linear:
+                register, uf, second, sf = self._fullest_register_tile(stage, vector, budget, register, uf)
+            config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
             if second is not None and self.lowered.op.is_linear:
                 # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
                 # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
@@ -651,6 +653,32 @@ class ScheduleSpace(MemoryRules):
         axis = max(candidates, key=lambda a: (not a.weight_only, largest_divisor(a.extent, budget) > 1, a.index))
         factor = largest_divisor(axis.extent, budget)
         return (axis, factor) if factor > 1 else (None, 1)
+
+    def _fullest_register_tile(
+        self, stage: StageBlock, vector: Axis | None, budget: int, register: Axis, uf: int
+    ) -> tuple[Axis, int, Axis | None, int]:
+        """The register tile's first and second axes (each with its tile): ``register`` (:meth:`_register_axis`'s
+        pick) first, unless it and its second axis fill at most half of ``budget`` accumulators and another first
+        axis fills more.
+        The preferred first axis may be so short that its tile and the second's leave half the budget unused:
+        ALT's T2D (a transposed conv2d as phases, ``W_p`` = 2 innermost, ``W_o`` = 14) got ``W_p`` 2 x ``W_o`` 2
+        of AVX2's 8 rows, where ``W_o`` 7 alone fills 7 (0.74x the time, Zen 3, 2 threads, in pairs)."""
+
+        def with_second(first: Axis, f: int) -> tuple[Axis, int, Axis | None, int]:
+            second, sf = self._register_axis(stage, vector, budget // f, besides=first)
+            return first, f, second, sf
+
+        best = with_second(register, uf)
+        if 2 * best[1] * best[3] > budget:
+            return best  # within a factor of 2 of the budget: the preferred axes keep it (7 of 8 is no reason)
+        candidates = [a for a in stage.axes if not a.reduce and a is not vector and a.extent > 1]
+        for axis in sorted(candidates, key=lambda a: -a.index):  # on a tie the innermost, as _register_axis
+            if axis.weight_only != register.weight_only or axis is register:
+                continue  # a data axis stays first where there is one (_register_axis)
+            option = with_second(axis, largest_divisor(axis.extent, budget))
+            if option[1] * option[3] > best[1] * best[3]:
+                best = option
+        return best
 
     def padding_in_vector(self, pad: StageBlock, reader: StageBlock, vector: str | None) -> bool:
         """Whether ``reader``'s vector axis ``vector`` (a label, or ``None``) indexes a padded dim of ``pad``:
