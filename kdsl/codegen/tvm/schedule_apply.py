@@ -16,7 +16,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.pack_inside import compute_copy_at, pack_layout, pass_order
-from kdsl.codegen.tvm.parameters import order_labels, reduction_block_depth
+from kdsl.codegen.tvm.parameters import largest_divisor, order_labels, reduction_block_depth
 from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
@@ -69,17 +69,20 @@ class _Nest:
     at: Any
 
 
-def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
+def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> int:
     """Vectorize ``loop``: whole up to :data:`MAX_VECTORS` vectors (a short loop of 28 becomes 16 + 8 + 4
-    lanes), else split by at most that (a 1024-lane vector took LLVM minutes to compile)."""
+    lanes), else split by at most that (a 1024-lane vector took LLVM minutes to compile). Returns the
+    vector's width (1: none)."""
     extent = int(sch.get(loop).extent)
     if extent <= MAX_VECTORS * lanes:
         if extent > 1:
             sch.vectorize(loop)
-        return
-    factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if extent % f == 0), None)
-    if factor is not None:
-        sch.vectorize(sch.split(loop, [None, factor])[1])
+        return extent
+    factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if f > 1 and extent % f == 0), None)
+    if factor is None:
+        return 1
+    sch.vectorize(sch.split(loop, [None, factor])[1])
+    return factor
 
 
 def unrolls_register_tile(stage: StageBlock, config: Mapping[str, Any]) -> bool:
@@ -581,11 +584,13 @@ class _Applier:
         if len(loops) > tail > 1:
             # trailing loops that every access walks contiguously (or not at all: a gate per channel) fuse
             # into one run of whole vectors (SE's gate at 8x256x14x14, 1 thread: 0.40 -> 0.19 ms, where a
-            # row of 14 took no vector); a short run is vectorized whole (49 = 3 x 16 + 1 lanes)
+            # row of 14 took no vector); a short run is vectorized whole up to RAGGED_VECTORS vectors (49 =
+            # 3 x 16 + 1 lanes; for AVX2 6 x 8 + 1, which a bound of 4 vectors left scalar: SE at 8x512x7x7,
+            # Zen 3, 2 threads: 118 -> 70 us)
             extent = prod(int(sch.get(lp).extent) for lp in loops[-tail:])
             factor = next((f for f in (2 * lanes, lanes) if extent % f == 0), 0)
             factor = factor or (
-                extent if extent <= 4 * lanes else next((f for f in (lanes // 2, 4) if extent % f == 0), 1)
+                extent if extent <= RAGGED_VECTORS * lanes else next((f for f in (lanes // 2, 4) if extent % f == 0), 1)
             )
             if factor > 1:
                 fused = sch.fuse(*loops[-tail:])
@@ -672,21 +677,26 @@ class _Applier:
         if not reduce and spatial:
             _vectorize_inner(sch, spatial[-1], self.space.lanes)
         elif spatial and int(sch.get(spatial[-1]).extent) > 1:
-            self._vectorize_attached(stage, block, spatial[-1], reduce)
-            return f"computed at {consumer}'s parallel loop, vector {int(sch.get(spatial[-1]).extent)}"
+            width = self._vectorize_attached(stage, block, spatial[-1], reduce)
+            return f"computed at {consumer}'s parallel loop, vector {width}"
         return f"computed at {consumer}'s parallel loop"
 
-    def _vectorize_attached(self, stage: StageBlock, block: Any, last: Any, reduce: Sequence[Any]) -> None:
+    def _vectorize_attached(self, stage: StageBlock, block: Any, last: Any, reduce: Sequence[Any]) -> int:
         """An attached reduction's reductions moved above its innermost spatial loop, which is vectorized (whole
         up to :data:`RAGGED_VECTORS` vectors), the inner reductions unrolled within ``S.unroll``: as computed
         at its reader, its loops were scalar with the reduction innermost (a separable pooling's row sums
-        at Gensor's P3: 1.5x faster in all, contended)."""
+        at Gensor's P3: 1.5x faster in all, contended). Returns the vector's width: a longer loop is split
+        (``last`` then no longer exists: AVX2's float64 rows of 82 at Gensor-style pooling fell back)."""
         sch, lanes = self.sch, self.space.lanes
         sch.reorder(*reduce, last)
-        if int(sch.get(last).extent) <= RAGGED_VECTORS * lanes:
+        width = int(sch.get(last).extent)
+        if width > RAGGED_VECTORS * lanes:
+            # a longer row in pieces of its largest divisor within that, ragged or not (82 = 2 x 41 for AVX2's 8
+            # lanes: vectors of 41; whole vectors divided none of it, and Gensor's P2 summed its rows in scalars)
+            width = largest_divisor(width, RAGGED_VECTORS * lanes)
+            last = sch.split(last, [None, width])[1]
+        if width > 1:
             sch.vectorize(last)
-        else:
-            _vectorize_inner(sch, last, lanes)
         budget = self.config.get(f"{stage.name}.unroll", 1)
         for loop in reversed(reduce):
             extent = int(sch.get(loop).extent)
@@ -698,3 +708,4 @@ class _Applier:
         init_last = sch.get_loops(init)[-1]
         if int(sch.get(init_last).extent) <= RAGGED_VECTORS * lanes:
             sch.vectorize(init_last)
+        return width
