@@ -200,6 +200,26 @@ def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_a
     assert kept["stage0.tile.W"] == (1, 1, 7), kept
 
 
+def test_a_strided_convolution_over_data_beyond_l2_takes_32_lanes_over_rows_of_h():
+    # AVX2: 4 vectors of Cout over 2 rows of H (not 2 vectors over 2 x 2 of W and H, strided along W) where the
+    # input exceeds BLOCK_ABOVE_L2 L2 caches; a small input keeps the default's tiles; AVX-512 keeps its 2 vectors
+    from kdsl.runtime.cpu import from_features
+
+    caches = {"l1d": 32 * 1024, "l2": 512 * 1024}
+    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0, caches=caches)
+    avx512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0, caches=caches)
+    op = gallery.load("alexnet_c1")
+    big = {"N": 16, "Cin": 64, "Cout": 64, "H": 30, "W": 30, "Ho": 14, "Wo": 14, "K": 3, "s": 2}  # 3.5 MiB of input
+    space = ScheduleSpace(lower(op, big, dtype="float32"), machine=avx2)
+    config = space.heuristic()
+    assert config["stage0.tile.Cout"] == (2, 1, 32) and config["stage0.tile.H"] == (7, 1, 2), config
+    assert config["stage0.tile.W"] == (14, 1, 1), config
+    check_config(op, big, space, config, dtype="float32")
+    small = {**big, "N": 2}  # 450 KiB: in L2
+    assert ScheduleSpace(lower(op, small, dtype="float32"), machine=avx2).heuristic()["stage0.tile.Cout"][2] == 16
+    assert ScheduleSpace(lower(op, big, dtype="float32"), machine=avx512).heuristic()["stage0.tile.Cout"][2] == 32
+
+
 @pytest.mark.parametrize("layer", [{"N": 1, "Cin": 40, "Cout": 24}, {"N": 1, "Cin": 12, "Cout": 5}])
 def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
     op = gallery.load("linear")
