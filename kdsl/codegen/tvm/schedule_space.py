@@ -391,7 +391,9 @@ class ScheduleSpace(MemoryRules):
           unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms). A compiled
           network packs them once (:mod:`kdsl.codegen.tvm.prepack`).
         * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
-          rather than by half vectors; several vectors are cut to one where they leave the register
+          rather than by half vectors; a register tile whose preferred axes fill at most half the accumulators
+          takes a first axis that fills more (:meth:`_fullest_register_tile`); a strided convolution over data
+          beyond L2 takes 32 lanes over rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`); several vectors are cut to one where they leave the register
           tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
           axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
@@ -472,11 +474,12 @@ class ScheduleSpace(MemoryRules):
         if rows is not None:  # _strided_rows_to_lanes' rows, alone
             register, uf = rows, largest_divisor(rows.extent, max(1, budget))
         if register is not None:
-            second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
             if rows is not None:
                 second, sf = None, 1
-            if self.lowered.op.is_linear:
+            elif self.lowered.op.is_linear:
                 register, uf, second, sf = self._fullest_register_tile(stage, vector, budget, register, uf)
+            else:
+                second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
             config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
             if second is not None and self.lowered.op.is_linear:
                 # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
