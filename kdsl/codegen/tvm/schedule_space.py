@@ -394,9 +394,9 @@ class ScheduleSpace(MemoryRules):
           rather than by half vectors; a register tile whose preferred axes fill at most half the accumulators
           takes a first axis that fills more (:meth:`_fullest_register_tile`); a strided convolution over data
           beyond L2 takes 32 lanes over rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`);
-          several vectors are cut to one where they leave the register tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the vector
-          axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
-          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
+          several vectors are cut to one where they leave the register tile only an axis the weights index
+          (:meth:`_reuse_weights`); a data input that the vector axis gathers from is packed with that axis's dim
+          last (:meth:`_input_vector_last`: a depthwise convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
           data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`),
           except in a thin product: where the weights fit in half of L2 and a register tile's data rows (the
           whole reduction) in half of L1, the weight-only vector axis's tiles all go to the middle loops, so
