@@ -390,21 +390,20 @@ class ScheduleSpace(MemoryRules):
           apart), which the hardware prefetcher and the TLB serve badly (AVX-512, 2 threads: 7.4 ms
           unpacked, 2.9 ms packed into panels of 32, packing included; PyTorch 2.7 ms). A compiled
           network packs them once (:mod:`kdsl.codegen.tvm.prepack`).
-        * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors
-          rather than by half vectors; a register tile whose preferred axes fill at most half the accumulators
-          takes a first axis that fills more (:meth:`_fullest_register_tile`); a strided convolution over data
-          beyond L2 takes 32 lanes over rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`);
-          several vectors are cut to one where they leave the register tile only an axis the weights index
-          (:meth:`_reuse_weights`); a data input that the vector axis gathers from is packed with that axis's dim
-          last (:meth:`_input_vector_last`: a depthwise convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`);
-          data inputs larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`),
-          except in a thin product: where the weights fit in half of L2 and a register tile's data rows (the
-          whole reduction) in half of L1, the weight-only vector axis's tiles all go to the middle loops, so
-          each parallel task writes whole output rows (:meth:`_rows_whole`: Gensor's U3 2.3x faster), but not
-          in a kernel whose inputs, weights and output all fit in one core's L2 while its weights exceed half
-          of L1 (no writes to memory to save; the weight panels, each kept in L1, stay outermost); a thin
-          product accumulates in place either way (``S.cache = "none"``: LLVM keeps the tile in registers,
-          where a local tile lives in a workspace buffer).
+        * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors rather than by
+          half vectors; a register tile whose preferred axes fill at most half the accumulators takes a first axis that
+          fills more (:meth:`_fullest_register_tile`); a strided convolution over data beyond L2 takes 32 lanes over
+          rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`); several vectors are cut to one where
+          they leave the register tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the
+          vector axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
+          convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`); data inputs
+          larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`), except in a thin
+          product: where the weights fit in half of L2 and a register tile's data rows (the whole reduction) in half of
+          L1, the weight-only vector axis's tiles all go to the middle loops, so each parallel task writes whole output
+          rows (:meth:`_rows_whole`: Gensor's U3 2.3x faster), but not in a kernel whose inputs, weights and output all
+          fit in one core's L2 while its weights exceed half of L1 (no writes to memory to save; the weight panels, each
+          kept in L1, stay outermost); a thin product accumulates in place either way (``S.cache = "none"``: LLVM keeps
+          the tile in registers, where a local tile lives in a workspace buffer).
         * Products of data inputs (a batched matmul): a vector axis of at most :data:`SHORT_VECTORS` whole vectors
           taken whole (:func:`~kdsl.codegen.tvm.product_tiles.whole_product_rows`).
         * Plain operators' window sums and means (:meth:`_streams`): the vector along their rows, ragged or not, the
