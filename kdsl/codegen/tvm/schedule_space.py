@@ -81,7 +81,8 @@ from kdsl.codegen.tvm.parameters import (
 )
 from kdsl.codegen.tvm.product_tiles import whole_product_rows
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
-from kdsl.codegen.tvm.space_memory import BLOCK_ABOVE_L2, BLOCK_TILES, RBLOCK_DEPTHS, MemoryRules
+from kdsl.codegen.tvm.space_memory import BLOCK_TILES, RBLOCK_DEPTHS, MemoryRules
+from kdsl.codegen.tvm.space_registers import RegisterRules
 from kdsl.codegen.tvm.space_rules import conflicts, repair
 from kdsl.codegen.tvm.toolchain import error_reason, load_tvm
 from kdsl.lang.errors import LoweringError
@@ -113,7 +114,7 @@ HEURISTIC_UNROLL = 256
 # ------------------------------------------------------------------------------------------------
 
 
-class ScheduleSpace(MemoryRules):
+class ScheduleSpace(RegisterRules, MemoryRules):
     """The schedule space of one lowered operator (:func:`kdsl.codegen.tvm.lowering.lower`)."""
 
     def __init__(self, lowered: Any, machine: Machine | None = None) -> None:
@@ -469,9 +470,10 @@ class ScheduleSpace(MemoryRules):
             # row only. Under unrolled windows alone LLVM keeps the rows in registers (a max pool's rows
             # share their window's loads). Plain operators keep their schedules.
             budget = 1
-        register, uf = self._register_axis(stage, vector, max(1, budget))
         if rows is not None:  # _strided_rows_to_lanes' rows, alone
             register, uf = rows, largest_divisor(rows.extent, max(1, budget))
+        else:
+            register, uf = self._register_axis(stage, vector, max(1, budget))
         if register is not None:
             if rows is not None:
                 second, sf = None, 1
@@ -628,91 +630,6 @@ class ScheduleSpace(MemoryRules):
         weights = {w.name for w in self.lowered.weights}
         indexed = {i for buffer, dims in stage.reads if buffer in weights for used in dims for i in used}
         return bool(indexed) and all(a.extent == 1 or a.index in indexed for a in stage.axes if not a.reduce)
-
-    def _reuse_weights(self, stage: StageBlock, vector: Axis | None, vf: int) -> int:
-        """The vector tile ``vf`` cut to one vector where its several vectors leave the register tile only an
-        axis that the weights index (each row of the tile then loads weights of its own), and one vector
-        frees room for an axis they do not index (its rows share each weight vector). A grouped conv2d at
-        conv5_x (G = 32, 16 channels a group) for AVX2: groups 4 x 2 vectors -> W 7 x 1 vector, 1.9x faster
-        (2 contended threads). Plain operators only."""
-        lanes, accumulators = self.lanes, self.accumulators
-        if not self.lowered.op.is_linear or vector is None or vf <= lanes or vf % lanes:
-            return vf
-        budget = accumulators // (vf // lanes)
-        register, _ = self._register_axis(stage, vector, budget)
-        weights = {w.name for w in self.lowered.weights}
-        indexed = {i for buffer, dims in stage.reads if buffer in weights for used in dims for i in used}
-        if register is None or register.index not in indexed:
-            return vf
-        free = [a for a in stage.axes if not a.reduce and a is not vector and a.extent > 1 and a.index not in indexed]
-        if any(largest_divisor(a.extent, budget) < largest_divisor(a.extent, accumulators) for a in free):
-            return lanes
-        return vf
-
-    def _register_axis(
-        self, stage: StageBlock, vector: Axis | None, budget: int, besides: Axis | None = None
-    ) -> tuple[Axis | None, int]:
-        """A spatial axis for the register tile besides the vector axis (and ``besides``; a data axis if
-        any), tiled to fit ``budget``."""
-        candidates = [a for a in stage.axes if not a.reduce and a is not vector and a is not besides and a.extent > 1]
-        if not candidates:
-            return None, 1
-        axis = max(candidates, key=lambda a: (not a.weight_only, largest_divisor(a.extent, budget) > 1, a.index))
-        factor = largest_divisor(axis.extent, budget)
-        return (axis, factor) if factor > 1 else (None, 1)
-
-    def _strided_rows_to_lanes(self, stage: StageBlock, vector: Axis | None, vf: int) -> tuple[int, Axis | None]:
-        """A plain convolution whose innermost data axis reads its input at a stride above 1 (``x[.., 2*w + kw]``)
-        and whose vector axis only the weights index: on a machine of fewer than 16 lanes, 32 lanes of the
-        vector axis (AVX2: 4 vectors, AVX-512's 2) over rows of the next data axis out (``H``), not of the
-        strided one. Strided rows of the register tile broadcast from a new cache line each, and 2 x 2 rows of
-        a 3 x 3 window at stride 2 leave LLVM 25 broadcasts live beside the accumulators (AVX2's 16 registers
-        spilled). Gensor's C1 and C3 (stride 2, AVX2, Zen 3, 2 threads, pairs against the default's 2 vectors
-        over W x H, or W): 0.74 and 0.69 of the time; stride-1 convolutions keep their tiles (ALT's C2D with 4
-        vectors over H: 1.37x slower), nor do strided ones whose inputs fit in :data:`BLOCK_ABOVE_L2` L2 caches.
-        Returns the vector tile and the rows' axis (``None``: the rule does not apply)."""
-        wide = 32
-        if not self.lowered.op.is_linear or vector is None or not vector.weight_only or vf != MAX_VECTORS * self.lanes:
-            return vf, None
-        if self.lanes >= 16 or wide % self.lanes or vector.extent % wide:
-            return vf, None
-        data = [a for a in stage.axes if not a.reduce and not a.weight_only and a.extent > 1]
-        if not data or (data[-1].gather_stride or 0) <= 1:
-            return vf, None
-        if len(data) < 2 or largest_divisor(data[-2].extent, self.accumulators // (wide // self.lanes)) == 1:
-            return vf, None  # no rows of H to take (OpEvo's C1, H = 55: rows of N instead were 0.98x as fast)
-        inputs = self._itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
-        if inputs <= BLOCK_ABOVE_L2 * self.machine.l2:
-            # data that stays in L2 costs no line per broadcast (ResNet-18's stride-2 layers at batch 1, 400 KiB:
-            # the rule's tiles took 1.08 and 1.24x the time of the default's)
-            return vf, None
-        return wide, data[-2]
-
-    def _fullest_register_tile(
-        self, stage: StageBlock, vector: Axis | None, budget: int, register: Axis, uf: int
-    ) -> tuple[Axis, int, Axis | None, int]:
-        """The register tile's first and second axes (each with its tile): ``register`` (:meth:`_register_axis`'s
-        pick) first, unless it and its second axis fill at most half of ``budget`` accumulators and another first
-        axis fills more.
-        The preferred first axis may be so short that its tile and the second's leave half the budget unused:
-        ALT's T2D (a transposed conv2d as phases, ``W_p`` = 2 innermost, ``W_o`` = 14) got ``W_p`` 2 x ``W_o`` 2
-        of AVX2's 8 rows, where ``W_o`` 7 alone fills 7 (0.74x the time, Zen 3, 2 threads, in pairs)."""
-
-        def with_second(first: Axis, f: int) -> tuple[Axis, int, Axis | None, int]:
-            second, sf = self._register_axis(stage, vector, budget // f, besides=first)
-            return first, f, second, sf
-
-        best = with_second(register, uf)
-        if 2 * best[1] * best[3] > budget:
-            return best  # within a factor of 2 of the budget: the preferred axes keep it (7 of 8 is no reason)
-        candidates = [a for a in stage.axes if not a.reduce and a is not vector and a.extent > 1]
-        for axis in sorted(candidates, key=lambda a: -a.index):  # on a tie the innermost, as _register_axis
-            if axis.weight_only != register.weight_only or axis is register:
-                continue  # a data axis stays first where there is one (_register_axis)
-            option = with_second(axis, largest_divisor(axis.extent, budget))
-            if option[1] * option[3] > best[1] * best[3]:
-                best = option
-        return best
 
     def padding_in_vector(self, pad: StageBlock, reader: StageBlock, vector: str | None) -> bool:
         """Whether ``reader``'s vector axis ``vector`` (a label, or ``None``) indexes a padded dim of ``pad``:

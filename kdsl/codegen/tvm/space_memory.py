@@ -68,6 +68,11 @@ class MemoryRules:
         """Bytes of one element of the kernel's output dtype (the sizes the cache rules compare)."""
         return max(1, dtype_bits(self.lowered.out.dtype) // 8)
 
+    @property
+    def _input_bytes(self) -> int:
+        """Bytes of the kernel's data inputs, at :attr:`_itemsize` an element."""
+        return self._itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
+
     def _accumulate_in_place(self, stage: StageBlock, config: dict[str, Any]) -> None:
         """``stage`` accumulates in the output it writes (``S.cache = "none"``) where its space offers it: LLVM
         keeps the register tile in registers across the reduction, where a local tile lives in a workspace
@@ -109,8 +114,7 @@ class MemoryRules:
         # makes none, and there one weight panel kept in L1 across the data tiles beats every task reading all
         # the weights from L2, unless they fit in L1 anyway (rule off / on, Cascade Lake, 11 rounds: 784x128x128
         # 0.98, 512x128x128 0.96, 392x128x128 1.01, 784x96x96 0.99; 784x64x64, weights in L1: 1.08)
-        inputs = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
-        resident = inputs + weight_bytes + itemsize * prod(e for _, e in stage.spatial) <= self.machine.l2
+        resident = self._input_bytes + weight_bytes + itemsize * prod(e for _, e in stage.spatial) <= self.machine.l2
         if resident and weight_bytes > self.machine.l1d // 2:
             return False
         config[f"{s}.tile.{vector.label}"] = (1, vector.extent // vf, vf)
@@ -254,8 +258,7 @@ class MemoryRules:
         name = f"{stage.name}.block"
         if name not in self.parameters or vector.label not in stage.weight_only:
             return
-        itemsize = self._itemsize
-        data = itemsize * sum(prod(t.shape) for t in self.tensors if t.kind == "input")
+        data = self._input_bytes
         if data <= BLOCK_ABOVE_L2 * self.machine.l2:
             return
         for axis, extent in stage.spatial:
