@@ -69,20 +69,17 @@ class _Nest:
     at: Any
 
 
-def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> int:
+def _vectorize_inner(sch: Any, loop: Any, lanes: int) -> None:
     """Vectorize ``loop``: whole up to :data:`MAX_VECTORS` vectors (a short loop of 28 becomes 16 + 8 + 4
-    lanes), else split by at most that (a 1024-lane vector took LLVM minutes to compile). Returns the
-    vector's width (1: none)."""
+    lanes), else split by at most that (a 1024-lane vector took LLVM minutes to compile)."""
     extent = int(sch.get(loop).extent)
     if extent <= MAX_VECTORS * lanes:
         if extent > 1:
             sch.vectorize(loop)
-        return extent
-    factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if f > 1 and extent % f == 0), None)
-    if factor is None:
-        return 1
-    sch.vectorize(sch.split(loop, [None, factor])[1])
-    return factor
+        return
+    factor = next((f for f in (MAX_VECTORS * lanes, lanes, lanes // 2, 4) if extent % f == 0), None)
+    if factor is not None:
+        sch.vectorize(sch.split(loop, [None, factor])[1])
 
 
 def unrolls_register_tile(stage: StageBlock, config: Mapping[str, Any]) -> bool:
