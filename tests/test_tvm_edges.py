@@ -560,14 +560,13 @@ def test_a_product_vectorized_along_a_ragged_row_keeps_one_register_row() -> Non
     """Scores of attention over a 28-wide image: a vector of 28 lanes is 16 + 8 + 4, and under the
     rolled loop over d (8 > 4, not unrolled) rows of a register tile would start off vector boundaries
     (LLVM then assembles them lane by lane): the Product's register tile is one row."""
-    from kdsl.runtime.cpu import from_features
+    from test_tvm_schedule_forms import AVX512
 
     graph, _ = KERNELS["attention_2d_softmax"]
     layer = {**LAYER, "N": 1, "H": 2, "W": 28, "D": 8}
     report: list[tuple[str, str]] = []
     # AVX-512's 16 lanes (AVX2's 8 take 28 as 7 half vectors, no ragged row); the kernel below runs on this machine
-    avx512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0)
-    space = ScheduleSpace(kdsl_tvm.lower(graph, layer), avx512)
+    space = ScheduleSpace(kdsl_tvm.lower(graph, layer), AVX512)
     space.apply(space.heuristic(), fallback=True, report=report)
     scores = [what for stage, what in report if stage.endswith("_product") and "vector axis w2" in what]
     assert scores == ["register tile 28 (vector axis w2), packed 0"], report

@@ -20,6 +20,11 @@ from kdsl.codegen import reference  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import HEURISTIC_UNROLL, ScheduleSpace  # noqa: E402
 from kdsl.lang.errors import LoweringError  # noqa: E402
+from kdsl.runtime.cpu import from_features  # noqa: E402
+
+#: Machines the heuristic is asked about by name (the kernels still run on this one).
+AVX2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
+AVX512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0)
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
@@ -155,15 +160,12 @@ def test_inputs_keep_their_layout_where_the_vector_reads_them_contiguously(name,
 
 def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
     # AVX2's 8 lanes: a depthwise row of 28 whole (8 + 8 + 8 + 4 lanes), not 7 vectors of 4 lanes
-    from kdsl.runtime.cpu import from_features
-
-    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
     op, layer = gallery.load("depthwise_conv2d"), {"N": 1, "Cin": 8, "H": 8, "W": 28}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
     config = space.heuristic()
     assert config["stage0.vector"] == "W" and config["stage0.tile.W"] == (1, 1, 28), config
     check_config(op, layer, space, config, dtype="float32")
-    space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=avx2)  # 4 lanes: 28 is 7 vectors
+    space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=AVX2)  # 4 lanes: 28 is 7 vectors
     assert space64.heuristic()["stage0.tile.W"][2] == 4
     check_config(op, layer, space64, space64.heuristic())
 
@@ -171,11 +173,8 @@ def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
 def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_axis():
     # AVX2, 16 channels a group: 2 vectors x 4 groups (a weight load per row) -> 1 vector x W of 7 (rows
     # share each weight vector); AVX-512's one vector of 16 keeps its tile
-    from kdsl.runtime.cpu import from_features
-
-    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
     op, layer = gallery.load("grouped_conv2d"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
     config = space.heuristic()
     assert config["stage0.tile.co"] == (2, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
     assert config["layout.w.tile"].endswith(":8"), config  # the packed weight follows the vector tile
@@ -185,26 +184,21 @@ def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_
 def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_accumulators():
     # a transposed conv2d as phases: W_p (2) is the innermost data axis; W_p 2 x W_o 2 filled 4 of AVX2's 8
     # accumulators, W_o 7 alone fills 7 (ALT's T2D 1.42x faster, Zen 3, 2 threads, in pairs)
-    from kdsl.runtime.cpu import from_features
-
-    avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
     op, layer = gallery.load("conv_transpose2d"), {"N": 1, "Cin": 16, "Cout": 8, "H": 14, "W": 14}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=avx2)
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
     config = space.heuristic()
     assert config["stage0.tile.W_o"] == (2, 1, 7) and config["stage0.tile.W_p"] == (2, 1, 1), config
     check_config(op, layer, space, config, dtype="float32")
     # a tile that fills more than half the budget keeps the preferred axes (W 7 x 1 of 8 for a conv2d at 7 x 7)
     conv = gallery.load("conv2d")
     small = {"N": 1, "Cin": 8, "Cout": 8, "H": 7, "W": 7}
-    kept = ScheduleSpace(lower(conv, small, dtype="float32"), machine=avx2).heuristic()
+    kept = ScheduleSpace(lower(conv, small, dtype="float32"), machine=AVX2).heuristic()
     assert kept["stage0.tile.W"] == (1, 1, 7), kept
 
 
 def test_a_strided_convolution_over_data_beyond_l2_takes_32_lanes_over_rows_of_h():
     # AVX2: 4 vectors of Cout over 2 rows of H (not 2 vectors over 2 x 2 of W and H, strided along W) where the
     # input exceeds BLOCK_ABOVE_L2 L2 caches; a small input keeps the default's tiles; AVX-512 keeps its 2 vectors
-    from kdsl.runtime.cpu import from_features
-
     caches = {"l1d": 32 * 1024, "l2": 512 * 1024}
     avx2 = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0, caches=caches)
     avx512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0, caches=caches)
