@@ -214,6 +214,27 @@ def test_a_strided_convolution_over_data_beyond_l2_takes_32_lanes_over_rows_of_h
     assert ScheduleSpace(lower(op, big, dtype="float32"), machine=avx512).heuristic()["stage0.tile.Cout"][2] == 32
 
 
+def test_weight_panels_stream_from_a_fast_l3_instead_of_k_blocks():
+    # a long reduction whose tile operands exceed half of L2 is K-blocked, unless the whole weight fits in half
+    # of L3 and the L3 serves a core twice the tile's 16 bytes a cycle: Zen's 32 does, Intel's 16 does not
+    caches = {"l1d": 32 * 1024, "l2": 64 * 1024, "l3": 2 * 1024 * 1024}
+    op, layer = gallery.load("matmul"), {"M": 64, "Cin": 2048, "Cout": 128}  # a 1 MiB weight
+
+    def heuristic(mcpu, model="", **more):
+        machine = from_features(mcpu, {"avx", "avx2", "fma"}, cores=2, ghz=3.0, caches={**caches, **more}, model=model)
+        return ScheduleSpace(lower(op, layer, dtype="float32"), machine=machine)
+
+    zen = heuristic("znver3")
+    config = zen.heuristic()
+    assert zen.machine.l3_bytes_per_cycle == 32 and config["stage0.rblock"] == "none", config
+    assert config["layout.w.pack"] == "pass" and config["stage0.block"] == "none", config
+    check_config(op, layer, zen, config, dtype="float32")
+    # the host's model name decides, not the mcpu the code is compiled for
+    assert heuristic("haswell", "AMD EPYC 7B13").heuristic()["stage0.rblock"] == "none"
+    assert heuristic("znver3", "Intel(R) Xeon(R) Gold 6248").heuristic()["stage0.rblock"] == "Cin:512"
+    assert heuristic("znver3", l3=1024 * 1024).heuristic()["stage0.rblock"] == "Cin:512"  # the weight is half of L3
+
+
 @pytest.mark.parametrize("layer", [{"N": 1, "Cin": 40, "Cout": 24}, {"N": 1, "Cin": 12, "Cout": 5}])
 def test_a_gemv_sums_in_vector_lanes_and_leaves_its_weight_unpacked(layer):
     op = gallery.load("linear")
@@ -257,17 +278,24 @@ def test_lanes_over_several_rows_at_once_match_the_reference(name, layer):
 
 
 def test_cache_blocking_where_the_data_exceeds_the_l2():
-    # a 16 KiB L2 makes a small matmul's 128 KiB input "large": the rows come in blocks of at most 8 KiB
+    # a 32 KiB L2 makes a small matmul's 256 KiB input "large": the rows come in blocks of at most 16 KiB
     from kdsl.runtime.cpu import from_features
 
-    small_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 16 * 1024})
-    op, layer = gallery.load("matmul"), {"M": 512, "Cin": 64, "Cout": 64}
+    small_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 32 * 1024})
+    op, layer = gallery.load("matmul"), {"M": 1024, "Cin": 64, "Cout": 128}
     space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=small_l2)
     config = space.heuristic()
     axis, n = config["stage0.block"].split(":")
     rows = int(n) * config["stage0.tile.M"][1] * config["stage0.tile.M"][2]
-    assert axis == "M" and rows * 64 * 4 <= 8 * 1024, config
+    assert axis == "M" and rows * 64 * 4 <= 16 * 1024, config
+    assert 64 * config["stage0.tile.Cout"][2] * 4 <= 32 * 1024 // 4, config  # the panel within a quarter of L2
     check_config(op, layer, space, config, dtype="float32")
     # 32 KiB of input is within 4 L2s: no blocks
     narrow = ScheduleSpace(lower(op, {**layer, "M": 128}, dtype="float32"), machine=small_l2).heuristic()
     assert narrow["stage0.block"] == "none"
+    # with a 16 KiB L2 the 8 KiB weight panel fills more than a quarter of it: no room for blocks beside it
+    tiny_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 16 * 1024})
+    crowded = ScheduleSpace(lower(op, layer, dtype="float32"), machine=tiny_l2).heuristic()
+    assert crowded["stage0.tile.Cout"][0] > 1, crowded  # the vector axis still runs over tasks
+    assert 64 * crowded["stage0.tile.Cout"][2] * 4 > 16 * 1024 // 4, crowded
+    assert crowded["stage0.block"] == "none", crowded

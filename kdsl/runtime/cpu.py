@@ -22,6 +22,8 @@ Where each fact comes from:
 * **cores**: the target's ``num-cores`` (``TVM_NUM_THREADS``).
 * **clock and caches**: the host's (``/sys/devices/system/cpu``, ``/proc/cpuinfo``), which is where
   the code runs whatever ``mcpu`` it was compiled for; defaults where they cannot be read.
+* **the last-level cache's bandwidth** (bytes a core reads from L3 per cycle): not in sysfs;
+  :func:`l3_bytes_per_cycle_of` gives it by vendor, from the host's model name (else the ``mcpu``).
 
 >>> m = from_features("haswell", {"avx", "avx2", "fma"}, cores=2, ghz=3.0)
 >>> m.isa, m.lanes(), m.vector_registers, m.fma_units, round(m.peak_gflops())
@@ -44,6 +46,7 @@ __all__ = [
     "dtype_bits",
     "fma_units_of",
     "from_features",
+    "l3_bytes_per_cycle_of",
     "host_caches",
     "host_ghz",
     "host_model",
@@ -122,6 +125,29 @@ def fma_units_of(mcpu: str, features: Iterable[str] = ("fma",), model: str = "")
     return FMA_UNITS.get(mcpu, 2)
 
 
+#: Bytes one core reads from the last-level cache per cycle. AMD's Zen cores (every EPYC and Ryzen; LLVM's
+#: ``znver*``) read 32 bytes a cycle from their CCX's L3; 16 elsewhere, the figure the analytic model
+#: assumed for every machine (an Intel Xeon's mesh L3 sustains about that per core).
+ZEN_L3_BYTES_PER_CYCLE, L3_BYTES_PER_CYCLE = 32, 16
+
+
+def l3_bytes_per_cycle_of(mcpu: str, model: str = "") -> int:
+    """Bytes a core reads from L3 per cycle: :data:`ZEN_L3_BYTES_PER_CYCLE` on an AMD Zen core (named by the
+    host's ``model``, or by ``mcpu`` where the model is unknown), else :data:`L3_BYTES_PER_CYCLE`. The
+    model comes first because the cache is the host's whatever ``mcpu`` the code was compiled for.
+
+    >>> l3_bytes_per_cycle_of("haswell", "AMD EPYC 7B13"), l3_bytes_per_cycle_of("znver3")
+    (32, 32)
+    >>> l3_bytes_per_cycle_of("znver3", "Intel(R) Xeon(R) Gold 6248"), l3_bytes_per_cycle_of("cascadelake")
+    (16, 16)
+    """
+    if model:
+        zen = re.search(r"\bAMD\b.*\b(EPYC|Ryzen|Threadripper)\b", model, re.IGNORECASE) is not None
+    else:
+        zen = mcpu.startswith("znver")
+    return ZEN_L3_BYTES_PER_CYCLE if zen else L3_BYTES_PER_CYCLE
+
+
 @dataclass(frozen=True)
 class Machine:
     """The CPU a kernel is compiled for and runs on. Sizes in bytes, clock in GHz."""
@@ -137,6 +163,7 @@ class Machine:
     l2: int = 1024 * 1024
     l3: int = 16 * 1024 * 1024
     model: str = ""
+    l3_bytes_per_cycle: int = L3_BYTES_PER_CYCLE  # per core (l3_bytes_per_cycle_of)
     features: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def lanes(self, dtype: str = "float32") -> int:
@@ -217,6 +244,7 @@ def from_features(
         l2=caches.get("l2", 1024 * 1024),
         l3=caches.get("l3", 16 * 1024 * 1024),
         model=model,
+        l3_bytes_per_cycle=l3_bytes_per_cycle_of(mcpu, model),
         features=features,
     )
 

@@ -110,8 +110,8 @@ class Model:
     def of(cls, machine: Machine) -> Model:
         """The model of ``machine``: its lanes, registers, FMA units, cores, clock and caches; bandwidths
         are per-cycle widths times its clock (two vector loads per cycle from L1, 32 bytes from L2 -- half
-        a line, what current cores sustain -- and 16 beyond). DRAM bandwidth is not in the description:
-        15 GB/s, which calibration scales.
+        a line, what current cores sustain -- and the machine's ``l3_bytes_per_cycle`` beyond). DRAM
+        bandwidth is not in the description: 15 GB/s, which calibration scales.
 
         >>> from kdsl.runtime.cpu import from_features
         >>> m = Model.of(from_features("skylake-avx512", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0))
@@ -129,7 +129,7 @@ class Model:
             l3=machine.l3,
             bw_l1=2 * machine.vector_bits / 8 * hz,
             bw_l2=32 * hz,
-            bw_l3=16 * hz,
+            bw_l3=machine.l3_bytes_per_cycle * hz,
             bw_mem=15e9,
             registers=machine.vector_registers,
             accumulators=machine.accumulators(),

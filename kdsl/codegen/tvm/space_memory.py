@@ -172,7 +172,7 @@ class MemoryRules:
         if not depths or not rows:
             return
         operands = extent * (prod(config[f"{s}.tile.{a}"][2] for a, _ in rows) + vf) * itemsize
-        if operands <= self.machine.l2 // 2:
+        if operands <= self.machine.l2 // 2 or self._panels_stream_from_l3(stage, vector, vf, extent, config):
             return
         row_axis = rows[0][0]
         outer, middle, tile = config[f"{s}.tile.{row_axis}"]
@@ -193,6 +193,25 @@ class MemoryRules:
         config[f"{s}.order"] = (first, *(i for i in range(len(labels)) if i != first))
         self._pack_blocks(stage, vector, depths[-1] * itemsize, config)
         self._pack_data_rows(stage, vector, row_axis, tile, config)
+
+    def _panels_stream_from_l3(
+        self, stage: StageBlock, vector: Axis, vf: int, extent: int, config: Mapping[str, Any]
+    ) -> bool:
+        """Whether the weight panels of a long reduction (``extent`` steps) can stream from L3 instead of being
+        K-blocked: the whole weight (every vector tile's panel over the reduction) fits in half of L3, and a
+        core's L3 serves at least twice what the register tile reads from it each cycle at peak (``vf`` weight
+        elements a reduction step, over the step's ``rows x vf / lanes`` FMAs). Then the unblocked nest (each
+        task's data rows in L2, the panels streamed) does without the blocks' per-task packing and L2 sizing.
+        Matmul 512x4096x1024 on a Zen 3 (L3 32 bytes a cycle, 512 KiB L2; a 4 x 16 tile reads 16 bytes a
+        cycle), pairs of back-to-back calls: 0.85x the K-blocked time, 1.01x PyTorch's. On Cascade Lake (16
+        bytes a cycle) K blocking measured 1.14x faster (:meth:`_block_reduction`), and the rule keeps it there;
+        where the weight exceeds half of L3 (2048x4096x2048 on the Zen 3: 32 MiB) streaming ran 1.36x slower."""
+        s, itemsize, lanes = stage.name, self._itemsize, self.machine.lanes(self.lowered.out.dtype)
+        if extent * vector.extent * itemsize > self.machine.l3 // 2:
+            return False
+        rows = prod(config[f"{s}.tile.{a}"][2] for a, e in stage.spatial if a != vector.label and e > 1)
+        steps_per_cycle = self.machine.fma_units * lanes / (rows * vf)  # reduction steps of the tile a cycle
+        return 2 * vf * itemsize * steps_per_cycle <= self.machine.l3_bytes_per_cycle
 
     def _pack_data_rows(
         self, stage: StageBlock, vector: Axis, row_axis: str, tile: int, config: dict[str, Any]
@@ -254,12 +273,19 @@ class MemoryRules:
         parallel loop, consecutive tasks sweep all the data once per weight panel, from memory; blocks of the
         first data axis's outer tiles (``S.block``), each block's data at most half of L2, keep it in L2
         while the weight panels pass (matmul 4096x512x2048, 1 MiB L2, AVX-512, 2 contended threads: 1.36x
-        faster; where the data is only a few L2s, :data:`BLOCK_ABOVE_L2`, it does not pay)."""
+        faster; where the data is only a few L2s, :data:`BLOCK_ABOVE_L2`, it does not pay). Nor does it where
+        one weight panel (a vector tile's, over the whole reduction) fills more than a quarter of L2, too
+        little room beside it: matmul 512x4096x1024 on a Zen 3 (512 KiB L2, 256 KiB panels) ran 1.49x and 1.80x
+        slower with blocks of 4 and 2 tiles of rows than with none (pairs of calls). Gensor's M3, 64 KiB panels
+        there, runs 1.12x faster with its blocks of 16 than of 8."""
         name = f"{stage.name}.block"
         if name not in self.parameters or vector.label not in stage.weight_only:
             return
         data = self._input_bytes
         if data <= BLOCK_ABOVE_L2 * self.machine.l2:
+            return
+        vf = config[f"{stage.name}.tile.{vector.label}"][2]
+        if prod(e for _, e in stage.reduced) * vf * self._itemsize > self.machine.l2 // 4:
             return
         for axis, extent in stage.spatial:
             if extent == 1 or axis in stage.weight_only:
