@@ -123,3 +123,15 @@ def test_tuners_reach_the_serial_rows_and_the_strided_vector_from_each_other():
     assert any(space.rejection(c) is None for c in vectorized)
     # ... and one step back returns to the serial row
     assert any(config == back for back in neighbours(space, vectorized[0])), vectorized[0]["stage0.tile.Wo"]
+
+
+@MACHINES
+def test_a_window_sum_computed_in_its_reader_keeps_the_input_layout(machine):
+    # P2's row sums (stage0) run inside their reader's loop, vectorized along the rows they make there: a
+    # channels-last pack of the input for stage0's own channel vector was a transposing pass for nothing
+    op, layer = gallery.load("avg_pool2d_strided"), _strided(2, 168, 83, 2, 2)
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=machine)
+    config = space.heuristic()
+    assert config["stage0.attach"] == "outer", config
+    assert config["layout.x.perm"] == (0, 1, 2, 3), config
+    check_config(op, layer, space, config, dtype="float32")

@@ -44,16 +44,21 @@ class MemoryRules:
         """How a reduction stage meets memory: the layouts its vector axis wants (:meth:`_vector_layouts`), cache
         blocking (:meth:`_cache_block`), and a window sum read by another window sum (a separable pooling's rows,
         then its columns) computed at its reader's parallel loop, so that its result is read back from cache,
-        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended)."""
+        not from memory (``S.attach``, the attached sums vectorized: Gensor's P2 1.4x, P3 1.6x, contended); an
+        attached stage gets no layouts or blocks of its own."""
+        s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
+        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
+        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
+            # computed inside its reader's loop, the stage is vectorized along the rows it makes there, not by
+            # its own vector axis: layouts for that axis would be passes over the input for nothing (Gensor's
+            # P2 packed its 593 MB input channels-last for a channel vector it did not use: 5.8x slower)
+            config[f"{s}.attach"] = "outer"
+            return
         if vector is not None:
             self._vector_layouts(stage, vector, vf, config)
             if not self._rows_whole(stage, vector, vf, config):
                 self._block_reduction(stage, vector, vf, config)
                 self._cache_block(stage, vector, config)
-        s, reader = stage.name, self.stage_named(stage.consumers[0]) if stage.consumers else None
-        # a reader without spatial axes (a sum to one value) has no parallel loop to attach to
-        if f"{s}.attach" in config and self._streams(stage) and reader.spatial and self._streams(reader):
-            config[f"{s}.attach"] = "outer"
 
     def _rows_in_output(self, stage: StageBlock, vector: Axis | None) -> bool:
         """Whether ``stage`` writes the kernel's output itself with its vector axis ``vector`` along the output's
