@@ -46,10 +46,10 @@ __all__ = [
     "dtype_bits",
     "fma_units_of",
     "from_features",
-    "l3_bytes_per_cycle_of",
     "host_caches",
     "host_ghz",
     "host_model",
+    "l3_bytes_per_cycle_of",
 ]
 
 
