@@ -509,12 +509,12 @@ class ScheduleSpace(RegisterRules, MemoryRules):
         config[f"{s}.unroll"] = next((u for u in UNROLL_LIMITS if u >= prod(windows)), UNROLL_LIMITS[-1])
         config[f"{s}.unroll"] = min(config[f"{s}.unroll"], HEURISTIC_UNROLL)
         config.update({f"{s}.unroll_tile": True, f"{s}.cache": "local"})
-        if self._rows_in_output(stage, vector):
-            # in place where the register tile is rows of the output (time in place / local, Cascade Lake, one
-            # process beside other work: bmm 960x128x128x64 0.83, bmm_tn 0.88, matmul 784x128x128 0.93,
-            # 512x1024x1024 0.97; Zen 3, pairs of calls: depthwise 3x3 with rows of W on the lanes, 64x56x56
-            # 0.49 and ALT's DEP 128x28x28 0.51); a convolution whose vector is its channels keeps its local
-            # tile (conv2d 3x3 at conv3_x: 1.07 in place)
+        if self._rows_in_output(stage, vector) and (one_long or (windows and not rolled_axes)):
+            # in place where the register tile is rows of the output and the reduction is one long loop or
+            # windows alone (time in place / local, Cascade Lake, one process beside other work: bmm
+            # 960x128x128x64 0.83, bmm_tn 0.88, matmul 784x128x128 0.93, 512x1024x1024 0.97; Zen 3, pairs of
+            # calls: depthwise 3x3 with rows of W on the lanes, 64x56x56 0.49 and ALT's DEP 128x28x28 0.51); a
+            # convolution whose vector is its channels keeps its local tile (conv2d 3x3 at conv3_x: 1.07 in place)
             self._accumulate_in_place(stage, config)
         self._memory(stage, vector, vf, config)
 
