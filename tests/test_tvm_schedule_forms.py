@@ -246,7 +246,7 @@ def test_weight_panels_stream_from_a_fast_l3_instead_of_k_blocks():
     # the host's model name decides, not the mcpu the code is compiled for
     assert heuristic("haswell", "AMD EPYC 7B13").heuristic()["stage0.rblock"] == "none"
     assert heuristic("znver3", "Intel(R) Xeon(R) Gold 6248").heuristic()["stage0.rblock"] == "Cin:512"
-    assert heuristic("znver3", l3=1024 * 1024).heuristic()["stage0.rblock"] == "Cin:512"  # the weight is half of L3
+    assert heuristic("znver3", l3=1024 * 1024).heuristic()["stage0.rblock"] == "Cin:512"  # the weight fills L3
 
 
 @pytest.mark.parametrize("layer", [{"N": 1, "Cin": 40, "Cout": 24}, {"N": 1, "Cin": 12, "Cout": 5}])
