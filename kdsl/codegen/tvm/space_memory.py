@@ -176,8 +176,10 @@ class MemoryRules:
         rows = [(a, e) for a, e in stage.spatial if a != vector.label and e > 1 and config[f"{s}.tile.{a}"][2] > 1]
         if not depths or not rows:
             return
-        operands = extent * (prod(config[f"{s}.tile.{a}"][2] for a, _ in rows) + vf) * itemsize
-        if operands <= self.machine.l2 // 2 or self._panels_stream_from_l3(stage, vector, vf, extent, config):
+        tile_rows = prod(config[f"{s}.tile.{a}"][2] for a, _ in rows)
+        if extent * (tile_rows + vf) * itemsize <= self.machine.l2 // 2:
+            return
+        if self._panels_stream_from_l3(vector, vf, extent, tile_rows):
             return
         row_axis = rows[0][0]
         outer, middle, tile = config[f"{s}.tile.{row_axis}"]
@@ -199,23 +201,20 @@ class MemoryRules:
         self._pack_blocks(stage, vector, depths[-1] * itemsize, config)
         self._pack_data_rows(stage, vector, row_axis, tile, config)
 
-    def _panels_stream_from_l3(
-        self, stage: StageBlock, vector: Axis, vf: int, extent: int, config: Mapping[str, Any]
-    ) -> bool:
+    def _panels_stream_from_l3(self, vector: Axis, vf: int, extent: int, tile_rows: int) -> bool:
         """Whether the weight panels of a long reduction (``extent`` steps) can stream from L3 instead of being
         K-blocked: the whole weight (every vector tile's panel over the reduction) fits in half of L3, and a
         core's L3 serves at least twice what the register tile reads from it each cycle at peak (``vf`` weight
-        elements a reduction step, over the step's ``rows x vf / lanes`` FMAs). Then the unblocked nest (each
+        elements a reduction step, over the step's ``tile_rows x vf / lanes`` FMAs). Then the unblocked nest (each
         task's data rows in L2, the panels streamed) does without the blocks' per-task packing and L2 sizing.
         Matmul 512x4096x1024 on a Zen 3 (L3 32 bytes a cycle, 512 KiB L2; a 4 x 16 tile reads 16 bytes a
         cycle), pairs of back-to-back calls: 0.85x the K-blocked time, 1.01x PyTorch's. On Cascade Lake (16
         bytes a cycle) K blocking measured 1.14x faster (:meth:`_block_reduction`), and the rule keeps it there;
         where the weight exceeds half of L3 (2048x4096x2048 on the Zen 3: 32 MiB) streaming ran 1.36x slower."""
-        s, itemsize, lanes = stage.name, self._itemsize, self.machine.lanes(self.lowered.out.dtype)
+        itemsize, lanes = self._itemsize, self.machine.lanes(self.lowered.out.dtype)
         if extent * vector.extent * itemsize > self.machine.l3 // 2:
             return False
-        rows = prod(config[f"{s}.tile.{a}"][2] for a, e in stage.spatial if a != vector.label and e > 1)
-        steps_per_cycle = self.machine.fma_units * lanes / (rows * vf)  # reduction steps of the tile a cycle
+        steps_per_cycle = self.machine.fma_units * lanes / (tile_rows * vf)  # reduction steps of the tile a cycle
         return 2 * vf * itemsize * steps_per_cycle <= self.machine.l3_bytes_per_cycle
 
     def _pack_data_rows(
