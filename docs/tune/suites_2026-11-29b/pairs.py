@@ -1,6 +1,7 @@
 """Scratch: time the heuristic default against variants (config overrides) and PyTorch, in interleaved pairs.
 usage: python pairs.py LABEL [--pairs N] [--variant 'k=v;k2=v2' ...] [--show]
-values are JSON (fall back to string)."""
+values are JSON (fall back to string). LABEL: a suite case, `op@table#i`, or `op@{"dim": size, ...}` (session 48);
+a variant `PATCH=module:Class.method` computes the heuristic with that method a no-op (session 48)."""
 import argparse, json, os, statistics, sys
 os.environ.setdefault("TVM_NUM_THREADS", "2"); os.environ["TVM_BIND_THREADS"] = "0"
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0"); os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -18,7 +19,9 @@ p = argparse.ArgumentParser()
 p.add_argument("label"); p.add_argument("--pairs", type=int, default=10)
 p.add_argument("--variant", action="append", default=[]); p.add_argument("--show", action="store_true")
 a = p.parse_args()
-if "@" in a.label:
+if "@{" in a.label:
+    name, js = a.label.split("@", 1); layer = json.loads(js)
+elif "@" in a.label:
     from kdsl.solve.layers import load_layers
     name, rest = a.label.split("@"); table, i = rest.split("#"); layer = load_layers(table)[int(i)]
 else:
@@ -39,7 +42,17 @@ def parse(s):
 variants = [("default", {})] + [(v, parse(v)) for v in a.variant]
 def sched(over):
     def s(lowered):
-        sp = ScheduleSpace(lowered); c = dict(sp.heuristic()); c.update(over)
+        over2 = dict(over); patch = over2.pop("PATCH", None)
+        sp = ScheduleSpace(lowered)
+        if patch:  # PATCH=module:Class.method -> a no-op while the heuristic is computed
+            import importlib, unittest.mock as um
+            mod, attr = patch.split(":"); cls, meth = attr.split(".")
+            with um.patch.object(getattr(importlib.import_module(mod), cls), meth, lambda *a, **k: None):
+                c = dict(sp.heuristic())
+        else:
+            c = dict(sp.heuristic())
+        c.update(over2)
+        if a.show and over: print("  variant", {k: v for k, v in c.items() if v != base.get(k)})
         return sp.apply(c, fallback=False)
     return s
 kernels = [build(op, layer, schedule=sched(o)) for _, o in variants]
