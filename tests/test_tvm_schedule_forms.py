@@ -210,6 +210,22 @@ def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_a
     assert kept["stage0.tile.W"] == (1, 1, 7), kept
 
 
+def test_a_register_tile_short_of_the_fma_latency_widens_past_the_half_file_budget():
+    # L = 250 under AVX2's budget of 4 rows of 2 vectors: 2 rows, 4 accumulators for the 8 that 2 FMA units of
+    # latency 4 keep busy; 5 rows (10 of 16 ymm) were 1.58x faster (Zen 3, 2 threads, pairs)
+    op, layer = gallery.load("conv1d"), {"N": 1, "Cin": 16, "Cout": 16, "L": 250, "K": 3}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
+    config = space.heuristic()
+    assert config["stage0.tile.L"] == (50, 1, 5) and config["stage0.tile.Cout"] == (1, 1, 16), config
+    check_config(op, layer, space, config, dtype="float32")
+    # AVX-512 (16 lanes: one vector of Cout) takes 10 rows within its budget of 16 accumulators
+    wide = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX512).heuristic()
+    assert wide["stage0.tile.L"] == (25, 1, 10) and wide["stage0.tile.Cout"] == (1, 1, 16), wide
+    # a tile that already keeps 8 accumulators stays within the budget (L = 256: 4 rows of 2 vectors)
+    even = ScheduleSpace(lower(op, {**layer, "L": 256}, dtype="float32"), machine=AVX2).heuristic()
+    assert even["stage0.tile.L"] == (64, 1, 4), even
+
+
 def test_a_strided_convolution_over_data_beyond_l2_takes_32_lanes_over_rows_of_h():
     # AVX2: 4 vectors of Cout over 2 rows of H (not 2 vectors over 2 x 2 of W and H, strided along W) where the
     # input exceeds BLOCK_ABOVE_L2 L2 caches; a small input keeps the default's tiles; AVX-512 keeps its 2 vectors

@@ -393,7 +393,9 @@ class ScheduleSpace(RegisterRules, MemoryRules):
           network packs them once (:mod:`kdsl.codegen.tvm.prepack`).
         * Plain operators only: a short vector axis is taken whole up to :data:`SHORT_VECTORS` vectors rather than by
           half vectors; a register tile whose preferred axes fill at most half the accumulators takes a first axis that
-          fills more (:meth:`_fullest_register_tile`); a strided convolution over data beyond L2 takes 32 lanes over
+          fills more (:meth:`_fullest_register_tile`), and one that keeps fewer accumulators than the FMA units'
+          latency needs widens past the budget within three quarters of the register file (:meth:`_cover_fma_latency`:
+          250 rows are 5 x 2 vectors on AVX2, not 2 x 2); a strided convolution over data beyond L2 takes 32 lanes over
           rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`); several vectors are cut to one where
           they leave the register tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the
           vector axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
@@ -479,6 +481,7 @@ class ScheduleSpace(RegisterRules, MemoryRules):
                 second, sf = None, 1
             elif self.lowered.op.is_linear:
                 register, uf, second, sf = self._fullest_register_tile(stage, vector, budget, register, uf)
+                register, uf, second, sf = self._cover_fma_latency(-(-vf // self.lanes), register, uf, second, sf)
             else:
                 second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
             config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)

@@ -15,6 +15,10 @@ from kdsl.codegen.tvm.parameters import largest_divisor
 from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
 from kdsl.codegen.tvm.space_memory import BLOCK_ABOVE_L2
 
+#: cycles from one FMA to the next that reads its result (Skylake to Sapphire Rapids, Zen 3 and 4): a register tile
+#: needs ``FMA_LATENCY x fma_units`` independent accumulators to keep every FMA unit busy
+FMA_LATENCY = 4
+
 
 class RegisterRules:
     """The heuristic's register-tile rules, a part of :class:`~kdsl.codegen.tvm.schedule_space.ScheduleSpace`."""
@@ -108,3 +112,22 @@ class RegisterRules:
             if option[1] * option[3] > best[1] * best[3]:
                 best = option
         return best
+
+    def _cover_fma_latency(
+        self, vectors: int, register: Axis, uf: int, second: Axis | None, sf: int
+    ) -> tuple[Axis, int, Axis | None, int]:
+        """The first axis's tile widened past the half-file budget where the budget's divisors leave fewer
+        accumulators than the FMA units' latency needs (:data:`FMA_LATENCY`), and a larger divisor reaches it
+        within three quarters of the register file (the rest holds the step's ``vectors`` weight vectors and
+        its broadcasts). A budget is the largest divisor at most :meth:`accumulators
+        <kdsl.runtime.cpu.Machine.accumulators>`; an extent of 15 under AVX2's budget of 4 rows of 2 vectors
+        got 3 rows, 6 accumulators for the 8 that 2 FMA units of latency 4 keep in flight. With 5 rows (10
+        accumulators) a strided 3x3 convolution at 64x256x32x32 ran 0.69x the time (Zen 3, 2 threads, pairs)."""
+        live = FMA_LATENCY * self.machine.fma_units
+        if vectors * uf * sf >= live:
+            return register, uf, second, sf
+        rows = (3 * self.machine.vector_registers // 4) // (vectors * sf)
+        wider = largest_divisor(register.extent, rows)
+        if wider > uf and vectors * wider * sf >= live:
+            return register, wider, second, sf
+        return register, uf, second, sf
