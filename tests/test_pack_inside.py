@@ -16,7 +16,7 @@ from test_tvm_schedule_forms import check_config  # noqa: E402
 
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen.tvm import build, lower  # noqa: E402
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS  # noqa: E402
+from kdsl.codegen.tvm.pass_stages import MAX_VECTORS  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.space_rules import conflicts, repair  # noqa: E402
 from kdsl.lang.errors import LoweringError  # noqa: E402

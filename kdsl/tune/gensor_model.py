@@ -20,7 +20,8 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.parameters import reduction_block_depth
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, unrolls_register_tile
+from kdsl.codegen.tvm.pass_stages import MAX_VECTORS
+from kdsl.codegen.tvm.schedule_apply import unrolls_register_tile
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace
 from kdsl.runtime.cpu import Machine
 from kdsl.tune.gensor_access import footprint as _footprint

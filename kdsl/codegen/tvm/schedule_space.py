@@ -79,8 +79,9 @@ from kdsl.codegen.tvm.parameters import (
     largest_divisor,
     order_labels,
 )
+from kdsl.codegen.tvm.pass_stages import MAX_VECTORS, RAGGED_VECTORS
 from kdsl.codegen.tvm.product_tiles import whole_product_rows
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS, RAGGED_VECTORS, _Applier, _Tensor
+from kdsl.codegen.tvm.schedule_apply import _Applier, _Tensor
 from kdsl.codegen.tvm.space_memory import BLOCK_TILES, RBLOCK_DEPTHS, MemoryRules
 from kdsl.codegen.tvm.space_registers import RegisterRules
 from kdsl.codegen.tvm.space_rules import conflicts, repair

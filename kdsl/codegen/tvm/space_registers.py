@@ -12,7 +12,7 @@ from typing import Any
 
 from kdsl.codegen.tvm.blocks import Axis, StageBlock
 from kdsl.codegen.tvm.parameters import largest_divisor
-from kdsl.codegen.tvm.schedule_apply import MAX_VECTORS
+from kdsl.codegen.tvm.pass_stages import MAX_VECTORS
 from kdsl.codegen.tvm.space_memory import BLOCK_ABOVE_L2
 
 #: cycles from one FMA to the next that reads its result (Skylake to Sapphire Rapids, Zen 3 and 4): a register tile
