@@ -55,6 +55,13 @@ def without_pads(lowered: Any) -> Any:
     return sch.mod
 
 
+#: How MetaSchedule's runner times a candidate: one call after the warm-up, repeated until 100 ms have passed.
+#: MetaSchedule's own default of 3 calls made a kernel of seconds (Gensor's C1 at batch 128, 0.4 s at its best, its
+#: first random candidates several times that) take over 17 s a candidate, and 256 trials over an hour. Every
+#: candidate is still called for at least 100 ms, so one under 33 ms is timed as before.
+RUN_EVALUATOR = {"number": 1, "repeat": 1, "min_repeat_ms": 100}
+
+
 def tune_metaschedule(
     op: Operator,
     layer: Mapping[str, int],
@@ -82,6 +89,7 @@ def tune_metaschedule(
         max_trials_global=before + trials,
         num_trials_per_iter=min(32, trials),
         builder=ms.builder.LocalBuilder(f_build=cpu_build, timeout_sec=60),
+        runner=ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(**RUN_EVALUATOR)),
         seed=seed,
     )
     records = database.get_all_tuning_records()
