@@ -195,6 +195,20 @@ def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_
     check_config(op, layer, space, config, dtype="float32")
 
 
+def test_one_vector_where_several_leave_the_register_tile_no_row():
+    # conv5_x at batch 1 for AVX2: 2 vectors of Cout left a budget of 4 rows, which no divisor of 7 fits (a tile of
+    # 2 accumulators, each weight vector used once); 1 vector x W of 7 keeps 7 accumulators sharing each weight load
+    op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 16, "Cout": 32, "H": 7, "W": 7}
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
+    config = space.heuristic()
+    assert config["stage0.tile.Cout"] == (4, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
+    assert config["layout.w.tile"] == "0:8", config
+    check_config(op, layer, space, config, dtype="float32")
+    # AVX-512's budget of 8 rows for 2 vectors takes W's 7 (14 accumulators) and keeps both vectors
+    wide = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX512).heuristic()
+    assert wide["stage0.tile.Cout"] == (1, 1, 32) and wide["stage0.tile.W"] == (1, 1, 7), wide
+
+
 def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_accumulators():
     # a transposed conv2d as phases: W_p (2) is the innermost data axis; W_p 2 x W_o 2 filled 4 of AVX2's 8
     # accumulators, W_o 7 alone fills 7 (ALT's T2D 1.42x faster, Zen 3, 2 threads, in pairs)
