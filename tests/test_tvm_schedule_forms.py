@@ -207,6 +207,13 @@ def test_one_vector_where_several_leave_the_register_tile_no_row():
     # AVX-512's budget of 8 rows for 2 vectors takes W's 7 (14 accumulators) and keeps both vectors
     wide = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX512).heuristic()
     assert wide["stage0.tile.Cout"] == (1, 1, 32) and wide["stage0.tile.W"] == (1, 1, 7), wide
+    # a branching kernel's convolution too (residual_conv2d at conv5_x: 2.42x)
+    residual = gallery.load("residual_conv2d")
+    small = {"N": 1, "Cin": 16, "H": 7, "W": 7}
+    graph = ScheduleSpace(lower(residual, small, dtype="float32"), machine=AVX2)
+    tiles = graph.heuristic()
+    assert tiles["n1_stage0.tile.o"] == (2, 1, 8) and tiles["n1_stage0.tile.W"] == (1, 1, 7), tiles
+    check_config(residual, small, graph, tiles, dtype="float32")
 
 
 def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_accumulators():

@@ -36,16 +36,18 @@ class RegisterRules:
         conv2d at conv5_x (G = 32, 16 channels a group) for AVX2: groups 4 x 2 vectors -> W 7 x 1 vector, 1.9x
         faster (2 contended threads). With no row (AVX2's budget of 4 rows of 2 vectors, which no divisor of 7
         fits: a tile of 2 accumulators, each weight vector used once), ResNet-18's conv5_x layers at batch 1 (Zen
-        3, 2 threads, pairs): conv2d 2.52x faster with W 7 x 1 vector, 13 other 7x7 layers 1.38-2.39x. Plain
-        operators only."""
+        3, 2 threads, pairs): conv2d 2.52x faster with W 7 x 1 vector, 13 other 7x7 layers 1.38-2.39x. Branching
+        kernels only where there is no row (their 7 layers at conv5_x 1.40-2.42x: residual_conv2d's convolution
+        2.42x, a max pool's folds 1.60x, with no weights at all); the weight-indexed rows are a plain operators'
+        rule."""
         lanes, accumulators = self.lanes, self.accumulators
-        if not self.lowered.op.is_linear or vector is None or vf <= lanes or vf % lanes:
+        if vector is None or vf <= lanes or vf % lanes:
             return vf
         budget = accumulators // (vf // lanes)
         register, _ = self._register_axis(stage, vector, budget)
         weights = {w.name for w in self.lowered.weights}
         indexed = {i for buffer, dims in stage.reads if buffer in weights for used in dims for i in used}
-        if register is not None and register.index not in indexed:
+        if register is not None and (register.index not in indexed or not self.lowered.op.is_linear):
             return vf
         free = [a for a in stage.axes if not a.reduce and a is not vector and a.extent > 1 and a.index not in indexed]
         if any(largest_divisor(a.extent, budget) < largest_divisor(a.extent, accumulators) for a in free):
