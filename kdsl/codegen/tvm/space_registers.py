@@ -36,7 +36,7 @@ class RegisterRules:
         conv2d at conv5_x (G = 32, 16 channels a group) for AVX2: groups 4 x 2 vectors -> W 7 x 1 vector, 1.9x
         faster (2 contended threads). With no row (AVX2's budget of 4 rows of 2 vectors, which no divisor of 7
         fits: a tile of 2 accumulators, each weight vector used once), ResNet-18's conv5_x layers at batch 1 (Zen
-        3, 2 threads, pairs): conv2d 2.52x faster with W 7 x 1 vector, 13 other 7x7 layers 1.38-2.39x. Branching
+        3, 2 threads, pairs): conv2d 2.52x faster with W 7 x 1 vector, 13 other 7x7 layers 1.38-2.50x. Branching
         kernels only where there is no row (their 7 layers at conv5_x 1.40-2.42x: residual_conv2d's convolution
         2.42x, a max pool's folds 1.60x, with no weights at all); the weight-indexed rows are a plain operators'
         rule."""
