@@ -398,7 +398,8 @@ class ScheduleSpace(RegisterRules, MemoryRules):
           latency needs widens past the budget within three quarters of the register file (:meth:`_cover_fma_latency`:
           250 rows are 5 x 2 vectors on AVX2, not 2 x 2); a strided convolution over data beyond L2 takes 32 lanes over
           rows of ``H`` where vectors are shorter (:meth:`_strided_rows_to_lanes`); several vectors are cut to one where
-          they leave the register tile only an axis the weights index (:meth:`_reuse_weights`); a data input that the
+          they leave the register tile only an axis the weights index, or no row at all (:meth:`_reuse_weights`;
+          the no-row case in branching kernels too: AVX2's 7x7 layers); a data input that the
           vector axis gathers from is packed with that axis's dim last (:meth:`_input_vector_last`: a depthwise
           convolution's channels on the lanes); a GEMV sums in vector lanes (:meth:`_weights_read_once`); data inputs
           larger than :data:`BLOCK_ABOVE_L2` L2 caches are cache-blocked (:meth:`_cache_block`), except in a thin
