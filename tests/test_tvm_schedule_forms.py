@@ -216,6 +216,18 @@ def test_one_vector_where_several_leave_the_register_tile_no_row():
     check_config(residual, small, graph, tiles, dtype="float32")
 
 
+def test_a_branching_kernel_fills_the_budget_from_a_second_axis():
+    # residual_conv2d at 14 x 14 for AVX2: 2 vectors and W's 2 rows (4 accumulators), then H's 2 rows fill the
+    # budget of 8, as in a plain conv2d (residual_conv2d at conv4_x 1.31x faster, Zen 3, pairs)
+    residual = gallery.load("residual_conv2d")
+    middle = {"N": 1, "Cin": 16, "H": 14, "W": 14}
+    graph = ScheduleSpace(lower(residual, middle, dtype="float32"), machine=AVX2)
+    tiles = graph.heuristic()
+    assert tiles["n1_stage0.tile.o"] == (1, 1, 16), tiles
+    assert tiles["n1_stage0.tile.W"] == (7, 1, 2) and tiles["n1_stage0.tile.H"] == (7, 1, 2), tiles
+    check_config(residual, middle, graph, tiles, dtype="float32")
+
+
 def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_accumulators():
     # a transposed conv2d as phases: W_p (2) is the innermost data axis; W_p 2 x W_o 2 filled 4 of AVX2's 8
     # accumulators, W_o 7 alone fills 7 (ALT's T2D 1.42x faster, Zen 3, 2 threads, in pairs)

@@ -487,10 +487,11 @@ class ScheduleSpace(RegisterRules, MemoryRules):
             else:
                 second, sf = self._register_axis(stage, vector, budget // uf, besides=register)
             config[f"{s}.tile.{register.label}"] = (register.extent // uf, 1, uf)
-            if second is not None and self.lowered.op.is_linear:
+            if second is not None:
                 # the first axis's divisors left accumulators unused (W = 14 for AVX2's budget of 4
                 # rows: a tile of 2): fill them from a second axis (conv2d 3x3 at 8x256x14x14 for
-                # AVX2, 2 threads: 14.7 ms with a 2 x 2-vector tile, 8.9 ms with 2 x 2 x 2 vectors)
+                # AVX2, 2 threads: 14.7 ms with a 2 x 2-vector tile, 8.9 ms with 2 x 2 x 2 vectors); in
+                # branching kernels too (their 7 changed layers at conv4_x, AVX2, Zen 3, pairs: 1.01-1.31x)
                 config[f"{s}.tile.{second.label}"] = (second.extent // sf, 1, sf)
             if vector is None and f"{s}.vector" in config and config[f"{s}.vector"] == register.label:
                 # no axis vectorizes: name one whose inner tile stays 1 (apply then vectorizes nothing)
