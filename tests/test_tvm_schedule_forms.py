@@ -46,6 +46,14 @@ def _spatial(space, stage):
     return spatial
 
 
+def float32_heuristic(op, layer, machine):
+    """The float32 space of ``op`` at ``layer`` for ``machine``, and its heuristic configuration."""
+    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=machine)
+    config = space.heuristic()
+    assert config, f"{op} at {layer}: an empty configuration"
+    return space, config
+
+
 def check_config(op, layer, space, config, dtype="float64"):
     """The kernel of ``config`` (for ``space``, lowered in ``dtype``) agrees with the reference interpreter."""
     x, weights = input_arrays(op, layer)
@@ -148,8 +156,7 @@ def test_depthwise_rows_of_w_accumulate_in_place(machine):
     # a local tile at 128x28x28); with the channels on the lanes (7x7) it keeps its local tile
     op = gallery.load("depthwise_conv2d")
     layer = {"N": 1, "Cin": 128, "H": 28, "W": 28, "K": 3}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=machine)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, machine)
     assert config["stage0.vector"] == "W" and config["stage0.cache"] == "none", config
     check_config(op, layer, space, config, dtype="float32")
     channels = ScheduleSpace(lower(op, DEPTHWISE_7, dtype="float32"), machine=machine).heuristic()
@@ -175,8 +182,7 @@ def test_inputs_keep_their_layout_where_the_vector_reads_them_contiguously(name,
 def test_a_short_row_is_vectorized_whole_rather_than_by_half_vectors():
     # AVX2's 8 lanes: a depthwise row of 28 whole (8 + 8 + 8 + 4 lanes), not 7 vectors of 4 lanes
     op, layer = gallery.load("depthwise_conv2d"), {"N": 1, "Cin": 8, "H": 8, "W": 28}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, AVX2)
     assert config["stage0.vector"] == "W" and config["stage0.tile.W"] == (1, 1, 28), config
     check_config(op, layer, space, config, dtype="float32")
     space64 = ScheduleSpace(lower(op, layer, dtype="float64"), machine=AVX2)  # 4 lanes: 28 is 7 vectors
@@ -188,8 +194,7 @@ def test_one_vector_where_several_leave_the_register_tile_only_a_weight_indexed_
     # AVX2, 16 channels a group: 2 vectors x 4 groups (a weight load per row) -> 1 vector x W of 7 (rows
     # share each weight vector); AVX-512's one vector of 16 keeps its tile
     op, layer = gallery.load("grouped_conv2d"), {"N": 1, "Cin": 64, "Cout": 64, "H": 7, "W": 7, "G": 4}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, AVX2)
     assert config["stage0.tile.co"] == (2, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
     assert config["layout.w.tile"].endswith(":8"), config  # the packed weight follows the vector tile
     check_config(op, layer, space, config, dtype="float32")
@@ -199,8 +204,7 @@ def test_one_vector_where_several_leave_the_register_tile_no_row():
     # conv5_x at batch 1 for AVX2: 2 vectors of Cout left a budget of 4 rows, which no divisor of 7 fits (a tile of
     # 2 accumulators, each weight vector used once); 1 vector x W of 7 keeps 7 accumulators sharing each weight load
     op, layer = gallery.load("conv2d"), {"N": 1, "Cin": 16, "Cout": 32, "H": 7, "W": 7}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, AVX2)
     assert config["stage0.tile.Cout"] == (4, 1, 8) and config["stage0.tile.W"] == (1, 1, 7), config
     assert config["layout.w.tile"] == "0:8", config
     check_config(op, layer, space, config, dtype="float32")
@@ -210,8 +214,7 @@ def test_one_vector_where_several_leave_the_register_tile_no_row():
     # a branching kernel's convolution too (residual_conv2d at conv5_x: 2.42x)
     residual = gallery.load("residual_conv2d")
     small = {"N": 1, "Cin": 16, "H": 7, "W": 7}
-    graph = ScheduleSpace(lower(residual, small, dtype="float32"), machine=AVX2)
-    tiles = graph.heuristic()
+    graph, tiles = float32_heuristic(residual, small, AVX2)
     assert tiles["n1_stage0.tile.o"] == (2, 1, 8) and tiles["n1_stage0.tile.W"] == (1, 1, 7), tiles
     check_config(residual, small, graph, tiles, dtype="float32")
 
@@ -221,8 +224,7 @@ def test_a_branching_kernel_fills_the_budget_from_a_second_axis():
     # budget of 8, as in a plain conv2d (residual_conv2d at conv4_x 1.31x faster, Zen 3, pairs)
     residual = gallery.load("residual_conv2d")
     middle = {"N": 1, "Cin": 16, "H": 14, "W": 14}
-    graph = ScheduleSpace(lower(residual, middle, dtype="float32"), machine=AVX2)
-    tiles = graph.heuristic()
+    graph, tiles = float32_heuristic(residual, middle, AVX2)
     assert tiles["n1_stage0.tile.o"] == (1, 1, 16), tiles
     assert tiles["n1_stage0.tile.W"] == (7, 1, 2) and tiles["n1_stage0.tile.H"] == (7, 1, 2), tiles
     check_config(residual, middle, graph, tiles, dtype="float32")
@@ -232,8 +234,7 @@ def test_a_short_innermost_axis_gives_the_register_tile_to_one_that_fills_more_a
     # a transposed conv2d as phases: W_p (2) is the innermost data axis; W_p 2 x W_o 2 filled 4 of AVX2's 8
     # accumulators, W_o 7 alone fills 7 (ALT's T2D 1.42x faster, Zen 3, 2 threads, in pairs)
     op, layer = gallery.load("conv_transpose2d"), {"N": 1, "Cin": 16, "Cout": 8, "H": 14, "W": 14}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, AVX2)
     assert config["stage0.tile.W_o"] == (2, 1, 7) and config["stage0.tile.W_p"] == (2, 1, 1), config
     check_config(op, layer, space, config, dtype="float32")
     # a tile that fills more than half the budget keeps the preferred axes (W 7 x 1 of 8 for a conv2d at 7 x 7)
@@ -247,8 +248,7 @@ def test_a_register_tile_short_of_the_fma_latency_widens_past_the_half_file_budg
     # L = 250 under AVX2's budget of 4 rows of 2 vectors: 2 rows, 4 accumulators for the 8 that 2 FMA units of
     # latency 4 keep busy; 5 rows (10 of 16 ymm) were 1.58x faster (Zen 3, 2 threads, pairs)
     op, layer = gallery.load("conv1d"), {"N": 1, "Cin": 16, "Cout": 16, "L": 250, "K": 3}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=AVX2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, AVX2)
     assert config["stage0.tile.L"] == (50, 1, 5) and config["stage0.tile.Cout"] == (1, 1, 16), config
     check_config(op, layer, space, config, dtype="float32")
     # AVX-512 (16 lanes: one vector of Cout) takes 10 rows within its budget of 16 accumulators
@@ -267,8 +267,7 @@ def test_a_strided_convolution_over_data_beyond_l2_takes_32_lanes_over_rows_of_h
     avx512 = from_features("skylake-avx512", {"avx", "avx2", "fma", "avx512f"}, cores=2, ghz=3.0, caches=caches)
     op = gallery.load("alexnet_c1")
     big = {"N": 16, "Cin": 64, "Cout": 64, "H": 30, "W": 30, "Ho": 14, "Wo": 14, "K": 3, "s": 2}  # 3.5 MiB of input
-    space = ScheduleSpace(lower(op, big, dtype="float32"), machine=avx2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, big, avx2)
     assert config["stage0.tile.Cout"] == (2, 1, 32) and config["stage0.tile.H"] == (7, 1, 2), config
     assert config["stage0.tile.W"] == (14, 1, 1), config
     check_config(op, big, space, config, dtype="float32")
@@ -346,8 +345,7 @@ def test_cache_blocking_where_the_data_exceeds_the_l2():
 
     small_l2 = from_features("x", {"avx2", "fma", "avx512f"}, cores=2, ghz=2.0, caches={"l2": 32 * 1024})
     op, layer = gallery.load("matmul"), {"M": 1024, "Cin": 64, "Cout": 128}
-    space = ScheduleSpace(lower(op, layer, dtype="float32"), machine=small_l2)
-    config = space.heuristic()
+    space, config = float32_heuristic(op, layer, small_l2)
     axis, n = config["stage0.block"].split(":")
     rows = int(n) * config["stage0.tile.M"][1] * config["stage0.tile.M"][2]
     assert axis == "M" and rows * 64 * 4 <= 16 * 1024, config
