@@ -1,4 +1,5 @@
-"""Why does the suite's measurer time Gensor C1's default at ~500 ms where build()+pairs time ~350?"""
+"""Scratch (session 50): time one compiled Gensor C1 library (argv[1]) alone, by direct calls and TVM's
+time_evaluator, the way the suite's measurer does; run in fresh processes under different TVM thread settings."""
 import os, sys, time, numpy as np
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 from kdsl import gallery

@@ -1,3 +1,6 @@
+"""Scratch (session 50): build()'s Gensor C1 kernel against a compiled library (argv[1]), interleaved pairs.
+scripts/metaschedule_side_by_side.py does the same for any libraries (best-of-rounds medians, PyTorch beside
+them); use it rather than this file, which records the ratio-of-pairs run quoted in measurements.txt."""
 import os, sys, statistics
 os.environ.setdefault("TVM_NUM_THREADS", "2"); os.environ["TVM_BIND_THREADS"] = "0"
 import torch
