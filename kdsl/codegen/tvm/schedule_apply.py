@@ -18,6 +18,7 @@ from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.pack_inside import compute_copy_at, pack_layout, pass_order
 from kdsl.codegen.tvm.parameters import order_labels, reduction_block_depth
 from kdsl.codegen.tvm.pass_stages import PassStages, vectorize_inner
+from kdsl.codegen.tvm.prefetch import PrefetchPlan, prefetch_conflict
 from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
@@ -109,6 +110,7 @@ class _Applier(PassStages):
         self.outer: dict[str, Any] = {}  # stage -> its fused parallel loop
         self.local: dict[str, bool] = {}
         self.copies: dict[str, list[tuple[Any, _Tensor]]] = {}  # reader -> packing copies its nest computes
+        self.prefetches: list[PrefetchPlan] = []  # S.prefetch's, inserted once every stage is scheduled
         self.report: list[tuple[str, str]] = []
 
     def run(self) -> None:
@@ -156,6 +158,7 @@ class _Applier(PassStages):
             reason = error_reason(error) if str(error).strip() else type(error).__name__
             self.sch, backup = backup, backup.copy()
             self.copies.pop(stage.name, None)  # made by the schedule just undone
+            self.prefetches = [plan for plan in self.prefetches if plan.stage != stage.name]
             try:
                 what = self._plain(stage)
             except Exception:  # even the plain schedule failed: leave the stage as lowered
@@ -249,6 +252,8 @@ class _Applier(PassStages):
             fused = sch.fuse(*tiles.outer) if len(tiles.outer) > 1 else tiles.outer[0]
             sch.parallel(fused)
             self.outer[s] = fused
+            if config.get(f"{s}.prefetch", "none") != "none":
+                self._plan_prefetch(stage, block, fused)
         spatial_labels = {a for a, _ in stage.spatial}
         reductions = [*(lp for a, lp in nest.below if a not in spatial_labels), *(p for p, _ in tiles.r_inner)]
         if reductions:
@@ -261,6 +266,14 @@ class _Applier(PassStages):
             1 for t in self.space.tensors if t.reader == s and config.get(f"layout.{t.name}.tile", "none") != "none"
         )
         return f"register tile {tile_shape} (vector axis {vector}), packed {packed}"
+
+    def _plan_prefetch(self, stage: StageBlock, block: Any, fused: Any) -> None:
+        """``S.prefetch = "next"``: checked here, inserted into the module after every stage
+        (:func:`~kdsl.codegen.tvm.prefetch.insert_prefetches`)."""
+        conflict = prefetch_conflict(stage, self.config, {w.name for w in self.space.lowered.weights})
+        if conflict:
+            raise LoweringError(conflict)
+        self.prefetches.append(PrefetchPlan(stage.name, block, fused))
 
     def _copies_inside(self, stage: StageBlock, tiles: _TileLoops) -> None:
         """Compute the packing copies of what ``stage`` reads at its parallel loop (``layout.T.pack = "task"``)

@@ -16,6 +16,8 @@ values, but a few are valid only given others, and :meth:`ScheduleSpace.apply
   is a multiple or a divisor of ``f``;
 * a copy's ``inline`` (``True``) and an element-wise stage's ``inline = "producer"`` fold into their
   producer's write-back, which only a local accumulator has;
+* ``S.prefetch = "next"`` needs the slab axis outermost in the fused parallel loop, one value a task group
+  (:func:`~kdsl.codegen.tvm.prefetch.prefetch_conflict`; repaired to ``"none"``);
 * a packing copy inside its reader (``layout.T.pack`` ``"task"`` or ``"block"``) needs a packed ``T`` and a tiled
   reader, ``"block"`` also the reader's ``S.rblock`` (repaired to ``"task"``, else ``"pass"``).
 
@@ -37,6 +39,7 @@ from typing import Any
 from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.pack_inside import is_packed
 from kdsl.codegen.tvm.parameters import order_labels, stored_last
+from kdsl.codegen.tvm.prefetch import prefetch_conflict
 from kdsl.codegen.tvm.schedule_apply import MAX_LOCAL
 
 
@@ -174,6 +177,9 @@ def conflicts(space: Any, config: Mapping[str, Any]) -> list[str]:
         if rblock not in rblock_choices(space, stage, config):
             axis, depth = rblock.split(":")
             out.append(f"{s}: S.rblock {rblock} needs the inner tile of {axis} to divide {depth}")
+        prefetch = prefetch_conflict(stage, config, space.weight_names)
+        if prefetch:
+            out.append(prefetch)
         if config.get(f"{s}.cache") == "local":
             tile = local_tile(stage, config)
             if prod(tile.values()) > MAX_LOCAL:
@@ -233,6 +239,8 @@ def repair(
         rblock = out.get(f"{s}.rblock", "none")
         if rblock not in allowed and f"{s}.rblock" not in keep:
             out[f"{s}.rblock"] = rng.choice(allowed) if rng is not None else _nearest_block(rblock, allowed)
+        if f"{s}.prefetch" not in keep and prefetch_conflict(stage, out, space.weight_names):
+            out[f"{s}.prefetch"] = "none"
         if out.get(f"{s}.cache") != "local":
             continue
         tile = local_tile(stage, out)

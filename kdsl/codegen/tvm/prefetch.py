@@ -1,0 +1,220 @@
+"""Software prefetch of the next slab of a parallel loop's data (``S.prefetch = "next"``).
+
+A batched product (``bmm`` at 960 x 128x128 . 128x64) reads each batch's operands once, from memory: 96 KiB a
+batch, used by the 128 tasks of that batch and never again. Within a batch the hardware prefetchers see short
+strided runs (four rows of ``x`` per tile, a column panel of the second operand) and fetch little ahead, so every
+batch starts with its operands' misses. On a Zen 3 (2 threads) the default schedule took 20.9 ms, and 15.3 ms where
+every batch read the same four cached batches instead (``/work/exp51/cache_bmm.py`` of session 51): a quarter of
+the time waited on memory.
+
+``S.prefetch = "next"`` fetches the next slab ahead: the stage's *slab axis* (its first spatial axis, which the
+first dim of a data read is indexed by alone, :func:`slab_axis`) is the outermost loop of the fused parallel loop
+with one value a task group (``tile.A = (extent, 1, 1)``), so the ``P`` consecutive tasks of one value ``a`` are
+one thread's; task ``t`` prefetches ``1/P`` of every such read's slab ``[a + 1, ...]`` (contiguous: the buffer's
+other dims whole), a few cache lines a task, into L2. The next value's operands then arrive while this value's
+tasks compute. Each thread's first slab is not prefetched, and the last thread's last task prefetches its own
+slab again (clamped): both only cost a few instructions.
+
+The prefetches are ``llvm.prefetch`` calls at the top of the parallel loop's body, inserted into the scheduled
+module (:func:`insert_prefetches`); no schedule primitive places a statement that is not a block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.toolchain import load_tvm
+from kdsl.lang.errors import LoweringError
+
+#: Values of ``S.prefetch``, the default first.
+PREFETCH_CHOICES = ("none", "next")
+#: Bytes of a cache line (every x86 CPU kdsl targets).
+LINE_BYTES = 64
+#: ``llvm.prefetch``'s locality: 2 is ``prefetcht1``, into L2 (the next slab waits a whole slab of tasks, and
+#: would only push the current tasks' data out of L1).
+LOCALITY = 2
+#: Prefetches of one task above which they run in a loop instead of unrolled.
+UNROLL_PREFETCHES = 16
+
+
+def slab_axis(stage: StageBlock, weights: Collection[str]) -> str | None:
+    """The axis whose next slab ``S.prefetch`` fetches: the stage's first spatial axis, longer than 1 and not
+    weight-only, where it alone indexes the first dim of a read that is not a weight; ``None`` where there is none.
+
+    >>> from kdsl import gallery
+    >>> from kdsl.codegen.tvm import lower
+    >>> from kdsl.codegen.tvm.blocks import analyze
+    >>> [stage] = analyze(lower(gallery.load("bmm"), {"B": 4, "M": 8, "K": 8, "N": 8}))
+    >>> slab_axis(stage, weights=())
+    'B'
+    """
+    if stage.kind != "reduce" or not stage.axes:
+        return None
+    first = stage.axes[0]
+    if first.reduce or first.extent <= 1 or first.weight_only:
+        return None
+    for buffer, dims in stage.reads:
+        if buffer not in weights and dims and dims[0] == {first.index} and all(first.index not in d for d in dims[1:]):
+            return first.label
+    return None
+
+
+def prefetch_conflict(stage: StageBlock, config: Mapping[str, Any], weights: Collection[str]) -> str | None:
+    """Why ``S.prefetch = "next"`` does not apply to ``stage`` under ``config`` (``None``: it applies). The slab
+    axis must be the fused parallel loop's outermost, one value a task group: its middle and inner tiles 1, no
+    cache blocks (``S.block`` reorders the fused loop), and no weight-only vector axis split into several outer
+    tiles (the fused loop puts those first)."""
+    s = stage.name
+    if config.get(f"{s}.prefetch", "none") == "none":
+        return None
+    axis = slab_axis(stage, weights)
+    if axis is None:
+        return f"{s}: S.prefetch next needs a first spatial axis that alone indexes the first dim of a data read"
+    extent = dict(stage.spatial)[axis]
+    _, middle, inner = config.get(f"{s}.tile.{axis}", (extent, 1, 1))
+    if middle * inner != 1:
+        return f"{s}: S.prefetch next needs {axis}'s middle and inner tiles 1 (they are {middle} and {inner})"
+    if config.get(f"{s}.block", "none") != "none":
+        return f"{s}: S.prefetch next needs S.block none (the blocks go first in the parallel loop)"
+    vector = config.get(f"{s}.vector")
+    if vector in stage.weight_only:
+        v_extent = dict(stage.spatial)[vector]
+        _, v_middle, v_inner = config.get(f"{s}.tile.{vector}", (v_extent, 1, 1))
+        if v_extent // (v_middle * v_inner) > 1:
+            return f"{s}: S.prefetch next needs {axis} first in the parallel loop (the weight-only vector {vector} is)"
+    return None
+
+
+@dataclass
+class PrefetchPlan:
+    """One stage's prefetch: its name, its (update) block and its fused parallel loop (``SBlockRV``, ``LoopRV``)."""
+
+    stage: str
+    block: Any
+    loop: Any
+
+
+def insert_prefetches(sch: Any, plans: Sequence[PrefetchPlan]) -> tuple[Any, list[str]]:
+    """A new ``s_tir.Schedule`` of ``sch``'s module with each plan's prefetches at the top of its parallel loop's
+    body, and one line per plan saying what it prefetches. :class:`LoweringError` where a plan's slab axis is not
+    its parallel loop's outermost (:func:`prefetch_conflict` keeps the space from such configurations)."""
+    tvm = load_tvm()
+    import tvm_ffi
+
+    tirx = tvm.tirx
+    mod = sch.mod
+    (gvar,) = mod.get_global_vars()
+    func = mod[gvar]
+    inserts: list[tuple[Any, list[Any]]] = []
+    notes = []
+    for plan in plans:
+        loop = sch.get(plan.loop)
+        realize = _realize_named(tvm_ffi, tvm, loop.body, sch.get(plan.block).name_hint)
+        stmts, note = _prefetch_stmts(tirx, plan.stage, loop, realize)
+        inserts.append((loop.loop_var, stmts))
+        notes.append(note)
+
+    def prepend(node: Any) -> Any:
+        for var, stmts in inserts:
+            if node.loop_var.same_as(var) and stmts:
+                body = tirx.SeqStmt([*stmts, node.body])
+                return tirx.For(
+                    node.loop_var, node.min, node.extent, node.kind, body, node.thread_binding, node.annotations
+                )
+        return node
+
+    new_func = tvm_ffi.structural_map(func, (tirx.For, prepend))
+    return tvm.s_tir.Schedule(tvm.IRModule({gvar: new_func})), notes
+
+
+def _realize_named(tvm_ffi: Any, tvm: Any, body: Any, name: str) -> Any:
+    """The ``SBlockRealize`` of block ``name`` inside ``body``."""
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if node.block.name_hint == name:
+            found.append(node)
+
+    tvm_ffi.structural_walk(body, (tvm.s_tir.SBlockRealize, visit))
+    if len(found) != 1:
+        raise LoweringError(f"S.prefetch: {len(found)} blocks named {name} under its parallel loop, not one")
+    return found[0]
+
+
+def _prefetch_stmts(tirx: Any, name: str, loop: Any, realize: Any) -> tuple[list[Any], str]:
+    """The prefetch statements of one task of ``loop`` for block ``realize`` and a line saying what they fetch."""
+    task = loop.loop_var
+    tasks = int(loop.extent)
+    block = realize.block
+    slab_var = block.iter_vars[0]
+    extent = int(slab_var.dom.extent)
+    binding = realize.iter_values[0]
+    per_value = _tasks_per_value(tirx, binding, task)
+    if per_value is None or per_value * extent != tasks:
+        raise LoweringError(
+            f"S.prefetch: {name}'s slab axis is not its parallel loop's outermost ({binding} for {tasks} tasks)"
+        )
+    written = {region.source.name for region in block.writes}
+    stmts: list[Any] = []
+    fetched = []
+    for region in block.reads:
+        buffer = region.source
+        first = region.region[0]
+        if buffer.name in written or not first.min.same_as(slab_var.var) or int(first.extent) != 1:
+            continue
+        stmt, each, elements, itemsize = _slab_prefetch(tirx, buffer, task, per_value, extent)
+        stmts.append(stmt)
+        fetched.append(f"{buffer.name} ({elements * itemsize // 1024} KiB a slab, {each} lines a task)")
+    note = "prefetches " + (", ".join(fetched) if fetched else "nothing (no data read is sliced by its first dim)")
+    return stmts, note
+
+
+def _slab_prefetch(tirx: Any, buffer: Any, task: Any, per_value: int, extent: int) -> tuple[Any, int, int, int]:
+    """The statement with which task ``task`` prefetches its share of ``buffer``'s next slab ``[a + 1, ...]`` (``a``
+    its slab value, ``per_value`` tasks a value), with the lines a task, the slab's elements and the item size."""
+    shape = [int(d) for d in buffer.shape[1:]]
+    itemsize = max(1, buffer.dtype.bits * buffer.dtype.lanes // 8)
+    per_line = max(1, LINE_BYTES // itemsize)
+    elements = prod(shape)
+    lines = -(-elements // per_line)
+    each = -(-lines // per_value)  # lines a task
+    next_value = tirx.min(task // per_value + 1, extent - 1)
+    chunk = task % per_value
+
+    def call(line: Any) -> Any:
+        # the task's line-th line of the next slab, clamped to the slab's last element (the last task's lines
+        # may run past it where the lines do not divide among the tasks)
+        offset = tirx.min((chunk * each + line) * per_line, elements - 1)
+        address = tirx.address_of(tirx.BufferLoad(buffer, [next_value, *_unravel(offset, shape)]))
+        return tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, 0, LOCALITY, 1))
+
+    if each == 1:
+        return call(0), each, elements, itemsize
+    line = tirx.Var("prefetch_line", "int32")
+    kind = tirx.ForKind.UNROLLED if each <= UNROLL_PREFETCHES else tirx.ForKind.SERIAL
+    return tirx.For(line, 0, each, kind, call(line)), each, elements, itemsize
+
+
+def _tasks_per_value(tirx: Any, binding: Any, task: Any) -> int | None:
+    """``P`` where ``binding`` is ``task // P`` (or ``task``: 1), else ``None``."""
+    if isinstance(binding, tirx.Var) and binding.same_as(task):
+        return 1
+    divides = isinstance(binding, tirx.FloorDiv) and isinstance(binding.b, tirx.IntImm)
+    if divides and isinstance(binding.a, tirx.Var) and binding.a.same_as(task):
+        return int(binding.b.value)
+    return None
+
+
+def _unravel(offset: Any, shape: Sequence[int]) -> list[Any]:
+    """Row-major indices of the flat ``offset`` into a buffer of ``shape``."""
+    indices = []
+    stride = prod(shape)
+    for k, dim in enumerate(shape):
+        stride //= dim
+        index = offset // stride if stride > 1 else offset
+        indices.append(index % dim if k else index)  # the flat offset is within the slab: no wrap of the first
+    return indices
