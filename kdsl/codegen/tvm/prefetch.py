@@ -4,16 +4,16 @@ A batched product (``bmm`` at 960 x 128x128 . 128x64) reads each batch's operand
 batch, used by the 128 tasks of that batch and never again. Within a batch the hardware prefetchers see short
 strided runs (four rows of ``x`` per tile, a column panel of the second operand) and fetch little ahead, so every
 batch starts with its operands' misses. On a Zen 3 (2 threads) the default schedule took 20.9 ms, and 15.3 ms where
-every batch read the same four cached batches instead (``/work/exp51/cache_bmm.py`` of session 51): a quarter of
+every batch read the same four cached batches instead (``docs/tune/suites_2026-11-29f/cache_bmm.py``): a quarter of
 the time waited on memory.
 
 ``S.prefetch = "next"`` fetches the next slab ahead: the stage's *slab axis* (its first spatial axis, which the
 first dim of a data read is indexed by alone, :func:`slab_axis`) is the outermost loop of the fused parallel loop
-with one value a task group (``tile.A = (extent, 1, 1)``), so the ``P`` consecutive tasks of one value ``a`` are
-one thread's; task ``t`` prefetches ``1/P`` of every such read's slab ``[a + 1, ...]`` (contiguous: the buffer's
-other dims whole), a few cache lines a task, into L2. The next value's operands then arrive while this value's
-tasks compute. Each thread's first slab is not prefetched, and the last thread's last task prefetches its own
-slab again (clamped): both only cost a few instructions.
+with one value a task group (``tile.A = (extent, 1, 1)``): value ``a`` is tasks ``[a P, (a + 1) P)``, and TVM gives
+each thread a contiguous range of tasks, so a thread's next value is ``a + 1``. Task ``t`` prefetches ``1/P`` of every
+such read's slab ``[a + 1, ...]`` (contiguous: the buffer's other dims whole), a few cache lines a task, into L2;
+the next value's operands then arrive while this value's tasks compute. Each thread's first slab is not
+prefetched, and the last task's prefetches are clamped to the last slab: both cost only a few instructions.
 
 The prefetches are ``llvm.prefetch`` calls at the top of the parallel loop's body, inserted into the scheduled
 module (:func:`insert_prefetches`); no schedule primitive places a statement that is not a block.
