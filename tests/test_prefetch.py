@@ -18,6 +18,7 @@ from test_tvm_schedule_forms import check_config  # noqa: E402
 from kdsl import gallery  # noqa: E402
 from kdsl.codegen.tvm import lower  # noqa: E402
 from kdsl.codegen.tvm.machine import current_machine  # noqa: E402
+from kdsl.codegen.tvm.prefetch import evaluate_index  # noqa: E402
 from kdsl.codegen.tvm.schedule_space import ScheduleSpace  # noqa: E402
 from kdsl.codegen.tvm.space_rules import conflicts, repair  # noqa: E402
 from kdsl.lang.errors import LoweringError  # noqa: E402
@@ -67,13 +68,14 @@ def test_operators_without_a_data_slab_axis_do_not_offer_it():
     assert not [n for n in conv.parameters if n.endswith(".prefetch")]
 
 
-def test_a_slab_axis_split_below_the_parallel_loop_conflicts_and_is_repaired_off():
+def test_cache_blocks_of_another_axis_conflict_and_are_repaired_off():
     space = _space()
-    config = {**space.heuristic(), "n2_product.tile.B": (3, 2, 1), "n2_product.prefetch": "next"}
-    reason = "n2_product: S.prefetch next needs B's middle and inner tiles 1 (they are 2 and 1)"
+    config = {**space.heuristic(), "n2_product.tile.M": (4, 1, 4), "n2_product.block": "M:2"}
+    config["n2_product.prefetch"] = "next"
+    reason = "n2_product: S.prefetch next needs S.block none or blocks of B (the blocks go first; it is M:2)"
     assert conflicts(space, config) == [reason]
     assert repair(space, config)["n2_product.prefetch"] == "none"
-    with pytest.raises(LoweringError, match="middle and inner tiles 1"):
+    with pytest.raises(LoweringError, match="blocks of B"):
         space.apply(config)
 
 
@@ -87,51 +89,40 @@ def test_a_weight_only_vector_axis_first_in_the_parallel_loop_conflicts():
 
 
 @pytest.mark.parametrize(
-    "layer",
+    ("layer", "overrides"),
     [
-        {"B": 3, "M": 8, "K": 4, "N": 8},  # a slab of 2 lines over more tasks: offsets clamped to the slab
-        {"B": 4, "M": 32, "K": 64, "N": 8},  # 8 KiB slabs of x over 8 tasks: several lines a task
-        {"B": 5, "M": 4, "K": 4, "N": 16},  # one task a batch: the whole next slab in one task
+        ({"B": 3, "M": 8, "K": 4, "N": 8}, {}),  # a slab of 2 lines over more tasks: offsets clamped to the slab
+        ({"B": 4, "M": 32, "K": 64, "N": 8}, {}),  # 8 KiB slabs of x over 8 tasks: several lines a task
+        ({"B": 5, "M": 4, "K": 4, "N": 16}, {}),  # one task a batch: the whole next slab in one task
+        ({"B": 6, "M": 16, "K": 8, "N": 16}, {"n2_product.tile.B": (3, 2, 1)}),  # slabs of 2 batches
+        ({"B": 8, "M": 16, "K": 8, "N": 16}, {"n2_product.tile.B": (8, 1, 1), "n2_product.block": "B:2"}),
     ],
 )
-def test_every_prefetched_address_lies_in_its_buffer(layer):
+def test_every_prefetched_address_lies_in_the_next_slab(layer, overrides):
+    from kdsl.codegen.tvm.prefetch import slab_rows
+
     space = _space("bmm", layer)
-    config = repair(space, {**space.heuristic(), "n2_product.prefetch": "next"})
-    assert config["n2_product.prefetch"] == "next"
+    config = repair(space, {**space.heuristic(), **overrides, "n2_product.prefetch": "next"})
+    assert config["n2_product.prefetch"] == "next" and all(config[k] == v for k, v in overrides.items())
     sch = space.apply(config)
-    [loop] = [f for f in _parallel_loops(sch)]
+    [loop] = _parallel_loops(sch)
     loads = _prefetches(sch)
-    assert loads
+    assert {load.source.name for load in loads} == {"x", "x_b"}
+    rows = slab_rows(space.stages[0], "B", config)
+    values = layer["B"] // rows
+    per_value = int(loop.extent) // values
     lines = _serial_prefetch_loops(sch) or [(None, 1)]
     for task in range(int(loop.extent)):
+        slab = min(task // per_value + 1, values - 1)
         for var, extent in lines:
             for line in range(int(extent)):
-                values = {loop.loop_var.name: task, **({var.name: line} if var is not None else {})}
+                names = {loop.loop_var.name: task, **({var.name: line} if var is not None else {})}
                 for load in loads:
-                    indices = [_evaluate(index, values) for index in load.indices]
+                    indices = [evaluate_index(index, names) for index in load.indices]
                     shape = [int(d) for d in load.source.shape]
                     assert all(0 <= i < d for i, d in zip(indices, shape)), (load, task, line, indices, shape)
+                    assert indices[0] // rows == slab, (load, task, line, indices, rows)
     check_config(gallery.load("bmm"), layer, space, config, dtype="float32")
-
-
-def _evaluate(expr, values: dict) -> int:
-    """The integer value of a TIR index expression at ``values`` (loop variable name -> value)."""
-    import tvm
-
-    kind = type(expr).__name__
-    if kind == "IntImm":
-        return int(expr.value)
-    if kind == "Var":
-        return values[expr.name]
-    if kind == "Cast":
-        return _evaluate(expr.value, values)
-    a, b = _evaluate(expr.a, values), _evaluate(expr.b, values)
-    operations = {"Add": a + b, "Sub": a - b, "Mul": a * b, "Min": min(a, b), "Max": max(a, b)}
-    if kind in operations:
-        return operations[kind]
-    if kind in ("FloorDiv", "FloorMod"):
-        return a // b if kind == "FloorDiv" else a % b
-    raise AssertionError(f"an index expression of kind {kind}: {tvm.ir.expr.Expr} {expr}")
 
 
 def _parallel_loops(sch) -> list:

@@ -7,13 +7,15 @@ batch starts with its operands' misses. On a Zen 3 (2 threads) the default sched
 every batch read the same four cached batches instead (``docs/tune/suites_2026-11-29f/cache_bmm.py``): a quarter of
 the time waited on memory.
 
-``S.prefetch = "next"`` fetches the next slab ahead: the stage's *slab axis* (its first spatial axis, which the
-first dim of a data read is indexed by alone, :func:`slab_axis`) is the outermost loop of the fused parallel loop
-with one value a task group (``tile.A = (extent, 1, 1)``): value ``a`` is tasks ``[a P, (a + 1) P)``, and TVM gives
-each thread a contiguous range of tasks, so a thread's next value is ``a + 1``. Task ``t`` prefetches ``1/P`` of every
-such read's slab ``[a + 1, ...]`` (contiguous: the buffer's other dims whole), a few cache lines a task, into L2;
-the next value's operands then arrive while this value's tasks compute. Each thread's first slab is not
-prefetched, and the last task's prefetches are clamped to the last slab: both cost only a few instructions.
+``S.prefetch = "next"`` fetches the next slab ahead. The stage's *slab axis* (its first spatial axis, which alone
+indexes the first dim of a data read, :func:`slab_axis`) is the outermost loop of the fused parallel loop, by its
+outer tiles or by cache blocks of them (``S.block``): each value ``o`` of that loop covers ``R`` consecutive values of
+the axis (:func:`slab_rows`: its middle and inner tiles, times the tiles of a block) in ``P`` consecutive tasks, and
+TVM gives each thread a contiguous range of tasks, so a thread's next value is ``o + 1``. Task ``t`` prefetches
+``1/P`` of every such read's next slab, rows ``[(o + 1) R, (o + 2) R)`` (contiguous: the buffer's other dims whole),
+a few cache lines a task, into L2; the next value's operands then arrive while this value's tasks compute. Each
+thread's first slab is not prefetched, and the last value's tasks prefetch their own slab again (clamped): both
+cost only a few instructions.
 
 The prefetches are ``llvm.prefetch`` calls at the top of the parallel loop's body, inserted into the scheduled
 module (:func:`insert_prefetches`); no schedule primitive places a statement that is not a block.
@@ -65,21 +67,20 @@ def slab_axis(stage: StageBlock, weights: Collection[str]) -> str | None:
 
 def prefetch_conflict(stage: StageBlock, config: Mapping[str, Any], weights: Collection[str]) -> str | None:
     """Why ``S.prefetch = "next"`` does not apply to ``stage`` under ``config`` (``None``: it applies). The slab
-    axis must be the fused parallel loop's outermost, one value a task group: its middle and inner tiles 1, no
-    cache blocks (``S.block`` reorders the fused loop), and no weight-only vector axis split into several outer
-    tiles (the fused loop puts those first)."""
+    axis must be the fused parallel loop's outermost: under cache blocks (``S.block``, which go first in that loop)
+    the blocks must be of the slab axis, and without them no weight-only vector axis split into several outer
+    tiles may stand ahead of it (the fused loop puts those first)."""
     s = stage.name
     if config.get(f"{s}.prefetch", "none") == "none":
         return None
     axis = slab_axis(stage, weights)
     if axis is None:
         return f"{s}: S.prefetch next needs a first spatial axis that alone indexes the first dim of a data read"
-    extent = dict(stage.spatial)[axis]
-    _, middle, inner = config.get(f"{s}.tile.{axis}", (extent, 1, 1))
-    if middle * inner != 1:
-        return f"{s}: S.prefetch next needs {axis}'s middle and inner tiles 1 (they are {middle} and {inner})"
-    if config.get(f"{s}.block", "none") != "none":
-        return f"{s}: S.prefetch next needs S.block none (the blocks go first in the parallel loop)"
+    block = config.get(f"{s}.block", "none")
+    if block != "none":
+        if block.split(":")[0] != axis:
+            return f"{s}: S.prefetch next needs S.block none or blocks of {axis} (the blocks go first; it is {block})"
+        return None
     vector = config.get(f"{s}.vector")
     if vector in stage.weight_only:
         v_extent = dict(stage.spatial)[vector]
@@ -89,6 +90,23 @@ def prefetch_conflict(stage: StageBlock, config: Mapping[str, Any], weights: Col
     return None
 
 
+def slab_rows(stage: StageBlock, axis: str, config: Mapping[str, Any]) -> int:
+    """Values of the slab axis ``axis`` that one value of the fused parallel loop's outermost loop covers: its middle
+    and inner tiles, times the outer tiles of a cache block of it (``S.block = "axis:n"``).
+
+    >>> from types import SimpleNamespace as Stage
+    >>> stage = Stage(name="s", spatial=[("M", 512), ("N", 64)])
+    >>> tiles = {"s.tile.M": (128, 1, 4)}
+    >>> slab_rows(stage, "M", tiles), slab_rows(stage, "M", {**tiles, "s.block": "M:16"})
+    (4, 64)
+    """
+    extent = dict(stage.spatial)[axis]
+    _, middle, inner = config.get(f"{stage.name}.tile.{axis}", (extent, 1, 1))
+    block = config.get(f"{stage.name}.block", "none")
+    blocks = int(block.split(":")[1]) if block != "none" and block.split(":")[0] == axis else 1
+    return middle * inner * blocks
+
+
 @dataclass
 class PrefetchPlan:
     """One stage's prefetch: its name, its (update) block and its fused parallel loop (``SBlockRV``, ``LoopRV``)."""
@@ -96,6 +114,7 @@ class PrefetchPlan:
     stage: str
     block: Any
     loop: Any
+    rows: int  # values of the slab axis a value of the parallel loop's outermost loop covers (slab_rows)
 
 
 def insert_prefetches(sch: Any, plans: Sequence[PrefetchPlan]) -> tuple[Any, list[str]]:
@@ -114,7 +133,7 @@ def insert_prefetches(sch: Any, plans: Sequence[PrefetchPlan]) -> tuple[Any, lis
     for plan in plans:
         loop = sch.get(plan.loop)
         realize = _realize_named(tvm_ffi, tvm, loop.body, sch.get(plan.block).name_hint)
-        stmts, note = _prefetch_stmts(tirx, plan.stage, loop, realize)
+        stmts, note = _prefetch_stmts(tirx, plan.stage, loop, realize, plan.rows)
         inserts.append((loop.loop_var, stmts))
         notes.append(note)
 
@@ -145,16 +164,19 @@ def _realize_named(tvm_ffi: Any, tvm: Any, body: Any, name: str) -> Any:
     return found[0]
 
 
-def _prefetch_stmts(tirx: Any, name: str, loop: Any, realize: Any) -> tuple[list[Any], str]:
-    """The prefetch statements of one task of ``loop`` for block ``realize`` and a line saying what they fetch."""
+def _prefetch_stmts(tirx: Any, name: str, loop: Any, realize: Any, rows: int) -> tuple[list[Any], str]:
+    """The prefetch statements of one task of ``loop`` for block ``realize`` (its first iter var the slab axis,
+    ``rows`` values of it a value of the loop's outermost part) and a line saying what they fetch."""
     task = loop.loop_var
     tasks = int(loop.extent)
     block = realize.block
     slab_var = block.iter_vars[0]
-    extent = int(slab_var.dom.extent)
+    values = int(slab_var.dom.extent) // rows
+    per_value = tasks // values
     binding = realize.iter_values[0]
-    per_value = _tasks_per_value(tirx, binding, task)
-    if per_value is None or per_value * extent != tasks:
+    # task t's first value of the slab axis (the loops inside the task at 0) must lie in slab t // per_value
+    probes = sorted({0, per_value - 1, per_value, tasks - 1} & set(range(tasks)))
+    if tasks % values or any(evaluate_index(binding, {task.name: t}) // rows != t // per_value for t in probes):
         raise LoweringError(
             f"S.prefetch: {name}'s slab axis is not its parallel loop's outermost ({binding} for {tasks} tasks)"
         )
@@ -166,30 +188,39 @@ def _prefetch_stmts(tirx: Any, name: str, loop: Any, realize: Any) -> tuple[list
         first = region.region[0]
         if buffer.name in written or not first.min.same_as(slab_var.var) or int(first.extent) != 1:
             continue
-        stmt, each, elements, itemsize = _slab_prefetch(tirx, buffer, task, per_value, extent)
+        stmt, each, elements, itemsize = _slab_prefetch(tirx, buffer, task, per_value, values, rows)
         stmts.append(stmt)
         fetched.append(f"{buffer.name} ({elements * itemsize // 1024} KiB a slab, {each} lines a task)")
     note = "prefetches " + (", ".join(fetched) if fetched else "nothing (no data read is sliced by its first dim)")
     return stmts, note
 
 
-def _slab_prefetch(tirx: Any, buffer: Any, task: Any, per_value: int, extent: int) -> tuple[Any, int, int, int]:
-    """The statement with which task ``task`` prefetches its share of ``buffer``'s next slab ``[a + 1, ...]`` (``a``
-    its slab value, ``per_value`` tasks a value), with the lines a task, the slab's elements and the item size."""
+def _slab_prefetch(
+    tirx: Any, buffer: Any, task: Any, per_value: int, values: int, rows: int
+) -> tuple[Any, int, int, int]:
+    """The statement with which task ``task`` prefetches its share of ``buffer``'s next slab (the ``rows`` rows
+    after its own value's, clamped to the last slab), with the lines a task, the slab's elements and the item
+    size."""
     shape = [int(d) for d in buffer.shape[1:]]
     itemsize = max(1, buffer.dtype.bits * buffer.dtype.lanes // 8)
     per_line = max(1, LINE_BYTES // itemsize)
-    elements = prod(shape)
+    row = prod(shape)
+    elements = rows * row
     lines = -(-elements // per_line)
     each = -(-lines // per_value)  # lines a task
-    next_value = tirx.min(task // per_value + 1, extent - 1)
+    next_row = tirx.min(task // per_value + 1, values - 1) * rows
     chunk = task % per_value
 
     def call(line: Any) -> Any:
         # the task's line-th line of the next slab, clamped to the slab's last element (the last task's lines
         # may run past it where the lines do not divide among the tasks)
         offset = tirx.min((chunk * each + line) * per_line, elements - 1)
-        address = tirx.address_of(tirx.BufferLoad(buffer, [next_value, *_unravel(offset, shape)]))
+        indices = (
+            [next_row + offset // row, *_unravel(offset % row, shape)]
+            if rows > 1
+            else [next_row, *_unravel(offset, shape)]
+        )
+        address = tirx.address_of(tirx.BufferLoad(buffer, indices))
         return tirx.Evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch", address, 0, LOCALITY, 1))
 
     if each == 1:
@@ -199,14 +230,30 @@ def _slab_prefetch(tirx: Any, buffer: Any, task: Any, per_value: int, extent: in
     return tirx.For(line, 0, each, kind, call(line)), each, elements, itemsize
 
 
-def _tasks_per_value(tirx: Any, binding: Any, task: Any) -> int | None:
-    """``P`` where ``binding`` is ``task // P`` (or ``task``: 1), else ``None``."""
-    if isinstance(binding, tirx.Var) and binding.same_as(task):
-        return 1
-    divides = isinstance(binding, tirx.FloorDiv) and isinstance(binding.b, tirx.IntImm)
-    if divides and isinstance(binding.a, tirx.Var) and binding.a.same_as(task):
-        return int(binding.b.value)
-    return None
+def evaluate_index(expr: Any, values: Mapping[str, int]) -> int:
+    """The value of an integer TIR expression with its variables named in ``values`` (others 0): sums, products,
+    floor division and modulo, min and max of constants and variables.
+
+    >>> from kdsl.codegen.tvm.toolchain import load_tvm
+    >>> tirx = load_tvm().tirx
+    >>> t, i = tirx.Var("t", "int32"), tirx.Var("i", "int32")
+    >>> evaluate_index(tirx.min(t // 4 + 1, 9) * 16 + i, {"t": 13})
+    64
+    """
+    kind = type(expr).__name__
+    if kind == "IntImm":
+        return int(expr.value)
+    if kind == "Var":
+        return int(values.get(expr.name, 0))
+    if kind == "Cast":
+        return evaluate_index(expr.value, values)
+    a, b = evaluate_index(expr.a, values), evaluate_index(expr.b, values)
+    if kind in ("FloorDiv", "FloorMod", "Div", "Mod"):
+        return a // b if kind in ("FloorDiv", "Div") else a % b
+    operations = {"Add": a + b, "Sub": a - b, "Mul": a * b, "Min": min(a, b), "Max": max(a, b)}
+    if kind not in operations:
+        raise LoweringError(f"S.prefetch: cannot evaluate an index expression of kind {kind} ({expr})")
+    return operations[kind]
 
 
 def _unravel(offset: Any, shape: Sequence[int]) -> list[Any]:

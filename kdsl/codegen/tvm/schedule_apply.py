@@ -18,7 +18,7 @@ from kdsl.codegen.tvm.blocks import StageBlock
 from kdsl.codegen.tvm.pack_inside import compute_copy_at, pack_layout, pass_order
 from kdsl.codegen.tvm.parameters import order_labels, reduction_block_depth
 from kdsl.codegen.tvm.pass_stages import PassStages, vectorize_inner
-from kdsl.codegen.tvm.prefetch import PrefetchPlan, prefetch_conflict
+from kdsl.codegen.tvm.prefetch import PrefetchPlan, prefetch_conflict, slab_rows
 from kdsl.codegen.tvm.toolchain import error_reason
 from kdsl.lang.errors import LoweringError
 
@@ -270,10 +270,11 @@ class _Applier(PassStages):
     def _plan_prefetch(self, stage: StageBlock, block: Any, fused: Any) -> None:
         """``S.prefetch = "next"``: checked here, inserted into the module after every stage
         (:func:`~kdsl.codegen.tvm.prefetch.insert_prefetches`)."""
-        conflict = prefetch_conflict(stage, self.config, {w.name for w in self.space.lowered.weights})
+        conflict = prefetch_conflict(stage, self.config, self.space.weight_names)
         if conflict:
             raise LoweringError(conflict)
-        self.prefetches.append(PrefetchPlan(stage.name, block, fused))
+        rows = slab_rows(stage, stage.axes[0].label, self.config)
+        self.prefetches.append(PrefetchPlan(stage.name, block, fused, rows))
 
     def _copies_inside(self, stage: StageBlock, tiles: _TileLoops) -> None:
         """Compute the packing copies of what ``stage`` reads at its parallel loop (``layout.T.pack = "task"``)

@@ -15,7 +15,7 @@ from typing import Any
 from kdsl.codegen.tvm.blocks import Axis, StageBlock
 from kdsl.codegen.tvm.pack_inside import is_packed
 from kdsl.codegen.tvm.parameters import order_labels
-from kdsl.codegen.tvm.prefetch import prefetch_conflict
+from kdsl.codegen.tvm.prefetch import prefetch_conflict, slab_rows
 from kdsl.runtime.cpu import dtype_bits
 
 #: Outer tiles per cache block offered by ``S.block``.
@@ -75,7 +75,8 @@ class MemoryRules:
             return
         slabs = self._slab_reads(stage)
         total = self._itemsize * sum(prod(shape) for shape in slabs)
-        slab = self._itemsize * sum(prod(shape[1:]) for shape in slabs)
+        rows = slab_rows(stage, stage.axes[0].label, config)  # a slab is this many values of the slab axis
+        slab = self._itemsize * rows * sum(prod(shape[1:]) for shape in slabs)
         if total > self.machine.l3 and 2 * slab <= self.machine.l2 // 2:
             config[f"{s}.prefetch"] = "next"
 
