@@ -170,8 +170,8 @@ def test_the_heuristic_prefetches_only_reads_beyond_the_last_level_cache():
     large = _space(layer={"B": 64, "M": 32, "K": 32, "N": 32}, machine=machine)  # 512 KiB
     assert small.heuristic()["n2_product.prefetch"] == "none"
     assert large.heuristic()["n2_product.prefetch"] == "next"
-    # two slabs (here 2 x 8 KiB: 4 KiB of x and of x_b a batch) must fit in half of L2
-    tight = dataclasses.replace(machine, l2=16 * 1024)
+    # two slabs (here 2 x 8 KiB: 4 KiB of x and of x_b a batch) must fit in L2
+    tight = dataclasses.replace(machine, l2=8 * 1024)
     assert (
         _space(layer={"B": 64, "M": 32, "K": 32, "N": 32}, machine=tight).heuristic()["n2_product.prefetch"] == "none"
     )

@@ -65,9 +65,11 @@ class MemoryRules:
 
     def _prefetch_next(self, stage: StageBlock, config: dict[str, Any]) -> None:
         """Prefetch the next slab of the data (``S.prefetch = "next"``, :mod:`kdsl.codegen.tvm.prefetch`) where the
-        reads it fetches exceed the last-level cache (each slab then comes from memory) and two slabs fit in half
-        of L2. Zen 3 (32 MiB L3, 512 KiB L2), 2 threads, pairs of calls: bmm 960 x 128x128 . 128x64 0.77-0.82 of
-        the time without, bmm_tn 0.76-0.93, bmm_tn 960 x 64x128 . 128x64 0.77; at 32 and 8 batches (in L3) 1.02."""
+        reads it fetches exceed the last-level cache (each slab then comes from memory) and two slabs fit in L2.
+        Zen 3 (32 MiB L3, 512 KiB L2), 2 threads, pairs of calls: bmm 960 x 128x128 . 128x64 0.77-0.82 of the time
+        without, bmm_tn 0.76-0.93, bmm_tn 960 x 64x128 . 128x64 0.77; at 32 and 8 batches (in L3) 1.02. Matmul
+        16384 x 1024 x 4096 and Gensor's M3 (65536 rows), each block of 64 rows of x 256 KiB (half of L2): 0.97,
+        0.98 and 0.98."""
         s = stage.name
         if f"{s}.prefetch" not in config or prefetch_conflict(
             stage, {**config, f"{s}.prefetch": "next"}, self.weight_names
@@ -77,7 +79,7 @@ class MemoryRules:
         total = self._itemsize * sum(prod(shape) for shape in slabs)
         rows = slab_rows(stage, stage.axes[0].label, config)  # a slab is this many values of the slab axis
         slab = self._itemsize * rows * sum(prod(shape[1:]) for shape in slabs)
-        if total > self.machine.l3 and 2 * slab <= self.machine.l2 // 2:
+        if total > self.machine.l3 and 2 * slab <= self.machine.l2:
             config[f"{s}.prefetch"] = "next"
 
     def _slab_reads(self, stage: StageBlock) -> list[tuple[int, ...]]:
