@@ -325,15 +325,17 @@ def untiled(space: ScheduleSpace, config: Mapping[str, Any]) -> dict[str, Any]:
 def signature(space: ScheduleSpace, config: Mapping[str, Any]) -> str:
     """What tells two proposals apart beyond a near-copy: the reduction stages' L2 and register tiles
     (middle and inner spatial tiles) and inner reduction tiles, vector axes, caches, ``S.reductions``,
-    ``S.block``, ``S.rblock``, ``S.lanes`` and ``S.spatial_below``, and which tensors are packed or permuted (not the
-    outer tiles, the loop order, unrolling, nor the layout tile's factor: matmul's walks proposed the same
-    schedule with its input packed by 4, 8, 16 and 32, all within noise of each other)."""
+    ``S.block``, ``S.rblock``, ``S.lanes``, ``S.spatial_below`` and ``S.prefetch``, and which tensors are packed or
+    permuted (not the outer tiles, the loop order, unrolling, nor the layout tile's factor: matmul's walks proposed
+    the same schedule with its input packed by 4, 8, 16 and 32, all within noise of each other)."""
     reduce = {s.name for s in space.stages if s.kind == "reduce"}
     kept: dict[str, Any] = {}
     for name, value in config.items():
         if ".tile." in name and name.split(".tile.")[0] in reduce:
             kept[name] = tuple(value)[1:]
-        elif name.endswith((".vector", ".cache", ".reductions", ".block", ".rblock", ".lanes", ".spatial_below")):
+        elif name.endswith(
+            (".vector", ".cache", ".reductions", ".block", ".rblock", ".lanes", ".spatial_below", ".prefetch")
+        ):
             kept[name] = value
         elif name.startswith("layout.") and name.endswith(".tile"):
             kept[name] = value != "none"
