@@ -63,9 +63,14 @@ def test_a_batched_product_offers_the_prefetch_and_its_kernel_matches_the_refere
 
 
 def test_operators_without_a_data_slab_axis_do_not_offer_it():
-    # conv2d's first axis N has extent 1 here; the GEMV's lanes and a weight-only first axis offer nothing
-    conv = _space("conv2d", {"N": 1, "Cin": 8, "Cout": 16, "H": 8, "W": 8, "K": 3})
-    assert not [n for n in conv.parameters if n.endswith(".prefetch")]
+    # a batch of 1 (conv2d's N, a GEMV's N) is no slab axis; at a batch of 2 the convolution's N is one
+    for name, layer in [
+        ("conv2d", {"N": 1, "Cin": 8, "Cout": 16, "H": 8, "W": 8, "K": 3}),
+        ("linear", {"N": 1, "Cin": 64, "Cout": 32}),
+    ]:
+        assert not [n for n in _space(name, layer).parameters if n.endswith(".prefetch")], name
+    batched = _space("conv2d", {"N": 2, "Cin": 8, "Cout": 16, "H": 8, "W": 8, "K": 3})
+    assert [n for n in batched.parameters if n.endswith(".prefetch")] == ["stage0.prefetch"]
 
 
 def test_cache_blocks_of_another_axis_conflict_and_are_repaired_off():
