@@ -29,6 +29,7 @@ from math import prod
 from typing import Any
 
 from kdsl.codegen.tvm.blocks import StageBlock
+from kdsl.codegen.tvm.store_check import _BINARY
 from kdsl.codegen.tvm.toolchain import load_tvm
 from kdsl.lang.errors import LoweringError
 
@@ -231,8 +232,9 @@ def _slab_prefetch(
 
 
 def evaluate_index(expr: Any, values: Mapping[str, int]) -> int:
-    """The value of an integer TIR expression with its variables named in ``values`` (others 0): sums, products,
-    floor division and modulo, min and max of constants and variables.
+    """The value of an integer TIR expression with its variables named in ``values`` (others 0): constants,
+    variables, casts, and the binary operators the store check evaluates
+    (:data:`~kdsl.codegen.tvm.store_check._BINARY`).
 
     >>> from kdsl.codegen.tvm.toolchain import load_tvm
     >>> tirx = load_tvm().tirx
@@ -247,13 +249,9 @@ def evaluate_index(expr: Any, values: Mapping[str, int]) -> int:
         return int(values.get(expr.name, 0))
     if kind == "Cast":
         return evaluate_index(expr.value, values)
-    a, b = evaluate_index(expr.a, values), evaluate_index(expr.b, values)
-    if kind in ("FloorDiv", "FloorMod", "Div", "Mod"):
-        return a // b if kind in ("FloorDiv", "Div") else a % b
-    operations = {"Add": a + b, "Sub": a - b, "Mul": a * b, "Min": min(a, b), "Max": max(a, b)}
-    if kind not in operations:
+    if kind not in _BINARY:
         raise LoweringError(f"S.prefetch: cannot evaluate an index expression of kind {kind} ({expr})")
-    return operations[kind]
+    return int(_BINARY[kind](evaluate_index(expr.a, values), evaluate_index(expr.b, values)))
 
 
 def _unravel(offset: Any, shape: Sequence[int]) -> list[Any]:
