@@ -60,10 +60,18 @@ def slab_axis(stage: StageBlock, weights: Collection[str]) -> str | None:
     first = stage.axes[0]
     if first.reduce or first.extent <= 1 or first.weight_only:
         return None
-    for buffer, dims in stage.reads:
-        if buffer not in weights and dims and dims[0] == {first.index} and all(first.index not in d for d in dims[1:]):
-            return first.label
-    return None
+    return first.label if slab_reads(stage, weights) else None
+
+
+def slab_reads(stage: StageBlock, weights: Collection[str]) -> list[str]:
+    """The reads of ``stage`` whose first dim its first axis alone indexes, weights left out: what ``S.prefetch``
+    fetches slabs of."""
+    first = stage.axes[0].index
+    return [
+        buffer
+        for buffer, dims in stage.reads
+        if buffer not in weights and dims and dims[0] == {first} and all(first not in d for d in dims[1:])
+    ]
 
 
 def prefetch_conflict(stage: StageBlock, config: Mapping[str, Any], weights: Collection[str]) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 from kdsl.codegen.tvm.blocks import Axis, StageBlock
 from kdsl.codegen.tvm.pack_inside import is_packed
 from kdsl.codegen.tvm.parameters import order_labels
-from kdsl.codegen.tvm.prefetch import prefetch_conflict, slab_rows
+from kdsl.codegen.tvm.prefetch import prefetch_conflict, slab_reads, slab_rows
 from kdsl.runtime.cpu import dtype_bits
 
 #: Outer tiles per cache block offered by ``S.block``.
@@ -83,20 +83,10 @@ class MemoryRules:
             config[f"{s}.prefetch"] = "next"
 
     def _slab_reads(self, stage: StageBlock) -> list[tuple[int, ...]]:
-        """The shapes of the reads ``S.prefetch`` fetches slabs of: not weights, the first dim indexed by the
-        stage's first axis alone."""
+        """The shapes of the reads ``S.prefetch`` fetches slabs of (:func:`~kdsl.codegen.tvm.prefetch.slab_reads`)."""
         shapes = {t.name: tuple(int(d) for d in t.shape) for t in self.lowered.inputs}
         shapes.update({st.name: tuple(e for _, e in st.spatial) for st in self.stages})
-        first = stage.axes[0].index
-        return [
-            shapes[buffer]
-            for buffer, dims in stage.reads
-            if buffer in shapes
-            and buffer not in self.weight_names
-            and dims
-            and dims[0] == {first}
-            and all(first not in d for d in dims[1:])
-        ]
+        return [shapes[buffer] for buffer in slab_reads(stage, self.weight_names) if buffer in shapes]
 
     def _rows_in_output(self, stage: StageBlock, vector: Axis | None) -> bool:
         """Whether ``stage`` writes the kernel's output itself with its vector axis ``vector`` along the output's
